@@ -1,0 +1,249 @@
+//! `serve` configuration: defaults, then a TOML file, then `HOOKLANE_*` variables (which win).
+
+use std::{collections::HashMap, net::SocketAddr, path::PathBuf, time::Duration};
+
+use hooklane::{
+    config::parse_duration,
+    domain::{AccountId, RetrySchedule},
+    http::AddressPolicy,
+    CoreConfig,
+};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("{name}: {message}")]
+    Value { name: String, message: String },
+}
+
+/// Every setting of `serve`, as the file spells them (the variables are `HOOKLANE_` + upper case).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    database: Option<String>,
+    admin_token: Option<String>,
+    workers: Option<String>,
+    allow_cidrs: Option<String>,
+    https_only: Option<String>,
+    retry_schedule: Option<String>,
+    disable_after: Option<String>,
+    operations_account: Option<String>,
+    sweep_interval: Option<String>,
+    health_interval: Option<String>,
+    log_format: Option<String>,
+}
+
+pub const SETTINGS: [&str; 12] = [
+    "listen",
+    "database",
+    "admin_token",
+    "workers",
+    "allow_cidrs",
+    "https_only",
+    "retry_schedule",
+    "disable_after",
+    "operations_account",
+    "sweep_interval",
+    "health_interval",
+    "log_format",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub database: PathBuf,
+    pub admin_token: Option<String>,
+    pub workers: usize,
+    pub sweep_interval: Duration,
+    pub health_interval: Duration,
+    pub log_format: LogFormat,
+    pub core: CoreConfig,
+}
+
+impl ServeConfig {
+    /// Reads the optional file, then the environment given as `vars`.
+    pub fn load(file: Option<&std::path::Path>, vars: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        let mut settings: HashMap<&'static str, String> = HashMap::new();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+            // Values may be written as TOML numbers or booleans too; they are read as text.
+            let mut flattened = toml::Table::new();
+            for (key, value) in table {
+                let text = match value {
+                    toml::Value::String(s) => s,
+                    toml::Value::Array(items) => items
+                        .iter()
+                        .map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    other => other.to_string(),
+                };
+                flattened.insert(key, toml::Value::String(text));
+            }
+            let parsed: FileConfig = flattened.try_into().map_err(|e: toml::de::Error| ConfigError::File {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+            for (name, value) in [
+                ("listen", parsed.listen),
+                ("database", parsed.database),
+                ("admin_token", parsed.admin_token),
+                ("workers", parsed.workers),
+                ("allow_cidrs", parsed.allow_cidrs),
+                ("https_only", parsed.https_only),
+                ("retry_schedule", parsed.retry_schedule),
+                ("disable_after", parsed.disable_after),
+                ("operations_account", parsed.operations_account),
+                ("sweep_interval", parsed.sweep_interval),
+                ("health_interval", parsed.health_interval),
+                ("log_format", parsed.log_format),
+            ] {
+                if let Some(value) = value {
+                    settings.insert(name, value);
+                }
+            }
+        }
+        for name in SETTINGS {
+            if let Some(value) = vars.get(&format!("HOOKLANE_{}", name.to_ascii_uppercase())) {
+                settings.insert(name, value.clone());
+            }
+        }
+        Self::from_settings(&settings)
+    }
+
+    fn from_settings(settings: &HashMap<&'static str, String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| settings.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let invalid = |name: &str, message: String| ConfigError::Value {
+            name: format!("HOOKLANE_{}", name.to_ascii_uppercase()),
+            message,
+        };
+        let listen = get("listen")
+            .unwrap_or("127.0.0.1:8080")
+            .parse()
+            .map_err(|e| invalid("listen", format!("not an address like 127.0.0.1:8080: {e}")))?;
+        let workers = match get("workers") {
+            Some(raw) => raw
+                .parse::<usize>()
+                .ok()
+                .filter(|w| (1..=10_000).contains(w))
+                .ok_or_else(|| invalid("workers", "must be a number from 1 to 10000".into()))?,
+            None => 64,
+        };
+        let allow = get("allow_cidrs")
+            .map(|raw| {
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|cidr| {
+                        cidr.parse::<ipnet::IpNet>()
+                            .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                            .map_err(|_| invalid("allow_cidrs", format!("`{cidr}` is not a CIDR like 127.0.0.0/8")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let https_only = match get("https_only") {
+            None | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => return Err(invalid("https_only", format!("`{other}` is not true or false"))),
+        };
+        let mut core = CoreConfig::default();
+        core.sender.policy = AddressPolicy::new(allow, https_only);
+        if let Some(raw) = get("retry_schedule") {
+            core.retry.schedule = RetrySchedule::parse(raw).map_err(|e| invalid("retry_schedule", e.message))?;
+        }
+        if let Some(raw) = get("disable_after") {
+            core.disable_after = parse_duration(raw, "disable_after").map_err(|e| invalid("disable_after", e.message))?;
+        }
+        if let Some(raw) = get("operations_account") {
+            core.operations_account = Some(AccountId::parse(raw).map_err(|e| invalid("operations_account", e.message))?);
+        }
+        let duration_or = |name: &'static str, default: Duration| -> Result<Duration, ConfigError> {
+            match get(name) {
+                Some(raw) => parse_duration(raw, name)
+                    .map_err(|e| invalid(name, e.message))
+                    .and_then(|d| if d.is_zero() { Err(invalid(name, "must be above zero".into())) } else { Ok(d) }),
+                None => Ok(default),
+            }
+        };
+        // Health is checked often enough to honour short thresholds in tests.
+        let health_default = (core.disable_after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60));
+        let log_format = match get("log_format") {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => return Err(invalid("log_format", format!("`{other}` is not text or json"))),
+        };
+        Ok(Self {
+            listen,
+            database: PathBuf::from(get("database").unwrap_or("./hooklane.db")),
+            admin_token: get("admin_token").map(str::to_owned),
+            workers,
+            sweep_interval: duration_or("sweep_interval", Duration::from_secs(60))?,
+            health_interval: duration_or("health_interval", health_default)?,
+            log_format,
+            core,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let config = ServeConfig::load(None, &HashMap::new()).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.workers, 64);
+        assert_eq!(config.core.retry.schedule, RetrySchedule::default());
+        assert_eq!(config.core.disable_after, Duration::from_secs(3 * 86_400));
+        assert!(config.core.sender.policy.allow_list().is_empty());
+    }
+
+    #[test]
+    fn environment_wins_over_file() {
+        let dir = std::env::temp_dir().join(format!("hooklane-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("hooklane.toml");
+        std::fs::write(&file, "workers = 8\nretry_schedule = [1, 2]\nlisten = \"127.0.0.1:9000\"\n").unwrap();
+        let config = ServeConfig::load(Some(&file), &vars(&[("HOOKLANE_WORKERS", "20"), ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1")])).unwrap();
+        assert_eq!(config.workers, 20);
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(config.core.retry.schedule.delays(), &[Duration::from_secs(1), Duration::from_secs(2)]);
+        assert_eq!(config.core.sender.policy.allow_list().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_WORKERS", "lots")])).unwrap_err();
+        assert!(err.to_string().starts_with("HOOKLANE_WORKERS"), "{err}");
+        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99")])).unwrap_err();
+        assert!(err.to_string().contains("HOOKLANE_ALLOW_CIDRS"), "{err}");
+        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_DISABLE_AFTER", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("HOOKLANE_DISABLE_AFTER"), "{err}");
+    }
+}

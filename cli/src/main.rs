@@ -1,0 +1,104 @@
+use std::{io::Read, path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+use hooklane_cli::{
+    config::{LogFormat, ServeConfig},
+    serve, verify,
+};
+
+#[derive(Parser)]
+#[command(name = "hooklane", version, about = "Reliable outbound webhooks: serve, verify")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the embedded shape: API, dispatcher and store in one process on a SQLite file.
+    Serve {
+        /// A TOML file with the same settings as the HOOKLANE_* variables (which win).
+        #[arg(long, env = "HOOKLANE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Verify a webhook you received: the raw body on stdin, the three headers as flags.
+    Verify {
+        /// The endpoint's secret (whsec_...); give it twice during a rotation.
+        #[arg(long, required = true)]
+        secret: Vec<String>,
+        #[arg(long = "id")]
+        webhook_id: String,
+        #[arg(long = "timestamp")]
+        webhook_timestamp: String,
+        #[arg(long = "signature")]
+        webhook_signature: String,
+        /// Seconds a timestamp may differ from now.
+        #[arg(long, default_value_t = hooklane::signing::DEFAULT_TOLERANCE_SECS)]
+        tolerance: i64,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hyper=warn,reqwest=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve { config: None }) {
+        Command::Serve { config } => {
+            let vars = std::env::vars().collect();
+            let config = match ServeConfig::load(config.as_deref(), &vars) {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("hooklane: configuration error: {error}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logging(config.log_format);
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("hooklane: cannot start the runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(serve::run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("hooklane: {error}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Verify {
+            secret,
+            webhook_id,
+            webhook_timestamp,
+            webhook_signature,
+            tolerance,
+        } => {
+            let mut body = Vec::new();
+            if let Err(error) = std::io::stdin().read_to_end(&mut body) {
+                eprintln!("hooklane: cannot read the body from stdin: {error}");
+                return ExitCode::from(2);
+            }
+            let now = chrono::Utc::now().timestamp();
+            match verify::verify(&secret, &webhook_id, &webhook_timestamp, &webhook_signature, &body, now, tolerance) {
+                Ok(()) => {
+                    println!("valid");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    println!("{error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! `hooklane serve`: the embedded shape in one process.
+
+use std::sync::Arc;
+
+use hooklane::{
+    api::{self, ApiState},
+    dispatcher::{self, DispatcherConfig},
+    http::HttpSender,
+    notify::LogNotifier,
+    queue::embedded::EmbeddedQueue,
+    store::{sqlite::SqliteStore, Store, StoreError},
+    App, SystemClock,
+};
+use rand::RngCore;
+use tokio::sync::watch;
+
+use crate::config::ServeConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Startup(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+}
+
+const ADMIN_TOKEN_SETTING: &str = "admin_token";
+
+/// The admin token: configured, or generated once and kept in the database.
+async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<String, ServeError> {
+    if let Some(token) = configured {
+        if token.len() < 16 {
+            return Err(ServeError::Startup("HOOKLANE_ADMIN_TOKEN must be at least 16 characters".into()));
+        }
+        return Ok(token.to_owned());
+    }
+    if let Some(token) = store.get_setting(ADMIN_TOKEN_SETTING).await? {
+        return Ok(token);
+    }
+    let mut bytes = [0u8; 24];
+    rand::rng().fill_bytes(&mut bytes);
+    let generated: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let token = format!("hl_admin_{generated}");
+    let stored = store.put_setting_if_absent(ADMIN_TOKEN_SETTING, &token).await?;
+    if stored == token {
+        // Printed once, on the start that created it.
+        println!("admin token (shown once; also set HOOKLANE_ADMIN_TOKEN to choose your own): {token}");
+    }
+    Ok(stored)
+}
+
+pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
+    let store = Arc::new(SqliteStore::open(&config.database)?);
+    let token = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
+    let sender = HttpSender::new(config.core.sender.clone()).map_err(|e| ServeError::Startup(e.to_string()))?;
+    let queue = Arc::new(EmbeddedQueue::new());
+    let app = App {
+        store,
+        queue: queue.clone(),
+        transport: Arc::new(sender),
+        notifier: Arc::new(LogNotifier),
+        clock: Arc::new(SystemClock),
+        config: Arc::new(config.core.clone()),
+    };
+    let (stop, stopped) = watch::channel(false);
+    let running = dispatcher::start(
+        app.clone(),
+        queue,
+        DispatcherConfig {
+            workers: config.workers,
+            sweep_interval: config.sweep_interval,
+            health_interval: config.health_interval,
+            ..DispatcherConfig::default()
+        },
+        stopped,
+    )
+    .await
+    .map_err(|e| ServeError::Startup(format!("cannot load pending deliveries: {e}")))?;
+    let router = api::router(ApiState {
+        app,
+        admin_token: token.into(),
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    tracing::info!(database = %config.database.display(), workers = config.workers, "hooklane serve started");
+    // Tests and scripts read this line to learn the port when listening on port 0.
+    println!("hooklane listening on http://{local}");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| ServeError::Startup(format!("server error: {e}")))?;
+    tracing::info!("shutting down: finishing attempts in flight");
+    let _ = stop.send(true);
+    running.join().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

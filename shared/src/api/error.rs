@@ -1,0 +1,106 @@
+use axum::{
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde::Serialize;
+
+use crate::{domain::InvalidField, service::ServiceError, store::StoreError};
+
+/// Every error the API returns: `{"error": {"code", "message", "field"?}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub field: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn bad_request(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message).with_field(field)
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Body {
+            error: Detail {
+                code: self.code,
+                message: &self.message,
+                field: self.field.as_deref(),
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<InvalidField> for ApiError {
+    fn from(error: InvalidField) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{}: {}", error.field, error.message))
+            .with_field(error.field)
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(error: ServiceError) -> Self {
+        match error {
+            ServiceError::Invalid(invalid) => invalid.into(),
+            ServiceError::NotFound(what) => Self::not_found(what),
+            ServiceError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            ServiceError::TooLarge(message) => Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message),
+            ServiceError::Store(StoreError::NotFound(what)) => Self::not_found(what),
+            ServiceError::Store(other) => {
+                tracing::error!(error = %other, "store failure behind an API call");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "storage is unavailable; try again")
+            }
+            ServiceError::Queue(queue) => {
+                tracing::error!(error = %queue, "queue failure behind an API call");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "queue is unavailable; try again")
+            }
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

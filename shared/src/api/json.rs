@@ -1,0 +1,110 @@
+//! A JSON body extractor whose errors name the offending field.
+
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, Request},
+    http::{header::CONTENT_TYPE, StatusCode},
+};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let is_json = request
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+            })
+            .unwrap_or(false);
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send a JSON body with `Content-Type: application/json`",
+            ));
+        }
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "request body is too large")
+            } else {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", rejection.body_text())
+            }
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses JSON, reporting the path of the field that did not fit.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.inner();
+        let message = inner.to_string();
+        let field = field_from_message(&message).map(|name| join(&path, name)).unwrap_or(path);
+        let code = if inner.is_syntax() || inner.is_eof() { "malformed_json" } else { "invalid_field" };
+        let mut api = ApiError::new(StatusCode::BAD_REQUEST, code, message);
+        if code == "invalid_field" && field != "." {
+            api = api.with_field(field);
+        }
+        api
+    })
+}
+
+/// serde names a missing or unknown field only in its message: "missing field `url`".
+fn field_from_message(message: &str) -> Option<&str> {
+    let rest = message
+        .strip_prefix("missing field `")
+        .or_else(|| message.strip_prefix("unknown field `"))?;
+    rest.split('`').next()
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path == name || path.ends_with(&format!(".{name}")) {
+        path.to_owned()
+    } else if path.is_empty() || path == "." {
+        name.to_owned()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Input {
+        url: String,
+        max_in_flight: Option<u32>,
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let missing = parse::<Input>(br#"{}"#).unwrap_err();
+        assert_eq!(missing.field.as_deref(), Some("url"));
+        let wrong_type = parse::<Input>(br#"{"url": 5}"#).unwrap_err();
+        assert_eq!(wrong_type.field.as_deref(), Some("url"));
+        let unknown = parse::<Input>(br#"{"url": "x", "nope": 1}"#).unwrap_err();
+        assert_eq!(unknown.field.as_deref(), Some("nope"));
+        let negative = parse::<Input>(br#"{"url": "x", "max_in_flight": -1}"#).unwrap_err();
+        assert_eq!(negative.field.as_deref(), Some("max_in_flight"));
+        let malformed = parse::<Input>(br#"{"url": "#).unwrap_err();
+        assert_eq!(malformed.code, "malformed_json");
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    }
+}

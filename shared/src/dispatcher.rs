@@ -1,0 +1,146 @@
+//! The embedded shape's engine room: worker slots over the in-memory lanes, plus the
+//! periodic sweeper, health check and notification sender.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{
+    sync::{watch, Semaphore},
+    task::JoinHandle,
+};
+
+use crate::{
+    domain::Trigger,
+    queue::embedded::EmbeddedQueue,
+    service::{deliver, health, notifications, sweep},
+    App,
+};
+
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    /// Global worker slots: requests in flight across all endpoints.
+    pub workers: usize,
+    pub sweep_interval: Duration,
+    /// A pending delivery this far past its time, and not queued, is picked up by the sweeper.
+    pub sweep_grace: Duration,
+    pub health_interval: Duration,
+    pub notify_interval: Duration,
+    /// How long shutdown waits for attempts in flight.
+    pub drain_timeout: Duration,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            workers: 64,
+            sweep_interval: Duration::from_secs(60),
+            sweep_grace: Duration::from_secs(30),
+            health_interval: Duration::from_secs(60),
+            notify_interval: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(12),
+        }
+    }
+}
+
+/// Running background tasks; stop them with the watch sender given to [`start`].
+pub struct Running {
+    pub handles: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    pub async fn join(self) {
+        for handle in self.handles {
+            let _ = handle.await;
+        }
+    }
+}
+
+/// Loads every pending delivery into the queue, then starts the workers and the periodic jobs.
+pub async fn start(
+    app: App,
+    queue: Arc<EmbeddedQueue>,
+    config: DispatcherConfig,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Running, crate::service::ServiceError> {
+    let far_future = crate::clock::add(app.clock.now(), Duration::from_secs(100 * 365 * 86_400));
+    let recovered = sweep::enqueue_pending(&app, far_future).await?;
+    if recovered > 0 {
+        tracing::info!(recovered, "pending deliveries picked up from the store");
+    }
+    let mut handles = vec![tokio::spawn(run_workers(app.clone(), queue, config.clone(), shutdown.clone()))];
+    let grace = chrono::Duration::from_std(config.sweep_grace).unwrap_or_default();
+    handles.push(every(config.sweep_interval, shutdown.clone(), app.clone(), move |app| async move {
+        let due_before = app.clock.now() - grace;
+        sweep::enqueue_pending(&app, due_before).await.map(|_| ())
+    }));
+    handles.push(every(config.health_interval, shutdown.clone(), app.clone(), |app| async move {
+        health::check(&app).await.map(|_| ())
+    }));
+    handles.push(every(config.notify_interval, shutdown, app, |app| async move {
+        notifications::flush(&app).await.map(|_| ())
+    }));
+    Ok(Running { handles })
+}
+
+fn every<F, Fut>(interval: Duration, mut shutdown: watch::Receiver<bool>, app: App, job: F) -> JoinHandle<()>
+where
+    F: Fn(App) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), crate::service::ServiceError>> + Send,
+{
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    if let Err(error) = job(app.clone()).await {
+                        tracing::error!(%error, "periodic job failed; will run again");
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+        }
+    })
+}
+
+async fn run_workers(app: App, queue: Arc<EmbeddedQueue>, config: DispatcherConfig, mut shutdown: watch::Receiver<bool>) {
+    let workers = config.workers.max(1);
+    let slots = Arc::new(Semaphore::new(workers));
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = shutdown.changed() => break,
+        };
+        let clock = Arc::clone(&app.clock);
+        let lease = tokio::select! {
+            lease = queue.take(|| clock.now()) => lease,
+            _ = shutdown.changed() => break,
+        };
+        let (app, queue) = (app.clone(), Arc::clone(&queue));
+        tokio::spawn(async move {
+            let result = deliver::attempt(&app, &lease.delivery_id, Trigger::Scheduled).await;
+            queue.complete(&lease, app.clock.now());
+            match result {
+                Ok(result) => {
+                    if let Some(next) = result.follow_up() {
+                        queue.add(vec![next.clone()]);
+                    }
+                }
+                Err(error) => {
+                    // The row is still pending in the store; try again shortly.
+                    tracing::error!(delivery.id = %lease.delivery_id, %error, "attempt could not be completed; retrying in 5 s");
+                    let mut again = lease;
+                    again.due = crate::clock::add(app.clock.now(), Duration::from_secs(5));
+                    queue.add(vec![again]);
+                }
+            }
+            drop(permit);
+        });
+    }
+    let all = u32::try_from(workers).unwrap_or(u32::MAX);
+    if tokio::time::timeout(config.drain_timeout, slots.acquire_many(all)).await.is_err() {
+        tracing::warn!("shutdown: attempts still in flight after the drain timeout; they will be retried after restart");
+    }
+}

@@ -1,0 +1,78 @@
+use serde::Serialize;
+
+use super::{ids::AccountId, InvalidField};
+use crate::clock::Timestamp;
+
+/// An e-mail address, checked only for shape: the mail system is the real judge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct EmailAddress(String);
+
+impl EmailAddress {
+    pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+        let raw = raw.trim();
+        let valid = raw.len() <= 254
+            && !raw.chars().any(|c| c.is_whitespace() || c.is_control())
+            && match raw.split_once('@') {
+                Some((local, domain)) => {
+                    !local.is_empty()
+                        && domain.contains('.')
+                        && !domain.starts_with('.')
+                        && !domain.ends_with('.')
+                        && !domain.contains('@')
+                }
+                None => false,
+            };
+        if valid {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(InvalidField::new(
+                "owner_email",
+                "must be an e-mail address like ops@example.com",
+            ))
+        }
+    }
+
+    pub fn from_trusted(raw: String) -> Self {
+        Self(raw)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Account {
+    pub id: AccountId,
+    pub name: String,
+    pub owner_email: EmailAddress,
+    pub created_at: Timestamp,
+}
+
+pub const MAX_NAME_LEN: usize = 200;
+
+pub fn parse_name(raw: &str) -> Result<String, InvalidField> {
+    let name = raw.trim();
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(InvalidField::new(
+            "name",
+            format!("must be 1 to {MAX_NAME_LEN} characters"),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn email_shapes() {
+        assert!(EmailAddress::parse("ops@example.com").is_ok());
+        assert!(EmailAddress::parse(" ops@example.com ").is_ok());
+        for bad in ["", "ops", "ops@", "@example.com", "a@b", "a b@example.com", "a@@b.com", "a@.com"] {
+            assert!(EmailAddress::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

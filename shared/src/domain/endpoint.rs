@@ -1,0 +1,248 @@
+use serde::Serialize;
+use url::Url;
+
+use super::{
+    event::EventType,
+    ids::{AccountId, EndpointId},
+    InvalidField,
+};
+use crate::{clock::Timestamp, signing::SigningSecret};
+
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 4;
+pub const MAX_MAX_IN_FLIGHT: u32 = 1000;
+pub const MAX_URL_LEN: usize = 2048;
+pub const MAX_DESCRIPTION_LEN: usize = 1000;
+pub const MAX_EVENT_TYPES: usize = 100;
+
+/// A customer URL that is syntactically fit to receive webhooks. Whether its address may be
+/// reached is a separate, configurable check (`http::ssrf::AddressPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointUrl(Url);
+
+impl EndpointUrl {
+    pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+        let field = "url";
+        if raw.len() > MAX_URL_LEN {
+            return Err(InvalidField::new(field, format!("longer than {MAX_URL_LEN} characters")));
+        }
+        let url = Url::parse(raw.trim())
+            .map_err(|e| InvalidField::new(field, format!("not a valid URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(InvalidField::new(field, "scheme must be http or https"));
+        }
+        if url.host().is_none() {
+            return Err(InvalidField::new(field, "has no host"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(InvalidField::new(field, "must not contain credentials"));
+        }
+        if url.fragment().is_some() {
+            return Err(InvalidField::new(field, "must not contain a #fragment"));
+        }
+        Ok(Self(url))
+    }
+
+    pub fn as_url(&self) -> &Url {
+        &self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl Serialize for EndpointUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointStatus {
+    Active,
+    Disabled,
+}
+
+impl EndpointStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "active" => Some(Self::Active),
+            "disabled" => Some(Self::Disabled),
+            _ => None,
+        }
+    }
+}
+
+/// Which event types an endpoint receives: all of them, or those matching one of its
+/// patterns. A pattern is an exact type (`invoice.paid`) or a prefix ending in `.*`
+/// (`invoice.*`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EventTypeFilter(Option<Vec<String>>);
+
+impl EventTypeFilter {
+    pub fn all() -> Self {
+        Self(None)
+    }
+
+    pub fn parse(patterns: Option<&[String]>) -> Result<Self, InvalidField> {
+        let Some(patterns) = patterns else {
+            return Ok(Self(None));
+        };
+        let field = "event_types";
+        if patterns.is_empty() {
+            return Err(InvalidField::new(field, "must not be empty; omit it or use null to receive every event type"));
+        }
+        if patterns.len() > MAX_EVENT_TYPES {
+            return Err(InvalidField::new(field, format!("at most {MAX_EVENT_TYPES} entries")));
+        }
+        let mut checked = Vec::with_capacity(patterns.len());
+        for pattern in patterns {
+            let exact = pattern.strip_suffix(".*").unwrap_or(pattern);
+            if pattern != "*" {
+                EventType::parse(exact).map_err(|e| InvalidField::new(field, format!("`{pattern}`: {}", e.message)))?;
+            }
+            if !checked.contains(pattern) {
+                checked.push(pattern.clone());
+            }
+        }
+        Ok(Self(Some(checked)))
+    }
+
+    pub fn matches(&self, event_type: &EventType) -> bool {
+        let Some(patterns) = &self.0 else {
+            return true;
+        };
+        let ty = event_type.as_str();
+        patterns.iter().any(|pattern| {
+            if pattern == "*" {
+                return true;
+            }
+            match pattern.strip_suffix(".*") {
+                Some(prefix) => ty.len() > prefix.len() && ty.starts_with(prefix) && ty.as_bytes()[prefix.len()] == b'.',
+                None => pattern == ty,
+            }
+        })
+    }
+
+    pub fn patterns(&self) -> Option<&[String]> {
+        self.0.as_deref()
+    }
+}
+
+/// A secret that keeps signing for a while after a rotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetiringSecret {
+    pub secret: SigningSecret,
+    pub until: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    pub account_id: AccountId,
+    pub url: EndpointUrl,
+    pub description: String,
+    pub secret: SigningSecret,
+    pub retiring_secret: Option<RetiringSecret>,
+    pub status: EndpointStatus,
+    pub event_types: EventTypeFilter,
+    pub max_in_flight: u32,
+    /// Requests per second, for customers who ask for a limit.
+    pub rate_limit_per_second: Option<u32>,
+    pub failing_since: Option<Timestamp>,
+    pub disabled_reason: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Endpoint {
+    /// Secrets that sign a message sent at `now`: the current one, and the retiring one
+    /// while its grace period lasts.
+    pub fn signing_secrets(&self, now: Timestamp) -> Vec<&SigningSecret> {
+        let mut secrets = vec![&self.secret];
+        if let Some(retiring) = &self.retiring_secret {
+            if retiring.until > now {
+                secrets.push(&retiring.secret);
+            }
+        }
+        secrets
+    }
+
+    pub fn receives(&self, event_type: &EventType) -> bool {
+        self.status == EndpointStatus::Active && self.event_types.matches(event_type)
+    }
+}
+
+pub fn parse_max_in_flight(raw: Option<u32>) -> Result<u32, InvalidField> {
+    match raw {
+        None => Ok(DEFAULT_MAX_IN_FLIGHT),
+        Some(n) if (1..=MAX_MAX_IN_FLIGHT).contains(&n) => Ok(n),
+        Some(_) => Err(InvalidField::new("max_in_flight", format!("must be between 1 and {MAX_MAX_IN_FLIGHT}"))),
+    }
+}
+
+pub fn parse_rate_limit(raw: Option<u32>) -> Result<Option<u32>, InvalidField> {
+    match raw {
+        None => Ok(None),
+        Some(n) if (1..=100_000).contains(&n) => Ok(Some(n)),
+        Some(_) => Err(InvalidField::new("rate_limit_per_second", "must be between 1 and 100000")),
+    }
+}
+
+pub fn parse_description(raw: Option<&str>) -> Result<String, InvalidField> {
+    let description = raw.unwrap_or("").trim();
+    if description.len() > MAX_DESCRIPTION_LEN {
+        return Err(InvalidField::new("description", format!("at most {MAX_DESCRIPTION_LEN} characters")));
+    }
+    Ok(description.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ty(s: &str) -> EventType {
+        EventType::parse(s).unwrap()
+    }
+
+    #[test]
+    fn url_rules() {
+        assert!(EndpointUrl::parse("https://example.com/hooks?x=1").is_ok());
+        assert!(EndpointUrl::parse("http://127.0.0.1:8080/").is_ok());
+        for bad in ["", "example.com", "ftp://example.com", "https://user:pw@example.com/", "http://", "https://example.com/#frag", "javascript:alert(1)"] {
+            let err = EndpointUrl::parse(bad).unwrap_err();
+            assert_eq!(err.field, "url", "{bad}");
+        }
+    }
+
+    #[test]
+    fn filter_matching() {
+        let all = EventTypeFilter::parse(None).unwrap();
+        assert!(all.matches(&ty("invoice.paid")));
+        let some = EventTypeFilter::parse(Some(&["invoice.*".into(), "user.created".into()])).unwrap();
+        assert!(some.matches(&ty("invoice.paid")));
+        assert!(some.matches(&ty("invoice.refund.created")));
+        assert!(!some.matches(&ty("invoice")));
+        assert!(!some.matches(&ty("invoices.paid")));
+        assert!(some.matches(&ty("user.created")));
+        assert!(!some.matches(&ty("user.deleted")));
+        assert!(EventTypeFilter::parse(Some(&[])).is_err());
+        assert!(EventTypeFilter::parse(Some(&["bad type".into()])).is_err());
+        assert!(EventTypeFilter::parse(Some(&["*".into()])).unwrap().matches(&ty("a.b")));
+    }
+
+    #[test]
+    fn in_flight_bounds() {
+        assert_eq!(parse_max_in_flight(None).unwrap(), 4);
+        assert!(parse_max_in_flight(Some(0)).is_err());
+        assert_eq!(parse_max_in_flight(Some(16)).unwrap(), 16);
+    }
+}

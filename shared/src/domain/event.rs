@@ -1,0 +1,127 @@
+use serde::Serialize;
+
+use super::{
+    ids::{AccountId, EventId},
+    InvalidField,
+};
+use crate::clock::Timestamp;
+
+pub const MAX_EVENT_TYPE_LEN: usize = 128;
+
+/// `segment(.segment)*`, each segment of letters, digits, `_` or `-`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct EventType(String);
+
+impl EventType {
+    pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+        let field = "type";
+        if raw.is_empty() || raw.len() > MAX_EVENT_TYPE_LEN {
+            return Err(InvalidField::new(field, format!("must be 1 to {MAX_EVENT_TYPE_LEN} characters")));
+        }
+        let well_formed = raw.split('.').all(|segment| {
+            !segment.is_empty() && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        });
+        if !well_formed {
+            return Err(InvalidField::new(
+                field,
+                "must be dot-separated segments of letters, digits, _ or - (like invoice.paid)",
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn from_trusted(raw: String) -> Self {
+        Self(raw)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Something that happened. Immutable; `payload` holds the exact bytes every delivery sends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub id: EventId,
+    pub account_id: AccountId,
+    pub event_type: EventType,
+    pub created_at: Timestamp,
+    pub payload: String,
+}
+
+#[derive(Serialize)]
+struct WireBody<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    created: String,
+    data: &'a serde_json::Value,
+}
+
+impl Event {
+    /// Builds the event and its wire body `{"id","type","created","data"}` as compact JSON.
+    pub fn new(
+        id: EventId,
+        account_id: AccountId,
+        event_type: EventType,
+        created_at: Timestamp,
+        data: &serde_json::Value,
+    ) -> Result<Self, serde_json::Error> {
+        let payload = serde_json::to_string(&WireBody {
+            id: id.as_str(),
+            event_type: event_type.as_str(),
+            created: created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            data,
+        })?;
+        Ok(Self {
+            id,
+            account_id,
+            event_type,
+            created_at,
+            payload,
+        })
+    }
+
+    /// The `data` member of the payload, for showing the event back through the API.
+    pub fn data(&self) -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(&self.payload)
+            .ok()
+            .and_then(|mut body| body.get_mut("data").map(serde_json::Value::take))
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::from_millis;
+
+    #[test]
+    fn event_type_grammar() {
+        for good in ["invoice.paid", "a", "user-v2.created_at.x", "A.B"] {
+            assert!(EventType::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".", "invoice.", ".paid", "invoice..paid", "invoice paid", "invoice/paid", "ünicode"] {
+            assert!(EventType::parse(bad).is_err(), "{bad}");
+        }
+        assert!(EventType::parse(&"a".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn wire_body_is_compact_and_ordered() {
+        let event = Event::new(
+            EventId::parse("evt_1").unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            from_millis(1_614_265_330_123),
+            &serde_json::json!({"amount": 42, "currency": "EUR"}),
+        )
+        .unwrap();
+        assert_eq!(
+            event.payload,
+            r#"{"id":"evt_1","type":"invoice.paid","created":"2021-02-25T15:02:10.123Z","data":{"amount":42,"currency":"EUR"}}"#
+        );
+        assert_eq!(event.data(), serde_json::json!({"amount": 42, "currency": "EUR"}));
+    }
+}

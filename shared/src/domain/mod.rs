@@ -1,0 +1,37 @@
+//! The pure domain: no I/O, no clocks, no randomness that the caller does not pass in.
+
+pub mod account;
+pub mod attempt;
+pub mod delivery;
+pub mod endpoint;
+pub mod event;
+pub mod health;
+pub mod ids;
+pub mod outcome;
+pub mod schedule;
+
+pub use account::{Account, EmailAddress};
+pub use attempt::{Attempt, Trigger};
+pub use delivery::{Delivery, DeliveryStatus};
+pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EventTypeFilter};
+pub use event::{Event, EventType};
+pub use ids::{AccountId, DeliveryId, EndpointId, EventId};
+pub use outcome::{AttemptOutcome, Decision, RetryPolicy};
+pub use schedule::RetrySchedule;
+
+/// Input that does not fit the domain, naming the field it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidField {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl InvalidField {
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            field,
+            message: message.into(),
+        }
+    }
+}

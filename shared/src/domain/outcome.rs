@@ -1,0 +1,245 @@
+use std::time::Duration;
+
+use rand::Rng;
+
+use super::schedule::RetrySchedule;
+use crate::clock::{self, Timestamp};
+
+/// What one HTTP try came to, before any decision about the delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// 2xx.
+    Success { status: u16 },
+    /// 3xx: never followed; the customer must fix the URL.
+    Redirect { status: u16, location: Option<String> },
+    /// Any other status. `retry_after` is the parsed `Retry-After` of a 429 or 503.
+    Rejected { status: u16, retry_after: Option<Duration> },
+    /// No usable response: refused address, DNS, connect, timeout, broken HTTP.
+    TransportError { message: String },
+}
+
+impl AttemptOutcome {
+    /// Classifies a response from its status and the two headers that matter.
+    pub fn from_response(status: u16, retry_after: Option<&str>, location: Option<&str>, now: Timestamp) -> Self {
+        match status {
+            200..=299 => Self::Success { status },
+            300..=399 => Self::Redirect {
+                status,
+                location: location.map(|l| l.chars().take(512).collect()),
+            },
+            429 | 503 => Self::Rejected {
+                status,
+                retry_after: retry_after.and_then(|v| parse_retry_after(v, now)),
+            },
+            _ => Self::Rejected { status, retry_after: None },
+        }
+    }
+
+    pub fn is_success(&self) -> bool {
+        matches!(self, Self::Success { .. })
+    }
+
+    pub fn status_code(&self) -> Option<u16> {
+        match self {
+            Self::Success { status } | Self::Redirect { status, .. } | Self::Rejected { status, .. } => Some(*status),
+            Self::TransportError { .. } => None,
+        }
+    }
+
+    /// The error shown in the delivery log, if the attempt failed.
+    pub fn error_text(&self) -> Option<String> {
+        match self {
+            Self::Success { .. } => None,
+            Self::Redirect { status, location } => Some(match location {
+                Some(location) => format!("HTTP {status} redirect to {location} not followed: update the endpoint URL"),
+                None => format!("HTTP {status} redirect not followed: update the endpoint URL"),
+            }),
+            Self::Rejected { status, .. } => Some(format!("HTTP {status}")),
+            Self::TransportError { message } => Some(message.clone()),
+        }
+    }
+}
+
+/// `Retry-After` as delay-seconds or an HTTP-date; `None` when unreadable or in the past.
+pub fn parse_retry_after(value: &str, now: Timestamp) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds.min(365 * 86_400)));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?.with_timezone(&chrono::Utc);
+    (at - now).to_std().ok()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Delivered,
+    RetryAt(Timestamp),
+    Failed { reason: String },
+}
+
+/// The delivery rules: schedule, early failure on repeated client errors, `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub schedule: RetrySchedule,
+    /// Statuses that mean "this endpoint is misconfigured" …
+    pub client_error_statuses: Vec<u16>,
+    /// … and how many of them fail a delivery before its schedule ends.
+    pub client_error_limit: u32,
+    /// The longest wait a `Retry-After` may ask for; longer requests are cut to this.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            schedule: RetrySchedule::default(),
+            client_error_statuses: vec![400, 401, 403, 404, 410],
+            client_error_limit: 3,
+            max_retry_after: Duration::from_secs(86_400),
+        }
+    }
+}
+
+impl RetryPolicy {
+    pub fn is_client_error(&self, outcome: &AttemptOutcome) -> bool {
+        matches!(outcome, AttemptOutcome::Rejected { status, .. } if self.client_error_statuses.contains(status))
+    }
+
+    /// Decides a delivery's fate after an attempt. `attempts_made` and `client_errors`
+    /// already count this attempt.
+    pub fn decide(
+        &self,
+        attempts_made: u32,
+        client_errors: u32,
+        outcome: &AttemptOutcome,
+        now: Timestamp,
+        rng: &mut impl Rng,
+    ) -> Decision {
+        if outcome.is_success() {
+            return Decision::Delivered;
+        }
+        if self.is_client_error(outcome) && client_errors >= self.client_error_limit {
+            return Decision::Failed {
+                reason: format!("failed early: {client_errors} client-error responses (400/401/403/404/410)"),
+            };
+        }
+        let Some(scheduled) = self.schedule.delay_after(attempts_made, rng) else {
+            return Decision::Failed {
+                reason: format!("retry schedule exhausted after {attempts_made} attempts"),
+            };
+        };
+        // Retry-After may only push the next try later, never sooner than the schedule:
+        // a server asking for 1 s must not burn the whole schedule in seconds.
+        let delay = match outcome {
+            AttemptOutcome::Rejected { retry_after: Some(asked), .. } => scheduled.max((*asked).min(self.max_retry_after)),
+            _ => scheduled,
+        };
+        Decision::RetryAt(clock::add(now, delay))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::from_millis;
+    use rand::{rngs::StdRng, SeedableRng};
+
+    fn now() -> Timestamp {
+        from_millis(1_700_000_000_000)
+    }
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(1)
+    }
+
+    fn rejected(status: u16) -> AttemptOutcome {
+        AttemptOutcome::from_response(status, None, None, now())
+    }
+
+    #[test]
+    fn classification() {
+        assert!(AttemptOutcome::from_response(204, None, None, now()).is_success());
+        assert!(matches!(AttemptOutcome::from_response(301, None, Some("http://x/"), now()), AttemptOutcome::Redirect { status: 301, .. }));
+        assert!(matches!(rejected(500), AttemptOutcome::Rejected { status: 500, retry_after: None }));
+        assert_eq!(
+            AttemptOutcome::from_response(429, Some("120"), None, now()),
+            AttemptOutcome::Rejected { status: 429, retry_after: Some(Duration::from_secs(120)) }
+        );
+        // Retry-After only counts on 429 and 503.
+        assert_eq!(AttemptOutcome::from_response(500, Some("120"), None, now()), rejected(500));
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("0", now()), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(" 3600 ", now()), Some(Duration::from_secs(3600)));
+        let in_ten_minutes = (now() + chrono::Duration::minutes(10)).to_rfc2822();
+        assert_eq!(parse_retry_after(&in_ten_minutes, now()), Some(Duration::from_secs(600)));
+        assert_eq!(parse_retry_after("Tue, 14 Nov 2023 22:13:20 GMT", now()), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("Mon, 01 Jan 2001 00:00:00 GMT", now()), None);
+        for junk in ["", "soon", "-5", "1e9", "99999999999999999999999"] {
+            assert_eq!(parse_retry_after(junk, now()), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn success_delivers() {
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.decide(1, 0, &AttemptOutcome::Success { status: 200 }, now(), &mut rng()), Decision::Delivered);
+    }
+
+    #[test]
+    fn failures_follow_the_jittered_schedule_then_fail() {
+        let policy = RetryPolicy::default();
+        let outcome = rejected(500);
+        for attempt in 1..=10u32 {
+            let full = policy.schedule.delays()[attempt as usize - 1];
+            match policy.decide(attempt, 0, &outcome, now(), &mut rng()) {
+                Decision::RetryAt(at) => {
+                    let delay = (at - now()).to_std().unwrap();
+                    assert!(delay >= full / 2 && delay <= full, "attempt {attempt}: {delay:?}");
+                }
+                other => panic!("attempt {attempt}: {other:?}"),
+            }
+        }
+        assert!(matches!(policy.decide(11, 0, &outcome, now(), &mut rng()), Decision::Failed { .. }));
+    }
+
+    #[test]
+    fn three_client_errors_fail_early() {
+        let policy = RetryPolicy::default();
+        for status in [400, 401, 403, 404, 410] {
+            let outcome = rejected(status);
+            assert!(matches!(policy.decide(1, 1, &outcome, now(), &mut rng()), Decision::RetryAt(_)));
+            assert!(matches!(policy.decide(2, 2, &outcome, now(), &mut rng()), Decision::RetryAt(_)));
+            assert!(matches!(policy.decide(3, 3, &outcome, now(), &mut rng()), Decision::Failed { .. }), "{status}");
+        }
+        // Other 4xx keep the full schedule.
+        assert!(matches!(policy.decide(3, 0, &rejected(422), now(), &mut rng()), Decision::RetryAt(_)));
+        assert!(!policy.is_client_error(&rejected(422)));
+    }
+
+    #[test]
+    fn redirects_are_failures_that_retry() {
+        let policy = RetryPolicy::default();
+        let outcome = AttemptOutcome::from_response(302, None, Some("http://10.0.0.1/"), now());
+        assert!(matches!(policy.decide(1, 0, &outcome, now(), &mut rng()), Decision::RetryAt(_)));
+        assert!(outcome.error_text().unwrap().contains("not followed"));
+    }
+
+    #[test]
+    fn retry_after_waits_longer_but_never_shorter_and_is_capped() {
+        let policy = RetryPolicy::default();
+        let asks = |secs: u64| AttemptOutcome::Rejected { status: 503, retry_after: Some(Duration::from_secs(secs)) };
+        let delay = |d: Decision| match d {
+            Decision::RetryAt(at) => (at - now()).to_std().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        // Asking for an hour after the first attempt (schedule: 15-30 s) waits the hour.
+        assert_eq!(delay(policy.decide(1, 0, &asks(3600), now(), &mut rng())), Duration::from_secs(3600));
+        // Asking for 1 s does not make the retry sooner than the schedule.
+        assert!(delay(policy.decide(1, 0, &asks(1), now(), &mut rng())) >= Duration::from_secs(15));
+        // Asking for a year is cut to the bound.
+        assert_eq!(delay(policy.decide(1, 0, &asks(365 * 86_400), now(), &mut rng())), Duration::from_secs(86_400));
+    }
+}

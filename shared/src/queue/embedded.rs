@@ -1,0 +1,474 @@
+//! The embedded queue: in-memory lanes over the store's pending deliveries.
+//!
+//! Due work sits in per-endpoint lanes; the dispatcher takes from lanes round-robin across
+//! accounts, then across an account's endpoints, and only from endpoints below their
+//! in-flight cap and with a rate-limit token. A saturated endpoint's backlog stays here and
+//! never holds a worker. The store stays the source of truth: on start and on every sweep,
+//! pending rows are enqueued again, and duplicates are ignored.
+
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, HashSet, VecDeque},
+    sync::Mutex,
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use super::{Queue, QueueError};
+use crate::{
+    clock::{to_millis, Timestamp},
+    domain::{AccountId, DeliveryId, EndpointId},
+    store::PendingRef,
+};
+
+#[derive(Debug)]
+struct TokenBucket {
+    per_second: f64,
+    tokens: f64,
+    refreshed_ms: i64,
+}
+
+impl TokenBucket {
+    fn new(per_second: u32, now_ms: i64) -> Self {
+        let per_second = f64::from(per_second.max(1));
+        Self {
+            per_second,
+            tokens: per_second,
+            refreshed_ms: now_ms,
+        }
+    }
+
+    fn refill(&mut self, now_ms: i64) {
+        let elapsed = (now_ms - self.refreshed_ms).max(0) as f64 / 1000.0;
+        // Burst capacity is one second's worth.
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.per_second);
+        self.refreshed_ms = now_ms;
+    }
+
+    fn has_token(&mut self, now_ms: i64) -> bool {
+        self.refill(now_ms);
+        self.tokens >= 1.0
+    }
+
+    fn take(&mut self) {
+        self.tokens -= 1.0;
+    }
+
+    fn next_token_ms(&self) -> i64 {
+        let missing = (1.0 - self.tokens).max(0.0);
+        self.refreshed_ms + (missing / self.per_second * 1000.0).ceil() as i64
+    }
+}
+
+#[derive(Debug)]
+struct EndpointLane {
+    account: AccountId,
+    due: VecDeque<PendingRef>,
+    in_flight: u32,
+    max_in_flight: u32,
+    bucket: Option<TokenBucket>,
+    listed: bool,
+    waiting_for_token: bool,
+}
+
+impl EndpointLane {
+    fn below_cap(&self) -> bool {
+        self.in_flight < self.max_in_flight
+    }
+}
+
+#[derive(Debug, Default)]
+struct AccountLane {
+    ready_endpoints: VecDeque<EndpointId>,
+    listed: bool,
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    due_ms: i64,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Lanes {
+    /// Queued (waiting or due) or in flight; enqueueing these again is a no-op.
+    known: HashSet<DeliveryId>,
+    timers: BinaryHeap<Reverse<Timer>>,
+    waiting: HashMap<u64, PendingRef>,
+    token_timers: BinaryHeap<Reverse<(i64, EndpointId)>>,
+    endpoints: HashMap<EndpointId, EndpointLane>,
+    accounts: HashMap<AccountId, AccountLane>,
+    ready_accounts: VecDeque<AccountId>,
+    seq: u64,
+    in_flight_total: usize,
+}
+
+/// A delivery handed to a worker; give it back with [`EmbeddedQueue::complete`].
+pub type Lease = PendingRef;
+
+/// Figures for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueStats {
+    pub waiting: usize,
+    pub due: usize,
+    pub in_flight: usize,
+}
+
+impl Lanes {
+    fn add(&mut self, item: PendingRef) {
+        if !self.known.insert(item.delivery_id.clone()) {
+            return;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        self.timers.push(Reverse(Timer {
+            due_ms: to_millis(item.due),
+            seq,
+        }));
+        self.waiting.insert(seq, item);
+    }
+
+    fn promote_due(&mut self, now_ms: i64) {
+        while let Some(Reverse(timer)) = self.timers.peek() {
+            if timer.due_ms > now_ms {
+                break;
+            }
+            let seq = timer.seq;
+            self.timers.pop();
+            if let Some(item) = self.waiting.remove(&seq) {
+                self.make_due(item, now_ms);
+            }
+        }
+        while let Some(Reverse((at, _))) = self.token_timers.peek() {
+            if *at > now_ms {
+                break;
+            }
+            if let Some(Reverse((_, endpoint))) = self.token_timers.pop() {
+                if let Some(lane) = self.endpoints.get_mut(&endpoint) {
+                    lane.waiting_for_token = false;
+                }
+                self.list_if_ready(&endpoint, now_ms);
+            }
+        }
+    }
+
+    fn make_due(&mut self, item: PendingRef, now_ms: i64) {
+        let lane = self.endpoints.entry(item.endpoint_id.clone()).or_insert_with(|| EndpointLane {
+            account: item.account_id.clone(),
+            due: VecDeque::new(),
+            in_flight: 0,
+            max_in_flight: item.max_in_flight.max(1),
+            bucket: None,
+            listed: false,
+            waiting_for_token: false,
+        });
+        lane.max_in_flight = item.max_in_flight.max(1);
+        match (item.rate_limit_per_second, &mut lane.bucket) {
+            (None, bucket) => *bucket = None,
+            (Some(rate), Some(bucket)) if bucket.per_second == f64::from(rate) => {}
+            (Some(rate), bucket) => *bucket = Some(TokenBucket::new(rate, now_ms)),
+        }
+        let endpoint_id = item.endpoint_id.clone();
+        lane.due.push_back(item);
+        self.list_if_ready(&endpoint_id, now_ms);
+    }
+
+    /// Puts an endpoint on its account's ready list if it can take work now.
+    fn list_if_ready(&mut self, endpoint: &EndpointId, now_ms: i64) {
+        let Some(lane) = self.endpoints.get_mut(endpoint) else {
+            return;
+        };
+        if lane.listed || lane.waiting_for_token || lane.due.is_empty() || !lane.below_cap() {
+            return;
+        }
+        if let Some(bucket) = &mut lane.bucket {
+            if !bucket.has_token(now_ms) {
+                lane.waiting_for_token = true;
+                self.token_timers.push(Reverse((bucket.next_token_ms(), endpoint.clone())));
+                return;
+            }
+        }
+        lane.listed = true;
+        let account_id = lane.account.clone();
+        let account = self.accounts.entry(account_id.clone()).or_default();
+        account.ready_endpoints.push_back(endpoint.clone());
+        if !account.listed {
+            account.listed = true;
+            self.ready_accounts.push_back(account_id);
+        }
+    }
+
+    fn take(&mut self, now_ms: i64) -> Option<Lease> {
+        while let Some(account_id) = self.ready_accounts.pop_front() {
+            let Some(account) = self.accounts.get_mut(&account_id) else {
+                continue;
+            };
+            account.listed = false;
+            let Some(endpoint_id) = account.ready_endpoints.pop_front() else {
+                self.accounts.remove(&account_id);
+                continue;
+            };
+            let account_has_more = !account.ready_endpoints.is_empty();
+            if account_has_more {
+                account.listed = true;
+                self.ready_accounts.push_back(account_id.clone());
+            }
+            let Some(lane) = self.endpoints.get_mut(&endpoint_id) else {
+                continue;
+            };
+            lane.listed = false;
+            let Some(lease) = lane.due.pop_front() else {
+                continue;
+            };
+            lane.in_flight += 1;
+            if let Some(bucket) = &mut lane.bucket {
+                bucket.take();
+            }
+            self.in_flight_total += 1;
+            self.list_if_ready(&endpoint_id, now_ms);
+            return Some(lease);
+        }
+        None
+    }
+
+    fn complete(&mut self, lease: &Lease, now_ms: i64) {
+        self.known.remove(&lease.delivery_id);
+        self.in_flight_total = self.in_flight_total.saturating_sub(1);
+        let Some(lane) = self.endpoints.get_mut(&lease.endpoint_id) else {
+            return;
+        };
+        lane.in_flight = lane.in_flight.saturating_sub(1);
+        if lane.in_flight == 0 && lane.due.is_empty() && !lane.waiting_for_token {
+            self.endpoints.remove(&lease.endpoint_id);
+            return;
+        }
+        self.list_if_ready(&lease.endpoint_id, now_ms);
+    }
+
+    fn next_wake_ms(&self) -> Option<i64> {
+        let timer = self.timers.peek().map(|Reverse(t)| t.due_ms);
+        let token = self.token_timers.peek().map(|Reverse((at, _))| *at);
+        match (timer, token) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The in-process queue and scheduler of the embedded shape.
+#[derive(Debug, Default)]
+pub struct EmbeddedQueue {
+    lanes: Mutex<Lanes>,
+    wake: Notify,
+}
+
+impl EmbeddedQueue {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with_lanes<T>(&self, f: impl FnOnce(&mut Lanes) -> T) -> T {
+        let mut guard = match self.lanes.lock() {
+            Ok(guard) => guard,
+            // The lanes hold no invariant a panic mid-update could break badly enough to
+            // lose deliveries: the store and the sweeper are the backstop.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(&mut guard)
+    }
+
+    pub fn add(&self, items: Vec<PendingRef>) {
+        self.with_lanes(|lanes| {
+            for item in items {
+                lanes.add(item);
+            }
+        });
+        self.wake.notify_one();
+    }
+
+    /// Takes the next delivery that may be attempted now, if any.
+    pub fn try_take(&self, now: Timestamp) -> Option<Lease> {
+        let now_ms = to_millis(now);
+        self.with_lanes(|lanes| {
+            lanes.promote_due(now_ms);
+            lanes.take(now_ms)
+        })
+    }
+
+    /// Waits until a delivery may be attempted and takes it. `now` is read on every pass.
+    pub async fn take(&self, now: impl Fn() -> Timestamp) -> Lease {
+        loop {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let current = now();
+            let now_ms = to_millis(current);
+            let (lease, wake_ms) = self.with_lanes(|lanes| {
+                lanes.promote_due(now_ms);
+                (lanes.take(now_ms), lanes.next_wake_ms())
+            });
+            if let Some(lease) = lease {
+                return lease;
+            }
+            let sleep_for = wake_ms
+                .map(|at| Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0).max(1)))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep(sleep_for) => {}
+            }
+        }
+    }
+
+    /// Returns a lease: frees the endpoint's slot and forgets the delivery.
+    pub fn complete(&self, lease: &Lease, now: Timestamp) {
+        let now_ms = to_millis(now);
+        self.with_lanes(|lanes| lanes.complete(lease, now_ms));
+        self.wake.notify_one();
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        self.with_lanes(|lanes| QueueStats {
+            waiting: lanes.waiting.len(),
+            due: lanes.endpoints.values().map(|l| l.due.len()).sum(),
+            in_flight: lanes.in_flight_total,
+        })
+    }
+
+    pub fn is_known(&self, delivery: &DeliveryId) -> bool {
+        self.with_lanes(|lanes| lanes.known.contains(delivery))
+    }
+}
+
+#[async_trait]
+impl Queue for EmbeddedQueue {
+    async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
+        self.add(items);
+        Ok(())
+    }
+
+    async fn update_lane(&self, endpoint: &EndpointId, max_in_flight: u32, rate_limit_per_second: Option<u32>) {
+        let now_ms = to_millis(chrono::Utc::now());
+        self.with_lanes(|lanes| {
+            if let Some(lane) = lanes.endpoints.get_mut(endpoint) {
+                lane.max_in_flight = max_in_flight.max(1);
+                lane.bucket = rate_limit_per_second.map(|rate| TokenBucket::new(rate, now_ms));
+                lane.waiting_for_token = false;
+            }
+            lanes.list_if_ready(endpoint, now_ms);
+        });
+        self.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::from_millis;
+
+    fn item(delivery: &str, endpoint: &str, account: &str, due_ms: i64, cap: u32) -> PendingRef {
+        PendingRef {
+            delivery_id: DeliveryId::from_trusted(delivery.into()),
+            endpoint_id: EndpointId::from_trusted(endpoint.into()),
+            account_id: AccountId::from_trusted(account.into()),
+            due: from_millis(due_ms),
+            max_in_flight: cap,
+            rate_limit_per_second: None,
+        }
+    }
+
+    fn drain(queue: &EmbeddedQueue, now_ms: i64) -> Vec<Lease> {
+        std::iter::from_fn(|| queue.try_take(from_millis(now_ms))).collect()
+    }
+
+    #[test]
+    fn nothing_before_its_time() {
+        let queue = EmbeddedQueue::new();
+        queue.add(vec![item("d1", "e1", "a", 1_000, 4)]);
+        assert!(queue.try_take(from_millis(999)).is_none());
+        assert_eq!(queue.try_take(from_millis(1_000)).unwrap().delivery_id.as_str(), "d1");
+    }
+
+    #[test]
+    fn cap_holds_and_completion_frees_a_slot() {
+        let queue = EmbeddedQueue::new();
+        let items = (0..10).map(|i| item(&format!("d{i}"), "slow", "a", 0, 4)).collect();
+        queue.add(items);
+        let taken = drain(&queue, 0);
+        assert_eq!(taken.len(), 4);
+        queue.complete(&taken[0], from_millis(1));
+        let next = drain(&queue, 1);
+        assert_eq!(next.len(), 1);
+        assert_eq!(queue.stats(), QueueStats { waiting: 0, due: 5, in_flight: 4 });
+    }
+
+    #[test]
+    fn saturated_endpoint_does_not_block_others() {
+        let queue = EmbeddedQueue::new();
+        let mut items: Vec<_> = (0..100).map(|i| item(&format!("s{i}"), "slow", "big", 0, 2)).collect();
+        items.push(item("h1", "healthy", "big", 0, 4));
+        queue.add(items);
+        let taken: Vec<_> = drain(&queue, 0).into_iter().map(|l| l.delivery_id.to_string()).collect();
+        assert_eq!(taken.len(), 3);
+        assert!(taken.contains(&"h1".to_string()));
+    }
+
+    #[test]
+    fn accounts_take_turns() {
+        let queue = EmbeddedQueue::new();
+        // One account with a large backlog over many endpoints, then a small account.
+        let mut items: Vec<_> = (0..1000).map(|i| item(&format!("b{i}"), &format!("be{}", i % 50), "big", 0, 100)).collect();
+        items.push(item("s1", "se", "small", 0, 4));
+        queue.add(items);
+        let first_two: Vec<_> = (0..2).map(|_| queue.try_take(from_millis(0)).unwrap()).collect();
+        assert!(first_two.iter().any(|l| l.account_id.as_str() == "small"), "{first_two:?}");
+    }
+
+    #[test]
+    fn duplicates_are_ignored_until_completed() {
+        let queue = EmbeddedQueue::new();
+        queue.add(vec![item("d1", "e", "a", 0, 4)]);
+        queue.add(vec![item("d1", "e", "a", 0, 4)]);
+        let lease = queue.try_take(from_millis(0)).unwrap();
+        queue.add(vec![item("d1", "e", "a", 0, 4)]);
+        assert!(queue.try_take(from_millis(0)).is_none());
+        queue.complete(&lease, from_millis(0));
+        queue.add(vec![item("d1", "e", "a", 10, 4)]);
+        assert!(queue.try_take(from_millis(10)).is_some());
+    }
+
+    #[test]
+    fn rate_limit_spaces_requests() {
+        let queue = EmbeddedQueue::new();
+        let items = (0..10)
+            .map(|i| PendingRef { rate_limit_per_second: Some(2), ..item(&format!("d{i}"), "e", "a", 0, 100) })
+            .collect();
+        queue.add(items);
+        let mut taken_at = Vec::new();
+        for now in (0..=3000).step_by(50) {
+            while let Some(lease) = queue.try_take(from_millis(now)) {
+                taken_at.push(now);
+                queue.complete(&lease, from_millis(now));
+            }
+        }
+        // Burst of 2, then one every 500 ms.
+        assert_eq!(taken_at[..2], [0, 0]);
+        assert_eq!(taken_at.len(), 2 + 3000 / 500);
+        assert!(taken_at.windows(2).skip(1).all(|w| w[1] - w[0] >= 450), "{taken_at:?}");
+    }
+
+    #[tokio::test]
+    async fn take_wakes_on_enqueue() {
+        let queue = std::sync::Arc::new(EmbeddedQueue::new());
+        let waiter = {
+            let queue = queue.clone();
+            tokio::spawn(async move { queue.take(chrono::Utc::now).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        queue.add(vec![item("d1", "e", "a", 0, 4)]);
+        let lease = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+        assert_eq!(lease.delivery_id.as_str(), "d1");
+    }
+}

@@ -1,0 +1,163 @@
+use std::time::Duration;
+
+use bytes::Bytes;
+use tracing::Instrument;
+
+use super::{health, ServiceResult};
+use crate::{
+    clock::Timestamp,
+    domain::{health::should_disable, Attempt, AttemptOutcome, Decision, DeliveryId, DeliveryStatus, EndpointStatus, Trigger},
+    http::{OutboundRequest, OutboundResponse},
+    signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
+    store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome},
+    App,
+};
+
+/// A ticket that arrives this much before its delivery's time is early, not due.
+const EARLY_TOLERANCE: Duration = Duration::from_millis(500);
+
+/// What an attempt came to, for the caller's bookkeeping.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptResult {
+    /// Nothing to do: delivered, final, or its endpoint is gone or disabled.
+    Skipped,
+    /// The ticket came early; try again at this time.
+    NotYetDue(PendingRef),
+    /// An attempt was made; `retry` is set while the delivery stays pending.
+    Attempted { decision: Decision, retry: Option<PendingRef> },
+    /// The attempt was sent, but someone else had already moved the delivery on.
+    Stale,
+}
+
+impl AttemptResult {
+    /// The next ticket for this delivery, if it needs one.
+    pub fn follow_up(&self) -> Option<&PendingRef> {
+        match self {
+            Self::NotYetDue(next) => Some(next),
+            Self::Attempted { retry, .. } => retry.as_ref(),
+            Self::Skipped | Self::Stale => None,
+        }
+    }
+}
+
+fn pending_ref(work: &DeliveryWork, due: Timestamp) -> Option<PendingRef> {
+    let endpoint = work.endpoint.as_ref()?;
+    Some(PendingRef {
+        delivery_id: work.delivery.id.clone(),
+        endpoint_id: endpoint.id.clone(),
+        account_id: work.delivery.account_id.clone(),
+        due,
+        max_in_flight: endpoint.max_in_flight,
+        rate_limit_per_second: endpoint.rate_limit_per_second,
+    })
+}
+
+/// Makes one attempt of a pending delivery: sign, POST, record, decide what comes next.
+pub async fn attempt(app: &App, delivery_id: &DeliveryId, trigger: Trigger) -> ServiceResult<AttemptResult> {
+    let Some(work) = app.store.load_work(delivery_id).await? else {
+        return Ok(AttemptResult::Skipped);
+    };
+    if work.delivery.status != DeliveryStatus::Pending {
+        return Ok(AttemptResult::Skipped);
+    }
+    let Some(endpoint) = work.endpoint.as_ref().filter(|e| e.status == EndpointStatus::Active) else {
+        return Ok(AttemptResult::Skipped);
+    };
+    let now = app.clock.now();
+    if let Some(due) = work.delivery.next_try_at {
+        if trigger == Trigger::Scheduled && due > crate::clock::add(now, EARLY_TOLERANCE) {
+            return Ok(pending_ref(&work, due).map_or(AttemptResult::Skipped, AttemptResult::NotYetDue));
+        }
+    }
+    let number = work.delivery.attempts + 1;
+    let span = tracing::info_span!(
+        "attempt",
+        event.id = %work.event.id,
+        endpoint.id = %endpoint.id,
+        delivery.id = %work.delivery.id,
+        attempt = number,
+    );
+    async {
+        let timestamp = now.timestamp();
+        let body = Bytes::from(work.event.payload.clone());
+        let signature = signing::signature_header(&endpoint.signing_secrets(now), work.event.id.as_str(), timestamp, &body);
+        let request = OutboundRequest {
+            url: endpoint.url.as_url().clone(),
+            headers: vec![
+                ("content-type", "application/json".to_owned()),
+                (HEADER_ID, work.event.id.to_string()),
+                (HEADER_TIMESTAMP, timestamp.to_string()),
+                (HEADER_SIGNATURE, signature),
+            ],
+            body,
+        };
+        let response = app.transport.post(request).await;
+        let finished = app.clock.now();
+        let outcome = classify(&response, finished);
+        let policy = &app.config.retry;
+        let client_errors = work.delivery.client_error_count + u32::from(policy.is_client_error(&outcome));
+        let decision = policy.decide(number, client_errors, &outcome, finished, &mut rand::rng());
+        let max_body = app.config.sender.max_response_body;
+        let attempt = Attempt {
+            delivery_id: work.delivery.id.clone(),
+            number,
+            trigger,
+            started_at: now,
+            latency_ms: u64::try_from(response.latency.as_millis()).unwrap_or(u64::MAX),
+            status_code: response.status,
+            response_headers: response.headers.clone(),
+            response_body: String::from_utf8_lossy(&response.body[..response.body.len().min(max_body)]).into_owned(),
+            response_body_truncated: response.body_truncated,
+            error: outcome.error_text(),
+        };
+        let record = AttemptRecord {
+            attempt,
+            expected_attempts: work.delivery.attempts,
+            decision: decision.clone(),
+            client_error_count: client_errors,
+            endpoint_id: endpoint.id.clone(),
+            success: outcome.is_success(),
+            now: finished,
+        };
+        match &decision {
+            Decision::Delivered => tracing::info!(status = response.status, latency_ms = record.attempt.latency_ms, "delivered"),
+            Decision::RetryAt(at) => tracing::info!(status = response.status, error = record.attempt.error.as_deref(), next_try_at = %at, "attempt failed; will retry"),
+            Decision::Failed { reason } => tracing::warn!(status = response.status, error = record.attempt.error.as_deref(), reason, "delivery failed"),
+        }
+        let failing_since = match app.store.record_attempt(&record).await? {
+            RecordOutcome::Stale => {
+                tracing::info!("delivery was already moved on; attempt not recorded");
+                return Ok(AttemptResult::Stale);
+            }
+            RecordOutcome::Recorded { endpoint_failing_since } => endpoint_failing_since,
+        };
+        if should_disable(failing_since, finished, app.config.disable_after) {
+            if let Some(since) = failing_since {
+                health::disable_failing(app, endpoint, since).await?;
+                return Ok(AttemptResult::Attempted { decision, retry: None });
+            }
+        }
+        let retry = match decision {
+            Decision::RetryAt(at) => pending_ref(&work, at),
+            _ => None,
+        };
+        Ok(AttemptResult::Attempted { decision, retry })
+    }
+    .instrument(span)
+    .await
+}
+
+fn classify(response: &OutboundResponse, now: Timestamp) -> AttemptOutcome {
+    match (&response.error, response.status) {
+        (None, Some(status)) => {
+            AttemptOutcome::from_response(status, response.header("retry-after"), response.header("location"), now)
+        }
+        (Some(error), Some(status)) => AttemptOutcome::TransportError {
+            message: format!("HTTP {status}, then {error}"),
+        },
+        (Some(error), None) => AttemptOutcome::TransportError { message: error.clone() },
+        (None, None) => AttemptOutcome::TransportError {
+            message: "no response".into(),
+        },
+    }
+}

@@ -1,0 +1,173 @@
+use std::time::Duration;
+
+use super::{ServiceError, ServiceResult};
+use crate::{
+    domain::{
+        endpoint::{self, RetiringSecret},
+        AccountId, Endpoint, EndpointId, EndpointStatus, EndpointUrl, EventTypeFilter, InvalidField,
+    },
+    http::SsrfError,
+    signing::SigningSecret,
+    store::DisableRequest,
+    App,
+};
+
+#[derive(Debug, Clone, Default)]
+pub struct NewEndpoint {
+    pub url: String,
+    pub description: Option<String>,
+    pub event_types: Option<Vec<String>>,
+    pub max_in_flight: Option<u32>,
+    pub rate_limit_per_second: Option<u32>,
+    /// A `whsec_…` secret to use instead of a generated one.
+    pub secret: Option<String>,
+}
+
+/// A partial update; `Some(None)` clears an optional field.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointChanges {
+    pub url: Option<String>,
+    pub description: Option<String>,
+    pub event_types: Option<Option<Vec<String>>>,
+    pub max_in_flight: Option<u32>,
+    pub rate_limit_per_second: Option<Option<u32>>,
+}
+
+/// Refuses URLs whose host is, or resolves to, an address webhooks must never reach.
+/// A host that does not resolve yet is accepted: it is checked again at every send.
+async fn check_reachable(app: &App, url: &EndpointUrl) -> ServiceResult<()> {
+    let policy = app.config.address_policy();
+    policy
+        .check_url(url.as_url())
+        .map_err(|e| InvalidField::new("url", e.to_string()))?;
+    if let Some(url::Host::Domain(host)) = url.as_url().host() {
+        let port = url.as_url().port_or_known_default().unwrap_or(443);
+        let lookup = tokio::time::timeout(Duration::from_secs(2), policy.resolve_checked(host, port)).await;
+        if let Ok(Err(refused @ SsrfError::Forbidden { .. })) = lookup {
+            return Err(InvalidField::new("url", refused.to_string()).into());
+        }
+    }
+    Ok(())
+}
+
+pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> ServiceResult<Endpoint> {
+    if app.store.get_account(account).await?.is_none() {
+        return Err(ServiceError::NotFound("account"));
+    }
+    let url = EndpointUrl::parse(&input.url)?;
+    let secret = match input.secret.as_deref() {
+        Some(raw) => SigningSecret::parse(raw).map_err(|e| InvalidField::new("secret", e.to_string()))?,
+        None => SigningSecret::generate(),
+    };
+    let now = app.clock.now();
+    let endpoint = Endpoint {
+        id: EndpointId::generate(),
+        account_id: account.clone(),
+        description: endpoint::parse_description(input.description.as_deref())?,
+        secret,
+        retiring_secret: None,
+        status: EndpointStatus::Active,
+        event_types: EventTypeFilter::parse(input.event_types.as_deref())?,
+        max_in_flight: endpoint::parse_max_in_flight(input.max_in_flight)?,
+        rate_limit_per_second: endpoint::parse_rate_limit(input.rate_limit_per_second)?,
+        failing_since: None,
+        disabled_reason: None,
+        created_at: now,
+        updated_at: now,
+        url,
+    };
+    check_reachable(app, &endpoint.url).await?;
+    app.store.create_endpoint(&endpoint).await?;
+    Ok(endpoint)
+}
+
+pub async fn get(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+    app.store.get_endpoint(account, id).await?.ok_or(ServiceError::NotFound("endpoint"))
+}
+
+pub async fn list(app: &App, account: &AccountId) -> ServiceResult<Vec<Endpoint>> {
+    if app.store.get_account(account).await?.is_none() {
+        return Err(ServiceError::NotFound("account"));
+    }
+    Ok(app.store.list_endpoints(account).await?)
+}
+
+pub async fn update(app: &App, account: &AccountId, id: &EndpointId, changes: EndpointChanges) -> ServiceResult<Endpoint> {
+    let mut endpoint = get(app, account, id).await?;
+    if let Some(raw) = changes.url.as_deref() {
+        let url = EndpointUrl::parse(raw)?;
+        check_reachable(app, &url).await?;
+        endpoint.url = url;
+    }
+    if let Some(description) = changes.description.as_deref() {
+        endpoint.description = endpoint::parse_description(Some(description))?;
+    }
+    if let Some(event_types) = &changes.event_types {
+        endpoint.event_types = EventTypeFilter::parse(event_types.as_deref())?;
+    }
+    if let Some(max) = changes.max_in_flight {
+        endpoint.max_in_flight = endpoint::parse_max_in_flight(Some(max))?;
+    }
+    if let Some(rate) = changes.rate_limit_per_second {
+        endpoint.rate_limit_per_second = endpoint::parse_rate_limit(rate)?;
+    }
+    endpoint.updated_at = app.clock.now();
+    app.store.update_endpoint(&endpoint).await?;
+    app.queue
+        .update_lane(&endpoint.id, endpoint.max_in_flight, endpoint.rate_limit_per_second)
+        .await;
+    Ok(endpoint)
+}
+
+pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<()> {
+    if app.store.delete_endpoint(account, id, app.clock.now()).await? {
+        Ok(())
+    } else {
+        Err(ServiceError::NotFound("endpoint"))
+    }
+}
+
+/// Re-enables an endpoint with a fresh health clock. Abandoned deliveries stay abandoned
+/// until the customer asks for a replay.
+pub async fn enable(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+    let mut endpoint = get(app, account, id).await?;
+    endpoint.status = EndpointStatus::Active;
+    endpoint.failing_since = None;
+    endpoint.disabled_reason = None;
+    endpoint.updated_at = app.clock.now();
+    app.store.update_endpoint(&endpoint).await?;
+    Ok(endpoint)
+}
+
+/// Disables an endpoint on its owner's request; its pending deliveries are abandoned.
+pub async fn disable(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+    let endpoint = get(app, account, id).await?;
+    if endpoint.status == EndpointStatus::Active {
+        app.store
+            .disable_endpoint(&DisableRequest {
+                account_id: account.clone(),
+                endpoint_id: id.clone(),
+                reason: "disabled through the API".into(),
+                now: app.clock.now(),
+                expected_failing_since: endpoint.failing_since,
+                notification: None,
+                operational_event: None,
+            })
+            .await?;
+    }
+    get(app, account, id).await
+}
+
+/// Replaces the signing secret; the old one keeps signing for `grace`.
+pub async fn rotate_secret(app: &App, account: &AccountId, id: &EndpointId, grace: Duration) -> ServiceResult<Endpoint> {
+    let mut endpoint = get(app, account, id).await?;
+    let now = app.clock.now();
+    let old = std::mem::replace(&mut endpoint.secret, SigningSecret::generate());
+    endpoint.retiring_secret = (!grace.is_zero()).then(|| RetiringSecret {
+        secret: old,
+        until: crate::clock::add(now, grace),
+    });
+    endpoint.updated_at = now;
+    app.store.update_endpoint(&endpoint).await?;
+    Ok(endpoint)
+}

@@ -1,0 +1,40 @@
+//! Use-cases, each a function over [`App`](crate::App): the same code behind the embedded
+//! binary and the Lambda functions.
+
+pub mod accounts;
+pub mod deliver;
+pub mod endpoints;
+pub mod health;
+pub mod notifications;
+pub mod publish;
+pub mod sweep;
+
+use crate::{domain::InvalidField, queue::QueueError, store::StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error(transparent)]
+    Store(StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Conflict { entity, id } => Self::Conflict(format!("{entity} `{id}` already exists")),
+            StoreError::NotFound(what) => Self::NotFound(what),
+            other => Self::Store(other),
+        }
+    }
+}
+
+pub type ServiceResult<T> = Result<T, ServiceError>;

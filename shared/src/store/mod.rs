@@ -1,0 +1,170 @@
+//! The Store port: durable state, the source of truth for every delivery.
+
+use async_trait::async_trait;
+
+use crate::{
+    clock::Timestamp,
+    domain::{
+        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint, EndpointId,
+        Event, EventId,
+    },
+};
+
+pub mod sqlite;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{entity} `{id}` already exists")]
+    Conflict { entity: &'static str, id: String },
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    Locked(String),
+    #[error("storage failure: {0}")]
+    Backend(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Publishing an event id that already exists returns the first event and creates nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PublishOutcome {
+    Created,
+    AlreadyExists { event: Event, deliveries: Vec<Delivery> },
+}
+
+/// Everything one attempt needs, read together.
+#[derive(Debug, Clone)]
+pub struct DeliveryWork {
+    pub delivery: Delivery,
+    pub event: Event,
+    /// `None` when the endpoint was deleted after fan-out.
+    pub endpoint: Option<Endpoint>,
+}
+
+/// The result of one attempt, written in one transaction: the attempt row, the delivery's
+/// new state (only if it is still pending with `expected_attempts`), the endpoint's health.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub attempt: Attempt,
+    pub expected_attempts: u32,
+    pub decision: Decision,
+    pub client_error_count: u32,
+    pub endpoint_id: EndpointId,
+    pub success: bool,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordOutcome {
+    Recorded { endpoint_failing_since: Option<Timestamp> },
+    /// Someone else already moved the delivery on; nothing was written.
+    Stale,
+}
+
+/// A pending delivery as the dispatcher needs it: what, for whom, when, and the lane limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRef {
+    pub delivery_id: DeliveryId,
+    pub endpoint_id: EndpointId,
+    pub account_id: AccountId,
+    pub due: Timestamp,
+    pub max_in_flight: u32,
+    pub rate_limit_per_second: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryQuery {
+    pub endpoint_id: Option<EndpointId>,
+    pub status: Option<DeliveryStatus>,
+    pub event_type: Option<String>,
+    pub since: Option<Timestamp>,
+    pub until: Option<Timestamp>,
+    pub status_code: Option<u16>,
+    /// Opaque position from a previous page.
+    pub cursor: Option<String>,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+/// Mail to send, kept in an outbox so that a crash after the state change still sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notification {
+    pub id: String,
+    pub account_id: AccountId,
+    pub recipient: EmailAddress,
+    pub subject: String,
+    pub body: String,
+    pub created_at: Timestamp,
+}
+
+/// Disabling an endpoint, all in one transaction, and only if it is still active.
+#[derive(Debug, Clone)]
+pub struct DisableRequest {
+    pub account_id: AccountId,
+    pub endpoint_id: EndpointId,
+    pub reason: String,
+    pub now: Timestamp,
+    /// Only disable if `failing_since` is still this (a success in between wins).
+    pub expected_failing_since: Option<Timestamp>,
+    pub notification: Option<Notification>,
+    /// The `endpoint.disabled` operational event and its deliveries.
+    pub operational_event: Option<(Event, Vec<Delivery>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisableOutcome {
+    pub abandoned: u64,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn create_account(&self, account: &Account) -> StoreResult<()>;
+    async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>>;
+
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    async fn get_endpoint(&self, account: &AccountId, id: &EndpointId) -> StoreResult<Option<Endpoint>>;
+    async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>>;
+    /// Replaces the mutable fields of an existing endpoint.
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    /// Deletes the endpoint and abandons its pending deliveries; the history stays.
+    async fn delete_endpoint(&self, account: &AccountId, id: &EndpointId, now: Timestamp) -> StoreResult<bool>;
+
+    /// Writes the event and its deliveries in one transaction (the outbox).
+    async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
+    async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
+    async fn deliveries_of_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Vec<Delivery>>;
+
+    async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
+    async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
+    /// Pending deliveries in due order, due at or before `due_before`, after `after` (paging).
+    async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>>;
+
+    async fn get_delivery(&self, account: &AccountId, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
+    async fn list_deliveries(&self, account: &AccountId, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
+    async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>>;
+
+    /// Active endpoints whose `failing_since` is at or before `failing_before`.
+    async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>>;
+    /// `None` if the endpoint is gone, no longer active, or recovered meanwhile.
+    async fn disable_endpoint(&self, request: &DisableRequest) -> StoreResult<Option<DisableOutcome>>;
+
+    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>>;
+    async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()>;
+
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
+    /// Stores the value unless the key exists; returns the value now stored.
+    async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String>;
+}

@@ -1,0 +1,887 @@
+//! The embedded store: one SQLite file in WAL mode.
+
+use std::{
+    fs::{File, OpenOptions},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use async_trait::async_trait;
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
+use rusqlite::{params, types::Value, Connection, OptionalExtension, Row, Transaction};
+
+use super::{
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page, PendingRef,
+    PublishOutcome, RecordOutcome, Store, StoreError, StoreResult,
+};
+use crate::{
+    clock::{from_millis, to_millis, Timestamp},
+    domain::{
+        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus,
+        EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
+        Trigger,
+    },
+    signing::SigningSecret,
+};
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS accounts (
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, owner_email TEXT NOT NULL, created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS endpoints (
+  id TEXT PRIMARY KEY,
+  account_id TEXT NOT NULL REFERENCES accounts(id),
+  url TEXT NOT NULL,
+  description TEXT NOT NULL,
+  secret TEXT NOT NULL,
+  retiring_secret TEXT,
+  retiring_until INTEGER,
+  status TEXT NOT NULL,
+  event_types TEXT,
+  max_in_flight INTEGER NOT NULL,
+  rate_limit INTEGER,
+  failing_since INTEGER,
+  disabled_reason TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS endpoints_by_account ON endpoints(account_id, created_at);
+CREATE INDEX IF NOT EXISTS endpoints_failing ON endpoints(failing_since) WHERE failing_since IS NOT NULL;
+CREATE TABLE IF NOT EXISTS events (
+  account_id TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, created_at INTEGER NOT NULL, payload TEXT NOT NULL,
+  PRIMARY KEY (account_id, id)
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+  id TEXT PRIMARY KEY,
+  account_id TEXT NOT NULL,
+  event_id TEXT NOT NULL,
+  endpoint_id TEXT NOT NULL,
+  event_type TEXT NOT NULL,
+  status TEXT NOT NULL,
+  attempts INTEGER NOT NULL,
+  next_try_at INTEGER,
+  last_status INTEGER,
+  last_error TEXT,
+  client_errors INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  UNIQUE (account_id, event_id, endpoint_id)
+);
+CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(next_try_at, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries(endpoint_id, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS deliveries_by_account ON deliveries(account_id, created_at DESC, id DESC);
+CREATE TABLE IF NOT EXISTS attempts (
+  delivery_id TEXT NOT NULL,
+  number INTEGER NOT NULL,
+  trigger TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  latency_ms INTEGER NOT NULL,
+  status_code INTEGER,
+  response_headers TEXT NOT NULL,
+  response_body TEXT NOT NULL,
+  response_body_truncated INTEGER NOT NULL,
+  error TEXT,
+  PRIMARY KEY (delivery_id, number)
+);
+CREATE TABLE IF NOT EXISTS notifications (
+  id TEXT PRIMARY KEY,
+  account_id TEXT NOT NULL,
+  recipient TEXT NOT NULL,
+  subject TEXT NOT NULL,
+  body TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  sent_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS notifications_unsent ON notifications(created_at) WHERE sent_at IS NULL;
+"#;
+
+const ENDPOINT_COLUMNS: &str = "id, account_id, url, description, secret, retiring_secret, retiring_until, status, \
+     event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at";
+const DELIVERY_COLUMNS: &str = "id, account_id, event_id, endpoint_id, event_type, status, attempts, next_try_at, \
+     last_status, last_error, client_errors, created_at, updated_at";
+
+/// SQLite behind a mutex; every call runs on the blocking pool.
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    // Held for the life of the store: a second `serve` on the same file is refused.
+    _lock: Option<Arc<File>>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file, refusing if another process has it open.
+    pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+        let path = path.as_ref();
+        let lock = acquire_lock(path)?;
+        let conn = Connection::open(path).map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
+        Self::init(conn, Some(lock))
+    }
+
+    /// A private in-memory database, for tests.
+    pub fn in_memory() -> StoreResult<Self> {
+        let conn = Connection::open_in_memory().map_err(backend)?;
+        Self::init(conn, None)
+    }
+
+    fn init(conn: Connection, lock: Option<File>) -> StoreResult<Self> {
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
+        // NORMAL in WAL mode survives a process crash (kill -9); only power loss can drop
+        // the last commits.
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(backend)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(backend)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            _lock: lock.map(Arc::new),
+        })
+    }
+
+    async fn run<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+            work(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
+    }
+}
+
+fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".lock");
+    db.with_file_name(name)
+}
+
+fn acquire_lock(db: &Path) -> StoreResult<File> {
+    let path = lock_path(db);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| StoreError::Backend(format!("cannot open lock file {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(format!(
+            "{} is in use by another hooklane process (lock file {}); stop it first or use another HOOKLANE_DATABASE",
+            db.display(),
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Backend(format!("cannot lock {}: {e}", path.display()))),
+    }
+}
+
+fn backend(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation)
+}
+
+fn opt_millis(at: Option<Timestamp>) -> Option<i64> {
+    at.map(to_millis)
+}
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, format!("{what}: {detail}").into())
+}
+
+fn u32_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
+    let raw: i64 = row.get(idx)?;
+    u32::try_from(raw).map_err(|e| corrupt("u32 column", e))
+}
+
+fn opt_u16_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u16>> {
+    let raw: Option<i64> = row.get(idx)?;
+    raw.map(|v| u16::try_from(v).map_err(|e| corrupt("u16 column", e))).transpose()
+}
+
+fn account_from_row(row: &Row<'_>) -> rusqlite::Result<Account> {
+    Ok(Account {
+        id: AccountId::from_trusted(row.get(0)?),
+        name: row.get(1)?,
+        owner_email: EmailAddress::from_trusted(row.get(2)?),
+        created_at: from_millis(row.get(3)?),
+    })
+}
+
+fn endpoint_from_row(row: &Row<'_>) -> rusqlite::Result<Endpoint> {
+    let url: String = row.get(2)?;
+    let secret: String = row.get(4)?;
+    let retiring_secret: Option<String> = row.get(5)?;
+    let retiring_until: Option<i64> = row.get(6)?;
+    let status: String = row.get(7)?;
+    let event_types: Option<String> = row.get(8)?;
+    let patterns: Option<Vec<String>> = event_types
+        .map(|raw| serde_json::from_str(&raw).map_err(|e| corrupt("event_types", e)))
+        .transpose()?;
+    let retiring_secret = match (retiring_secret, retiring_until) {
+        (Some(secret), Some(until)) => Some(RetiringSecret {
+            secret: SigningSecret::parse(&secret).map_err(|e| corrupt("retiring_secret", e))?,
+            until: from_millis(until),
+        }),
+        _ => None,
+    };
+    let rate_limit: Option<i64> = row.get(10)?;
+    Ok(Endpoint {
+        id: EndpointId::from_trusted(row.get(0)?),
+        account_id: AccountId::from_trusted(row.get(1)?),
+        url: EndpointUrl::parse(&url).map_err(|e| corrupt("url", e))?,
+        description: row.get(3)?,
+        secret: SigningSecret::parse(&secret).map_err(|e| corrupt("secret", e))?,
+        retiring_secret,
+        status: EndpointStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+        event_types: EventTypeFilter::parse(patterns.as_deref()).map_err(|e| corrupt("event_types", e))?,
+        max_in_flight: u32_col(row, 9)?,
+        rate_limit_per_second: rate_limit.and_then(|v| u32::try_from(v).ok()),
+        failing_since: row.get::<_, Option<i64>>(11)?.map(from_millis),
+        disabled_reason: row.get(12)?,
+        created_at: from_millis(row.get(13)?),
+        updated_at: from_millis(row.get(14)?),
+    })
+}
+
+fn delivery_from_row(row: &Row<'_>) -> rusqlite::Result<Delivery> {
+    let status: String = row.get(5)?;
+    Ok(Delivery {
+        id: DeliveryId::from_trusted(row.get(0)?),
+        account_id: AccountId::from_trusted(row.get(1)?),
+        event_id: EventId::from_trusted(row.get(2)?),
+        endpoint_id: EndpointId::from_trusted(row.get(3)?),
+        event_type: EventType::from_trusted(row.get(4)?),
+        status: DeliveryStatus::parse(&status).ok_or_else(|| corrupt("delivery status", &status))?,
+        attempts: u32_col(row, 6)?,
+        next_try_at: row.get::<_, Option<i64>>(7)?.map(from_millis),
+        last_status: opt_u16_col(row, 8)?,
+        last_error: row.get(9)?,
+        client_error_count: u32_col(row, 10)?,
+        created_at: from_millis(row.get(11)?),
+        updated_at: from_millis(row.get(12)?),
+    })
+}
+
+fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Event> {
+    Ok(Event {
+        account_id: AccountId::from_trusted(row.get(0)?),
+        id: EventId::from_trusted(row.get(1)?),
+        event_type: EventType::from_trusted(row.get(2)?),
+        created_at: from_millis(row.get(3)?),
+        payload: row.get(4)?,
+    })
+}
+
+fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<Attempt> {
+    let trigger: String = row.get(2)?;
+    let headers: String = row.get(6)?;
+    let latency: i64 = row.get(4)?;
+    Ok(Attempt {
+        delivery_id: DeliveryId::from_trusted(row.get(0)?),
+        number: u32_col(row, 1)?,
+        trigger: Trigger::parse(&trigger).ok_or_else(|| corrupt("trigger", &trigger))?,
+        started_at: from_millis(row.get(3)?),
+        latency_ms: u64::try_from(latency).unwrap_or(0),
+        status_code: opt_u16_col(row, 5)?,
+        response_headers: serde_json::from_str(&headers).map_err(|e| corrupt("response_headers", e))?,
+        response_body: row.get(7)?,
+        response_body_truncated: row.get(8)?,
+        error: row.get(9)?,
+    })
+}
+
+fn insert_event(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO events (account_id, id, type, created_at, payload) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![event.account_id.as_str(), event.id.as_str(), event.event_type.as_str(), to_millis(event.created_at), event.payload],
+    )?;
+    Ok(())
+}
+
+fn insert_deliveries(tx: &Transaction<'_>, deliveries: &[Delivery]) -> rusqlite::Result<()> {
+    let mut insert = tx.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO deliveries ({DELIVERY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+    ))?;
+    for d in deliveries {
+        insert.execute(params![
+            d.id.as_str(),
+            d.account_id.as_str(),
+            d.event_id.as_str(),
+            d.endpoint_id.as_str(),
+            d.event_type.as_str(),
+            d.status.as_str(),
+            d.attempts,
+            opt_millis(d.next_try_at),
+            d.last_status,
+            d.last_error,
+            d.client_error_count,
+            to_millis(d.created_at),
+            to_millis(d.updated_at),
+        ])?;
+    }
+    Ok(())
+}
+
+fn deliveries_of_event(conn: &Connection, account: &str, event: &str) -> rusqlite::Result<Vec<Delivery>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?1 AND event_id = ?2 ORDER BY id"
+    ))?;
+    let rows = stmt.query_map(params![account, event], delivery_from_row)?;
+    rows.collect()
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    c: i64,
+    i: String,
+}
+
+fn encode_cursor(delivery: &Delivery) -> String {
+    let cursor = Cursor {
+        c: to_millis(delivery.created_at),
+        i: delivery.id.as_str().to_owned(),
+    };
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&cursor).unwrap_or_default())
+}
+
+/// Decodes a cursor from a previous page; `None` when it was not one of ours.
+pub fn decode_cursor(raw: &str) -> Option<(i64, String)> {
+    let bytes = URL_SAFE_NO_PAD.decode(raw).ok()?;
+    let cursor: Cursor = serde_json::from_slice(&bytes).ok()?;
+    Some((cursor.c, cursor.i))
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_account(&self, account: &Account) -> StoreResult<()> {
+        let account = account.clone();
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO accounts (id, name, owner_email, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![account.id.as_str(), account.name, account.owner_email.as_str(), to_millis(account.created_at)],
+            )
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict { entity: "account", id: account.id.to_string() }
+                } else {
+                    backend(e)
+                }
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        let id = id.clone();
+        self.run(move |conn| {
+            conn.query_row(
+                "SELECT id, name, owner_email, created_at FROM accounts WHERE id = ?1",
+                params![id.as_str()],
+                account_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let e = endpoint.clone();
+        self.run(move |conn| {
+            let event_types = e.event_types.patterns().map(|p| serde_json::to_string(p).unwrap_or_default());
+            conn.execute(
+                &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+                params![
+                    e.id.as_str(),
+                    e.account_id.as_str(),
+                    e.url.as_str(),
+                    e.description,
+                    e.secret.expose(),
+                    e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+                    e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
+                    e.status.as_str(),
+                    event_types,
+                    e.max_in_flight,
+                    e.rate_limit_per_second,
+                    opt_millis(e.failing_since),
+                    e.disabled_reason,
+                    to_millis(e.created_at),
+                    to_millis(e.updated_at),
+                ],
+            )
+            .map_err(|err| {
+                if is_unique_violation(&err) {
+                    StoreError::Conflict { entity: "endpoint", id: e.id.to_string() }
+                } else {
+                    backend(err)
+                }
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_endpoint(&self, account: &AccountId, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| {
+            conn.query_row(
+                &format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1 AND account_id = ?2"),
+                params![id.as_str(), account.as_str()],
+                endpoint_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        let account = account.clone();
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE account_id = ?1 ORDER BY created_at, id"))
+                .map_err(backend)?;
+            let rows = stmt.query_map(params![account.as_str()], endpoint_from_row).map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let e = endpoint.clone();
+        self.run(move |conn| {
+            let event_types = e.event_types.patterns().map(|p| serde_json::to_string(p).unwrap_or_default());
+            let changed = conn
+                .execute(
+                    "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
+                     status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
+                     disabled_reason = ?13, updated_at = ?14 WHERE id = ?1 AND account_id = ?2",
+                    params![
+                        e.id.as_str(),
+                        e.account_id.as_str(),
+                        e.url.as_str(),
+                        e.description,
+                        e.secret.expose(),
+                        e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+                        e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
+                        e.status.as_str(),
+                        event_types,
+                        e.max_in_flight,
+                        e.rate_limit_per_second,
+                        opt_millis(e.failing_since),
+                        e.disabled_reason,
+                        to_millis(e.updated_at),
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 {
+                return Err(StoreError::NotFound("endpoint"));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete_endpoint(&self, account: &AccountId, id: &EndpointId, now: Timestamp) -> StoreResult<bool> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let deleted = tx
+                .execute("DELETE FROM endpoints WHERE id = ?1 AND account_id = ?2", params![id.as_str(), account.as_str()])
+                .map_err(backend)?;
+            if deleted > 0 {
+                tx.execute(
+                    "UPDATE deliveries SET status = 'abandoned', next_try_at = NULL, last_error = 'endpoint deleted', updated_at = ?2 \
+                     WHERE endpoint_id = ?1 AND status = 'pending'",
+                    params![id.as_str(), to_millis(now)],
+                )
+                .map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
+    async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
+        let (event, deliveries) = (event.clone(), deliveries.to_vec());
+        self.run(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let existing = tx
+                .query_row(
+                    "SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2",
+                    params![event.account_id.as_str(), event.id.as_str()],
+                    event_from_row,
+                )
+                .optional()
+                .map_err(backend)?;
+            if let Some(existing) = existing {
+                let deliveries = deliveries_of_event(&tx, existing.account_id.as_str(), existing.id.as_str()).map_err(backend)?;
+                return Ok(PublishOutcome::AlreadyExists { event: existing, deliveries });
+            }
+            insert_event(&tx, &event).map_err(backend)?;
+            insert_deliveries(&tx, &deliveries).map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(PublishOutcome::Created)
+        })
+        .await
+    }
+
+    async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| {
+            conn.query_row(
+                "SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2",
+                params![account.as_str(), id.as_str()],
+                event_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn deliveries_of_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Vec<Delivery>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| deliveries_of_event(conn, account.as_str(), id.as_str()).map_err(backend))
+            .await
+    }
+
+    async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
+        let id = delivery.clone();
+        self.run(move |conn| {
+            let Some(delivery) = conn
+                .prepare_cached(&format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1"))
+                .and_then(|mut s| s.query_row(params![id.as_str()], delivery_from_row).optional())
+                .map_err(backend)?
+            else {
+                return Ok(None);
+            };
+            let event = conn
+                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
+                .and_then(|mut s| {
+                    s.query_row(params![delivery.account_id.as_str(), delivery.event_id.as_str()], event_from_row)
+                        .optional()
+                })
+                .map_err(backend)?
+                .ok_or_else(|| StoreError::Corrupt(format!("delivery {} has no event", delivery.id)))?;
+            let endpoint = conn
+                .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1"))
+                .and_then(|mut s| s.query_row(params![delivery.endpoint_id.as_str()], endpoint_from_row).optional())
+                .map_err(backend)?;
+            Ok(Some(DeliveryWork { delivery, event, endpoint }))
+        })
+        .await
+    }
+
+    async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
+        let r = record.clone();
+        self.run(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let (status, next_try_at, last_error) = match &r.decision {
+                Decision::Delivered => (DeliveryStatus::Delivered, None, None),
+                Decision::RetryAt(at) => (DeliveryStatus::Pending, Some(to_millis(*at)), r.attempt.error.clone()),
+                Decision::Failed { reason } => (
+                    DeliveryStatus::Failed,
+                    None,
+                    Some(match &r.attempt.error {
+                        Some(error) => format!("{error} ({reason})"),
+                        None => reason.clone(),
+                    }),
+                ),
+            };
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE deliveries SET status = ?3, attempts = ?4, next_try_at = ?5, last_status = ?6, last_error = ?7, \
+                     client_errors = ?8, updated_at = ?9 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        r.attempt.delivery_id.as_str(),
+                        r.expected_attempts,
+                        status.as_str(),
+                        r.attempt.number,
+                        next_try_at,
+                        r.attempt.status_code,
+                        last_error,
+                        r.client_error_count,
+                        to_millis(r.now),
+                    ])
+                })
+                .map_err(backend)?;
+            if changed == 0 {
+                return Ok(RecordOutcome::Stale);
+            }
+            let headers = serde_json::to_string(&r.attempt.response_headers).unwrap_or_else(|_| "[]".into());
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO attempts (delivery_id, number, trigger, started_at, latency_ms, status_code, \
+                 response_headers, response_body, response_body_truncated, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    r.attempt.delivery_id.as_str(),
+                    r.attempt.number,
+                    r.attempt.trigger.as_str(),
+                    to_millis(r.attempt.started_at),
+                    i64::try_from(r.attempt.latency_ms).unwrap_or(i64::MAX),
+                    r.attempt.status_code,
+                    headers,
+                    r.attempt.response_body,
+                    r.attempt.response_body_truncated,
+                    r.attempt.error,
+                ])
+            })
+            .map_err(backend)?;
+            let failing_since: Option<Option<i64>> = tx
+                .prepare_cached(
+                    "UPDATE endpoints SET failing_since = CASE WHEN ?2 THEN NULL ELSE COALESCE(failing_since, ?3) END \
+                     WHERE id = ?1 RETURNING failing_since",
+                )
+                .and_then(|mut s| s.query_row(params![r.endpoint_id.as_str(), r.success, to_millis(r.now)], |row| row.get(0)).optional())
+                .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(RecordOutcome::Recorded {
+                endpoint_failing_since: failing_since.flatten().map(from_millis),
+            })
+        })
+        .await
+    }
+
+    async fn pending_deliveries(&self, due_before: Timestamp, after: Option<&DeliveryId>, limit: u32) -> StoreResult<Vec<PendingRef>> {
+        let after = after.map(|a| a.as_str().to_owned());
+        self.run(move |conn| {
+            // Paging is by delivery id (unique) so a page boundary never skips rows.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT d.id, d.endpoint_id, d.account_id, d.next_try_at, e.max_in_flight, e.rate_limit \
+                     FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
+                     WHERE d.status = 'pending' AND d.next_try_at <= ?1 AND d.id > ?2 AND e.status = 'active' \
+                     ORDER BY d.id LIMIT ?3",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![to_millis(due_before), after.unwrap_or_default(), limit], |row| {
+                    let rate: Option<i64> = row.get(5)?;
+                    Ok(PendingRef {
+                        delivery_id: DeliveryId::from_trusted(row.get(0)?),
+                        endpoint_id: EndpointId::from_trusted(row.get(1)?),
+                        account_id: AccountId::from_trusted(row.get(2)?),
+                        due: from_millis(row.get(3)?),
+                        max_in_flight: u32_col(row, 4)?,
+                        rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn get_delivery(&self, account: &AccountId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| {
+            conn.query_row(
+                &format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1 AND account_id = ?2"),
+                params![id.as_str(), account.as_str()],
+                delivery_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn list_deliveries(&self, account: &AccountId, query: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
+        let (account, query) = (account.clone(), query.clone());
+        self.run(move |conn| {
+            let mut sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?");
+            let mut args: Vec<Value> = vec![Value::Text(account.as_str().to_owned())];
+            if let Some(endpoint) = &query.endpoint_id {
+                sql.push_str(" AND endpoint_id = ?");
+                args.push(Value::Text(endpoint.as_str().to_owned()));
+            }
+            if let Some(status) = query.status {
+                sql.push_str(" AND status = ?");
+                args.push(Value::Text(status.as_str().to_owned()));
+            }
+            if let Some(event_type) = &query.event_type {
+                sql.push_str(" AND event_type = ?");
+                args.push(Value::Text(event_type.clone()));
+            }
+            if let Some(since) = query.since {
+                sql.push_str(" AND created_at >= ?");
+                args.push(Value::Integer(to_millis(since)));
+            }
+            if let Some(until) = query.until {
+                sql.push_str(" AND created_at < ?");
+                args.push(Value::Integer(to_millis(until)));
+            }
+            if let Some(code) = query.status_code {
+                sql.push_str(" AND last_status = ?");
+                args.push(Value::Integer(i64::from(code)));
+            }
+            if let Some(cursor) = &query.cursor {
+                let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
+                sql.push_str(" AND (created_at < ? OR (created_at = ? AND id < ?))");
+                args.push(Value::Integer(created));
+                args.push(Value::Integer(created));
+                args.push(Value::Text(id));
+            }
+            let limit = query.limit.clamp(1, 500);
+            sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
+            args.push(Value::Integer(i64::from(limit) + 1));
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut items = stmt
+                .query_map(rusqlite::params_from_iter(args), delivery_from_row)
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            let next_cursor = if items.len() > limit as usize {
+                items.truncate(limit as usize);
+                items.last().map(encode_cursor)
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let id = delivery.clone();
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT delivery_id, number, trigger, started_at, latency_ms, status_code, response_headers, response_body, \
+                     response_body_truncated, error FROM attempts WHERE delivery_id = ?1 ORDER BY number",
+                )
+                .map_err(backend)?;
+            let rows = stmt.query_map(params![id.as_str()], attempt_from_row).map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE failing_since IS NOT NULL AND failing_since <= ?1 \
+                     AND status = 'active' ORDER BY failing_since"
+                ))
+                .map_err(backend)?;
+            let rows = stmt.query_map(params![to_millis(failing_before)], endpoint_from_row).map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn disable_endpoint(&self, request: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
+        let r = request.clone();
+        self.run(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let changed = tx
+                .execute(
+                    "UPDATE endpoints SET status = 'disabled', disabled_reason = ?3, updated_at = ?4 \
+                     WHERE id = ?1 AND account_id = ?2 AND status = 'active' AND failing_since IS ?5",
+                    params![
+                        r.endpoint_id.as_str(),
+                        r.account_id.as_str(),
+                        r.reason,
+                        to_millis(r.now),
+                        opt_millis(r.expected_failing_since)
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 {
+                return Ok(None);
+            }
+            let abandoned = tx
+                .execute(
+                    "UPDATE deliveries SET status = 'abandoned', next_try_at = NULL, last_error = ?2, updated_at = ?3 \
+                     WHERE endpoint_id = ?1 AND status = 'pending'",
+                    params![r.endpoint_id.as_str(), format!("abandoned: {}", r.reason), to_millis(r.now)],
+                )
+                .map_err(backend)?;
+            if let Some(n) = &r.notification {
+                tx.execute(
+                    "INSERT INTO notifications (id, account_id, recipient, subject, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![n.id, n.account_id.as_str(), n.recipient.as_str(), n.subject, n.body, to_millis(n.created_at)],
+                )
+                .map_err(backend)?;
+            }
+            if let Some((event, deliveries)) = &r.operational_event {
+                insert_event(&tx, event).map_err(backend)?;
+                insert_deliveries(&tx, deliveries).map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(Some(DisableOutcome {
+                abandoned: u64::try_from(abandoned).unwrap_or(0),
+            }))
+        })
+        .await
+    }
+
+    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, account_id, recipient, subject, body, created_at FROM notifications \
+                     WHERE sent_at IS NULL ORDER BY created_at LIMIT ?1",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![limit], |row| {
+                    Ok(Notification {
+                        id: row.get(0)?,
+                        account_id: AccountId::from_trusted(row.get(1)?),
+                        recipient: EmailAddress::from_trusted(row.get(2)?),
+                        subject: row.get(3)?,
+                        body: row.get(4)?,
+                        created_at: from_millis(row.get(5)?),
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
+        let id = id.to_owned();
+        self.run(move |conn| {
+            conn.execute("UPDATE notifications SET sent_at = ?2 WHERE id = ?1", params![id, to_millis(now)])
+                .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        let key = key.to_owned();
+        self.run(move |conn| {
+            conn.query_row("SELECT value FROM settings WHERE key = ?1", params![key], |row| row.get(0))
+                .optional()
+                .map_err(backend)
+        })
+        .await
+    }
+
+    async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.run(move |conn| {
+            conn.execute("INSERT OR IGNORE INTO settings (key, value) VALUES (?1, ?2)", params![key, value])
+                .map_err(backend)?;
+            conn.query_row("SELECT value FROM settings WHERE key = ?1", params![key], |row| row.get(0))
+                .map_err(backend)
+        })
+        .await
+    }
+}
