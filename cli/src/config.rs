@@ -13,7 +13,10 @@ use serde::Deserialize;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {message}")]
     File { path: PathBuf, message: String },
     #[error("{name}: {message}")]
@@ -73,7 +76,10 @@ pub struct ServeConfig {
 
 impl ServeConfig {
     /// Reads the optional file, then the environment given as `vars`.
-    pub fn load(file: Option<&std::path::Path>, vars: &HashMap<String, String>) -> Result<Self, ConfigError> {
+    pub fn load(
+        file: Option<&std::path::Path>,
+        vars: &HashMap<String, String>,
+    ) -> Result<Self, ConfigError> {
         let mut settings: HashMap<&'static str, String> = HashMap::new();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -91,17 +97,24 @@ impl ServeConfig {
                     toml::Value::String(s) => s,
                     toml::Value::Array(items) => items
                         .iter()
-                        .map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))
+                        .map(|v| {
+                            v.as_str()
+                                .map(str::to_owned)
+                                .unwrap_or_else(|| v.to_string())
+                        })
                         .collect::<Vec<_>>()
                         .join(","),
                     other => other.to_string(),
                 };
                 flattened.insert(key, toml::Value::String(text));
             }
-            let parsed: FileConfig = flattened.try_into().map_err(|e: toml::de::Error| ConfigError::File {
-                path: path.to_owned(),
-                message: e.to_string(),
-            })?;
+            let parsed: FileConfig =
+                flattened
+                    .try_into()
+                    .map_err(|e: toml::de::Error| ConfigError::File {
+                        path: path.to_owned(),
+                        message: e.to_string(),
+                    })?;
             for (name, value) in [
                 ("listen", parsed.listen),
                 ("database", parsed.database),
@@ -130,7 +143,12 @@ impl ServeConfig {
     }
 
     fn from_settings(settings: &HashMap<&'static str, String>) -> Result<Self, ConfigError> {
-        let get = |name: &str| settings.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let get = |name: &str| {
+            settings
+                .get(name)
+                .map(|v| v.trim())
+                .filter(|v| !v.is_empty())
+        };
         let invalid = |name: &str, message: String| ConfigError::Value {
             name: format!("HOOKLANE_{}", name.to_ascii_uppercase()),
             message,
@@ -155,7 +173,12 @@ impl ServeConfig {
                     .map(|cidr| {
                         cidr.parse::<ipnet::IpNet>()
                             .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                            .map_err(|_| invalid("allow_cidrs", format!("`{cidr}` is not a CIDR like 127.0.0.0/8")))
+                            .map_err(|_| {
+                                invalid(
+                                    "allow_cidrs",
+                                    format!("`{cidr}` is not a CIDR like 127.0.0.0/8"),
+                                )
+                            })
                     })
                     .collect::<Result<Vec<_>, _>>()
             })
@@ -164,33 +187,54 @@ impl ServeConfig {
         let https_only = match get("https_only") {
             None | Some("false") | Some("0") => false,
             Some("true") | Some("1") => true,
-            Some(other) => return Err(invalid("https_only", format!("`{other}` is not true or false"))),
+            Some(other) => {
+                return Err(invalid(
+                    "https_only",
+                    format!("`{other}` is not true or false"),
+                ))
+            }
         };
         let mut core = CoreConfig::default();
         core.sender.policy = AddressPolicy::new(allow, https_only);
         if let Some(raw) = get("retry_schedule") {
-            core.retry.schedule = RetrySchedule::parse(raw).map_err(|e| invalid("retry_schedule", e.message))?;
+            core.retry.schedule =
+                RetrySchedule::parse(raw).map_err(|e| invalid("retry_schedule", e.message))?;
         }
         if let Some(raw) = get("disable_after") {
-            core.disable_after = parse_duration(raw, "disable_after").map_err(|e| invalid("disable_after", e.message))?;
+            core.disable_after = parse_duration(raw, "disable_after")
+                .map_err(|e| invalid("disable_after", e.message))?;
         }
         if let Some(raw) = get("operations_account") {
-            core.operations_account = Some(AccountId::parse(raw).map_err(|e| invalid("operations_account", e.message))?);
+            core.operations_account =
+                Some(AccountId::parse(raw).map_err(|e| invalid("operations_account", e.message))?);
         }
-        let duration_or = |name: &'static str, default: Duration| -> Result<Duration, ConfigError> {
-            match get(name) {
-                Some(raw) => parse_duration(raw, name)
-                    .map_err(|e| invalid(name, e.message))
-                    .and_then(|d| if d.is_zero() { Err(invalid(name, "must be above zero".into())) } else { Ok(d) }),
-                None => Ok(default),
-            }
-        };
+        let duration_or =
+            |name: &'static str, default: Duration| -> Result<Duration, ConfigError> {
+                match get(name) {
+                    Some(raw) => parse_duration(raw, name)
+                        .map_err(|e| invalid(name, e.message))
+                        .and_then(|d| {
+                            if d.is_zero() {
+                                Err(invalid(name, "must be above zero".into()))
+                            } else {
+                                Ok(d)
+                            }
+                        }),
+                    None => Ok(default),
+                }
+            };
         // Health is checked often enough to honour short thresholds in tests.
-        let health_default = (core.disable_after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60));
+        let health_default =
+            (core.disable_after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60));
         let log_format = match get("log_format") {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
-            Some(other) => return Err(invalid("log_format", format!("`{other}` is not text or json"))),
+            Some(other) => {
+                return Err(invalid(
+                    "log_format",
+                    format!("`{other}` is not text or json"),
+                ))
+            }
         };
         Ok(Self {
             listen,
@@ -210,7 +254,10 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -228,11 +275,25 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hooklane-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("hooklane.toml");
-        std::fs::write(&file, "workers = 8\nretry_schedule = [1, 2]\nlisten = \"127.0.0.1:9000\"\n").unwrap();
-        let config = ServeConfig::load(Some(&file), &vars(&[("HOOKLANE_WORKERS", "20"), ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1")])).unwrap();
+        std::fs::write(
+            &file,
+            "workers = 8\nretry_schedule = [1, 2]\nlisten = \"127.0.0.1:9000\"\n",
+        )
+        .unwrap();
+        let config = ServeConfig::load(
+            Some(&file),
+            &vars(&[
+                ("HOOKLANE_WORKERS", "20"),
+                ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(config.workers, 20);
         assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
-        assert_eq!(config.core.retry.schedule.delays(), &[Duration::from_secs(1), Duration::from_secs(2)]);
+        assert_eq!(
+            config.core.retry.schedule.delays(),
+            &[Duration::from_secs(1), Duration::from_secs(2)]
+        );
         assert_eq!(config.core.sender.policy.allow_list().len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -241,9 +302,11 @@ mod tests {
     fn bad_values_name_the_variable() {
         let err = ServeConfig::load(None, &vars(&[("HOOKLANE_WORKERS", "lots")])).unwrap_err();
         assert!(err.to_string().starts_with("HOOKLANE_WORKERS"), "{err}");
-        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99")])).unwrap_err();
+        let err =
+            ServeConfig::load(None, &vars(&[("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99")])).unwrap_err();
         assert!(err.to_string().contains("HOOKLANE_ALLOW_CIDRS"), "{err}");
-        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_DISABLE_AFTER", "soon")])).unwrap_err();
+        let err =
+            ServeConfig::load(None, &vars(&[("HOOKLANE_DISABLE_AFTER", "soon")])).unwrap_err();
         assert!(err.to_string().contains("HOOKLANE_DISABLE_AFTER"), "{err}");
     }
 }

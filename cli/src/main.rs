@@ -7,7 +7,11 @@ use hooklane_cli::{
 };
 
 #[derive(Parser)]
-#[command(name = "hooklane", version, about = "Reliable outbound webhooks: serve, verify")]
+#[command(
+    name = "hooklane",
+    version,
+    about = "Reliable outbound webhooks: serve, verify"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -41,7 +45,9 @@ enum Command {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hyper=warn,reqwest=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -61,7 +67,10 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(config.log_format);
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(runtime) => runtime,
                 Err(error) => {
                     eprintln!("hooklane: cannot start the runtime: {error}");
@@ -89,7 +98,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let now = chrono::Utc::now().timestamp();
-            match verify::verify(&secret, &webhook_id, &webhook_timestamp, &webhook_signature, &body, now, tolerance) {
+            match verify::verify(
+                &secret,
+                &webhook_id,
+                &webhook_timestamp,
+                &webhook_signature,
+                &body,
+                now,
+                tolerance,
+            ) {
                 Ok(()) => {
                     println!("valid");
                     ExitCode::SUCCESS

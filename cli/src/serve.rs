@@ -23,7 +23,10 @@ pub enum ServeError {
     #[error("{0}")]
     Startup(String),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 const ADMIN_TOKEN_SETTING: &str = "admin_token";
@@ -32,7 +35,9 @@ const ADMIN_TOKEN_SETTING: &str = "admin_token";
 async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<String, ServeError> {
     if let Some(token) = configured {
         if token.len() < 16 {
-            return Err(ServeError::Startup("HOOKLANE_ADMIN_TOKEN must be at least 16 characters".into()));
+            return Err(ServeError::Startup(
+                "HOOKLANE_ADMIN_TOKEN must be at least 16 characters".into(),
+            ));
         }
         return Ok(token.to_owned());
     }
@@ -43,10 +48,14 @@ async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<Stri
     rand::rng().fill_bytes(&mut bytes);
     let generated: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let token = format!("hl_admin_{generated}");
-    let stored = store.put_setting_if_absent(ADMIN_TOKEN_SETTING, &token).await?;
+    let stored = store
+        .put_setting_if_absent(ADMIN_TOKEN_SETTING, &token)
+        .await?;
     if stored == token {
         // Printed once, on the start that created it.
-        println!("admin token (shown once; also set HOOKLANE_ADMIN_TOKEN to choose your own): {token}");
+        println!(
+            "admin token (shown once; also set HOOKLANE_ADMIN_TOKEN to choose your own): {token}"
+        );
     }
     Ok(stored)
 }
@@ -54,7 +63,8 @@ async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<Stri
 pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let store = Arc::new(SqliteStore::open(&config.database)?);
     let token = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
-    let sender = HttpSender::new(config.core.sender.clone()).map_err(|e| ServeError::Startup(e.to_string()))?;
+    let sender = HttpSender::new(config.core.sender.clone())
+        .map_err(|e| ServeError::Startup(e.to_string()))?;
     let queue = Arc::new(EmbeddedQueue::new());
     let app = App {
         store,
@@ -84,10 +94,14 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Listen {
+        addr: config.listen,
+        source,
+    })?;
     tracing::info!(database = %config.database.display(), workers = config.workers, "hooklane serve started");
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("hooklane listening on http://{local}");

@@ -20,8 +20,19 @@ pub fn verify(
     now_unix: i64,
     tolerance_secs: i64,
 ) -> Result<(), VerifyFailure> {
-    let secrets = secrets.iter().map(|s| SigningSecret::parse(s.trim())).collect::<Result<Vec<_>, _>>()?;
+    let secrets = secrets
+        .iter()
+        .map(|s| SigningSecret::parse(s.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
     let refs: Vec<&SigningSecret> = secrets.iter().collect();
-    signing::verify(&refs, msg_id, timestamp, signature, body, now_unix, tolerance_secs)?;
+    signing::verify(
+        &refs,
+        msg_id,
+        timestamp,
+        signature,
+        body,
+        now_unix,
+        tolerance_secs,
+    )?;
     Ok(())
 }

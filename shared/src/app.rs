@@ -1,6 +1,8 @@
 use std::sync::Arc;
 
-use crate::{clock::Clock, config::CoreConfig, http::Transport, notify::Notifier, queue::Queue, store::Store};
+use crate::{
+    clock::Clock, config::CoreConfig, http::Transport, notify::Notifier, queue::Queue, store::Store,
+};
 
 /// The engine's ports and rules, wired once at start and shared by every use-case.
 #[derive(Clone)]

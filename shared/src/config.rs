@@ -39,20 +39,32 @@ impl CoreConfig {
 /// Parses `3d`, `12h`, `30m`, `45s`, `500ms` or a plain number of seconds.
 pub fn parse_duration(raw: &str, field: &'static str) -> Result<Duration, InvalidField> {
     let raw = raw.trim();
-    let split = raw.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(raw.len());
+    let split = raw
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(raw.len());
     let (number, unit) = raw.split_at(split);
     let value: f64 = number
         .parse()
         .ok()
         .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| InvalidField::new(field, format!("`{raw}` is not a duration like 3d, 12h, 30m, 45s or 500ms")))?;
+        .ok_or_else(|| {
+            InvalidField::new(
+                field,
+                format!("`{raw}` is not a duration like 3d, 12h, 30m, 45s or 500ms"),
+            )
+        })?;
     let seconds = match unit.trim() {
         "" | "s" => value,
         "ms" => value / 1000.0,
         "m" => value * 60.0,
         "h" => value * 3600.0,
         "d" => value * 86_400.0,
-        other => return Err(InvalidField::new(field, format!("unknown unit `{other}` (use ms, s, m, h or d)"))),
+        other => {
+            return Err(InvalidField::new(
+                field,
+                format!("unknown unit `{other}` (use ms, s, m, h or d)"),
+            ))
+        }
     };
     if seconds > 365.0 * 86_400.0 {
         return Err(InvalidField::new(field, "longer than a year"));
@@ -66,11 +78,23 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("3d", "x").unwrap(), Duration::from_secs(259_200));
+        assert_eq!(
+            parse_duration("3d", "x").unwrap(),
+            Duration::from_secs(259_200)
+        );
         assert_eq!(parse_duration("90", "x").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("1.5s", "x").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("250ms", "x").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("2h", "x").unwrap(), Duration::from_secs(7200));
+        assert_eq!(
+            parse_duration("1.5s", "x").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            parse_duration("250ms", "x").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            parse_duration("2h", "x").unwrap(),
+            Duration::from_secs(7200)
+        );
         for bad in ["", "d", "3 weeks", "-1s", "3y", "9999d"] {
             assert!(parse_duration(bad, "x").is_err(), "{bad}");
         }

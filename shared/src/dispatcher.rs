@@ -66,22 +66,43 @@ pub async fn start(
     if recovered > 0 {
         tracing::info!(recovered, "pending deliveries picked up from the store");
     }
-    let mut handles = vec![tokio::spawn(run_workers(app.clone(), queue, config.clone(), shutdown.clone()))];
+    let mut handles = vec![tokio::spawn(run_workers(
+        app.clone(),
+        queue,
+        config.clone(),
+        shutdown.clone(),
+    ))];
     let grace = chrono::Duration::from_std(config.sweep_grace).unwrap_or_default();
-    handles.push(every(config.sweep_interval, shutdown.clone(), app.clone(), move |app| async move {
-        let due_before = app.clock.now() - grace;
-        sweep::enqueue_pending(&app, due_before).await.map(|_| ())
-    }));
-    handles.push(every(config.health_interval, shutdown.clone(), app.clone(), |app| async move {
-        health::check(&app).await.map(|_| ())
-    }));
-    handles.push(every(config.notify_interval, shutdown, app, |app| async move {
-        notifications::flush(&app).await.map(|_| ())
-    }));
+    handles.push(every(
+        config.sweep_interval,
+        shutdown.clone(),
+        app.clone(),
+        move |app| async move {
+            let due_before = app.clock.now() - grace;
+            sweep::enqueue_pending(&app, due_before).await.map(|_| ())
+        },
+    ));
+    handles.push(every(
+        config.health_interval,
+        shutdown.clone(),
+        app.clone(),
+        |app| async move { health::check(&app).await.map(|_| ()) },
+    ));
+    handles.push(every(
+        config.notify_interval,
+        shutdown,
+        app,
+        |app| async move { notifications::flush(&app).await.map(|_| ()) },
+    ));
     Ok(Running { handles })
 }
 
-fn every<F, Fut>(interval: Duration, mut shutdown: watch::Receiver<bool>, app: App, job: F) -> JoinHandle<()>
+fn every<F, Fut>(
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    app: App,
+    job: F,
+) -> JoinHandle<()>
 where
     F: Fn(App) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<(), crate::service::ServiceError>> + Send,
@@ -102,7 +123,12 @@ where
     })
 }
 
-async fn run_workers(app: App, queue: Arc<EmbeddedQueue>, config: DispatcherConfig, mut shutdown: watch::Receiver<bool>) {
+async fn run_workers(
+    app: App,
+    queue: Arc<EmbeddedQueue>,
+    config: DispatcherConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let workers = config.workers.max(1);
     let slots = Arc::new(Semaphore::new(workers));
     loop {
@@ -140,7 +166,10 @@ async fn run_workers(app: App, queue: Arc<EmbeddedQueue>, config: DispatcherConf
         });
     }
     let all = u32::try_from(workers).unwrap_or(u32::MAX);
-    if tokio::time::timeout(config.drain_timeout, slots.acquire_many(all)).await.is_err() {
+    if tokio::time::timeout(config.drain_timeout, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
         tracing::warn!("shutdown: attempts still in flight after the drain timeout; they will be retried after restart");
     }
 }

@@ -41,8 +41,12 @@ impl SigningSecret {
     }
 
     pub fn parse(raw: &str) -> Result<Self, SecretError> {
-        let encoded = raw.strip_prefix(SECRET_PREFIX).ok_or(SecretError::MissingPrefix)?;
-        let key = STANDARD.decode(encoded).map_err(|_| SecretError::NotBase64)?;
+        let encoded = raw
+            .strip_prefix(SECRET_PREFIX)
+            .ok_or(SecretError::MissingPrefix)?;
+        let key = STANDARD
+            .decode(encoded)
+            .map_err(|_| SecretError::NotBase64)?;
         if !(24..=64).contains(&key.len()) {
             return Err(SecretError::BadLength);
         }
@@ -81,7 +85,12 @@ impl fmt::Debug for SigningSecret {
 
 /// The `webhook-signature` value: one `v1,` signature per secret, space-separated, so that
 /// during a rotation a receiver holding either secret can verify.
-pub fn signature_header(secrets: &[&SigningSecret], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
+pub fn signature_header(
+    secrets: &[&SigningSecret],
+    msg_id: &str,
+    timestamp: i64,
+    body: &[u8],
+) -> String {
     secrets
         .iter()
         .map(|secret| secret.sign(msg_id, timestamp, body))
@@ -113,7 +122,10 @@ pub fn verify(
     now_unix: i64,
     tolerance_secs: i64,
 ) -> Result<(), VerifyError> {
-    let ts: i64 = timestamp.trim().parse().map_err(|_| VerifyError::MalformedTimestamp)?;
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| VerifyError::MalformedTimestamp)?;
     if now_unix - ts > tolerance_secs {
         return Err(VerifyError::TimestampTooOld(now_unix - ts - tolerance_secs));
     }
@@ -130,7 +142,9 @@ pub fn verify(
     }
     let matched = secrets.iter().any(|secret| {
         let expected = secret.mac(msg_id, ts, body);
-        candidates.iter().any(|candidate| bool::from(candidate.as_slice().ct_eq(&expected)))
+        candidates
+            .iter()
+            .any(|candidate| bool::from(candidate.as_slice().ct_eq(&expected)))
     });
     if matched {
         Ok(())
@@ -159,16 +173,77 @@ mod tests {
     #[test]
     fn verify_accepts_the_vector_and_rejects_changes() {
         let secret = SigningSecret::parse(SECRET).unwrap();
-        let ok = verify(&[&secret], MSG_ID, "1614265330", EXPECTED, BODY, TS + 10, 300);
+        let ok = verify(
+            &[&secret],
+            MSG_ID,
+            "1614265330",
+            EXPECTED,
+            BODY,
+            TS + 10,
+            300,
+        );
         assert_eq!(ok, Ok(()));
-        assert_eq!(verify(&[&secret], MSG_ID, "1614265330", EXPECTED, br#"{"test":2432232314}"#, TS, 300), Err(VerifyError::NoMatch));
-        assert_eq!(verify(&[&secret], "msg_other", "1614265330", EXPECTED, BODY, TS, 300), Err(VerifyError::NoMatch));
-        assert_eq!(verify(&[&secret], MSG_ID, "1614265330", EXPECTED, BODY, TS + 301, 300), Err(VerifyError::TimestampTooOld(1)));
-        assert_eq!(verify(&[&secret], MSG_ID, "1614265330", EXPECTED, BODY, TS - 400, 300), Err(VerifyError::TimestampTooNew(400)));
-        assert_eq!(verify(&[&secret], MSG_ID, "soon", EXPECTED, BODY, TS, 300), Err(VerifyError::MalformedTimestamp));
-        assert_eq!(verify(&[&secret], MSG_ID, "1614265330", "v2,abc", BODY, TS, 300), Err(VerifyError::MalformedSignature));
+        assert_eq!(
+            verify(
+                &[&secret],
+                MSG_ID,
+                "1614265330",
+                EXPECTED,
+                br#"{"test":2432232314}"#,
+                TS,
+                300
+            ),
+            Err(VerifyError::NoMatch)
+        );
+        assert_eq!(
+            verify(
+                &[&secret],
+                "msg_other",
+                "1614265330",
+                EXPECTED,
+                BODY,
+                TS,
+                300
+            ),
+            Err(VerifyError::NoMatch)
+        );
+        assert_eq!(
+            verify(
+                &[&secret],
+                MSG_ID,
+                "1614265330",
+                EXPECTED,
+                BODY,
+                TS + 301,
+                300
+            ),
+            Err(VerifyError::TimestampTooOld(1))
+        );
+        assert_eq!(
+            verify(
+                &[&secret],
+                MSG_ID,
+                "1614265330",
+                EXPECTED,
+                BODY,
+                TS - 400,
+                300
+            ),
+            Err(VerifyError::TimestampTooNew(400))
+        );
+        assert_eq!(
+            verify(&[&secret], MSG_ID, "soon", EXPECTED, BODY, TS, 300),
+            Err(VerifyError::MalformedTimestamp)
+        );
+        assert_eq!(
+            verify(&[&secret], MSG_ID, "1614265330", "v2,abc", BODY, TS, 300),
+            Err(VerifyError::MalformedSignature)
+        );
         let other = SigningSecret::generate();
-        assert_eq!(verify(&[&other], MSG_ID, "1614265330", EXPECTED, BODY, TS, 300), Err(VerifyError::NoMatch));
+        assert_eq!(
+            verify(&[&other], MSG_ID, "1614265330", EXPECTED, BODY, TS, 300),
+            Err(VerifyError::NoMatch)
+        );
     }
 
     #[test]
@@ -178,17 +253,35 @@ mod tests {
         let header = signature_header(&[&new, &old], MSG_ID, TS, BODY);
         assert_eq!(header.split(' ').count(), 2);
         assert!(header.ends_with(EXPECTED));
-        assert_eq!(verify(&[&old], MSG_ID, &TS.to_string(), &header, BODY, TS, 300), Ok(()));
-        assert_eq!(verify(&[&new], MSG_ID, &TS.to_string(), &header, BODY, TS, 300), Ok(()));
+        assert_eq!(
+            verify(&[&old], MSG_ID, &TS.to_string(), &header, BODY, TS, 300),
+            Ok(())
+        );
+        assert_eq!(
+            verify(&[&new], MSG_ID, &TS.to_string(), &header, BODY, TS, 300),
+            Ok(())
+        );
     }
 
     #[test]
     fn secret_parsing() {
-        assert_eq!(SigningSecret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), Err(SecretError::MissingPrefix));
-        assert_eq!(SigningSecret::parse("whsec_!!!"), Err(SecretError::NotBase64));
-        assert_eq!(SigningSecret::parse("whsec_YWJj"), Err(SecretError::BadLength));
+        assert_eq!(
+            SigningSecret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            Err(SecretError::MissingPrefix)
+        );
+        assert_eq!(
+            SigningSecret::parse("whsec_!!!"),
+            Err(SecretError::NotBase64)
+        );
+        assert_eq!(
+            SigningSecret::parse("whsec_YWJj"),
+            Err(SecretError::BadLength)
+        );
         let generated = SigningSecret::generate();
-        assert_eq!(SigningSecret::parse(&generated.expose()).unwrap(), generated);
+        assert_eq!(
+            SigningSecret::parse(&generated.expose()).unwrap(),
+            generated
+        );
         assert_eq!(format!("{generated:?}"), "SigningSecret(redacted)");
     }
 }

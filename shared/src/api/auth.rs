@@ -29,13 +29,21 @@ impl Principal {
     pub fn require_admin(&self) -> Result<(), ApiError> {
         match self {
             Self::Admin => Ok(()),
-            Self::Account(_) => Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", "needs the admin token")),
+            Self::Account(_) => Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "forbidden",
+                "needs the admin token",
+            )),
         }
     }
 }
 
 /// Checks the bearer token and records the principal for the handlers.
-pub async fn authenticate(State(state): State<ApiState>, mut request: Request, next: Next) -> Result<Response, ApiError> {
+pub async fn authenticate(
+    State(state): State<ApiState>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let header = request
         .headers()
         .get(AUTHORIZATION)
@@ -43,7 +51,10 @@ pub async fn authenticate(State(state): State<ApiState>, mut request: Request, n
     let token = header
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim)
         .ok_or_else(|| ApiError::unauthorized("Authorization header must be `Bearer <token>`"))?;
     let principal = if bool::from(token.as_bytes().ct_eq(state.admin_token.as_bytes())) {

@@ -49,7 +49,11 @@ impl ApiError {
     }
 
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
@@ -68,9 +72,10 @@ impl IntoResponse for ApiError {
         };
         let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+            response.headers_mut().insert(
+                "www-authenticate",
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
         }
         response
     }
@@ -78,8 +83,12 @@ impl IntoResponse for ApiError {
 
 impl From<InvalidField> for ApiError {
     fn from(error: InvalidField) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{}: {}", error.field, error.message))
-            .with_field(error.field)
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+            format!("{}: {}", error.field, error.message),
+        )
+        .with_field(error.field)
     }
 }
 
@@ -89,15 +98,25 @@ impl From<ServiceError> for ApiError {
             ServiceError::Invalid(invalid) => invalid.into(),
             ServiceError::NotFound(what) => Self::not_found(what),
             ServiceError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
-            ServiceError::TooLarge(message) => Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message),
+            ServiceError::TooLarge(message) => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+            }
             ServiceError::Store(StoreError::NotFound(what)) => Self::not_found(what),
             ServiceError::Store(other) => {
                 tracing::error!(error = %other, "store failure behind an API call");
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "storage is unavailable; try again")
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "storage is unavailable; try again",
+                )
             }
             ServiceError::Queue(queue) => {
                 tracing::error!(error = %queue, "queue failure behind an API call");
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "queue is unavailable; try again")
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "queue is unavailable; try again",
+                )
             }
         }
     }

@@ -24,8 +24,14 @@ where
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(|v| {
-                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-                mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+                let mime = v
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase();
+                mime == "application/json"
+                    || (mime.starts_with("application/") && mime.ends_with("+json"))
             })
             .unwrap_or(false);
         if !is_json {
@@ -35,13 +41,23 @@ where
                 "send a JSON body with `Content-Type: application/json`",
             ));
         }
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "request body is too large")
-            } else {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", rejection.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        "request body is too large",
+                    )
+                } else {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_body",
+                        rejection.body_text(),
+                    )
+                }
+            })?;
         parse(&bytes).map(JsonBody)
     }
 }
@@ -53,8 +69,14 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let path = error.path().to_string();
         let inner = error.inner();
         let message = inner.to_string();
-        let field = field_from_message(&message).map(|name| join(&path, name)).unwrap_or(path);
-        let code = if inner.is_syntax() || inner.is_eof() { "malformed_json" } else { "invalid_field" };
+        let field = field_from_message(&message)
+            .map(|name| join(&path, name))
+            .unwrap_or(path);
+        let code = if inner.is_syntax() || inner.is_eof() {
+            "malformed_json"
+        } else {
+            "invalid_field"
+        };
         let mut api = ApiError::new(StatusCode::BAD_REQUEST, code, message);
         if code == "invalid_field" && field != "." {
             api = api.with_field(field);

@@ -32,27 +32,63 @@ pub fn router(state: ApiState) -> Router {
     let v1 = Router::new()
         .route("/accounts", post(routes::create_account))
         .route("/accounts/{account}", get(routes::get_account))
-        .route("/accounts/{account}/endpoints", post(routes::create_endpoint).get(routes::list_endpoints))
+        .route(
+            "/accounts/{account}/endpoints",
+            post(routes::create_endpoint).get(routes::list_endpoints),
+        )
         .route(
             "/accounts/{account}/endpoints/{endpoint}",
-            get(routes::get_endpoint).patch(routes::update_endpoint).delete(routes::delete_endpoint),
+            get(routes::get_endpoint)
+                .patch(routes::update_endpoint)
+                .delete(routes::delete_endpoint),
         )
-        .route("/accounts/{account}/endpoints/{endpoint}/enable", post(routes::enable_endpoint))
-        .route("/accounts/{account}/endpoints/{endpoint}/disable", post(routes::disable_endpoint))
-        .route("/accounts/{account}/endpoints/{endpoint}/secret/rotate", post(routes::rotate_secret))
-        .route("/accounts/{account}/endpoints/{endpoint}/deliveries", get(routes::list_endpoint_deliveries))
+        .route(
+            "/accounts/{account}/endpoints/{endpoint}/enable",
+            post(routes::enable_endpoint),
+        )
+        .route(
+            "/accounts/{account}/endpoints/{endpoint}/disable",
+            post(routes::disable_endpoint),
+        )
+        .route(
+            "/accounts/{account}/endpoints/{endpoint}/secret/rotate",
+            post(routes::rotate_secret),
+        )
+        .route(
+            "/accounts/{account}/endpoints/{endpoint}/deliveries",
+            get(routes::list_endpoint_deliveries),
+        )
         .route("/accounts/{account}/events", post(routes::publish_event))
         .route("/accounts/{account}/events/{event}", get(routes::get_event))
-        .route("/accounts/{account}/deliveries", get(routes::list_deliveries))
-        .route("/accounts/{account}/deliveries/{delivery}", get(routes::get_delivery))
-        .route("/accounts/{account}/deliveries/{delivery}/attempts", get(routes::list_attempts))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::authenticate));
+        .route(
+            "/accounts/{account}/deliveries",
+            get(routes::list_deliveries),
+        )
+        .route(
+            "/accounts/{account}/deliveries/{delivery}",
+            get(routes::get_delivery),
+        )
+        .route(
+            "/accounts/{account}/deliveries/{delivery}/attempts",
+            get(routes::list_attempts),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
     Router::new()
-        .route("/health", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .route(
+            "/health",
+            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+        )
         .nest("/v1", v1)
         .fallback(|| async { ApiError::not_found("route") })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
         })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)

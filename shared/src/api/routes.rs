@@ -37,7 +37,9 @@ fn scoped(principal: &Principal, raw: &str) -> ApiResult<AccountId> {
 }
 
 /// Distinguishes an absent field from an explicit `null` in PATCH bodies.
-fn double_option<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+fn double_option<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -214,13 +216,25 @@ pub async fn rotate_secret(
 ) -> ApiResult<Response> {
     let account = scoped(&principal, &account)?;
     // The body is optional: an empty POST rotates with the default grace period.
-    let options: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) { RotateSecret::default() } else { super::json::parse(&body)? };
+    let options: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
+        RotateSecret::default()
+    } else {
+        super::json::parse(&body)?
+    };
     let grace_secs = options.grace_period_seconds.unwrap_or(86_400);
     if grace_secs > 30 * 86_400 {
-        return Err(ApiError::bad_request("grace_period_seconds", "at most 30 days (2592000)"));
+        return Err(ApiError::bad_request(
+            "grace_period_seconds",
+            "at most 30 days (2592000)",
+        ));
     }
-    let endpoint =
-        endpoints::rotate_secret(&state.app, &account, &endpoint_id(&endpoint)?, Duration::from_secs(grace_secs)).await?;
+    let endpoint = endpoints::rotate_secret(
+        &state.app,
+        &account,
+        &endpoint_id(&endpoint)?,
+        Duration::from_secs(grace_secs),
+    )
+    .await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
@@ -250,8 +264,16 @@ pub async fn publish_event(
         },
     )
     .await?;
-    let status = if published.created { StatusCode::ACCEPTED } else { StatusCode::OK };
-    Ok((status, Json(EventView::new(&published.event, &published.deliveries))).into_response())
+    let status = if published.created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(EventView::new(&published.event, &published.deliveries)),
+    )
+        .into_response())
 }
 
 pub async fn get_event(
@@ -268,24 +290,47 @@ pub async fn get_event(
 fn parse_time(field: &str, raw: &str) -> ApiResult<crate::clock::Timestamp> {
     chrono::DateTime::parse_from_rfc3339(raw)
         .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|_| ApiError::bad_request(field, format!("{field}: `{raw}` is not an RFC 3339 time like 2026-01-31T12:00:00Z")))
+        .map_err(|_| {
+            ApiError::bad_request(
+                field,
+                format!("{field}: `{raw}` is not an RFC 3339 time like 2026-01-31T12:00:00Z"),
+            )
+        })
 }
 
 /// Reads the delivery-log filters, naming any parameter that does not fit.
-fn delivery_query(params: Vec<(String, String)>, endpoint_allowed: bool) -> ApiResult<DeliveryQuery> {
+fn delivery_query(
+    params: Vec<(String, String)>,
+    endpoint_allowed: bool,
+) -> ApiResult<DeliveryQuery> {
     let mut query = DeliveryQuery {
         limit: 50,
         ..DeliveryQuery::default()
     };
     for (name, value) in params {
         match name.as_str() {
-            "endpoint" if endpoint_allowed => query.endpoint_id = Some(endpoint_id(&value).map_err(|_| ApiError::bad_request("endpoint", "not an endpoint id"))?),
+            "endpoint" if endpoint_allowed => {
+                query.endpoint_id = Some(
+                    endpoint_id(&value)
+                        .map_err(|_| ApiError::bad_request("endpoint", "not an endpoint id"))?,
+                )
+            }
             "status" => {
                 query.status = Some(DeliveryStatus::parse(&value).ok_or_else(|| {
-                    ApiError::bad_request("status", "status must be one of pending, delivered, failed, abandoned")
+                    ApiError::bad_request(
+                        "status",
+                        "status must be one of pending, delivered, failed, abandoned",
+                    )
                 })?)
             }
-            "event_type" => query.event_type = Some(EventType::parse(&value).map_err(|e| ApiError::bad_request("event_type", e.message))?.as_str().to_owned()),
+            "event_type" => {
+                query.event_type = Some(
+                    EventType::parse(&value)
+                        .map_err(|e| ApiError::bad_request("event_type", e.message))?
+                        .as_str()
+                        .to_owned(),
+                )
+            }
             "since" => query.since = Some(parse_time("since", &value)?),
             "until" => query.until = Some(parse_time("until", &value)?),
             "status_code" => {
@@ -294,12 +339,20 @@ fn delivery_query(params: Vec<(String, String)>, endpoint_allowed: bool) -> ApiR
                         .parse::<u16>()
                         .ok()
                         .filter(|c| (100..=599).contains(c))
-                        .ok_or_else(|| ApiError::bad_request("status_code", "status_code must be an HTTP status between 100 and 599"))?,
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                "status_code",
+                                "status_code must be an HTTP status between 100 and 599",
+                            )
+                        })?,
                 )
             }
             "cursor" => {
                 if decode_cursor(&value).is_none() {
-                    return Err(ApiError::bad_request("cursor", "cursor is not one this API returned"));
+                    return Err(ApiError::bad_request(
+                        "cursor",
+                        "cursor is not one this API returned",
+                    ));
                 }
                 query.cursor = Some(value);
             }
@@ -308,9 +361,16 @@ fn delivery_query(params: Vec<(String, String)>, endpoint_allowed: bool) -> ApiR
                     .parse::<u32>()
                     .ok()
                     .filter(|l| (1..=500).contains(l))
-                    .ok_or_else(|| ApiError::bad_request("limit", "limit must be between 1 and 500"))?
+                    .ok_or_else(|| {
+                        ApiError::bad_request("limit", "limit must be between 1 and 500")
+                    })?
             }
-            other => return Err(ApiError::bad_request(other.to_owned(), format!("unknown query parameter `{other}`"))),
+            other => {
+                return Err(ApiError::bad_request(
+                    other.to_owned(),
+                    format!("unknown query parameter `{other}`"),
+                ))
+            }
         }
     }
     Ok(query)
@@ -324,7 +384,14 @@ pub async fn list_deliveries(
 ) -> ApiResult<Response> {
     let account = scoped(&principal, &account)?;
     let query = delivery_query(params, true)?;
-    if state.app.store.get_account(&account).await.map_err(crate::service::ServiceError::from)?.is_none() {
+    if state
+        .app
+        .store
+        .get_account(&account)
+        .await
+        .map_err(crate::service::ServiceError::from)?
+        .is_none()
+    {
         return Err(ApiError::not_found("account"));
     }
     deliveries_page(&state, &account, &query).await
@@ -343,7 +410,11 @@ pub async fn list_endpoint_deliveries(
     deliveries_page(&state, &account, &query).await
 }
 
-async fn deliveries_page(state: &ApiState, account: &AccountId, query: &DeliveryQuery) -> ApiResult<Response> {
+async fn deliveries_page(
+    state: &ApiState,
+    account: &AccountId,
+    query: &DeliveryQuery,
+) -> ApiResult<Response> {
     let page = state
         .app
         .store
@@ -382,10 +453,18 @@ pub async fn list_attempts(
     let account = scoped(&principal, &account)?;
     let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
     let store = &state.app.store;
-    if store.get_delivery(&account, &delivery).await.map_err(crate::service::ServiceError::from)?.is_none() {
+    if store
+        .get_delivery(&account, &delivery)
+        .await
+        .map_err(crate::service::ServiceError::from)?
+        .is_none()
+    {
         return Err(ApiError::not_found("delivery"));
     }
-    let attempts = store.list_attempts(&delivery).await.map_err(crate::service::ServiceError::from)?;
+    let attempts = store
+        .list_attempts(&delivery)
+        .await
+        .map_err(crate::service::ServiceError::from)?;
     Ok(Json(ListView {
         data: attempts.iter().map(AttemptView::from).collect(),
         next_cursor: None,

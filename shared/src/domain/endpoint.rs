@@ -23,7 +23,10 @@ impl EndpointUrl {
     pub fn parse(raw: &str) -> Result<Self, InvalidField> {
         let field = "url";
         if raw.len() > MAX_URL_LEN {
-            return Err(InvalidField::new(field, format!("longer than {MAX_URL_LEN} characters")));
+            return Err(InvalidField::new(
+                field,
+                format!("longer than {MAX_URL_LEN} characters"),
+            ));
         }
         let url = Url::parse(raw.trim())
             .map_err(|e| InvalidField::new(field, format!("not a valid URL: {e}")))?;
@@ -98,16 +101,23 @@ impl EventTypeFilter {
         };
         let field = "event_types";
         if patterns.is_empty() {
-            return Err(InvalidField::new(field, "must not be empty; omit it or use null to receive every event type"));
+            return Err(InvalidField::new(
+                field,
+                "must not be empty; omit it or use null to receive every event type",
+            ));
         }
         if patterns.len() > MAX_EVENT_TYPES {
-            return Err(InvalidField::new(field, format!("at most {MAX_EVENT_TYPES} entries")));
+            return Err(InvalidField::new(
+                field,
+                format!("at most {MAX_EVENT_TYPES} entries"),
+            ));
         }
         let mut checked = Vec::with_capacity(patterns.len());
         for pattern in patterns {
             let exact = pattern.strip_suffix(".*").unwrap_or(pattern);
             if pattern != "*" {
-                EventType::parse(exact).map_err(|e| InvalidField::new(field, format!("`{pattern}`: {}", e.message)))?;
+                EventType::parse(exact)
+                    .map_err(|e| InvalidField::new(field, format!("`{pattern}`: {}", e.message)))?;
             }
             if !checked.contains(pattern) {
                 checked.push(pattern.clone());
@@ -126,7 +136,11 @@ impl EventTypeFilter {
                 return true;
             }
             match pattern.strip_suffix(".*") {
-                Some(prefix) => ty.len() > prefix.len() && ty.starts_with(prefix) && ty.as_bytes()[prefix.len()] == b'.',
+                Some(prefix) => {
+                    ty.len() > prefix.len()
+                        && ty.starts_with(prefix)
+                        && ty.as_bytes()[prefix.len()] == b'.'
+                }
                 None => pattern == ty,
             }
         })
@@ -185,7 +199,10 @@ pub fn parse_max_in_flight(raw: Option<u32>) -> Result<u32, InvalidField> {
     match raw {
         None => Ok(DEFAULT_MAX_IN_FLIGHT),
         Some(n) if (1..=MAX_MAX_IN_FLIGHT).contains(&n) => Ok(n),
-        Some(_) => Err(InvalidField::new("max_in_flight", format!("must be between 1 and {MAX_MAX_IN_FLIGHT}"))),
+        Some(_) => Err(InvalidField::new(
+            "max_in_flight",
+            format!("must be between 1 and {MAX_MAX_IN_FLIGHT}"),
+        )),
     }
 }
 
@@ -193,14 +210,20 @@ pub fn parse_rate_limit(raw: Option<u32>) -> Result<Option<u32>, InvalidField> {
     match raw {
         None => Ok(None),
         Some(n) if (1..=100_000).contains(&n) => Ok(Some(n)),
-        Some(_) => Err(InvalidField::new("rate_limit_per_second", "must be between 1 and 100000")),
+        Some(_) => Err(InvalidField::new(
+            "rate_limit_per_second",
+            "must be between 1 and 100000",
+        )),
     }
 }
 
 pub fn parse_description(raw: Option<&str>) -> Result<String, InvalidField> {
     let description = raw.unwrap_or("").trim();
     if description.len() > MAX_DESCRIPTION_LEN {
-        return Err(InvalidField::new("description", format!("at most {MAX_DESCRIPTION_LEN} characters")));
+        return Err(InvalidField::new(
+            "description",
+            format!("at most {MAX_DESCRIPTION_LEN} characters"),
+        ));
     }
     Ok(description.to_owned())
 }
@@ -217,7 +240,15 @@ mod tests {
     fn url_rules() {
         assert!(EndpointUrl::parse("https://example.com/hooks?x=1").is_ok());
         assert!(EndpointUrl::parse("http://127.0.0.1:8080/").is_ok());
-        for bad in ["", "example.com", "ftp://example.com", "https://user:pw@example.com/", "http://", "https://example.com/#frag", "javascript:alert(1)"] {
+        for bad in [
+            "",
+            "example.com",
+            "ftp://example.com",
+            "https://user:pw@example.com/",
+            "http://",
+            "https://example.com/#frag",
+            "javascript:alert(1)",
+        ] {
             let err = EndpointUrl::parse(bad).unwrap_err();
             assert_eq!(err.field, "url", "{bad}");
         }
@@ -227,7 +258,8 @@ mod tests {
     fn filter_matching() {
         let all = EventTypeFilter::parse(None).unwrap();
         assert!(all.matches(&ty("invoice.paid")));
-        let some = EventTypeFilter::parse(Some(&["invoice.*".into(), "user.created".into()])).unwrap();
+        let some =
+            EventTypeFilter::parse(Some(&["invoice.*".into(), "user.created".into()])).unwrap();
         assert!(some.matches(&ty("invoice.paid")));
         assert!(some.matches(&ty("invoice.refund.created")));
         assert!(!some.matches(&ty("invoice")));
@@ -236,7 +268,9 @@ mod tests {
         assert!(!some.matches(&ty("user.deleted")));
         assert!(EventTypeFilter::parse(Some(&[])).is_err());
         assert!(EventTypeFilter::parse(Some(&["bad type".into()])).is_err());
-        assert!(EventTypeFilter::parse(Some(&["*".into()])).unwrap().matches(&ty("a.b")));
+        assert!(EventTypeFilter::parse(Some(&["*".into()]))
+            .unwrap()
+            .matches(&ty("a.b")));
     }
 
     #[test]

@@ -17,10 +17,16 @@ impl EventType {
     pub fn parse(raw: &str) -> Result<Self, InvalidField> {
         let field = "type";
         if raw.is_empty() || raw.len() > MAX_EVENT_TYPE_LEN {
-            return Err(InvalidField::new(field, format!("must be 1 to {MAX_EVENT_TYPE_LEN} characters")));
+            return Err(InvalidField::new(
+                field,
+                format!("must be 1 to {MAX_EVENT_TYPE_LEN} characters"),
+            ));
         }
         let well_formed = raw.split('.').all(|segment| {
-            !segment.is_empty() && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            !segment.is_empty()
+                && segment
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         });
         if !well_formed {
             return Err(InvalidField::new(
@@ -102,7 +108,16 @@ mod tests {
         for good in ["invoice.paid", "a", "user-v2.created_at.x", "A.B"] {
             assert!(EventType::parse(good).is_ok(), "{good}");
         }
-        for bad in ["", ".", "invoice.", ".paid", "invoice..paid", "invoice paid", "invoice/paid", "ünicode"] {
+        for bad in [
+            "",
+            ".",
+            "invoice.",
+            ".paid",
+            "invoice..paid",
+            "invoice paid",
+            "invoice/paid",
+            "ünicode",
+        ] {
             assert!(EventType::parse(bad).is_err(), "{bad}");
         }
         assert!(EventType::parse(&"a".repeat(129)).is_err());
@@ -122,6 +137,9 @@ mod tests {
             event.payload,
             r#"{"id":"evt_1","type":"invoice.paid","created":"2021-02-25T15:02:10.123Z","data":{"amount":42,"currency":"EUR"}}"#
         );
-        assert_eq!(event.data(), serde_json::json!({"amount": 42, "currency": "EUR"}));
+        assert_eq!(
+            event.data(),
+            serde_json::json!({"amount": 42, "currency": "EUR"})
+        );
     }
 }

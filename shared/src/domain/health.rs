@@ -5,7 +5,11 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 
 /// `failing_since` after an attempt.
-pub fn failing_since_after(previous: Option<Timestamp>, success: bool, now: Timestamp) -> Option<Timestamp> {
+pub fn failing_since_after(
+    previous: Option<Timestamp>,
+    success: bool,
+    now: Timestamp,
+) -> Option<Timestamp> {
     if success {
         None
     } else {
@@ -14,9 +18,15 @@ pub fn failing_since_after(previous: Option<Timestamp>, success: bool, now: Time
 }
 
 /// Whether an endpoint failing since `failing_since` has failed for long enough to be disabled.
-pub fn should_disable(failing_since: Option<Timestamp>, now: Timestamp, disable_after: Duration) -> bool {
+pub fn should_disable(
+    failing_since: Option<Timestamp>,
+    now: Timestamp,
+    disable_after: Duration,
+) -> bool {
     match failing_since {
-        Some(since) => (now - since).to_std().is_ok_and(|failing_for| failing_for >= disable_after),
+        Some(since) => (now - since)
+            .to_std()
+            .is_ok_and(|failing_for| failing_for >= disable_after),
         None => false,
     }
 }
@@ -41,9 +51,21 @@ mod tests {
         let three_days = Duration::from_secs(3 * 86_400);
         let since = from_millis(0);
         assert!(!should_disable(None, from_millis(i64::MAX / 2), three_days));
-        assert!(!should_disable(Some(since), from_millis(3 * 86_400_000 - 1), three_days));
-        assert!(should_disable(Some(since), from_millis(3 * 86_400_000), three_days));
+        assert!(!should_disable(
+            Some(since),
+            from_millis(3 * 86_400_000 - 1),
+            three_days
+        ));
+        assert!(should_disable(
+            Some(since),
+            from_millis(3 * 86_400_000),
+            three_days
+        ));
         // A clock in the future (skew) never disables.
-        assert!(!should_disable(Some(from_millis(10_000)), from_millis(0), three_days));
+        assert!(!should_disable(
+            Some(from_millis(10_000)),
+            from_millis(0),
+            three_days
+        ));
     }
 }

@@ -11,16 +11,27 @@ pub enum AttemptOutcome {
     /// 2xx.
     Success { status: u16 },
     /// 3xx: never followed; the customer must fix the URL.
-    Redirect { status: u16, location: Option<String> },
+    Redirect {
+        status: u16,
+        location: Option<String>,
+    },
     /// Any other status. `retry_after` is the parsed `Retry-After` of a 429 or 503.
-    Rejected { status: u16, retry_after: Option<Duration> },
+    Rejected {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
     /// No usable response: refused address, DNS, connect, timeout, broken HTTP.
     TransportError { message: String },
 }
 
 impl AttemptOutcome {
     /// Classifies a response from its status and the two headers that matter.
-    pub fn from_response(status: u16, retry_after: Option<&str>, location: Option<&str>, now: Timestamp) -> Self {
+    pub fn from_response(
+        status: u16,
+        retry_after: Option<&str>,
+        location: Option<&str>,
+        now: Timestamp,
+    ) -> Self {
         match status {
             200..=299 => Self::Success { status },
             300..=399 => Self::Redirect {
@@ -31,7 +42,10 @@ impl AttemptOutcome {
                 status,
                 retry_after: retry_after.and_then(|v| parse_retry_after(v, now)),
             },
-            _ => Self::Rejected { status, retry_after: None },
+            _ => Self::Rejected {
+                status,
+                retry_after: None,
+            },
         }
     }
 
@@ -41,7 +55,9 @@ impl AttemptOutcome {
 
     pub fn status_code(&self) -> Option<u16> {
         match self {
-            Self::Success { status } | Self::Redirect { status, .. } | Self::Rejected { status, .. } => Some(*status),
+            Self::Success { status }
+            | Self::Redirect { status, .. }
+            | Self::Rejected { status, .. } => Some(*status),
             Self::TransportError { .. } => None,
         }
     }
@@ -51,7 +67,9 @@ impl AttemptOutcome {
         match self {
             Self::Success { .. } => None,
             Self::Redirect { status, location } => Some(match location {
-                Some(location) => format!("HTTP {status} redirect to {location} not followed: update the endpoint URL"),
+                Some(location) => format!(
+                    "HTTP {status} redirect to {location} not followed: update the endpoint URL"
+                ),
                 None => format!("HTTP {status} redirect not followed: update the endpoint URL"),
             }),
             Self::Rejected { status, .. } => Some(format!("HTTP {status}")),
@@ -66,7 +84,9 @@ pub fn parse_retry_after(value: &str, now: Timestamp) -> Option<Duration> {
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds.min(365 * 86_400)));
     }
-    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?.with_timezone(&chrono::Utc);
+    let at = chrono::DateTime::parse_from_rfc2822(value)
+        .ok()?
+        .with_timezone(&chrono::Utc);
     (at - now).to_std().ok()
 }
 
@@ -120,7 +140,9 @@ impl RetryPolicy {
         }
         if self.is_client_error(outcome) && client_errors >= self.client_error_limit {
             return Decision::Failed {
-                reason: format!("failed early: {client_errors} client-error responses (400/401/403/404/410)"),
+                reason: format!(
+                    "failed early: {client_errors} client-error responses (400/401/403/404/410)"
+                ),
             };
         }
         let Some(scheduled) = self.schedule.delay_after(attempts_made, rng) else {
@@ -131,7 +153,10 @@ impl RetryPolicy {
         // Retry-After may only push the next try later, never sooner than the schedule:
         // a server asking for 1 s must not burn the whole schedule in seconds.
         let delay = match outcome {
-            AttemptOutcome::Rejected { retry_after: Some(asked), .. } => scheduled.max((*asked).min(self.max_retry_after)),
+            AttemptOutcome::Rejected {
+                retry_after: Some(asked),
+                ..
+            } => scheduled.max((*asked).min(self.max_retry_after)),
             _ => scheduled,
         };
         Decision::RetryAt(clock::add(now, delay))
@@ -159,24 +184,51 @@ mod tests {
     #[test]
     fn classification() {
         assert!(AttemptOutcome::from_response(204, None, None, now()).is_success());
-        assert!(matches!(AttemptOutcome::from_response(301, None, Some("http://x/"), now()), AttemptOutcome::Redirect { status: 301, .. }));
-        assert!(matches!(rejected(500), AttemptOutcome::Rejected { status: 500, retry_after: None }));
+        assert!(matches!(
+            AttemptOutcome::from_response(301, None, Some("http://x/"), now()),
+            AttemptOutcome::Redirect { status: 301, .. }
+        ));
+        assert!(matches!(
+            rejected(500),
+            AttemptOutcome::Rejected {
+                status: 500,
+                retry_after: None
+            }
+        ));
         assert_eq!(
             AttemptOutcome::from_response(429, Some("120"), None, now()),
-            AttemptOutcome::Rejected { status: 429, retry_after: Some(Duration::from_secs(120)) }
+            AttemptOutcome::Rejected {
+                status: 429,
+                retry_after: Some(Duration::from_secs(120))
+            }
         );
         // Retry-After only counts on 429 and 503.
-        assert_eq!(AttemptOutcome::from_response(500, Some("120"), None, now()), rejected(500));
+        assert_eq!(
+            AttemptOutcome::from_response(500, Some("120"), None, now()),
+            rejected(500)
+        );
     }
 
     #[test]
     fn retry_after_forms() {
         assert_eq!(parse_retry_after("0", now()), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after(" 3600 ", now()), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_retry_after(" 3600 ", now()),
+            Some(Duration::from_secs(3600))
+        );
         let in_ten_minutes = (now() + chrono::Duration::minutes(10)).to_rfc2822();
-        assert_eq!(parse_retry_after(&in_ten_minutes, now()), Some(Duration::from_secs(600)));
-        assert_eq!(parse_retry_after("Tue, 14 Nov 2023 22:13:20 GMT", now()), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after("Mon, 01 Jan 2001 00:00:00 GMT", now()), None);
+        assert_eq!(
+            parse_retry_after(&in_ten_minutes, now()),
+            Some(Duration::from_secs(600))
+        );
+        assert_eq!(
+            parse_retry_after("Tue, 14 Nov 2023 22:13:20 GMT", now()),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            parse_retry_after("Mon, 01 Jan 2001 00:00:00 GMT", now()),
+            None
+        );
         for junk in ["", "soon", "-5", "1e9", "99999999999999999999999"] {
             assert_eq!(parse_retry_after(junk, now()), None, "{junk}");
         }
@@ -185,7 +237,16 @@ mod tests {
     #[test]
     fn success_delivers() {
         let policy = RetryPolicy::default();
-        assert_eq!(policy.decide(1, 0, &AttemptOutcome::Success { status: 200 }, now(), &mut rng()), Decision::Delivered);
+        assert_eq!(
+            policy.decide(
+                1,
+                0,
+                &AttemptOutcome::Success { status: 200 },
+                now(),
+                &mut rng()
+            ),
+            Decision::Delivered
+        );
     }
 
     #[test]
@@ -197,12 +258,18 @@ mod tests {
             match policy.decide(attempt, 0, &outcome, now(), &mut rng()) {
                 Decision::RetryAt(at) => {
                     let delay = (at - now()).to_std().unwrap();
-                    assert!(delay >= full / 2 && delay <= full, "attempt {attempt}: {delay:?}");
+                    assert!(
+                        delay >= full / 2 && delay <= full,
+                        "attempt {attempt}: {delay:?}"
+                    );
                 }
                 other => panic!("attempt {attempt}: {other:?}"),
             }
         }
-        assert!(matches!(policy.decide(11, 0, &outcome, now(), &mut rng()), Decision::Failed { .. }));
+        assert!(matches!(
+            policy.decide(11, 0, &outcome, now(), &mut rng()),
+            Decision::Failed { .. }
+        ));
     }
 
     #[test]
@@ -210,12 +277,27 @@ mod tests {
         let policy = RetryPolicy::default();
         for status in [400, 401, 403, 404, 410] {
             let outcome = rejected(status);
-            assert!(matches!(policy.decide(1, 1, &outcome, now(), &mut rng()), Decision::RetryAt(_)));
-            assert!(matches!(policy.decide(2, 2, &outcome, now(), &mut rng()), Decision::RetryAt(_)));
-            assert!(matches!(policy.decide(3, 3, &outcome, now(), &mut rng()), Decision::Failed { .. }), "{status}");
+            assert!(matches!(
+                policy.decide(1, 1, &outcome, now(), &mut rng()),
+                Decision::RetryAt(_)
+            ));
+            assert!(matches!(
+                policy.decide(2, 2, &outcome, now(), &mut rng()),
+                Decision::RetryAt(_)
+            ));
+            assert!(
+                matches!(
+                    policy.decide(3, 3, &outcome, now(), &mut rng()),
+                    Decision::Failed { .. }
+                ),
+                "{status}"
+            );
         }
         // Other 4xx keep the full schedule.
-        assert!(matches!(policy.decide(3, 0, &rejected(422), now(), &mut rng()), Decision::RetryAt(_)));
+        assert!(matches!(
+            policy.decide(3, 0, &rejected(422), now(), &mut rng()),
+            Decision::RetryAt(_)
+        ));
         assert!(!policy.is_client_error(&rejected(422)));
     }
 
@@ -223,23 +305,35 @@ mod tests {
     fn redirects_are_failures_that_retry() {
         let policy = RetryPolicy::default();
         let outcome = AttemptOutcome::from_response(302, None, Some("http://10.0.0.1/"), now());
-        assert!(matches!(policy.decide(1, 0, &outcome, now(), &mut rng()), Decision::RetryAt(_)));
+        assert!(matches!(
+            policy.decide(1, 0, &outcome, now(), &mut rng()),
+            Decision::RetryAt(_)
+        ));
         assert!(outcome.error_text().unwrap().contains("not followed"));
     }
 
     #[test]
     fn retry_after_waits_longer_but_never_shorter_and_is_capped() {
         let policy = RetryPolicy::default();
-        let asks = |secs: u64| AttemptOutcome::Rejected { status: 503, retry_after: Some(Duration::from_secs(secs)) };
+        let asks = |secs: u64| AttemptOutcome::Rejected {
+            status: 503,
+            retry_after: Some(Duration::from_secs(secs)),
+        };
         let delay = |d: Decision| match d {
             Decision::RetryAt(at) => (at - now()).to_std().unwrap(),
             other => panic!("{other:?}"),
         };
         // Asking for an hour after the first attempt (schedule: 15-30 s) waits the hour.
-        assert_eq!(delay(policy.decide(1, 0, &asks(3600), now(), &mut rng())), Duration::from_secs(3600));
+        assert_eq!(
+            delay(policy.decide(1, 0, &asks(3600), now(), &mut rng())),
+            Duration::from_secs(3600)
+        );
         // Asking for 1 s does not make the retry sooner than the schedule.
         assert!(delay(policy.decide(1, 0, &asks(1), now(), &mut rng())) >= Duration::from_secs(15));
         // Asking for a year is cut to the bound.
-        assert_eq!(delay(policy.decide(1, 0, &asks(365 * 86_400), now(), &mut rng())), Duration::from_secs(86_400));
+        assert_eq!(
+            delay(policy.decide(1, 0, &asks(365 * 86_400), now(), &mut rng())),
+            Duration::from_secs(86_400)
+        );
     }
 }

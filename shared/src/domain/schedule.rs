@@ -5,7 +5,8 @@ use rand::Rng;
 use super::InvalidField;
 
 /// The seed's schedule: roughly two days of retries after the first try.
-pub const DEFAULT_SCHEDULE_SECS: [u64; 10] = [30, 120, 600, 1800, 3600, 7200, 14400, 28800, 43200, 86400];
+pub const DEFAULT_SCHEDULE_SECS: [u64; 10] =
+    [30, 120, 600, 1800, 3600, 7200, 14400, 28800, 43200, 86400];
 
 /// Delays between attempts. Attempt n+1 waits a delay drawn uniformly from [d/2, d] where
 /// d is the n-th entry; a delivery has `len + 1` attempts in all.
@@ -14,7 +15,12 @@ pub struct RetrySchedule(Vec<Duration>);
 
 impl Default for RetrySchedule {
     fn default() -> Self {
-        Self(DEFAULT_SCHEDULE_SECS.iter().map(|s| Duration::from_secs(*s)).collect())
+        Self(
+            DEFAULT_SCHEDULE_SECS
+                .iter()
+                .map(|s| Duration::from_secs(*s))
+                .collect(),
+        )
     }
 }
 
@@ -23,8 +29,14 @@ impl RetrySchedule {
         if delays.len() > 100 {
             return Err(InvalidField::new("retry_schedule", "at most 100 entries"));
         }
-        if delays.iter().any(|d| d.is_zero() || *d > Duration::from_secs(30 * 86_400)) {
-            return Err(InvalidField::new("retry_schedule", "each delay must be above 0 and at most 30 days"));
+        if delays
+            .iter()
+            .any(|d| d.is_zero() || *d > Duration::from_secs(30 * 86_400))
+        {
+            return Err(InvalidField::new(
+                "retry_schedule",
+                "each delay must be above 0 and at most 30 days",
+            ));
         }
         Ok(Self(delays))
     }
@@ -43,7 +55,12 @@ impl RetrySchedule {
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0)
                     .map(Duration::from_secs_f64)
-                    .ok_or_else(|| InvalidField::new("retry_schedule", format!("`{}` is not a positive number of seconds", part.trim())))
+                    .ok_or_else(|| {
+                        InvalidField::new(
+                            "retry_schedule",
+                            format!("`{}` is not a positive number of seconds", part.trim()),
+                        )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Self::new(delays)
@@ -54,7 +71,9 @@ impl RetrySchedule {
     }
 
     pub fn max_attempts(&self) -> u32 {
-        u32::try_from(self.0.len()).unwrap_or(u32::MAX).saturating_add(1)
+        u32::try_from(self.0.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1)
     }
 
     /// The delay after the `attempts_made`-th failed attempt, or `None` when the schedule is spent.
@@ -102,8 +121,14 @@ mod tests {
                 highest = highest.max(d);
             }
             // Full jitter really spreads: the draws cover most of the interval.
-            assert!(lowest < full / 2 + full / 10, "attempt {attempt} lowest {lowest:?}");
-            assert!(highest > full - full / 10, "attempt {attempt} highest {highest:?}");
+            assert!(
+                lowest < full / 2 + full / 10,
+                "attempt {attempt} lowest {lowest:?}"
+            );
+            assert!(
+                highest > full - full / 10,
+                "attempt {attempt} highest {highest:?}"
+            );
         }
         assert_eq!(schedule.delay_after(11, &mut rng), None);
         assert_eq!(schedule.delay_after(0, &mut rng), None);
@@ -111,7 +136,14 @@ mod tests {
 
     #[test]
     fn parse_schedule() {
-        assert_eq!(RetrySchedule::parse("1, 2,0.5").unwrap().delays(), &[Duration::from_secs(1), Duration::from_secs(2), Duration::from_millis(500)]);
+        assert_eq!(
+            RetrySchedule::parse("1, 2,0.5").unwrap().delays(),
+            &[
+                Duration::from_secs(1),
+                Duration::from_secs(2),
+                Duration::from_millis(500)
+            ]
+        );
         assert_eq!(RetrySchedule::parse("").unwrap().max_attempts(), 1);
         assert!(RetrySchedule::parse("1,x").is_err());
         assert!(RetrySchedule::parse("0").is_err());

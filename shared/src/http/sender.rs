@@ -96,12 +96,20 @@ impl HttpSender {
         })
     }
 
-    async fn exchange(&self, request: OutboundRequest, response: &mut OutboundResponse) -> Result<(), String> {
+    async fn exchange(
+        &self,
+        request: OutboundRequest,
+        response: &mut OutboundResponse,
+    ) -> Result<(), String> {
         let mut builder = self.client.post(request.url);
         for (name, value) in request.headers {
             builder = builder.header(name, value);
         }
-        let mut reply = builder.body(request.body).send().await.map_err(|e| describe(&e))?;
+        let mut reply = builder
+            .body(request.body)
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
         response.status = Some(reply.status().as_u16());
         response.headers = reply
             .headers()
@@ -113,7 +121,11 @@ impl HttpSender {
             })
             .collect();
         let cap = self.config.max_response_body;
-        while let Some(chunk) = reply.chunk().await.map_err(|e| format!("reading the response body: {}", describe(&e)))? {
+        while let Some(chunk) = reply
+            .chunk()
+            .await
+            .map_err(|e| format!("reading the response body: {}", describe(&e)))?
+        {
             let room = cap.saturating_sub(response.body.len());
             if chunk.len() > room {
                 response.body.extend_from_slice(&chunk[..room]);

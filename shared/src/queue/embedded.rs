@@ -155,15 +155,18 @@ impl Lanes {
     }
 
     fn make_due(&mut self, item: PendingRef, now_ms: i64) {
-        let lane = self.endpoints.entry(item.endpoint_id.clone()).or_insert_with(|| EndpointLane {
-            account: item.account_id.clone(),
-            due: VecDeque::new(),
-            in_flight: 0,
-            max_in_flight: item.max_in_flight.max(1),
-            bucket: None,
-            listed: false,
-            waiting_for_token: false,
-        });
+        let lane = self
+            .endpoints
+            .entry(item.endpoint_id.clone())
+            .or_insert_with(|| EndpointLane {
+                account: item.account_id.clone(),
+                due: VecDeque::new(),
+                in_flight: 0,
+                max_in_flight: item.max_in_flight.max(1),
+                bucket: None,
+                listed: false,
+                waiting_for_token: false,
+            });
         lane.max_in_flight = item.max_in_flight.max(1);
         match (item.rate_limit_per_second, &mut lane.bucket) {
             (None, bucket) => *bucket = None,
@@ -186,7 +189,8 @@ impl Lanes {
         if let Some(bucket) = &mut lane.bucket {
             if !bucket.has_token(now_ms) {
                 lane.waiting_for_token = true;
-                self.token_timers.push(Reverse((bucket.next_token_ms(), endpoint.clone())));
+                self.token_timers
+                    .push(Reverse((bucket.next_token_ms(), endpoint.clone())));
                 return;
             }
         }
@@ -349,7 +353,12 @@ impl Queue for EmbeddedQueue {
         Ok(())
     }
 
-    async fn update_lane(&self, endpoint: &EndpointId, max_in_flight: u32, rate_limit_per_second: Option<u32>) {
+    async fn update_lane(
+        &self,
+        endpoint: &EndpointId,
+        max_in_flight: u32,
+        rate_limit_per_second: Option<u32>,
+    ) {
         let now_ms = to_millis(chrono::Utc::now());
         self.with_lanes(|lanes| {
             if let Some(lane) = lanes.endpoints.get_mut(endpoint) {
@@ -388,29 +397,50 @@ mod tests {
         let queue = EmbeddedQueue::new();
         queue.add(vec![item("d1", "e1", "a", 1_000, 4)]);
         assert!(queue.try_take(from_millis(999)).is_none());
-        assert_eq!(queue.try_take(from_millis(1_000)).unwrap().delivery_id.as_str(), "d1");
+        assert_eq!(
+            queue
+                .try_take(from_millis(1_000))
+                .unwrap()
+                .delivery_id
+                .as_str(),
+            "d1"
+        );
     }
 
     #[test]
     fn cap_holds_and_completion_frees_a_slot() {
         let queue = EmbeddedQueue::new();
-        let items = (0..10).map(|i| item(&format!("d{i}"), "slow", "a", 0, 4)).collect();
+        let items = (0..10)
+            .map(|i| item(&format!("d{i}"), "slow", "a", 0, 4))
+            .collect();
         queue.add(items);
         let taken = drain(&queue, 0);
         assert_eq!(taken.len(), 4);
         queue.complete(&taken[0], from_millis(1));
         let next = drain(&queue, 1);
         assert_eq!(next.len(), 1);
-        assert_eq!(queue.stats(), QueueStats { waiting: 0, due: 5, in_flight: 4 });
+        assert_eq!(
+            queue.stats(),
+            QueueStats {
+                waiting: 0,
+                due: 5,
+                in_flight: 4
+            }
+        );
     }
 
     #[test]
     fn saturated_endpoint_does_not_block_others() {
         let queue = EmbeddedQueue::new();
-        let mut items: Vec<_> = (0..100).map(|i| item(&format!("s{i}"), "slow", "big", 0, 2)).collect();
+        let mut items: Vec<_> = (0..100)
+            .map(|i| item(&format!("s{i}"), "slow", "big", 0, 2))
+            .collect();
         items.push(item("h1", "healthy", "big", 0, 4));
         queue.add(items);
-        let taken: Vec<_> = drain(&queue, 0).into_iter().map(|l| l.delivery_id.to_string()).collect();
+        let taken: Vec<_> = drain(&queue, 0)
+            .into_iter()
+            .map(|l| l.delivery_id.to_string())
+            .collect();
         assert_eq!(taken.len(), 3);
         assert!(taken.contains(&"h1".to_string()));
     }
@@ -419,11 +449,18 @@ mod tests {
     fn accounts_take_turns() {
         let queue = EmbeddedQueue::new();
         // One account with a large backlog over many endpoints, then a small account.
-        let mut items: Vec<_> = (0..1000).map(|i| item(&format!("b{i}"), &format!("be{}", i % 50), "big", 0, 100)).collect();
+        let mut items: Vec<_> = (0..1000)
+            .map(|i| item(&format!("b{i}"), &format!("be{}", i % 50), "big", 0, 100))
+            .collect();
         items.push(item("s1", "se", "small", 0, 4));
         queue.add(items);
-        let first_two: Vec<_> = (0..2).map(|_| queue.try_take(from_millis(0)).unwrap()).collect();
-        assert!(first_two.iter().any(|l| l.account_id.as_str() == "small"), "{first_two:?}");
+        let first_two: Vec<_> = (0..2)
+            .map(|_| queue.try_take(from_millis(0)).unwrap())
+            .collect();
+        assert!(
+            first_two.iter().any(|l| l.account_id.as_str() == "small"),
+            "{first_two:?}"
+        );
     }
 
     #[test]
@@ -443,7 +480,10 @@ mod tests {
     fn rate_limit_spaces_requests() {
         let queue = EmbeddedQueue::new();
         let items = (0..10)
-            .map(|i| PendingRef { rate_limit_per_second: Some(2), ..item(&format!("d{i}"), "e", "a", 0, 100) })
+            .map(|i| PendingRef {
+                rate_limit_per_second: Some(2),
+                ..item(&format!("d{i}"), "e", "a", 0, 100)
+            })
             .collect();
         queue.add(items);
         let mut taken_at = Vec::new();
@@ -456,7 +496,10 @@ mod tests {
         // Burst of 2, then one every 500 ms.
         assert_eq!(taken_at[..2], [0, 0]);
         assert_eq!(taken_at.len(), 2 + 3000 / 500);
-        assert!(taken_at.windows(2).skip(1).all(|w| w[1] - w[0] >= 450), "{taken_at:?}");
+        assert!(
+            taken_at.windows(2).skip(1).all(|w| w[1] - w[0] >= 450),
+            "{taken_at:?}"
+        );
     }
 
     #[tokio::test]
@@ -468,7 +511,10 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         queue.add(vec![item("d1", "e", "a", 0, 4)]);
-        let lease = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+        let lease = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(lease.delivery_id.as_str(), "d1");
     }
 }

@@ -15,5 +15,10 @@ pub trait Queue: Send + Sync + 'static {
     /// Schedules deliveries for their due time. Enqueueing one that is already queued is harmless.
     async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError>;
     /// An endpoint's lane limits changed (cap, rate limit).
-    async fn update_lane(&self, endpoint: &crate::domain::EndpointId, max_in_flight: u32, rate_limit_per_second: Option<u32>);
+    async fn update_lane(
+        &self,
+        endpoint: &crate::domain::EndpointId,
+        max_in_flight: u32,
+        rate_limit_per_second: Option<u32>,
+    );
 }

@@ -27,5 +27,8 @@ pub async fn create(app: &App, input: NewAccount) -> ServiceResult<Account> {
 }
 
 pub async fn get(app: &App, id: &AccountId) -> ServiceResult<Account> {
-    app.store.get_account(id).await?.ok_or(ServiceError::NotFound("account"))
+    app.store
+        .get_account(id)
+        .await?
+        .ok_or(ServiceError::NotFound("account"))
 }

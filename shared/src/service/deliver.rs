@@ -6,7 +6,10 @@ use tracing::Instrument;
 use super::{health, ServiceResult};
 use crate::{
     clock::Timestamp,
-    domain::{health::should_disable, Attempt, AttemptOutcome, Decision, DeliveryId, DeliveryStatus, EndpointStatus, Trigger},
+    domain::{
+        health::should_disable, Attempt, AttemptOutcome, Decision, DeliveryId, DeliveryStatus,
+        EndpointStatus, Trigger,
+    },
     http::{OutboundRequest, OutboundResponse},
     signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
     store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome},
@@ -24,7 +27,10 @@ pub enum AttemptResult {
     /// The ticket came early; try again at this time.
     NotYetDue(PendingRef),
     /// An attempt was made; `retry` is set while the delivery stays pending.
-    Attempted { decision: Decision, retry: Option<PendingRef> },
+    Attempted {
+        decision: Decision,
+        retry: Option<PendingRef>,
+    },
     /// The attempt was sent, but someone else had already moved the delivery on.
     Stale,
 }
@@ -53,20 +59,30 @@ fn pending_ref(work: &DeliveryWork, due: Timestamp) -> Option<PendingRef> {
 }
 
 /// Makes one attempt of a pending delivery: sign, POST, record, decide what comes next.
-pub async fn attempt(app: &App, delivery_id: &DeliveryId, trigger: Trigger) -> ServiceResult<AttemptResult> {
+pub async fn attempt(
+    app: &App,
+    delivery_id: &DeliveryId,
+    trigger: Trigger,
+) -> ServiceResult<AttemptResult> {
     let Some(work) = app.store.load_work(delivery_id).await? else {
         return Ok(AttemptResult::Skipped);
     };
     if work.delivery.status != DeliveryStatus::Pending {
         return Ok(AttemptResult::Skipped);
     }
-    let Some(endpoint) = work.endpoint.as_ref().filter(|e| e.status == EndpointStatus::Active) else {
+    let Some(endpoint) = work
+        .endpoint
+        .as_ref()
+        .filter(|e| e.status == EndpointStatus::Active)
+    else {
         return Ok(AttemptResult::Skipped);
     };
     let now = app.clock.now();
     if let Some(due) = work.delivery.next_try_at {
         if trigger == Trigger::Scheduled && due > crate::clock::add(now, EARLY_TOLERANCE) {
-            return Ok(pending_ref(&work, due).map_or(AttemptResult::Skipped, AttemptResult::NotYetDue));
+            return Ok(
+                pending_ref(&work, due).map_or(AttemptResult::Skipped, AttemptResult::NotYetDue)
+            );
         }
     }
     let number = work.delivery.attempts + 1;
@@ -149,13 +165,18 @@ pub async fn attempt(app: &App, delivery_id: &DeliveryId, trigger: Trigger) -> S
 
 fn classify(response: &OutboundResponse, now: Timestamp) -> AttemptOutcome {
     match (&response.error, response.status) {
-        (None, Some(status)) => {
-            AttemptOutcome::from_response(status, response.header("retry-after"), response.header("location"), now)
-        }
+        (None, Some(status)) => AttemptOutcome::from_response(
+            status,
+            response.header("retry-after"),
+            response.header("location"),
+            now,
+        ),
         (Some(error), Some(status)) => AttemptOutcome::TransportError {
             message: format!("HTTP {status}, then {error}"),
         },
-        (Some(error), None) => AttemptOutcome::TransportError { message: error.clone() },
+        (Some(error), None) => AttemptOutcome::TransportError {
+            message: error.clone(),
+        },
         (None, None) => AttemptOutcome::TransportError {
             message: "no response".into(),
         },

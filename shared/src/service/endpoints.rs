@@ -4,7 +4,8 @@ use super::{ServiceError, ServiceResult};
 use crate::{
     domain::{
         endpoint::{self, RetiringSecret},
-        AccountId, Endpoint, EndpointId, EndpointStatus, EndpointUrl, EventTypeFilter, InvalidField,
+        AccountId, Endpoint, EndpointId, EndpointStatus, EndpointUrl, EventTypeFilter,
+        InvalidField,
     },
     http::SsrfError,
     signing::SigningSecret,
@@ -42,7 +43,8 @@ async fn check_reachable(app: &App, url: &EndpointUrl) -> ServiceResult<()> {
         .map_err(|e| InvalidField::new("url", e.to_string()))?;
     if let Some(url::Host::Domain(host)) = url.as_url().host() {
         let port = url.as_url().port_or_known_default().unwrap_or(443);
-        let lookup = tokio::time::timeout(Duration::from_secs(2), policy.resolve_checked(host, port)).await;
+        let lookup =
+            tokio::time::timeout(Duration::from_secs(2), policy.resolve_checked(host, port)).await;
         if let Ok(Err(refused @ SsrfError::Forbidden { .. })) = lookup {
             return Err(InvalidField::new("url", refused.to_string()).into());
         }
@@ -56,7 +58,9 @@ pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> Servi
     }
     let url = EndpointUrl::parse(&input.url)?;
     let secret = match input.secret.as_deref() {
-        Some(raw) => SigningSecret::parse(raw).map_err(|e| InvalidField::new("secret", e.to_string()))?,
+        Some(raw) => {
+            SigningSecret::parse(raw).map_err(|e| InvalidField::new("secret", e.to_string()))?
+        }
         None => SigningSecret::generate(),
     };
     let now = app.clock.now();
@@ -82,7 +86,10 @@ pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> Servi
 }
 
 pub async fn get(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
-    app.store.get_endpoint(account, id).await?.ok_or(ServiceError::NotFound("endpoint"))
+    app.store
+        .get_endpoint(account, id)
+        .await?
+        .ok_or(ServiceError::NotFound("endpoint"))
 }
 
 pub async fn list(app: &App, account: &AccountId) -> ServiceResult<Vec<Endpoint>> {
@@ -92,7 +99,12 @@ pub async fn list(app: &App, account: &AccountId) -> ServiceResult<Vec<Endpoint>
     Ok(app.store.list_endpoints(account).await?)
 }
 
-pub async fn update(app: &App, account: &AccountId, id: &EndpointId, changes: EndpointChanges) -> ServiceResult<Endpoint> {
+pub async fn update(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    changes: EndpointChanges,
+) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
     if let Some(raw) = changes.url.as_deref() {
         let url = EndpointUrl::parse(raw)?;
@@ -114,13 +126,21 @@ pub async fn update(app: &App, account: &AccountId, id: &EndpointId, changes: En
     endpoint.updated_at = app.clock.now();
     app.store.update_endpoint(&endpoint).await?;
     app.queue
-        .update_lane(&endpoint.id, endpoint.max_in_flight, endpoint.rate_limit_per_second)
+        .update_lane(
+            &endpoint.id,
+            endpoint.max_in_flight,
+            endpoint.rate_limit_per_second,
+        )
         .await;
     Ok(endpoint)
 }
 
 pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<()> {
-    if app.store.delete_endpoint(account, id, app.clock.now()).await? {
+    if app
+        .store
+        .delete_endpoint(account, id, app.clock.now())
+        .await?
+    {
         Ok(())
     } else {
         Err(ServiceError::NotFound("endpoint"))
@@ -159,7 +179,12 @@ pub async fn disable(app: &App, account: &AccountId, id: &EndpointId) -> Service
 }
 
 /// Replaces the signing secret; the old one keeps signing for `grace`.
-pub async fn rotate_secret(app: &App, account: &AccountId, id: &EndpointId, grace: Duration) -> ServiceResult<Endpoint> {
+pub async fn rotate_secret(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    grace: Duration,
+) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
     let now = app.clock.now();
     let old = std::mem::replace(&mut endpoint.secret, SigningSecret::generate());

@@ -12,11 +12,14 @@ pub const ENDPOINT_DISABLED: &str = "endpoint.disabled";
 /// Returns how many were disabled.
 pub async fn check(app: &App) -> ServiceResult<usize> {
     let now = app.clock.now();
-    let cutoff = now - chrono::Duration::from_std(app.config.disable_after).unwrap_or(chrono::Duration::MAX);
+    let cutoff =
+        now - chrono::Duration::from_std(app.config.disable_after).unwrap_or(chrono::Duration::MAX);
     let mut disabled = 0;
     for endpoint in app.store.failing_endpoints(cutoff).await? {
         if let Some(since) = endpoint.failing_since {
-            if should_disable(Some(since), now, app.config.disable_after) && disable_failing(app, &endpoint, since).await? {
+            if should_disable(Some(since), now, app.config.disable_after)
+                && disable_failing(app, &endpoint, since).await?
+            {
                 disabled += 1;
             }
         }
@@ -27,10 +30,17 @@ pub async fn check(app: &App) -> ServiceResult<usize> {
 /// Disables one endpoint that has failed since `failing_since`: abandons its pending
 /// deliveries, queues the owner's e-mail and publishes `endpoint.disabled`, all in one
 /// transaction. False if it recovered or was changed meanwhile.
-pub async fn disable_failing(app: &App, endpoint: &Endpoint, failing_since: Timestamp) -> ServiceResult<bool> {
+pub async fn disable_failing(
+    app: &App,
+    endpoint: &Endpoint,
+    failing_since: Timestamp,
+) -> ServiceResult<bool> {
     let now = app.clock.now();
     let failing_for = humanize((now - failing_since).to_std().unwrap_or_default());
-    let reason = format!("every delivery failed for {failing_for} (since {})", failing_since.to_rfc3339());
+    let reason = format!(
+        "every delivery failed for {failing_for} (since {})",
+        failing_since.to_rfc3339()
+    );
     let account = app.store.get_account(&endpoint.account_id).await?;
     let notification = account.map(|account| Notification {
         id: format!("ntf_{}", uuid::Uuid::now_v7().simple()),
@@ -49,7 +59,9 @@ pub async fn disable_failing(app: &App, endpoint: &Endpoint, failing_since: Time
         created_at: now,
     });
     let operational_event = operational_event(app, endpoint, failing_since, &reason, now).await?;
-    let published = operational_event.as_ref().map(|(_, deliveries)| deliveries.clone());
+    let published = operational_event
+        .as_ref()
+        .map(|(_, deliveries)| deliveries.clone());
     let outcome = app
         .store
         .disable_endpoint(&DisableRequest {
@@ -100,7 +112,15 @@ async fn operational_event(
         .await?
         .iter()
         .filter(|e| e.id != endpoint.id && e.receives(&event.event_type))
-        .map(|e| Delivery::new_pending(event.id.clone(), e.id.clone(), ops.clone(), event.event_type.clone(), now))
+        .map(|e| {
+            Delivery::new_pending(
+                event.id.clone(),
+                e.id.clone(),
+                ops.clone(),
+                event.event_type.clone(),
+                now,
+            )
+        })
         .collect();
     Ok(Some((event, deliveries)))
 }

@@ -30,7 +30,9 @@ pub enum ServiceError {
 impl From<StoreError> for ServiceError {
     fn from(error: StoreError) -> Self {
         match error {
-            StoreError::Conflict { entity, id } => Self::Conflict(format!("{entity} `{id}` already exists")),
+            StoreError::Conflict { entity, id } => {
+                Self::Conflict(format!("{entity} `{id}` already exists"))
+            }
             StoreError::NotFound(what) => Self::NotFound(what),
             other => Self::Store(other),
         }

@@ -7,7 +7,9 @@ pub async fn flush(app: &App) -> ServiceResult<usize> {
     for notification in app.store.unsent_notifications(100).await? {
         match app.notifier.send(&notification).await {
             Ok(()) => {
-                app.store.mark_notification_sent(&notification.id, app.clock.now()).await?;
+                app.store
+                    .mark_notification_sent(&notification.id, app.clock.now())
+                    .await?;
                 sent += 1;
             }
             Err(error) => {

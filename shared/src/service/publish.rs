@@ -42,10 +42,21 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
         )));
     }
     let endpoints = app.store.list_endpoints(account).await?;
-    let receivers: Vec<_> = endpoints.iter().filter(|e| e.receives(&event.event_type)).collect();
+    let receivers: Vec<_> = endpoints
+        .iter()
+        .filter(|e| e.receives(&event.event_type))
+        .collect();
     let deliveries: Vec<Delivery> = receivers
         .iter()
-        .map(|e| Delivery::new_pending(event.id.clone(), e.id.clone(), account.clone(), event.event_type.clone(), now))
+        .map(|e| {
+            Delivery::new_pending(
+                event.id.clone(),
+                e.id.clone(),
+                account.clone(),
+                event.event_type.clone(),
+                now,
+            )
+        })
         .collect();
     match app.store.publish(&event, &deliveries).await? {
         PublishOutcome::AlreadyExists { event, deliveries } => Ok(Published {
@@ -79,8 +90,16 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
     }
 }
 
-pub async fn get(app: &App, account: &AccountId, id: &EventId) -> ServiceResult<(Event, Vec<Delivery>)> {
-    let event = app.store.get_event(account, id).await?.ok_or(ServiceError::NotFound("event"))?;
+pub async fn get(
+    app: &App,
+    account: &AccountId,
+    id: &EventId,
+) -> ServiceResult<(Event, Vec<Delivery>)> {
+    let event = app
+        .store
+        .get_event(account, id)
+        .await?
+        .ok_or(ServiceError::NotFound("event"))?;
     let deliveries = app.store.deliveries_of_event(account, id).await?;
     Ok((event, deliveries))
 }

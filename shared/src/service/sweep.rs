@@ -10,7 +10,10 @@ pub async fn enqueue_pending(app: &App, due_before: Timestamp) -> ServiceResult<
     let mut after = None;
     let mut total = 0;
     loop {
-        let page = app.store.pending_deliveries(due_before, after.as_ref(), PAGE).await?;
+        let page = app
+            .store
+            .pending_deliveries(due_before, after.as_ref(), PAGE)
+            .await?;
         let Some(last) = page.last() else {
             break;
         };

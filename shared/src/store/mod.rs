@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use crate::{
     clock::Timestamp,
     domain::{
-        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint, EndpointId,
-        Event, EventId,
+        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
+        Endpoint, EndpointId, Event, EventId,
     },
 };
 
@@ -32,7 +32,10 @@ pub type StoreResult<T> = Result<T, StoreError>;
 #[derive(Debug, Clone, PartialEq)]
 pub enum PublishOutcome {
     Created,
-    AlreadyExists { event: Event, deliveries: Vec<Delivery> },
+    AlreadyExists {
+        event: Event,
+        deliveries: Vec<Delivery>,
+    },
 }
 
 /// Everything one attempt needs, read together.
@@ -59,7 +62,9 @@ pub struct AttemptRecord {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecordOutcome {
-    Recorded { endpoint_failing_since: Option<Timestamp> },
+    Recorded {
+        endpoint_failing_since: Option<Timestamp>,
+    },
     /// Someone else already moved the delivery on; nothing was written.
     Stale,
 }
@@ -130,17 +135,30 @@ pub trait Store: Send + Sync + 'static {
     async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>>;
 
     async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
-    async fn get_endpoint(&self, account: &AccountId, id: &EndpointId) -> StoreResult<Option<Endpoint>>;
+    async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>>;
     async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>>;
     /// Replaces the mutable fields of an existing endpoint.
     async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
     /// Deletes the endpoint and abandons its pending deliveries; the history stays.
-    async fn delete_endpoint(&self, account: &AccountId, id: &EndpointId, now: Timestamp) -> StoreResult<bool>;
+    async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool>;
 
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
-    async fn deliveries_of_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Vec<Delivery>>;
+    async fn deliveries_of_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>>;
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
@@ -152,14 +170,25 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> StoreResult<Vec<PendingRef>>;
 
-    async fn get_delivery(&self, account: &AccountId, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
-    async fn list_deliveries(&self, account: &AccountId, query: &DeliveryQuery) -> StoreResult<Page<Delivery>>;
+    async fn get_delivery(
+        &self,
+        account: &AccountId,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>>;
+    async fn list_deliveries(
+        &self,
+        account: &AccountId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Page<Delivery>>;
     async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>>;
 
     /// Active endpoints whose `failing_since` is at or before `failing_before`.
     async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>>;
     /// `None` if the endpoint is gone, no longer active, or recovered meanwhile.
-    async fn disable_endpoint(&self, request: &DisableRequest) -> StoreResult<Option<DisableOutcome>>;
+    async fn disable_endpoint(
+        &self,
+        request: &DisableRequest,
+    ) -> StoreResult<Option<DisableOutcome>>;
 
     async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>>;
     async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()>;

@@ -11,15 +11,15 @@ use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
 use rusqlite::{params, types::Value, Connection, OptionalExtension, Row, Transaction};
 
 use super::{
-    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page, PendingRef,
-    PublishOutcome, RecordOutcome, Store, StoreError, StoreResult,
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
+    PendingRef, PublishOutcome, RecordOutcome, Store, StoreError, StoreResult,
 };
 use crate::{
     clock::{from_millis, to_millis, Timestamp},
     domain::{
-        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus,
-        EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
-        Trigger,
+        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
+        EventId, EventType, EventTypeFilter, Trigger,
     },
     signing::SigningSecret,
 };
@@ -98,7 +98,8 @@ CREATE INDEX IF NOT EXISTS notifications_unsent ON notifications(created_at) WHE
 
 const ENDPOINT_COLUMNS: &str = "id, account_id, url, description, secret, retiring_secret, retiring_until, status, \
      event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at";
-const DELIVERY_COLUMNS: &str = "id, account_id, event_id, endpoint_id, event_type, status, attempts, next_try_at, \
+const DELIVERY_COLUMNS: &str =
+    "id, account_id, event_id, endpoint_id, event_type, status, attempts, next_try_at, \
      last_status, last_error, client_errors, created_at, updated_at";
 
 /// SQLite behind a mutex; every call runs on the blocking pool.
@@ -114,7 +115,8 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
         let path = path.as_ref();
         let lock = acquire_lock(path)?;
-        let conn = Connection::open(path).map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
+        let conn = Connection::open(path)
+            .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
         Self::init(conn, Some(lock))
     }
 
@@ -125,12 +127,16 @@ impl SqliteStore {
     }
 
     fn init(conn: Connection, lock: Option<File>) -> StoreResult<Self> {
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(backend)?;
         // NORMAL in WAL mode survives a process crash (kill -9); only power loss can drop
         // the last commits.
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(backend)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(backend)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(backend)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(backend)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(backend)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -145,7 +151,9 @@ impl SqliteStore {
     {
         let conn = Arc::clone(&self.conn);
         tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
+            let mut guard = conn
+                .lock()
+                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
             work(&mut guard)
         })
         .await
@@ -166,7 +174,9 @@ fn acquire_lock(db: &Path) -> StoreResult<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| StoreError::Backend(format!("cannot open lock file {}: {e}", path.display())))?;
+        .map_err(|e| {
+            StoreError::Backend(format!("cannot open lock file {}: {e}", path.display()))
+        })?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(format!(
@@ -191,7 +201,11 @@ fn opt_millis(at: Option<Timestamp>) -> Option<i64> {
 }
 
 fn corrupt(what: &str, detail: impl std::fmt::Display) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, format!("{what}: {detail}").into())
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Text,
+        format!("{what}: {detail}").into(),
+    )
 }
 
 fn u32_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
@@ -201,7 +215,8 @@ fn u32_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
 
 fn opt_u16_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u16>> {
     let raw: Option<i64> = row.get(idx)?;
-    raw.map(|v| u16::try_from(v).map_err(|e| corrupt("u16 column", e))).transpose()
+    raw.map(|v| u16::try_from(v).map_err(|e| corrupt("u16 column", e)))
+        .transpose()
 }
 
 fn account_from_row(row: &Row<'_>) -> rusqlite::Result<Account> {
@@ -239,7 +254,8 @@ fn endpoint_from_row(row: &Row<'_>) -> rusqlite::Result<Endpoint> {
         secret: SigningSecret::parse(&secret).map_err(|e| corrupt("secret", e))?,
         retiring_secret,
         status: EndpointStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
-        event_types: EventTypeFilter::parse(patterns.as_deref()).map_err(|e| corrupt("event_types", e))?,
+        event_types: EventTypeFilter::parse(patterns.as_deref())
+            .map_err(|e| corrupt("event_types", e))?,
         max_in_flight: u32_col(row, 9)?,
         rate_limit_per_second: rate_limit.and_then(|v| u32::try_from(v).ok()),
         failing_since: row.get::<_, Option<i64>>(11)?.map(from_millis),
@@ -257,7 +273,8 @@ fn delivery_from_row(row: &Row<'_>) -> rusqlite::Result<Delivery> {
         event_id: EventId::from_trusted(row.get(2)?),
         endpoint_id: EndpointId::from_trusted(row.get(3)?),
         event_type: EventType::from_trusted(row.get(4)?),
-        status: DeliveryStatus::parse(&status).ok_or_else(|| corrupt("delivery status", &status))?,
+        status: DeliveryStatus::parse(&status)
+            .ok_or_else(|| corrupt("delivery status", &status))?,
         attempts: u32_col(row, 6)?,
         next_try_at: row.get::<_, Option<i64>>(7)?.map(from_millis),
         last_status: opt_u16_col(row, 8)?,
@@ -289,7 +306,8 @@ fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<Attempt> {
         started_at: from_millis(row.get(3)?),
         latency_ms: u64::try_from(latency).unwrap_or(0),
         status_code: opt_u16_col(row, 5)?,
-        response_headers: serde_json::from_str(&headers).map_err(|e| corrupt("response_headers", e))?,
+        response_headers: serde_json::from_str(&headers)
+            .map_err(|e| corrupt("response_headers", e))?,
         response_body: row.get(7)?,
         response_body_truncated: row.get(8)?,
         error: row.get(9)?,
@@ -328,7 +346,11 @@ fn insert_deliveries(tx: &Transaction<'_>, deliveries: &[Delivery]) -> rusqlite:
     Ok(())
 }
 
-fn deliveries_of_event(conn: &Connection, account: &str, event: &str) -> rusqlite::Result<Vec<Delivery>> {
+fn deliveries_of_event(
+    conn: &Connection,
+    account: &str,
+    event: &str,
+) -> rusqlite::Result<Vec<Delivery>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?1 AND event_id = ?2 ORDER BY id"
     ))?;
@@ -364,11 +386,19 @@ impl Store for SqliteStore {
         self.run(move |conn| {
             conn.execute(
                 "INSERT INTO accounts (id, name, owner_email, created_at) VALUES (?1, ?2, ?3, ?4)",
-                params![account.id.as_str(), account.name, account.owner_email.as_str(), to_millis(account.created_at)],
+                params![
+                    account.id.as_str(),
+                    account.name,
+                    account.owner_email.as_str(),
+                    to_millis(account.created_at)
+                ],
             )
             .map_err(|e| {
                 if is_unique_violation(&e) {
-                    StoreError::Conflict { entity: "account", id: account.id.to_string() }
+                    StoreError::Conflict {
+                        entity: "account",
+                        id: account.id.to_string(),
+                    }
                 } else {
                     backend(e)
                 }
@@ -428,11 +458,17 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn get_endpoint(&self, account: &AccountId, id: &EndpointId) -> StoreResult<Option<Endpoint>> {
+    async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
         let (account, id) = (account.clone(), id.clone());
         self.run(move |conn| {
             conn.query_row(
-                &format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1 AND account_id = ?2"),
+                &format!(
+                    "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1 AND account_id = ?2"
+                ),
                 params![id.as_str(), account.as_str()],
                 endpoint_from_row,
             )
@@ -489,7 +525,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn delete_endpoint(&self, account: &AccountId, id: &EndpointId, now: Timestamp) -> StoreResult<bool> {
+    async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
         let (account, id) = (account.clone(), id.clone());
         self.run(move |conn| {
             let tx = conn.transaction().map_err(backend)?;
@@ -548,10 +589,16 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn deliveries_of_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Vec<Delivery>> {
+    async fn deliveries_of_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>> {
         let (account, id) = (account.clone(), id.clone());
-        self.run(move |conn| deliveries_of_event(conn, account.as_str(), id.as_str()).map_err(backend))
-            .await
+        self.run(move |conn| {
+            deliveries_of_event(conn, account.as_str(), id.as_str()).map_err(backend)
+        })
+        .await
     }
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
@@ -654,7 +701,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn pending_deliveries(&self, due_before: Timestamp, after: Option<&DeliveryId>, limit: u32) -> StoreResult<Vec<PendingRef>> {
+    async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
         let after = after.map(|a| a.as_str().to_owned());
         self.run(move |conn| {
             // Paging is by delivery id (unique) so a page boundary never skips rows.
@@ -684,11 +736,17 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn get_delivery(&self, account: &AccountId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+    async fn get_delivery(
+        &self,
+        account: &AccountId,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>> {
         let (account, id) = (account.clone(), id.clone());
         self.run(move |conn| {
             conn.query_row(
-                &format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1 AND account_id = ?2"),
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1 AND account_id = ?2"
+                ),
                 params![id.as_str(), account.as_str()],
                 delivery_from_row,
             )
@@ -698,7 +756,11 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_deliveries(&self, account: &AccountId, query: &DeliveryQuery) -> StoreResult<Page<Delivery>> {
+    async fn list_deliveries(
+        &self,
+        account: &AccountId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Page<Delivery>> {
         let (account, query) = (account.clone(), query.clone());
         self.run(move |conn| {
             let mut sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?");
@@ -783,7 +845,10 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn disable_endpoint(&self, request: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
+    async fn disable_endpoint(
+        &self,
+        request: &DisableRequest,
+    ) -> StoreResult<Option<DisableOutcome>> {
         let r = request.clone();
         self.run(move |conn| {
             let tx = conn.transaction().map_err(backend)?;
@@ -857,8 +922,11 @@ impl Store for SqliteStore {
     async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
         let id = id.to_owned();
         self.run(move |conn| {
-            conn.execute("UPDATE notifications SET sent_at = ?2 WHERE id = ?1", params![id, to_millis(now)])
-                .map_err(backend)?;
+            conn.execute(
+                "UPDATE notifications SET sent_at = ?2 WHERE id = ?1",
+                params![id, to_millis(now)],
+            )
+            .map_err(backend)?;
             Ok(())
         })
         .await
@@ -867,9 +935,13 @@ impl Store for SqliteStore {
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_owned();
         self.run(move |conn| {
-            conn.query_row("SELECT value FROM settings WHERE key = ?1", params![key], |row| row.get(0))
-                .optional()
-                .map_err(backend)
+            conn.query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(backend)
         })
         .await
     }
@@ -877,10 +949,17 @@ impl Store for SqliteStore {
     async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
         let (key, value) = (key.to_owned(), value.to_owned());
         self.run(move |conn| {
-            conn.execute("INSERT OR IGNORE INTO settings (key, value) VALUES (?1, ?2)", params![key, value])
-                .map_err(backend)?;
-            conn.query_row("SELECT value FROM settings WHERE key = ?1", params![key], |row| row.get(0))
-                .map_err(backend)
+            conn.execute(
+                "INSERT OR IGNORE INTO settings (key, value) VALUES (?1, ?2)",
+                params![key, value],
+            )
+            .map_err(backend)?;
+            conn.query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |row| row.get(0),
+            )
+            .map_err(backend)
         })
         .await
     }

@@ -1,0 +1,263 @@
+//! Bad input gets a 4xx with a JSON error naming the field, and nothing is half-written.
+
+use serde_json::{json, Value};
+
+use crate::support::{Scratch, Server};
+
+async fn expect_error(server: &Server, path: &str, body: Value, status: u16, field: Option<&str>) {
+    let (got, response) = server.post(path, body.clone()).await;
+    assert_eq!(got, status, "{path} {body}: {response}");
+    assert!(response["error"]["code"].is_string(), "{response}");
+    assert!(response["error"]["message"].is_string(), "{response}");
+    assert_eq!(
+        response["error"]["field"].as_str(),
+        field,
+        "{path} {body}: {response}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_the_field_named() {
+    let scratch = Scratch::new("input");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let endpoints = "/v1/accounts/acme/endpoints";
+    let events = "/v1/accounts/acme/events";
+
+    expect_error(
+        &server,
+        "/v1/accounts",
+        json!({"name": "x"}),
+        400,
+        Some("owner_email"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/v1/accounts",
+        json!({"name": "x", "owner_email": "nope"}),
+        422,
+        Some("owner_email"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/v1/accounts",
+        json!({"id": "bad id", "name": "x", "owner_email": "a@b.co"}),
+        422,
+        Some("id"),
+    )
+    .await;
+    expect_error(
+        &server,
+        "/v1/accounts",
+        json!({"id": "acme", "name": "x", "owner_email": "a@b.co"}),
+        409,
+        None,
+    )
+    .await;
+
+    expect_error(&server, endpoints, json!({}), 400, Some("url")).await;
+    expect_error(&server, endpoints, json!({"url": 42}), 400, Some("url")).await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "not a url"}),
+        422,
+        Some("url"),
+    )
+    .await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "ftp://example.com/x"}),
+        422,
+        Some("url"),
+    )
+    .await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "http://127.0.0.1:9/x", "colour": "red"}),
+        400,
+        Some("colour"),
+    )
+    .await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "http://127.0.0.1:9/x", "max_in_flight": -1}),
+        400,
+        Some("max_in_flight"),
+    )
+    .await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "http://127.0.0.1:9/x", "max_in_flight": 0}),
+        422,
+        Some("max_in_flight"),
+    )
+    .await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "http://127.0.0.1:9/x", "event_types": "invoice.paid"}),
+        400,
+        Some("event_types"),
+    )
+    .await;
+    expect_error(
+        &server,
+        endpoints,
+        json!({"url": "http://127.0.0.1:9/x", "event_types": ["bad type"]}),
+        422,
+        Some("event_types"),
+    )
+    .await;
+
+    expect_error(&server, events, json!({"data": {}}), 400, Some("type")).await;
+    expect_error(
+        &server,
+        events,
+        json!({"type": "invoice.paid"}),
+        400,
+        Some("data"),
+    )
+    .await;
+    expect_error(
+        &server,
+        events,
+        json!({"type": "invoice..paid", "data": {}}),
+        422,
+        Some("type"),
+    )
+    .await;
+    expect_error(
+        &server,
+        events,
+        json!({"type": ["x"], "data": {}}),
+        400,
+        Some("type"),
+    )
+    .await;
+    expect_error(
+        &server,
+        events,
+        json!({"id": "has spaces", "type": "a.b", "data": {}}),
+        422,
+        Some("id"),
+    )
+    .await;
+    let big = "x".repeat(300 * 1024);
+    let (status, body) = server
+        .post(events, json!({"type": "a.b", "data": {"blob": big}}))
+        .await;
+    assert_eq!(status, 413, "{body}");
+
+    let (status, body) = server
+        .raw_post(endpoints, "application/json", "{\"url\": ")
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("malformed_json")),
+        "{body}"
+    );
+    let (status, body) = server.raw_post(endpoints, "text/plain", "{}").await;
+    assert_eq!(status, 415, "{body}");
+    let (status, body) = server.get("/v1/accounts/acme/deliveries?status=lost").await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("status")),
+        "{body}"
+    );
+    let (status, body) = server.get("/v1/accounts/acme/deliveries?limit=0").await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("limit")),
+        "{body}"
+    );
+    let (status, body) = server
+        .get("/v1/accounts/acme/deliveries?cursor=garbage")
+        .await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("cursor")),
+        "{body}"
+    );
+    let (status, body) = server.get("/v1/accounts/nobody/endpoints").await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = server
+        .post(
+            events.replace("acme", "nobody").as_str(),
+            json!({"type": "a.b", "data": {}}),
+        )
+        .await;
+    assert_eq!(status, 404);
+
+    // Nothing was half-written by any of the above.
+    let (_, list) = server.get(endpoints).await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(0), "{list}");
+    assert!(server.deliveries("acme", "").await.is_empty());
+}
+
+#[tokio::test]
+async fn no_token_no_access_and_publish_is_idempotent() {
+    let scratch = Scratch::new("auth");
+    let server = Server::start(&scratch, &[]).await;
+    let client = reqwest::Client::new();
+    let response = client
+        .get(format!("{}/v1/accounts/acme", server.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(response.status(), 401);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "unauthorized");
+    let response = client
+        .get(format!("{}/v1/accounts/acme", server.base))
+        .bearer_auth("wrong-token")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(response.status(), 401);
+    let health = client
+        .get(format!("{}/health", server.base))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(health.status(), 200);
+
+    server.create_account("acme").await;
+    server
+        .create_endpoint("acme", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    let first = server
+        .post(
+            "/v1/accounts/acme/events",
+            json!({"id": "evt-42", "type": "a.b", "data": {"n": 1}}),
+        )
+        .await;
+    assert_eq!(first.0, 202, "{}", first.1);
+    let again = server
+        .post(
+            "/v1/accounts/acme/events",
+            json!({"id": "evt-42", "type": "a.b", "data": {"n": 2}}),
+        )
+        .await;
+    assert_eq!(again.0, 200, "{}", again.1);
+    assert_eq!(
+        again.1["data"],
+        json!({"n": 1}),
+        "the first event is returned"
+    );
+    assert_eq!(
+        first.1["deliveries"][0]["id"],
+        again.1["deliveries"][0]["id"]
+    );
+    assert_eq!(
+        server.deliveries("acme", "").await.len(),
+        1,
+        "a repeated id creates nothing"
+    );
+}

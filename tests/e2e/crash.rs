@@ -1,0 +1,118 @@
+//! Crash safety: `kill -9` with deliveries in flight loses nothing.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use hooklane_cli::farm::{Behavior, Farm};
+use serde_json::json;
+
+use crate::support::{Scratch, Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_mid_flight_then_restart_delivers_everything() {
+    let farm = Farm::start().await.expect("farm");
+    let endpoints: Vec<String> = (0..5).map(|i| format!("crash{i}")).collect();
+    for name in &endpoints {
+        farm.configure(name, Behavior::slow(Duration::from_millis(40)));
+    }
+    let scratch = Scratch::new("crash");
+    let mut server = Server::start(&scratch, &[("HOOKLANE_WORKERS", "16")]).await;
+    server.create_account("acme").await;
+    let mut secrets = HashMap::new();
+    for name in &endpoints {
+        let (_, secret) = server
+            .create_endpoint("acme", &farm.url(name), json!({}))
+            .await;
+        secrets.insert(name.clone(), secret);
+    }
+    let events = 300;
+    let started = Instant::now();
+    for i in 0..events {
+        server
+            .publish("acme", "order.created", json!({"order": i}))
+            .await;
+    }
+    // Let some deliveries complete and others be mid-request, then crash.
+    assert!(
+        farm.wait_until(Duration::from_secs(20), |f| f.total_arrivals() >= 100)
+            .await,
+        "nothing arrived before the crash"
+    );
+    assert!(
+        endpoints.iter().any(|n| farm.in_flight(n) > 0),
+        "no request was in flight at the crash"
+    );
+    server.kill9().await;
+    let at_crash = farm.total_arrivals();
+    server.restart().await;
+    let expected = events * endpoints.len();
+    let all_arrived = |f: &Farm| {
+        endpoints
+            .iter()
+            .map(|n| f.distinct_ids_succeeded(n))
+            .sum::<usize>()
+            >= expected
+    };
+    assert!(
+        farm.wait_until(Duration::from_secs(60), all_arrived).await,
+        "not every event arrived after the restart"
+    );
+    let elapsed = started.elapsed();
+    let delivered = server
+        .eventually(Duration::from_secs(20), || async {
+            server.deliveries("acme", "&status=delivered").await.len() == expected
+        })
+        .await;
+    assert!(delivered, "not every delivery is marked delivered");
+    let total = farm.total_arrivals();
+    let duplicates = total - expected;
+    println!(
+        "crash: {expected} deliveries, {at_crash} requests before kill -9, {total} requests in all, {duplicates} duplicates, {:.0} deliveries/s overall",
+        expected as f64 / elapsed.as_secs_f64()
+    );
+    // Every request, duplicate or not, carries the event's id and a valid signature.
+    for name in &endpoints {
+        let secret = hooklane::signing::SigningSecret::parse(&secrets[name]).expect("secret");
+        for arrival in farm.arrivals(name) {
+            let body: serde_json::Value = serde_json::from_slice(&arrival.body).expect("json body");
+            let id = arrival.webhook_id.as_deref().expect("webhook-id");
+            assert_eq!(
+                body["id"].as_str(),
+                Some(id),
+                "webhook-id differs from the event id"
+            );
+            hooklane::signing::verify(
+                &[&secret],
+                id,
+                arrival.webhook_timestamp.as_deref().expect("timestamp"),
+                arrival.webhook_signature.as_deref().expect("signature"),
+                &arrival.body,
+                chrono::Utc::now().timestamp(),
+                600,
+            )
+            .expect("signature verifies");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_second_serve_on_the_same_database_is_refused() {
+    let scratch = Scratch::new("lock");
+    let _first = Server::start(&scratch, &[]).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklane"))
+        .arg("serve")
+        .env("HOOKLANE_LISTEN", "127.0.0.1:0")
+        .env("HOOKLANE_DATABASE", scratch.path().join("hooklane.db"))
+        .env("HOOKLANE_ADMIN_TOKEN", crate::support::ADMIN_TOKEN)
+        .output()
+        .await
+        .expect("run second serve");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("in use by another hooklane process"),
+        "{stderr}"
+    );
+}

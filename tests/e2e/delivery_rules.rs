@@ -1,0 +1,201 @@
+//! The 4xx rule, the 3xx rule, the 10 s deadline and the response-body cap.
+
+use std::time::Duration;
+
+use hooklane_cli::farm::{Behavior, Farm, Hostile};
+use serde_json::json;
+
+use crate::support::{Scratch, Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_client_errors_fail_early_and_other_4xx_keep_retrying() {
+    let farm = Farm::start().await.expect("farm");
+    farm.configure("gone", Behavior::status(410));
+    farm.configure("unprocessable", Behavior::status(422));
+    let scratch = Scratch::new("4xx");
+    let server = Server::start(
+        &scratch,
+        &[("HOOKLANE_RETRY_SCHEDULE", "0.2,0.2,0.2,0.2,0.2,0.2")],
+    )
+    .await;
+    server.create_account("acme").await;
+    let (gone, _) = server
+        .create_endpoint("acme", &farm.url("gone"), json!({}))
+        .await;
+    let (unprocessable, _) = server
+        .create_endpoint("acme", &farm.url("unprocessable"), json!({}))
+        .await;
+    server.publish("acme", "invoice.paid", json!({})).await;
+    let settled = server
+        .eventually(Duration::from_secs(20), || async {
+            server.deliveries("acme", "&status=failed").await.len() == 2
+        })
+        .await;
+    assert!(settled, "deliveries did not fail");
+    assert_eq!(
+        farm.arrival_count("gone"),
+        3,
+        "410 three times must fail early"
+    );
+    assert_eq!(
+        farm.arrival_count("unprocessable"),
+        7,
+        "422 is not a client-error stop: full schedule (1 + 6)"
+    );
+    let gone_delivery = &server
+        .deliveries("acme", &format!("&endpoint={gone}"))
+        .await[0];
+    assert!(
+        gone_delivery["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("failed early"),
+        "{gone_delivery}"
+    );
+    assert_eq!(gone_delivery["last_status"], 410);
+    let other = &server
+        .deliveries("acme", &format!("&endpoint={unprocessable}"))
+        .await[0];
+    assert_eq!(other["attempts"], 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_failures_and_never_followed() {
+    let farm = Farm::start().await.expect("farm");
+    farm.configure("moved", Behavior::redirect(307, farm.url("target")));
+    let scratch = Scratch::new("3xx");
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "0.2,0.2")]).await;
+    server.create_account("acme").await;
+    server
+        .create_endpoint("acme", &farm.url("moved"), json!({}))
+        .await;
+    server.publish("acme", "invoice.paid", json!({})).await;
+    let failed = server
+        .eventually(Duration::from_secs(15), || async {
+            server.deliveries("acme", "&status=failed").await.len() == 1
+        })
+        .await;
+    assert!(failed, "a redirecting endpoint must end failed");
+    assert_eq!(
+        farm.arrival_count("moved"),
+        3,
+        "3xx retries like any failure"
+    );
+    assert_eq!(farm.arrival_count("target"), 0, "the redirect was followed");
+    let delivery = &server.deliveries("acme", "").await[0];
+    assert_eq!(delivery["last_status"], 307);
+    assert!(
+        delivery["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not followed"),
+        "{delivery}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dripping_body_is_cut_at_the_ten_second_deadline() {
+    let farm = Farm::start().await.expect("farm");
+    farm.configure(
+        "drip",
+        Behavior::hostile(Hostile::DripBody {
+            interval: Duration::from_millis(500),
+        }),
+    );
+    farm.configure(
+        "huge",
+        Behavior::hostile(Hostile::HugeBody {
+            bytes: 50 * 1024 * 1024,
+        }),
+    );
+    farm.configure("fine", Behavior::ok());
+    let scratch = Scratch::new("deadline");
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "600")]).await;
+    server.create_account("acme").await;
+    let (drip, _) = server
+        .create_endpoint("acme", &farm.url("drip"), json!({}))
+        .await;
+    let (huge, _) = server
+        .create_endpoint("acme", &farm.url("huge"), json!({}))
+        .await;
+    let (fine, _) = server
+        .create_endpoint("acme", &farm.url("fine"), json!({}))
+        .await;
+    server.publish("acme", "invoice.paid", json!({})).await;
+    // The healthy endpoint is not held up by the other two.
+    assert!(
+        farm.wait_until(Duration::from_secs(5), |f| f.success_count("fine") == 1)
+            .await
+    );
+    let attempted = server
+        .eventually(Duration::from_secs(20), || async {
+            server
+                .deliveries("acme", &format!("&endpoint={drip}"))
+                .await[0]["attempts"]
+                == 1
+        })
+        .await;
+    assert!(attempted, "the dripping endpoint's attempt never ended");
+    let delivery = &server
+        .deliveries("acme", &format!("&endpoint={drip}"))
+        .await[0];
+    assert_eq!(delivery["status"], "pending");
+    let (_, attempts) = server
+        .get(&format!(
+            "/v1/accounts/acme/deliveries/{}/attempts",
+            delivery["id"].as_str().unwrap()
+        ))
+        .await;
+    let attempt = &attempts["data"][0];
+    let latency = attempt["latency_ms"].as_u64().expect("latency");
+    assert!(
+        (9_500..=11_500).contains(&latency),
+        "attempt took {latency} ms, the deadline is 10 s"
+    );
+    assert!(
+        attempt["error"].as_str().unwrap_or("").contains("deadline"),
+        "{attempt}"
+    );
+    assert_eq!(attempt["status_code"], 200);
+    // A 50 MiB body is read up to the cap and stored truncated; the delivery counts.
+    let huge_delivery = &server
+        .deliveries("acme", &format!("&endpoint={huge}"))
+        .await[0];
+    assert_eq!(huge_delivery["status"], "delivered", "{huge_delivery}");
+    let (_, attempts) = server
+        .get(&format!(
+            "/v1/accounts/acme/deliveries/{}/attempts",
+            huge_delivery["id"].as_str().unwrap()
+        ))
+        .await;
+    let attempt = &attempts["data"][0];
+    assert_eq!(attempt["response_body_truncated"], true);
+    assert_eq!(
+        attempt["response_body"].as_str().map(str::len),
+        Some(64 * 1024)
+    );
+    let fine_delivery = &server
+        .deliveries("acme", &format!("&endpoint={fine}"))
+        .await[0];
+    assert_eq!(fine_delivery["status"], "delivered");
+}
+
+#[tokio::test]
+async fn loopback_endpoints_are_refused_without_the_allow_list() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("ssrf");
+    let server = Server::start(&scratch, &[("HOOKLANE_ALLOW_CIDRS", "")]).await;
+    server.create_account("acme").await;
+    let (status, body) = server
+        .post("/v1/accounts/acme/endpoints", json!({"url": farm.url("x")}))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["field"], "url");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("loopback"),
+        "{body}"
+    );
+}

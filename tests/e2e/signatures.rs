@@ -1,0 +1,143 @@
+//! What `serve` sends verifies with independent Standard Webhooks libraries.
+
+use std::time::Duration;
+
+use hooklane_cli::farm::Farm;
+use serde_json::json;
+
+use crate::support::{test_python, Scratch, Server};
+
+const PYTHON_VERIFY: &str = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook
+secret, msg_id, timestamp, signature, body_path = sys.argv[1:6]
+body = open(body_path, "rb").read()
+payload = Webhook(secret).verify(body, {"webhook-id": msg_id, "webhook-timestamp": timestamp, "webhook-signature": signature})
+assert payload["id"] == msg_id, payload
+print("verified", payload["type"])
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_standardwebhooks_verifies_a_real_delivery() {
+    let python = test_python();
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("signatures");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (_, secret) = server
+        .create_endpoint("acme", &farm.url("receiver"), json!({}))
+        .await;
+    let event = server
+        .publish(
+            "acme",
+            "invoice.paid",
+            json!({"amount": 4200, "currency": "EUR", "note": "ünïcode ✓"}),
+        )
+        .await;
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == 1)
+            .await
+    );
+    let arrival = farm.arrivals("receiver").remove(0);
+    assert_eq!(arrival.webhook_id.as_deref(), event["id"].as_str());
+    assert_eq!(arrival.header("content-type"), Some("application/json"));
+    assert!(
+        arrival
+            .header("user-agent")
+            .unwrap_or("")
+            .starts_with("Hooklane/"),
+        "{:?}",
+        arrival.header("user-agent")
+    );
+    let body_path = scratch.path().join("body.json");
+    std::fs::write(&body_path, &arrival.body).expect("write body");
+    let run = |secret: &str| {
+        std::process::Command::new(&python)
+            .arg("-c")
+            .arg(PYTHON_VERIFY)
+            .arg(secret)
+            .arg(arrival.webhook_id.as_deref().unwrap_or(""))
+            .arg(arrival.webhook_timestamp.as_deref().unwrap_or(""))
+            .arg(arrival.webhook_signature.as_deref().unwrap_or(""))
+            .arg(&body_path)
+            .output()
+            .expect("run python")
+    };
+    let output = run(&secret);
+    assert!(
+        output.status.success(),
+        "standardwebhooks rejected the delivery: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("verified invoice.paid"));
+    // The same check with the wrong secret must fail, or the test proves nothing.
+    let wrong = run("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    assert!(
+        !wrong.status.success(),
+        "standardwebhooks accepted a wrong secret"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooklane_verify_command_checks_a_real_delivery() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("verify-cmd");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (_, secret) = server
+        .create_endpoint("acme", &farm.url("receiver"), json!({}))
+        .await;
+    server
+        .publish("acme", "user.created", json!({"user": "u_1"}))
+        .await;
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == 1)
+            .await
+    );
+    let arrival = farm.arrivals("receiver").remove(0);
+    let verify = |body: Vec<u8>| {
+        let arrival = arrival.clone();
+        let secret = secret.clone();
+        async move {
+            let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklane"))
+                .args(["verify", "--secret", &secret])
+                .args(["--id", arrival.webhook_id.as_deref().unwrap_or("")])
+                .args([
+                    "--timestamp",
+                    arrival.webhook_timestamp.as_deref().unwrap_or(""),
+                ])
+                .args([
+                    "--signature",
+                    arrival.webhook_signature.as_deref().unwrap_or(""),
+                ])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn verify");
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin.write_all(&body).await.expect("write body");
+            drop(stdin);
+            let output = child.wait_with_output().await.expect("verify output");
+            (
+                output.status.success(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
+        }
+    };
+    assert_eq!(
+        verify(arrival.body.to_vec()).await,
+        (true, "valid\n".to_owned())
+    );
+    // Re-serialised JSON is not the raw body: the verifier says so.
+    let reserialised = serde_json::to_vec_pretty(
+        &serde_json::from_slice::<serde_json::Value>(&arrival.body).expect("json"),
+    )
+    .expect("json");
+    let (ok, message) = verify(reserialised).await;
+    assert!(!ok);
+    assert!(message.contains("raw bytes"), "{message}");
+}

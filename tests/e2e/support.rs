@@ -1,0 +1,307 @@
+//! `spawn_app()` for the real binary, and a small API client.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+
+/// A scratch directory removed on drop.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "hooklane-e2e-{name}-{}-{}",
+            std::process::id(),
+            uuid_like()
+        ));
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{nanos:x}")
+}
+
+/// A running `hooklane serve` on port 0 with its own database.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    pub database: PathBuf,
+    pub log: PathBuf,
+    env: Vec<(String, String)>,
+    http: reqwest::Client,
+}
+
+impl Server {
+    /// Starts `serve` with the test defaults (loopback allowed) plus `env`.
+    pub async fn start(scratch: &Scratch, env: &[(&str, &str)]) -> Self {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::start_with(
+            scratch.path().join("hooklane.db"),
+            scratch.path().join("serve.log"),
+            env,
+        )
+        .await
+    }
+
+    async fn start_with(database: PathBuf, log: PathBuf, env: Vec<(String, String)>) -> Self {
+        let (child, base) = spawn(&database, &log, &env)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            child,
+            base,
+            database,
+            log,
+            env,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// `kill -9`, nothing flushed, nothing cleaned up.
+    pub async fn kill9(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    /// Starts a new process on the same database and settings.
+    pub async fn restart(&mut self) {
+        let (child, base) = spawn(&self.database, &self.log, &self.env)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.child = child;
+        self.base = base;
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(ADMIN_TOKEN)
+            .timeout(Duration::from_secs(30));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn raw_post(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &'static str,
+    ) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .expect("raw post");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.request(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.request(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn create_account(&self, id: &str) {
+        let (status, body) = self
+            .post("/v1/accounts", json!({"id": id, "name": format!("Account {id}"), "owner_email": format!("owner@{id}.example")}))
+            .await;
+        assert_eq!(status, 201, "create account {id}: {body}");
+    }
+
+    /// Creates an endpoint; returns (id, secret).
+    pub async fn create_endpoint(
+        &self,
+        account: &str,
+        url: &str,
+        extra: Value,
+    ) -> (String, String) {
+        let mut body = json!({"url": url});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        let (status, created) = self
+            .post(&format!("/v1/accounts/{account}/endpoints"), body)
+            .await;
+        assert_eq!(status, 201, "create endpoint {url}: {created}");
+        (
+            created["id"].as_str().expect("endpoint id").to_owned(),
+            created["secret"].as_str().expect("secret").to_owned(),
+        )
+    }
+
+    pub async fn publish(&self, account: &str, event_type: &str, data: Value) -> Value {
+        let (status, body) = self
+            .post(
+                &format!("/v1/accounts/{account}/events"),
+                json!({"type": event_type, "data": data}),
+            )
+            .await;
+        assert_eq!(status, 202, "publish: {body}");
+        body
+    }
+
+    /// Every delivery of the account, following cursors.
+    pub async fn deliveries(&self, account: &str, filter: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/accounts/{account}/deliveries?limit=500{filter}");
+            if let Some(c) = &cursor {
+                path.push_str(&format!("&cursor={c}"));
+            }
+            let (status, page) = self.get(&path).await;
+            assert_eq!(status, 200, "{page}");
+            all.extend(page["data"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => return all,
+            }
+        }
+    }
+
+    /// Polls `probe` until it returns true or `timeout` passes.
+    pub async fn eventually<F, Fut>(&self, timeout: Duration, mut probe: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if probe().await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        probe().await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn spawn(
+    database: &Path,
+    log: &Path,
+    env: &[(String, String)],
+) -> Result<(Child, String), String> {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("open log: {e}"))?;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hooklane"));
+    command
+        .arg("serve")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info,hyper=warn,reqwest=warn")
+        .env("NO_COLOR", "1")
+        .env("HOOKLANE_LISTEN", "127.0.0.1:0")
+        .env("HOOKLANE_DATABASE", database)
+        .env("HOOKLANE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("spawn hooklane: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let base = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(url) = line.strip_prefix("hooklane listening on ") {
+                return Some(url.trim().to_owned());
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+    .ok_or_else(|| {
+        format!(
+            "hooklane serve did not start; log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    })?;
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, base))
+}
+
+/// The Python interpreter of the test venv (with `standardwebhooks`), set up by scripts/test.
+pub fn test_python() -> PathBuf {
+    let python = std::env::var_os("HOOKLANE_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("HOOKLANE_TEST_PYTHON is not set: run the tests with scripts/test, which provisions the Python venv")
+    });
+    assert!(
+        python.exists(),
+        "HOOKLANE_TEST_PYTHON={} does not exist: run scripts/test",
+        python.display()
+    );
+    python
+}
