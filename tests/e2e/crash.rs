@@ -101,14 +101,23 @@ async fn kill_nine_mid_flight_then_restart_delivers_everything() {
 async fn a_second_serve_on_the_same_database_is_refused() {
     let scratch = Scratch::new("lock");
     let _first = Server::start(&scratch, &[]).await;
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklane"))
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklane"))
         .arg("serve")
         .env("HOOKLANE_LISTEN", "127.0.0.1:0")
         .env("HOOKLANE_DATABASE", scratch.path().join("hooklane.db"))
         .env("HOOKLANE_ADMIN_TOKEN", crate::support::ADMIN_TOKEN)
-        .output()
-        .await
-        .expect("run second serve");
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn second serve");
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        second.wait_with_output(),
+    )
+    .await
+    .expect("the second serve kept running: it was not refused")
+    .expect("second serve output");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -4,6 +4,8 @@ use async_trait::async_trait;
 
 use crate::store::Notification;
 
+pub mod smtp;
+
 #[derive(Debug, thiserror::Error)]
 #[error("notification not sent: {0}")]
 pub struct NotifyError(pub String);
