@@ -9,5 +9,6 @@ mod delivery_rules;
 mod health;
 mod hostile;
 mod isolation;
+mod metrics;
 mod retries;
 mod signatures;

@@ -147,6 +147,15 @@ pub async fn attempt(
             }
             RecordOutcome::Recorded { endpoint_failing_since } => endpoint_failing_since,
         };
+        crate::telemetry::attempt_recorded(
+            &endpoint.id,
+            &work.delivery.account_id,
+            number,
+            &outcome,
+            &decision,
+            response.latency,
+            (finished - work.event.created_at).to_std().unwrap_or_default(),
+        );
         if should_disable(failing_since, finished, app.config.disable_after) {
             if let Some(since) = failing_since {
                 health::disable_failing(app, endpoint, since).await?;

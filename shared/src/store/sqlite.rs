@@ -120,6 +120,24 @@ impl SqliteStore {
         Self::init(conn, Some(lock))
     }
 
+    /// How many deliveries are pending and when the oldest of them was created: the
+    /// backlog gauges of the embedded shape.
+    pub async fn backlog(&self) -> StoreResult<(u64, Option<Timestamp>)> {
+        self.run(|conn| {
+            conn.query_row(
+                "SELECT COUNT(*), MIN(created_at) FROM deliveries WHERE status = 'pending'",
+                [],
+                |row| {
+                    let count: i64 = row.get(0)?;
+                    let oldest: Option<i64> = row.get(1)?;
+                    Ok((u64::try_from(count).unwrap_or(0), oldest.map(from_millis)))
+                },
+            )
+            .map_err(backend)
+        })
+        .await
+    }
+
     /// A private in-memory database, for tests.
     pub fn in_memory() -> StoreResult<Self> {
         let conn = Connection::open_in_memory().map_err(backend)?;
