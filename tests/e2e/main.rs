@@ -4,6 +4,7 @@
 mod support;
 
 mod bad_input;
+mod bench_smoke;
 mod crash;
 mod delivery_rules;
 mod health;
