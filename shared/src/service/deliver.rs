@@ -136,7 +136,7 @@ pub async fn attempt(
             now: finished,
         };
         match &decision {
-            Decision::Delivered => tracing::info!(status = response.status, latency_ms = record.attempt.latency_ms, "delivered"),
+            Decision::Delivered => tracing::debug!(status = response.status, latency_ms = record.attempt.latency_ms, "delivered"),
             Decision::RetryAt(at) => tracing::info!(status = response.status, error = record.attempt.error.as_deref(), next_try_at = %at, "attempt failed; will retry"),
             Decision::Failed { reason } => tracing::warn!(status = response.status, error = record.attempt.error.as_deref(), reason, "delivery failed"),
         }

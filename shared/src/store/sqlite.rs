@@ -3,12 +3,12 @@
 use std::{
     fs::{File, OpenOptions},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{mpsc, Arc},
 };
 
 use async_trait::async_trait;
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
-use rusqlite::{params, types::Value, Connection, OptionalExtension, Row, Transaction};
+use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
 
 use super::{
     AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
@@ -102,12 +102,52 @@ const DELIVERY_COLUMNS: &str =
     "id, account_id, event_id, endpoint_id, event_type, status, attempts, next_try_at, \
      last_status, last_error, client_errors, created_at, updated_at";
 
-/// SQLite behind a mutex; every call runs on the blocking pool.
+/// The most jobs one transaction groups.
+const MAX_BATCH: usize = 256;
+
+/// Sends a job's result once the transaction that ran it has committed (or failed to).
+type Reply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
+type Job = Box<dyn FnOnce(&mut Connection) -> Reply + Send>;
+
+/// SQLite owned by one thread. Callers queue jobs; the thread runs whatever has queued up
+/// in one transaction (each job in its own savepoint) and answers after the commit, so a
+/// busy server pays one commit for many writes and no thread hand-off per call.
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    jobs: mpsc::Sender<Job>,
     // Held for the life of the store: a second `serve` on the same file is refused.
     _lock: Option<Arc<File>>,
+}
+
+fn run_jobs(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let began = conn.execute_batch("BEGIN IMMEDIATE").map_err(backend);
+        let replies: Vec<Reply> = batch
+            .into_iter()
+            .map(|job| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)))
+                    .unwrap_or_else(|_| {
+                        tracing::error!("a store job panicked; its caller gets an error");
+                        Box::new(|_| {})
+                    })
+            })
+            .collect();
+        let outcome = began.and_then(|()| conn.execute_batch("COMMIT").map_err(backend));
+        if outcome.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        let error = outcome.err();
+        for reply in replies {
+            reply(error.as_ref());
+        }
+    }
 }
 
 impl SqliteStore {
@@ -156,26 +196,38 @@ impl SqliteStore {
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("hooklane-sqlite".into())
+            .spawn(move || run_jobs(conn, queue))
+            .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            jobs,
             _lock: lock.map(Arc::new),
         })
     }
 
+    /// Runs `work` on the store thread inside the current batch's transaction. Work that
+    /// writes several rows wraps them in a savepoint so that they stand or fall together.
     async fn run<T, F>(&self, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn
-                .lock()
-                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
-            work(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = work(conn);
+            Box::new(move |commit_error: Option<&StoreError>| {
+                let result = match commit_error {
+                    Some(error) => Err(StoreError::Backend(format!("commit failed: {error}"))),
+                    None => result,
+                };
+                let _ = answer.send(result);
+            })
+        });
+        let stopped = || StoreError::Backend("the store thread has stopped".into());
+        self.jobs.send(job).map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
     }
 }
 
@@ -332,7 +384,7 @@ fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     })
 }
 
-fn insert_event(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
+fn insert_event(tx: &Connection, event: &Event) -> rusqlite::Result<()> {
     tx.execute(
         "INSERT INTO events (account_id, id, type, created_at, payload) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![event.account_id.as_str(), event.id.as_str(), event.event_type.as_str(), to_millis(event.created_at), event.payload],
@@ -340,7 +392,7 @@ fn insert_event(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn insert_deliveries(tx: &Transaction<'_>, deliveries: &[Delivery]) -> rusqlite::Result<()> {
+fn insert_deliveries(tx: &Connection, deliveries: &[Delivery]) -> rusqlite::Result<()> {
     let mut insert = tx.prepare_cached(&format!(
         "INSERT OR IGNORE INTO deliveries ({DELIVERY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
     ))?;
@@ -551,7 +603,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<bool> {
         let (account, id) = (account.clone(), id.clone());
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let deleted = tx
                 .execute("DELETE FROM endpoints WHERE id = ?1 AND account_id = ?2", params![id.as_str(), account.as_str()])
                 .map_err(backend)?;
@@ -572,7 +624,7 @@ impl Store for SqliteStore {
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
         let (event, deliveries) = (event.clone(), deliveries.to_vec());
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let existing = tx
                 .query_row(
                     "SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2",
@@ -649,7 +701,7 @@ impl Store for SqliteStore {
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
         let r = record.clone();
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let (status, next_try_at, last_error) = match &r.decision {
                 Decision::Delivered => (DeliveryStatus::Delivered, None, None),
                 Decision::RetryAt(at) => (DeliveryStatus::Pending, Some(to_millis(*at)), r.attempt.error.clone()),
@@ -869,7 +921,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Option<DisableOutcome>> {
         let r = request.clone();
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let changed = tx
                 .execute(
                     "UPDATE endpoints SET status = 'disabled', disabled_reason = ?3, updated_at = ?4 \
