@@ -1,6 +1,8 @@
 //! Metric names and the few places that record them. One set of names for every exporter:
 //! Prometheus text in the embedded shape, CloudWatch EMF in Lambda logs.
 
+pub mod emf;
+
 use std::time::Duration;
 
 use metrics::{
