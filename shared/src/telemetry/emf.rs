@@ -67,6 +67,10 @@ enum Cell {
     Histogram(Arc<HistogramCell>),
 }
 
+type Labels = Vec<(String, String)>;
+/// Name, value and unit of one metric in a document.
+type Sample = (String, Value, String);
+
 /// A `metrics` recorder that renders EMF documents on demand.
 #[derive(Clone)]
 pub struct EmfRecorder {
@@ -99,12 +103,11 @@ impl EmfRecorder {
     /// One EMF document per label set with what was recorded since the last flush; counters
     /// and histograms start again from zero, gauges keep their value.
     pub fn flush(&self, timestamp_millis: i64) -> Vec<Value> {
-        let mut groups: BTreeMap<Vec<(String, String)>, Vec<(String, Value, String)>> =
-            BTreeMap::new();
+        let mut groups: BTreeMap<Labels, Vec<Sample>> = BTreeMap::new();
         {
             let cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
             for (key, cell) in cells.iter() {
-                let labels: Vec<(String, String)> = key
+                let labels: Labels = key
                     .labels()
                     .map(|l| (l.key().to_owned(), l.value().to_owned()))
                     .collect();
