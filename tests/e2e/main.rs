@@ -13,3 +13,4 @@ mod isolation;
 mod metrics;
 mod retries;
 mod signatures;
+mod snippets;
