@@ -8,6 +8,7 @@ use hooklane::{
     http::HttpSender,
     notify::LogNotifier,
     queue::embedded::EmbeddedQueue,
+    service::tokens,
     store::{sqlite::SqliteStore, Store, StoreError},
     App, SystemClock,
 };
@@ -88,9 +89,13 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     )
     .await
     .map_err(|e| ServeError::Startup(format!("cannot load pending deliveries: {e}")))?;
+    let token_key = tokens::signing_key(app.store.as_ref())
+        .await
+        .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
     let router = api::router(ApiState {
         app,
         admin_token: token.into(),
+        token_key: Arc::new(token_key),
     });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -15,6 +15,7 @@ pub mod queue;
 pub mod service;
 pub mod signing;
 pub mod store;
+pub mod tokens;
 
 pub use app::App;
 pub use clock::{Clock, SystemClock};

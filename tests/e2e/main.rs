@@ -3,10 +3,12 @@
 
 mod support;
 
+mod access;
 mod bad_input;
 mod crash;
 mod delivery_rules;
 mod health;
 mod isolation;
+mod replay;
 mod retries;
 mod signatures;
