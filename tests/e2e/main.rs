@@ -11,4 +11,5 @@ mod health;
 mod isolation;
 mod replay;
 mod retries;
+mod schema;
 mod signatures;

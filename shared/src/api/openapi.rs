@@ -46,7 +46,7 @@ use super::{
         routes::create_token,
         routes::whoami,
     ),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, DeliveryStatusName)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]

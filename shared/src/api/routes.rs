@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use super::{
     auth::{AdminOnly, Principal},
     error::{ApiError, ApiResult},
-    json::JsonBody,
+    json::{whole, JsonBody},
     openapi::{
         AccountDeliveryFilters, AccountPath, AttemptList, DeliveryFilters, DeliveryList,
         DeliveryPath, EndpointList, EndpointPath, EventPath, PageParams, ReadErrors, ReplayList,
@@ -127,8 +127,10 @@ pub struct CreateEndpoint {
     #[schema(min_items = 1, max_items = 100)]
     event_types: Option<Vec<String>>,
     /// Requests in flight at once (default 4).
+    #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 1000)]
     max_in_flight: Option<u32>,
+    #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 100000)]
     rate_limit_per_second: Option<u32>,
     /// A `whsec_…` secret to use instead of a generated one.
@@ -219,10 +221,11 @@ pub struct UpdateEndpoint {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<Vec<String>>, min_items = 1, max_items = 100)]
     event_types: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 1000)]
     max_in_flight: Option<u32>,
     /// `null` removes the rate limit.
-    #[serde(default, deserialize_with = "double_option")]
+    #[serde(default, deserialize_with = "whole::double_option")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
     rate_limit_per_second: Option<Option<u32>>,
 }
@@ -317,6 +320,7 @@ pub async fn disable_endpoint(
 #[serde(deny_unknown_fields)]
 pub struct RotateSecret {
     /// How long the old secret keeps signing (default 86400, at most 30 days).
+    #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 0, maximum = 2592000)]
     grace_period_seconds: Option<u64>,
 }
@@ -337,11 +341,11 @@ pub async fn rotate_secret(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let account = scoped(&principal, &account)?;
-    // The body is optional: an empty POST rotates with the default grace period.
+    // The body is optional: an empty POST (or `null`) rotates with the default grace period.
     let options: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
         RotateSecret::default()
     } else {
-        super::json::parse(&body)?
+        super::json::parse::<Option<RotateSecret>>(&body)?.unwrap_or_default()
     };
     let grace_secs = options.grace_period_seconds.unwrap_or(86_400);
     if grace_secs > 30 * 86_400 {
@@ -654,6 +658,7 @@ pub async fn list_attempts(
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     /// Lifetime of the token (default 86400, at most 90 days).
+    #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 7776000, example = 3600)]
     ttl_seconds: Option<u64>,
 }
