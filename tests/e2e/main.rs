@@ -13,3 +13,4 @@ mod replay;
 mod retries;
 mod schema;
 mod signatures;
+mod ui;

@@ -12,7 +12,7 @@ const STYLE: &str = include_str!("ui/app.css");
 
 /// Only our own files, no inline code, no framing: a token typed into this page stays here.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
-                   img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+                   img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     let mut response = body.into_response();

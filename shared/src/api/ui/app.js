@@ -269,6 +269,7 @@ function followDelivery(id, deadline = Date.now() + 60_000) {
     try {
       const delivery = await showDelivery(id);
       await loadDeliveries();
+      if (delivery.status !== "pending") await loadEndpoints();
       if (delivery.status === "pending" && Date.now() < deadline) followDelivery(id, deadline);
     } catch (error) {
       notify(error.message, true);
@@ -342,7 +343,8 @@ async function submitBulk(event) {
   if (!ok) return;
   try {
     const replay = await api(accountPath(`/endpoints/${encodeURIComponent(bulkEndpoint.id)}/replay`), { method: "POST", body });
-    notify(`${replay.count} deliveries queued again${replay.more ? "; more match: resend again to continue" : ""}.`);
+    const noun = replay.count === 1 ? "delivery" : "deliveries";
+    notify(`${replay.count} ${noun} queued again${replay.more ? "; more match: resend again to continue" : ""}.`);
     await Promise.all([loadDeliveries(), loadReplays()]);
   } catch (error) {
     notify(`Resend refused: ${error.message}`, true);
