@@ -6,6 +6,7 @@ mod support;
 mod access;
 mod bad_input;
 mod crash;
+mod delivery_log;
 mod delivery_rules;
 mod health;
 mod isolation;

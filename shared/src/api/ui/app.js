@@ -192,6 +192,11 @@ async function loadDeliveries(append = false) {
   $("deliveries-empty").hidden = body.rows.length > 0;
 }
 
+// Endpoint health changes with every attempt, so it is read again with the log.
+async function refreshLog() {
+  await Promise.all([loadEndpoints(), loadDeliveries()]);
+}
+
 // --- one delivery and its attempts ------------------------------------------------------
 
 function summaryItem(list, term, value) {
@@ -251,8 +256,8 @@ async function showDelivery(id) {
 async function openDelivery(id) {
   stopPolling();
   state.selected = id;
-  $("detail").hidden = false;
   await showDelivery(id);
+  $("detail").hidden = false;
   $("detail").scrollIntoView({ block: "nearest" });
   $("replay").focus();
 }
@@ -268,8 +273,7 @@ function followDelivery(id, deadline = Date.now() + 60_000) {
   state.poll = setTimeout(async () => {
     try {
       const delivery = await showDelivery(id);
-      await loadDeliveries();
-      if (delivery.status !== "pending") await loadEndpoints();
+      await refreshLog();
       if (delivery.status === "pending" && Date.now() < deadline) followDelivery(id, deadline);
     } catch (error) {
       notify(error.message, true);
@@ -345,7 +349,7 @@ async function submitBulk(event) {
     const replay = await api(accountPath(`/endpoints/${encodeURIComponent(bulkEndpoint.id)}/replay`), { method: "POST", body });
     const noun = replay.count === 1 ? "delivery" : "deliveries";
     notify(`${replay.count} ${noun} queued again${replay.more ? "; more match: resend again to continue" : ""}.`);
-    await Promise.all([loadDeliveries(), loadReplays()]);
+    await Promise.all([refreshLog(), loadReplays()]);
   } catch (error) {
     notify(`Resend refused: ${error.message}`, true);
   }
@@ -407,9 +411,9 @@ document.addEventListener("DOMContentLoaded", () => {
   $("sign-out").addEventListener("click", signOut);
   $("filters").addEventListener("submit", guarded(async (event) => {
     event.preventDefault();
-    await loadDeliveries();
+    await refreshLog();
   }));
-  $("filters").addEventListener("reset", () => setTimeout(guarded(() => loadDeliveries()), 0));
+  $("filters").addEventListener("reset", () => setTimeout(guarded(refreshLog), 0));
   $("more").addEventListener("click", guarded(() => loadDeliveries(true)));
   $("replay").addEventListener("click", guarded(replaySelected));
   $("close-detail").addEventListener("click", () => {
