@@ -10,6 +10,8 @@ use crate::{
     },
 };
 
+#[cfg(test)]
+pub(crate) mod replay_contract;
 pub mod sqlite;
 
 #[derive(Debug, thiserror::Error)]

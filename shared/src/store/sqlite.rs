@@ -1199,3 +1199,38 @@ impl Store for SqliteStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn replays_follow_the_store_contract() {
+        let store = SqliteStore::in_memory().unwrap();
+        crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    }
+
+    #[test]
+    fn an_older_file_gains_the_replay_columns() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
+             endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
+             next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
+             created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+             INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);",
+        )
+        .unwrap();
+        let store = SqliteStore::init(conn, None).unwrap();
+        let conn = store.conn.lock().unwrap();
+        let delivery = conn
+            .query_row(
+                &format!("SELECT {DELIVERY_COLUMNS} FROM deliveries"),
+                [],
+                delivery_from_row,
+            )
+            .unwrap();
+        assert_eq!(delivery.schedule_start, 0);
+        assert_eq!(delivery.next_trigger, Trigger::Scheduled);
+    }
+}
