@@ -46,7 +46,7 @@ use super::{
         routes::create_token,
         routes::whoami,
     ),
-    components(schemas(ErrorBody, DeliveryStatusName)),
+    components(schemas(ErrorBody, DeliveryStatusName, EventTypeName, EventTypePattern)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
@@ -196,6 +196,22 @@ pub enum DeliveryStatusName {
     Abandoned,
 }
 
+/// An event type: dot-separated segments of letters, digits, `_` or `-`.
+#[derive(ToSchema)]
+#[schema(
+    pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+    example = "invoice.paid"
+)]
+pub struct EventTypeName(String);
+
+/// An endpoint's event-type filter entry: an event type, `prefix.*`, or `*`.
+#[derive(ToSchema)]
+#[schema(
+    pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$",
+    example = "invoice.*"
+)]
+pub struct EventTypePattern(String);
+
 /// The statuses a bulk replay can resend.
 #[derive(ToSchema)]
 #[schema(rename_all = "snake_case")]
@@ -211,8 +227,7 @@ pub enum ReplayableStatus {
 pub struct DeliveryFilters {
     status: Option<DeliveryStatusName>,
     /// Exact event type.
-    #[param(example = "invoice.paid")]
-    event_type: Option<String>,
+    event_type: Option<EventTypeName>,
     /// Created at or after (RFC 3339).
     since: Option<chrono::DateTime<chrono::Utc>>,
     /// Created before (RFC 3339).
@@ -231,10 +246,10 @@ pub struct DeliveryFilters {
 #[into_params(parameter_in = Query)]
 pub struct AccountDeliveryFilters {
     /// Only this endpoint's deliveries.
+    #[param(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     endpoint: Option<String>,
     status: Option<DeliveryStatusName>,
-    #[param(example = "invoice.paid")]
-    event_type: Option<String>,
+    event_type: Option<EventTypeName>,
     since: Option<chrono::DateTime<chrono::Utc>>,
     until: Option<chrono::DateTime<chrono::Utc>>,
     #[param(minimum = 100, maximum = 599)]

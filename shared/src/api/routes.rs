@@ -15,8 +15,8 @@ use super::{
     json::{whole, JsonBody},
     openapi::{
         AccountDeliveryFilters, AccountPath, AttemptList, DeliveryFilters, DeliveryList,
-        DeliveryPath, EndpointList, EndpointPath, EventPath, PageParams, ReadErrors, ReplayList,
-        ReplayableStatus, WriteErrors,
+        DeliveryPath, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
+        PageParams, ReadErrors, ReplayList, ReplayableStatus, WriteErrors,
     },
     views::{
         AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView, ReplayView,
@@ -124,7 +124,7 @@ pub struct CreateEndpoint {
     #[schema(max_length = 1000)]
     description: Option<String>,
     /// Event types or patterns (`invoice.*`); absent means every type.
-    #[schema(min_items = 1, max_items = 100)]
+    #[schema(value_type = Option<Vec<EventTypePattern>>, min_items = 1, max_items = 100)]
     event_types: Option<Vec<String>>,
     /// Requests in flight at once (default 4).
     #[serde(default, deserialize_with = "whole::option")]
@@ -219,7 +219,7 @@ pub struct UpdateEndpoint {
     description: Option<String>,
     /// `null` receives every event type again.
     #[serde(default, deserialize_with = "double_option")]
-    #[schema(value_type = Option<Vec<String>>, min_items = 1, max_items = 100)]
+    #[schema(value_type = Option<Vec<EventTypePattern>>, min_items = 1, max_items = 100)]
     event_types: Option<Option<Vec<String>>>,
     #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 1000)]
@@ -730,6 +730,7 @@ pub struct BulkReplay {
     #[schema(value_type = Option<Vec<ReplayableStatus>>, min_items = 1)]
     statuses: Option<Vec<String>>,
     /// Only these event types (exact names).
+    #[schema(value_type = Option<Vec<EventTypeName>>)]
     event_types: Option<Vec<String>>,
 }
 
