@@ -53,6 +53,14 @@ async function main() {
   page.on("requestfailed", (request) => problems.push(`request failed: ${request.url()}`));
   try {
     await page.goto(`${base}/ui`);
+    // A token that does not verify is refused, and the log stays closed.
+    await page.getByLabel("Token").fill(`${token.slice(0, -3)}xyz`);
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#sign-in-error", { hasText: "refused" }).waitFor();
+    check(await page.locator("#app").isHidden(), "the log opened with a bad token");
+    // Chromium logs the refused request itself; that one is expected.
+    const expected = problems.splice(0).filter((p) => !p.includes("status of 401"));
+    check(expected.length === 0, `the page reported problems:\n${expected.join("\n")}`);
     await page.getByLabel("Token").fill(token);
     await page.getByRole("button", { name: "Open" }).click();
     await page.locator("#app").waitFor({ state: "visible" });
