@@ -58,6 +58,7 @@ async function main() {
     await page.getByRole("button", { name: "Open" }).click();
     await page.locator("#sign-in-error", { hasText: "refused" }).waitFor();
     check(await page.locator("#app").isHidden(), "the log opened with a bad token");
+    await page.screenshot({ path: path.join(shots, "0-sign-in.png") });
     // Chromium logs the refused request itself; that one is expected.
     const expected = problems.splice(0).filter((p) => !p.includes("status of 401"));
     check(expected.length === 0, `the page reported problems:\n${expected.join("\n")}`);
@@ -105,6 +106,7 @@ async function main() {
     await page.getByRole("button", { name: /Resend deliveries of/ }).first().click();
     await page.locator("#bulk").waitFor({ state: "visible" });
     await page.getByLabel("Created since").fill("2000-01-01T00:00:00");
+    await page.screenshot({ path: path.join(shots, "4-bulk.png") });
     await page.getByRole("button", { name: "Resend…" }).click();
     await confirm.waitFor({ state: "visible" });
     await confirm.getByRole("button", { name: "Resend" }).click();

@@ -304,7 +304,7 @@ async function replaySelected() {
   try {
     await api(accountPath(`/deliveries/${encodeURIComponent(id)}/replay`), { method: "POST" });
     notify("Replay requested: the delivery is pending again.");
-    await Promise.all([showDelivery(id), loadDeliveries(), loadReplays()]);
+    await Promise.all([showDelivery(id), refreshLog(), loadReplays()]);
     followDelivery(id);
   } catch (error) {
     notify(`Replay refused: ${error.message}`, true);
