@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Duration};
 use hooklane_cli::farm::{Behavior, Farm};
 use serde_json::{json, Value};
 
-use crate::support::{Scratch, Server};
+use crate::support::{Scratch, Server, ADMIN_TOKEN};
 
 fn node_modules() -> PathBuf {
     let dir = std::env::var_os("HOOKLANE_TEST_NODE_MODULES")
@@ -100,6 +100,7 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
             .env("HOOKLANE_UI_BULK_DELIVERY", &failing[1])
             .env("HOOKLANE_UI_DELIVERED_DELIVERY", &delivered)
             .env("HOOKLANE_UI_SCREENSHOTS", &screenshots)
+            .env("HOOKLANE_UI_ADMIN_TOKEN", ADMIN_TOKEN)
             .kill_on_drop(true)
             .output(),
     )

@@ -1,6 +1,7 @@
 // Drives the /ui page in Debian's headless Chromium, as a customer would: sign in with an
 // account token, filter to failed deliveries, open one's attempts, replay it and see it
-// delivered, then resend the rest of the endpoint's failures in bulk. Started by
+// delivered, then resend the rest of the endpoint's failures in bulk; then open the same
+// log as support does, with the admin token and the account id. Started by
 // tests/e2e/ui.rs, which seeds the server and checks the outcome through the API too.
 "use strict";
 
@@ -21,6 +22,7 @@ const replayed = need("HOOKLANE_UI_REPLAY_DELIVERY");
 const bulkRest = need("HOOKLANE_UI_BULK_DELIVERY");
 const delivered = need("HOOKLANE_UI_DELIVERED_DELIVERY");
 const shots = need("HOOKLANE_UI_SCREENSHOTS");
+const adminToken = need("HOOKLANE_UI_ADMIN_TOKEN");
 
 function check(condition, message) {
   if (!condition) throw new Error(message);
@@ -127,6 +129,17 @@ async function main() {
     // A success clears the endpoint's failure clock.
     await page.locator("#endpoints tbody tr", { hasText: "/ep/shop" }).locator(".health-healthy").waitFor();
     await page.screenshot({ path: path.join(shots, "3-after-replay.png"), fullPage: true });
+
+    // Support opens the same log with the admin token and the account id.
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.locator("#sign-in").waitFor({ state: "visible" });
+    await page.getByLabel("Token").fill(adminToken);
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#sign-in-error", { hasText: "account id" }).waitFor();
+    await page.getByLabel("Account id").fill("acme");
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#who", { hasText: "Admin · account acme" }).waitFor();
+    await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).waitFor();
     check(problems.length === 0, `the page reported problems:\n${problems.join("\n")}`);
     console.log(`ui: signed in, filtered, opened attempts, replayed, bulk-resent; screenshots in ${shots}`);
   } catch (error) {
