@@ -88,15 +88,17 @@ pub async fn authenticate(
     // Every route under an account is scoped here, before any body is read, so another
     // account's routes answer 404 whatever is sent to them.
     let (mut parts, body) = request.into_parts();
-    if let Ok(params) = RawPathParams::from_request_parts(&mut parts, &state).await {
-        if let Some((_, account)) = params.iter().find(|(name, _)| *name == "account") {
-            let visible = match &principal {
-                Principal::Admin => true,
-                Principal::Account { account_id, .. } => account_id.as_str() == account,
-            };
-            if !visible {
-                return Err(ApiError::not_found("account"));
-            }
+    if let Principal::Account { account_id, .. } = &principal {
+        // Fails closed: a path whose parameters cannot be read is not shown to a token.
+        let visible = match RawPathParams::from_request_parts(&mut parts, &state).await {
+            Ok(params) => params
+                .iter()
+                .find(|(name, _)| *name == "account")
+                .is_none_or(|(_, account)| account_id.as_str() == account),
+            Err(_) => false,
+        };
+        if !visible {
+            return Err(ApiError::not_found("account"));
         }
     }
     let mut request = Request::from_parts(parts, body);
