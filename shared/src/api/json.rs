@@ -58,8 +58,24 @@ where
                     )
                 }
             })?;
-        parse(&bytes).map(JsonBody)
+        parse_object(&bytes).map(JsonBody)
     }
+}
+
+/// Parses a body that must be a JSON object. serde would also fill a struct from an array
+/// (`[]` gives every optional field `None`), which no route documents or means.
+pub fn parse_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "the body must be a JSON object",
+        ));
+    }
+    parse(bytes)
 }
 
 /// Parses JSON, reporting the path of the field that did not fit.
@@ -162,6 +178,14 @@ mod tests {
         assert_eq!(fraction.field.as_deref(), Some("max_in_flight"));
         let whole = parse::<Input>(br#"{"url": "x", "max_in_flight": 3.0}"#).unwrap();
         assert_eq!(whole.max_in_flight, Some(3));
+        let array = parse_object::<Input>(br#" ["x"]"#).unwrap_err();
+        assert_eq!(
+            (array.status, array.code),
+            (StatusCode::BAD_REQUEST, "invalid_body")
+        );
+        let garbage = parse_object::<Input>(b"nope").unwrap_err();
+        assert_eq!(garbage.code, "malformed_json");
+        assert!(parse_object::<Input>(br#" {"url": "x"}"#).is_ok());
         let malformed = parse::<Input>(br#"{"url": "#).unwrap_err();
         assert_eq!(malformed.code, "malformed_json");
         assert_eq!(malformed.status, StatusCode::BAD_REQUEST);

@@ -342,10 +342,11 @@ pub async fn rotate_secret(
 ) -> ApiResult<Response> {
     let account = scoped(&principal, &account)?;
     // The body is optional: an empty POST (or `null`) rotates with the default grace period.
-    let options: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
+    let text = body.trim_ascii();
+    let options: RotateSecret = if text.is_empty() || text == b"null" {
         RotateSecret::default()
     } else {
-        super::json::parse::<Option<RotateSecret>>(&body)?.unwrap_or_default()
+        super::json::parse_object(&body)?
     };
     let grace_secs = options.grace_period_seconds.unwrap_or(86_400);
     if grace_secs > 30 * 86_400 {
