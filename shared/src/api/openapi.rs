@@ -46,7 +46,17 @@ use super::{
         routes::create_token,
         routes::whoami,
     ),
-    components(schemas(ErrorBody, DeliveryStatusName, EventTypeName, EventTypePattern)),
+    components(schemas(
+        ErrorBody,
+        DeliveryStatusName,
+        EndpointStatusName,
+        TriggerName,
+        ReplayScopeName,
+        ReplayableStatus,
+        PrincipalKind,
+        EventTypeName,
+        EventTypePattern,
+    )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
@@ -211,6 +221,36 @@ pub struct EventTypeName(String);
     example = "invoice.*"
 )]
 pub struct EventTypePattern(String);
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum EndpointStatusName {
+    Active,
+    Disabled,
+}
+
+/// What set off an attempt: the retry schedule, or a person's replay.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum TriggerName {
+    Scheduled,
+    Manual,
+}
+
+/// One delivery, or an endpoint's deliveries since a time.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ReplayScopeName {
+    Delivery,
+    Endpoint,
+}
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum PrincipalKind {
+    Admin,
+    Account,
+}
 
 /// The statuses a bulk replay can resend.
 #[derive(ToSchema)]

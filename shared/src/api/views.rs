@@ -3,7 +3,13 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::auth::Principal;
+use super::{
+    auth::Principal,
+    openapi::{
+        DeliveryStatusName, EndpointStatusName, PrincipalKind, ReplayScopeName, ReplayableStatus,
+        TriggerName,
+    },
+};
 use crate::{
     clock::Timestamp,
     domain::{Account, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope},
@@ -41,14 +47,18 @@ pub struct EndpointView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub retiring_secret_until: Option<Timestamp>,
-    /// `active` or `disabled`.
+    #[schema(value_type = EndpointStatusName)]
     pub status: &'static str,
     #[schema(value_type = Option<Vec<String>>)]
+    #[schema(required = true)]
     pub event_types: Option<&'a [String]>,
     pub max_in_flight: u32,
+    #[schema(required = true)]
     pub rate_limit_per_second: Option<u32>,
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
     pub failing_since: Option<Timestamp>,
+    #[schema(required = true)]
     pub disabled_reason: Option<&'a str>,
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
@@ -83,12 +93,15 @@ pub struct DeliveryView<'a> {
     pub event_id: &'a str,
     pub event_type: &'a str,
     pub endpoint_id: &'a str,
-    /// `pending`, `delivered`, `failed` or `abandoned`.
+    #[schema(value_type = DeliveryStatusName)]
     pub status: &'static str,
     pub attempts: u32,
+    #[schema(required = true)]
     pub last_status: Option<u16>,
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
     pub next_try_at: Option<Timestamp>,
+    #[schema(required = true)]
     pub last_error: Option<&'a str>,
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
@@ -140,17 +153,19 @@ impl<'a> EventView<'a> {
 #[derive(Serialize, ToSchema)]
 pub struct AttemptView<'a> {
     pub number: u32,
-    /// `scheduled` or `manual` (a replay).
+    #[schema(value_type = TriggerName)]
     pub trigger: &'static str,
     #[schema(value_type = String, format = DateTime)]
     pub started_at: Timestamp,
     pub latency_ms: u64,
+    #[schema(required = true)]
     pub status_code: Option<u16>,
     /// `[name, value]` pairs as received.
     #[schema(value_type = Vec<Vec<String>>)]
     pub response_headers: &'a [(String, String)],
     pub response_body: &'a str,
     pub response_body_truncated: bool,
+    #[schema(required = true)]
     pub error: Option<&'a str>,
 }
 
@@ -200,7 +215,7 @@ impl<'a> From<&'a MintedToken> for TokenView<'a> {
 
 #[derive(Serialize, ToSchema)]
 pub struct WhoamiView<'a> {
-    /// `admin` or `account`.
+    #[schema(value_type = PrincipalKind)]
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account_id: Option<&'a str>,
@@ -240,17 +255,19 @@ pub struct ReplayView<'a> {
     pub account_id: &'a str,
     /// Who asked: `admin` or `token:<token id>`.
     pub actor: &'a str,
-    /// `delivery` (one delivery) or `endpoint` (resend since a time).
+    #[schema(value_type = ReplayScopeName)]
     pub scope: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint_id: Option<&'a str>,
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
     pub since: Option<Timestamp>,
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
     pub until: Option<Timestamp>,
-    #[schema(value_type = Vec<String>)]
+    #[schema(value_type = Vec<ReplayableStatus>)]
     pub statuses: Vec<&'static str>,
     #[schema(value_type = Vec<String>)]
     pub event_types: Vec<&'a str>,
