@@ -14,11 +14,15 @@ use crate::{
 /// The most deliveries one bulk request replays; `more` tells the caller to ask again.
 pub const BULK_LIMIT: u32 = 10_000;
 
-async fn active_endpoint(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<()> {
+/// Replays go to active endpoints only; `missing` is the error when the endpoint is gone.
+async fn active_endpoint(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    missing: ServiceError,
+) -> ServiceResult<()> {
     match app.store.get_endpoint(account, id).await? {
-        None => Err(ServiceError::Conflict(
-            "the delivery's endpoint was deleted; there is nowhere to send it".into(),
-        )),
+        None => Err(missing),
         Some(endpoint) if endpoint.status != EndpointStatus::Active => Err(ServiceError::Conflict(
             "the endpoint is disabled; enable it before replaying".into(),
         )),
@@ -56,7 +60,10 @@ pub async fn replay_delivery(
             "the delivery is still pending; it will be tried at its next_try_at".into(),
         ));
     }
-    active_endpoint(app, account, &current.endpoint_id).await?;
+    let deleted = ServiceError::Conflict(
+        "the delivery's endpoint was deleted; there is nowhere to send it".into(),
+    );
+    active_endpoint(app, account, &current.endpoint_id, deleted).await?;
     let replay = carry_out(
         app,
         Replay {
@@ -88,10 +95,7 @@ pub async fn replay_endpoint(
     filter: ReplayFilter,
     actor: String,
 ) -> ServiceResult<Replay> {
-    if app.store.get_endpoint(account, endpoint).await?.is_none() {
-        return Err(ServiceError::NotFound("endpoint"));
-    }
-    active_endpoint(app, account, endpoint).await?;
+    active_endpoint(app, account, endpoint, ServiceError::NotFound("endpoint")).await?;
     carry_out(
         app,
         Replay {
