@@ -18,6 +18,7 @@ use hooklane::{
     http::HttpSender,
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
+    service::tokens,
     store::{sqlite::SqliteStore, Store, StoreError},
     App, SystemClock,
 };
@@ -179,10 +180,14 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     .await
     .map_err(|e| ServeError::Startup(format!("cannot load pending deliveries: {e}")))?;
     spawn_backlog_gauges(store, queue_for_gauges, stop.subscribe());
+    let token_key = tokens::signing_key(app.store.as_ref())
+        .await
+        .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
     let admin_token: Arc<str> = token.into();
     let router = api::router(ApiState {
         app,
         admin_token: admin_token.clone(),
+        token_key: Arc::new(token_key),
     })
     .merge(metrics_route(metrics, admin_token));
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -16,6 +16,7 @@ pub mod service;
 pub mod signing;
 pub mod store;
 pub mod telemetry;
+pub mod tokens;
 
 pub use app::App;
 pub use clock::{Clock, SystemClock};

@@ -86,6 +86,14 @@ pub async fn attempt(
         }
     }
     let number = work.delivery.attempts + 1;
+    // A replay marks the delivery for one manual attempt, whoever picks it up.
+    let trigger = if work.delivery.next_trigger == Trigger::Manual {
+        Trigger::Manual
+    } else {
+        trigger
+    };
+    // After a replay the schedule starts over; attempt numbers keep counting.
+    let attempts_in_schedule = number.saturating_sub(work.delivery.schedule_start);
     let span = tracing::info_span!(
         "attempt",
         event.id = %work.event.id,
@@ -112,7 +120,7 @@ pub async fn attempt(
         let outcome = classify(&response, finished);
         let policy = &app.config.retry;
         let client_errors = work.delivery.client_error_count + u32::from(policy.is_client_error(&outcome));
-        let decision = policy.decide(number, client_errors, &outcome, finished, &mut rand::rng());
+        let decision = policy.decide(attempts_in_schedule, client_errors, &outcome, finished, &mut rand::rng());
         let max_body = app.config.sender.max_response_body;
         let attempt = Attempt {
             delivery_id: work.delivery.id.clone(),

@@ -7,7 +7,9 @@ pub mod endpoints;
 pub mod health;
 pub mod notifications;
 pub mod publish;
+pub mod replay;
 pub mod sweep;
+pub mod tokens;
 
 use crate::{domain::InvalidField, queue::QueueError, store::StoreError};
 
