@@ -5,6 +5,8 @@
 
 pub mod api;
 pub mod app;
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod clock;
 pub mod config;
 pub mod dispatcher;

@@ -10,6 +10,10 @@ use crate::{
     },
 };
 
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
+#[cfg(feature = "aws")]
+pub mod dynamodb;
 pub mod sqlite;
 
 #[derive(Debug, thiserror::Error)]
