@@ -16,6 +16,7 @@ pub mod notify;
 pub mod queue;
 pub mod service;
 pub mod signing;
+pub mod slots;
 pub mod store;
 
 pub use app::App;

@@ -4,6 +4,9 @@ use async_trait::async_trait;
 
 use crate::store::Notification;
 
+#[cfg(feature = "aws")]
+pub mod ses;
+
 #[derive(Debug, thiserror::Error)]
 #[error("notification not sent: {0}")]
 pub struct NotifyError(pub String);

@@ -7,6 +7,8 @@ pub mod endpoints;
 pub mod health;
 pub mod notifications;
 pub mod publish;
+#[cfg(feature = "aws")]
+pub mod sender;
 pub mod sweep;
 
 use crate::{domain::InvalidField, queue::QueueError, store::StoreError};
