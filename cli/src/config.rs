@@ -39,9 +39,11 @@ struct FileConfig {
     sweep_interval: Option<String>,
     health_interval: Option<String>,
     log_format: Option<String>,
+    smtp_url: Option<String>,
+    smtp_from: Option<String>,
 }
 
-pub const SETTINGS: [&str; 12] = [
+pub const SETTINGS: [&str; 14] = [
     "listen",
     "database",
     "admin_token",
@@ -54,6 +56,8 @@ pub const SETTINGS: [&str; 12] = [
     "sweep_interval",
     "health_interval",
     "log_format",
+    "smtp_url",
+    "smtp_from",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +75,15 @@ pub struct ServeConfig {
     pub sweep_interval: Duration,
     pub health_interval: Duration,
     pub log_format: LogFormat,
+    /// Owner mail goes through this relay; without it, to the log.
+    pub smtp: Option<SmtpSettings>,
     pub core: CoreConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct SmtpSettings {
+    pub url: String,
+    pub from: String,
 }
 
 impl ServeConfig {
@@ -128,6 +140,8 @@ impl ServeConfig {
                 ("sweep_interval", parsed.sweep_interval),
                 ("health_interval", parsed.health_interval),
                 ("log_format", parsed.log_format),
+                ("smtp_url", parsed.smtp_url),
+                ("smtp_from", parsed.smtp_from),
             ] {
                 if let Some(value) = value {
                     settings.insert(name, value);
@@ -244,6 +258,12 @@ impl ServeConfig {
             sweep_interval: duration_or("sweep_interval", Duration::from_secs(60))?,
             health_interval: duration_or("health_interval", health_default)?,
             log_format,
+            smtp: get("smtp_url").map(|url| SmtpSettings {
+                url: url.to_owned(),
+                from: get("smtp_from")
+                    .unwrap_or("Hooklane <hooklane@localhost>")
+                    .to_owned(),
+            }),
             core,
         })
     }

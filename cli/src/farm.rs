@@ -227,7 +227,13 @@ impl Farm {
     /// Binds 127.0.0.1 on an ephemeral port and starts accepting connections.
     /// Must be called within a tokio runtime.
     pub async fn start() -> io::Result<Farm> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        Self::start_on(0).await
+    }
+
+    /// Like [`Farm::start`] on a chosen loopback port: a receiver that comes back after
+    /// being down (connections refused meanwhile).
+    pub async fn start_on(port: u16) -> io::Result<Farm> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             addr,

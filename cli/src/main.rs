@@ -3,14 +3,14 @@ use std::{io::Read, path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 use hooklane_cli::{
     config::{LogFormat, ServeConfig},
-    serve, verify,
+    receive, serve, verify,
 };
 
 #[derive(Parser)]
 #[command(
     name = "hooklane",
     version,
-    about = "Reliable outbound webhooks: serve, verify"
+    about = "Reliable outbound webhooks: serve, receive, verify"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,6 +24,17 @@ enum Command {
         /// A TOML file with the same settings as the HOOKLANE_* variables (which win).
         #[arg(long, env = "HOOKLANE_CONFIG")]
         config: Option<PathBuf>,
+    },
+    /// A local webhook receiver that prints (and, given the secret, verifies) what arrives.
+    Receive {
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: std::net::SocketAddr,
+        /// The endpoint's secret (whsec_...), to verify signatures; repeatable.
+        #[arg(long)]
+        secret: Vec<String>,
+        /// Answer every webhook with this status (e.g. 500 to watch retries).
+        #[arg(long, default_value_t = 200)]
+        status: u16,
     },
     /// Verify a webhook you received: the raw body on stdin, the three headers as flags.
     Verify {
@@ -81,6 +92,33 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("hooklane: {error}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Receive {
+            listen,
+            secret,
+            status,
+        } => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("hooklane: cannot start the runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(receive::run(receive::ReceiveOptions {
+                listen,
+                secrets: secret,
+                status,
+            })) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("hooklane: receive: {error}");
                     ExitCode::from(2)
                 }
             }

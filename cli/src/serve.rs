@@ -6,7 +6,7 @@ use hooklane::{
     api::{self, ApiState},
     dispatcher::{self, DispatcherConfig},
     http::HttpSender,
-    notify::LogNotifier,
+    notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
     store::{sqlite::SqliteStore, Store, StoreError},
     App, SystemClock,
@@ -65,12 +65,19 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let token = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
     let sender = HttpSender::new(config.core.sender.clone())
         .map_err(|e| ServeError::Startup(e.to_string()))?;
+    let notifier: Arc<dyn Notifier> = match &config.smtp {
+        Some(smtp) => Arc::new(
+            SmtpNotifier::new(&smtp.url, &smtp.from)
+                .map_err(|e| ServeError::Startup(e.to_string()))?,
+        ),
+        None => Arc::new(LogNotifier),
+    };
     let queue = Arc::new(EmbeddedQueue::new());
     let app = App {
         store,
         queue: queue.clone(),
         transport: Arc::new(sender),
-        notifier: Arc::new(LogNotifier),
+        notifier,
         clock: Arc::new(SystemClock),
         config: Arc::new(config.core.clone()),
     };

@@ -199,3 +199,45 @@ async fn loopback_endpoints_are_refused_without_the_allow_list() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_rate_limit_spaces_requests() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("rate");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    server
+        .create_endpoint(
+            "acme",
+            &farm.url("limited"),
+            json!({"rate_limit_per_second": 5, "max_in_flight": 50}),
+        )
+        .await;
+    for i in 0..20 {
+        server
+            .publish("acme", "invoice.paid", json!({"i": i}))
+            .await;
+    }
+    assert!(
+        farm.wait_until(Duration::from_secs(20), |f| f.success_count("limited")
+            == 20)
+            .await
+    );
+    let times: Vec<_> = farm.arrivals("limited").iter().map(|a| a.instant).collect();
+    let span = times[19].duration_since(times[0]).as_secs_f64();
+    // A burst of 5, then 5 per second: the last of 20 comes about 3 s after the first.
+    assert!(
+        (2.7..6.0).contains(&span),
+        "20 requests at 5/s took {span:.2} s"
+    );
+    // After the burst, one request per 200 ms.
+    for (i, pair) in times[4..].windows(2).enumerate() {
+        let gap = pair[1].duration_since(pair[0]).as_secs_f64();
+        assert!(
+            gap >= 0.15,
+            "requests {} and {} only {gap:.3} s apart",
+            i + 5,
+            i + 6
+        );
+    }
+}

@@ -67,4 +67,54 @@ async fn slow_endpoint_does_not_block_others() {
             "{name} got duplicates without a crash"
         );
     }
+    // Connections are reused across deliveries rather than opened per request.
+    assert!(
+        farm.connections_accepted() * 10 < delivered,
+        "{} connections for {delivered} deliveries",
+        farm.connections_accepted()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_accounts_backlog_does_not_starve_anothers_fresh_event() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("fairness");
+    let server = Server::start(&scratch, &[("HOOKLANE_WORKERS", "8")]).await;
+    server.create_account("big").await;
+    server.create_account("small").await;
+    for i in 0..5 {
+        let name = format!("big{i}");
+        farm.configure(&name, Behavior::slow(Duration::from_millis(100)));
+        server
+            .create_endpoint("big", &farm.url(&name), json!({"max_in_flight": 8}))
+            .await;
+    }
+    server
+        .create_endpoint("small", &farm.url("small"), json!({}))
+        .await;
+    for i in 0..150 {
+        server.publish("big", "sync.batch", json!({"i": i})).await;
+    }
+    // The big account's 750 deliveries now hold every worker slot.
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.total_arrivals() >= 8)
+            .await
+    );
+    let published = Instant::now();
+    server.publish("small", "invoice.paid", json!({})).await;
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("small") == 1)
+            .await
+    );
+    let waited = published.elapsed();
+    let big_done: usize = (0..5).map(|i| farm.success_count(&format!("big{i}"))).sum();
+    println!("fairness: small account's event arrived after {} ms, with {big_done}/750 of the big backlog done", waited.as_millis());
+    assert!(
+        big_done < 375,
+        "the backlog drained before the check was meaningful ({big_done} done)"
+    );
+    assert!(
+        waited < Duration::from_secs(2),
+        "the fresh event waited {waited:?} behind another account's backlog"
+    );
 }

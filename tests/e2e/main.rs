@@ -7,6 +7,7 @@ mod bad_input;
 mod crash;
 mod delivery_rules;
 mod health;
+mod hostile;
 mod isolation;
 mod retries;
 mod signatures;

@@ -92,6 +92,29 @@ impl Server {
         let _ = self.child.wait().await;
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Peak resident memory of the server process so far, in KiB (Linux `VmHWM`).
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// Stops the server and starts it again with some settings changed.
+    pub async fn restart_with(&mut self, changes: &[(&str, &str)]) {
+        self.kill9().await;
+        for (key, value) in changes {
+            self.env.retain(|(k, _)| k != key);
+            self.env.push((key.to_string(), value.to_string()));
+        }
+        self.restart().await;
+    }
+
     /// Starts a new process on the same database and settings.
     pub async fn restart(&mut self) {
         let (child, base) = spawn(&self.database, &self.log, &self.env)

@@ -14,6 +14,7 @@ use crate::App;
 pub mod auth;
 pub mod error;
 pub mod json;
+mod normalize;
 mod routes;
 pub mod views;
 
@@ -90,6 +91,7 @@ pub fn router(state: ApiState) -> Router {
                 "method not allowed on this route",
             )
         })
+        .layer(middleware::map_response(normalize::json_errors))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

@@ -150,3 +150,86 @@ mod tests {
         assert!(RetrySchedule::parse("-3").is_err());
     }
 }
+
+/// Renders a delay for people: `15 s`, `2 min`, `1 h`.
+pub fn human_delay(delay: Duration) -> String {
+    let secs = delay.as_secs_f64();
+    let (value, unit) = if secs < 60.0 {
+        (secs, "s")
+    } else if secs < 3600.0 {
+        (secs / 60.0, "min")
+    } else {
+        (secs / 3600.0, "h")
+    };
+    let rounded = (value * 10.0).round() / 10.0;
+    if rounded.fract() == 0.0 {
+        format!("{} {unit}", rounded as u64)
+    } else {
+        format!("{rounded} {unit}")
+    }
+}
+
+impl RetrySchedule {
+    /// The customer-facing table of docs/RETRIES.md.
+    pub fn markdown_table(&self) -> String {
+        let mut table = String::from("| after attempt | next attempt in |\n|---|---|\n");
+        for (i, delay) in self.0.iter().enumerate() {
+            table.push_str(&format!(
+                "| {} | {} – {} |\n",
+                i + 1,
+                human_delay(*delay / 2),
+                human_delay(*delay)
+            ));
+        }
+        table
+    }
+}
+
+#[cfg(test)]
+mod docs_tests {
+    use super::*;
+
+    fn retries_md() -> String {
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/RETRIES.md"))
+            .expect("docs/RETRIES.md")
+    }
+
+    #[test]
+    fn docs_match_the_defaults() {
+        let doc = retries_md();
+        let schedule = RetrySchedule::default();
+        let table = doc
+            .split("<!-- schedule:begin -->\n")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- schedule:end -->").next())
+            .expect("schedule markers");
+        assert_eq!(
+            table,
+            schedule.markdown_table(),
+            "docs/RETRIES.md schedule table is out of date"
+        );
+        let hours = schedule.total_span().as_secs_f64() / 3600.0;
+        let min_hours = hours / 2.0;
+        assert!(
+            doc.contains(&format!(
+                "**{} attempts over up to {:.1} hours** (at least {:.1} hours)",
+                schedule.max_attempts(),
+                hours,
+                min_hours
+            )),
+            "docs/RETRIES.md attempt count or span is out of date: {} attempts, {hours:.1} h",
+            schedule.max_attempts()
+        );
+        let policy = super::super::outcome::RetryPolicy::default();
+        assert_eq!(policy.client_error_statuses, [400, 401, 403, 404, 410]);
+        assert!(doc.contains("`400`, `401`, `403`, `404` or `410`, three times"));
+        assert_eq!(policy.client_error_limit, 3);
+        assert_eq!(policy.max_retry_after, Duration::from_secs(86_400));
+        assert!(doc.contains("(up to 24 hours)"));
+        let disable_days = crate::config::CoreConfig::default().disable_after.as_secs() / 86_400;
+        assert!(
+            doc.contains(&format!("have all failed for **{disable_days} days**")),
+            "disable threshold out of date"
+        );
+    }
+}

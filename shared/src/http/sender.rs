@@ -81,7 +81,8 @@ impl HttpSender {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(config.connect_timeout)
-            .timeout(config.deadline)
+            // A backstop only: the deadline is enforced around the whole exchange in `post`.
+            .timeout(config.deadline + Duration::from_secs(1))
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
             .tcp_nodelay(true)

@@ -6,6 +6,7 @@ use crate::store::Notification;
 
 #[cfg(feature = "aws")]
 pub mod ses;
+pub mod smtp;
 
 #[derive(Debug, thiserror::Error)]
 #[error("notification not sent: {0}")]

@@ -68,7 +68,6 @@ struct EndpointLane {
     due: VecDeque<PendingRef>,
     in_flight: u32,
     max_in_flight: u32,
-    bucket: Option<TokenBucket>,
     listed: bool,
     waiting_for_token: bool,
 }
@@ -99,6 +98,9 @@ struct Lanes {
     waiting: HashMap<u64, PendingRef>,
     token_timers: BinaryHeap<Reverse<(i64, EndpointId)>>,
     endpoints: HashMap<EndpointId, EndpointLane>,
+    /// Rate-limit buckets outlive lanes: a lane is dropped whenever it runs empty, and a
+    /// fresh full bucket each time would let trickling traffic ignore the limit.
+    buckets: HashMap<EndpointId, TokenBucket>,
     accounts: HashMap<AccountId, AccountLane>,
     ready_accounts: VecDeque<AccountId>,
     seq: u64,
@@ -163,15 +165,21 @@ impl Lanes {
                 due: VecDeque::new(),
                 in_flight: 0,
                 max_in_flight: item.max_in_flight.max(1),
-                bucket: None,
                 listed: false,
                 waiting_for_token: false,
             });
         lane.max_in_flight = item.max_in_flight.max(1);
-        match (item.rate_limit_per_second, &mut lane.bucket) {
-            (None, bucket) => *bucket = None,
-            (Some(rate), Some(bucket)) if bucket.per_second == f64::from(rate) => {}
-            (Some(rate), bucket) => *bucket = Some(TokenBucket::new(rate, now_ms)),
+        match item.rate_limit_per_second {
+            None => {
+                self.buckets.remove(&item.endpoint_id);
+            }
+            Some(rate) => {
+                let current = self.buckets.get(&item.endpoint_id).map(|b| b.per_second);
+                if current != Some(f64::from(rate)) {
+                    self.buckets
+                        .insert(item.endpoint_id.clone(), TokenBucket::new(rate, now_ms));
+                }
+            }
         }
         let endpoint_id = item.endpoint_id.clone();
         lane.due.push_back(item);
@@ -186,7 +194,7 @@ impl Lanes {
         if lane.listed || lane.waiting_for_token || lane.due.is_empty() || !lane.below_cap() {
             return;
         }
-        if let Some(bucket) = &mut lane.bucket {
+        if let Some(bucket) = self.buckets.get_mut(endpoint) {
             if !bucket.has_token(now_ms) {
                 lane.waiting_for_token = true;
                 self.token_timers
@@ -227,7 +235,7 @@ impl Lanes {
                 continue;
             };
             lane.in_flight += 1;
-            if let Some(bucket) = &mut lane.bucket {
+            if let Some(bucket) = self.buckets.get_mut(&endpoint_id) {
                 bucket.take();
             }
             self.in_flight_total += 1;
@@ -363,8 +371,17 @@ impl Queue for EmbeddedQueue {
         self.with_lanes(|lanes| {
             if let Some(lane) = lanes.endpoints.get_mut(endpoint) {
                 lane.max_in_flight = max_in_flight.max(1);
-                lane.bucket = rate_limit_per_second.map(|rate| TokenBucket::new(rate, now_ms));
                 lane.waiting_for_token = false;
+            }
+            match rate_limit_per_second {
+                Some(rate) => {
+                    lanes
+                        .buckets
+                        .insert(endpoint.clone(), TokenBucket::new(rate, now_ms));
+                }
+                None => {
+                    lanes.buckets.remove(endpoint);
+                }
             }
             lanes.list_if_ready(endpoint, now_ms);
         });
@@ -500,6 +517,24 @@ mod tests {
             taken_at.windows(2).skip(1).all(|w| w[1] - w[0] >= 450),
             "{taken_at:?}"
         );
+    }
+
+    #[test]
+    fn rate_limit_holds_for_trickling_traffic() {
+        let queue = EmbeddedQueue::new();
+        let mut taken = 0;
+        // One delivery at a time, each completed before the next arrives, all at t = 0.
+        for i in 0..10 {
+            queue.add(vec![PendingRef {
+                rate_limit_per_second: Some(2),
+                ..item(&format!("d{i}"), "e", "a", 0, 4)
+            }]);
+            if let Some(lease) = queue.try_take(from_millis(0)) {
+                taken += 1;
+                queue.complete(&lease, from_millis(0));
+            }
+        }
+        assert_eq!(taken, 2);
     }
 
     #[tokio::test]

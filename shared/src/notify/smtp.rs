@@ -1,0 +1,161 @@
+//! Owner mail through an SMTP relay.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lettre::{
+    message::{header::ContentType, Mailbox},
+    AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor,
+};
+
+use super::{Notifier, NotifyError};
+use crate::store::Notification;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SmtpConfigError {
+    #[error("HOOKLANE_SMTP_URL: {0}")]
+    Url(String),
+    #[error("HOOKLANE_SMTP_FROM: `{0}` is not a mailbox like Hooklane <hooklane@example.com>")]
+    From(String),
+}
+
+pub struct SmtpNotifier {
+    transport: AsyncSmtpTransport<Tokio1Executor>,
+    from: Mailbox,
+}
+
+impl SmtpNotifier {
+    /// `url` as lettre reads it: `smtp://host:25` (plain), `smtp://host:587?tls=required`
+    /// (STARTTLS) or `smtps://user:pass@host:465` (TLS).
+    pub fn new(url: &str, from: &str) -> Result<Self, SmtpConfigError> {
+        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
+            .map_err(|e| SmtpConfigError::Url(e.to_string()))?
+            .timeout(Some(Duration::from_secs(15)))
+            .build();
+        let from = from
+            .parse()
+            .map_err(|_| SmtpConfigError::From(from.to_owned()))?;
+        Ok(Self { transport, from })
+    }
+}
+
+#[async_trait]
+impl Notifier for SmtpNotifier {
+    async fn send(&self, n: &Notification) -> Result<(), NotifyError> {
+        let to: Mailbox = n
+            .recipient
+            .as_str()
+            .parse()
+            .map_err(|e| NotifyError(format!("recipient {}: {e}", n.recipient.as_str())))?;
+        let message = Message::builder()
+            .from(self.from.clone())
+            .to(to)
+            .subject(&n.subject)
+            .header(ContentType::TEXT_PLAIN)
+            .body(n.body.clone())
+            .map_err(|e| NotifyError(e.to_string()))?;
+        self.transport
+            .send(message)
+            .await
+            .map_err(|e| NotifyError(format!("SMTP: {e}")))?;
+        tracing::info!(notification.id = %n.id, recipient = %n.recipient.as_str(), "owner notified by mail");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AccountId, EmailAddress};
+    use tokio::{
+        io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+        net::TcpListener,
+    };
+
+    /// Just enough of an SMTP server to accept one message; returns what was sent.
+    async fn one_message_server() -> (u16, tokio::task::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let (read, mut write) = socket.into_split();
+            let mut lines = BufReader::new(read).lines();
+            let mut transcript = String::new();
+            write.write_all(b"220 test ESMTP\r\n").await.unwrap();
+            let mut in_data = false;
+            while let Ok(Some(line)) = lines.next_line().await {
+                transcript.push_str(&line);
+                transcript.push('\n');
+                let reply: &[u8] = if in_data {
+                    if line == "." {
+                        in_data = false;
+                        b"250 queued\r\n"
+                    } else {
+                        continue;
+                    }
+                } else if line.starts_with("EHLO") || line.starts_with("HELO") {
+                    b"250 test\r\n"
+                } else if line.starts_with("DATA") {
+                    in_data = true;
+                    b"354 go on\r\n"
+                } else if line.starts_with("QUIT") {
+                    write.write_all(b"221 bye\r\n").await.unwrap();
+                    break;
+                } else {
+                    b"250 ok\r\n"
+                };
+                write.write_all(reply).await.unwrap();
+            }
+            transcript
+        });
+        (port, handle)
+    }
+
+    #[tokio::test]
+    async fn sends_the_owner_mail() {
+        let (port, server) = one_message_server().await;
+        let notifier = SmtpNotifier::new(
+            &format!("smtp://127.0.0.1:{port}"),
+            "Hooklane <hooklane@example.com>",
+        )
+        .unwrap();
+        let notification = Notification {
+            id: "ntf_1".into(),
+            account_id: AccountId::from_trusted("acme".into()),
+            recipient: EmailAddress::parse("owner@acme.example").unwrap(),
+            subject: "Webhook endpoint disabled: https://acme.example/hooks".into(),
+            body: "We disabled your endpoint.".into(),
+            created_at: chrono::Utc::now(),
+        };
+        notifier.send(&notification).await.unwrap();
+        drop(notifier);
+        let transcript = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            transcript.contains("RCPT TO:<owner@acme.example>"),
+            "{transcript}"
+        );
+        assert!(
+            transcript.contains("Subject: Webhook endpoint disabled"),
+            "{transcript}"
+        );
+        assert!(
+            transcript.contains("We disabled your endpoint."),
+            "{transcript}"
+        );
+    }
+
+    #[test]
+    fn bad_configuration_is_named() {
+        assert!(matches!(
+            SmtpNotifier::new("ftp://x", "a@b.co"),
+            Err(SmtpConfigError::Url(_))
+        ));
+        assert!(matches!(
+            SmtpNotifier::new("smtp://127.0.0.1:25", "not a mailbox"),
+            Err(SmtpConfigError::From(_))
+        ));
+    }
+}
