@@ -18,6 +18,8 @@ pub mod service;
 pub mod signing;
 pub mod slots;
 pub mod store;
+#[cfg(any(test, feature = "contract"))]
+pub mod testing;
 
 pub use app::App;
 pub use clock::{Clock, SystemClock};

@@ -57,21 +57,6 @@ mod tests {
     use super::*;
     use crate::store::contract;
 
-    /// The mail the emulator accepted: moto lists it under `/moto-api/data.json`,
-    /// LocalStack under `/_aws/ses`.
-    async fn sent_mail_text() -> String {
-        let base = std::env::var("AWS_ENDPOINT_URL").unwrap();
-        let http = reqwest::Client::new();
-        for path in ["/moto-api/data.json", "/_aws/ses"] {
-            if let Ok(response) = http.get(format!("{base}{path}")).send().await {
-                if response.status().is_success() {
-                    return response.text().await.unwrap();
-                }
-            }
-        }
-        panic!("the emulator at {base} shows no sent mail");
-    }
-
     #[tokio::test]
     async fn owner_mail_goes_out_through_ses() {
         let _ = crate::store::dynamodb::tests::emulator_client().await;
@@ -94,7 +79,7 @@ mod tests {
             created_at: contract::t0(),
         };
         notifier.send(&notification).await.unwrap();
-        let sent = sent_mail_text().await;
+        let sent = crate::testing::sent_mail_text().await;
         assert!(sent.contains(&subject), "the mail is not in the emulator");
         assert!(sent.contains("owner@example.com"));
 

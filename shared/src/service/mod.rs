@@ -4,6 +4,7 @@
 pub mod accounts;
 pub mod deliver;
 pub mod endpoints;
+pub mod fan_out;
 pub mod health;
 pub mod notifications;
 pub mod publish;

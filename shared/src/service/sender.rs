@@ -137,11 +137,9 @@ mod tests {
             DeliveryMessage,
         },
         service::publish::{publish, NewEvent},
-        slots::dynamodb::{
-            tests::{slots, slow_receiver},
-            DynamoSlots,
-        },
+        slots::dynamodb::{tests::slots, DynamoSlots},
         store::{contract, dynamodb::tests::emulator_store, Store},
+        testing::slow_receiver,
     };
 
     async fn aws_app(receiver_url: &str, cap: u32) -> (App, Emulated, DynamoSlots) {

@@ -244,15 +244,11 @@ pub(crate) mod tests {
         Arc,
     };
 
-    use tokio::{
-        io::{AsyncReadExt, AsyncWriteExt},
-        net::TcpListener,
-    };
-
     use super::*;
     use crate::{
         clock::SystemClock,
         store::dynamodb::{create_tables, tests::emulator_client, TableNames},
+        testing::slow_receiver,
     };
 
     pub(crate) async fn slots() -> DynamoSlots {
@@ -260,56 +256,6 @@ pub(crate) mod tests {
         let tables = TableNames::with_prefix(&format!("s{}", uuid::Uuid::new_v4().simple()));
         create_tables(&client, &tables).await.unwrap();
         DynamoSlots::new(client, tables.control, Arc::new(SystemClock))
-    }
-
-    /// A receiver that answers every request after `delay`, counting how many it is
-    /// serving at once.
-    pub(crate) struct SlowReceiver {
-        pub url: String,
-        pub now: Arc<AtomicUsize>,
-        pub most: Arc<AtomicUsize>,
-        pub served: Arc<AtomicUsize>,
-    }
-
-    pub(crate) async fn slow_receiver(delay: Duration) -> SlowReceiver {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let now = Arc::new(AtomicUsize::new(0));
-        let most = Arc::new(AtomicUsize::new(0));
-        let served = Arc::new(AtomicUsize::new(0));
-        let (n, m, s) = (now.clone(), most.clone(), served.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut socket, _)) = listener.accept().await else {
-                    return;
-                };
-                let (n, m, s) = (n.clone(), m.clone(), s.clone());
-                tokio::spawn(async move {
-                    let mut seen = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => seen.extend_from_slice(&buf[..k]),
-                        }
-                    }
-                    let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
-                    m.fetch_max(inside, Ordering::SeqCst);
-                    tokio::time::sleep(delay).await;
-                    n.fetch_sub(1, Ordering::SeqCst);
-                    s.fetch_add(1, Ordering::SeqCst);
-                    let _ = socket
-                        .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
-                        .await;
-                });
-            }
-        });
-        SlowReceiver {
-            url,
-            now,
-            most,
-            served,
-        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -804,6 +804,48 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
         .is_empty());
 }
 
+pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let a = endpoint("acme", "ep_a", t0());
+    let b = endpoint("acme", "ep_b", t0());
+    store.create_endpoint(&a).await.unwrap();
+    store.create_endpoint(&b).await.unwrap();
+    let ev = event("acme", "evt_outbox", t0());
+    assert_eq!(
+        store.publish(&ev, &[]).await.unwrap(),
+        PublishOutcome::Created
+    );
+    let mut first = delivery(&ev, &a, t0());
+    first.id = crate::service::fan_out::delivery_id_for(&ev, &a.id);
+    let mut second = delivery(&ev, &b, t0());
+    second.id = crate::service::fan_out::delivery_id_for(&ev, &b.id);
+    let added = store.add_deliveries(&[first.clone()]).await.unwrap();
+    assert_eq!(added, vec![first.clone()]);
+    let added = store
+        .add_deliveries(&[first.clone(), second.clone()])
+        .await
+        .unwrap();
+    assert_eq!(added, vec![second.clone()], "the existing pair is skipped");
+    assert!(store
+        .add_deliveries(&[first, second])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .deliveries_of_event(&ev.account_id, &ev.id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    let due = store
+        .pending_deliveries(add(t0(), secs(1)), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 2);
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -820,6 +862,7 @@ macro_rules! store_contract_tests {
             notification_outbox,
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,
+            add_deliveries_adds_each_pair_once,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -125,7 +125,7 @@ impl DynamoStore {
     ///
     /// ```no_run
     /// # async fn example(store: &hooklane::store::dynamodb::DynamoStore, event: &hooklane::domain::Event) -> Result<(), Box<dyn std::error::Error>> {
-    /// use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+    /// use hooklane::aws::aws_sdk_dynamodb::types::{Put, TransactWriteItem};
     /// let order_write = Put::builder().table_name("orders") /* … */ .build()?;
     /// store
     ///     .client()
@@ -796,6 +796,26 @@ impl Store for DynamoStore {
             }
         }
         Ok(PublishOutcome::Created)
+    }
+
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        let mut added = Vec::new();
+        for delivery in deliveries {
+            let result = self
+                .client
+                .put_item()
+                .table_name(&self.tables.deliveries)
+                .set_item(Some(delivery_item(delivery)))
+                .condition_expression("attribute_not_exists(id)")
+                .send()
+                .await;
+            match result {
+                Ok(_) => added.push(delivery.clone()),
+                Err(e) if is_condition_failed(&e) => {}
+                Err(e) => return Err(sdk(e)),
+            }
+        }
+        Ok(added)
     }
 
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
@@ -1537,11 +1557,7 @@ pub(crate) mod tests {
     /// A client for the local AWS emulator that scripts/test starts. Fails loudly without it:
     /// a skipped AWS test would look like a passing one.
     pub async fn emulator_client() -> Client {
-        assert!(
-            std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-            "AWS_ENDPOINT_URL is not set: the AWS adapter tests need the local AWS emulator \
-             (moto_server); run them through scripts/test, which provisions and starts it"
-        );
+        crate::testing::require_emulator();
         Client::new(&crate::aws::load_sdk_config().await)
     }
 

@@ -157,6 +157,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
+    /// Adds deliveries of an event stored without them (fan-out of an outbox event), each
+    /// only if its (event, endpoint) has none yet; returns the ones added. Callers give a
+    /// delivery the id derived from its (event, endpoint) (`service::fan_out::delivery_id_for`).
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
     async fn deliveries_of_event(
         &self,

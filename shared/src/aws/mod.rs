@@ -2,6 +2,14 @@
 //! loaded from the environment (region, credentials, and `AWS_ENDPOINT_URL` for a local
 //! emulator such as moto or LocalStack).
 
+pub mod shape;
+pub mod stream;
+
+// The SDK crates, for callers that add their own writes (the outbox helper's transaction).
+pub use aws_sdk_dynamodb;
+pub use aws_sdk_sesv2;
+pub use aws_sdk_sqs;
+
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
@@ -30,4 +38,16 @@ where
         source = cause.source();
     }
     text
+}
+
+/// JSON logs for a Lambda function (CloudWatch keeps one object a line); `RUST_LOG` filters.
+pub fn init_lambda_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_current_span(false)
+        .with_ansi(false)
+        .init();
 }
