@@ -5,6 +5,8 @@
 
 pub mod api;
 pub mod app;
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod clock;
 pub mod config;
 pub mod dispatcher;
@@ -14,8 +16,11 @@ pub mod notify;
 pub mod queue;
 pub mod service;
 pub mod signing;
+pub mod slots;
 pub mod store;
 pub mod telemetry;
+#[cfg(any(test, feature = "contract"))]
+pub mod testing;
 pub mod tokens;
 
 pub use app::App;

@@ -4,6 +4,8 @@ use async_trait::async_trait;
 
 use crate::store::Notification;
 
+#[cfg(feature = "aws")]
+pub mod ses;
 pub mod smtp;
 
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,8 @@ use async_trait::async_trait;
 use crate::store::PendingRef;
 
 pub mod embedded;
+#[cfg(feature = "aws")]
+pub mod sqs;
 
 #[derive(Debug, thiserror::Error)]
 #[error("queue failure: {0}")]

@@ -4,10 +4,13 @@
 pub mod accounts;
 pub mod deliver;
 pub mod endpoints;
+pub mod fan_out;
 pub mod health;
 pub mod notifications;
 pub mod publish;
 pub mod replay;
+#[cfg(feature = "aws")]
+pub mod sender;
 pub mod sweep;
 pub mod tokens;
 

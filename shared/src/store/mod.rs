@@ -10,6 +10,10 @@ use crate::{
     },
 };
 
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
+#[cfg(feature = "aws")]
+pub mod dynamodb;
 #[cfg(test)]
 pub(crate) mod replay_contract;
 pub mod sqlite;
@@ -172,6 +176,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
+    /// Adds deliveries of an event stored without them (fan-out of an outbox event), each
+    /// only if its (event, endpoint) has none yet; returns the ones added. Callers give a
+    /// delivery the id derived from its (event, endpoint) (`service::fan_out::delivery_id_for`).
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
     async fn deliveries_of_event(
         &self,

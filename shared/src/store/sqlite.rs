@@ -482,12 +482,14 @@ fn insert_event(tx: &Connection, event: &Event) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn insert_deliveries(tx: &Connection, deliveries: &[Delivery]) -> rusqlite::Result<()> {
+/// Inserts the deliveries whose (event, endpoint) has none yet; returns which were new.
+fn insert_deliveries(tx: &Connection, deliveries: &[Delivery]) -> rusqlite::Result<Vec<bool>> {
     let mut insert = tx.prepare_cached(&format!(
         "INSERT OR IGNORE INTO deliveries ({DELIVERY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
     ))?;
+    let mut added = Vec::with_capacity(deliveries.len());
     for d in deliveries {
-        insert.execute(params![
+        let inserted = insert.execute(params![
             d.id.as_str(),
             d.account_id.as_str(),
             d.event_id.as_str(),
@@ -504,8 +506,9 @@ fn insert_deliveries(tx: &Connection, deliveries: &[Delivery]) -> rusqlite::Resu
             d.schedule_start,
             d.next_trigger.as_str(),
         ])?;
+        added.push(inserted == 1);
     }
-    Ok(())
+    Ok(added)
 }
 
 fn deliveries_of_event(
@@ -733,6 +736,21 @@ impl Store for SqliteStore {
             insert_deliveries(&tx, &deliveries).map_err(backend)?;
             tx.commit().map_err(backend)?;
             Ok(PublishOutcome::Created)
+        })
+        .await
+    }
+
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        let deliveries = deliveries.to_vec();
+        self.run(move |conn| {
+            let tx = conn.savepoint().map_err(backend)?;
+            let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(deliveries
+                .into_iter()
+                .zip(added)
+                .filter_map(|(d, new)| new.then_some(d))
+                .collect())
         })
         .await
     }

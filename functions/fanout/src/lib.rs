@@ -1,0 +1,162 @@
+//! The fan-out function: events written through the outbox helper arrive on the events
+//! table's stream and get their deliveries here. Records are handled in order; the first
+//! one that fails is reported (`ReportBatchItemFailures`), so Lambda retries from it and
+//! no record is dropped. Replays are harmless (see `service::fan_out`).
+
+use aws_lambda_events::event::{
+    dynamodb::Event,
+    streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse},
+};
+use hooklane::{
+    aws::{
+        shape::AwsShape,
+        stream::{event_from_image, StreamedEvent},
+    },
+    service::fan_out::fan_out,
+};
+
+pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
+    let mut response = DynamoDbEventResponse::default();
+    for record in &event.records {
+        if record.event_name != "INSERT" {
+            continue;
+        }
+        let sequence = record.change.sequence_number.clone();
+        let outcome = match serde_json::to_value(&record.change.new_image) {
+            Ok(image) => match event_from_image(&image) {
+                Ok(StreamedEvent::New(event)) => fan_out(&shape.app, &event)
+                    .await
+                    .map(|created| tracing::info!(event.id = %event.id, created, "fanned out"))
+                    .map_err(|e| e.to_string()),
+                Ok(StreamedEvent::AlreadyFannedOut) => Ok(()),
+                Err(error) => {
+                    // A malformed item never becomes valid by retrying; skipping it keeps
+                    // the shard moving.
+                    tracing::error!(sequence = ?sequence, %error, "unreadable event image; skipped");
+                    Ok(())
+                }
+            },
+            Err(error) => Err(error.to_string()),
+        };
+        if let Err(error) = outcome {
+            tracing::warn!(sequence = ?sequence, %error, "fan-out failed; Lambda retries from this record");
+            let mut failure = DynamoDbBatchItemFailure::default();
+            failure.item_identifier = sequence;
+            response.batch_item_failures.push(failure);
+            break;
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use hooklane::{
+        aws::aws_sdk_dynamodb::types::TransactWriteItem,
+        domain::{AccountId, EventId, EventType},
+        store::contract,
+        testing::emulated_shape,
+    };
+
+    use super::*;
+
+    fn fixture() -> Event {
+        serde_json::from_str(include_str!("../fixtures/events-stream.json")).unwrap()
+    }
+
+    async fn queued(shape: &AwsShape, settings: &hooklane::aws::shape::AwsSettings) -> usize {
+        let sqs = hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await);
+        let _ = shape;
+        sqs.receive_message()
+            .queue_url(&settings.queue_url)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+            .len()
+    }
+
+    #[tokio::test]
+    async fn an_outbox_event_from_the_stream_gets_its_deliveries_once() {
+        let (settings, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        store
+            .create_endpoint(&contract::endpoint("acme", "ep_1", contract::t0()))
+            .await
+            .unwrap();
+        // The platform writes the event through the outbox helper, in its own transaction.
+        let outbox_event = hooklane::domain::Event::new(
+            EventId::parse("evt_outbox_1").unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            contract::t0(),
+            &serde_json::json!({"amount": 42}),
+        )
+        .unwrap();
+        shape
+            .store
+            .client()
+            .transact_write_items()
+            .transact_items(
+                TransactWriteItem::builder()
+                    .put(shape.store.outbox_put(&outbox_event).unwrap())
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+
+        let response = handle(&shape, fixture()).await;
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+        let account = AccountId::parse("acme").unwrap();
+        let deliveries = store
+            .deliveries_of_event(&account, &outbox_event.id)
+            .await
+            .unwrap();
+        assert_eq!(deliveries.len(), 1);
+        assert_eq!(
+            queued(&shape, &settings).await,
+            1,
+            "one message for the new delivery"
+        );
+        // The published (already fanned-out) record made nothing.
+        let published = EventId::parse("evt_api_1").unwrap();
+        assert!(store
+            .deliveries_of_event(&account, &published)
+            .await
+            .unwrap()
+            .is_empty());
+
+        // Lambda replays the batch: nothing new.
+        let replay = handle(&shape, fixture()).await;
+        assert!(replay.batch_item_failures.is_empty());
+        assert_eq!(
+            store
+                .deliveries_of_event(&account, &outbox_event.id)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_record_is_reported_by_its_sequence_number() {
+        let (mut settings, _) = emulated_shape().await;
+        settings.tables = hooklane::store::dynamodb::TableNames::with_prefix("no-such-stack");
+        let broken = hooklane::aws::shape::connect(&settings).await.unwrap();
+        let response = handle(&broken, fixture()).await;
+        let failed: Vec<_> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_deref())
+            .collect();
+        assert_eq!(failed, vec![Some("4421584500000000017450439091")]);
+    }
+}

@@ -1,0 +1,88 @@
+//! The health function: on a schedule, disables endpoints that have failed for too long
+//! (abandoning their pending deliveries, queueing the owner's mail and `endpoint.disabled`),
+//! then sends whatever owner mail is still queued.
+
+use hooklane::{
+    aws::shape::AwsShape,
+    service::{health, notifications, ServiceError},
+};
+
+pub async fn handle(
+    shape: &AwsShape,
+    _event: serde_json::Value,
+) -> Result<serde_json::Value, ServiceError> {
+    let disabled = health::check(&shape.app).await?;
+    let mailed = notifications::flush(&shape.app).await?;
+    tracing::info!(disabled, mailed, "health checked");
+    Ok(serde_json::json!({ "disabled": disabled, "mailed": mailed }))
+}
+
+#[cfg(test)]
+mod tests {
+    use hooklane::{
+        domain::EndpointStatus,
+        store::contract,
+        testing::{emulated_shape, sent_mail_text},
+    };
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_scheduled_event_disables_a_long_failing_endpoint_and_mails_the_owner() {
+        let (mut settings, _) = emulated_shape().await;
+        let from = format!("hooklane-{}@example.com", &uuid_like());
+        let ses =
+            hooklane::aws::aws_sdk_sesv2::Client::new(&hooklane::aws::load_sdk_config().await);
+        ses.create_email_identity()
+            .email_identity(&from)
+            .send()
+            .await
+            .unwrap();
+        settings.notification_from = Some(from);
+        let shape = hooklane::aws::shape::connect(&settings).await.unwrap();
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut dying = contract::endpoint("acme", "ep_dying", contract::t0());
+        dying.failing_since = Some(contract::t0());
+        store.create_endpoint(&dying).await.unwrap();
+        let healthy = contract::endpoint("acme", "ep_fine", contract::t0());
+        store.create_endpoint(&healthy).await.unwrap();
+
+        let scheduled: serde_json::Value =
+            serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap();
+        let result = handle(&shape, scheduled).await.unwrap();
+        // Disabling mails the owner at once; the flush after it finds nothing left.
+        assert_eq!(result, serde_json::json!({"disabled": 1, "mailed": 0}));
+        assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+        let after = store
+            .get_endpoint(&dying.account_id, &dying.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(after.status, EndpointStatus::Disabled);
+        let fine = store
+            .get_endpoint(&healthy.account_id, &healthy.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(fine.status, EndpointStatus::Active);
+        let mail = sent_mail_text().await;
+        assert!(
+            mail.contains("https://ep_dying.example.com/hooks"),
+            "no owner mail in the emulator"
+        );
+    }
+
+    fn uuid_like() -> String {
+        format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        )
+    }
+}

@@ -1,0 +1,61 @@
+//! The sweeper function: on a schedule, hands every pending delivery that is past its due
+//! time by more than the grace period back to the queue (its message was lost, or its
+//! schedule never fired). The scheduled event's content does not matter.
+
+use hooklane::{aws::shape::AwsShape, service::sweep::enqueue_pending};
+
+pub async fn handle(
+    shape: &AwsShape,
+    grace: std::time::Duration,
+    _event: serde_json::Value,
+) -> Result<serde_json::Value, hooklane::service::ServiceError> {
+    let cutoff = shape.app.clock.now() - chrono::TimeDelta::from_std(grace).unwrap_or_default();
+    let requeued = enqueue_pending(&shape.app, cutoff).await?;
+    tracing::info!(requeued, "swept");
+    Ok(serde_json::json!({ "requeued": requeued }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use hooklane::{store::contract, testing::emulated_shape};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_scheduled_event_requeues_overdue_deliveries() {
+        let (settings, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        store.create_endpoint(&endpoint).await.unwrap();
+        // Published long ago; its queue message was lost.
+        let event = contract::event("acme", "evt_lost", contract::t0());
+        let delivery = contract::delivery(&event, &endpoint, contract::t0());
+        store.publish(&event, &[delivery]).await.unwrap();
+        let scheduled: serde_json::Value =
+            serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap();
+        let result = handle(&shape, Duration::from_secs(300), scheduled.clone())
+            .await
+            .unwrap();
+        assert_eq!(result, serde_json::json!({"requeued": 1}));
+        let sqs = hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await);
+        let messages = sqs
+            .receive_message()
+            .queue_url(&settings.queue_url)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        assert_eq!(messages.len(), 1);
+        assert!(messages[0]
+            .body()
+            .unwrap_or_default()
+            .contains("\"account_id\":\"acme\""));
+    }
+}

@@ -1,0 +1,314 @@
+//! The AWS shape wired from environment variables (set by the SAM template): what each
+//! Lambda function builds once in `main`.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use super::load_sdk_config;
+use crate::{
+    clock::SystemClock,
+    config::{parse_duration, CoreConfig},
+    domain::AccountId,
+    http::{AddressPolicy, HttpSender},
+    notify::{ses::SesNotifier, LogNotifier, Notifier},
+    queue::sqs::{SchedulerTarget, SqsQueue},
+    slots::dynamodb::DynamoSlots,
+    store::dynamodb::{DynamoStore, Retention, TableNames},
+    App,
+};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{variable}: {message}")]
+pub struct SettingsError {
+    pub variable: &'static str,
+    pub message: String,
+}
+
+fn invalid(variable: &'static str, message: impl Into<String>) -> SettingsError {
+    SettingsError {
+        variable,
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AwsSettings {
+    pub tables: TableNames,
+    pub queue_url: String,
+    pub queue_arn: String,
+    /// The schedule group and the role Scheduler assumes to send to the queue.
+    pub scheduler: Option<(String, String)>,
+    /// A verified SES identity; without one, owner mail goes to the log.
+    pub notification_from: Option<String>,
+    pub admin_token: Option<String>,
+    /// How long past its due time a pending delivery must be before the sweeper re-sends it.
+    pub sweep_grace: Duration,
+    pub core: CoreConfig,
+}
+
+impl AwsSettings {
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_vars(&std::env::vars().collect())
+    }
+
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Self, SettingsError> {
+        let get = |name: &str| vars.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let required = |name: &'static str| {
+            get(name)
+                .map(str::to_owned)
+                .ok_or_else(|| invalid(name, "must be set"))
+        };
+        let mut core = CoreConfig::default();
+        if let Some(raw) = get("HOOKLANE_DISABLE_AFTER") {
+            core.disable_after = parse_duration(raw, "HOOKLANE_DISABLE_AFTER")
+                .map_err(|e| invalid("HOOKLANE_DISABLE_AFTER", e.message))?;
+        }
+        if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
+            core.operations_account = Some(
+                AccountId::parse(raw)
+                    .map_err(|e| invalid("HOOKLANE_OPERATIONS_ACCOUNT", e.message))?,
+            );
+        }
+        if let Some(raw) = get("HOOKLANE_ALLOW_CIDRS") {
+            let allow = raw
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(|c| {
+                    c.parse()
+                        .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map_err(|_| {
+                            invalid("HOOKLANE_ALLOW_CIDRS", format!("`{c}` is not a CIDR"))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            core.sender.policy = AddressPolicy::new(allow, core.sender.policy.https_only());
+        }
+        let sweep_grace = match get("HOOKLANE_SWEEP_GRACE") {
+            Some(raw) => parse_duration(raw, "HOOKLANE_SWEEP_GRACE")
+                .map_err(|e| invalid("HOOKLANE_SWEEP_GRACE", e.message))?,
+            None => Duration::from_secs(300),
+        };
+        let scheduler = match (
+            get("HOOKLANE_SCHEDULE_GROUP"),
+            get("HOOKLANE_SCHEDULER_ROLE_ARN"),
+        ) {
+            (Some(group), Some(role)) => Some((group.to_owned(), role.to_owned())),
+            (None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "HOOKLANE_SCHEDULE_GROUP",
+                    "and HOOKLANE_SCHEDULER_ROLE_ARN must be set together",
+                ))
+            }
+        };
+        Ok(Self {
+            tables: TableNames::with_prefix(&required("HOOKLANE_TABLE_PREFIX")?),
+            queue_url: required("HOOKLANE_QUEUE_URL")?,
+            queue_arn: required("HOOKLANE_QUEUE_ARN")?,
+            scheduler,
+            notification_from: get("HOOKLANE_NOTIFICATION_FROM").map(str::to_owned),
+            admin_token: get("HOOKLANE_ADMIN_TOKEN").map(str::to_owned),
+            sweep_grace,
+            core,
+        })
+    }
+}
+
+/// The engine on AWS: the App over DynamoDB, SQS (+ Scheduler) and SES, plus the slots.
+#[derive(Clone)]
+pub struct AwsShape {
+    pub app: App,
+    pub store: Arc<DynamoStore>,
+    pub slots: Arc<DynamoSlots>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the outbound HTTP client: {0}")]
+pub struct ConnectError(String);
+
+/// Builds the clients once (a Lambda's `main` calls this before the first event).
+pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
+    let sdk = load_sdk_config().await;
+    let clock = Arc::new(SystemClock);
+    let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+    let store = Arc::new(DynamoStore::new(
+        dynamodb.clone(),
+        settings.tables.clone(),
+        Retention::default(),
+    ));
+    let scheduler = settings
+        .scheduler
+        .as_ref()
+        .map(|(group, role)| SchedulerTarget {
+            client: aws_sdk_scheduler::Client::new(&sdk),
+            group: group.clone(),
+            role_arn: role.clone(),
+        });
+    let queue = SqsQueue::new(
+        aws_sdk_sqs::Client::new(&sdk),
+        &settings.queue_url,
+        &settings.queue_arn,
+        scheduler,
+        clock.clone(),
+    );
+    let notifier: Arc<dyn Notifier> = match &settings.notification_from {
+        Some(from) => Arc::new(SesNotifier::new(aws_sdk_sesv2::Client::new(&sdk), from)),
+        None => Arc::new(LogNotifier),
+    };
+    let transport =
+        HttpSender::new(settings.core.sender.clone()).map_err(|e| ConnectError(e.to_string()))?;
+    let slots = Arc::new(DynamoSlots::new(
+        dynamodb,
+        settings.tables.control.clone(),
+        clock.clone(),
+    ));
+    let app = App {
+        store: store.clone(),
+        queue: Arc::new(queue),
+        transport: Arc::new(transport),
+        notifier,
+        clock,
+        config: Arc::new(settings.core.clone()),
+    };
+    Ok(AwsShape { app, store, slots })
+}
+
+const ADMIN_TOKEN_SETTING: &str = "admin_token";
+
+/// The API's admin token: `HOOKLANE_ADMIN_TOKEN`, or one generated on first use and kept
+/// in the control table (read it there, or set the variable).
+pub async fn admin_token(
+    shape: &AwsShape,
+    settings: &AwsSettings,
+) -> Result<String, crate::store::StoreError> {
+    if let Some(token) = &settings.admin_token {
+        return Ok(token.clone());
+    }
+    let generated = format!("hl_admin_{}", uuid::Uuid::new_v4().simple());
+    shape
+        .app
+        .store
+        .put_setting_if_absent(ADMIN_TOKEN_SETTING, &generated)
+        .await
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot provision {what}: {message}")]
+pub struct ProvisionError {
+    what: &'static str,
+    message: String,
+}
+
+/// Creates the tables, the queue and the schedule group of a stack named `prefix` on the
+/// AWS endpoint in use (the emulator, in tests and local development; the SAM template does
+/// this in production) and returns the settings that reach them. Existing ones are reused.
+pub async fn provision(prefix: &str, core: CoreConfig) -> Result<AwsSettings, ProvisionError> {
+    let sdk = load_sdk_config().await;
+    let tables = TableNames::with_prefix(prefix);
+    crate::store::dynamodb::create_tables(&aws_sdk_dynamodb::Client::new(&sdk), &tables)
+        .await
+        .map_err(|e| ProvisionError {
+            what: "tables",
+            message: e.to_string(),
+        })?;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(format!("{prefix}-deliveries"))
+        .send()
+        .await
+        .map_err(|e| ProvisionError {
+            what: "queue",
+            message: super::error_text(&e),
+        })?
+        .queue_url
+        .ok_or(ProvisionError {
+            what: "queue",
+            message: "no queue URL".into(),
+        })?;
+    let queue_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| ProvisionError {
+            what: "queue",
+            message: super::error_text(&e),
+        })?
+        .attributes
+        .and_then(|mut a| a.remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
+        .ok_or(ProvisionError {
+            what: "queue",
+            message: "no queue ARN".into(),
+        })?;
+    let group = format!("{prefix}-retries");
+    let created = aws_sdk_scheduler::Client::new(&sdk)
+        .create_schedule_group()
+        .name(&group)
+        .send()
+        .await;
+    if let Err(e) = created {
+        if !e
+            .as_service_error()
+            .is_some_and(|s| s.is_conflict_exception())
+        {
+            return Err(ProvisionError {
+                what: "schedule group",
+                message: super::error_text(&e),
+            });
+        }
+    }
+    Ok(AwsSettings {
+        tables,
+        queue_url,
+        queue_arn,
+        scheduler: Some((
+            group,
+            "arn:aws:iam::000000000000:role/hooklane-scheduler".into(),
+        )),
+        notification_from: None,
+        admin_token: None,
+        sweep_grace: Duration::from_secs(300),
+        core,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn settings_from_the_template_variables() {
+        let base = [
+            ("HOOKLANE_TABLE_PREFIX", "hooklane"),
+            ("HOOKLANE_QUEUE_URL", "https://sqs/q"),
+            ("HOOKLANE_QUEUE_ARN", "arn:aws:sqs:us-east-1:1:q"),
+        ];
+        let settings = AwsSettings::from_vars(&vars(&base)).unwrap();
+        assert_eq!(settings.tables.deliveries, "hooklane-deliveries");
+        assert!(settings.scheduler.is_none());
+        let mut more = base.to_vec();
+        more.extend([
+            ("HOOKLANE_SCHEDULE_GROUP", "g"),
+            ("HOOKLANE_SCHEDULER_ROLE_ARN", "arn:role"),
+            ("HOOKLANE_DISABLE_AFTER", "2h"),
+            ("HOOKLANE_OPERATIONS_ACCOUNT", "ops"),
+        ]);
+        let settings = AwsSettings::from_vars(&vars(&more)).unwrap();
+        assert_eq!(settings.scheduler, Some(("g".into(), "arn:role".into())));
+        assert_eq!(settings.core.disable_after, Duration::from_secs(7200));
+        let err = AwsSettings::from_vars(&vars(&base[..2])).unwrap_err();
+        assert_eq!(err.variable, "HOOKLANE_QUEUE_ARN");
+        let mut half = base.to_vec();
+        half.push(("HOOKLANE_SCHEDULE_GROUP", "g"));
+        assert!(AwsSettings::from_vars(&vars(&half)).is_err());
+    }
+}

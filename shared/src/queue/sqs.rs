@@ -1,0 +1,394 @@
+//! The AWS queue: SQS for delays up to 15 minutes, an EventBridge Scheduler one-time
+//! schedule (which then sends the same message to the queue) for longer ones.
+//!
+//! Messages carry the account as `MessageGroupId`: on a standard queue that makes it an SQS
+//! fair queue, so one account's backlog does not hold up another's fresh work.
+
+use async_trait::async_trait;
+use aws_sdk_scheduler::types::{
+    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
+};
+use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use serde::{Deserialize, Serialize};
+
+use super::{Queue, QueueError};
+use crate::{
+    aws::error_text,
+    clock::{to_millis, Clock, Timestamp},
+    domain::{AccountId, DeliveryId, EndpointId},
+    store::PendingRef,
+};
+
+/// SQS's longest message delay.
+pub const MAX_SQS_DELAY_SECONDS: i64 = 900;
+const SQS_BATCH: usize = 10;
+
+/// The body of every queue message: which delivery to attempt, and for whom.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryMessage {
+    pub delivery_id: String,
+    pub endpoint_id: String,
+    pub account_id: String,
+}
+
+impl DeliveryMessage {
+    pub fn from_ref(item: &PendingRef) -> Self {
+        Self {
+            delivery_id: item.delivery_id.to_string(),
+            endpoint_id: item.endpoint_id.to_string(),
+            account_id: item.account_id.to_string(),
+        }
+    }
+
+    /// Parses a message body; ids are checked like any outside input.
+    pub fn parse(body: &str) -> Result<(DeliveryId, EndpointId, AccountId), QueueError> {
+        let message: Self = serde_json::from_str(body)
+            .map_err(|e| QueueError(format!("not a delivery message: {e}")))?;
+        let invalid = |e: crate::domain::InvalidField| QueueError(format!("bad message: {e}"));
+        Ok((
+            DeliveryId::parse(&message.delivery_id).map_err(invalid)?,
+            EndpointId::parse(&message.endpoint_id).map_err(invalid)?,
+            AccountId::parse(&message.account_id).map_err(invalid)?,
+        ))
+    }
+}
+
+/// Where long delays go: the Scheduler group and the role it assumes to send to the queue.
+#[derive(Debug, Clone)]
+pub struct SchedulerTarget {
+    pub client: aws_sdk_scheduler::Client,
+    pub group: String,
+    pub role_arn: String,
+}
+
+#[derive(Clone)]
+pub struct SqsQueue {
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    queue_arn: String,
+    scheduler: Option<SchedulerTarget>,
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+impl SqsQueue {
+    pub fn new(
+        sqs: aws_sdk_sqs::Client,
+        queue_url: impl Into<String>,
+        queue_arn: impl Into<String>,
+        scheduler: Option<SchedulerTarget>,
+        clock: std::sync::Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            sqs,
+            queue_url: queue_url.into(),
+            queue_arn: queue_arn.into(),
+            scheduler,
+            clock,
+        }
+    }
+
+    async fn send_now(&self, items: &[(PendingRef, i64)]) -> Result<(), QueueError> {
+        for batch in items.chunks(SQS_BATCH) {
+            let mut request = self.sqs.send_message_batch().queue_url(&self.queue_url);
+            for (index, (item, delay)) in batch.iter().enumerate() {
+                let body = serde_json::to_string(&DeliveryMessage::from_ref(item))
+                    .map_err(|e| QueueError(e.to_string()))?;
+                let entry = SendMessageBatchRequestEntry::builder()
+                    .id(index.to_string())
+                    .message_body(body)
+                    .delay_seconds(i32::try_from(*delay).unwrap_or(0))
+                    .message_group_id(item.account_id.as_str())
+                    .build()
+                    .map_err(|e| QueueError(e.to_string()))?;
+                request = request.entries(entry);
+            }
+            let out = request
+                .send()
+                .await
+                .map_err(|e| QueueError(error_text(&e)))?;
+            if let Some(failed) = out.failed().first() {
+                return Err(QueueError(format!(
+                    "SQS refused {} message(s), e.g. {}: {}",
+                    out.failed().len(),
+                    failed.code(),
+                    failed.message().unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn schedule(
+        &self,
+        item: &PendingRef,
+        target: &SchedulerTarget,
+    ) -> Result<(), QueueError> {
+        let body = serde_json::to_string(&DeliveryMessage::from_ref(item))
+            .map_err(|e| QueueError(e.to_string()))?;
+        let result = target
+            .client
+            .create_schedule()
+            .name(schedule_name(&item.delivery_id, item.due))
+            .group_name(&target.group)
+            .schedule_expression(at_expression(item.due))
+            .schedule_expression_timezone("UTC")
+            .flexible_time_window(
+                FlexibleTimeWindow::builder()
+                    .mode(FlexibleTimeWindowMode::Off)
+                    .build()
+                    .map_err(|e| QueueError(e.to_string()))?,
+            )
+            .action_after_completion(ActionAfterCompletion::Delete)
+            .target(
+                Target::builder()
+                    .arn(&self.queue_arn)
+                    .role_arn(&target.role_arn)
+                    .input(body)
+                    .build()
+                    .map_err(|e| QueueError(e.to_string()))?,
+            )
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // The same delivery and due time is already scheduled.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_conflict_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(QueueError(error_text(&e))),
+        }
+    }
+}
+
+/// `at(2026-11-30T12:34:56)`, rounded up to the next second (in UTC).
+pub fn at_expression(due: Timestamp) -> String {
+    let rounded = crate::clock::from_millis((to_millis(due) + 999) / 1000 * 1000);
+    format!("at({})", rounded.format("%Y-%m-%dT%H:%M:%S"))
+}
+
+/// One name per (delivery, due time): scheduling the same retry twice is a no-op.
+pub fn schedule_name(delivery: &DeliveryId, due: Timestamp) -> String {
+    format!("{}-{}", delivery, to_millis(due) / 1000)
+}
+
+#[async_trait]
+impl Queue for SqsQueue {
+    async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
+        let now = to_millis(self.clock.now());
+        let mut soon = Vec::new();
+        for item in items {
+            let delay = ((to_millis(item.due) - now).max(0) + 999) / 1000;
+            match &self.scheduler {
+                Some(target) if delay > MAX_SQS_DELAY_SECONDS => {
+                    self.schedule(&item, target).await?
+                }
+                // Without a scheduler a long delay waits in the queue as long as it may and
+                // comes back early; the sender then re-queues it for the rest.
+                _ => soon.push((item, delay.min(MAX_SQS_DELAY_SECONDS))),
+            }
+        }
+        self.send_now(&soon).await
+    }
+
+    async fn update_lane(
+        &self,
+        _endpoint: &EndpointId,
+        _max_in_flight: u32,
+        _rate_limit_per_second: Option<u32>,
+    ) {
+        // Senders read an endpoint's limits when they take its slot: nothing is cached here.
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+    use crate::clock::{add, SystemClock};
+
+    pub(crate) struct Emulated {
+        pub queue: SqsQueue,
+        pub sqs: aws_sdk_sqs::Client,
+        pub queue_url: String,
+        pub scheduler: aws_sdk_scheduler::Client,
+        pub group: String,
+    }
+
+    /// A fresh queue and schedule group on the local AWS emulator.
+    pub(crate) async fn emulated_queue() -> Emulated {
+        let _ = crate::store::dynamodb::tests::emulator_client().await;
+        let config = crate::aws::load_sdk_config().await;
+        let sqs = aws_sdk_sqs::Client::new(&config);
+        let scheduler = aws_sdk_scheduler::Client::new(&config);
+        let name = format!("q{}", uuid::Uuid::new_v4().simple());
+        let queue_url = sqs
+            .create_queue()
+            .queue_name(&name)
+            .send()
+            .await
+            .unwrap()
+            .queue_url
+            .unwrap();
+        let arn = sqs
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()
+            .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .unwrap();
+        scheduler
+            .create_schedule_group()
+            .name(&name)
+            .send()
+            .await
+            .unwrap();
+        let target = SchedulerTarget {
+            client: scheduler.clone(),
+            group: name.clone(),
+            role_arn: "arn:aws:iam::123456789012:role/hooklane-scheduler".into(),
+        };
+        Emulated {
+            queue: SqsQueue::new(
+                sqs.clone(),
+                &queue_url,
+                arn,
+                Some(target),
+                Arc::new(SystemClock),
+            ),
+            sqs,
+            queue_url,
+            scheduler,
+            group: name,
+        }
+    }
+
+    pub(crate) async fn receive(e: &Emulated, wait: i32) -> Vec<aws_sdk_sqs::types::Message> {
+        e.sqs
+            .receive_message()
+            .queue_url(&e.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait)
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+    }
+
+    fn pending(id: &str, account: &str, due: Timestamp) -> PendingRef {
+        PendingRef {
+            delivery_id: DeliveryId::parse(id).unwrap(),
+            endpoint_id: EndpointId::parse("ep_1").unwrap(),
+            account_id: AccountId::parse(account).unwrap(),
+            due,
+            max_in_flight: 4,
+            rate_limit_per_second: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn due_work_is_sent_now_and_near_work_after_its_delay() {
+        let e = emulated_queue().await;
+        let now = chrono::Utc::now();
+        e.queue
+            .enqueue(vec![
+                pending("dlv_now", "acme", now),
+                pending("dlv_soon", "globex", add(now, Duration::from_secs(2))),
+            ])
+            .await
+            .unwrap();
+        let first = receive(&e, 0).await;
+        assert_eq!(first.len(), 1, "only the due one is visible: {first:?}");
+        let body = first[0].body().unwrap();
+        let (delivery, endpoint, account) = DeliveryMessage::parse(body).unwrap();
+        assert_eq!(delivery.as_str(), "dlv_now");
+        assert_eq!(endpoint.as_str(), "ep_1");
+        assert_eq!(account.as_str(), "acme");
+        let group = first[0]
+            .attributes()
+            .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId));
+        assert_eq!(
+            group.map(String::as_str),
+            Some("acme"),
+            "the account is the fair-queue group"
+        );
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let second = receive(&e, 2).await;
+        assert_eq!(second.len(), 1);
+        assert_eq!(
+            DeliveryMessage::parse(second[0].body().unwrap())
+                .unwrap()
+                .0
+                .as_str(),
+            "dlv_soon"
+        );
+    }
+
+    #[tokio::test]
+    async fn long_delays_become_one_time_schedules_that_delete_themselves() {
+        let e = emulated_queue().await;
+        let due = add(chrono::Utc::now(), Duration::from_secs(7200));
+        let item = pending("dlv_later", "acme", due);
+        e.queue.enqueue(vec![item.clone()]).await.unwrap();
+        e.queue.enqueue(vec![item.clone()]).await.unwrap();
+        assert!(receive(&e, 0).await.is_empty(), "nothing in the queue yet");
+        let listed = e
+            .scheduler
+            .list_schedules()
+            .group_name(&e.group)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            listed.schedules().len(),
+            1,
+            "scheduling twice made one schedule"
+        );
+        let schedule = e
+            .scheduler
+            .get_schedule()
+            .group_name(&e.group)
+            .name(schedule_name(&item.delivery_id, due))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            schedule.schedule_expression(),
+            Some(at_expression(due).as_str())
+        );
+        assert!(at_expression(due).starts_with("at(20"));
+        assert_eq!(
+            schedule.action_after_completion(),
+            Some(&ActionAfterCompletion::Delete)
+        );
+        let target = schedule.target().unwrap();
+        assert!(target
+            .arn()
+            .ends_with(e.queue_url.rsplit('/').next().unwrap()));
+        let input = target.input().unwrap();
+        assert_eq!(
+            DeliveryMessage::parse(input).unwrap().0.as_str(),
+            "dlv_later"
+        );
+    }
+
+    #[test]
+    fn at_expressions_round_up_to_the_second() {
+        let due = crate::clock::from_millis(1_700_000_000_001);
+        assert_eq!(at_expression(due), "at(2023-11-14T22:13:21)");
+        assert!(DeliveryMessage::parse("{}").is_err());
+        assert!(DeliveryMessage::parse(
+            r#"{"delivery_id":"a b","endpoint_id":"e","account_id":"a"}"#
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,288 @@
+//! The AWS sender's use-case: one queue message, at most one attempt.
+//!
+//! The queue pushes work at any number of senders, so before an attempt the sender takes
+//! one of the endpoint's in-flight slots (and a rate token, if the endpoint has a rate
+//! limit). When none is free the message goes back to the queue in 5–15 s, with jitter,
+//! and no attempt is spent.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use super::{
+    deliver::{self, AttemptResult},
+    ServiceError,
+};
+use crate::{
+    clock::add,
+    domain::{AccountId, DeliveryId, Endpoint, EndpointId, EndpointStatus, Trigger},
+    queue::QueueError,
+    slots::{lease_for, RateLimiter, SlotError, SlotLeases},
+    store::PendingRef,
+    App,
+};
+
+pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
+pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error(transparent)]
+    Slots(#[from] SlotError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// An attempt ran (or the delivery needed none); its follow-up is queued.
+    Attempted(AttemptResult),
+    /// The endpoint is busy or over its rate: the message was queued again for later.
+    Requeued { after: Duration, busy: Busy },
+    /// The endpoint is gone or disabled: nothing to do.
+    Skipped,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    AllSlotsHeld,
+    RateLimited,
+}
+
+/// The per-endpoint limits kept outside the sender instances.
+#[derive(Clone, Copy)]
+pub struct Lanes<'a> {
+    pub slots: &'a dyn SlotLeases,
+    pub rate: &'a dyn RateLimiter,
+}
+
+pub async fn handle_message(
+    app: &App,
+    lanes: Lanes<'_>,
+    delivery_id: &DeliveryId,
+    endpoint_id: &EndpointId,
+    account_id: &AccountId,
+) -> Result<Handled, SenderError> {
+    let Some(endpoint) = app
+        .store
+        .get_endpoint(account_id, endpoint_id)
+        .await
+        .map_err(ServiceError::from)?
+        .filter(|e| e.status == EndpointStatus::Active)
+    else {
+        return Ok(Handled::Skipped);
+    };
+    if let Some(per_second) = endpoint.rate_limit_per_second {
+        if !lanes.rate.try_take(&endpoint.id, per_second).await? {
+            return requeue(app, delivery_id, &endpoint, Busy::RateLimited).await;
+        }
+    }
+    let lease = lease_for(app.config.sender.deadline);
+    let Some(token) = lanes
+        .slots
+        .acquire(&endpoint.id, endpoint.max_in_flight, lease)
+        .await?
+    else {
+        return requeue(app, delivery_id, &endpoint, Busy::AllSlotsHeld).await;
+    };
+    let result = deliver::attempt(app, delivery_id, Trigger::Scheduled).await;
+    if let Err(error) = lanes.slots.release(&token).await {
+        // The lease runs out by itself; only this endpoint's throughput suffers meanwhile.
+        tracing::warn!(endpoint.id = %endpoint.id, %error, "slot release failed");
+    }
+    let result = result?;
+    if let Some(next) = result.follow_up() {
+        app.queue.enqueue(vec![next.clone()]).await?;
+    }
+    Ok(Handled::Attempted(result))
+}
+
+/// Puts the message back for 5–15 s (jittered, so senders do not come back in step).
+async fn requeue(
+    app: &App,
+    delivery_id: &DeliveryId,
+    endpoint: &Endpoint,
+    busy: Busy,
+) -> Result<Handled, SenderError> {
+    let after = rand::rng().random_range(REQUEUE_MIN..=REQUEUE_MAX);
+    app.queue
+        .enqueue(vec![PendingRef {
+            delivery_id: delivery_id.clone(),
+            endpoint_id: endpoint.id.clone(),
+            account_id: endpoint.account_id.clone(),
+            due: add(app.clock.now(), after),
+            max_in_flight: endpoint.max_in_flight,
+            rate_limit_per_second: endpoint.rate_limit_per_second,
+        }])
+        .await?;
+    tracing::debug!(delivery.id = %delivery_id, endpoint.id = %endpoint.id, ?busy, ?after, "endpoint busy; re-queued");
+    Ok(Handled::Requeued { after, busy })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{atomic::Ordering, Arc};
+
+    use super::*;
+    use crate::{
+        clock::SystemClock,
+        config::CoreConfig,
+        domain::{DeliveryStatus, EndpointStatus},
+        http::{AddressPolicy, HttpSender, SenderConfig},
+        notify::LogNotifier,
+        queue::sqs::{
+            tests::{emulated_queue, receive, Emulated},
+            DeliveryMessage,
+        },
+        service::publish::{publish, NewEvent},
+        slots::dynamodb::{tests::slots, DynamoSlots},
+        store::{contract, dynamodb::tests::emulator_store, Store},
+        testing::slow_receiver,
+    };
+
+    async fn aws_app(receiver_url: &str, cap: u32) -> (App, Emulated, DynamoSlots) {
+        let store = emulator_store().await;
+        let emulated = emulated_queue().await;
+        let queue = emulated.queue.clone();
+        let sender = SenderConfig {
+            policy: AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false),
+            ..SenderConfig::default()
+        };
+        let config = CoreConfig {
+            sender: sender.clone(),
+            ..CoreConfig::default()
+        };
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut endpoint = contract::endpoint("acme", "ep_slow", chrono::Utc::now());
+        endpoint.url = crate::domain::EndpointUrl::parse(receiver_url).unwrap();
+        endpoint.max_in_flight = cap;
+        store.create_endpoint(&endpoint).await.unwrap();
+        let app = App {
+            store: Arc::new(store),
+            queue: Arc::new(queue),
+            transport: Arc::new(HttpSender::new(sender).unwrap()),
+            notifier: Arc::new(LogNotifier),
+            clock: Arc::new(SystemClock),
+            config: Arc::new(config),
+        };
+        (app, emulated, slots().await)
+    }
+
+    async fn next_message(e: &Emulated) -> (DeliveryId, EndpointId, AccountId) {
+        let messages = receive(e, 1).await;
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        DeliveryMessage::parse(messages[0].body().unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_message_becomes_one_signed_attempt_with_a_slot_held_meanwhile() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
+        let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        let account = AccountId::parse("acme").unwrap();
+        let new = NewEvent {
+            id: None,
+            event_type: "invoice.paid".into(),
+            data: serde_json::json!({"n": 1}),
+        };
+        let published = publish(&app, &account, new).await.unwrap();
+        let (delivery, endpoint, account_id) = next_message(&emulated).await;
+        assert_eq!(delivery, published.deliveries[0].id);
+        let lanes = Lanes {
+            slots: &slots,
+            rate: &slots,
+        };
+        let handled = handle_message(&app, lanes, &delivery, &endpoint, &account_id)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                handled,
+                Handled::Attempted(AttemptResult::Attempted {
+                    decision: crate::domain::Decision::Delivered,
+                    ..
+                })
+            ),
+            "{handled:?}"
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
+        let stored = app
+            .store
+            .get_delivery(&account, &delivery)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status, DeliveryStatus::Delivered);
+        // The slot came back: a cap-1 endpoint is free again.
+        let token = slots
+            .acquire(&endpoint, 1, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(token.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_busy_endpoint_sends_the_message_back_without_spending_an_attempt() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
+        let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        let account = AccountId::parse("acme").unwrap();
+        let endpoint = EndpointId::parse("ep_slow").unwrap();
+        let held = slots
+            .acquire(&endpoint, 1, std::time::Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(held.is_some());
+        let new = NewEvent {
+            id: Some("evt_busy".into()),
+            event_type: "invoice.paid".into(),
+            data: serde_json::json!({}),
+        };
+        publish(&app, &account, new).await.unwrap();
+        let (delivery, endpoint_id, account_id) = next_message(&emulated).await;
+        let lanes = Lanes {
+            slots: &slots,
+            rate: &slots,
+        };
+        let handled = handle_message(&app, lanes, &delivery, &endpoint_id, &account_id)
+            .await
+            .unwrap();
+        let Handled::Requeued { after, busy } = handled else {
+            panic!("expected a re-queue, got {handled:?}");
+        };
+        assert_eq!(busy, Busy::AllSlotsHeld);
+        assert!((REQUEUE_MIN..=REQUEUE_MAX).contains(&after));
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
+        let stored = app
+            .store
+            .get_delivery(&account, &delivery)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Pending, 0)
+        );
+        assert!(
+            receive(&emulated, 0).await.is_empty(),
+            "the re-queued message waits its delay"
+        );
+
+        // A disabled endpoint's messages are dropped.
+        let mut disabled = app
+            .store
+            .get_endpoint(&account, &endpoint)
+            .await
+            .unwrap()
+            .unwrap();
+        disabled.status = EndpointStatus::Disabled;
+        app.store.update_endpoint(&disabled).await.unwrap();
+        let handled = handle_message(&app, lanes, &delivery, &endpoint_id, &account_id)
+            .await
+            .unwrap();
+        assert_eq!(handled, Handled::Skipped);
+    }
+}

@@ -1,0 +1,54 @@
+//! Per-endpoint in-flight slots and rate limits shared by concurrent senders.
+//!
+//! On AWS the queue pushes work at any number of sender instances, so the endpoint's
+//! in-flight cap is kept outside them: a sender takes a slot lease before it POSTs and
+//! gives it back after. A lease runs out by itself (request deadline + margin), so a
+//! sender that crashes while holding one never blocks the endpoint for longer than that.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::domain::EndpointId;
+
+#[cfg(feature = "aws")]
+pub mod dynamodb;
+
+#[derive(Debug, thiserror::Error)]
+#[error("slot lease failure: {0}")]
+pub struct SlotError(pub String);
+
+/// Proof of holding one in-flight slot of an endpoint, needed to give it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotToken {
+    pub endpoint: EndpointId,
+    pub holder: String,
+}
+
+#[async_trait]
+pub trait SlotLeases: Send + Sync + 'static {
+    /// Takes one of the endpoint's `cap` slots for at most `lease_for`; `None` when all are
+    /// held by live leases.
+    async fn acquire(
+        &self,
+        endpoint: &EndpointId,
+        cap: u32,
+        lease_for: Duration,
+    ) -> Result<Option<SlotToken>, SlotError>;
+
+    /// Gives a slot back early. Releasing an expired or unknown token is harmless.
+    async fn release(&self, token: &SlotToken) -> Result<(), SlotError>;
+}
+
+#[async_trait]
+pub trait RateLimiter: Send + Sync + 'static {
+    /// Takes one token from the endpoint's bucket (refilled at `per_second`, holding at most
+    /// `per_second`); false when the bucket is empty.
+    async fn try_take(&self, endpoint: &EndpointId, per_second: u32) -> Result<bool, SlotError>;
+}
+
+/// How long a slot lease lasts: the request deadline plus a margin for the bookkeeping
+/// around it (load, record, release).
+pub fn lease_for(request_deadline: Duration) -> Duration {
+    request_deadline + Duration::from_secs(5)
+}

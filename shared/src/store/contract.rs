@@ -1,0 +1,886 @@
+//! The store contract: what every `Store` adapter must do, as async checks over `&dyn Store`.
+//! `store_contract_tests!` turns them into one `#[tokio::test]` each for a given backend;
+//! SQLite runs them below, DynamoDB in `dynamodb::tests` (against the emulator).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use super::{
+    AttemptRecord, DeliveryQuery, DisableRequest, Notification, PublishOutcome, RecordOutcome,
+    Store, StoreError,
+};
+use crate::{
+    clock::{add, from_millis, Timestamp},
+    domain::{
+        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
+        Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType,
+        EventTypeFilter, Trigger,
+    },
+    signing::SigningSecret,
+};
+
+/// A fixed, millisecond-exact start so stored timestamps compare equal after a round trip.
+pub fn t0() -> Timestamp {
+    from_millis(1_700_000_000_000)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+pub fn account(id: &str) -> Account {
+    Account {
+        id: AccountId::parse(id).unwrap(),
+        name: format!("Account {id}"),
+        owner_email: EmailAddress::parse("owner@example.com").unwrap(),
+        created_at: t0(),
+    }
+}
+
+pub fn endpoint(account: &str, id: &str, created_at: Timestamp) -> Endpoint {
+    Endpoint {
+        id: EndpointId::parse(id).unwrap(),
+        account_id: AccountId::parse(account).unwrap(),
+        url: EndpointUrl::parse(&format!("https://{id}.example.com/hooks")).unwrap(),
+        description: String::new(),
+        secret: SigningSecret::generate(),
+        retiring_secret: None,
+        status: EndpointStatus::Active,
+        event_types: EventTypeFilter::all(),
+        max_in_flight: 4,
+        rate_limit_per_second: None,
+        failing_since: None,
+        disabled_reason: None,
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+pub fn event(account: &str, id: &str, at: Timestamp) -> Event {
+    Event::new(
+        EventId::parse(id).unwrap(),
+        AccountId::parse(account).unwrap(),
+        EventType::parse("invoice.paid").unwrap(),
+        at,
+        &serde_json::json!({"n": id}),
+    )
+    .unwrap()
+}
+
+pub fn delivery(event: &Event, endpoint: &Endpoint, at: Timestamp) -> Delivery {
+    Delivery::new_pending(
+        event.id.clone(),
+        endpoint.id.clone(),
+        event.account_id.clone(),
+        event.event_type.clone(),
+        at,
+    )
+}
+
+fn attempt_record(
+    delivery: &Delivery,
+    number: u32,
+    decision: Decision,
+    success: bool,
+    now: Timestamp,
+) -> AttemptRecord {
+    AttemptRecord {
+        attempt: Attempt {
+            delivery_id: delivery.id.clone(),
+            number,
+            trigger: Trigger::Scheduled,
+            started_at: now,
+            latency_ms: 12,
+            status_code: Some(if success { 200 } else { 500 }),
+            response_headers: vec![("x-test".into(), "1".into())],
+            response_body: "body".into(),
+            response_body_truncated: false,
+            error: (!success).then(|| "HTTP 500".to_owned()),
+        },
+        expected_attempts: number - 1,
+        decision,
+        client_error_count: 0,
+        endpoint_id: delivery.endpoint_id.clone(),
+        success,
+        now,
+    }
+}
+
+/// An account with one endpoint, and an event with one delivery to it.
+async fn seeded(store: &dyn Store) -> (Endpoint, Event, Delivery) {
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let ev = event("acme", "evt_1", t0());
+    let d = delivery(&ev, &ep, t0());
+    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+    (ep, ev, d)
+}
+
+pub async fn accounts_and_endpoints(store: &dyn Store) {
+    let acme = account("acme");
+    store.create_account(&acme).await.unwrap();
+    assert!(matches!(
+        store.create_account(&acme).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(
+        store.get_account(&acme.id).await.unwrap(),
+        Some(acme.clone())
+    );
+    assert_eq!(
+        store
+            .get_account(&AccountId::parse("nobody").unwrap())
+            .await
+            .unwrap(),
+        None
+    );
+
+    let second = endpoint("acme", "ep_b", add(t0(), secs(1)));
+    let mut first = endpoint("acme", "ep_a", t0());
+    first.event_types = EventTypeFilter::parse(Some(&["invoice.*".to_owned()])).unwrap();
+    first.rate_limit_per_second = Some(7);
+    store.create_endpoint(&second).await.unwrap();
+    store.create_endpoint(&first).await.unwrap();
+    assert!(matches!(
+        store.create_endpoint(&first).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    let listed = store.list_endpoints(&acme.id).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![first.clone(), second.clone()],
+        "oldest first, round-tripped"
+    );
+    let other = AccountId::parse("other").unwrap();
+    assert_eq!(store.get_endpoint(&other, &first.id).await.unwrap(), None);
+    assert!(store.list_endpoints(&other).await.unwrap().is_empty());
+
+    let mut changed = first.clone();
+    changed.description = "changed".into();
+    changed.max_in_flight = 2;
+    changed.updated_at = add(t0(), secs(5));
+    store.update_endpoint(&changed).await.unwrap();
+    assert_eq!(
+        store.get_endpoint(&acme.id, &first.id).await.unwrap(),
+        Some(changed)
+    );
+    let missing = endpoint("acme", "ep_missing", t0());
+    assert!(matches!(
+        store.update_endpoint(&missing).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+pub async fn publish_is_idempotent_on_the_event_id(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let a = endpoint("acme", "ep_a", t0());
+    let b = endpoint("acme", "ep_b", t0());
+    store.create_endpoint(&a).await.unwrap();
+    store.create_endpoint(&b).await.unwrap();
+    let ev = event("acme", "evt_1", t0());
+    let first = vec![delivery(&ev, &a, t0()), delivery(&ev, &b, t0())];
+    assert_eq!(
+        store.publish(&ev, &first).await.unwrap(),
+        PublishOutcome::Created
+    );
+
+    let again = event("acme", "evt_1", add(t0(), secs(9)));
+    let second = vec![delivery(&again, &a, add(t0(), secs(9)))];
+    match store.publish(&again, &second).await.unwrap() {
+        PublishOutcome::AlreadyExists {
+            event,
+            mut deliveries,
+        } => {
+            assert_eq!(event, ev, "the first event wins");
+            deliveries.sort_by(|x, y| x.id.cmp(&y.id));
+            let mut expected = first.clone();
+            expected.sort_by(|x, y| x.id.cmp(&y.id));
+            assert_eq!(deliveries, expected, "nothing new was created");
+        }
+        other => panic!("second publish created something: {other:?}"),
+    }
+    assert_eq!(
+        store.get_event(&ev.account_id, &ev.id).await.unwrap(),
+        Some(ev.clone())
+    );
+    assert_eq!(
+        store
+            .deliveries_of_event(&ev.account_id, &ev.id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    let other = AccountId::parse("other").unwrap();
+    assert_eq!(store.get_event(&other, &ev.id).await.unwrap(), None);
+    assert_eq!(
+        store.get_delivery(&other, &first[0].id).await.unwrap(),
+        None,
+        "a delivery is only visible to its own account"
+    );
+
+    // The same event id in another account is another event.
+    store.create_account(&account("other")).await.unwrap();
+    let theirs = event("other", "evt_1", t0());
+    assert_eq!(
+        store.publish(&theirs, &[]).await.unwrap(),
+        PublishOutcome::Created
+    );
+}
+
+pub async fn record_attempt_applies_once_per_expected_state(store: &dyn Store) {
+    let (ep, ev, d) = seeded(store).await;
+    let work = store.load_work(&d.id).await.unwrap().unwrap();
+    assert_eq!(work.delivery, d);
+    assert_eq!(work.event, ev);
+    assert_eq!(work.endpoint.as_ref(), Some(&ep));
+
+    let failed_at = add(t0(), secs(1));
+    let retry_at = add(t0(), secs(60));
+    let first = attempt_record(&d, 1, Decision::RetryAt(retry_at), false, failed_at);
+    assert_eq!(
+        store.record_attempt(&first).await.unwrap(),
+        RecordOutcome::Recorded {
+            endpoint_failing_since: Some(failed_at)
+        }
+    );
+    assert_eq!(
+        store.record_attempt(&first).await.unwrap(),
+        RecordOutcome::Stale,
+        "the same attempt number twice"
+    );
+    let after = store
+        .get_delivery(&d.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.status, DeliveryStatus::Pending);
+    assert_eq!(after.attempts, 1);
+    assert_eq!(after.next_try_at, Some(retry_at));
+    assert_eq!(after.last_status, Some(500));
+    assert_eq!(after.last_error.as_deref(), Some("HTTP 500"));
+
+    // A second failure keeps the first failing_since.
+    let second = attempt_record(
+        &d,
+        2,
+        Decision::RetryAt(add(t0(), secs(120))),
+        false,
+        add(t0(), secs(61)),
+    );
+    assert_eq!(
+        store.record_attempt(&second).await.unwrap(),
+        RecordOutcome::Recorded {
+            endpoint_failing_since: Some(failed_at)
+        }
+    );
+    let third = attempt_record(&d, 3, Decision::Delivered, true, add(t0(), secs(121)));
+    assert_eq!(
+        store.record_attempt(&third).await.unwrap(),
+        RecordOutcome::Recorded {
+            endpoint_failing_since: None
+        },
+        "a success clears failing_since"
+    );
+    let fourth = attempt_record(&d, 4, Decision::Delivered, true, add(t0(), secs(122)));
+    assert_eq!(
+        store.record_attempt(&fourth).await.unwrap(),
+        RecordOutcome::Stale,
+        "a delivered delivery never leaves its final state"
+    );
+    let done = store
+        .get_delivery(&d.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, DeliveryStatus::Delivered);
+    assert_eq!(done.attempts, 3);
+    assert_eq!(done.next_try_at, None);
+    assert_eq!(done.last_error, None);
+    let attempts = store.list_attempts(&d.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.number).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(attempts[0], first.attempt, "attempts round-trip");
+    assert_eq!(
+        store
+            .get_endpoint(&ep.account_id, &ep.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .failing_since,
+        None
+    );
+    let unknown = attempt_record(
+        &delivery(&ev, &ep, t0()),
+        1,
+        Decision::Delivered,
+        true,
+        t0(),
+    );
+    assert_eq!(
+        store.record_attempt(&unknown).await.unwrap(),
+        RecordOutcome::Stale
+    );
+}
+
+pub async fn failed_is_final(store: &dyn Store) {
+    let (_, _, d) = seeded(store).await;
+    let failed = attempt_record(
+        &d,
+        1,
+        Decision::Failed {
+            reason: "gone".into(),
+        },
+        false,
+        add(t0(), secs(1)),
+    );
+    assert!(matches!(
+        store.record_attempt(&failed).await.unwrap(),
+        RecordOutcome::Recorded { .. }
+    ));
+    let stored = store
+        .get_delivery(&d.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, DeliveryStatus::Failed);
+    assert_eq!(stored.last_error.as_deref(), Some("HTTP 500 (gone)"));
+    assert!(store
+        .pending_deliveries(add(t0(), secs(86_400)), None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+pub async fn pending_deliveries_page_by_id_and_skip_inactive_endpoints(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let live = endpoint("acme", "ep_live", t0());
+    let mut off = endpoint("acme", "ep_off", t0());
+    off.status = EndpointStatus::Disabled;
+    store.create_endpoint(&live).await.unwrap();
+    store.create_endpoint(&off).await.unwrap();
+    let mut due = Vec::new();
+    for i in 0..7 {
+        let ev = event("acme", &format!("evt_{i}"), t0());
+        // Due times deliberately out of id order.
+        let at = add(t0(), secs(100 - i * 10));
+        let d = delivery(&ev, &live, at);
+        store
+            .publish(&ev, &[d.clone(), delivery(&ev, &off, at)])
+            .await
+            .unwrap();
+        due.push(d);
+    }
+    let later = event("acme", "evt_later", t0());
+    store
+        .publish(&later, &[delivery(&later, &live, add(t0(), secs(1000)))])
+        .await
+        .unwrap();
+
+    let cutoff = add(t0(), secs(100));
+    let mut seen = Vec::new();
+    let mut after: Option<DeliveryId> = None;
+    loop {
+        let page = store
+            .pending_deliveries(cutoff, after.as_ref(), 3)
+            .await
+            .unwrap();
+        assert!(page.len() <= 3);
+        if page.is_empty() {
+            break;
+        }
+        for r in &page {
+            assert_eq!(r.endpoint_id, live.id, "only active endpoints' work");
+            assert_eq!(r.max_in_flight, 4);
+            assert!(r.due <= cutoff);
+        }
+        after = page.last().map(|r| r.delivery_id.clone());
+        seen.extend(page.into_iter().map(|r| r.delivery_id));
+    }
+    let mut expected: Vec<DeliveryId> = due.iter().map(|d| d.id.clone()).collect();
+    expected.sort();
+    assert_eq!(seen, expected, "every due delivery once, in id order");
+    let early = store
+        .pending_deliveries(add(t0(), secs(60)), None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        early.len(),
+        3,
+        "only those due at 40, 50 and 60 are due at 60: {early:?}"
+    );
+}
+
+pub async fn list_deliveries_newest_first_with_filters_and_cursor(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    store.create_account(&account("other")).await.unwrap();
+    let a = endpoint("acme", "ep_a", t0());
+    let b = endpoint("acme", "ep_b", t0());
+    let theirs = endpoint("other", "ep_o", t0());
+    for e in [&a, &b, &theirs] {
+        store.create_endpoint(e).await.unwrap();
+    }
+    let mut made = Vec::new();
+    for i in 0..6u64 {
+        let at = add(t0(), secs(i));
+        let ev = event("acme", &format!("evt_{i}"), at);
+        let target = if i % 2 == 0 { &a } else { &b };
+        let d = delivery(&ev, target, at);
+        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+        made.push(d);
+    }
+    let foreign = event("other", "evt_x", t0());
+    store
+        .publish(&foreign, &[delivery(&foreign, &theirs, t0())])
+        .await
+        .unwrap();
+    // evt_5 (to b) is delivered.
+    let delivered = &made[5];
+    store
+        .record_attempt(&attempt_record(
+            delivered,
+            1,
+            Decision::Delivered,
+            true,
+            add(t0(), secs(10)),
+        ))
+        .await
+        .unwrap();
+
+    let acme = AccountId::parse("acme").unwrap();
+    let query = |f: &dyn Fn(&mut DeliveryQuery)| {
+        let mut q = DeliveryQuery {
+            limit: 100,
+            ..Default::default()
+        };
+        f(&mut q);
+        q
+    };
+    let ids =
+        |page: &super::Page<Delivery>| page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
+    let all = store.list_deliveries(&acme, &query(&|_| {})).await.unwrap();
+    let newest_first: Vec<DeliveryId> = made.iter().rev().map(|d| d.id.clone()).collect();
+    assert_eq!(ids(&all), newest_first);
+    assert_eq!(all.next_cursor, None);
+
+    let of_a = store
+        .list_deliveries(&acme, &query(&|q| q.endpoint_id = Some(a.id.clone())))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&of_a),
+        vec![made[4].id.clone(), made[2].id.clone(), made[0].id.clone()]
+    );
+    let foreign_endpoint = store
+        .list_deliveries(&acme, &query(&|q| q.endpoint_id = Some(theirs.id.clone())))
+        .await
+        .unwrap();
+    assert!(
+        foreign_endpoint.items.is_empty(),
+        "another account's endpoint shows nothing"
+    );
+
+    let done = store
+        .list_deliveries(
+            &acme,
+            &query(&|q| q.status = Some(DeliveryStatus::Delivered)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&done), vec![delivered.id.clone()]);
+    let ok = store
+        .list_deliveries(&acme, &query(&|q| q.status_code = Some(200)))
+        .await
+        .unwrap();
+    assert_eq!(ids(&ok), vec![delivered.id.clone()]);
+    let typed = store
+        .list_deliveries(&acme, &query(&|q| q.event_type = Some("other.type".into())))
+        .await
+        .unwrap();
+    assert!(typed.items.is_empty());
+    let window = store
+        .list_deliveries(
+            &acme,
+            &query(&|q| {
+                q.since = Some(add(t0(), secs(1)));
+                q.until = Some(add(t0(), secs(3)));
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&window),
+        vec![made[2].id.clone(), made[1].id.clone()],
+        "since inclusive, until exclusive"
+    );
+
+    let mut cursor = None;
+    let mut paged = Vec::new();
+    loop {
+        let page = store
+            .list_deliveries(
+                &acme,
+                &query(&|q| {
+                    q.limit = 4;
+                    q.status = Some(DeliveryStatus::Pending);
+                    q.cursor = cursor.clone();
+                }),
+            )
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 4);
+        paged.extend(ids(&page));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(
+        paged,
+        newest_first[1..].to_vec(),
+        "pages of pending, newest first, no gaps"
+    );
+    let bad = store
+        .list_deliveries(&acme, &query(&|q| q.cursor = Some("not-a-cursor".into())))
+        .await;
+    assert!(bad.is_err());
+}
+
+pub async fn failing_endpoints_are_the_active_ones_failing_long_enough(store: &dyn Store) {
+    let (ep, _, d) = seeded(store).await;
+    let failed_at = add(t0(), secs(10));
+    store
+        .record_attempt(&attempt_record(
+            &d,
+            1,
+            Decision::RetryAt(add(t0(), secs(60))),
+            false,
+            failed_at,
+        ))
+        .await
+        .unwrap();
+    assert!(store
+        .failing_endpoints(add(t0(), secs(9)))
+        .await
+        .unwrap()
+        .is_empty());
+    let failing = store.failing_endpoints(failed_at).await.unwrap();
+    assert_eq!(
+        failing.iter().map(|e| &e.id).collect::<Vec<_>>(),
+        vec![&ep.id]
+    );
+    assert_eq!(failing[0].failing_since, Some(failed_at));
+
+    let mut disabled = failing[0].clone();
+    disabled.status = EndpointStatus::Disabled;
+    store.update_endpoint(&disabled).await.unwrap();
+    assert!(
+        store.failing_endpoints(failed_at).await.unwrap().is_empty(),
+        "disabled ones are done"
+    );
+}
+
+fn disable_request(
+    ep: &Endpoint,
+    expected: Option<Timestamp>,
+    ops: Option<(Event, Vec<Delivery>)>,
+) -> DisableRequest {
+    DisableRequest {
+        account_id: ep.account_id.clone(),
+        endpoint_id: ep.id.clone(),
+        reason: "failing for 3 days".into(),
+        now: add(t0(), secs(3 * 86_400)),
+        expected_failing_since: expected,
+        notification: Some(Notification {
+            id: format!("ntf_{}", ep.id),
+            account_id: ep.account_id.clone(),
+            recipient: EmailAddress::parse("owner@example.com").unwrap(),
+            subject: "disabled".into(),
+            body: "your endpoint".into(),
+            created_at: add(t0(), secs(3 * 86_400)),
+        }),
+        operational_event: ops,
+    }
+}
+
+pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
+    let (ep, ev, d) = seeded(store).await;
+    // A second delivery that is already final must stay as it is.
+    let ev2 = event("acme", "evt_2", t0());
+    let d2 = delivery(&ev2, &ep, t0());
+    store
+        .publish(&ev2, std::slice::from_ref(&d2))
+        .await
+        .unwrap();
+    store
+        .record_attempt(&attempt_record(&d2, 1, Decision::Delivered, true, t0()))
+        .await
+        .unwrap();
+    let failed_at = add(t0(), secs(10));
+    store
+        .record_attempt(&attempt_record(
+            &d,
+            1,
+            Decision::RetryAt(add(t0(), secs(60))),
+            false,
+            failed_at,
+        ))
+        .await
+        .unwrap();
+
+    // The operations account hears about it.
+    store.create_account(&account("ops")).await.unwrap();
+    let listener = endpoint("ops", "ep_ops", t0());
+    store.create_endpoint(&listener).await.unwrap();
+    let mut op_event = event("ops", "evt_op", t0());
+    op_event.event_type = EventType::parse("endpoint.disabled").unwrap();
+    let op_delivery = delivery(&op_event, &listener, t0());
+    let ops = Some((op_event.clone(), vec![op_delivery.clone()]));
+
+    let stale = disable_request(&ep, Some(add(failed_at, secs(1))), ops.clone());
+    assert_eq!(
+        store.disable_endpoint(&stale).await.unwrap(),
+        None,
+        "failing_since moved on"
+    );
+    assert!(
+        store.unsent_notifications(10).await.unwrap().is_empty(),
+        "nothing written"
+    );
+    assert_eq!(
+        store
+            .get_event(&op_event.account_id, &op_event.id)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .get_endpoint(&ep.account_id, &ep.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        EndpointStatus::Active
+    );
+
+    let request = disable_request(&ep, Some(failed_at), ops.clone());
+    let outcome = store.disable_endpoint(&request).await.unwrap().unwrap();
+    assert_eq!(outcome.abandoned, 1);
+    let stored = store
+        .get_endpoint(&ep.account_id, &ep.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, EndpointStatus::Disabled);
+    assert_eq!(
+        stored.disabled_reason.as_deref(),
+        Some("failing for 3 days")
+    );
+    let abandoned = store
+        .get_delivery(&d.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(abandoned.status, DeliveryStatus::Abandoned);
+    assert_eq!(abandoned.next_try_at, None);
+    assert_eq!(
+        abandoned.last_error.as_deref(),
+        Some("abandoned: failing for 3 days")
+    );
+    assert_eq!(
+        store
+            .get_delivery(&d2.account_id, &d2.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        DeliveryStatus::Delivered
+    );
+    let unsent = store.unsent_notifications(10).await.unwrap();
+    assert_eq!(unsent, vec![request.notification.clone().unwrap()]);
+    assert_eq!(
+        store
+            .get_event(&op_event.account_id, &op_event.id)
+            .await
+            .unwrap(),
+        Some(op_event.clone())
+    );
+    assert_eq!(
+        store
+            .get_delivery(&op_delivery.account_id, &op_delivery.id)
+            .await
+            .unwrap(),
+        Some(op_delivery)
+    );
+    let _ = ev;
+    assert_eq!(
+        store.disable_endpoint(&request).await.unwrap(),
+        None,
+        "only once"
+    );
+    assert!(store
+        .pending_deliveries(add(t0(), secs(86_400 * 10)), None, 10)
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r.endpoint_id != ep.id));
+}
+
+pub async fn notification_outbox(store: &dyn Store) {
+    let (ep, _, _) = seeded(store).await;
+    let first = disable_request(&ep, None, None);
+    store.disable_endpoint(&first).await.unwrap().unwrap();
+    let note = first.notification.unwrap();
+    assert_eq!(
+        store.unsent_notifications(10).await.unwrap(),
+        vec![note.clone()]
+    );
+    store
+        .mark_notification_sent(&note.id, add(t0(), secs(1)))
+        .await
+        .unwrap();
+    assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+    store
+        .mark_notification_sent("ntf_unknown", t0())
+        .await
+        .unwrap();
+}
+
+pub async fn settings_put_if_absent(store: &dyn Store) {
+    assert_eq!(store.get_setting("admin_token").await.unwrap(), None);
+    assert_eq!(
+        store
+            .put_setting_if_absent("admin_token", "first")
+            .await
+            .unwrap(),
+        "first"
+    );
+    assert_eq!(
+        store
+            .put_setting_if_absent("admin_token", "second")
+            .await
+            .unwrap(),
+        "first"
+    );
+    assert_eq!(
+        store.get_setting("admin_token").await.unwrap().as_deref(),
+        Some("first")
+    );
+}
+
+pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Store) {
+    let (ep, ev, d) = seeded(store).await;
+    assert!(store
+        .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(5)))
+        .await
+        .unwrap());
+    assert!(!store
+        .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(6)))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
+        None
+    );
+    let kept = store
+        .get_delivery(&d.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.status, DeliveryStatus::Abandoned);
+    assert_eq!(kept.last_error.as_deref(), Some("endpoint deleted"));
+    let work = store.load_work(&d.id).await.unwrap().unwrap();
+    assert_eq!(work.endpoint, None);
+    assert_eq!(work.event, ev);
+    assert!(store
+        .pending_deliveries(add(t0(), secs(86_400)), None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let a = endpoint("acme", "ep_a", t0());
+    let b = endpoint("acme", "ep_b", t0());
+    store.create_endpoint(&a).await.unwrap();
+    store.create_endpoint(&b).await.unwrap();
+    let ev = event("acme", "evt_outbox", t0());
+    assert_eq!(
+        store.publish(&ev, &[]).await.unwrap(),
+        PublishOutcome::Created
+    );
+    let mut first = delivery(&ev, &a, t0());
+    first.id = crate::service::fan_out::delivery_id_for(&ev, &a.id);
+    let mut second = delivery(&ev, &b, t0());
+    second.id = crate::service::fan_out::delivery_id_for(&ev, &b.id);
+    let added = store.add_deliveries(&[first.clone()]).await.unwrap();
+    assert_eq!(added, vec![first.clone()]);
+    let added = store
+        .add_deliveries(&[first.clone(), second.clone()])
+        .await
+        .unwrap();
+    assert_eq!(added, vec![second.clone()], "the existing pair is skipped");
+    assert!(store
+        .add_deliveries(&[first, second])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .deliveries_of_event(&ev.account_id, &ev.id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    let due = store
+        .pending_deliveries(add(t0(), secs(1)), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 2);
+}
+
+/// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
+#[macro_export]
+macro_rules! store_contract_tests {
+    ($make:path) => {
+        $crate::store_contract_tests!(@each $make;
+            accounts_and_endpoints,
+            publish_is_idempotent_on_the_event_id,
+            record_attempt_applies_once_per_expected_state,
+            failed_is_final,
+            pending_deliveries_page_by_id_and_skip_inactive_endpoints,
+            list_deliveries_newest_first_with_filters_and_cursor,
+            failing_endpoints_are_the_active_ones_failing_long_enough,
+            disable_endpoint_is_conditional_and_complete,
+            notification_outbox,
+            settings_put_if_absent,
+            delete_endpoint_abandons_pending_and_keeps_history,
+            add_deliveries_adds_each_pair_once,
+        );
+    };
+    (@each $make:path; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let store = $make().await;
+                $crate::store::contract::$check(&store).await;
+            }
+        )*
+    };
+}
+
+#[cfg(test)]
+mod sqlite_contract {
+    async fn sqlite() -> crate::store::sqlite::SqliteStore {
+        crate::store::sqlite::SqliteStore::in_memory().unwrap()
+    }
+
+    crate::store_contract_tests!(sqlite);
+}

@@ -1,0 +1,1855 @@
+//! The AWS store: DynamoDB tables designed for the engine's access patterns.
+//!
+//! | table | key | indexes | for |
+//! |---|---|---|---|
+//! | `accounts` | `id` | | accounts |
+//! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query); endpoints failing since T |
+//! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
+//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (`event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`), `pending_by_endpoint` (sparse: `pending_endpoint`) | the log newest first; an event's deliveries; due work; abandoning an endpoint's pending work |
+//! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
+//! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
+//!
+//! Every change that can race is a conditional write: an event is created only if its id
+//! is new (with its deliveries, in one transaction); an attempt is recorded only against
+//! the delivery's `pending` status and attempt count it was taken from; a delivery leaves
+//! `pending` at most once.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::{
+    error::{ProvideErrorMetadata, SdkError},
+    operation::transact_write_items::TransactWriteItemsError,
+    types::{
+        AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
+        KeyType, Projection, ProjectionType, Put, ScalarAttributeType, StreamSpecification,
+        StreamViewType, TimeToLiveSpecification, TransactWriteItem, Update,
+    },
+    Client,
+};
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
+
+use super::{
+    sqlite::decode_cursor, AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome,
+    DisableRequest, Notification, Page, PendingRef, PublishOutcome, RecordOutcome, ReplayOutcome,
+    ReplayRequest, Store, StoreError, StoreResult,
+};
+use crate::{
+    aws::error_text,
+    clock::{from_millis, to_millis, Timestamp},
+    domain::{
+        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
+        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+    },
+    signing::SigningSecret,
+};
+
+pub type Item = HashMap<String, AttributeValue>;
+
+/// Pending deliveries are spread over this many partitions of the `pending` index.
+pub const PENDING_SHARDS: u32 = 16;
+const FAILING_SHARD: &str = "failing";
+const UNSENT: &str = "unsent";
+/// DynamoDB's limit of items in one `TransactWriteItems`.
+const MAX_TRANSACTION_ITEMS: usize = 100;
+
+/// The names of the tables, all sharing one prefix (the stack name in production).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableNames {
+    pub accounts: String,
+    pub endpoints: String,
+    pub events: String,
+    pub deliveries: String,
+    pub attempts: String,
+    pub control: String,
+}
+
+impl TableNames {
+    pub fn with_prefix(prefix: &str) -> Self {
+        Self {
+            accounts: format!("{prefix}-accounts"),
+            endpoints: format!("{prefix}-endpoints"),
+            events: format!("{prefix}-events"),
+            deliveries: format!("{prefix}-deliveries"),
+            attempts: format!("{prefix}-attempts"),
+            control: format!("{prefix}-control"),
+        }
+    }
+}
+
+/// How long DynamoDB keeps events and attempts (through TTL) after they were written.
+/// Events must outlive the retry schedule of their deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub events: std::time::Duration,
+    pub attempts: std::time::Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            events: std::time::Duration::from_secs(30 * 86_400),
+            attempts: std::time::Duration::from_secs(14 * 86_400),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    tables: TableNames,
+    retention: Retention,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, tables: TableNames, retention: Retention) -> Self {
+        Self {
+            client,
+            tables,
+            retention,
+        }
+    }
+
+    pub fn tables(&self) -> &TableNames {
+        &self.tables
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The `Put` of an event, for a platform to add to its own `TransactWriteItems` next
+    /// to its business write (the transactional outbox). The events table's stream then
+    /// hands the event to fan-out. Idempotent: the put only succeeds for a new event id.
+    ///
+    /// ```no_run
+    /// # async fn example(store: &hooklane::store::dynamodb::DynamoStore, event: &hooklane::domain::Event) -> Result<(), Box<dyn std::error::Error>> {
+    /// use hooklane::aws::aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+    /// let order_write = Put::builder().table_name("orders") /* … */ .build()?;
+    /// store
+    ///     .client()
+    ///     .transact_write_items()
+    ///     .transact_items(TransactWriteItem::builder().put(order_write).build())
+    ///     .transact_items(TransactWriteItem::builder().put(store.outbox_put(event)?).build())
+    ///     .send()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn outbox_put(&self, event: &Event) -> StoreResult<Put> {
+        Put::builder()
+            .table_name(&self.tables.events)
+            .set_item(Some(self.event_item(event, false)))
+            .condition_expression("attribute_not_exists(id)")
+            .build()
+            .map_err(build_error)
+    }
+
+    fn event_item(&self, event: &Event, fanned_out: bool) -> Item {
+        let expires = to_millis(event.created_at) / 1000
+            + i64::try_from(self.retention.events.as_secs()).unwrap_or(i64::MAX / 2);
+        let mut item = Item::new();
+        item.insert("account_id".into(), s(event.account_id.as_str()));
+        item.insert("id".into(), s(event.id.as_str()));
+        item.insert("type".into(), s(event.event_type.as_str()));
+        item.insert("created_at".into(), n(to_millis(event.created_at)));
+        item.insert("payload".into(), s(&event.payload));
+        item.insert("expires_at".into(), n(expires));
+        // Written together with its deliveries: the stream's fan-out has nothing to do.
+        item.insert("fanned_out".into(), AttributeValue::Bool(fanned_out));
+        item
+    }
+
+    async fn get(&self, table: &str, key: Item) -> StoreResult<Option<Item>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(out.item)
+    }
+
+    /// Every item of a query, following pages.
+    async fn query_all(
+        &self,
+        request: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+    ) -> StoreResult<Vec<Item>> {
+        let mut items = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = request
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            items.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => return Ok(items),
+            }
+        }
+    }
+
+    async fn get_endpoint_item(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        self.get(
+            &self.tables.endpoints,
+            key2("account_id", account.as_str(), "id", id.as_str()),
+        )
+        .await?
+        .map(|item| endpoint_from_item(&item))
+        .transpose()
+    }
+
+    async fn get_event_item(&self, account: &str, id: &str) -> StoreResult<Option<Event>> {
+        self.get(&self.tables.events, key2("account_id", account, "id", id))
+            .await?
+            .map(|item| event_from_item(&item))
+            .transpose()
+    }
+
+    async fn get_delivery_item(&self, id: &str) -> StoreResult<Option<Delivery>> {
+        self.get(&self.tables.deliveries, key1("id", id))
+            .await?
+            .map(|item| delivery_from_item(&item))
+            .transpose()
+    }
+
+    /// Moves every pending delivery of an endpoint to `abandoned`, each by a conditional
+    /// write (so one that was delivered meanwhile stays delivered). Returns how many moved.
+    async fn abandon_pending_of(
+        &self,
+        endpoint: &EndpointId,
+        reason: &str,
+        now: Timestamp,
+    ) -> StoreResult<u64> {
+        let keys = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.deliveries)
+                    .index_name("pending_by_endpoint")
+                    .key_condition_expression("pending_endpoint = :e")
+                    .expression_attribute_values(":e", s(endpoint.as_str())),
+            )
+            .await?;
+        let mut abandoned = 0;
+        for key in keys {
+            let Some(id) = key.get("id").cloned() else {
+                continue;
+            };
+            let result = self
+                .client
+                .update_item()
+                .table_name(&self.tables.deliveries)
+                .key("id", id)
+                .update_expression(
+                    "SET #status = :abandoned, last_error = :reason, updated_at = :now \
+                     REMOVE next_try_at, pending_shard, due_key, pending_endpoint",
+                )
+                .condition_expression("#status = :pending")
+                .expression_attribute_names("#status", "status")
+                .expression_attribute_values(":abandoned", s("abandoned"))
+                .expression_attribute_values(":pending", s("pending"))
+                .expression_attribute_values(":reason", s(reason))
+                .expression_attribute_values(":now", n(to_millis(now)))
+                .send()
+                .await;
+            match result {
+                Ok(_) => abandoned += 1,
+                Err(e) if is_condition_failed(&e) => {}
+                Err(e) => return Err(sdk(e)),
+            }
+        }
+        Ok(abandoned)
+    }
+
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                if let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) =
+                    error.as_service_error()
+                {
+                    let failed = cancel
+                        .cancellation_reasons()
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
+                        .map(|(i, _)| i)
+                        .collect::<Vec<_>>();
+                    if !failed.is_empty() {
+                        return Err(TransactionFailure::Conditions(failed));
+                    }
+                }
+                Err(TransactionFailure::Other(sdk(error)))
+            }
+        }
+    }
+}
+
+enum TransactionFailure {
+    /// The positions of the items whose condition did not hold.
+    Conditions(Vec<usize>),
+    Other(StoreError),
+}
+
+impl TransactionFailure {
+    fn into_store_error(self) -> StoreError {
+        match self {
+            Self::Conditions(items) => StoreError::Backend(format!(
+                "transaction cancelled: conditions failed on items {items:?}"
+            )),
+            Self::Other(e) => e,
+        }
+    }
+}
+
+fn sdk<E: std::error::Error>(error: E) -> StoreError {
+    StoreError::Backend(error_text(&error))
+}
+
+fn build_error(error: aws_sdk_dynamodb::error::BuildError) -> StoreError {
+    StoreError::Backend(format!("malformed DynamoDB request: {error}"))
+}
+
+fn is_condition_failed<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -> bool {
+    error
+        .as_service_error()
+        .and_then(ProvideErrorMetadata::code)
+        == Some("ConditionalCheckFailedException")
+}
+
+fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn key1(name: &str, value: &str) -> Item {
+    Item::from([(name.to_owned(), s(value))])
+}
+
+fn key2(name: &str, value: &str, sort_name: &str, sort_value: &str) -> Item {
+    Item::from([
+        (name.to_owned(), s(value)),
+        (sort_name.to_owned(), s(sort_value)),
+    ])
+}
+
+fn put_if_absent(table: &str, item: Item, key_attribute: &str) -> StoreResult<TransactWriteItem> {
+    let put = Put::builder()
+        .table_name(table)
+        .set_item(Some(item))
+        .condition_expression("attribute_not_exists(#k)")
+        .expression_attribute_names("#k", key_attribute)
+        .build()
+        .map_err(build_error)?;
+    Ok(TransactWriteItem::builder().put(put).build())
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("DynamoDB item without a valid `{what}`"))
+}
+
+fn get_s(item: &Item, name: &str) -> StoreResult<String> {
+    opt_s(item, name).ok_or_else(|| corrupt(name))
+}
+
+fn opt_s(item: &Item, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+fn get_n<T: std::str::FromStr>(item: &Item, name: &str) -> StoreResult<T> {
+    opt_n(item, name)?.ok_or_else(|| corrupt(name))
+}
+
+fn opt_n<T: std::str::FromStr>(item: &Item, name: &str) -> StoreResult<Option<T>> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| corrupt(name)),
+        Some(AttributeValue::Null(_)) | None => Ok(None),
+        Some(_) => Err(corrupt(name)),
+    }
+}
+
+fn get_bool(item: &Item, name: &str) -> bool {
+    matches!(item.get(name), Some(AttributeValue::Bool(true)))
+}
+
+/// Sort key that orders by time, then id: `0001700000000000#dlv_…`.
+fn time_key(at: Timestamp, id: &str) -> String {
+    format!("{:016}#{id}", to_millis(at).max(0))
+}
+
+fn time_bound(at: Timestamp) -> String {
+    format!("{:016}", to_millis(at).max(0))
+}
+
+/// A stable shard for a delivery id (FNV-1a), so its index entry never moves.
+pub fn pending_shard(id: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in id.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    (hash % PENDING_SHARDS).to_string()
+}
+
+fn account_item(account: &Account) -> Item {
+    Item::from([
+        ("id".into(), s(account.id.as_str())),
+        ("name".into(), s(&account.name)),
+        ("owner_email".into(), s(account.owner_email.as_str())),
+        ("created_at".into(), n(to_millis(account.created_at))),
+    ])
+}
+
+fn account_from_item(item: &Item) -> StoreResult<Account> {
+    Ok(Account {
+        id: AccountId::from_trusted(get_s(item, "id")?),
+        name: get_s(item, "name")?,
+        owner_email: EmailAddress::from_trusted(get_s(item, "owner_email")?),
+        created_at: from_millis(get_n(item, "created_at")?),
+    })
+}
+
+fn endpoint_item(e: &Endpoint) -> Item {
+    let mut item = Item::from([
+        ("account_id".into(), s(e.account_id.as_str())),
+        ("id".into(), s(e.id.as_str())),
+        ("url".into(), s(e.url.as_str())),
+        ("description".into(), s(&e.description)),
+        ("secret".into(), s(e.secret.expose())),
+        ("status".into(), s(e.status.as_str())),
+        ("max_in_flight".into(), n(e.max_in_flight)),
+        ("created_at".into(), n(to_millis(e.created_at))),
+        ("updated_at".into(), n(to_millis(e.updated_at))),
+    ]);
+    if let Some(retiring) = &e.retiring_secret {
+        item.insert("retiring_secret".into(), s(retiring.secret.expose()));
+        item.insert("retiring_until".into(), n(to_millis(retiring.until)));
+    }
+    if let Some(patterns) = e.event_types.patterns() {
+        item.insert(
+            "event_types".into(),
+            AttributeValue::L(patterns.iter().map(s).collect()),
+        );
+    }
+    if let Some(rate) = e.rate_limit_per_second {
+        item.insert("rate_limit".into(), n(rate));
+    }
+    if let Some(since) = e.failing_since {
+        item.insert("failing_since".into(), n(to_millis(since)));
+        item.insert("failing_shard".into(), s(FAILING_SHARD));
+    }
+    if let Some(reason) = &e.disabled_reason {
+        item.insert("disabled_reason".into(), s(reason));
+    }
+    item
+}
+
+fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
+    let url = get_s(item, "url")?;
+    let secret = get_s(item, "secret")?;
+    let status = get_s(item, "status")?;
+    let patterns = match item.get("event_types") {
+        Some(AttributeValue::L(list)) => Some(
+            list.iter()
+                .map(|v| match v {
+                    AttributeValue::S(p) => Ok(p.clone()),
+                    _ => Err(corrupt("event_types")),
+                })
+                .collect::<StoreResult<Vec<_>>>()?,
+        ),
+        _ => None,
+    };
+    let retiring_secret = match (
+        opt_s(item, "retiring_secret"),
+        opt_n::<i64>(item, "retiring_until")?,
+    ) {
+        (Some(secret), Some(until)) => Some(RetiringSecret {
+            secret: SigningSecret::parse(&secret).map_err(|_| corrupt("retiring_secret"))?,
+            until: from_millis(until),
+        }),
+        _ => None,
+    };
+    Ok(Endpoint {
+        id: EndpointId::from_trusted(get_s(item, "id")?),
+        account_id: AccountId::from_trusted(get_s(item, "account_id")?),
+        url: EndpointUrl::parse(&url).map_err(|_| corrupt("url"))?,
+        description: opt_s(item, "description").unwrap_or_default(),
+        secret: SigningSecret::parse(&secret).map_err(|_| corrupt("secret"))?,
+        retiring_secret,
+        status: EndpointStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
+        event_types: EventTypeFilter::parse(patterns.as_deref())
+            .map_err(|_| corrupt("event_types"))?,
+        max_in_flight: get_n(item, "max_in_flight")?,
+        rate_limit_per_second: opt_n(item, "rate_limit")?,
+        failing_since: opt_n::<i64>(item, "failing_since")?.map(from_millis),
+        disabled_reason: opt_s(item, "disabled_reason"),
+        created_at: from_millis(get_n(item, "created_at")?),
+        updated_at: from_millis(get_n(item, "updated_at")?),
+    })
+}
+
+fn event_from_item(item: &Item) -> StoreResult<Event> {
+    Ok(Event {
+        id: EventId::from_trusted(get_s(item, "id")?),
+        account_id: AccountId::from_trusted(get_s(item, "account_id")?),
+        event_type: EventType::from_trusted(get_s(item, "type")?),
+        created_at: from_millis(get_n(item, "created_at")?),
+        payload: get_s(item, "payload")?,
+    })
+}
+
+fn event_key(account: &str, event: &str) -> String {
+    format!("{account}#{event}")
+}
+
+fn delivery_item(d: &Delivery) -> Item {
+    let mut item = Item::from([
+        ("id".into(), s(d.id.as_str())),
+        ("account_id".into(), s(d.account_id.as_str())),
+        ("event_id".into(), s(d.event_id.as_str())),
+        ("endpoint_id".into(), s(d.endpoint_id.as_str())),
+        ("event_type".into(), s(d.event_type.as_str())),
+        ("status".into(), s(d.status.as_str())),
+        ("attempts".into(), n(d.attempts)),
+        ("client_errors".into(), n(d.client_error_count)),
+        ("created_at".into(), n(to_millis(d.created_at))),
+        ("updated_at".into(), n(to_millis(d.updated_at))),
+        (
+            "created_key".into(),
+            s(time_key(d.created_at, d.id.as_str())),
+        ),
+        (
+            "event_key".into(),
+            s(event_key(d.account_id.as_str(), d.event_id.as_str())),
+        ),
+    ]);
+    item.insert("schedule_start".into(), n(d.schedule_start));
+    item.insert("next_trigger".into(), s(d.next_trigger.as_str()));
+    if let Some(at) = d.next_try_at {
+        item.insert("next_try_at".into(), n(to_millis(at)));
+    }
+    if let Some(code) = d.last_status {
+        item.insert("last_status".into(), n(code));
+    }
+    if let Some(error) = &d.last_error {
+        item.insert("last_error".into(), s(error));
+    }
+    if d.status == DeliveryStatus::Pending {
+        let due = d.next_try_at.unwrap_or(d.created_at);
+        item.insert("pending_shard".into(), s(pending_shard(d.id.as_str())));
+        item.insert("due_key".into(), s(time_key(due, d.id.as_str())));
+        item.insert("pending_endpoint".into(), s(d.endpoint_id.as_str()));
+    }
+    item
+}
+
+fn delivery_from_item(item: &Item) -> StoreResult<Delivery> {
+    let status = get_s(item, "status")?;
+    Ok(Delivery {
+        id: DeliveryId::from_trusted(get_s(item, "id")?),
+        event_id: EventId::from_trusted(get_s(item, "event_id")?),
+        endpoint_id: EndpointId::from_trusted(get_s(item, "endpoint_id")?),
+        account_id: AccountId::from_trusted(get_s(item, "account_id")?),
+        event_type: EventType::from_trusted(get_s(item, "event_type")?),
+        status: DeliveryStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
+        attempts: get_n(item, "attempts")?,
+        next_try_at: opt_n::<i64>(item, "next_try_at")?.map(from_millis),
+        last_status: opt_n(item, "last_status")?,
+        last_error: opt_s(item, "last_error"),
+        client_error_count: get_n(item, "client_errors")?,
+        schedule_start: opt_n(item, "schedule_start")?.unwrap_or(0),
+        next_trigger: opt_s(item, "next_trigger")
+            .and_then(|t| Trigger::parse(&t))
+            .unwrap_or(Trigger::Scheduled),
+        created_at: from_millis(get_n(item, "created_at")?),
+        updated_at: from_millis(get_n(item, "updated_at")?),
+    })
+}
+
+/// The partition of the attempts table that holds an account's replay audit records
+/// (newest first by the numeric sort key): replays are rare, human-sized, and kept without TTL.
+fn replays_partition(account: &AccountId) -> String {
+    format!("replays#{account}")
+}
+
+fn replay_item(replay: &Replay, sort: i64) -> Item {
+    let mut item = Item::from([
+        (
+            "delivery_id".into(),
+            s(replays_partition(&replay.account_id)),
+        ),
+        ("number".into(), n(sort)),
+        ("replay_id".into(), s(replay.id.as_str())),
+        ("account_id".into(), s(replay.account_id.as_str())),
+        ("actor".into(), s(&replay.actor)),
+        ("requested_at".into(), n(to_millis(replay.requested_at))),
+        ("count".into(), n(replay.count)),
+        ("more".into(), AttributeValue::Bool(replay.more)),
+        (
+            "statuses".into(),
+            s(serde_json::to_string(
+                &replay
+                    .filter
+                    .statuses
+                    .iter()
+                    .map(|st| st.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or_else(|_| "[]".into())),
+        ),
+        (
+            "event_types".into(),
+            s(serde_json::to_string(
+                &replay
+                    .filter
+                    .event_types
+                    .iter()
+                    .map(EventType::as_str)
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or_else(|_| "[]".into())),
+        ),
+    ]);
+    match &replay.scope {
+        ReplayScope::Delivery(id) => item.insert("scope_delivery".into(), s(id.as_str())),
+        ReplayScope::Endpoint(id) => item.insert("scope_endpoint".into(), s(id.as_str())),
+    };
+    if let Some(since) = replay.filter.since {
+        item.insert("since".into(), n(to_millis(since)));
+    }
+    if let Some(until) = replay.filter.until {
+        item.insert("until".into(), n(to_millis(until)));
+    }
+    item
+}
+
+fn replay_from_item(item: &Item) -> StoreResult<Replay> {
+    let scope = match (opt_s(item, "scope_delivery"), opt_s(item, "scope_endpoint")) {
+        (Some(delivery), _) => ReplayScope::Delivery(DeliveryId::from_trusted(delivery)),
+        (None, Some(endpoint)) => ReplayScope::Endpoint(EndpointId::from_trusted(endpoint)),
+        (None, None) => return Err(corrupt("scope")),
+    };
+    let statuses: Vec<String> =
+        serde_json::from_str(&get_s(item, "statuses")?).map_err(|_| corrupt("statuses"))?;
+    let event_types: Vec<String> =
+        serde_json::from_str(&get_s(item, "event_types")?).map_err(|_| corrupt("event_types"))?;
+    Ok(Replay {
+        id: ReplayId::from_trusted(get_s(item, "replay_id")?),
+        account_id: AccountId::from_trusted(get_s(item, "account_id")?),
+        actor: get_s(item, "actor")?,
+        scope,
+        filter: ReplayFilter {
+            since: opt_n::<i64>(item, "since")?.map(from_millis),
+            until: opt_n::<i64>(item, "until")?.map(from_millis),
+            statuses: statuses
+                .iter()
+                .map(|st| DeliveryStatus::parse(st).ok_or_else(|| corrupt("statuses")))
+                .collect::<StoreResult<Vec<_>>>()?,
+            event_types: event_types
+                .into_iter()
+                .map(EventType::from_trusted)
+                .collect(),
+        },
+        requested_at: from_millis(get_n(item, "requested_at")?),
+        count: get_n(item, "count")?,
+        more: get_bool(item, "more"),
+    })
+}
+
+fn attempt_from_item(item: &Item) -> StoreResult<Attempt> {
+    let trigger = get_s(item, "trigger")?;
+    let headers = get_s(item, "response_headers")?;
+    Ok(Attempt {
+        delivery_id: DeliveryId::from_trusted(get_s(item, "delivery_id")?),
+        number: get_n(item, "number")?,
+        trigger: Trigger::parse(&trigger).ok_or_else(|| corrupt("trigger"))?,
+        started_at: from_millis(get_n(item, "started_at")?),
+        latency_ms: get_n(item, "latency_ms")?,
+        status_code: opt_n(item, "status_code")?,
+        response_headers: serde_json::from_str(&headers)
+            .map_err(|_| corrupt("response_headers"))?,
+        response_body: opt_s(item, "response_body").unwrap_or_default(),
+        response_body_truncated: get_bool(item, "response_body_truncated"),
+        error: opt_s(item, "error"),
+    })
+}
+
+fn notification_from_item(item: &Item) -> StoreResult<Notification> {
+    Ok(Notification {
+        id: get_s(item, "id")?,
+        account_id: AccountId::from_trusted(get_s(item, "account_id")?),
+        recipient: EmailAddress::from_trusted(get_s(item, "recipient")?),
+        subject: get_s(item, "subject")?,
+        body: get_s(item, "body")?,
+        created_at: from_millis(get_n(item, "created_at")?),
+    })
+}
+
+fn notification_item(n_: &Notification) -> Item {
+    Item::from([
+        ("pk".into(), s(format!("notification#{}", n_.id))),
+        ("id".into(), s(&n_.id)),
+        ("account_id".into(), s(n_.account_id.as_str())),
+        ("recipient".into(), s(n_.recipient.as_str())),
+        ("subject".into(), s(&n_.subject)),
+        ("body".into(), s(&n_.body)),
+        ("created_at".into(), n(to_millis(n_.created_at))),
+        (UNSENT.into(), s(UNSENT)),
+        ("created_key".into(), s(time_key(n_.created_at, &n_.id))),
+    ])
+}
+
+fn encode_cursor(delivery: &Delivery) -> String {
+    let cursor =
+        serde_json::json!({"c": to_millis(delivery.created_at), "i": delivery.id.as_str()});
+    URL_SAFE_NO_PAD.encode(cursor.to_string())
+}
+
+#[async_trait]
+impl Store for DynamoStore {
+    async fn create_account(&self, account: &Account) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.accounts)
+            .set_item(Some(account_item(account)))
+            .condition_expression("attribute_not_exists(id)")
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failed(&e) => Err(StoreError::Conflict {
+                entity: "account",
+                id: account.id.to_string(),
+            }),
+            Err(e) => Err(sdk(e)),
+        }
+    }
+
+    async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        self.get(&self.tables.accounts, key1("id", id.as_str()))
+            .await?
+            .map(|item| account_from_item(&item))
+            .transpose()
+    }
+
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.endpoints)
+            .set_item(Some(endpoint_item(endpoint)))
+            .condition_expression("attribute_not_exists(id)")
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failed(&e) => Err(StoreError::Conflict {
+                entity: "endpoint",
+                id: endpoint.id.to_string(),
+            }),
+            Err(e) => Err(sdk(e)),
+        }
+    }
+
+    async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        self.get_endpoint_item(account, id).await
+    }
+
+    async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .key_condition_expression("account_id = :a")
+                    .expression_attribute_values(":a", s(account.as_str()))
+                    .consistent_read(true),
+            )
+            .await?;
+        let mut endpoints = items
+            .iter()
+            .map(endpoint_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        endpoints.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(endpoints)
+    }
+
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.endpoints)
+            .set_item(Some(endpoint_item(endpoint)))
+            .condition_expression("attribute_exists(id)")
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failed(&e) => Err(StoreError::NotFound("endpoint")),
+            Err(e) => Err(sdk(e)),
+        }
+    }
+
+    async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                account.as_str(),
+                "id",
+                id.as_str(),
+            )))
+            .condition_expression("attribute_exists(id)")
+            .send()
+            .await;
+        match result {
+            Ok(_) => {}
+            Err(e) if is_condition_failed(&e) => return Ok(false),
+            Err(e) => return Err(sdk(e)),
+        }
+        self.abandon_pending_of(id, "endpoint deleted", now).await?;
+        Ok(true)
+    }
+
+    async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
+        // The event and its first deliveries in one transaction; an account with more
+        // endpoints than one transaction holds gets the rest in follow-up transactions,
+        // each put conditional, so repeating them is harmless.
+        let mut items = vec![put_if_absent(
+            &self.tables.events,
+            self.event_item(event, true),
+            "id",
+        )?];
+        let mut rest = deliveries.iter();
+        for delivery in rest.by_ref().take(MAX_TRANSACTION_ITEMS - 1) {
+            items.push(put_if_absent(
+                &self.tables.deliveries,
+                delivery_item(delivery),
+                "id",
+            )?);
+        }
+        match self.transact(items).await {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
+                let existing = self
+                    .get_event_item(event.account_id.as_str(), event.id.as_str())
+                    .await?
+                    .ok_or_else(|| StoreError::Backend("event vanished during publish".into()))?;
+                let deliveries = self
+                    .deliveries_of_event(&existing.account_id, &existing.id)
+                    .await?;
+                return Ok(PublishOutcome::AlreadyExists {
+                    event: existing,
+                    deliveries,
+                });
+            }
+            Err(other) => return Err(other.into_store_error()),
+        }
+        let rest: Vec<&Delivery> = rest.collect();
+        for chunk in rest.chunks(MAX_TRANSACTION_ITEMS) {
+            let items = chunk
+                .iter()
+                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d), "id"))
+                .collect::<StoreResult<Vec<_>>>()?;
+            match self.transact(items).await {
+                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
+                Err(TransactionFailure::Other(e)) => return Err(e),
+            }
+        }
+        Ok(PublishOutcome::Created)
+    }
+
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        let mut added = Vec::new();
+        for delivery in deliveries {
+            let result = self
+                .client
+                .put_item()
+                .table_name(&self.tables.deliveries)
+                .set_item(Some(delivery_item(delivery)))
+                .condition_expression("attribute_not_exists(id)")
+                .send()
+                .await;
+            match result {
+                Ok(_) => added.push(delivery.clone()),
+                Err(e) if is_condition_failed(&e) => {}
+                Err(e) => return Err(sdk(e)),
+            }
+        }
+        Ok(added)
+    }
+
+    async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
+        self.get_event_item(account.as_str(), id.as_str()).await
+    }
+
+    async fn deliveries_of_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.deliveries)
+                    .index_name("by_event")
+                    .key_condition_expression("event_key = :k")
+                    .expression_attribute_values(":k", s(event_key(account.as_str(), id.as_str()))),
+            )
+            .await?;
+        let mut deliveries = items
+            .iter()
+            .map(delivery_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        deliveries.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(deliveries)
+    }
+
+    async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
+        let Some(delivery) = self.get_delivery_item(delivery.as_str()).await? else {
+            return Ok(None);
+        };
+        let event = self
+            .get_event_item(delivery.account_id.as_str(), delivery.event_id.as_str())
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("delivery {} has no event", delivery.id)))?;
+        let endpoint = self
+            .get_endpoint_item(&delivery.account_id, &delivery.endpoint_id)
+            .await?;
+        Ok(Some(DeliveryWork {
+            delivery,
+            event,
+            endpoint,
+        }))
+    }
+
+    async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
+        let delivery_id = r.attempt.delivery_id.as_str();
+        // The endpoint's key needs the account, which the delivery knows.
+        let Some(delivery) = self.get_delivery_item(delivery_id).await? else {
+            return Ok(RecordOutcome::Stale);
+        };
+        let account = delivery.account_id.clone();
+
+        let (status, next_try_at, last_error) = match &r.decision {
+            Decision::Delivered => (DeliveryStatus::Delivered, None, None),
+            Decision::RetryAt(at) => (DeliveryStatus::Pending, Some(*at), r.attempt.error.clone()),
+            Decision::Failed { reason } => (
+                DeliveryStatus::Failed,
+                None,
+                Some(match &r.attempt.error {
+                    Some(error) => format!("{error} ({reason})"),
+                    None => reason.clone(),
+                }),
+            ),
+        };
+        let mut sets = vec![
+            "#status = :status",
+            "attempts = :attempts",
+            "client_errors = :client_errors",
+            "updated_at = :now",
+            "next_trigger = :scheduled",
+        ];
+        let mut removes = Vec::new();
+        let mut values = Item::from([
+            (":status".into(), s(status.as_str())),
+            (":attempts".into(), n(r.attempt.number)),
+            (":client_errors".into(), n(r.client_error_count)),
+            (":now".into(), n(to_millis(r.now))),
+            (":pending".into(), s("pending")),
+            (":expected".into(), n(r.expected_attempts)),
+            (":scheduled".into(), s(Trigger::Scheduled.as_str())),
+        ]);
+        match next_try_at {
+            Some(at) => {
+                sets.push("next_try_at = :next");
+                sets.push("due_key = :due_key");
+                values.insert(":next".into(), n(to_millis(at)));
+                values.insert(":due_key".into(), s(time_key(at, delivery_id)));
+            }
+            None => removes.extend([
+                "next_try_at",
+                "pending_shard",
+                "due_key",
+                "pending_endpoint",
+            ]),
+        }
+        match r.attempt.status_code {
+            Some(code) => {
+                sets.push("last_status = :last_status");
+                values.insert(":last_status".into(), n(code));
+            }
+            None => removes.push("last_status"),
+        }
+        match &last_error {
+            Some(error) => {
+                sets.push("last_error = :last_error");
+                values.insert(":last_error".into(), s(error));
+            }
+            None => removes.push("last_error"),
+        }
+        let mut expression = format!("SET {}", sets.join(", "));
+        if !removes.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
+        }
+        let delivery_update = Update::builder()
+            .table_name(&self.tables.deliveries)
+            .key("id", s(delivery_id))
+            .update_expression(expression)
+            .condition_expression("#status = :pending AND attempts = :expected")
+            .expression_attribute_names("#status", "status")
+            .set_expression_attribute_values(Some(values))
+            .build()
+            .map_err(build_error)?;
+
+        let expires = to_millis(r.attempt.started_at) / 1000
+            + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
+        let mut attempt = Item::from([
+            ("delivery_id".into(), s(delivery_id)),
+            ("number".into(), n(r.attempt.number)),
+            ("trigger".into(), s(r.attempt.trigger.as_str())),
+            ("started_at".into(), n(to_millis(r.attempt.started_at))),
+            ("latency_ms".into(), n(r.attempt.latency_ms)),
+            (
+                "response_headers".into(),
+                s(serde_json::to_string(&r.attempt.response_headers)
+                    .unwrap_or_else(|_| "[]".into())),
+            ),
+            ("response_body".into(), s(&r.attempt.response_body)),
+            (
+                "response_body_truncated".into(),
+                AttributeValue::Bool(r.attempt.response_body_truncated),
+            ),
+            ("expires_at".into(), n(expires)),
+        ]);
+        if let Some(code) = r.attempt.status_code {
+            attempt.insert("status_code".into(), n(code));
+        }
+        if let Some(error) = &r.attempt.error {
+            attempt.insert("error".into(), s(error));
+        }
+        let attempt_put = Put::builder()
+            .table_name(&self.tables.attempts)
+            .set_item(Some(attempt))
+            .build()
+            .map_err(build_error)?;
+
+        let health = Update::builder()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                account.as_str(),
+                "id",
+                r.endpoint_id.as_str(),
+            )))
+            // Only touch an endpoint that still exists; an update would otherwise create it.
+            .condition_expression("attribute_exists(id)");
+        let health = if r.success {
+            health.update_expression("REMOVE failing_since, failing_shard")
+        } else {
+            health
+                .update_expression(
+                    "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
+                )
+                .expression_attribute_values(":now", n(to_millis(r.now)))
+                .expression_attribute_values(":shard", s(FAILING_SHARD))
+        }
+        .build()
+        .map_err(build_error)?;
+
+        let core = vec![
+            TransactWriteItem::builder().update(delivery_update).build(),
+            TransactWriteItem::builder().put(attempt_put).build(),
+        ];
+        let mut with_health = core.clone();
+        with_health.push(TransactWriteItem::builder().update(health).build());
+        match self.transact(with_health).await {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
+                return Ok(RecordOutcome::Stale)
+            }
+            Err(TransactionFailure::Conditions(_)) => {
+                // The endpoint is gone: record the attempt without its health.
+                match self.transact(core).await {
+                    Ok(()) => {}
+                    Err(TransactionFailure::Conditions(_)) => return Ok(RecordOutcome::Stale),
+                    Err(TransactionFailure::Other(e)) => return Err(e),
+                }
+                return Ok(RecordOutcome::Recorded {
+                    endpoint_failing_since: None,
+                });
+            }
+            Err(TransactionFailure::Other(e)) => return Err(e),
+        }
+        let failing_since = self
+            .get_endpoint_item(&account, &r.endpoint_id)
+            .await?
+            .and_then(|e| e.failing_since);
+        Ok(RecordOutcome::Recorded {
+            endpoint_failing_since: failing_since,
+        })
+    }
+
+    async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        // The index is ordered by due time within each shard, but the port pages by
+        // delivery id: gather every due entry, then order and cut by id. Due-but-unsent
+        // entries are few in practice (the sweeper looks only past a grace period).
+        let upper = format!("{}#~", time_bound(due_before));
+        let mut due: BTreeMap<String, Item> = BTreeMap::new();
+        for shard in 0..PENDING_SHARDS {
+            let items = self
+                .query_all(
+                    self.client
+                        .query()
+                        .table_name(&self.tables.deliveries)
+                        .index_name("pending")
+                        .key_condition_expression("pending_shard = :shard AND due_key <= :upper")
+                        .expression_attribute_values(":shard", s(shard.to_string()))
+                        .expression_attribute_values(":upper", s(upper.clone())),
+                )
+                .await?;
+            for item in items {
+                let id = get_s(&item, "id")?;
+                if after.is_none_or(|after| id.as_str() > after.as_str()) {
+                    due.insert(id, item);
+                }
+            }
+        }
+        let mut endpoints: HashMap<(String, String), Option<Endpoint>> = HashMap::new();
+        let mut refs = Vec::new();
+        for (id, item) in due {
+            if refs.len() >= limit as usize {
+                break;
+            }
+            let account = get_s(&item, "account_id")?;
+            let endpoint_id = get_s(&item, "endpoint_id")?;
+            let key = (account.clone(), endpoint_id.clone());
+            if !endpoints.contains_key(&key) {
+                let endpoint = self
+                    .get_endpoint_item(
+                        &AccountId::from_trusted(account.clone()),
+                        &EndpointId::from_trusted(endpoint_id.clone()),
+                    )
+                    .await?;
+                endpoints.insert(key.clone(), endpoint);
+            }
+            let Some(Some(endpoint)) = endpoints.get(&key) else {
+                continue;
+            };
+            if endpoint.status != EndpointStatus::Active {
+                continue;
+            }
+            refs.push(PendingRef {
+                delivery_id: DeliveryId::from_trusted(id),
+                endpoint_id: endpoint.id.clone(),
+                account_id: endpoint.account_id.clone(),
+                due: from_millis(get_n(&item, "next_try_at")?),
+                max_in_flight: endpoint.max_in_flight,
+                rate_limit_per_second: endpoint.rate_limit_per_second,
+            });
+        }
+        Ok(refs)
+    }
+
+    async fn get_delivery(
+        &self,
+        account: &AccountId,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>> {
+        Ok(self
+            .get_delivery_item(id.as_str())
+            .await?
+            .filter(|d| &d.account_id == account))
+    }
+
+    async fn list_deliveries(
+        &self,
+        account: &AccountId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Page<Delivery>> {
+        let limit = query.limit.clamp(1, 500) as usize;
+        let lower = query.since.map(time_bound).unwrap_or_else(|| "0".into());
+        let mut upper = query.until.map(time_bound).unwrap_or_else(|| "~".into());
+        let mut exclusive_upper = None;
+        if let Some(cursor) = &query.cursor {
+            let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
+            let key = time_key(from_millis(created), &id);
+            if key < upper {
+                upper = key.clone();
+                exclusive_upper = Some(key);
+            }
+        }
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.tables.deliveries)
+            .key_condition_expression("#pk = :pk AND created_key BETWEEN :lower AND :upper")
+            .expression_attribute_values(":lower", s(lower))
+            .expression_attribute_values(":upper", s(upper))
+            .scan_index_forward(false);
+        let mut filters = Vec::new();
+        match &query.endpoint_id {
+            Some(endpoint) => {
+                request = request
+                    .index_name("by_endpoint")
+                    .expression_attribute_names("#pk", "endpoint_id")
+                    .expression_attribute_values(":pk", s(endpoint.as_str()))
+                    .expression_attribute_values(":account", s(account.as_str()));
+                filters.push("account_id = :account");
+            }
+            None => {
+                request = request
+                    .index_name("by_account")
+                    .expression_attribute_names("#pk", "account_id")
+                    .expression_attribute_values(":pk", s(account.as_str()));
+            }
+        }
+        if let Some(status) = query.status {
+            request = request
+                .expression_attribute_names("#status", "status")
+                .expression_attribute_values(":status", s(status.as_str()));
+            filters.push("#status = :status");
+        }
+        if let Some(event_type) = &query.event_type {
+            request = request.expression_attribute_values(":event_type", s(event_type));
+            filters.push("event_type = :event_type");
+        }
+        if let Some(code) = query.status_code {
+            request = request.expression_attribute_values(":code", n(code));
+            filters.push("last_status = :code");
+        }
+        if !filters.is_empty() {
+            request = request.filter_expression(filters.join(" AND "));
+        }
+        // Filters apply after DynamoDB's page limit, so read pages until one more item
+        // than asked for is found (that one proves there is a next page).
+        let mut items = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = request
+                .clone()
+                .limit(i32::try_from(limit + 1).unwrap_or(501))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                if exclusive_upper.is_some() && opt_s(&item, "created_key") == exclusive_upper {
+                    continue;
+                }
+                items.push(delivery_from_item(&item)?);
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() && items.len() <= limit => start = Some(key),
+                _ => break,
+            }
+        }
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(encode_cursor)
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        let mut replay = request.replay.clone();
+        let filter = replay.filter.clone();
+        let limit = request.limit as usize;
+        let candidates: Vec<Delivery> = match &replay.scope {
+            ReplayScope::Delivery(id) => self
+                .get_delivery_item(id.as_str())
+                .await?
+                .into_iter()
+                .collect(),
+            ReplayScope::Endpoint(endpoint) => {
+                let lower = filter.since.map(time_bound).unwrap_or_else(|| "0".into());
+                let upper = filter.until.map(time_bound).unwrap_or_else(|| "~".into());
+                let items = self
+                    .query_all(
+                        self.client
+                            .query()
+                            .table_name(&self.tables.deliveries)
+                            .index_name("by_endpoint")
+                            .key_condition_expression(
+                                "endpoint_id = :pk AND created_key BETWEEN :lower AND :upper",
+                            )
+                            .expression_attribute_values(":pk", s(endpoint.as_str()))
+                            .expression_attribute_values(":lower", s(lower))
+                            .expression_attribute_values(":upper", s(upper))
+                            .scan_index_forward(true),
+                    )
+                    .await?;
+                items
+                    .iter()
+                    .map(delivery_from_item)
+                    .collect::<StoreResult<Vec<_>>>()?
+            }
+        };
+        let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
+        let mut matched = Vec::new();
+        for delivery in candidates {
+            let in_window = filter
+                .since
+                .is_none_or(|since| delivery.created_at >= since)
+                && filter.until.is_none_or(|until| delivery.created_at < until);
+            let wanted = delivery.account_id == replay.account_id
+                && delivery.status.is_final()
+                && filter.statuses.contains(&delivery.status)
+                && (filter.event_types.is_empty()
+                    || filter.event_types.contains(&delivery.event_type))
+                && in_window;
+            if !wanted {
+                continue;
+            }
+            if !endpoints.contains_key(&delivery.endpoint_id) {
+                let endpoint = self
+                    .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
+                    .await?;
+                endpoints.insert(delivery.endpoint_id.clone(), endpoint);
+            }
+            let Some(Some(endpoint)) = endpoints.get(&delivery.endpoint_id) else {
+                continue;
+            };
+            if endpoint.status != EndpointStatus::Active {
+                continue;
+            }
+            matched.push((
+                delivery,
+                endpoint.max_in_flight,
+                endpoint.rate_limit_per_second,
+            ));
+            if matched.len() > limit {
+                break;
+            }
+        }
+        replay.more = matched.len() > limit;
+        matched.truncate(limit);
+        let now = replay.requested_at;
+        let mut queued = Vec::with_capacity(matched.len());
+        for (delivery, max_in_flight, rate_limit_per_second) in matched {
+            let id = delivery.id.as_str();
+            let update = self
+                .client
+                .update_item()
+                .table_name(&self.tables.deliveries)
+                .key("id", s(id))
+                .update_expression(
+                    "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
+                     pending_endpoint = :endpoint, schedule_start = attempts, client_errors = :zero, \
+                     next_trigger = :manual, updated_at = :now",
+                )
+                .condition_expression("#status <> :pending")
+                .expression_attribute_names("#status", "status")
+                .expression_attribute_values(":pending", s("pending"))
+                .expression_attribute_values(":now", n(to_millis(now)))
+                .expression_attribute_values(":due_key", s(time_key(now, id)))
+                .expression_attribute_values(":shard", s(pending_shard(id)))
+                .expression_attribute_values(":endpoint", s(delivery.endpoint_id.as_str()))
+                .expression_attribute_values(":zero", n(0))
+                .expression_attribute_values(":manual", s(Trigger::Manual.as_str()))
+                .send()
+                .await;
+            match update {
+                Ok(_) => queued.push(PendingRef {
+                    delivery_id: delivery.id.clone(),
+                    endpoint_id: delivery.endpoint_id.clone(),
+                    account_id: delivery.account_id.clone(),
+                    due: now,
+                    max_in_flight,
+                    rate_limit_per_second,
+                }),
+                // It went back to pending meanwhile (another replay): not counted.
+                Err(error) if is_condition_failed(&error) => {}
+                Err(error) => return Err(sdk(error)),
+            }
+        }
+        replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
+        // Time-ordered and unique enough for a human-triggered audit trail.
+        let sort = to_millis(now) * 1000 + i64::from(rand::random::<u16>() % 1000);
+        self.client
+            .put_item()
+            .table_name(&self.tables.attempts)
+            .set_item(Some(replay_item(&replay, sort)))
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(ReplayOutcome { replay, queued })
+    }
+
+    async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        let limit = limit.clamp(1, 500) as usize;
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.attempts)
+                    .key_condition_expression("delivery_id = :pk")
+                    .expression_attribute_values(":pk", s(replays_partition(account)))
+                    .scan_index_forward(false),
+            )
+            .await?;
+        let mut replays = items
+            .iter()
+            .map(replay_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // Replay ids are time-ordered: newest first, then strictly older than the cursor.
+        replays.sort_by(|a, b| b.id.cmp(&a.id));
+        if let Some(after) = after {
+            replays.retain(|r| r.id < *after);
+        }
+        let next_cursor = if replays.len() > limit {
+            replays.truncate(limit);
+            replays.last().map(|r| r.id.as_str().to_owned())
+        } else {
+            None
+        };
+        Ok(Page {
+            items: replays,
+            next_cursor,
+        })
+    }
+
+    async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.attempts)
+                    .key_condition_expression("delivery_id = :d")
+                    .expression_attribute_values(":d", s(delivery.as_str()))
+                    .consistent_read(true),
+            )
+            .await?;
+        items.iter().map(attempt_from_item).collect()
+    }
+
+    async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .index_name("failing")
+                    .key_condition_expression("failing_shard = :f AND failing_since <= :before")
+                    .filter_expression("#status = :active")
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":f", s(FAILING_SHARD))
+                    .expression_attribute_values(":before", n(to_millis(failing_before)))
+                    .expression_attribute_values(":active", s("active")),
+            )
+            .await?;
+        items.iter().map(endpoint_from_item).collect()
+    }
+
+    async fn disable_endpoint(&self, r: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
+        let mut update = Update::builder()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                r.account_id.as_str(),
+                "id",
+                r.endpoint_id.as_str(),
+            )))
+            .update_expression(
+                "SET #status = :disabled, disabled_reason = :reason, updated_at = :now",
+            )
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":disabled", s("disabled"))
+            .expression_attribute_values(":active", s("active"))
+            .expression_attribute_values(":reason", s(&r.reason))
+            .expression_attribute_values(":now", n(to_millis(r.now)));
+        update = match r.expected_failing_since {
+            Some(since) => update
+                .condition_expression("#status = :active AND failing_since = :since")
+                .expression_attribute_values(":since", n(to_millis(since))),
+            None => update
+                .condition_expression("#status = :active AND attribute_not_exists(failing_since)"),
+        };
+        let mut items = vec![TransactWriteItem::builder()
+            .update(update.build().map_err(build_error)?)
+            .build()];
+        if let Some(notification) = &r.notification {
+            items.push(put_if_absent(
+                &self.tables.control,
+                notification_item(notification),
+                "pk",
+            )?);
+        }
+        if let Some((event, deliveries)) = &r.operational_event {
+            items.push(put_if_absent(
+                &self.tables.events,
+                self.event_item(event, true),
+                "id",
+            )?);
+            for delivery in deliveries.iter().take(MAX_TRANSACTION_ITEMS - items.len()) {
+                items.push(put_if_absent(
+                    &self.tables.deliveries,
+                    delivery_item(delivery),
+                    "id",
+                )?);
+            }
+        }
+        match self.transact(items).await {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => return Ok(None),
+            Err(other) => return Err(other.into_store_error()),
+        }
+        // The endpoint is disabled (so its pending deliveries are inert: no sender takes
+        // them and the sweeper skips them); abandon them now, one conditional write each.
+        let abandoned = self
+            .abandon_pending_of(&r.endpoint_id, &format!("abandoned: {}", r.reason), r.now)
+            .await?;
+        Ok(Some(DisableOutcome { abandoned }))
+    }
+
+    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.tables.control)
+            .index_name(UNSENT)
+            .key_condition_expression("#u = :u")
+            .expression_attribute_names("#u", UNSENT)
+            .expression_attribute_values(":u", s(UNSENT))
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(sdk)?;
+        out.items
+            .unwrap_or_default()
+            .iter()
+            .map(notification_from_item)
+            .collect()
+    }
+
+    async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", s(format!("notification#{id}")))
+            .update_expression("SET sent_at = :now REMOVE #u")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#u", UNSENT)
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failed(&e) => Ok(()),
+            Err(e) => Err(sdk(e)),
+        }
+    }
+
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        Ok(self
+            .get(&self.tables.control, key1("pk", &format!("setting#{key}")))
+            .await?
+            .and_then(|item| opt_s(&item, "value")))
+    }
+
+    async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
+        let pk = format!("setting#{key}");
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.control)
+            .item("pk", s(&pk))
+            .item("value", s(value))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        match result {
+            Ok(_) => return Ok(value.to_owned()),
+            Err(e) if is_condition_failed(&e) => {}
+            Err(e) => return Err(sdk(e)),
+        }
+        self.get_setting(key)
+            .await?
+            .ok_or_else(|| StoreError::Backend(format!("setting {key} vanished")))
+    }
+}
+
+/// Creates the tables (for tests and local development; the SAM template creates them in
+/// production). Tables that already exist are left as they are.
+pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<()> {
+    use ScalarAttributeType::{N, S};
+    let all = Projection::builder()
+        .projection_type(ProjectionType::All)
+        .build();
+    let keys_only = Projection::builder()
+        .projection_type(ProjectionType::KeysOnly)
+        .build();
+    let pending_projection = Projection::builder()
+        .projection_type(ProjectionType::Include)
+        .non_key_attributes("endpoint_id")
+        .non_key_attributes("account_id")
+        .non_key_attributes("next_try_at")
+        .build();
+    let specs = [
+        TableSpec {
+            name: &tables.accounts,
+            key: ("id", S, None),
+            indexes: vec![],
+            stream: false,
+            ttl: false,
+        },
+        TableSpec {
+            name: &tables.endpoints,
+            key: ("account_id", S, Some(("id", S))),
+            indexes: vec![(
+                "failing",
+                ("failing_shard", S),
+                Some(("failing_since", N)),
+                all.clone(),
+            )],
+            stream: false,
+            ttl: false,
+        },
+        TableSpec {
+            name: &tables.events,
+            key: ("account_id", S, Some(("id", S))),
+            indexes: vec![],
+            stream: true,
+            ttl: true,
+        },
+        TableSpec {
+            name: &tables.deliveries,
+            key: ("id", S, None),
+            indexes: vec![
+                (
+                    "by_endpoint",
+                    ("endpoint_id", S),
+                    Some(("created_key", S)),
+                    all.clone(),
+                ),
+                (
+                    "by_account",
+                    ("account_id", S),
+                    Some(("created_key", S)),
+                    all.clone(),
+                ),
+                (
+                    "by_event",
+                    ("event_key", S),
+                    Some(("endpoint_id", S)),
+                    all.clone(),
+                ),
+                (
+                    "pending",
+                    ("pending_shard", S),
+                    Some(("due_key", S)),
+                    pending_projection,
+                ),
+                (
+                    "pending_by_endpoint",
+                    ("pending_endpoint", S),
+                    None,
+                    keys_only,
+                ),
+            ],
+            stream: false,
+            ttl: false,
+        },
+        TableSpec {
+            name: &tables.attempts,
+            key: ("delivery_id", S, Some(("number", N))),
+            indexes: vec![],
+            stream: false,
+            ttl: true,
+        },
+        TableSpec {
+            name: &tables.control,
+            key: ("pk", S, None),
+            indexes: vec![(UNSENT, (UNSENT, S), Some(("created_key", S)), all)],
+            stream: false,
+            ttl: true,
+        },
+    ];
+    for spec in specs {
+        spec.create(client).await?;
+    }
+    Ok(())
+}
+
+type KeyAttr<'a> = (&'a str, ScalarAttributeType);
+
+struct TableSpec<'a> {
+    name: &'a str,
+    key: (&'a str, ScalarAttributeType, Option<KeyAttr<'a>>),
+    indexes: Vec<(&'a str, KeyAttr<'a>, Option<KeyAttr<'a>>, Projection)>,
+    stream: bool,
+    ttl: bool,
+}
+
+impl TableSpec<'_> {
+    async fn create(self, client: &Client) -> StoreResult<()> {
+        let mut attributes: BTreeMap<&str, ScalarAttributeType> = BTreeMap::new();
+        let (hash, hash_type, range) = self.key;
+        attributes.insert(hash, hash_type);
+        let mut request = client
+            .create_table()
+            .table_name(self.name)
+            .billing_mode(BillingMode::PayPerRequest)
+            .key_schema(key_element(hash, KeyType::Hash)?);
+        if let Some((range, range_type)) = range {
+            attributes.insert(range, range_type);
+            request = request.key_schema(key_element(range, KeyType::Range)?);
+        }
+        for (index, (hash, hash_type), range, projection) in self.indexes {
+            attributes.insert(hash, hash_type);
+            let mut gsi = GlobalSecondaryIndex::builder()
+                .index_name(index)
+                .key_schema(key_element(hash, KeyType::Hash)?)
+                .projection(projection);
+            if let Some((range, range_type)) = range {
+                attributes.insert(range, range_type);
+                gsi = gsi.key_schema(key_element(range, KeyType::Range)?);
+            }
+            request = request.global_secondary_indexes(gsi.build().map_err(build_error)?);
+        }
+        for (name, kind) in attributes {
+            request = request.attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(name)
+                    .attribute_type(kind)
+                    .build()
+                    .map_err(build_error)?,
+            );
+        }
+        if self.stream {
+            request = request.stream_specification(
+                StreamSpecification::builder()
+                    .stream_enabled(true)
+                    .stream_view_type(StreamViewType::NewImage)
+                    .build()
+                    .map_err(build_error)?,
+            );
+        }
+        match request.send().await {
+            Ok(_) => {}
+            Err(e)
+                if e.as_service_error().and_then(ProvideErrorMetadata::code)
+                    == Some("ResourceInUseException") =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(sdk(e)),
+        }
+        if self.ttl {
+            client
+                .update_time_to_live()
+                .table_name(self.name)
+                .time_to_live_specification(
+                    TimeToLiveSpecification::builder()
+                        .enabled(true)
+                        .attribute_name("expires_at")
+                        .build()
+                        .map_err(build_error)?,
+                )
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+        Ok(())
+    }
+}
+
+fn key_element(name: &str, kind: KeyType) -> StoreResult<KeySchemaElement> {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .map_err(build_error)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A client for the local AWS emulator that scripts/test starts. Fails loudly without it:
+    /// a skipped AWS test would look like a passing one.
+    pub async fn emulator_client() -> Client {
+        crate::testing::require_emulator();
+        Client::new(&crate::aws::load_sdk_config().await)
+    }
+
+    /// A store on fresh tables, so tests never see each other's items.
+    pub async fn emulator_store() -> DynamoStore {
+        let client = emulator_client().await;
+        let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
+        create_tables(&client, &tables).await.unwrap();
+        DynamoStore::new(client, tables, Retention::default())
+    }
+
+    crate::store_contract_tests!(emulator_store);
+
+    #[tokio::test]
+    async fn replays_follow_the_store_contract() {
+        let store = emulator_store().await;
+        crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    }
+
+    #[test]
+    fn pending_shards_are_stable_and_spread() {
+        assert_eq!(pending_shard("dlv_1"), pending_shard("dlv_1"));
+        let shards: std::collections::HashSet<String> = (0..200)
+            .map(|_| pending_shard(DeliveryId::generate().as_str()))
+            .collect();
+        assert_eq!(shards.len(), PENDING_SHARDS as usize);
+    }
+
+    #[tokio::test]
+    async fn creating_the_tables_twice_is_harmless() {
+        let store = emulator_store().await;
+        create_tables(store.client(), store.tables()).await.unwrap();
+    }
+}

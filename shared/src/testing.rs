@@ -1,0 +1,107 @@
+//! Test support shared by this crate's tests and the Lambda crates' handler tests
+//! (feature `contract`): a local receiver and the AWS shape on the emulator.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+/// A receiver that answers every request after `delay`, counting how many it is
+/// serving at once.
+pub struct SlowReceiver {
+    pub url: String,
+    pub now: Arc<AtomicUsize>,
+    pub most: Arc<AtomicUsize>,
+    pub served: Arc<AtomicUsize>,
+}
+
+pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    let (n, m, s) = (now.clone(), most.clone(), served.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let (n, m, s) = (n.clone(), m.clone(), s.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => seen.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(inside, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                n.fetch_sub(1, Ordering::SeqCst);
+                s.fetch_add(1, Ordering::SeqCst);
+                let _ = socket
+                    .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    SlowReceiver {
+        url,
+        now,
+        most,
+        served,
+    }
+}
+
+/// Panics with how to get one when no AWS emulator is configured: a skipped AWS test would
+/// look like a passing one.
+pub fn require_emulator() {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: the AWS adapter tests need the local AWS emulator \
+         (moto_server); run them through scripts/test, which provisions and starts it"
+    );
+}
+
+/// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to
+/// loopback receivers.
+#[cfg(feature = "aws")]
+pub async fn emulated_shape() -> (crate::aws::shape::AwsSettings, crate::aws::shape::AwsShape) {
+    require_emulator();
+    let mut core = crate::config::CoreConfig::default();
+    core.sender.policy =
+        crate::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
+    let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let settings = crate::aws::shape::provision(&prefix, core).await.unwrap();
+    let shape = crate::aws::shape::connect(&settings).await.unwrap();
+    (settings, shape)
+}
+
+/// The text of the mail the emulator accepted: moto lists it under `/moto-api/data.json`,
+/// LocalStack under `/_aws/ses`.
+pub async fn sent_mail_text() -> String {
+    require_emulator();
+    let base = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let http = reqwest::Client::new();
+    for path in ["/moto-api/data.json", "/_aws/ses"] {
+        if let Ok(response) = http.get(format!("{base}{path}")).send().await {
+            if response.status().is_success() {
+                return response.text().await.unwrap();
+            }
+        }
+    }
+    panic!("the emulator at {base} shows no sent mail");
+}
