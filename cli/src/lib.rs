@@ -1,5 +1,6 @@
-//! The `hooklane` binary's parts: configuration, `serve`, `receive`, `verify`, and the fake endpoint farm.
+//! The `hooklane` binary's parts: configuration, `serve`, `receive`, `verify`, `bench`, and the fake endpoint farm.
 
+pub mod bench;
 pub mod config;
 pub mod farm;
 pub mod receive;

@@ -2,6 +2,7 @@ use std::{io::Read, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use hooklane_cli::{
+    bench,
     config::{LogFormat, ServeConfig},
     receive, serve, verify,
 };
@@ -24,6 +25,21 @@ enum Command {
         /// A TOML file with the same settings as the HOOKLANE_* variables (which win).
         #[arg(long, env = "HOOKLANE_CONFIG")]
         config: Option<PathBuf>,
+    },
+    /// Benchmark workloads against a Hooklane and the built-in endpoint farm on 127.0.0.1.
+    Bench {
+        /// A running Hooklane to target instead of starting one (its allow-list must include 127.0.0.1).
+        #[arg(long)]
+        url: Option<String>,
+        /// Admin token of the Hooklane given with --url.
+        #[arg(long, env = "HOOKLANE_ADMIN_TOKEN")]
+        token: Option<String>,
+        /// Workloads to run, comma-separated: w1 (throughput), w2 (isolation), w3 (flaky), w4 (steady latency).
+        #[arg(long, default_value = "w1,w2,w3,w4")]
+        workloads: String,
+        /// Scaled-down sizes that finish in seconds.
+        #[arg(long)]
+        quick: bool,
     },
     /// A local webhook receiver that prints (and, given the secret, verifies) what arrives.
     Receive {
@@ -93,6 +109,46 @@ fn main() -> ExitCode {
                 Err(error) => {
                     eprintln!("hooklane: {error}");
                     ExitCode::from(2)
+                }
+            }
+        }
+        Command::Bench {
+            url,
+            token,
+            workloads,
+            quick,
+        } => {
+            let workloads = match workloads
+                .split(',')
+                .map(bench::Workload::parse)
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(w) => w,
+                Err(error) => {
+                    eprintln!("hooklane: bench: {error}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("hooklane: cannot start the runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(bench::run(bench::BenchOptions {
+                url,
+                token,
+                workloads,
+                quick,
+            })) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("hooklane: bench: {error}");
+                    ExitCode::FAILURE
                 }
             }
         }

@@ -2,16 +2,29 @@
 
 use std::sync::Arc;
 
+use axum::{
+    http::{
+        header::{AUTHORIZATION, CONTENT_TYPE},
+        HeaderMap,
+    },
+    response::IntoResponse,
+    routing::get,
+    Router,
+};
+use hooklane::api::ApiError;
 use hooklane::{
     api::{self, ApiState},
     dispatcher::{self, DispatcherConfig},
     http::HttpSender,
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
+    service::tokens,
     store::{sqlite::SqliteStore, Store, StoreError},
     App, SystemClock,
 };
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rand::RngCore;
+use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;
@@ -60,7 +73,77 @@ async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<Stri
     Ok(stored)
 }
 
+const METRIC_BUCKETS: [f64; 17] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0,
+    3600.0, 86_400.0,
+];
+
+fn install_metrics() -> Result<PrometheusHandle, ServeError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&METRIC_BUCKETS)
+        .map_err(|e| ServeError::Startup(format!("metrics: {e}")))?
+        .install_recorder()
+        .map_err(|e| ServeError::Startup(format!("metrics: {e}")))?;
+    hooklane::telemetry::describe();
+    Ok(handle)
+}
+
+/// `GET /metrics`: Prometheus text, behind the admin token like the rest of the API.
+fn metrics_route(handle: PrometheusHandle, admin_token: Arc<str>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let handle = handle.clone();
+            let admin_token = Arc::clone(&admin_token);
+            async move {
+                let presented = headers
+                    .get(AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .unwrap_or("");
+                if !bool::from(presented.trim().as_bytes().ct_eq(admin_token.as_bytes())) {
+                    return ApiError::unauthorized("the admin token is required for /metrics")
+                        .into_response();
+                }
+                (
+                    [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    handle.render(),
+                )
+                    .into_response()
+            }
+        }),
+    )
+}
+
+/// Refreshes the backlog gauges every few seconds.
+fn spawn_backlog_gauges(
+    store: Arc<SqliteStore>,
+    queue: Arc<EmbeddedQueue>,
+    mut stop: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(std::time::Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => break,
+            }
+            match store.backlog().await {
+                Ok((pending, oldest)) => {
+                    let age = oldest
+                        .and_then(|at| (chrono::Utc::now() - at).to_std().ok())
+                        .unwrap_or_default();
+                    let stats = queue.stats();
+                    hooklane::telemetry::backlog(pending, age, stats.due, stats.in_flight);
+                }
+                Err(error) => tracing::warn!(%error, "cannot read the backlog for metrics"),
+            }
+        }
+    });
+}
+
 pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
+    let metrics = install_metrics()?;
     let store = Arc::new(SqliteStore::open(&config.database)?);
     let token = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
     let sender = HttpSender::new(config.core.sender.clone())
@@ -74,7 +157,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     };
     let queue = Arc::new(EmbeddedQueue::new());
     let app = App {
-        store,
+        store: store.clone(),
         queue: queue.clone(),
         transport: Arc::new(sender),
         notifier,
@@ -82,6 +165,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         config: Arc::new(config.core.clone()),
     };
     let (stop, stopped) = watch::channel(false);
+    let queue_for_gauges = queue.clone();
     let running = dispatcher::start(
         app.clone(),
         queue,
@@ -95,10 +179,17 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     )
     .await
     .map_err(|e| ServeError::Startup(format!("cannot load pending deliveries: {e}")))?;
+    spawn_backlog_gauges(store, queue_for_gauges, stop.subscribe());
+    let token_key = tokens::signing_key(app.store.as_ref())
+        .await
+        .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
+    let admin_token: Arc<str> = token.into();
     let router = api::router(ApiState {
         app,
-        admin_token: token.into(),
-    });
+        admin_token: admin_token.clone(),
+        token_key: Arc::new(token_key),
+    })
+    .merge(metrics_route(metrics, admin_token));
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen {

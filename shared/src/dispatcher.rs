@@ -12,7 +12,7 @@ use crate::{
     domain::Trigger,
     queue::embedded::EmbeddedQueue,
     service::{deliver, health, notifications, sweep},
-    App,
+    telemetry, App,
 };
 
 #[derive(Debug, Clone)]
@@ -146,7 +146,9 @@ async fn run_workers(
         };
         let (app, queue) = (app.clone(), Arc::clone(&queue));
         tokio::spawn(async move {
+            telemetry::endpoint_in_flight(&lease.endpoint_id, 1.0);
             let result = deliver::attempt(&app, &lease.delivery_id, Trigger::Scheduled).await;
+            telemetry::endpoint_in_flight(&lease.endpoint_id, -1.0);
             queue.complete(&lease, app.clock.now());
             match result {
                 Ok(result) => {

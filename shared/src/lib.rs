@@ -18,8 +18,10 @@ pub mod service;
 pub mod signing;
 pub mod slots;
 pub mod store;
+pub mod telemetry;
 #[cfg(any(test, feature = "contract"))]
 pub mod testing;
+pub mod tokens;
 
 pub use app::App;
 pub use clock::{Clock, SystemClock};

@@ -195,6 +195,20 @@ async fn bad_input_is_refused_with_the_field_named() {
         .await;
     assert_eq!(status, 404);
 
+    // A body must be an object: serde would otherwise read `[]` as a struct of absent fields.
+    for path in [
+        "/v1/accounts/acme/tokens",
+        "/v1/accounts/acme/endpoints",
+        "/v1/accounts/acme/endpoints/ep_x/secret/rotate",
+    ] {
+        let (status, body) = server.raw_post(path, "application/json", "[]").await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("invalid_body")),
+            "{path}: {body}"
+        );
+    }
+
     // Nothing was half-written by any of the above.
     let (_, list) = server.get(endpoints).await;
     assert_eq!(list["data"].as_array().map(Vec::len), Some(0), "{list}");

@@ -3,11 +3,19 @@
 
 mod support;
 
+mod access;
 mod bad_input;
+mod bench_smoke;
 mod crash;
+mod delivery_log;
 mod delivery_rules;
 mod health;
 mod hostile;
 mod isolation;
+mod metrics;
+mod replay;
 mod retries;
+mod schema;
 mod signatures;
+mod snippets;
+mod ui;

@@ -141,3 +141,91 @@ async fn hooklane_verify_command_checks_a_real_delivery() {
     assert!(!ok);
     assert!(message.contains("raw bytes"), "{message}");
 }
+
+fn python_verifies(
+    python: &std::path::Path,
+    secret: &str,
+    arrival: &hooklane_cli::farm::Arrival,
+    body_path: &std::path::Path,
+) -> bool {
+    std::fs::write(body_path, &arrival.body).expect("write body");
+    let output = std::process::Command::new(python)
+        .arg("-c")
+        .arg(PYTHON_VERIFY)
+        .arg(secret)
+        .arg(arrival.webhook_id.as_deref().unwrap_or(""))
+        .arg(arrival.webhook_timestamp.as_deref().unwrap_or(""))
+        .arg(arrival.webhook_signature.as_deref().unwrap_or(""))
+        .arg(body_path)
+        .output()
+        .expect("run python");
+    output.status.success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
+    let python = test_python();
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("rotation");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (endpoint, old_secret) = server
+        .create_endpoint("acme", &farm.url("receiver"), json!({}))
+        .await;
+    let rotate = format!("/v1/accounts/acme/endpoints/{endpoint}/secret/rotate");
+    let (status, rotated) = server
+        .post(&rotate, json!({"grace_period_seconds": 3600}))
+        .await;
+    assert_eq!(status, 200, "{rotated}");
+    let new_secret = rotated["secret"].as_str().expect("secret").to_owned();
+    assert_ne!(new_secret, old_secret);
+    assert!(rotated["retiring_secret_until"].is_string(), "{rotated}");
+
+    server
+        .publish("acme", "invoice.paid", json!({"n": 1}))
+        .await;
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == 1)
+            .await
+    );
+    let arrival = farm.arrivals("receiver").remove(0);
+    let signature = arrival.webhook_signature.clone().unwrap_or_default();
+    assert_eq!(signature.split(' ').count(), 2, "{signature}");
+    let body_path = scratch.path().join("body.json");
+    assert!(
+        python_verifies(&python, &old_secret, &arrival, &body_path),
+        "old secret"
+    );
+    assert!(
+        python_verifies(&python, &new_secret, &arrival, &body_path),
+        "new secret"
+    );
+    assert!(
+        !python_verifies(
+            &python,
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            &arrival,
+            &body_path
+        ),
+        "a wrong secret verified"
+    );
+
+    // Rotating with no grace: only the newest secret signs.
+    let (status, rotated) = server
+        .post(&rotate, json!({"grace_period_seconds": 0}))
+        .await;
+    assert_eq!(status, 200, "{rotated}");
+    let newest = rotated["secret"].as_str().expect("secret").to_owned();
+    server
+        .publish("acme", "invoice.paid", json!({"n": 2}))
+        .await;
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == 2)
+            .await
+    );
+    let arrival = farm.arrivals("receiver").remove(1);
+    assert!(python_verifies(&python, &newest, &arrival, &body_path));
+    assert!(!python_verifies(&python, &new_secret, &arrival, &body_path));
+}

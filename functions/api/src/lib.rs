@@ -11,9 +11,13 @@ pub async fn api_router(
     settings: &AwsSettings,
 ) -> Result<axum::Router, StoreError> {
     let token = admin_token(shape, settings).await?;
+    let token_key = hooklane::service::tokens::signing_key(shape.app.store.as_ref())
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
     Ok(router(ApiState {
         app: shape.app.clone(),
         admin_token: token.into(),
+        token_key: std::sync::Arc::new(token_key),
     }))
 }
 

@@ -16,15 +16,20 @@ pub struct ApiError {
     pub field: Option<String>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// The one error shape of the API.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ErrorBody)]
+pub struct Body<'a> {
     error: Detail<'a>,
 }
 
-#[derive(Serialize)]
-struct Detail<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ErrorDetail)]
+pub struct Detail<'a> {
+    /// Stable, machine-readable: `invalid_request`, `invalid_field`, `not_found`, …
     code: &'a str,
     message: &'a str,
+    /// The request field or parameter at fault, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<&'a str>,
 }

@@ -58,8 +58,24 @@ where
                     )
                 }
             })?;
-        parse(&bytes).map(JsonBody)
+        parse_object(&bytes).map(JsonBody)
     }
+}
+
+/// Parses a body that must be a JSON object. serde would also fill a struct from an array
+/// (`[]` gives every optional field `None`), which no route documents or means.
+pub fn parse_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))?;
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "the body must be a JSON object",
+        ));
+    }
+    parse(bytes)
 }
 
 /// Parses JSON, reporting the path of the field that did not fit.
@@ -103,6 +119,38 @@ fn join(path: &str, name: &str) -> String {
     }
 }
 
+/// Whole numbers in request bodies. JSON Schema's `integer` admits `3.0`, so clients and
+/// generators may send it; a fraction or a negative number is refused.
+pub mod whole {
+    use serde::{de::Error, Deserialize, Deserializer};
+
+    fn convert<T: TryFrom<u64>, E: Error>(number: &serde_json::Number) -> Result<T, E> {
+        let value = match number.as_u64() {
+            Some(value) => Some(value),
+            None => number
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+                .map(|f| f as u64),
+        };
+        value
+            .and_then(|v| T::try_from(v).ok())
+            .ok_or_else(|| E::custom(format!("expected a whole number in range, got {number}")))
+    }
+
+    pub fn option<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+        Option::<serde_json::Number>::deserialize(d)?
+            .map(|n| convert(&n))
+            .transpose()
+    }
+
+    /// For PATCH fields where `null` clears the value: absent is `None`, `null` is `Some(None)`.
+    pub fn double_option<'de, D: Deserializer<'de>, T: TryFrom<u64>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        option(d).map(Some)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +160,7 @@ mod tests {
     #[allow(dead_code)]
     struct Input {
         url: String,
+        #[serde(default, deserialize_with = "whole::option")]
         max_in_flight: Option<u32>,
     }
 
@@ -125,6 +174,18 @@ mod tests {
         assert_eq!(unknown.field.as_deref(), Some("nope"));
         let negative = parse::<Input>(br#"{"url": "x", "max_in_flight": -1}"#).unwrap_err();
         assert_eq!(negative.field.as_deref(), Some("max_in_flight"));
+        let fraction = parse::<Input>(br#"{"url": "x", "max_in_flight": 2.5}"#).unwrap_err();
+        assert_eq!(fraction.field.as_deref(), Some("max_in_flight"));
+        let whole = parse::<Input>(br#"{"url": "x", "max_in_flight": 3.0}"#).unwrap();
+        assert_eq!(whole.max_in_flight, Some(3));
+        let array = parse_object::<Input>(br#" ["x"]"#).unwrap_err();
+        assert_eq!(
+            (array.status, array.code),
+            (StatusCode::BAD_REQUEST, "invalid_body")
+        );
+        let garbage = parse_object::<Input>(b"nope").unwrap_err();
+        assert_eq!(garbage.code, "malformed_json");
+        assert!(parse_object::<Input>(br#" {"url": "x"}"#).is_ok());
         let malformed = parse::<Input>(br#"{"url": "#).unwrap_err();
         assert_eq!(malformed.code, "malformed_json");
         assert_eq!(malformed.status, StatusCode::BAD_REQUEST);

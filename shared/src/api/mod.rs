@@ -6,16 +6,18 @@ use axum::{
     extract::DefaultBodyLimit,
     middleware,
     routing::{get, post},
-    Json, Router,
+    Router,
 };
 
-use crate::App;
+use crate::{tokens::TokenKey, App};
 
 pub mod auth;
 pub mod error;
 pub mod json;
 mod normalize;
+pub mod openapi;
 mod routes;
+mod ui;
 pub mod views;
 
 pub use auth::Principal;
@@ -25,9 +27,12 @@ pub use error::{ApiError, ApiResult};
 pub struct ApiState {
     pub app: App,
     pub admin_token: Arc<str>,
+    /// Signs and verifies account tokens.
+    pub token_key: Arc<TokenKey>,
 }
 
-/// The whole API. Everything under `/v1` needs a bearer token; `/health` does not.
+/// The whole API. Everything under `/v1` needs a bearer token; `/health`, `/openapi.json`
+/// and the static page under `/ui` do not.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.app.config.max_payload_bytes + 64 * 1024;
     let v1 = Router::new()
@@ -73,15 +78,28 @@ pub fn router(state: ApiState) -> Router {
             "/accounts/{account}/deliveries/{delivery}/attempts",
             get(routes::list_attempts),
         )
+        .route(
+            "/accounts/{account}/deliveries/{delivery}/replay",
+            post(routes::replay_delivery),
+        )
+        .route(
+            "/accounts/{account}/endpoints/{endpoint}/replay",
+            post(routes::replay_endpoint),
+        )
+        .route("/accounts/{account}/replays", get(routes::list_replays))
+        .route("/accounts/{account}/tokens", post(routes::create_token))
+        .route("/whoami", get(routes::whoami))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,
         ));
     Router::new()
-        .route(
-            "/health",
-            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
-        )
+        .route("/health", get(openapi::health))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/app.css", get(ui::style))
         .nest("/v1", v1)
         .fallback(|| async { ApiError::not_found("route") })
         .method_not_allowed_fallback(|| async {

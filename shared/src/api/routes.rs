@@ -7,17 +7,29 @@ use axum::{
     Extension, Json,
 };
 use serde::{Deserialize, Deserializer};
+use utoipa::ToSchema;
 
 use super::{
-    auth::Principal,
+    auth::{AdminOnly, Principal},
     error::{ApiError, ApiResult},
-    json::JsonBody,
-    views::{AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView},
+    json::{whole, JsonBody},
+    openapi::{
+        AccountDeliveryFilters, AccountPath, AttemptList, DeliveryFilters, DeliveryList,
+        DeliveryPath, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
+        PageParams, ReadErrors, ReplayList, ReplayableStatus, WriteErrors,
+    },
+    views::{
+        AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView, ReplayView,
+        TokenView, WhoamiView,
+    },
     ApiState,
 };
 use crate::{
-    domain::{AccountId, DeliveryId, DeliveryStatus, EndpointId, EventId, EventType},
-    service::{accounts, endpoints, publish},
+    domain::{
+        AccountId, DeliveryId, DeliveryStatus, EndpointId, EventId, EventType, ReplayFilter,
+        ReplayId,
+    },
+    service::{accounts, endpoints, publish, replay, tokens},
     store::{sqlite::decode_cursor, DeliveryQuery},
 };
 
@@ -43,20 +55,32 @@ fn double_option<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
     Option::<T>::deserialize(d).map(Some)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAccount {
+    /// Chosen by the caller, or generated.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "acme")]
     id: Option<String>,
+    #[schema(min_length = 1, max_length = 200, example = "Acme Corp")]
     name: String,
+    /// Told when an endpoint is disabled.
+    #[schema(format = "email", example = "ops@acme.example")]
     owner_email: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/accounts",
+    tag = "accounts",
+    summary = "Creates an account (admin only).",
+    request_body = CreateAccount,
+    responses((status = 201, description = "The account was created", body = AccountView), WriteErrors),
+)]
 pub async fn create_account(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
+    _admin: AdminOnly,
     JsonBody(body): JsonBody<CreateAccount>,
 ) -> ApiResult<Response> {
-    principal.require_admin()?;
     let account = accounts::create(
         &state.app,
         accounts::NewAccount {
@@ -69,6 +93,14 @@ pub async fn create_account(
     Ok((StatusCode::CREATED, Json(AccountView::from(&account))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}",
+    tag = "accounts",
+    summary = "Reads an account.",
+    params(AccountPath),
+    responses((status = 200, description = "The account", body = AccountView), ReadErrors),
+)]
 pub async fn get_account(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -79,17 +111,42 @@ pub async fn get_account(
     Ok(Json(AccountView::from(&account)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEndpoint {
+    /// http or https; private and loopback addresses are refused unless allowed.
+    #[schema(
+        format = "uri",
+        max_length = 2048,
+        example = "https://hooks.acme.example/hooklane"
+    )]
     url: String,
+    #[schema(max_length = 1000)]
     description: Option<String>,
+    /// Event types or patterns (`invoice.*`); absent means every type.
+    #[schema(value_type = Option<Vec<EventTypePattern>>, min_items = 1, max_items = 100)]
     event_types: Option<Vec<String>>,
+    /// Requests in flight at once (default 4).
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 1000)]
     max_in_flight: Option<u32>,
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 100000)]
     rate_limit_per_second: Option<u32>,
+    /// A `whsec_…` secret to use instead of a generated one.
+    #[schema(pattern = "^whsec_")]
     secret: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints",
+    tag = "endpoints",
+    summary = "Creates an endpoint.",
+    params(AccountPath),
+    request_body = CreateEndpoint,
+    responses((status = 201, description = "The endpoint was created; `secret` signs its webhooks", body = EndpointView), WriteErrors),
+)]
 pub async fn create_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -113,6 +170,14 @@ pub async fn create_endpoint(
     Ok((StatusCode::CREATED, Json(EndpointView::from(&endpoint))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/endpoints",
+    tag = "endpoints",
+    summary = "Lists the account's endpoints.",
+    params(AccountPath),
+    responses((status = 200, description = "The account's endpoints", body = EndpointList), ReadErrors),
+)]
 pub async fn list_endpoints(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -127,6 +192,14 @@ pub async fn list_endpoints(
     .into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    tag = "endpoints",
+    summary = "Reads an endpoint.",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint", body = EndpointView), ReadErrors),
+)]
 pub async fn get_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -137,18 +210,35 @@ pub async fn get_endpoint(
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateEndpoint {
+    #[schema(format = "uri", max_length = 2048)]
     url: Option<String>,
+    #[schema(max_length = 1000)]
     description: Option<String>,
+    /// `null` receives every event type again.
     #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<Vec<EventTypePattern>>, min_items = 1, max_items = 100)]
     event_types: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 1000)]
     max_in_flight: Option<u32>,
-    #[serde(default, deserialize_with = "double_option")]
+    /// `null` removes the rate limit.
+    #[serde(default, deserialize_with = "whole::double_option")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
     rate_limit_per_second: Option<Option<u32>>,
 }
 
+#[utoipa::path(
+    patch,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    tag = "endpoints",
+    summary = "Changes an endpoint; absent fields stay, `null` clears an optional one.",
+    params(EndpointPath),
+    request_body = UpdateEndpoint,
+    responses((status = 200, description = "The endpoint as changed", body = EndpointView), WriteErrors),
+)]
 pub async fn update_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -172,6 +262,14 @@ pub async fn update_endpoint(
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    tag = "endpoints",
+    summary = "Deletes an endpoint; its delivery history stays.",
+    params(EndpointPath),
+    responses((status = 204, description = "Deleted; its pending deliveries are abandoned"), ReadErrors),
+)]
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -182,6 +280,14 @@ pub async fn delete_endpoint(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/enable",
+    tag = "endpoints",
+    summary = "Enables an endpoint with a fresh health clock.",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint, active", body = EndpointView), ReadErrors),
+)]
 pub async fn enable_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -192,6 +298,14 @@ pub async fn enable_endpoint(
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/disable",
+    tag = "endpoints",
+    summary = "Disables an endpoint; its pending deliveries are abandoned.",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint, disabled", body = EndpointView), ReadErrors),
+)]
 pub async fn disable_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -202,12 +316,24 @@ pub async fn disable_endpoint(
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RotateSecret {
+    /// How long the old secret keeps signing (default 86400, at most 30 days).
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 0, maximum = 2592000)]
     grace_period_seconds: Option<u64>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/secret/rotate",
+    tag = "endpoints",
+    summary = "Rotates the signing secret with a grace period (default 24 h) during which both secrets sign.",
+    params(EndpointPath),
+    request_body = Option<RotateSecret>,
+    responses((status = 200, description = "The endpoint with its new secret; the old one signs too until `retiring_secret_until`", body = EndpointView), WriteErrors),
+)]
 pub async fn rotate_secret(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -215,11 +341,12 @@ pub async fn rotate_secret(
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let account = scoped(&principal, &account)?;
-    // The body is optional: an empty POST rotates with the default grace period.
-    let options: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
+    // The body is optional: an empty POST (or `null`) rotates with the default grace period.
+    let text = body.trim_ascii();
+    let options: RotateSecret = if text.is_empty() || text == b"null" {
         RotateSecret::default()
     } else {
-        super::json::parse(&body)?
+        super::json::parse_object(&body)?
     };
     let grace_secs = options.grace_period_seconds.unwrap_or(86_400);
     if grace_secs > 30 * 86_400 {
@@ -238,15 +365,33 @@ pub async fn rotate_secret(
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PublishEvent {
+    /// Idempotency key: publishing the same id again returns the first event.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     id: Option<String>,
+    /// Dot-separated segments of letters, digits, `_` or `-`.
     #[serde(rename = "type")]
+    #[schema(
+        pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+        max_length = 128,
+        example = "invoice.paid"
+    )]
     event_type: String,
+    /// Any JSON; the whole webhook body is at most 256 KiB.
     data: serde_json::Value,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/events",
+    tag = "events",
+    summary = "Publishes an event, idempotent on its id.",
+    params(AccountPath),
+    request_body = PublishEvent,
+    responses((status = 202, description = "The event was recorded; its deliveries are queued", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), WriteErrors),
+)]
 pub async fn publish_event(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -276,6 +421,14 @@ pub async fn publish_event(
         .into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/events/{event}",
+    tag = "events",
+    summary = "Reads an event and its deliveries.",
+    params(EventPath),
+    responses((status = 200, description = "The event and its deliveries", body = EventView), ReadErrors),
+)]
 pub async fn get_event(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -296,6 +449,17 @@ fn parse_time(field: &str, raw: &str) -> ApiResult<crate::clock::Timestamp> {
                 format!("{field}: `{raw}` is not an RFC 3339 time like 2026-01-31T12:00:00Z"),
             )
         })
+}
+
+fn parse_limit(raw: &str) -> ApiResult<u32> {
+    raw.parse::<u32>()
+        .ok()
+        .filter(|l| (1..=500).contains(l))
+        .ok_or_else(|| ApiError::bad_request("limit", "limit must be between 1 and 500"))
+}
+
+fn unknown_parameter(name: &str) -> ApiError {
+    ApiError::bad_request(name.to_owned(), format!("unknown query parameter `{name}`"))
 }
 
 /// Reads the delivery-log filters, naming any parameter that does not fit.
@@ -356,26 +520,21 @@ fn delivery_query(
                 }
                 query.cursor = Some(value);
             }
-            "limit" => {
-                query.limit = value
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|l| (1..=500).contains(l))
-                    .ok_or_else(|| {
-                        ApiError::bad_request("limit", "limit must be between 1 and 500")
-                    })?
-            }
-            other => {
-                return Err(ApiError::bad_request(
-                    other.to_owned(),
-                    format!("unknown query parameter `{other}`"),
-                ))
-            }
+            "limit" => query.limit = parse_limit(&value)?,
+            other => return Err(unknown_parameter(other)),
         }
     }
     Ok(query)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/deliveries",
+    tag = "deliveries",
+    summary = "The account's delivery log.",
+    params(AccountPath, AccountDeliveryFilters),
+    responses((status = 200, description = "A page of deliveries, newest first", body = DeliveryList), ReadErrors),
+)]
 pub async fn list_deliveries(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -397,6 +556,14 @@ pub async fn list_deliveries(
     deliveries_page(&state, &account, &query).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/deliveries",
+    tag = "deliveries",
+    summary = "One endpoint's delivery log.",
+    params(EndpointPath, DeliveryFilters),
+    responses((status = 200, description = "A page of deliveries, newest first", body = DeliveryList), ReadErrors),
+)]
 pub async fn list_endpoint_deliveries(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -428,6 +595,14 @@ async fn deliveries_page(
     .into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/deliveries/{delivery}",
+    tag = "deliveries",
+    summary = "Reads a delivery.",
+    params(DeliveryPath),
+    responses((status = 200, description = "The delivery", body = DeliveryView), ReadErrors),
+)]
 pub async fn get_delivery(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -445,6 +620,14 @@ pub async fn get_delivery(
     Ok(Json(DeliveryView::from(&delivery)).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/deliveries/{delivery}/attempts",
+    tag = "deliveries",
+    summary = "Attempt detail: status, latency, response headers and body, error, trigger.",
+    params(DeliveryPath),
+    responses((status = 200, description = "Every attempt of the delivery, oldest first", body = AttemptList), ReadErrors),
+)]
 pub async fn list_attempts(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -468,6 +651,181 @@ pub async fn list_attempts(
     Ok(Json(ListView {
         data: attempts.iter().map(AttemptView::from).collect(),
         next_cursor: None,
+    })
+    .into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// Lifetime of the token (default 86400, at most 90 days).
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 7776000, example = 3600)]
+    ttl_seconds: Option<u64>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/tokens",
+    tag = "access",
+    summary = "Mints an expiring account token (admin only).",
+    params(AccountPath),
+    request_body = CreateToken,
+    responses((status = 201, description = "A token that reaches only this account", body = TokenView), WriteErrors),
+)]
+pub async fn create_token(
+    State(state): State<ApiState>,
+    _admin: AdminOnly,
+    Path(account): Path<String>,
+    JsonBody(body): JsonBody<CreateToken>,
+) -> ApiResult<Response> {
+    let account = account_id(&account)?;
+    let ttl = body
+        .ttl_seconds
+        .map_or(tokens::DEFAULT_TTL, Duration::from_secs);
+    let minted = tokens::mint(&state.app, &state.token_key, &account, ttl).await?;
+    Ok((StatusCode::CREATED, Json(TokenView::from(&minted))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "access",
+    summary = "Tells who the bearer token belongs to.",
+    responses((status = 200, description = "Who the token belongs to", body = WhoamiView), ReadErrors),
+)]
+pub async fn whoami(Extension(principal): Extension<Principal>) -> ApiResult<Response> {
+    Ok(Json(WhoamiView::from(&principal)).into_response())
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/deliveries/{delivery}/replay",
+    tag = "replays",
+    summary = "Sends a delivered, failed or abandoned delivery again; the retry schedule starts over.",
+    params(DeliveryPath),
+    responses((status = 202, description = "The delivery is pending again, due now, for a manual attempt", body = ReplayView), WriteErrors),
+)]
+pub async fn replay_delivery(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, delivery)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
+    let replay =
+        replay::replay_delivery(&state.app, &account, &delivery, principal.actor()).await?;
+    Ok((StatusCode::ACCEPTED, Json(ReplayView::from(&replay))).into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkReplay {
+    /// Deliveries created at or after this time (RFC 3339).
+    #[schema(format = DateTime, example = "2026-01-31T12:00:00Z")]
+    since: String,
+    /// Deliveries created before this time.
+    #[schema(format = DateTime)]
+    until: Option<String>,
+    /// Which final statuses to resend (default failed and abandoned).
+    #[schema(value_type = Option<Vec<ReplayableStatus>>, min_items = 1)]
+    statuses: Option<Vec<String>>,
+    /// Only these event types (exact names).
+    #[schema(value_type = Option<Vec<EventTypeName>>)]
+    event_types: Option<Vec<String>>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/replay",
+    tag = "replays",
+    summary = "Resends the endpoint's deliveries created since a time (failed and abandoned by default).",
+    params(EndpointPath),
+    request_body = BulkReplay,
+    responses((status = 202, description = "Matching deliveries are pending again for a manual attempt", body = ReplayView), WriteErrors),
+)]
+pub async fn replay_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+    JsonBody(body): JsonBody<BulkReplay>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoint_id(&endpoint)?;
+    let since = parse_time("since", &body.since)?;
+    let until = body
+        .until
+        .as_deref()
+        .map(|raw| parse_time("until", raw))
+        .transpose()?;
+    let statuses = body
+        .statuses
+        .map(|raw| {
+            raw.iter()
+                .map(|s| {
+                    DeliveryStatus::parse(s).ok_or_else(|| {
+                        ApiError::bad_request(
+                            "statuses",
+                            format!("`{s}` is not one of delivered, failed, abandoned"),
+                        )
+                    })
+                })
+                .collect::<ApiResult<Vec<_>>>()
+        })
+        .transpose()?;
+    let event_types = body
+        .event_types
+        .unwrap_or_default()
+        .iter()
+        .map(|raw| {
+            EventType::parse(raw).map_err(|e| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_field",
+                    format!("event_types: {}", e.message),
+                )
+                .with_field("event_types")
+            })
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    let filter = ReplayFilter::bulk(since, until, statuses, event_types)?;
+    let replay =
+        replay::replay_endpoint(&state.app, &account, &endpoint, filter, principal.actor()).await?;
+    Ok((StatusCode::ACCEPTED, Json(ReplayView::from(&replay))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/replays",
+    tag = "replays",
+    summary = "The replay audit trail: who, when, filters, how many.",
+    params(AccountPath, PageParams),
+    responses((status = 200, description = "Replay requests, newest first", body = ReplayList), ReadErrors),
+)]
+pub async fn list_replays(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let mut after = None;
+    let mut limit = 50;
+    for (name, value) in params {
+        match name.as_str() {
+            "cursor" => {
+                after = Some(ReplayId::parse(&value).map_err(|_| {
+                    ApiError::bad_request("cursor", "cursor is not one this API returned")
+                })?)
+            }
+            "limit" => limit = parse_limit(&value)?,
+            other => return Err(unknown_parameter(other)),
+        }
+    }
+    let page = replay::list(&state.app, &account, after.as_ref(), limit).await?;
+    Ok(Json(ListView {
+        data: page.items.iter().map(ReplayView::from).collect(),
+        next_cursor: page.next_cursor,
     })
     .into_response())
 }

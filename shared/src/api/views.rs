@@ -1,17 +1,27 @@
 //! What the API shows of the domain.
 
 use serde::Serialize;
+use utoipa::ToSchema;
 
+use super::{
+    auth::Principal,
+    openapi::{
+        DeliveryStatusName, EndpointStatusName, PrincipalKind, ReplayScopeName, ReplayableStatus,
+        TriggerName,
+    },
+};
 use crate::{
     clock::Timestamp,
-    domain::{Account, Attempt, Delivery, Endpoint, Event},
+    domain::{Account, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope},
+    service::tokens::MintedToken,
 };
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct AccountView<'a> {
     pub id: &'a str,
     pub name: &'a str,
     pub owner_email: &'a str,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
 }
 
@@ -26,7 +36,7 @@ impl<'a> From<&'a Account> for AccountView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct EndpointView<'a> {
     pub id: &'a str,
     pub account_id: &'a str,
@@ -35,14 +45,24 @@ pub struct EndpointView<'a> {
     /// Shown to the endpoint's owner so that they can verify signatures.
     pub secret: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub retiring_secret_until: Option<Timestamp>,
+    #[schema(value_type = EndpointStatusName)]
     pub status: &'static str,
+    #[schema(value_type = Option<Vec<String>>)]
+    #[schema(required = true)]
     pub event_types: Option<&'a [String]>,
     pub max_in_flight: u32,
+    #[schema(required = true)]
     pub rate_limit_per_second: Option<u32>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
     pub failing_since: Option<Timestamp>,
+    #[schema(required = true)]
     pub disabled_reason: Option<&'a str>,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
 }
 
@@ -67,18 +87,25 @@ impl<'a> From<&'a Endpoint> for EndpointView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct DeliveryView<'a> {
     pub id: &'a str,
     pub event_id: &'a str,
     pub event_type: &'a str,
     pub endpoint_id: &'a str,
+    #[schema(value_type = DeliveryStatusName)]
     pub status: &'static str,
     pub attempts: u32,
+    #[schema(required = true)]
     pub last_status: Option<u16>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
     pub next_try_at: Option<Timestamp>,
+    #[schema(required = true)]
     pub last_error: Option<&'a str>,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
 }
 
@@ -100,11 +127,12 @@ impl<'a> From<&'a Delivery> for DeliveryView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct EventView<'a> {
     pub id: &'a str,
     #[serde(rename = "type")]
     pub event_type: &'a str,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
     pub data: serde_json::Value,
     pub deliveries: Vec<DeliveryView<'a>>,
@@ -122,16 +150,22 @@ impl<'a> EventView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct AttemptView<'a> {
     pub number: u32,
+    #[schema(value_type = TriggerName)]
     pub trigger: &'static str,
+    #[schema(value_type = String, format = DateTime)]
     pub started_at: Timestamp,
     pub latency_ms: u64,
+    #[schema(required = true)]
     pub status_code: Option<u16>,
+    /// `[name, value]` pairs as received.
+    #[schema(value_type = Vec<Vec<String>>)]
     pub response_headers: &'a [(String, String)],
     pub response_body: &'a str,
     pub response_body_truncated: bool,
+    #[schema(required = true)]
     pub error: Option<&'a str>,
 }
 
@@ -156,4 +190,115 @@ pub struct ListView<T: Serialize> {
     pub data: Vec<T>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TokenView<'a> {
+    /// The bearer token; shown only here.
+    pub token: &'a str,
+    pub token_id: &'a str,
+    pub account_id: &'a str,
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: Timestamp,
+}
+
+impl<'a> From<&'a MintedToken> for TokenView<'a> {
+    fn from(t: &'a MintedToken) -> Self {
+        Self {
+            token: &t.token,
+            token_id: &t.token_id,
+            account_id: t.account_id.as_str(),
+            expires_at: t.expires_at,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct WhoamiView<'a> {
+    #[schema(value_type = PrincipalKind)]
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub expires_at: Option<Timestamp>,
+}
+
+impl<'a> From<&'a Principal> for WhoamiView<'a> {
+    fn from(p: &'a Principal) -> Self {
+        match p {
+            Principal::Admin => Self {
+                kind: "admin",
+                account_id: None,
+                token_id: None,
+                expires_at: None,
+            },
+            Principal::Account {
+                account_id,
+                token_id,
+                expires_at,
+            } => Self {
+                kind: "account",
+                account_id: Some(account_id.as_str()),
+                token_id: Some(token_id),
+                expires_at: Some(*expires_at),
+            },
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReplayView<'a> {
+    pub id: &'a str,
+    pub account_id: &'a str,
+    /// Who asked: `admin` or `token:<token id>`.
+    pub actor: &'a str,
+    #[schema(value_type = ReplayScopeName)]
+    pub scope: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_id: Option<&'a str>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
+    pub since: Option<Timestamp>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
+    pub until: Option<Timestamp>,
+    #[schema(value_type = Vec<ReplayableStatus>)]
+    pub statuses: Vec<&'static str>,
+    #[schema(value_type = Vec<String>)]
+    pub event_types: Vec<&'a str>,
+    #[schema(value_type = String, format = DateTime)]
+    pub requested_at: Timestamp,
+    /// Deliveries put back in the queue for a manual attempt.
+    pub count: u32,
+    /// More deliveries matched than one request replays: send the same request again.
+    pub more: bool,
+}
+
+impl<'a> From<&'a Replay> for ReplayView<'a> {
+    fn from(r: &'a Replay) -> Self {
+        let (scope, delivery_id, endpoint_id) = match &r.scope {
+            ReplayScope::Delivery(id) => ("delivery", Some(id.as_str()), None),
+            ReplayScope::Endpoint(id) => ("endpoint", None, Some(id.as_str())),
+        };
+        Self {
+            id: r.id.as_str(),
+            account_id: r.account_id.as_str(),
+            actor: &r.actor,
+            scope,
+            delivery_id,
+            endpoint_id,
+            since: r.filter.since,
+            until: r.filter.until,
+            statuses: r.filter.statuses.iter().map(|s| s.as_str()).collect(),
+            event_types: r.filter.event_types.iter().map(|t| t.as_str()).collect(),
+            requested_at: r.requested_at,
+            count: r.count,
+            more: r.more,
+        }
+    }
 }

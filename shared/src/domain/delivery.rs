@@ -1,6 +1,7 @@
 use serde::Serialize;
 
 use super::{
+    attempt::Trigger,
     event::EventType,
     ids::{AccountId, DeliveryId, EndpointId, EventId},
 };
@@ -57,6 +58,11 @@ pub struct Delivery {
     /// How many answers were one of the "you are misconfigured" client errors.
     #[serde(skip)]
     pub client_error_count: u32,
+    /// Attempts made before the current run of the retry schedule: a replay restarts the
+    /// schedule while attempt numbers keep counting.
+    pub schedule_start: u32,
+    /// What sets off the next attempt: `Manual` after a replay, until that attempt is made.
+    pub next_trigger: Trigger,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -81,6 +87,8 @@ impl Delivery {
             last_status: None,
             last_error: None,
             client_error_count: 0,
+            schedule_start: 0,
+            next_trigger: Trigger::Scheduled,
             created_at: now,
             updated_at: now,
         }

@@ -61,6 +61,7 @@ string_id!(AccountId, "acc", "id");
 string_id!(EndpointId, "ep", "endpoint");
 string_id!(EventId, "evt", "id");
 string_id!(DeliveryId, "dlv", "delivery");
+string_id!(ReplayId, "rpl", "replay");
 
 #[cfg(test)]
 mod tests {

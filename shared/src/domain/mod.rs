@@ -8,6 +8,7 @@ pub mod event;
 pub mod health;
 pub mod ids;
 pub mod outcome;
+pub mod replay;
 pub mod schedule;
 
 pub use account::{Account, EmailAddress};
@@ -15,8 +16,9 @@ pub use attempt::{Attempt, Trigger};
 pub use delivery::{Delivery, DeliveryStatus};
 pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EventTypeFilter};
 pub use event::{Event, EventType};
-pub use ids::{AccountId, DeliveryId, EndpointId, EventId};
+pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
 pub use outcome::{AttemptOutcome, Decision, RetryPolicy};
+pub use replay::{Replay, ReplayFilter, ReplayScope};
 pub use schedule::RetrySchedule;
 
 /// Input that does not fit the domain, naming the field it came from.

@@ -86,6 +86,14 @@ pub async fn attempt(
         }
     }
     let number = work.delivery.attempts + 1;
+    // A replay marks the delivery for one manual attempt, whoever picks it up.
+    let trigger = if work.delivery.next_trigger == Trigger::Manual {
+        Trigger::Manual
+    } else {
+        trigger
+    };
+    // After a replay the schedule starts over; attempt numbers keep counting.
+    let attempts_in_schedule = number.saturating_sub(work.delivery.schedule_start);
     let span = tracing::info_span!(
         "attempt",
         event.id = %work.event.id,
@@ -112,7 +120,7 @@ pub async fn attempt(
         let outcome = classify(&response, finished);
         let policy = &app.config.retry;
         let client_errors = work.delivery.client_error_count + u32::from(policy.is_client_error(&outcome));
-        let decision = policy.decide(number, client_errors, &outcome, finished, &mut rand::rng());
+        let decision = policy.decide(attempts_in_schedule, client_errors, &outcome, finished, &mut rand::rng());
         let max_body = app.config.sender.max_response_body;
         let attempt = Attempt {
             delivery_id: work.delivery.id.clone(),
@@ -136,7 +144,7 @@ pub async fn attempt(
             now: finished,
         };
         match &decision {
-            Decision::Delivered => tracing::info!(status = response.status, latency_ms = record.attempt.latency_ms, "delivered"),
+            Decision::Delivered => tracing::debug!(status = response.status, latency_ms = record.attempt.latency_ms, "delivered"),
             Decision::RetryAt(at) => tracing::info!(status = response.status, error = record.attempt.error.as_deref(), next_try_at = %at, "attempt failed; will retry"),
             Decision::Failed { reason } => tracing::warn!(status = response.status, error = record.attempt.error.as_deref(), reason, "delivery failed"),
         }
@@ -147,6 +155,15 @@ pub async fn attempt(
             }
             RecordOutcome::Recorded { endpoint_failing_since } => endpoint_failing_since,
         };
+        crate::telemetry::attempt_recorded(
+            &endpoint.id,
+            &work.delivery.account_id,
+            number,
+            &outcome,
+            &decision,
+            response.latency,
+            (finished - work.event.created_at).to_std().unwrap_or_default(),
+        );
         if should_disable(failing_since, finished, app.config.disable_after) {
             if let Some(since) = failing_since {
                 health::disable_failing(app, endpoint, since).await?;

@@ -78,6 +78,7 @@ pub async fn disable_failing(
         return Ok(false);
     };
     tracing::warn!(endpoint.id = %endpoint.id, account.id = %endpoint.account_id, abandoned = outcome.abandoned, %reason, "endpoint disabled");
+    crate::telemetry::endpoint_disabled(&endpoint.account_id, outcome.abandoned);
     if let Some(deliveries) = published {
         enqueue_new(app, deliveries).await?;
     }

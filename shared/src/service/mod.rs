@@ -8,9 +8,11 @@ pub mod fan_out;
 pub mod health;
 pub mod notifications;
 pub mod publish;
+pub mod replay;
 #[cfg(feature = "aws")]
 pub mod sender;
 pub mod sweep;
+pub mod tokens;
 
 use crate::{domain::InvalidField, queue::QueueError, store::StoreError};
 

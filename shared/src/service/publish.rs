@@ -77,6 +77,7 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
                     rate_limit_per_second: e.rate_limit_per_second,
                 })
                 .collect();
+            crate::telemetry::published(deliveries.len());
             // The event is committed; if the queue fails now, the sweeper picks the rows up.
             if let Err(error) = app.queue.enqueue(refs).await {
                 tracing::error!(event.id = %event.id, %error, "enqueue after publish failed; the sweeper will retry");

@@ -31,8 +31,8 @@ use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
 
 use super::{
     sqlite::decode_cursor, AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome,
-    DisableRequest, Notification, Page, PendingRef, PublishOutcome, RecordOutcome, Store,
-    StoreError, StoreResult,
+    DisableRequest, Notification, Page, PendingRef, PublishOutcome, RecordOutcome, ReplayOutcome,
+    ReplayRequest, Store, StoreError, StoreResult,
 };
 use crate::{
     aws::error_text,
@@ -40,7 +40,7 @@ use crate::{
     domain::{
         endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, Trigger,
+        EventId, EventType, EventTypeFilter, Replay, ReplayId, Trigger,
     },
     signing::SigningSecret,
 };
@@ -535,6 +535,8 @@ fn delivery_item(d: &Delivery) -> Item {
         ("status".into(), s(d.status.as_str())),
         ("attempts".into(), n(d.attempts)),
         ("client_errors".into(), n(d.client_error_count)),
+        ("schedule_start".into(), n(d.schedule_start)),
+        ("next_trigger".into(), s(d.next_trigger.as_str())),
         ("created_at".into(), n(to_millis(d.created_at))),
         ("updated_at".into(), n(to_millis(d.updated_at))),
         (
@@ -578,6 +580,10 @@ fn delivery_from_item(item: &Item) -> StoreResult<Delivery> {
         last_status: opt_n(item, "last_status")?,
         last_error: opt_s(item, "last_error"),
         client_error_count: get_n(item, "client_errors")?,
+        schedule_start: opt_n(item, "schedule_start")?.unwrap_or(0),
+        next_trigger: opt_s(item, "next_trigger")
+            .and_then(|raw| Trigger::parse(&raw))
+            .unwrap_or(Trigger::Scheduled),
         created_at: from_millis(get_n(item, "created_at")?),
         updated_at: from_millis(get_n(item, "updated_at")?),
     })
@@ -888,6 +894,7 @@ impl Store for DynamoStore {
             "attempts = :attempts",
             "client_errors = :client_errors",
             "updated_at = :now",
+            "next_trigger = :scheduled",
         ];
         let mut removes = Vec::new();
         let mut values = Item::from([
@@ -897,6 +904,7 @@ impl Store for DynamoStore {
             (":now".into(), n(to_millis(r.now))),
             (":pending".into(), s("pending")),
             (":expected".into(), n(r.expected_attempts)),
+            (":scheduled".into(), s(Trigger::Scheduled.as_str())),
         ]);
         match next_try_at {
             Some(at) => {
@@ -1208,6 +1216,23 @@ impl Store for DynamoStore {
             )
             .await?;
         items.iter().map(attempt_from_item).collect()
+    }
+
+    async fn replay(&self, _request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        Err(StoreError::Backend(
+            "replays are not implemented on the DynamoDB store yet".into(),
+        ))
+    }
+
+    async fn list_replays(
+        &self,
+        _account: &AccountId,
+        _after: Option<&ReplayId>,
+        _limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        Err(StoreError::Backend(
+            "replays are not implemented on the DynamoDB store yet".into(),
+        ))
     }
 
     async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {

@@ -6,7 +6,7 @@ use crate::{
     clock::Timestamp,
     domain::{
         Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
-        Endpoint, EndpointId, Event, EventId,
+        Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
     },
 };
 
@@ -14,6 +14,8 @@ use crate::{
 pub mod contract;
 #[cfg(feature = "aws")]
 pub mod dynamodb;
+#[cfg(test)]
+pub(crate) mod replay_contract;
 pub mod sqlite;
 
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +54,8 @@ pub struct DeliveryWork {
 }
 
 /// The result of one attempt, written in one transaction: the attempt row, the delivery's
-/// new state (only if it is still pending with `expected_attempts`), the endpoint's health.
+/// new state (only if it is still pending with `expected_attempts`; its `next_trigger`
+/// goes back to `scheduled`), the endpoint's health.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
     pub attempt: Attempt,
@@ -133,6 +136,22 @@ pub struct DisableOutcome {
     pub abandoned: u64,
 }
 
+/// A replay to carry out; `replay.count` and `replay.more` are filled in by the store.
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    pub replay: Replay,
+    /// At most this many deliveries, oldest first.
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayOutcome {
+    /// The audit record as written, with its count.
+    pub replay: Replay,
+    /// The deliveries now pending, for the queue.
+    pub queued: Vec<PendingRef>,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     async fn create_account(&self, account: &Account) -> StoreResult<()>;
@@ -189,6 +208,20 @@ pub trait Store: Send + Sync + 'static {
         query: &DeliveryQuery,
     ) -> StoreResult<Page<Delivery>>;
     async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>>;
+
+    /// In one transaction: each final delivery of the request's scope that matches its
+    /// filter, and whose endpoint is active, goes back to `pending`, due now, with
+    /// `next_trigger = manual`, `schedule_start = attempts` (the retry schedule restarts,
+    /// attempt numbers keep counting) and its client-error count reset; and the audit
+    /// record is written with the count. Deliveries already pending are left alone.
+    async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome>;
+    /// The account's replay records, newest first, after `after` (paging).
+    async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>>;
 
     /// Active endpoints whose `failing_since` is at or before `failing_before`.
     async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>>;

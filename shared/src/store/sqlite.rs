@@ -3,23 +3,24 @@
 use std::{
     fs::{File, OpenOptions},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{mpsc, Arc},
 };
 
 use async_trait::async_trait;
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
-use rusqlite::{params, types::Value, Connection, OptionalExtension, Row, Transaction};
+use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
 
 use super::{
     AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
-    PendingRef, PublishOutcome, RecordOutcome, Store, StoreError, StoreResult,
+    PendingRef, PublishOutcome, RecordOutcome, ReplayOutcome, ReplayRequest, Store, StoreError,
+    StoreResult,
 };
 use crate::{
     clock::{from_millis, to_millis, Timestamp},
     domain::{
         endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, Trigger,
+        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
     signing::SigningSecret,
 };
@@ -94,20 +95,81 @@ CREATE TABLE IF NOT EXISTS notifications (
   sent_at INTEGER
 );
 CREATE INDEX IF NOT EXISTS notifications_unsent ON notifications(created_at) WHERE sent_at IS NULL;
+CREATE TABLE IF NOT EXISTS replays (
+  id TEXT PRIMARY KEY,
+  account_id TEXT NOT NULL,
+  actor TEXT NOT NULL,
+  delivery_id TEXT,
+  endpoint_id TEXT,
+  since INTEGER,
+  until INTEGER,
+  statuses TEXT NOT NULL,
+  event_types TEXT NOT NULL,
+  requested_at INTEGER NOT NULL,
+  count INTEGER NOT NULL,
+  more INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS replays_by_account ON replays(account_id, id DESC);
 "#;
+
+/// Columns added after the first release, added to older database files on open.
+const ADDED_DELIVERY_COLUMNS: &[(&str, &str)] = &[
+    ("schedule_start", "INTEGER NOT NULL DEFAULT 0"),
+    ("next_trigger", "TEXT NOT NULL DEFAULT 'scheduled'"),
+];
 
 const ENDPOINT_COLUMNS: &str = "id, account_id, url, description, secret, retiring_secret, retiring_until, status, \
      event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at";
 const DELIVERY_COLUMNS: &str =
     "id, account_id, event_id, endpoint_id, event_type, status, attempts, next_try_at, \
-     last_status, last_error, client_errors, created_at, updated_at";
+     last_status, last_error, client_errors, created_at, updated_at, schedule_start, next_trigger";
 
-/// SQLite behind a mutex; every call runs on the blocking pool.
+/// The most jobs one transaction groups.
+const MAX_BATCH: usize = 256;
+
+/// Sends a job's result once the transaction that ran it has committed (or failed to).
+type Reply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
+type Job = Box<dyn FnOnce(&mut Connection) -> Reply + Send>;
+
+/// SQLite owned by one thread. Callers queue jobs; the thread runs whatever has queued up
+/// in one transaction (each job in its own savepoint) and answers after the commit, so a
+/// busy server pays one commit for many writes and no thread hand-off per call.
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    jobs: mpsc::Sender<Job>,
     // Held for the life of the store: a second `serve` on the same file is refused.
     _lock: Option<Arc<File>>,
+}
+
+fn run_jobs(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let began = conn.execute_batch("BEGIN IMMEDIATE").map_err(backend);
+        let replies: Vec<Reply> = batch
+            .into_iter()
+            .map(|job| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)))
+                    .unwrap_or_else(|_| {
+                        tracing::error!("a store job panicked; its caller gets an error");
+                        Box::new(|_| {})
+                    })
+            })
+            .collect();
+        let outcome = began.and_then(|()| conn.execute_batch("COMMIT").map_err(backend));
+        if outcome.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        let error = outcome.err();
+        for reply in replies {
+            reply(error.as_ref());
+        }
+    }
 }
 
 impl SqliteStore {
@@ -118,6 +180,24 @@ impl SqliteStore {
         let conn = Connection::open(path)
             .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
         Self::init(conn, Some(lock))
+    }
+
+    /// How many deliveries are pending and when the oldest of them was created: the
+    /// backlog gauges of the embedded shape.
+    pub async fn backlog(&self) -> StoreResult<(u64, Option<Timestamp>)> {
+        self.run(|conn| {
+            conn.query_row(
+                "SELECT COUNT(*), MIN(created_at) FROM deliveries WHERE status = 'pending'",
+                [],
+                |row| {
+                    let count: i64 = row.get(0)?;
+                    let oldest: Option<i64> = row.get(1)?;
+                    Ok((u64::try_from(count).unwrap_or(0), oldest.map(from_millis)))
+                },
+            )
+            .map_err(backend)
+        })
+        .await
     }
 
     /// A private in-memory database, for tests.
@@ -138,27 +218,59 @@ impl SqliteStore {
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
+        add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("hooklane-sqlite".into())
+            .spawn(move || run_jobs(conn, queue))
+            .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            jobs,
             _lock: lock.map(Arc::new),
         })
     }
 
+    /// Runs `work` on the store thread inside the current batch's transaction. Work that
+    /// writes several rows wraps them in a savepoint so that they stand or fall together.
     async fn run<T, F>(&self, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn
-                .lock()
-                .map_err(|_| StoreError::Backend("store mutex poisoned".into()))?;
-            work(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = work(conn);
+            Box::new(move |commit_error: Option<&StoreError>| {
+                let result = match commit_error {
+                    Some(error) => Err(StoreError::Backend(format!("commit failed: {error}"))),
+                    None => result,
+                };
+                let _ = answer.send(result);
+            })
+        });
+        let stopped = || StoreError::Backend("the store thread has stopped".into());
+        self.jobs.send(job).map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
     }
+}
+
+fn add_missing_columns(
+    conn: &Connection,
+    table: &str,
+    columns: &[(&str, &str)],
+) -> rusqlite::Result<()> {
+    let existing: Vec<String> = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
+        .query_map([], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (name, definition) in columns {
+        if !existing.iter().any(|e| e == name) {
+            conn.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN {name} {definition}"
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 fn lock_path(db: &Path) -> PathBuf {
@@ -282,6 +394,54 @@ fn delivery_from_row(row: &Row<'_>) -> rusqlite::Result<Delivery> {
         client_error_count: u32_col(row, 10)?,
         created_at: from_millis(row.get(11)?),
         updated_at: from_millis(row.get(12)?),
+        schedule_start: u32_col(row, 13)?,
+        next_trigger: {
+            let raw: String = row.get(14)?;
+            Trigger::parse(&raw).ok_or_else(|| corrupt("next_trigger", &raw))?
+        },
+    })
+}
+
+fn statuses_json(statuses: &[DeliveryStatus]) -> String {
+    let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+    serde_json::to_string(&names).unwrap_or_else(|_| "[]".into())
+}
+
+fn replay_from_row(row: &Row<'_>) -> rusqlite::Result<Replay> {
+    let delivery: Option<String> = row.get(3)?;
+    let endpoint: Option<String> = row.get(4)?;
+    let scope = match (delivery, endpoint) {
+        (Some(delivery), _) => ReplayScope::Delivery(DeliveryId::from_trusted(delivery)),
+        (None, Some(endpoint)) => ReplayScope::Endpoint(EndpointId::from_trusted(endpoint)),
+        (None, None) => return Err(corrupt("replay scope", "neither delivery nor endpoint")),
+    };
+    let statuses: String = row.get(7)?;
+    let statuses: Vec<String> =
+        serde_json::from_str(&statuses).map_err(|e| corrupt("replay statuses", e))?;
+    let statuses = statuses
+        .iter()
+        .map(|s| DeliveryStatus::parse(s).ok_or_else(|| corrupt("replay status", s)))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let event_types: String = row.get(8)?;
+    let event_types: Vec<String> =
+        serde_json::from_str(&event_types).map_err(|e| corrupt("replay event types", e))?;
+    Ok(Replay {
+        id: ReplayId::from_trusted(row.get(0)?),
+        account_id: AccountId::from_trusted(row.get(1)?),
+        actor: row.get(2)?,
+        scope,
+        filter: ReplayFilter {
+            since: row.get::<_, Option<i64>>(5)?.map(from_millis),
+            until: row.get::<_, Option<i64>>(6)?.map(from_millis),
+            statuses,
+            event_types: event_types
+                .into_iter()
+                .map(EventType::from_trusted)
+                .collect(),
+        },
+        requested_at: from_millis(row.get(9)?),
+        count: u32_col(row, 10)?,
+        more: row.get(11)?,
     })
 }
 
@@ -314,7 +474,7 @@ fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     })
 }
 
-fn insert_event(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
+fn insert_event(tx: &Connection, event: &Event) -> rusqlite::Result<()> {
     tx.execute(
         "INSERT INTO events (account_id, id, type, created_at, payload) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![event.account_id.as_str(), event.id.as_str(), event.event_type.as_str(), to_millis(event.created_at), event.payload],
@@ -323,9 +483,9 @@ fn insert_event(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
 }
 
 /// Inserts the deliveries whose (event, endpoint) has none yet; returns which were new.
-fn insert_deliveries(tx: &Transaction<'_>, deliveries: &[Delivery]) -> rusqlite::Result<Vec<bool>> {
+fn insert_deliveries(tx: &Connection, deliveries: &[Delivery]) -> rusqlite::Result<Vec<bool>> {
     let mut insert = tx.prepare_cached(&format!(
-        "INSERT OR IGNORE INTO deliveries ({DELIVERY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        "INSERT OR IGNORE INTO deliveries ({DELIVERY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
     ))?;
     let mut added = Vec::with_capacity(deliveries.len());
     for d in deliveries {
@@ -343,6 +503,8 @@ fn insert_deliveries(tx: &Transaction<'_>, deliveries: &[Delivery]) -> rusqlite:
             d.client_error_count,
             to_millis(d.created_at),
             to_millis(d.updated_at),
+            d.schedule_start,
+            d.next_trigger.as_str(),
         ])?;
         added.push(inserted == 1);
     }
@@ -536,7 +698,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<bool> {
         let (account, id) = (account.clone(), id.clone());
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let deleted = tx
                 .execute("DELETE FROM endpoints WHERE id = ?1 AND account_id = ?2", params![id.as_str(), account.as_str()])
                 .map_err(backend)?;
@@ -557,7 +719,7 @@ impl Store for SqliteStore {
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
         let (event, deliveries) = (event.clone(), deliveries.to_vec());
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let existing = tx
                 .query_row(
                     "SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2",
@@ -649,7 +811,7 @@ impl Store for SqliteStore {
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
         let r = record.clone();
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let (status, next_try_at, last_error) = match &r.decision {
                 Decision::Delivered => (DeliveryStatus::Delivered, None, None),
                 Decision::RetryAt(at) => (DeliveryStatus::Pending, Some(to_millis(*at)), r.attempt.error.clone()),
@@ -665,7 +827,8 @@ impl Store for SqliteStore {
             let changed = tx
                 .prepare_cached(
                     "UPDATE deliveries SET status = ?3, attempts = ?4, next_try_at = ?5, last_status = ?6, last_error = ?7, \
-                     client_errors = ?8, updated_at = ?9 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                     client_errors = ?8, updated_at = ?9, next_trigger = 'scheduled' \
+                     WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
                 )
                 .and_then(|mut s| {
                     s.execute(params![
@@ -849,6 +1012,148 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        let request = request.clone();
+        self.run(move |conn| {
+            let mut replay = request.replay;
+            let filter = &replay.filter;
+            let now = to_millis(replay.requested_at);
+            let tx = conn.savepoint().map_err(backend)?;
+            let mut sql = String::from(
+                "SELECT d.id, d.endpoint_id, e.max_in_flight, e.rate_limit FROM deliveries d \
+                 JOIN endpoints e ON e.id = d.endpoint_id \
+                 WHERE d.account_id = ? AND e.status = 'active'",
+            );
+            let mut args: Vec<Value> = vec![Value::Text(replay.account_id.as_str().to_owned())];
+            match &replay.scope {
+                ReplayScope::Delivery(id) => {
+                    sql.push_str(" AND d.id = ?");
+                    args.push(Value::Text(id.as_str().to_owned()));
+                }
+                ReplayScope::Endpoint(id) => {
+                    sql.push_str(" AND d.endpoint_id = ?");
+                    args.push(Value::Text(id.as_str().to_owned()));
+                }
+            }
+            let final_statuses: Vec<_> = filter.statuses.iter().filter(|s| s.is_final()).collect();
+            sql.push_str(&format!(" AND d.status IN ({})", vec!["?"; final_statuses.len()].join(", ")));
+            args.extend(final_statuses.iter().map(|s| Value::Text(s.as_str().to_owned())));
+            if let Some(since) = filter.since {
+                sql.push_str(" AND d.created_at >= ?");
+                args.push(Value::Integer(to_millis(since)));
+            }
+            if let Some(until) = filter.until {
+                sql.push_str(" AND d.created_at < ?");
+                args.push(Value::Integer(to_millis(until)));
+            }
+            if !filter.event_types.is_empty() {
+                sql.push_str(&format!(" AND d.event_type IN ({})", vec!["?"; filter.event_types.len()].join(", ")));
+                args.extend(filter.event_types.iter().map(|t| Value::Text(t.as_str().to_owned())));
+            }
+            sql.push_str(" ORDER BY d.created_at, d.id LIMIT ?");
+            args.push(Value::Integer(i64::from(request.limit) + 1));
+            let mut matched = {
+                let mut stmt = tx.prepare(&sql).map_err(backend)?;
+                let rows = stmt
+                    .query_map(rusqlite::params_from_iter(args), |row| {
+                        let rate: Option<i64> = row.get(3)?;
+                        Ok(PendingRef {
+                            delivery_id: DeliveryId::from_trusted(row.get(0)?),
+                            endpoint_id: EndpointId::from_trusted(row.get(1)?),
+                            account_id: replay.account_id.clone(),
+                            due: replay.requested_at,
+                            max_in_flight: u32_col(row, 2)?,
+                            rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
+                        })
+                    })
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?
+            };
+            replay.more = matched.len() > request.limit as usize;
+            matched.truncate(request.limit as usize);
+            {
+                let mut update = tx
+                    .prepare_cached(
+                        "UPDATE deliveries SET status = 'pending', next_try_at = ?2, schedule_start = attempts, \
+                         client_errors = 0, next_trigger = 'manual', updated_at = ?2 \
+                         WHERE id = ?1 AND status != 'pending'",
+                    )
+                    .map_err(backend)?;
+                for item in &matched {
+                    update.execute(params![item.delivery_id.as_str(), now]).map_err(backend)?;
+                }
+            }
+            replay.count = u32::try_from(matched.len()).unwrap_or(u32::MAX);
+            let (delivery_id, endpoint_id) = match &replay.scope {
+                ReplayScope::Delivery(id) => (Some(id.as_str().to_owned()), None),
+                ReplayScope::Endpoint(id) => (None, Some(id.as_str().to_owned())),
+            };
+            let event_types: Vec<&str> = filter.event_types.iter().map(EventType::as_str).collect();
+            tx.execute(
+                "INSERT INTO replays (id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, \
+                 event_types, requested_at, count, more) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    replay.id.as_str(),
+                    replay.account_id.as_str(),
+                    replay.actor,
+                    delivery_id,
+                    endpoint_id,
+                    opt_millis(filter.since),
+                    opt_millis(filter.until),
+                    statuses_json(&filter.statuses),
+                    serde_json::to_string(&event_types).unwrap_or_else(|_| "[]".into()),
+                    now,
+                    replay.count,
+                    replay.more,
+                ],
+            )
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict { entity: "replay", id: replay.id.to_string() }
+                } else {
+                    backend(e)
+                }
+            })?;
+            tx.commit().map_err(backend)?;
+            Ok(ReplayOutcome { replay, queued: matched })
+        })
+        .await
+    }
+
+    async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        let account = account.clone();
+        let after = after.map(|a| a.as_str().to_owned());
+        self.run(move |conn| {
+            let limit = limit.clamp(1, 500);
+            // Replay ids are time-ordered, so id order is request order.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, event_types, \
+                     requested_at, count, more FROM replays WHERE account_id = ?1 AND (?2 IS NULL OR id < ?2) \
+                     ORDER BY id DESC LIMIT ?3",
+                )
+                .map_err(backend)?;
+            let mut items = stmt
+                .query_map(params![account.as_str(), after, i64::from(limit) + 1], replay_from_row)
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            let next_cursor = if items.len() > limit as usize {
+                items.truncate(limit as usize);
+                items.last().map(|r| r.id.as_str().to_owned())
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
     async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
         self.run(move |conn| {
             let mut stmt = conn
@@ -869,7 +1174,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Option<DisableOutcome>> {
         let r = request.clone();
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let changed = tx
                 .execute(
                     "UPDATE endpoints SET status = 'disabled', disabled_reason = ?3, updated_at = ?4 \
@@ -980,5 +1285,43 @@ impl Store for SqliteStore {
             .map_err(backend)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn replays_follow_the_store_contract() {
+        let store = SqliteStore::in_memory().unwrap();
+        crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    }
+
+    #[tokio::test]
+    async fn an_older_file_gains_the_replay_columns() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
+             endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
+             next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
+             created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+             INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);",
+        )
+        .unwrap();
+        let store = SqliteStore::init(conn, None).unwrap();
+        let delivery = store
+            .run(|conn| {
+                conn.query_row(
+                    &format!("SELECT {DELIVERY_COLUMNS} FROM deliveries"),
+                    [],
+                    delivery_from_row,
+                )
+                .map_err(backend)
+            })
+            .await
+            .unwrap();
+        assert_eq!(delivery.schedule_start, 0);
+        assert_eq!(delivery.next_trigger, Trigger::Scheduled);
     }
 }

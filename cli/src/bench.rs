@@ -1,0 +1,579 @@
+//! `hooklane bench`: workloads against a Hooklane (started here, or given with `--url`) and
+//! the built-in endpoint farm on 127.0.0.1, which counts every arrival, so lost and
+//! duplicate deliveries are counted, not assumed.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+use crate::farm::{Behavior, Farm};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("cannot start hooklane serve: {0}")]
+    Start(String),
+    #[error("farm: {0}")]
+    Farm(#[from] std::io::Error),
+    #[error("API call failed: {0}")]
+    Api(String),
+    #[error("unknown workload `{0}` (use w1, w2, w3, w4)")]
+    Workload(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    Throughput,
+    Isolation,
+    Flaky,
+    SteadyLatency,
+}
+
+impl Workload {
+    pub fn parse(raw: &str) -> Result<Self, BenchError> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "w1" | "throughput" => Ok(Self::Throughput),
+            "w2" | "isolation" => Ok(Self::Isolation),
+            "w3" | "flaky" => Ok(Self::Flaky),
+            "w4" | "latency" => Ok(Self::SteadyLatency),
+            other => Err(BenchError::Workload(other.to_owned())),
+        }
+    }
+
+    pub fn all() -> Vec<Self> {
+        vec![
+            Self::Throughput,
+            Self::Isolation,
+            Self::Flaky,
+            Self::SteadyLatency,
+        ]
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// An already running Hooklane; its SSRF allow-list must include 127.0.0.1.
+    pub url: Option<String>,
+    pub token: Option<String>,
+    pub workloads: Vec<Workload>,
+    /// Scaled-down sizes that finish in seconds (the test suite's smoke run).
+    pub quick: bool,
+}
+
+/// A Hooklane to benchmark: a child `serve` on a scratch database, or a given URL.
+struct Target {
+    base: String,
+    token: String,
+    child: Option<Child>,
+    scratch: Option<PathBuf>,
+}
+
+impl Target {
+    async fn start(options: &BenchOptions, env: &[(&str, &str)]) -> Result<Self, BenchError> {
+        if let Some(url) = &options.url {
+            let token = options
+                .token
+                .clone()
+                .ok_or_else(|| BenchError::Start("--url needs --token".into()))?;
+            return Ok(Self {
+                base: url.trim_end_matches('/').to_owned(),
+                token,
+                child: None,
+                scratch: None,
+            });
+        }
+        let scratch = std::env::temp_dir().join(format!(
+            "hooklane-bench-{}-{}",
+            std::process::id(),
+            uuid_fragment()
+        ));
+        std::fs::create_dir_all(&scratch).map_err(|e| BenchError::Start(e.to_string()))?;
+        let token = format!("bench-token-{}", uuid_fragment());
+        let exe = std::env::current_exe().map_err(|e| BenchError::Start(e.to_string()))?;
+        let mut command = Command::new(exe);
+        command
+            .arg("serve")
+            .env("HOOKLANE_LISTEN", "127.0.0.1:0")
+            .env("HOOKLANE_DATABASE", scratch.join("bench.db"))
+            .env("HOOKLANE_ADMIN_TOKEN", &token)
+            .env("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| BenchError::Start(e.to_string()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| BenchError::Start("no stdout".into()))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let base = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = line.strip_prefix("hooklane listening on ") {
+                    return Some(url.trim().to_owned());
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| BenchError::Start("serve did not report its address".into()))?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self {
+            base,
+            token,
+            child: Some(child),
+            scratch: Some(scratch),
+        })
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    async fn stop(mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        if let Some(dir) = &self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn uuid_fragment() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{nanos:08x}")
+}
+
+/// CPU time (user + system) of a process, from /proc (Linux clock ticks of 10 ms).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let user: f64 = fields.get(11)?.parse().ok()?;
+    let system: f64 = fields.get(12)?.parse().ok()?;
+    Some((user + system) / 100.0)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    fn new(target: &Target) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()
+                .unwrap_or_default(),
+            base: target.base.clone(),
+            token: target.token.clone(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, BenchError> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+        if !status.is_success() {
+            return Err(BenchError::Api(format!("{path}: {status} {text}")));
+        }
+        serde_json::from_str(&text).map_err(|e| BenchError::Api(format!("{path}: {e}")))
+    }
+
+    async fn setup(
+        &self,
+        account: &str,
+        farm: &Farm,
+        endpoints: &[String],
+    ) -> Result<(), BenchError> {
+        let body = json!({"id": account, "name": account, "owner_email": format!("bench@{account}.example")});
+        self.post("/v1/accounts", body).await?;
+        for name in endpoints {
+            self.post(
+                &format!("/v1/accounts/{account}/endpoints"),
+                json!({"url": farm.url(name)}),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// When each event's publish call started, by event id.
+#[derive(Clone, Default)]
+struct PublishClock(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl PublishClock {
+    fn start(&self, id: &str) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(id.to_owned(), Instant::now());
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<Instant> {
+        self.0.lock().ok().and_then(|map| map.get(id).copied())
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|map| map.values().min().copied())
+    }
+}
+
+async fn publish_many(
+    api: &Api,
+    account: &str,
+    prefix: &str,
+    events: usize,
+    concurrency: usize,
+    clock: &PublishClock,
+) -> Result<Duration, BenchError> {
+    let started = Instant::now();
+    let results: Vec<Result<(), BenchError>> = futures_util::stream::iter(0..events)
+        .map(|i| async move {
+            let id = format!("{prefix}-{i}");
+            clock.start(&id);
+            api.post(
+                &format!("/v1/accounts/{account}/events"),
+                json!({"id": id, "type": "bench.event", "data": {"i": i}}),
+            )
+            .await
+            .map(|_| ())
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    Ok(started.elapsed())
+}
+
+/// End-to-end latencies (publish call start → arrival) of the first successful arrival
+/// of each delivery at `endpoints`, in milliseconds, sorted.
+fn latencies_ms(farm: &Farm, endpoints: &[String], clock: &PublishClock) -> Vec<f64> {
+    let mut latencies = Vec::new();
+    for name in endpoints {
+        let mut seen = std::collections::HashSet::new();
+        for arrival in farm.arrivals(name) {
+            let Some(id) = arrival.webhook_id.as_deref() else {
+                continue;
+            };
+            if !(200..300).contains(&arrival.status) || !seen.insert(id.to_owned()) {
+                continue;
+            }
+            if let Some(start) = clock.get(id) {
+                latencies.push(
+                    arrival
+                        .instant
+                        .saturating_duration_since(start)
+                        .as_secs_f64()
+                        * 1000.0,
+                );
+            }
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    latencies
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn last_arrival(farm: &Farm, endpoints: &[String]) -> Option<Instant> {
+    endpoints
+        .iter()
+        .flat_map(|n| farm.arrivals(n))
+        .filter(|a| (200..300).contains(&a.status))
+        .map(|a| a.instant)
+        .max()
+}
+
+fn delivered(farm: &Farm, endpoints: &[String]) -> usize {
+    endpoints
+        .iter()
+        .map(|n| farm.distinct_ids_succeeded(n))
+        .sum()
+}
+
+fn duplicates(farm: &Farm, endpoints: &[String]) -> usize {
+    endpoints
+        .iter()
+        .map(|n| {
+            farm.success_count(n)
+                .saturating_sub(farm.distinct_ids_succeeded(n))
+        })
+        .sum()
+}
+
+fn names(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+fn round(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
+    let (events, publishers) = if options.quick { (100, 8) } else { (5000, 32) };
+    let farm = Farm::start().await?;
+    let endpoints = names("w1", 10);
+    let target = Target::start(options, &[]).await?;
+    let api = Api::new(&target);
+    let account = format!("bench-w1-{}", uuid_fragment());
+    api.setup(&account, &farm, &endpoints).await?;
+    let clock = PublishClock::default();
+    let publish_time = publish_many(&api, &account, &account, events, publishers, &clock).await?;
+    let expected = events * endpoints.len();
+    farm.wait_until(
+        Duration::from_secs(if options.quick { 30 } else { 180 }),
+        |f| delivered(f, &endpoints) >= expected,
+    )
+    .await;
+    let arrived = delivered(&farm, &endpoints);
+    let span = match (clock.first(), last_arrival(&farm, &endpoints)) {
+        (Some(first), Some(last)) => last.saturating_duration_since(first),
+        _ => Duration::ZERO,
+    };
+    let latencies = latencies_ms(&farm, &endpoints, &clock);
+    target.stop().await;
+    Ok(json!({
+        "workload": "W1 throughput",
+        "events": events,
+        "deliveries": expected,
+        "publish_per_s": round(events as f64 / publish_time.as_secs_f64()),
+        "deliveries_per_s": round(arrived as f64 / span.as_secs_f64().max(1e-9)),
+        "p50_ms": round(percentile(&latencies, 50.0)),
+        "p95_ms": round(percentile(&latencies, 95.0)),
+        "p99_ms": round(percentile(&latencies, 99.0)),
+        "lost": expected - arrived.min(expected),
+        "duplicates": duplicates(&farm, &endpoints),
+    }))
+}
+
+async fn isolation_run(
+    options: &BenchOptions,
+    with_slow: bool,
+) -> Result<(usize, usize, Vec<f64>, usize), BenchError> {
+    let (events, slow_latency, budget) = if options.quick {
+        (10, Duration::from_secs(3), Duration::from_secs(5))
+    } else {
+        (200, Duration::from_secs(30), Duration::from_secs(40))
+    };
+    let farm = Farm::start().await?;
+    let healthy = names("w2-ok", 50);
+    let mut endpoints = healthy.clone();
+    if with_slow {
+        farm.configure("w2-slow", Behavior::slow(slow_latency));
+        endpoints.push("w2-slow".into());
+    }
+    let target = Target::start(options, &[]).await?;
+    let api = Api::new(&target);
+    let account = format!("bench-w2-{}", uuid_fragment());
+    api.setup(&account, &farm, &endpoints).await?;
+    let clock = PublishClock::default();
+    let started = Instant::now();
+    publish_many(&api, &account, &account, events, 8, &clock).await?;
+    let expected = events * healthy.len();
+    let remaining = budget.saturating_sub(started.elapsed());
+    farm.wait_until(remaining, |f| delivered(f, &healthy) >= expected)
+        .await;
+    let arrived = delivered(&farm, &healthy);
+    let latencies = latencies_ms(&farm, &healthy, &clock);
+    let peak = farm.peak_concurrency("w2-slow");
+    target.stop().await;
+    Ok((expected, arrived, latencies, peak))
+}
+
+async fn isolation(options: &BenchOptions) -> Result<Value, BenchError> {
+    let (expected, arrived, with_slow, peak) = isolation_run(options, true).await?;
+    let (_, _, without_slow, _) = isolation_run(options, false).await?;
+    let p99 = percentile(&with_slow, 99.0);
+    let baseline_p99 = percentile(&without_slow, 99.0);
+    Ok(json!({
+        "workload": "W2 isolation",
+        "healthy_deliveries": expected,
+        "healthy_arrived_share": round3(arrived as f64 / expected as f64),
+        "healthy_p50_ms": round(percentile(&with_slow, 50.0)),
+        "healthy_p99_ms": round(p99),
+        "baseline_p99_ms": round(baseline_p99),
+        "p99_ratio": round3(p99 / baseline_p99),
+        "slow_peak_concurrency": peak,
+    }))
+}
+
+async fn flaky(options: &BenchOptions) -> Result<Value, BenchError> {
+    let events = if options.quick { 50 } else { 1000 };
+    let farm = Farm::start().await?;
+    let endpoints = names("w3", 10);
+    for name in &endpoints {
+        farm.configure(name, Behavior::flaky(0.3));
+    }
+    // The schedule scaled down so that the run drains in seconds; 16 retries at 30 %
+    // failure leave about one delivery in 10^8 failed.
+    let schedule = "0.1,0.2,0.4,0.8,1,1,1,1,1,1,1,1,1,1,1,1";
+    let target = Target::start(options, &[("HOOKLANE_RETRY_SCHEDULE", schedule)]).await?;
+    let api = Api::new(&target);
+    let account = format!("bench-w3-{}", uuid_fragment());
+    api.setup(&account, &farm, &endpoints).await?;
+    let clock = PublishClock::default();
+    let started = Instant::now();
+    publish_many(&api, &account, &account, events, 8, &clock).await?;
+    let expected = events * endpoints.len();
+    farm.wait_until(
+        Duration::from_secs(if options.quick { 30 } else { 120 }),
+        |f| delivered(f, &endpoints) >= expected,
+    )
+    .await;
+    let drained = started.elapsed();
+    let arrived = delivered(&farm, &endpoints);
+    let attempts: usize = endpoints.iter().map(|n| farm.arrival_count(n)).sum();
+    target.stop().await;
+    Ok(json!({
+        "workload": "W3 flaky",
+        "deliveries": expected,
+        "delivered_share": round3(arrived as f64 / expected as f64),
+        "attempts_per_delivery": round3(attempts as f64 / expected as f64),
+        "duplicates": duplicates(&farm, &endpoints),
+        "drain_s": round(drained.as_secs_f64()),
+        "lost": expected - arrived.min(expected),
+    }))
+}
+
+async fn steady_latency(options: &BenchOptions) -> Result<Value, BenchError> {
+    let (rate, seconds) = if options.quick { (50, 2) } else { (100, 30) };
+    let farm = Farm::start().await?;
+    let endpoints = names("w4", 10);
+    let target = Target::start(options, &[]).await?;
+    let api = Arc::new(Api::new(&target));
+    let account = format!("bench-w4-{}", uuid_fragment());
+    api.setup(&account, &farm, &endpoints).await?;
+    let clock = PublishClock::default();
+    let cpu_before = target.pid().and_then(cpu_seconds);
+    let started = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1) / rate);
+    let mut calls = Vec::with_capacity(rate as usize * seconds);
+    for i in 0..(rate as usize * seconds) {
+        ticker.tick().await;
+        let (api, clock, account) = (Arc::clone(&api), clock.clone(), account.clone());
+        calls.push(tokio::spawn(async move {
+            let id = format!("{account}-{i}");
+            clock.start(&id);
+            api.post(
+                &format!("/v1/accounts/{account}/events"),
+                json!({"id": id, "type": "bench.event", "data": {"i": i}}),
+            )
+            .await
+            .map(|_| ())
+        }));
+    }
+    for call in calls {
+        call.await.map_err(|e| BenchError::Api(e.to_string()))??;
+    }
+    let expected = rate as usize * seconds * endpoints.len();
+    farm.wait_until(Duration::from_secs(30), |f| {
+        delivered(f, &endpoints) >= expected
+    })
+    .await;
+    let wall = started.elapsed();
+    let cpu = match (cpu_before, target.pid().and_then(cpu_seconds)) {
+        (Some(before), Some(after)) => Some(round((after - before) / wall.as_secs_f64() * 100.0)),
+        _ => None,
+    };
+    let latencies = latencies_ms(&farm, &endpoints, &clock);
+    let arrived = delivered(&farm, &endpoints);
+    target.stop().await;
+    Ok(json!({
+        "workload": "W4 steady latency",
+        "deliveries_per_s_offered": rate as usize * endpoints.len(),
+        "seconds": seconds,
+        "p50_ms": round(percentile(&latencies, 50.0)),
+        "p99_ms": round(percentile(&latencies, 99.0)),
+        "hooklane_cpu_percent": cpu,
+        "lost": expected - arrived.min(expected),
+    }))
+}
+
+/// Runs the workloads, printing a table as it goes and one JSON line per workload.
+pub async fn run(options: BenchOptions) -> Result<Vec<Value>, BenchError> {
+    println!(
+        "hooklane bench{} — {} cores, load average {} at start",
+        if options.quick { " --quick" } else { "" },
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        load_average()
+    );
+    let mut results = Vec::new();
+    for workload in &options.workloads {
+        let result = match workload {
+            Workload::Throughput => throughput(&options).await?,
+            Workload::Isolation => isolation(&options).await?,
+            Workload::Flaky => flaky(&options).await?,
+            Workload::SteadyLatency => steady_latency(&options).await?,
+        };
+        if let Some(fields) = result.as_object() {
+            let line = fields
+                .iter()
+                .filter(|(k, _)| k.as_str() != "workload")
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("  ");
+            println!("{:<20} {line}", result["workload"].as_str().unwrap_or(""));
+        }
+        println!("{result}");
+        results.push(result);
+    }
+    println!("load average {} at end", load_average());
+    Ok(results)
+}

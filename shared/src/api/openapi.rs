@@ -1,0 +1,332 @@
+//! The OpenAPI 3 document of the API, generated from the handlers' annotations and served
+//! at `/openapi.json`. The types here exist only to describe parameters and lists.
+
+#![allow(dead_code)] // fields of these types are read by the derive macros only
+
+use utoipa::{
+    openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+    IntoParams, IntoResponses, Modify, OpenApi, ToSchema,
+};
+
+use super::{
+    error::Body as ErrorBody,
+    routes,
+    views::{AttemptView, DeliveryView, EndpointView, ReplayView},
+};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Hooklane API",
+        description = "Webhook delivery: accounts, endpoints, events, the delivery log, replays and account tokens. \
+                       Send `Authorization: Bearer <token>` with the admin token or an account token."
+    ),
+    paths(
+        health,
+        openapi_json,
+        routes::create_account,
+        routes::get_account,
+        routes::create_endpoint,
+        routes::list_endpoints,
+        routes::get_endpoint,
+        routes::update_endpoint,
+        routes::delete_endpoint,
+        routes::enable_endpoint,
+        routes::disable_endpoint,
+        routes::rotate_secret,
+        routes::replay_endpoint,
+        routes::list_endpoint_deliveries,
+        routes::publish_event,
+        routes::get_event,
+        routes::list_deliveries,
+        routes::get_delivery,
+        routes::list_attempts,
+        routes::replay_delivery,
+        routes::list_replays,
+        routes::create_token,
+        routes::whoami,
+    ),
+    components(schemas(
+        ErrorBody,
+        DeliveryStatusName,
+        EndpointStatusName,
+        TriggerName,
+        ReplayScopeName,
+        ReplayableStatus,
+        PrincipalKind,
+        EventTypeName,
+        EventTypePattern,
+    )),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The admin token, or an account token from POST /v1/accounts/{account}/tokens",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document as served.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: String,
+}
+
+use serde::Serialize;
+
+/// Liveness; needs no token.
+#[utoipa::path(get, path = "/health", tag = "meta", security(()),
+    responses((status = 200, description = "The server is up", body = Health)))]
+pub async fn health() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// This document; needs no token.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta", security(()),
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
+pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(document())
+}
+
+/// Errors of routes that read: bad parameters, no access, nothing there.
+#[derive(IntoResponses)]
+pub enum ReadErrors {
+    #[response(
+        status = 400,
+        description = "A parameter does not fit; `field` names it"
+    )]
+    BadRequest(ErrorBody<'static>),
+    #[response(status = 401, description = "Missing, invalid or expired token")]
+    Unauthorized(ErrorBody<'static>),
+    #[response(status = 403, description = "The route needs the admin token")]
+    Forbidden(ErrorBody<'static>),
+    #[response(status = 404, description = "Not found, or not visible to this token")]
+    NotFound(ErrorBody<'static>),
+    #[response(
+        status = 409,
+        description = "The request conflicts with the current state"
+    )]
+    Conflict(ErrorBody<'static>),
+    #[response(status = 503, description = "Storage is unavailable; try again")]
+    Unavailable(ErrorBody<'static>),
+}
+
+/// Errors of routes that take a JSON body, on top of [`ReadErrors`].
+#[derive(IntoResponses)]
+pub enum WriteErrors {
+    #[response(
+        status = 400,
+        description = "Malformed JSON, or a field of the wrong type; `field` names it"
+    )]
+    BadRequest(ErrorBody<'static>),
+    #[response(status = 401, description = "Missing, invalid or expired token")]
+    Unauthorized(ErrorBody<'static>),
+    #[response(status = 403, description = "The route needs the admin token")]
+    Forbidden(ErrorBody<'static>),
+    #[response(status = 404, description = "Not found, or not visible to this token")]
+    NotFound(ErrorBody<'static>),
+    #[response(
+        status = 409,
+        description = "The request conflicts with the current state"
+    )]
+    Conflict(ErrorBody<'static>),
+    #[response(
+        status = 413,
+        description = "The body or the event is larger than allowed (256 KiB)"
+    )]
+    TooLarge(ErrorBody<'static>),
+    #[response(status = 415, description = "The body is not `application/json`")]
+    UnsupportedMediaType(ErrorBody<'static>),
+    #[response(
+        status = 422,
+        description = "A field is well-formed but not acceptable; `field` names it"
+    )]
+    Unprocessable(ErrorBody<'static>),
+    #[response(status = 503, description = "Storage is unavailable; try again")]
+    Unavailable(ErrorBody<'static>),
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AccountPath {
+    #[param(example = "acme")]
+    account: String,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct EndpointPath {
+    #[param(example = "acme")]
+    account: String,
+    endpoint: String,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct EventPath {
+    #[param(example = "acme")]
+    account: String,
+    event: String,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct DeliveryPath {
+    #[param(example = "acme")]
+    account: String,
+    delivery: String,
+}
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum DeliveryStatusName {
+    Pending,
+    Delivered,
+    Failed,
+    Abandoned,
+}
+
+/// An event type: dot-separated segments of letters, digits, `_` or `-`.
+#[derive(ToSchema)]
+#[schema(
+    pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+    example = "invoice.paid"
+)]
+pub struct EventTypeName(String);
+
+/// An endpoint's event-type filter entry: an event type, `prefix.*`, or `*`.
+#[derive(ToSchema)]
+#[schema(
+    pattern = r"^(\*|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*(\.\*)?)$",
+    example = "invoice.*"
+)]
+pub struct EventTypePattern(String);
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum EndpointStatusName {
+    Active,
+    Disabled,
+}
+
+/// What set off an attempt: the retry schedule, or a person's replay.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum TriggerName {
+    Scheduled,
+    Manual,
+}
+
+/// One delivery, or an endpoint's deliveries since a time.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ReplayScopeName {
+    Delivery,
+    Endpoint,
+}
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum PrincipalKind {
+    Admin,
+    Account,
+}
+
+/// The statuses a bulk replay can resend.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ReplayableStatus {
+    Delivered,
+    Failed,
+    Abandoned,
+}
+
+/// Delivery-log filters of one endpoint's log.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryFilters {
+    status: Option<DeliveryStatusName>,
+    /// Exact event type.
+    event_type: Option<EventTypeName>,
+    /// Created at or after (RFC 3339).
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Created before (RFC 3339).
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    /// The last attempt's HTTP status.
+    #[param(minimum = 100, maximum = 599)]
+    status_code: Option<u16>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<u32>,
+}
+
+/// Delivery-log filters of the account's log: those of an endpoint's, plus the endpoint.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AccountDeliveryFilters {
+    /// Only this endpoint's deliveries.
+    #[param(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
+    endpoint: Option<String>,
+    status: Option<DeliveryStatusName>,
+    event_type: Option<EventTypeName>,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    #[param(minimum = 100, maximum = 599)]
+    status_code: Option<u16>,
+    cursor: Option<String>,
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<u32>,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageParams {
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<u32>,
+}
+
+#[derive(ToSchema)]
+pub struct EndpointList {
+    data: Vec<EndpointView<'static>>,
+}
+
+#[derive(ToSchema)]
+pub struct DeliveryList {
+    data: Vec<DeliveryView<'static>>,
+    /// Present when there is another page.
+    next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct AttemptList {
+    data: Vec<AttemptView<'static>>,
+}
+
+#[derive(ToSchema)]
+pub struct ReplayList {
+    data: Vec<ReplayView<'static>>,
+    next_cursor: Option<String>,
+}

@@ -1,0 +1,152 @@
+//! Metric names and the few places that record them. One set of names for every exporter:
+//! Prometheus text in the embedded shape, CloudWatch EMF in Lambda logs.
+
+pub mod emf;
+
+use std::time::Duration;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
+
+use crate::domain::{AccountId, AttemptOutcome, Decision, EndpointId};
+
+pub const EVENTS_PUBLISHED: &str = "hooklane_events_published_total";
+pub const DELIVERIES_CREATED: &str = "hooklane_deliveries_created_total";
+pub const ATTEMPTS: &str = "hooklane_attempts_total";
+pub const ATTEMPT_DURATION: &str = "hooklane_attempt_duration_seconds";
+pub const DELIVERY_LATENCY: &str = "hooklane_delivery_latency_seconds";
+pub const DELIVERIES_COMPLETED: &str = "hooklane_deliveries_completed_total";
+pub const RETRIES_SCHEDULED: &str = "hooklane_retries_scheduled_total";
+pub const ENDPOINTS_DISABLED: &str = "hooklane_endpoints_disabled_total";
+pub const REPLAYS: &str = "hooklane_replays_total";
+pub const ENDPOINT_ATTEMPTS: &str = "hooklane_endpoint_attempts_total";
+pub const ENDPOINT_IN_FLIGHT: &str = "hooklane_endpoint_in_flight";
+pub const ACCOUNT_DELIVERIES: &str = "hooklane_account_deliveries_total";
+pub const PENDING_DELIVERIES: &str = "hooklane_pending_deliveries";
+pub const OLDEST_PENDING_AGE: &str = "hooklane_oldest_pending_age_seconds";
+pub const DUE_BACKLOG: &str = "hooklane_due_backlog";
+pub const IN_FLIGHT: &str = "hooklane_in_flight";
+
+/// HELP texts, for exporters that show them.
+pub fn describe() {
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        "Events accepted by publish (repeats of an id not counted)"
+    );
+    describe_counter!(DELIVERIES_CREATED, "Deliveries created by fan-out");
+    describe_counter!(ATTEMPTS, "HTTP attempts by outcome (success, http_error, redirect, transport_error) and attempt number");
+    describe_histogram!(
+        ATTEMPT_DURATION,
+        Unit::Seconds,
+        "Duration of one HTTP attempt"
+    );
+    describe_histogram!(
+        DELIVERY_LATENCY,
+        Unit::Seconds,
+        "From event creation to successful delivery"
+    );
+    describe_counter!(
+        DELIVERIES_COMPLETED,
+        "Deliveries that reached a final status (delivered, failed, abandoned)"
+    );
+    describe_counter!(
+        RETRIES_SCHEDULED,
+        "Failed attempts followed by a scheduled retry"
+    );
+    describe_counter!(
+        ENDPOINTS_DISABLED,
+        "Endpoints disabled after failing too long"
+    );
+    describe_counter!(REPLAYS, "Replays requested");
+    describe_counter!(ENDPOINT_ATTEMPTS, "HTTP attempts per endpoint");
+    describe_gauge!(ENDPOINT_IN_FLIGHT, "Requests in flight per endpoint");
+    describe_counter!(
+        ACCOUNT_DELIVERIES,
+        "Final deliveries per account and status (per-customer throughput)"
+    );
+    describe_gauge!(PENDING_DELIVERIES, "Deliveries still pending");
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest pending delivery"
+    );
+    describe_gauge!(
+        DUE_BACKLOG,
+        "Deliveries due now and waiting for a worker or an endpoint slot"
+    );
+    describe_gauge!(IN_FLIGHT, "Requests in flight across all endpoints");
+}
+
+fn outcome_label(outcome: &AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Success { .. } => "success",
+        AttemptOutcome::Redirect { .. } => "redirect",
+        AttemptOutcome::Rejected { .. } => "http_error",
+        AttemptOutcome::TransportError { .. } => "transport_error",
+    }
+}
+
+/// Attempt numbers as a bounded label: 1 to 10, then "11+".
+fn attempt_label(number: u32) -> String {
+    if number > 10 {
+        "11+".to_owned()
+    } else {
+        number.to_string()
+    }
+}
+
+pub fn published(deliveries: usize) {
+    counter!(EVENTS_PUBLISHED).increment(1);
+    counter!(DELIVERIES_CREATED).increment(deliveries as u64);
+}
+
+pub fn attempt_recorded(
+    endpoint: &EndpointId,
+    account: &AccountId,
+    number: u32,
+    outcome: &AttemptOutcome,
+    decision: &Decision,
+    duration: Duration,
+    since_event: Duration,
+) {
+    counter!(ATTEMPTS, "outcome" => outcome_label(outcome), "attempt" => attempt_label(number))
+        .increment(1);
+    counter!(ENDPOINT_ATTEMPTS, "endpoint" => endpoint.to_string()).increment(1);
+    histogram!(ATTEMPT_DURATION).record(duration.as_secs_f64());
+    match decision {
+        Decision::Delivered => {
+            histogram!(DELIVERY_LATENCY).record(since_event.as_secs_f64());
+            completed(account, "delivered", 1);
+        }
+        Decision::RetryAt(_) => counter!(RETRIES_SCHEDULED).increment(1),
+        Decision::Failed { .. } => completed(account, "failed", 1),
+    }
+}
+
+pub fn completed(account: &AccountId, status: &'static str, count: u64) {
+    counter!(DELIVERIES_COMPLETED, "status" => status).increment(count);
+    counter!(ACCOUNT_DELIVERIES, "account" => account.to_string(), "status" => status)
+        .increment(count);
+}
+
+pub fn endpoint_disabled(account: &AccountId, abandoned: u64) {
+    counter!(ENDPOINTS_DISABLED).increment(1);
+    completed(account, "abandoned", abandoned);
+}
+
+pub fn replayed(count: u64) {
+    counter!(REPLAYS).increment(count);
+}
+
+pub fn endpoint_in_flight(endpoint: &EndpointId, change: f64) {
+    gauge!(ENDPOINT_IN_FLIGHT, "endpoint" => endpoint.to_string()).increment(change);
+}
+
+/// The backlog gauges, refreshed periodically.
+pub fn backlog(pending: u64, oldest_pending_age: Duration, due: usize, in_flight: usize) {
+    gauge!(PENDING_DELIVERIES).set(pending as f64);
+    gauge!(OLDEST_PENDING_AGE).set(oldest_pending_age.as_secs_f64());
+    gauge!(DUE_BACKLOG).set(due as f64);
+    gauge!(IN_FLIGHT).set(in_flight as f64);
+}

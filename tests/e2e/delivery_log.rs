@@ -1,0 +1,178 @@
+//! The delivery log, per account and per endpoint: newest first, cursor pagination, every
+//! filter, and attempt detail.
+
+use std::{collections::HashSet, time::Duration};
+
+use chrono::SecondsFormat;
+use hooklane_cli::farm::{Behavior, Farm};
+use serde_json::{json, Value};
+
+use crate::support::{Scratch, Server};
+
+async fn ids(server: &Server, path: &str) -> Vec<String> {
+    let (status, page) = server.get(path).await;
+    assert_eq!(status, 200, "{path}: {page}");
+    page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_pages_newest_first_and_filters() {
+    let farm = Farm::start().await.expect("farm");
+    farm.configure(
+        "gone",
+        Behavior::status(410).with_body(r#"{"error":"no such hook"}"#),
+    );
+    let scratch = Scratch::new("delivery-log");
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1")]).await;
+    server.create_account("acme").await;
+    let (ok, _) = server
+        .create_endpoint("acme", &farm.url("ok"), json!({}))
+        .await;
+    let (gone, _) = server
+        .create_endpoint("acme", &farm.url("gone"), json!({}))
+        .await;
+    let mut cut = None;
+    for (n, event_type) in ["a.x", "a.x", "a.x", "b.y", "b.y"].iter().enumerate() {
+        if n == 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            cut = Some(chrono::Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.publish("acme", event_type, json!({"n": n})).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cut = cut.expect("cut");
+    let settled = server
+        .eventually(Duration::from_secs(20), || async {
+            server
+                .deliveries("acme", "")
+                .await
+                .iter()
+                .all(|d| d["status"] != "pending")
+        })
+        .await;
+    assert!(settled, "deliveries did not settle");
+
+    // Pages of two, newest first, each delivery once, the cursor ending at the last page.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/accounts/acme/deliveries?limit=2&cursor={c}"),
+            None => "/v1/accounts/acme/deliveries?limit=2".to_owned(),
+        };
+        let (status, page) = server.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        pages += 1;
+        seen.extend(page["data"].as_array().expect("data").iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 10);
+    assert_eq!(pages, 5);
+    let unique: HashSet<&str> = seen.iter().filter_map(|d| d["id"].as_str()).collect();
+    assert_eq!(unique.len(), 10, "a delivery appeared twice");
+    let created: Vec<&str> = seen
+        .iter()
+        .filter_map(|d| d["created_at"].as_str())
+        .collect();
+    let mut newest_first = created.clone();
+    newest_first.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(created, newest_first);
+    let row = &seen[0];
+    for field in [
+        "event_id",
+        "event_type",
+        "status",
+        "attempts",
+        "last_status",
+        "next_try_at",
+        "last_error",
+        "created_at",
+    ] {
+        assert!(row.get(field).is_some(), "row has no {field}: {row}");
+    }
+
+    let count = |filter: &'static str| {
+        let server = &server;
+        async move {
+            ids(server, &format!("/v1/accounts/acme/deliveries?{filter}"))
+                .await
+                .len()
+        }
+    };
+    assert_eq!(count("status=failed").await, 5);
+    assert_eq!(count("status=delivered").await, 5);
+    assert_eq!(count("status=pending").await, 0);
+    assert_eq!(count("status_code=410").await, 5);
+    assert_eq!(count("status_code=200").await, 5);
+    assert_eq!(count("status_code=500").await, 0);
+    assert_eq!(count("event_type=b.y").await, 4);
+    assert_eq!(
+        ids(
+            &server,
+            &format!("/v1/accounts/acme/deliveries?endpoint={ok}")
+        )
+        .await
+        .len(),
+        5
+    );
+    assert_eq!(
+        ids(
+            &server,
+            &format!("/v1/accounts/acme/deliveries?since={cut}")
+        )
+        .await
+        .len(),
+        4
+    );
+    assert_eq!(
+        ids(
+            &server,
+            &format!("/v1/accounts/acme/deliveries?until={cut}")
+        )
+        .await
+        .len(),
+        6
+    );
+    let endpoint_log = ids(
+        &server,
+        &format!(
+            "/v1/accounts/acme/endpoints/{gone}/deliveries?event_type=a.x&status=failed&until={cut}"
+        ),
+    )
+    .await;
+    assert_eq!(endpoint_log.len(), 3);
+
+    // Attempt detail of a failed delivery: what the endpoint answered.
+    let (_, attempts) = server
+        .get(&format!(
+            "/v1/accounts/acme/deliveries/{}/attempts",
+            endpoint_log[0]
+        ))
+        .await;
+    let attempts = attempts["data"].as_array().expect("attempts").clone();
+    assert_eq!(attempts.len(), 2);
+    let first: &Value = &attempts[0];
+    assert_eq!(first["number"], 1);
+    assert_eq!(first["trigger"], "scheduled");
+    assert_eq!(first["status_code"], 410);
+    assert_eq!(first["response_body"], r#"{"error":"no such hook"}"#);
+    assert_eq!(first["response_body_truncated"], false);
+    assert!(first["latency_ms"].is_u64() && first["started_at"].is_string());
+    let headers = first["response_headers"].as_array().expect("headers");
+    assert!(
+        headers
+            .iter()
+            .any(|h| h[0] == "content-length" && h[1] == "24"),
+        "{headers:?}"
+    );
+}

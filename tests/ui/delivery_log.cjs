@@ -1,0 +1,158 @@
+// Drives the /ui page in Debian's headless Chromium, as a customer would: sign in with an
+// account token, filter to failed deliveries, open one's attempts, replay it and see it
+// delivered, then resend the rest of the endpoint's failures in bulk; then open the same
+// log as support does, with the admin token and the account id. Started by
+// tests/e2e/ui.rs, which seeds the server and checks the outcome through the API too.
+"use strict";
+
+const fs = require("node:fs");
+const os = require("node:os");
+const path = require("node:path");
+
+function need(name) {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set (run through tests/e2e/ui.rs)`);
+  return value;
+}
+
+const { chromium } = require(path.join(need("HOOKLANE_TEST_NODE_MODULES"), "playwright-core"));
+const base = need("HOOKLANE_UI_BASE");
+const token = need("HOOKLANE_UI_TOKEN");
+const replayed = need("HOOKLANE_UI_REPLAY_DELIVERY");
+const bulkRest = need("HOOKLANE_UI_BULK_DELIVERY");
+const delivered = need("HOOKLANE_UI_DELIVERED_DELIVERY");
+const shots = need("HOOKLANE_UI_SCREENSHOTS");
+const adminToken = need("HOOKLANE_UI_ADMIN_TOKEN");
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function main() {
+  fs.mkdirSync(shots, { recursive: true });
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "hooklane-chromium-"));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: "/usr/bin/chromium",
+    headless: true,
+    viewport: { width: 1280, height: 900 },
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  const problems = [];
+  const page = context.pages()[0] || (await context.newPage());
+  page.setDefaultTimeout(15_000);
+  page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+  page.on("console", (message) => {
+    if (message.type() === "error") problems.push(`console error: ${message.text()}`);
+  });
+  page.on("requestfailed", (request) => problems.push(`request failed: ${request.url()}`));
+  try {
+    await page.goto(`${base}/ui`);
+    // A token that does not verify is refused, and the log stays closed.
+    await page.getByLabel("Token").fill(`${token.slice(0, -3)}xyz`);
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#sign-in-error", { hasText: "refused" }).waitFor();
+    check(await page.locator("#app").isHidden(), "the log opened with a bad token");
+    await page.screenshot({ path: path.join(shots, "0-sign-in.png") });
+    // Chromium logs the refused request itself; that one is expected.
+    const expected = problems.splice(0).filter((p) => !p.includes("status of 401"));
+    check(expected.length === 0, `the page reported problems:\n${expected.join("\n")}`);
+    await page.getByLabel("Token").fill(token);
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#app").waitFor({ state: "visible" });
+    await page.locator("#endpoints tbody tr").first().waitFor();
+    const who = await page.locator("#who").textContent();
+    check(who.includes("acme"), `header does not name the account: ${who}`);
+
+    // Filter to failed deliveries: the delivered one disappears, the failed ones stay.
+    await page.locator(`#deliveries tr[data-delivery="${delivered}"]`).waitFor();
+    await page.locator("#f-status").selectOption("failed");
+    await page.getByRole("button", { name: "Apply filters" }).click();
+    await page.locator(`#deliveries tr[data-delivery="${delivered}"]`).waitFor({ state: "detached" });
+    const row = page.locator(`#deliveries tr[data-delivery="${replayed}"]`);
+    await row.waitFor();
+    const statuses = await page.locator("#deliveries tbody tr td:nth-child(4)").allTextContents();
+    check(statuses.length >= 2 && statuses.every((s) => s === "failed"), `filtered statuses: ${statuses}`);
+
+    // Its attempts: status, trigger, response body and headers.
+    await row.getByRole("button", { name: /Attempts of/ }).click();
+    await page.locator("#detail").waitFor({ state: "visible" });
+    const attempts = page.locator("#attempts > li");
+    await attempts.nth(1).waitFor();
+    const first = await attempts.first().textContent();
+    check(first.includes("HTTP 500") && first.includes("scheduled"), `attempt shown as: ${first}`);
+    check((await page.locator("#attempts pre").first().textContent()).length > 0, "no response body shown");
+    await attempts.first().locator("summary", { hasText: "Response headers" }).click();
+    check((await attempts.first().locator("details table td").count()) > 0, "no response headers shown");
+    await page.screenshot({ path: path.join(shots, "1-failed-delivery.png"), fullPage: true });
+
+    // Replay it, confirm, and watch it get delivered.
+    await page.getByRole("button", { name: "Replay this delivery" }).click();
+    const confirm = page.locator("#confirm");
+    await confirm.waitFor({ state: "visible" });
+    await page.screenshot({ path: path.join(shots, "2-confirm.png") });
+    await confirm.getByRole("button", { name: "Replay" }).click();
+    await page.locator("#detail-status", { hasText: "delivered" }).waitFor({ timeout: 30_000 });
+    const newest = await attempts.first().textContent();
+    check(newest.includes("HTTP 200") && newest.includes("manual"), `replayed attempt shown as: ${newest}`);
+    await page.locator("#replays tbody tr", { hasText: replayed }).waitFor();
+
+    // Resend the endpoint's other failures in bulk, with a confirmation.
+    await page.getByRole("button", { name: /Resend deliveries of/ }).first().click();
+    await page.locator("#bulk").waitFor({ state: "visible" });
+    await page.getByLabel("Created since").fill("2000-01-01T00:00:00");
+    await page.screenshot({ path: path.join(shots, "4-bulk.png") });
+    await page.getByRole("button", { name: "Resend…" }).click();
+    await confirm.waitFor({ state: "visible" });
+    await confirm.getByRole("button", { name: "Resend" }).click();
+    await page.locator("#notice", { hasText: "1 delivery queued again" }).waitFor();
+    await page.locator("#replays tbody tr", { hasText: "endpoint" }).waitFor();
+
+    // The log, unfiltered, shows everything delivered.
+    await page.getByRole("button", { name: "Clear" }).click();
+    const bulkRow = page.locator(`#deliveries tr[data-delivery="${bulkRest}"]`);
+    for (let i = 0; i < 60; i++) {
+      await page.getByRole("button", { name: "Apply filters" }).click();
+      await page.waitForTimeout(250);
+      if ((await bulkRow.locator("td:nth-child(4)").textContent()) === "delivered") break;
+    }
+    check((await bulkRow.locator("td:nth-child(4)").textContent()) === "delivered", "bulk-replayed delivery not delivered");
+    await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).getByRole("button").click();
+    await page.locator("#detail-status", { hasText: "delivered" }).waitFor();
+    // A success clears the endpoint's failure clock.
+    await page.locator("#endpoints tbody tr", { hasText: "/ep/shop" }).locator(".health-healthy").waitFor();
+    await page.screenshot({ path: path.join(shots, "3-after-replay.png"), fullPage: true });
+
+    // Support opens the same log with the admin token and the account id.
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.locator("#sign-in").waitFor({ state: "visible" });
+    await page.getByLabel("Token").fill(adminToken);
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#sign-in-error", { hasText: "account id" }).waitFor();
+    await page.getByLabel("Account id").fill("acme");
+    await page.getByRole("button", { name: "Open" }).click();
+    await page.locator("#who", { hasText: "Admin · account acme" }).waitFor();
+    await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).waitFor();
+    check(problems.length === 0, `the page reported problems:\n${problems.join("\n")}`);
+    console.log(`ui: signed in, filtered, opened attempts, replayed, bulk-resent; screenshots in ${shots}`);
+  } catch (error) {
+    await page.screenshot({ path: path.join(shots, "failure.png"), fullPage: true }).catch(() => {});
+    if (problems.length) console.error(problems.join("\n"));
+    throw error;
+  } finally {
+    await context.close();
+    fs.rmSync(profile, { recursive: true, force: true });
+  }
+}
+
+main().catch((error) => {
+  console.error(`ui test failed: ${error.stack || error}`);
+  process.exit(1);
+});
