@@ -743,7 +743,7 @@ impl Store for SqliteStore {
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
         let deliveries = deliveries.to_vec();
         self.run(move |conn| {
-            let tx = conn.transaction().map_err(backend)?;
+            let tx = conn.savepoint().map_err(backend)?;
             let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
             tx.commit().map_err(backend)?;
             Ok(deliveries
