@@ -867,16 +867,25 @@ impl Store for SqliteStore {
                 ])
             })
             .map_err(backend)?;
-            let failing_since: Option<Option<i64>> = tx
-                .prepare_cached(
-                    "UPDATE endpoints SET failing_since = CASE WHEN ?2 THEN NULL ELSE COALESCE(failing_since, ?3) END \
-                     WHERE id = ?1 RETURNING failing_since",
-                )
-                .and_then(|mut s| s.query_row(params![r.endpoint_id.as_str(), r.success, to_millis(r.now)], |row| row.get(0)).optional())
-                .map_err(backend)?;
+            // Health changes rarely: write the endpoint row only when the clock starts or stops,
+            // not on every attempt.
+            let failing_since: Option<i64> = if r.success {
+                tx.prepare_cached("UPDATE endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL")
+                    .and_then(|mut s| s.execute(params![r.endpoint_id.as_str()]))
+                    .map_err(backend)?;
+                None
+            } else {
+                tx.prepare_cached("UPDATE endpoints SET failing_since = ?2 WHERE id = ?1 AND failing_since IS NULL")
+                    .and_then(|mut s| s.execute(params![r.endpoint_id.as_str(), to_millis(r.now)]))
+                    .map_err(backend)?;
+                tx.prepare_cached("SELECT failing_since FROM endpoints WHERE id = ?1")
+                    .and_then(|mut s| s.query_row(params![r.endpoint_id.as_str()], |row| row.get(0)).optional())
+                    .map_err(backend)?
+                    .flatten()
+            };
             tx.commit().map_err(backend)?;
             Ok(RecordOutcome::Recorded {
-                endpoint_failing_since: failing_since.flatten().map(from_millis),
+                endpoint_failing_since: failing_since.map(from_millis),
             })
         })
         .await
