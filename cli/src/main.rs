@@ -81,6 +81,13 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|error| {
+        eprintln!("hooklane: cannot start the runtime: {error}");
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve { config: None }) {
@@ -94,15 +101,9 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(config.log_format);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime(tokio::runtime::Builder::new_multi_thread()) {
                 Ok(runtime) => runtime,
-                Err(error) => {
-                    eprintln!("hooklane: cannot start the runtime: {error}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             match runtime.block_on(serve::run(config)) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -129,15 +130,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime(tokio::runtime::Builder::new_multi_thread()) {
                 Ok(runtime) => runtime,
-                Err(error) => {
-                    eprintln!("hooklane: cannot start the runtime: {error}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             match runtime.block_on(bench::run(bench::BenchOptions {
                 url,
@@ -157,15 +152,9 @@ fn main() -> ExitCode {
             secret,
             status,
         } => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
                 Ok(runtime) => runtime,
-                Err(error) => {
-                    eprintln!("hooklane: cannot start the runtime: {error}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             match runtime.block_on(receive::run(receive::ReceiveOptions {
                 listen,
