@@ -5,4 +5,6 @@ pub mod config;
 pub mod farm;
 pub mod receive;
 pub mod serve;
+#[cfg(feature = "aws")]
+pub mod serve_aws;
 pub mod verify;

@@ -18,13 +18,28 @@ struct Cli {
     command: Option<Command>,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Backend {
+    Embedded,
+    Aws,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Run the embedded shape: API, dispatcher and store in one process on a SQLite file.
+    /// Run the embedded shape: API, dispatcher and store in one process on a SQLite file
+    /// (or, with --backend aws, the AWS shape's functions locally against the AWS APIs).
     Serve {
         /// A TOML file with the same settings as the HOOKLANE_* variables (which win).
         #[arg(long, env = "HOOKLANE_CONFIG")]
         config: Option<PathBuf>,
+        /// `embedded` (SQLite, in-process queue) or `aws` (DynamoDB, SQS, Scheduler, SES at
+        /// AWS_ENDPOINT_URL, configured by the Lambda functions' HOOKLANE_* variables).
+        #[arg(long, value_enum, default_value_t = Backend::Embedded)]
+        backend: Backend,
+        /// With --backend aws: create (or reuse) the tables, queue and schedule group of a
+        /// stack named PREFIX first, e.g. on moto_server or LocalStack.
+        #[arg(long, value_name = "PREFIX")]
+        provision: Option<String>,
     },
     /// Benchmark workloads against a Hooklane and the built-in endpoint farm on 127.0.0.1.
     Bench {
@@ -88,10 +103,56 @@ fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runti
     })
 }
 
+#[cfg(feature = "aws")]
+fn serve_aws(provision: Option<&str>) -> ExitCode {
+    init_logging(match std::env::var("HOOKLANE_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    });
+    let runtime = match runtime(tokio::runtime::Builder::new_multi_thread()) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let vars = std::env::vars().collect();
+    match runtime.block_on(hooklane_cli::serve_aws::run(vars, provision)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hooklane: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "aws"))]
+fn serve_aws(_provision: Option<&str>) -> ExitCode {
+    eprintln!(
+        "hooklane: this binary was built without the AWS backend; build it with \
+         `cargo build --release -p hooklane-cli --features aws` (or run \
+         `cargo run --release -p hooklane-cli --features aws -- serve --backend aws`)"
+    );
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Serve { config: None }) {
-        Command::Serve { config } => {
+    let default = Command::Serve {
+        config: None,
+        backend: Backend::Embedded,
+        provision: None,
+    };
+    match cli.command.unwrap_or(default) {
+        Command::Serve {
+            backend: Backend::Aws,
+            provision,
+            ..
+        } => serve_aws(provision.as_deref()),
+        Command::Serve {
+            provision: Some(_), ..
+        } => {
+            eprintln!("hooklane: --provision needs --backend aws");
+            ExitCode::from(2)
+        }
+        Command::Serve { config, .. } => {
             let vars = std::env::vars().collect();
             let config = match ServeConfig::load(config.as_deref(), &vars) {
                 Ok(config) => config,

@@ -213,7 +213,8 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
     let interrupt = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -53,6 +53,8 @@ pub struct Server {
     pub base: String,
     pub database: PathBuf,
     pub log: PathBuf,
+    /// What follows `hooklane serve` on the command line.
+    args: Vec<String>,
     env: Vec<(String, String)>,
     http: reqwest::Client,
 }
@@ -73,7 +75,35 @@ impl Server {
     }
 
     async fn start_with(database: PathBuf, log: PathBuf, env: Vec<(String, String)>) -> Self {
-        let (child, base) = spawn(&database, &log, &env)
+        Self::spawn_with(database, log, Vec::new(), env).await
+    }
+
+    /// Starts `serve --backend aws` plus `args` against the AWS emulator of the tests
+    /// (`AWS_*` passed through), with the test defaults plus `env`.
+    pub async fn start_aws(scratch: &Scratch, args: &[&str], env: &[(String, String)]) -> Self {
+        hooklane::testing::require_emulator();
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.splice(0..0, ["--backend".to_owned(), "aws".to_owned()]);
+        let mut all: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("AWS_"))
+            .collect();
+        all.extend(env.iter().cloned());
+        Self::spawn_with(
+            scratch.path().join("unused.db"),
+            scratch.path().join("serve.log"),
+            args,
+            all,
+        )
+        .await
+    }
+
+    async fn spawn_with(
+        database: PathBuf,
+        log: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Self {
+        let (child, base) = spawn(&database, &log, &args, &env)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         Self {
@@ -81,6 +111,7 @@ impl Server {
             base,
             database,
             log,
+            args,
             env,
             http: reqwest::Client::new(),
         }
@@ -117,7 +148,7 @@ impl Server {
 
     /// Starts a new process on the same database and settings.
     pub async fn restart(&mut self) {
-        let (child, base) = spawn(&self.database, &self.log, &self.env)
+        let (child, base) = spawn(&self.database, &self.log, &self.args, &self.env)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         self.child = child;
@@ -265,6 +296,7 @@ impl Drop for Server {
 async fn spawn(
     database: &Path,
     log: &Path,
+    args: &[String],
     env: &[(String, String)],
 ) -> Result<(Child, String), String> {
     let log_file = std::fs::OpenOptions::new()
@@ -275,6 +307,7 @@ async fn spawn(
     let mut command = Command::new(env!("CARGO_BIN_EXE_hooklane"));
     command
         .arg("serve")
+        .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUST_LOG", "info,hyper=warn,reqwest=warn")

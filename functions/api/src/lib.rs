@@ -1,28 +1,6 @@
 //! The api function: the same axum router as `hooklane serve`, served through API Gateway.
 
-use std::sync::Arc;
-
-use hooklane::{
-    api::{router, ApiState},
-    aws::shape::{admin_token, AwsSettings, AwsShape},
-    service::tokens,
-    store::StoreError,
-};
-
-pub async fn api_router(
-    shape: &AwsShape,
-    settings: &AwsSettings,
-) -> Result<axum::Router, StoreError> {
-    let token = admin_token(shape, settings).await?;
-    let token_key = tokens::signing_key(shape.app.store.as_ref())
-        .await
-        .map_err(|e| StoreError::Backend(format!("cannot load the token signing key: {e}")))?;
-    Ok(router(ApiState {
-        app: shape.app.clone(),
-        admin_token: token.into(),
-        token_key: Arc::new(token_key),
-    }))
-}
+pub use hooklane::aws::handlers::api_router;
 
 #[cfg(test)]
 mod tests {

@@ -7,13 +7,7 @@ use aws_lambda_events::event::{
     dynamodb::Event,
     streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse},
 };
-use hooklane::{
-    aws::{
-        shape::AwsShape,
-        stream::{event_from_image, StreamedEvent},
-    },
-    service::fan_out::fan_out,
-};
+use hooklane::aws::{handlers::fan_out_image, shape::AwsShape};
 
 pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
@@ -23,19 +17,7 @@ pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
         }
         let sequence = record.change.sequence_number.clone();
         let outcome = match serde_json::to_value(&record.change.new_image) {
-            Ok(image) => match event_from_image(&image) {
-                Ok(StreamedEvent::New(event)) => fan_out(&shape.app, &event)
-                    .await
-                    .map(|created| tracing::info!(event.id = %event.id, created, "fanned out"))
-                    .map_err(|e| e.to_string()),
-                Ok(StreamedEvent::AlreadyFannedOut) => Ok(()),
-                Err(error) => {
-                    // A malformed item never becomes valid by retrying; skipping it keeps
-                    // the shard moving.
-                    tracing::error!(sequence = ?sequence, %error, "unreadable event image; skipped");
-                    Ok(())
-                }
-            },
+            Ok(image) => fan_out_image(shape, &image).await,
             Err(error) => Err(error.to_string()),
         };
         if let Err(error) = outcome {

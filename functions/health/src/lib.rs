@@ -3,17 +3,15 @@
 //! then sends whatever owner mail is still queued.
 
 use hooklane::{
-    aws::shape::AwsShape,
-    service::{health, notifications, ServiceError},
+    aws::{handlers::check_health, shape::AwsShape},
+    service::ServiceError,
 };
 
 pub async fn handle(
     shape: &AwsShape,
     _event: serde_json::Value,
 ) -> Result<serde_json::Value, ServiceError> {
-    let disabled = health::check(&shape.app).await?;
-    let mailed = notifications::flush(&shape.app).await?;
-    tracing::info!(disabled, mailed, "health checked");
+    let (disabled, mailed) = check_health(shape).await?;
     Ok(serde_json::json!({ "disabled": disabled, "mailed": mailed }))
 }
 

@@ -4,37 +4,17 @@
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use futures_util::future::join_all;
-use hooklane::{
-    aws::shape::AwsShape,
-    queue::sqs::DeliveryMessage,
-    service::sender::{handle_message, Lanes},
+use hooklane::aws::{
+    handlers::{handle_queue_message, MessageOutcome},
+    shape::AwsShape,
 };
 
 pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
-    let lanes = Lanes {
-        slots: shape.slots.as_ref(),
-        rate: shape.slots.as_ref(),
-    };
     let outcomes = join_all(event.records.iter().map(|record| async move {
         let id = record.message_id.clone().unwrap_or_default();
-        let Some(body) = record.body.as_deref() else {
-            tracing::error!(message.id = %id, "message without a body; dropped");
-            return None;
-        };
-        let (delivery, endpoint, account) = match DeliveryMessage::parse(body) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                // Retrying cannot fix a malformed message; the delivery row stays for the sweeper.
-                tracing::error!(message.id = %id, %error, "malformed message; dropped");
-                return None;
-            }
-        };
-        match handle_message(&shape.app, lanes, &delivery, &endpoint, &account).await {
-            Ok(_) => None,
-            Err(error) => {
-                tracing::warn!(message.id = %id, delivery.id = %delivery, %error, "message failed; SQS will retry it");
-                Some(id)
-            }
+        match handle_queue_message(shape, &id, record.body.as_deref()).await {
+            MessageOutcome::Done => None,
+            MessageOutcome::Retry => Some(id),
         }
     }))
     .await;

@@ -2,16 +2,14 @@
 //! time by more than the grace period back to the queue (its message was lost, or its
 //! schedule never fired). The scheduled event's content does not matter.
 
-use hooklane::{aws::shape::AwsShape, service::sweep::enqueue_pending};
+use hooklane::aws::{handlers::sweep, shape::AwsShape};
 
 pub async fn handle(
     shape: &AwsShape,
     grace: std::time::Duration,
     _event: serde_json::Value,
 ) -> Result<serde_json::Value, hooklane::service::ServiceError> {
-    let cutoff = shape.app.clock.now() - chrono::TimeDelta::from_std(grace).unwrap_or_default();
-    let requeued = enqueue_pending(&shape.app, cutoff).await?;
-    tracing::info!(requeued, "swept");
+    let requeued = sweep(shape, grace).await?;
     Ok(serde_json::json!({ "requeued": requeued }))
 }
 

@@ -2,11 +2,14 @@
 //! loaded from the environment (region, credentials, and `AWS_ENDPOINT_URL` for a local
 //! emulator such as moto or LocalStack).
 
+pub mod handlers;
+pub mod local;
 pub mod shape;
 pub mod stream;
 
 // The SDK crates, for callers that add their own writes (the outbox helper's transaction).
 pub use aws_sdk_dynamodb;
+pub use aws_sdk_scheduler;
 pub use aws_sdk_sesv2;
 pub use aws_sdk_sqs;
 

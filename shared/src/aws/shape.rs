@@ -58,6 +58,10 @@ impl AwsSettings {
                 .ok_or_else(|| invalid(name, "must be set"))
         };
         let mut core = CoreConfig::default();
+        if let Some(raw) = get("HOOKLANE_RETRY_SCHEDULE") {
+            core.retry.schedule = crate::domain::RetrySchedule::parse(raw)
+                .map_err(|e| invalid("HOOKLANE_RETRY_SCHEDULE", e.message))?;
+        }
         if let Some(raw) = get("HOOKLANE_DISABLE_AFTER") {
             core.disable_after = parse_duration(raw, "HOOKLANE_DISABLE_AFTER")
                 .map_err(|e| invalid("HOOKLANE_DISABLE_AFTER", e.message))?;
@@ -301,10 +305,15 @@ mod tests {
             ("HOOKLANE_SCHEDULER_ROLE_ARN", "arn:role"),
             ("HOOKLANE_DISABLE_AFTER", "2h"),
             ("HOOKLANE_OPERATIONS_ACCOUNT", "ops"),
+            ("HOOKLANE_RETRY_SCHEDULE", "60,1801"),
         ]);
         let settings = AwsSettings::from_vars(&vars(&more)).unwrap();
         assert_eq!(settings.scheduler, Some(("g".into(), "arn:role".into())));
         assert_eq!(settings.core.disable_after, Duration::from_secs(7200));
+        assert_eq!(
+            settings.core.retry.schedule.delays(),
+            &[Duration::from_secs(60), Duration::from_secs(1801)]
+        );
         let err = AwsSettings::from_vars(&vars(&base[..2])).unwrap_err();
         assert_eq!(err.variable, "HOOKLANE_QUEUE_ARN");
         let mut half = base.to_vec();

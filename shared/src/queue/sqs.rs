@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 use aws_sdk_scheduler::types::{
-    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
+    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, SqsParameters, Target,
 };
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::{Deserialize, Serialize};
@@ -68,6 +68,8 @@ pub struct SqsQueue {
     queue_arn: String,
     scheduler: Option<SchedulerTarget>,
     clock: std::sync::Arc<dyn Clock>,
+    /// Delays above this go to the Scheduler (when there is one).
+    max_delay_ms: i64,
 }
 
 impl SqsQueue {
@@ -84,7 +86,17 @@ impl SqsQueue {
             queue_arn: queue_arn.into(),
             scheduler,
             clock,
+            max_delay_ms: MAX_SQS_DELAY_SECONDS * 1000,
         }
+    }
+
+    /// Sends delays longer than `max_delay` (at most SQS's 900 s) through the Scheduler:
+    /// the local runner's scaled-down time uses this, so a retry that would wait more than
+    /// 900 s still takes the Scheduler path while waiting only seconds.
+    pub fn with_max_delay(mut self, max_delay: std::time::Duration) -> Self {
+        let ms = i64::try_from(max_delay.as_millis()).unwrap_or(i64::MAX);
+        self.max_delay_ms = ms.clamp(1, MAX_SQS_DELAY_SECONDS * 1000);
+        self
     }
 
     async fn send_now(&self, items: &[(PendingRef, i64)]) -> Result<(), QueueError> {
@@ -144,6 +156,11 @@ impl SqsQueue {
                     .arn(&self.queue_arn)
                     .role_arn(&target.role_arn)
                     .input(body)
+                    .sqs_parameters(
+                        SqsParameters::builder()
+                            .message_group_id(item.account_id.as_str())
+                            .build(),
+                    )
                     .build()
                     .map_err(|e| QueueError(e.to_string()))?,
             )
@@ -174,15 +191,23 @@ pub fn schedule_name(delivery: &DeliveryId, due: Timestamp) -> String {
     format!("{}-{}", delivery, to_millis(due) / 1000)
 }
 
+/// The due time a name from `schedule_name` carries (to the second), if it is one.
+pub fn schedule_due_hint(name: &str) -> Option<Timestamp> {
+    let (_, seconds) = name.rsplit_once('-')?;
+    let seconds: i64 = seconds.parse().ok()?;
+    Some(crate::clock::from_millis(seconds.checked_mul(1000)?))
+}
+
 #[async_trait]
 impl Queue for SqsQueue {
     async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
         let now = to_millis(self.clock.now());
         let mut soon = Vec::new();
         for item in items {
-            let delay = ((to_millis(item.due) - now).max(0) + 999) / 1000;
+            let delay_ms = (to_millis(item.due) - now).max(0);
+            let delay = (delay_ms + 999) / 1000;
             match &self.scheduler {
-                Some(target) if delay > MAX_SQS_DELAY_SECONDS => {
+                Some(target) if delay_ms > self.max_delay_ms => {
                     self.schedule(&item, target).await?
                 }
                 // Without a scheduler a long delay waits in the queue as long as it may and
@@ -379,12 +404,56 @@ pub(crate) mod tests {
             DeliveryMessage::parse(input).unwrap().0.as_str(),
             "dlv_later"
         );
+        assert_eq!(
+            target.sqs_parameters().and_then(|p| p.message_group_id()),
+            Some("acme"),
+            "the scheduled message keeps the account as its fair-queue group"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lower_delay_ceiling_sends_shorter_delays_to_the_scheduler() {
+        let e = emulated_queue().await;
+        let queue = e.queue.clone().with_max_delay(Duration::from_secs(2));
+        let now = chrono::Utc::now();
+        queue
+            .enqueue(vec![
+                pending("dlv_scheduled", "acme", add(now, Duration::from_secs(5))),
+                pending("dlv_queued", "acme", now),
+            ])
+            .await
+            .unwrap();
+        let listed = e
+            .scheduler
+            .list_schedules()
+            .group_name(&e.group)
+            .send()
+            .await
+            .unwrap();
+        let names: Vec<_> = listed.schedules().iter().filter_map(|s| s.name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(names[0].starts_with("dlv_scheduled-"), "{names:?}");
+        let queued = receive(&e, 0).await;
+        assert_eq!(queued.len(), 1);
+        assert_eq!(
+            DeliveryMessage::parse(queued[0].body().unwrap())
+                .unwrap()
+                .0
+                .as_str(),
+            "dlv_queued"
+        );
     }
 
     #[test]
     fn at_expressions_round_up_to_the_second() {
         let due = crate::clock::from_millis(1_700_000_000_001);
         assert_eq!(at_expression(due), "at(2023-11-14T22:13:21)");
+        let name = schedule_name(&DeliveryId::parse("dlv_1").unwrap(), due);
+        assert_eq!(
+            schedule_due_hint(&name),
+            Some(crate::clock::from_millis(1_700_000_000_000))
+        );
+        assert_eq!(schedule_due_hint("someone-elses"), None);
         assert!(DeliveryMessage::parse("{}").is_err());
         assert!(DeliveryMessage::parse(
             r#"{"delivery_id":"a b","endpoint_id":"e","account_id":"a"}"#

@@ -1,0 +1,42 @@
+//! `hooklane serve --backend aws`: the AWS shape's functions run locally (see
+//! `hooklane::aws::local`), configured like the Lambda functions.
+
+use std::collections::HashMap;
+
+use hooklane::aws::{
+    local::{self, LocalOptions, TokenSource},
+    shape::AwsSettings,
+};
+
+/// Runs until Ctrl-C or SIGTERM. `provision` names a stack to create (or reuse) on the AWS
+/// endpoint first, in place of the variables a SAM stack would set.
+pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> Result<(), String> {
+    if let Some(prefix) = provision {
+        let provisioned = local::provisioned_vars(prefix)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(prefix, "provisioned the tables, queue and schedule group");
+        vars.extend(provisioned);
+    }
+    let settings =
+        AwsSettings::from_vars(&vars).map_err(|e| format!("configuration error: {e}"))?;
+    let options =
+        LocalOptions::from_vars(&vars).map_err(|e| format!("configuration error: {e}"))?;
+    let running = local::start(settings, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    match &running.token_source {
+        TokenSource::Variable => println!("admin token: from HOOKLANE_ADMIN_TOKEN"),
+        TokenSource::ControlTable(table) => println!(
+            "admin token (kept in DynamoDB table {table}, item pk=setting#admin_token; set HOOKLANE_ADMIN_TOKEN to choose your own): {}",
+            running.admin_token
+        ),
+    }
+    tracing::info!("hooklane serve --backend aws started");
+    // Tests and scripts read this line to learn the port when listening on port 0.
+    println!("hooklane listening on http://{}", running.local_addr);
+    running
+        .run_until(crate::serve::shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}

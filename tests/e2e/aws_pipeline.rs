@@ -1,0 +1,488 @@
+//! The AWS shape end to end: the real binary as `serve --backend aws` against the AWS
+//! emulator (DynamoDB + Streams, SQS, Scheduler, SES through AWS_ENDPOINT_URL), delivering
+//! to the endpoint farm on 127.0.0.1.
+
+use std::time::{Duration, Instant};
+
+use hooklane::{
+    aws::{
+        aws_sdk_dynamodb::types::{
+            AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
+            ScalarAttributeType, TransactWriteItem,
+        },
+        aws_sdk_scheduler, aws_sdk_sesv2, aws_sdk_sqs, load_sdk_config,
+        shape::{AwsSettings, AwsShape},
+    },
+    domain::{AccountId, Event, EventId, EventType},
+    queue::sqs::DeliveryMessage,
+    service::{
+        accounts::{self, NewAccount},
+        endpoints::{self, NewEndpoint},
+        publish::{publish, NewEvent},
+    },
+    signing::{verify, SigningSecret},
+    testing::{emulated_shape, require_emulator, sent_mail_text},
+};
+use hooklane_cli::farm::{Arrival, Behavior, Farm};
+use serde_json::json;
+
+use crate::support::{Scratch, Server};
+
+/// The variables a SAM stack sets for the functions, for the stack `settings` names.
+fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
+    let prefix = settings
+        .tables
+        .accounts
+        .strip_suffix("-accounts")
+        .expect("table names carry the stack prefix");
+    let (group, role) = settings.scheduler.clone().expect("a schedule group");
+    [
+        ("HOOKLANE_TABLE_PREFIX", prefix.to_owned()),
+        ("HOOKLANE_QUEUE_URL", settings.queue_url.clone()),
+        ("HOOKLANE_QUEUE_ARN", settings.queue_arn.clone()),
+        ("HOOKLANE_SCHEDULE_GROUP", group),
+        ("HOOKLANE_SCHEDULER_ROLE_ARN", role),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+fn with(mut env: Vec<(String, String)>, more: &[(&str, &str)]) -> Vec<(String, String)> {
+    env.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{name}-{:x}-{nanos:x}", std::process::id())
+}
+
+/// Checks the arrival's signature with the core's verifier and the endpoint's secret.
+fn assert_signed(arrival: &Arrival, secret: &str) {
+    let secret = SigningSecret::parse(secret).expect("endpoint secret");
+    let result = verify(
+        &[&secret],
+        arrival.webhook_id.as_deref().expect("webhook-id"),
+        arrival
+            .webhook_timestamp
+            .as_deref()
+            .expect("webhook-timestamp"),
+        arrival
+            .webhook_signature
+            .as_deref()
+            .expect("webhook-signature"),
+        &arrival.body,
+        chrono::Utc::now().timestamp(),
+        300,
+    );
+    assert_eq!(result, Ok(()), "the delivery's signature does not verify");
+}
+
+/// The event's deliveries as the delivery log shows them.
+async fn deliveries_of(server: &Server, account: &str, event: &str) -> Vec<serde_json::Value> {
+    let (status, body) = server
+        .get(&format!("/v1/accounts/{account}/events/{event}"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["deliveries"].as_array().cloned().unwrap_or_default()
+}
+
+async fn eventually_delivered(server: &Server, account: &str, event: &str) -> serde_json::Value {
+    let mut last = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        last = deliveries_of(server, account, event).await;
+        if last.len() == 1 && last[0]["status"] == "delivered" {
+            return last[0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the delivery log never showed {event} delivered: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_published_through_the_api_arrives_signed() {
+    require_emulator();
+    let started = Instant::now();
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("aws-api");
+    // The binary provisions its own stack here, as a developer would run it.
+    let prefix = unique("e2e");
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &[]).await;
+    let provisioned = hooklane::aws::aws_sdk_dynamodb::Client::new(&load_sdk_config().await)
+        .describe_table()
+        .table_name(format!("{prefix}-events"))
+        .send()
+        .await
+        .expect("serve --provision created the stack's tables");
+    assert!(provisioned
+        .table()
+        .and_then(|t| t.latest_stream_arn())
+        .is_some());
+    server.create_account("acme").await;
+    let (_, secret) = server
+        .create_endpoint("acme", &farm.url("hooks"), json!({}))
+        .await;
+    let event = server
+        .publish("acme", "invoice.paid", json!({"amount": 42}))
+        .await;
+    let event_id = event["id"].as_str().expect("event id").to_owned();
+
+    assert!(
+        farm.wait_until(Duration::from_secs(15), |f| f.success_count("hooks") == 1)
+            .await,
+        "no delivery arrived; serve log:\n{}",
+        server.log_text()
+    );
+    let delivered = eventually_delivered(&server, "acme", &event_id).await;
+    assert_eq!(delivered["attempts"], 1);
+    let arrivals = farm.arrivals("hooks");
+    assert_eq!(arrivals.len(), 1, "exactly one delivery");
+    assert_eq!(arrivals[0].webhook_id.as_deref(), Some(event_id.as_str()));
+    assert_signed(&arrivals[0], &secret);
+    let body: serde_json::Value = serde_json::from_slice(&arrivals[0].body).expect("JSON body");
+    assert_eq!(body["data"]["amount"], 42, "{body}");
+    eprintln!(
+        "aws e2e: api publish -> delivery in {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_written_through_the_outbox_in_a_business_transaction_arrives() {
+    let started = Instant::now();
+    let (settings, shape) = emulated_shape().await;
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("aws-outbox");
+    let server = Server::start_aws(&scratch, &[], &stack_env(&settings)).await;
+    server.create_account("acme").await;
+    let (_, secret) = server
+        .create_endpoint("acme", &farm.url("orders"), json!({}))
+        .await;
+
+    // The platform's own table and write, in one transaction with the event.
+    let dynamodb = shape.store.client();
+    let orders = format!("{}-orders", stack_env(&settings)[0].1);
+    dynamodb
+        .create_table()
+        .table_name(&orders)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let event = Event::new(
+        EventId::parse("evt_order_1").unwrap(),
+        AccountId::parse("acme").unwrap(),
+        EventType::parse("order.placed").unwrap(),
+        chrono::Utc::now(),
+        &json!({"order": "ord_1", "total": 42}),
+    )
+    .unwrap();
+    dynamodb
+        .transact_write_items()
+        .transact_items(
+            TransactWriteItem::builder()
+                .put(
+                    Put::builder()
+                        .table_name(&orders)
+                        .item("id", AttributeValue::S("ord_1".into()))
+                        .item("total", AttributeValue::N("42".into()))
+                        .build()
+                        .unwrap(),
+                )
+                .build(),
+        )
+        .transact_items(
+            TransactWriteItem::builder()
+                .put(shape.store.outbox_put(&event).unwrap())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+
+    assert!(
+        farm.wait_until(Duration::from_secs(15), |f| f.success_count("orders") == 1)
+            .await,
+        "the outbox event was never delivered; serve log:\n{}",
+        server.log_text()
+    );
+    let arrivals = farm.arrivals("orders");
+    assert_eq!(arrivals.len(), 1);
+    assert_eq!(arrivals[0].webhook_id.as_deref(), Some("evt_order_1"));
+    assert_signed(&arrivals[0], &secret);
+    eventually_delivered(&server, "acme", "evt_order_1").await;
+    let business = dynamodb
+        .get_item()
+        .table_name(&orders)
+        .key("id", AttributeValue::S("ord_1".into()))
+        .send()
+        .await
+        .unwrap();
+    assert!(business.item().is_some(), "the business write is there too");
+    eprintln!("aws e2e: outbox -> delivery in {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_longer_than_sqs_allows_goes_through_a_schedule() {
+    let started = Instant::now();
+    let (settings, _shape) = emulated_shape().await;
+    let (group, _) = settings.scheduler.clone().unwrap();
+    let farm = Farm::start().await.expect("farm");
+    farm.configure("later", Behavior::failing_first(1));
+    let scratch = Scratch::new("aws-schedule");
+    // One retry after 900.5–1801 s: always past SQS's 900 s. Time runs 600× faster, so it
+    // comes 1.5–3 s after the failure, through a one-time schedule.
+    let env = with(
+        stack_env(&settings),
+        &[
+            ("HOOKLANE_RETRY_SCHEDULE", "1801"),
+            ("HOOKLANE_LOCAL_TIME_SCALE", "600"),
+        ],
+    );
+    let server = Server::start_aws(&scratch, &[], &env).await;
+    server.create_account("acme").await;
+    server
+        .create_endpoint("acme", &farm.url("later"), json!({}))
+        .await;
+    let event = server.publish("acme", "invoice.paid", json!({})).await;
+    let event_id = event["id"].as_str().unwrap().to_owned();
+
+    assert!(
+        farm.wait_until(Duration::from_secs(15), |f| f.arrival_count("later") == 1)
+            .await,
+        "no first attempt; serve log:\n{}",
+        server.log_text()
+    );
+    let scheduler = aws_sdk_scheduler::Client::new(&load_sdk_config().await);
+    let mut names = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while names.is_empty() && Instant::now() < deadline {
+        let listed = scheduler
+            .list_schedules()
+            .group_name(&group)
+            .send()
+            .await
+            .unwrap();
+        names = listed
+            .schedules()
+            .iter()
+            .filter_map(|s| s.name().map(str::to_owned))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(names.len(), 1, "one schedule for the retry: {names:?}");
+    match scheduler
+        .get_schedule()
+        .group_name(&group)
+        .name(&names[0])
+        .send()
+        .await
+    {
+        Ok(schedule) => {
+            let target = schedule.target().expect("target");
+            assert_eq!(target.arn(), settings.queue_arn);
+            assert_eq!(
+                target.sqs_parameters().and_then(|p| p.message_group_id()),
+                Some("acme")
+            );
+            let (_, _, account) = DeliveryMessage::parse(target.input().unwrap()).unwrap();
+            assert_eq!(account.as_str(), "acme");
+        }
+        // Fired and deleted between the listing and now: what it carried is checked by the
+        // queue's own test; its effect is checked below.
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception()) => {}
+        Err(e) => panic!("get_schedule: {e:?}"),
+    }
+
+    assert!(
+        farm.wait_until(Duration::from_secs(15), |f| f.success_count("later") == 1)
+            .await,
+        "the scheduled retry never arrived; serve log:\n{}",
+        server.log_text()
+    );
+    let arrivals = farm.arrivals("later");
+    assert_eq!(arrivals.len(), 2);
+    let gap = arrivals[1].instant.duration_since(arrivals[0].instant);
+    assert!(
+        gap >= Duration::from_millis(1400),
+        "the retry came after {gap:?}, sooner than the scaled delay"
+    );
+    let delivered = eventually_delivered(&server, "acme", &event_id).await;
+    assert_eq!(delivered["attempts"], 2);
+    let left = scheduler
+        .list_schedules()
+        .group_name(&group)
+        .send()
+        .await
+        .unwrap();
+    assert!(left.schedules().is_empty(), "a fired schedule is deleted");
+    eprintln!(
+        "aws e2e: retry through the scheduler in {:?} (retry gap {gap:?})",
+        started.elapsed()
+    );
+}
+
+async fn set_up_acme(shape: &AwsShape, url: String) -> AccountId {
+    accounts::create(
+        &shape.app,
+        NewAccount {
+            id: Some("acme".into()),
+            name: "Acme".into(),
+            owner_email: "owner@acme.example".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let account = AccountId::parse("acme").unwrap();
+    endpoints::create(
+        &shape.app,
+        &account,
+        NewEndpoint {
+            url,
+            description: None,
+            event_types: None,
+            max_in_flight: None,
+            rate_limit_per_second: None,
+            secret: None,
+        },
+    )
+    .await
+    .unwrap();
+    account
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_recovers_a_delivery_whose_message_was_lost() {
+    let started = Instant::now();
+    let (settings, shape) = emulated_shape().await;
+    let farm = Farm::start().await.expect("farm");
+    // Published while no sender runs; then its queue message is lost.
+    let account = set_up_acme(&shape, farm.url("lost")).await;
+    let published = publish(
+        &shape.app,
+        &account,
+        NewEvent {
+            id: Some("evt_lost_1".into()),
+            event_type: "invoice.paid".into(),
+            data: json!({}),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(published.deliveries.len(), 1);
+    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
+    let received = sqs
+        .receive_message()
+        .queue_url(&settings.queue_url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(received.len(), 1, "the delivery's message");
+    sqs.delete_message()
+        .queue_url(&settings.queue_url)
+        .receipt_handle(received[0].receipt_handle().unwrap())
+        .send()
+        .await
+        .unwrap();
+
+    let scratch = Scratch::new("aws-sweep");
+    let env = with(
+        stack_env(&settings),
+        &[
+            ("HOOKLANE_SWEEP_GRACE", "1s"),
+            ("HOOKLANE_SWEEP_INTERVAL", "500ms"),
+        ],
+    );
+    let server = Server::start_aws(&scratch, &[], &env).await;
+    assert!(
+        farm.wait_until(Duration::from_secs(15), |f| f.success_count("lost") == 1)
+            .await,
+        "the swept delivery never arrived; serve log:\n{}",
+        server.log_text()
+    );
+    eventually_delivered(&server, "acme", "evt_lost_1").await;
+    assert!(
+        server.log_text().contains("requeued=1"),
+        "the sweeper re-queued it; serve log:\n{}",
+        server.log_text()
+    );
+    eprintln!("aws e2e: sweeper recovery in {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
+    let started = Instant::now();
+    let (settings, _shape) = emulated_shape().await;
+    let from = format!("{}@example.com", unique("hooklane"));
+    aws_sdk_sesv2::Client::new(&load_sdk_config().await)
+        .create_email_identity()
+        .email_identity(&from)
+        .send()
+        .await
+        .unwrap();
+    let farm = Farm::start().await.expect("farm");
+    farm.configure("down", Behavior::status(500));
+    let scratch = Scratch::new("aws-health");
+    let env = with(
+        stack_env(&settings),
+        &[
+            ("HOOKLANE_NOTIFICATION_FROM", from.as_str()),
+            ("HOOKLANE_DISABLE_AFTER", "2s"),
+            ("HOOKLANE_HEALTH_INTERVAL", "500ms"),
+            ("HOOKLANE_RETRY_SCHEDULE", "60"),
+        ],
+    );
+    let server = Server::start_aws(&scratch, &[], &env).await;
+    server.create_account("acme").await;
+    let url = farm.url("down");
+    let (endpoint_id, _) = server.create_endpoint("acme", &url, json!({})).await;
+    server.publish("acme", "invoice.paid", json!({})).await;
+    assert!(
+        farm.wait_until(Duration::from_secs(15), |f| f.arrival_count("down") == 1)
+            .await,
+        "no attempt; serve log:\n{}",
+        server.log_text()
+    );
+    let path = format!("/v1/accounts/acme/endpoints/{endpoint_id}");
+    let disabled = server
+        .eventually(Duration::from_secs(10), || async {
+            server.get(&path).await.1["status"] == "disabled"
+        })
+        .await;
+    assert!(
+        disabled,
+        "the endpoint was not disabled; serve log:\n{}",
+        server.log_text()
+    );
+    let mail = sent_mail_text().await;
+    assert!(
+        mail.contains(&url) && mail.contains(&from),
+        "no owner mail about {url} from {from} in the emulator"
+    );
+    eprintln!("aws e2e: health disable + mail in {:?}", started.elapsed());
+}
