@@ -456,7 +456,8 @@ impl StreamPoller {
     }
 
     /// Reads one batch of a shard and fans out its records in order. Returns how many
-    /// records it took, and whether the shard has ended.
+    /// records it took, and whether the shard has ended. After an error the cursor is left
+    /// where the next read must start (the failed record, as Lambda retries it).
     async fn read(
         &self,
         arn: &str,
@@ -488,9 +489,9 @@ impl StreamPoller {
             if record.event_name() == Some(&OperationType::Insert) {
                 let image = change.new_image().map(image_json).unwrap_or(Value::Null);
                 if let Err(error) = handlers::fan_out_image(&self.shape, &image).await {
-                    tracing::warn!(%sequence, %error, "fan-out failed; retrying from this record");
+                    let failed = format!("fan-out of record {sequence} failed: {error}");
                     cursor.start = ShardStart::At(sequence);
-                    return Ok((taken, false));
+                    return Err(failed);
                 }
             }
             taken += 1;
@@ -544,7 +545,7 @@ impl StreamPoller {
                         }
                     }
                     Err(error) => {
-                        tracing::warn!(shard = %shard, %error, "cannot read the stream");
+                        tracing::warn!(shard = %shard, %error, "stream not read to the end; retrying from where it stopped");
                         failed = true;
                     }
                 }
