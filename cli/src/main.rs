@@ -143,6 +143,17 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(default) {
         Command::Serve {
             backend: Backend::Aws,
+            config: Some(_),
+            ..
+        } => {
+            eprintln!(
+                "hooklane: --config (HOOKLANE_CONFIG) is for the embedded backend; \
+                 --backend aws reads the Lambda functions' HOOKLANE_* variables"
+            );
+            ExitCode::from(2)
+        }
+        Command::Serve {
+            backend: Backend::Aws,
             provision,
             ..
         } => serve_aws(provision.as_deref()),
