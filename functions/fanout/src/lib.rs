@@ -12,41 +12,60 @@ use hooklane::{
         shape::AwsShape,
         stream::{event_from_image, StreamedEvent},
     },
-    service::fan_out::fan_out,
+    service::fan_out::fan_out_batch,
 };
 
 pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
+    // The batch's new events, in order, with the sequence number to report if one fails.
+    let mut events = Vec::new();
+    let mut sequences = Vec::new();
     for record in &event.records {
         if record.event_name != "INSERT" {
             continue;
         }
         let sequence = record.change.sequence_number.clone();
-        let outcome = match serde_json::to_value(&record.change.new_image) {
-            Ok(image) => match event_from_image(&image) {
-                Ok(StreamedEvent::New(event)) => fan_out(&shape.app, &event)
-                    .await
-                    .map(|created| tracing::info!(event.id = %event.id, created, "fanned out"))
-                    .map_err(|e| e.to_string()),
-                Ok(StreamedEvent::AlreadyFannedOut) => Ok(()),
-                Err(error) => {
-                    // A malformed item never becomes valid by retrying; skipping it keeps
-                    // the shard moving.
-                    tracing::error!(sequence = ?sequence, %error, "unreadable event image; skipped");
-                    Ok(())
-                }
-            },
-            Err(error) => Err(error.to_string()),
+        let image = match serde_json::to_value(&record.change.new_image) {
+            Ok(image) => image,
+            Err(error) => {
+                tracing::warn!(sequence = ?sequence, %error, "unreadable stream record; Lambda retries from it");
+                fail_at(&mut response, sequence);
+                break;
+            }
         };
-        if let Err(error) = outcome {
-            tracing::warn!(sequence = ?sequence, %error, "fan-out failed; Lambda retries from this record");
-            let mut failure = DynamoDbBatchItemFailure::default();
-            failure.item_identifier = sequence;
-            response.batch_item_failures.push(failure);
-            break;
+        match event_from_image(&image) {
+            Ok(StreamedEvent::New(event)) => {
+                events.push(event);
+                sequences.push(sequence);
+            }
+            Ok(StreamedEvent::AlreadyFannedOut) => {}
+            Err(error) => {
+                // A malformed item never becomes valid by retrying; skipping it keeps
+                // the shard moving.
+                tracing::error!(sequence = ?sequence, %error, "unreadable event image; skipped");
+            }
         }
     }
+    // All new deliveries of the batch are queued together (ten to an SQS request).
+    let outcome = fan_out_batch(&shape.app, &events).await;
+    tracing::info!(
+        events = events.len(),
+        created = outcome.created,
+        "fanned out"
+    );
+    if let (Some(position), Some(error)) = (outcome.failed, outcome.error) {
+        tracing::warn!(sequence = ?sequences.get(position), %error, "fan-out failed; Lambda retries from this record");
+        // The earliest failure decides where Lambda resumes.
+        response.batch_item_failures.clear();
+        fail_at(&mut response, sequences.get(position).cloned().flatten());
+    }
     response
+}
+
+fn fail_at(response: &mut DynamoDbEventResponse, sequence: Option<String>) {
+    let mut failure = DynamoDbBatchItemFailure::default();
+    failure.item_identifier = sequence;
+    response.batch_item_failures.push(failure);
 }
 
 #[cfg(test)]
