@@ -348,18 +348,20 @@ async fn cost_per_first_try_and_retried_delivery() {
     let retried = measure(Publisher::Api, 30, 1).await;
     retried.print("retried once (500, then 200), published through the API");
 
-    // Regression guards: the figures reached (see docs/PERFORMANCE.md); the target
-    // of ≤ 5 WCU per first-try delivery is not met by this table design.
-    assert!(api.wcu() <= 99.0, "API first try: {} WCU", api.wcu());
+    // Regression guards at the figures reached (docs/PERFORMANCE.md, "Cost per delivery"),
+    // with room for the slot item's first-burst conflicts. The target of ≤ 5 WCU per
+    // first-try delivery is NOT met by this table design; ≤ 0.3 SQS requests is met by the
+    // outbox path up to the emulator's partly filled receives.
+    assert!(api.wcu() <= 17.0, "API first try: {} WCU", api.wcu());
     assert!(
-        outbox.wcu() <= 99.0,
+        outbox.wcu() <= 16.0,
         "outbox first try: {} WCU",
         outbox.wcu()
     );
     assert!(
-        outbox.sqs_requests() <= 99.0,
-        "outbox: {} SQS requests",
+        outbox.sqs_requests() <= 0.5,
+        "outbox first try: {} SQS requests",
         outbox.sqs_requests()
     );
-    assert!(retried.wcu() <= 99.0, "retried: {} WCU", retried.wcu());
+    assert!(retried.wcu() <= 27.0, "retried once: {} WCU", retried.wcu());
 }

@@ -5,7 +5,7 @@
 //! | `accounts` | `id` | | accounts |
 //! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query); endpoints failing since T |
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
-//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (`event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
+//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (keys only: `event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
 //!
@@ -22,8 +22,9 @@ use aws_sdk_dynamodb::{
     operation::transact_write_items::TransactWriteItemsError,
     types::{
         AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-        KeyType, Projection, ProjectionType, Put, ReturnValue, ScalarAttributeType,
-        StreamSpecification, StreamViewType, TimeToLiveSpecification, TransactWriteItem, Update,
+        KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ReturnValue,
+        ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
+        TransactWriteItem, Update,
     },
     Client,
 };
@@ -58,6 +59,8 @@ const UNSENT: &str = "unsent";
 const MAX_TRANSACTION_ITEMS: usize = 100;
 /// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
 const ABANDON_CONCURRENCY: usize = 16;
+/// DynamoDB's limit of keys in one `BatchGetItem`.
+const BATCH_GET_ITEMS: usize = 100;
 
 /// The names of the tables, all sharing one prefix (the stack name in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +201,34 @@ impl DynamoStore {
                 _ => return Ok(items),
             }
         }
+    }
+
+    /// The items with these (single-attribute) keys, read strongly consistently in batches
+    /// of 100; missing ones are left out.
+    async fn get_many(&self, table: &str, key: &str, ids: &[String]) -> StoreResult<Vec<Item>> {
+        let mut items = Vec::new();
+        for chunk in ids.chunks(BATCH_GET_ITEMS) {
+            let keys = KeysAndAttributes::builder()
+                .set_keys(Some(chunk.iter().map(|id| key1(key, id)).collect()))
+                .consistent_read(true)
+                .build()
+                .map_err(build_error)?;
+            let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
+            while let Some(wanted) = request.take().filter(|w| !w.is_empty()) {
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .set_request_items(Some(wanted))
+                    .send()
+                    .await
+                    .map_err(sdk)?;
+                if let Some(mut found) = out.responses {
+                    items.extend(found.remove(table).unwrap_or_default());
+                }
+                request = out.unprocessed_keys;
+            }
+        }
+        Ok(items)
     }
 
     async fn get_endpoint_item(
@@ -1055,7 +1086,15 @@ impl Store for DynamoStore {
                     .expression_attribute_values(":k", s(event_key(account.as_str(), id.as_str()))),
             )
             .await?;
-        let mut deliveries = items
+        // The index holds keys only (so a delivery's status changes never write to it):
+        // the deliveries themselves come from the table.
+        let ids: Vec<String> = items
+            .iter()
+            .map(|item| get_s(item, "id"))
+            .collect::<StoreResult<_>>()?;
+        let mut deliveries = self
+            .get_many(&self.tables.deliveries, "id", &ids)
+            .await?
             .iter()
             .map(delivery_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
@@ -1795,6 +1834,9 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
     let all = Projection::builder()
         .projection_type(ProjectionType::All)
         .build();
+    let keys_only = Projection::builder()
+        .projection_type(ProjectionType::KeysOnly)
+        .build();
     let pending_projection = Projection::builder()
         .projection_type(ProjectionType::Include)
         .non_key_attributes("endpoint_id")
@@ -1848,7 +1890,7 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
                     "by_event",
                     ("event_key", S),
                     Some(("endpoint_id", S)),
-                    all.clone(),
+                    keys_only,
                 ),
                 (
                     "pending",
