@@ -3,11 +3,10 @@
 //! retried by SQS.
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use futures_util::future::join_all;
 use hooklane::{
     aws::shape::AwsShape,
     queue::sqs::DeliveryMessage,
-    service::sender::{handle_message, Lanes},
+    service::sender::{handle_batch, Lanes},
 };
 
 pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
@@ -15,39 +14,34 @@ pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
     };
-    let outcomes = join_all(event.records.iter().map(|record| async move {
+    let mut ids = Vec::new();
+    let mut messages = Vec::new();
+    for record in &event.records {
         let id = record.message_id.clone().unwrap_or_default();
         let Some(body) = record.body.as_deref() else {
             tracing::error!(message.id = %id, "message without a body; dropped");
-            return None;
+            continue;
         };
-        let (delivery, endpoint, account) = match DeliveryMessage::parse(body) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                // Retrying cannot fix a malformed message; the delivery row stays for the sweeper.
-                tracing::error!(message.id = %id, %error, "malformed message; dropped");
-                return None;
+        match DeliveryMessage::parse(body) {
+            Ok(message) => {
+                ids.push(id);
+                messages.push(message);
             }
-        };
-        match handle_message(&shape.app, lanes, &delivery, &endpoint, &account).await {
-            Ok(_) => None,
-            Err(error) => {
-                tracing::warn!(message.id = %id, delivery.id = %delivery, %error, "message failed; SQS will retry it");
-                Some(id)
-            }
+            // Retrying cannot fix a malformed message; the delivery row stays for the sweeper.
+            Err(error) => tracing::error!(message.id = %id, %error, "malformed message; dropped"),
         }
-    }))
-    .await;
+    }
+    // Handled concurrently; their retries are queued together.
+    let outcomes = handle_batch(&shape.app, lanes, &messages).await;
     let mut response = SqsBatchResponse::default();
-    response.batch_item_failures = outcomes
-        .into_iter()
-        .flatten()
-        .map(|id| {
+    for ((id, (delivery, _, _)), outcome) in ids.into_iter().zip(&messages).zip(outcomes) {
+        if let Err(error) = outcome {
+            tracing::warn!(message.id = %id, delivery.id = %delivery, %error, "message failed; SQS will retry it");
             let mut failure = BatchItemFailure::default();
             failure.item_identifier = id;
-            failure
-        })
-        .collect();
+            response.batch_item_failures.push(failure);
+        }
+    }
     response
 }
 

@@ -15,7 +15,6 @@ use std::{
 };
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
-use futures_util::future::join_all;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -33,7 +32,7 @@ use crate::{
     service::{
         fan_out::fan_out_batch,
         publish::{publish, NewEvent},
-        sender::{handle_message, Lanes},
+        sender::{handle_batch, Lanes},
     },
     store::{contract, dynamodb::table_layouts},
 };
@@ -123,6 +122,9 @@ struct Measured {
     deliveries: usize,
     reading: Reading,
     sender_batches: usize,
+    /// Time spent inside each function's handler work, for the GB-seconds.
+    api_time: Duration,
+    fan_out_time: Duration,
     sender_time: Duration,
 }
 
@@ -148,10 +150,19 @@ impl Measured {
             self.per_delivery(scheduler.calls as f64),
             self.per_delivery(lambda.calls as f64),
         );
+        let per = |time: Duration, calls: u64| time.as_secs_f64() * 1000.0 / calls.max(1) as f64;
+        let invocations = |f: &str| {
+            r.operations
+                .get(&format!("Lambda.{f}"))
+                .map_or(0, |u| u.calls)
+        };
         println!(
-            "sender: {} batches, {:.1} ms per batch (against the emulator)",
+            "handler time against the emulator: api {:.1} ms per call, fanout {:.1} ms per batch, \
+             sender {:.1} ms per batch ({} batches)",
+            per(self.api_time, invocations("api")),
+            per(self.fan_out_time, invocations("fanout")),
+            per(self.sender_time, invocations("sender")),
             self.sender_batches,
-            self.sender_time.as_secs_f64() * 1000.0 / self.sender_batches.max(1) as f64
         );
         for (operation, usage) in &r.operations {
             println!(
@@ -231,6 +242,7 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
     let start = meter.reading();
 
     let mut published = Vec::new();
+    let mut api_time = Duration::ZERO;
     for i in 0..events {
         match publisher {
             Publisher::Api => {
@@ -240,7 +252,9 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
                     event_type: "invoice.paid".into(),
                     data: payload(i),
                 };
+                let began = Instant::now();
                 publish(app, &account, new).await.unwrap();
+                api_time += began.elapsed();
             }
             Publisher::Outbox => {
                 let event = Event::new(
@@ -270,9 +284,12 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
     // The events table's stream: Lambda hands the fan-out function batches of up to 100
     // records (an API-published event's record is invoked too, and skipped by the handler).
     // (what functions/fanout's handler does with a batch: `fan_out_batch`).
+    let mut fan_out_time = Duration::ZERO;
     for batch in published.chunks(STREAM_BATCH) {
         meter.invoked("fanout");
+        let began = Instant::now();
         let outcome = fan_out_batch(app, batch).await;
+        fan_out_time += began.elapsed();
         assert!(outcome.error.is_none(), "{:?}", outcome.error);
     }
     if publisher == Publisher::Api {
@@ -309,18 +326,16 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
         meter.invoked("sender");
         sender_batches += 1;
         let began = Instant::now();
-        let handled = join_all(messages.iter().map(|message| async move {
-            let (delivery, endpoint, account) =
-                DeliveryMessage::parse(message.body().unwrap()).unwrap();
-            handle_message(app, lanes, &delivery, &endpoint, &account)
-                .await
-                .map(|_| message.receipt_handle().unwrap().to_owned())
-        }))
-        .await;
+        let parsed: Vec<_> = messages
+            .iter()
+            .map(|m| DeliveryMessage::parse(m.body().unwrap()).unwrap())
+            .collect();
+        let handled = handle_batch(app, lanes, &parsed).await;
         sender_time += began.elapsed();
         let mut delete = sqs.delete_message_batch().queue_url(&settings.queue_url);
-        for (i, receipt) in handled.into_iter().enumerate() {
-            let receipt = receipt.unwrap();
+        for (i, (message, outcome)) in messages.iter().zip(handled).enumerate() {
+            outcome.unwrap();
+            let receipt = message.receipt_handle().unwrap();
             delete = delete.entries(
                 aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
                     .id(i.to_string())
@@ -335,6 +350,8 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
         deliveries: events,
         reading: meter.reading().since(&start),
         sender_batches,
+        api_time,
+        fan_out_time,
         sender_time,
     }
 }
