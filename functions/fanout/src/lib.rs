@@ -7,28 +7,52 @@ use aws_lambda_events::event::{
     dynamodb::Event,
     streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse},
 };
-use hooklane::aws::{handlers::fan_out_image, shape::AwsShape};
+use hooklane::aws::{handlers::fan_out_images, shape::AwsShape};
 
 pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
+    // The batch's new images, in order, with the sequence number to report if one fails.
+    let mut images = Vec::new();
+    let mut sequences = Vec::new();
+    let mut unreadable = None;
     for record in &event.records {
         if record.event_name != "INSERT" {
             continue;
         }
         let sequence = record.change.sequence_number.clone();
-        let outcome = match serde_json::to_value(&record.change.new_image) {
-            Ok(image) => fan_out_image(shape, &image).await,
-            Err(error) => Err(error.to_string()),
-        };
-        if let Err(error) = outcome {
+        match serde_json::to_value(&record.change.new_image) {
+            Ok(image) => {
+                images.push(image);
+                sequences.push(sequence);
+            }
+            Err(error) => {
+                tracing::warn!(sequence = ?sequence, %error, "unreadable stream record; Lambda retries from it");
+                unreadable = Some(sequence);
+                break;
+            }
+        }
+    }
+    // All new deliveries of the batch are queued together (ten to an SQS request).
+    match fan_out_images(shape, &images).await {
+        Ok(_) => {
+            if let Some(sequence) = unreadable {
+                fail_at(&mut response, sequence);
+            }
+        }
+        // The earliest failure decides where Lambda resumes.
+        Err((position, error)) => {
+            let sequence = sequences.get(position).cloned().flatten();
             tracing::warn!(sequence = ?sequence, %error, "fan-out failed; Lambda retries from this record");
-            let mut failure = DynamoDbBatchItemFailure::default();
-            failure.item_identifier = sequence;
-            response.batch_item_failures.push(failure);
-            break;
+            fail_at(&mut response, sequence);
         }
     }
     response
+}
+
+fn fail_at(response: &mut DynamoDbEventResponse, sequence: Option<String>) {
+    let mut failure = DynamoDbBatchItemFailure::default();
+    failure.item_identifier = sequence;
+    response.batch_item_failures.push(failure);
 }
 
 #[cfg(test)]

@@ -3,31 +3,32 @@
 //! retried by SQS.
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use futures_util::future::join_all;
 use hooklane::aws::{
-    handlers::{handle_queue_message, MessageOutcome},
+    handlers::{handle_queue_batch, MessageOutcome},
     shape::AwsShape,
 };
 
 pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
-    let outcomes = join_all(event.records.iter().map(|record| async move {
-        let id = record.message_id.clone().unwrap_or_default();
-        match handle_queue_message(shape, &id, record.body.as_deref()).await {
-            MessageOutcome::Done => None,
-            MessageOutcome::Retry => Some(id),
-        }
-    }))
-    .await;
-    let mut response = SqsBatchResponse::default();
-    response.batch_item_failures = outcomes
-        .into_iter()
-        .flatten()
-        .map(|id| {
-            let mut failure = BatchItemFailure::default();
-            failure.item_identifier = id;
-            failure
+    let messages: Vec<(&str, Option<&str>)> = event
+        .records
+        .iter()
+        .map(|record| {
+            (
+                record.message_id.as_deref().unwrap_or_default(),
+                record.body.as_deref(),
+            )
         })
         .collect();
+    // Handled concurrently; their retries are queued together.
+    let outcomes = handle_queue_batch(shape, &messages).await;
+    let mut response = SqsBatchResponse::default();
+    for ((id, _), outcome) in messages.iter().zip(outcomes) {
+        if outcome == MessageOutcome::Retry {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = (*id).to_owned();
+            response.batch_item_failures.push(failure);
+        }
+    }
     response
 }
 

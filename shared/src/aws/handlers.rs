@@ -14,9 +14,9 @@ use crate::{
     api::{router, ApiState},
     queue::sqs::DeliveryMessage,
     service::{
-        fan_out::fan_out,
+        fan_out::fan_out_batch,
         health, notifications,
-        sender::{handle_message, Lanes},
+        sender::{handle_batch, Lanes},
         sweep::enqueue_pending,
         tokens, ServiceResult,
     },
@@ -47,23 +47,36 @@ pub async fn api_router_with_token(
     }))
 }
 
-/// Fan-out of one events-table stream record's new image (in DynamoDB JSON). An error means
-/// "retry from this record"; an unreadable image is logged and skipped, since retrying
-/// cannot make it readable and would stop the shard.
-pub async fn fan_out_image(shape: &AwsShape, image: &Value) -> Result<(), String> {
-    match event_from_image(image) {
-        Ok(StreamedEvent::New(event)) => {
-            let created = fan_out(&shape.app, &event)
-                .await
-                .map_err(|e| e.to_string())?;
-            tracing::info!(event.id = %event.id, created, "fanned out");
-            Ok(())
+/// Fan-out of a batch of events-table stream records' new images (in DynamoDB JSON), in
+/// stream order; all their new deliveries are queued together. `Err((position, error))`
+/// means "retry from the image at `position`": the ones before it are done. An unreadable
+/// image is logged and skipped, since retrying cannot make it readable and would stop the
+/// shard.
+pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize, (usize, String)> {
+    let mut events = Vec::new();
+    let mut positions = Vec::new();
+    for (position, image) in images.iter().enumerate() {
+        match event_from_image(image) {
+            Ok(StreamedEvent::New(event)) => {
+                events.push(event);
+                positions.push(position);
+            }
+            Ok(StreamedEvent::AlreadyFannedOut) => {}
+            Err(error) => tracing::error!(%error, "unreadable event image; skipped"),
         }
-        Ok(StreamedEvent::AlreadyFannedOut) => Ok(()),
-        Err(error) => {
-            tracing::error!(%error, "unreadable event image; skipped");
-            Ok(())
+    }
+    let outcome = fan_out_batch(&shape.app, &events).await;
+    tracing::info!(
+        events = events.len(),
+        created = outcome.created,
+        "fanned out"
+    );
+    match (outcome.failed, outcome.error) {
+        (Some(failed), Some(error)) => {
+            let position = positions.get(failed).copied().unwrap_or(0);
+            Err((position, error.to_string()))
         }
+        _ => Ok(outcome.created),
     }
 }
 
@@ -76,35 +89,45 @@ pub enum MessageOutcome {
     Retry,
 }
 
-/// The sender function's work for one SQS message.
-pub async fn handle_queue_message(
+/// The sender function's work for one SQS batch of `(message id, body)`: the messages are
+/// handled concurrently and their follow-ups queued together. One outcome per message, in
+/// order.
+pub async fn handle_queue_batch(
     shape: &AwsShape,
-    message_id: &str,
-    body: Option<&str>,
-) -> MessageOutcome {
-    let Some(body) = body else {
-        tracing::error!(message.id = %message_id, "message without a body; dropped");
-        return MessageOutcome::Done;
-    };
-    let (delivery, endpoint, account) = match DeliveryMessage::parse(body) {
-        Ok(parsed) => parsed,
-        Err(error) => {
+    messages: &[(&str, Option<&str>)],
+) -> Vec<MessageOutcome> {
+    let mut outcomes = vec![MessageOutcome::Done; messages.len()];
+    let mut parsed = Vec::new();
+    let mut positions = Vec::new();
+    for (position, (message_id, body)) in messages.iter().enumerate() {
+        let Some(body) = body else {
+            tracing::error!(message.id = %message_id, "message without a body; dropped");
+            continue;
+        };
+        match DeliveryMessage::parse(body) {
+            Ok(message) => {
+                parsed.push(message);
+                positions.push(position);
+            }
             // Retrying cannot fix a malformed message; the delivery row stays for the sweeper.
-            tracing::error!(message.id = %message_id, %error, "malformed message; dropped");
-            return MessageOutcome::Done;
+            Err(error) => {
+                tracing::error!(message.id = %message_id, %error, "malformed message; dropped")
+            }
         }
-    };
+    }
     let lanes = Lanes {
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
     };
-    match handle_message(&shape.app, lanes, &delivery, &endpoint, &account).await {
-        Ok(_) => MessageOutcome::Done,
-        Err(error) => {
+    let handled = handle_batch(&shape.app, lanes, &parsed).await;
+    for ((position, (delivery, _, _)), result) in positions.into_iter().zip(&parsed).zip(handled) {
+        if let Err(error) = result {
+            let message_id = messages[position].0;
             tracing::warn!(message.id = %message_id, delivery.id = %delivery, %error, "message failed; it will come back");
-            MessageOutcome::Retry
+            outcomes[position] = MessageOutcome::Retry;
         }
     }
+    outcomes
 }
 
 /// The sweeper function's work: re-queues pending deliveries more than `grace` past due.

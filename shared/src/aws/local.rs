@@ -480,21 +480,28 @@ impl StreamPoller {
             // An iterator lives 15 minutes; the next read asks for a new one.
             Err(e) => return Err(error_text(&e)),
         };
-        let mut taken = 0;
+        let mut images = Vec::new();
+        let mut sequences = Vec::new();
+        let mut last = None;
         for record in batch.records() {
             let Some(change) = record.dynamodb() else {
                 continue;
             };
             let sequence = change.sequence_number().unwrap_or_default().to_owned();
             if record.event_name() == Some(&OperationType::Insert) {
-                let image = change.new_image().map(image_json).unwrap_or(Value::Null);
-                if let Err(error) = handlers::fan_out_image(&self.shape, &image).await {
-                    let failed = format!("fan-out of record {sequence} failed: {error}");
-                    cursor.start = ShardStart::At(sequence);
-                    return Err(failed);
-                }
+                images.push(change.new_image().map(image_json).unwrap_or(Value::Null));
+                sequences.push(sequence.clone());
             }
-            taken += 1;
+            last = Some(sequence);
+        }
+        if let Err((position, error)) = handlers::fan_out_images(&self.shape, &images).await {
+            let sequence = sequences.get(position).cloned().unwrap_or_default();
+            let failed = format!("fan-out of record {sequence} failed: {error}");
+            cursor.start = ShardStart::At(sequence);
+            return Err(failed);
+        }
+        let taken = batch.records().len();
+        if let Some(sequence) = last {
             cursor.start = ShardStart::After(sequence);
         }
         match batch.next_shard_iterator {
@@ -641,17 +648,16 @@ impl QueueConsumer {
                     continue;
                 }
             };
-            let shape = &self.shape;
-            let outcomes = join_all(messages.iter().map(|message| async move {
-                let id = message.message_id().unwrap_or_default();
-                let outcome = handlers::handle_queue_message(shape, id, message.body()).await;
-                (message.receipt_handle(), outcome)
-            }))
-            .await;
-            let handled: Vec<&str> = outcomes
-                .into_iter()
+            let batch: Vec<(&str, Option<&str>)> = messages
+                .iter()
+                .map(|m| (m.message_id().unwrap_or_default(), m.body()))
+                .collect();
+            let outcomes = handlers::handle_queue_batch(&self.shape, &batch).await;
+            let handled: Vec<&str> = messages
+                .iter()
+                .zip(outcomes)
                 .filter(|(_, outcome)| *outcome == MessageOutcome::Done)
-                .filter_map(|(receipt, _)| receipt)
+                .filter_map(|(message, _)| message.receipt_handle())
                 .collect();
             self.delete(&handled).await;
             if *stop.borrow() {

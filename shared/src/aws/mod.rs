@@ -2,8 +2,11 @@
 //! loaded from the environment (region, credentials, and `AWS_ENDPOINT_URL` for a local
 //! emulator such as moto or LocalStack).
 
+#[cfg(test)]
+mod cost;
 pub mod handlers;
 pub mod local;
+pub mod meter;
 pub mod shape;
 pub mod stream;
 

@@ -3,7 +3,10 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use super::load_sdk_config;
+use super::{
+    load_sdk_config,
+    meter::{clients, Meter},
+};
 use crate::{
     clock::SystemClock,
     config::{parse_duration, CoreConfig},
@@ -132,9 +135,17 @@ pub struct ConnectError(String);
 
 /// Builds the clients once (a Lambda's `main` calls this before the first event).
 pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
+    connect_metered(settings, None).await
+}
+
+/// [`connect`], with every SDK client counting its requests into `meter` (measurements).
+pub async fn connect_metered(
+    settings: &AwsSettings,
+    meter: Option<&Meter>,
+) -> Result<AwsShape, ConnectError> {
     let sdk = load_sdk_config().await;
     let clock = Arc::new(SystemClock);
-    let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+    let dynamodb = clients::dynamodb(&sdk, meter);
     let store = Arc::new(DynamoStore::new(
         dynamodb.clone(),
         settings.tables.clone(),
@@ -144,19 +155,19 @@ pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
         .scheduler
         .as_ref()
         .map(|(group, role)| SchedulerTarget {
-            client: aws_sdk_scheduler::Client::new(&sdk),
+            client: clients::scheduler(&sdk, meter),
             group: group.clone(),
             role_arn: role.clone(),
         });
     let queue = SqsQueue::new(
-        aws_sdk_sqs::Client::new(&sdk),
+        clients::sqs(&sdk, meter),
         &settings.queue_url,
         &settings.queue_arn,
         scheduler,
         clock.clone(),
     );
     let notifier: Arc<dyn Notifier> = match &settings.notification_from {
-        Some(from) => Arc::new(SesNotifier::new(aws_sdk_sesv2::Client::new(&sdk), from)),
+        Some(from) => Arc::new(SesNotifier::new(clients::sesv2(&sdk, meter), from)),
         None => Arc::new(LogNotifier),
     };
     let transport =

@@ -5,9 +5,11 @@
 
 use sha2::{Digest, Sha256};
 
-use super::ServiceResult;
+use std::collections::HashMap;
+
+use super::{ServiceError, ServiceResult};
 use crate::{
-    domain::{Delivery, DeliveryId, EndpointId, Event},
+    domain::{AccountId, Delivery, DeliveryId, DeliveryStatus, Endpoint, EndpointId, Event},
     store::PendingRef,
     App,
 };
@@ -28,12 +30,86 @@ pub fn delivery_id_for(event: &Event, endpoint: &EndpointId) -> DeliveryId {
 /// Creates the missing deliveries of a stored event and queues them. Returns how many
 /// were created.
 pub async fn fan_out(app: &App, event: &Event) -> ServiceResult<usize> {
+    let outcome = fan_out_batch(app, std::slice::from_ref(event)).await;
+    match outcome.error {
+        Some(error) => Err(error),
+        None => Ok(outcome.created),
+    }
+}
+
+/// What fanning out a batch of events came to.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    /// Deliveries created.
+    pub created: usize,
+    /// The first event (by position) whose fan-out failed, and why; the events before it
+    /// are done and their deliveries queued.
+    pub failed: Option<usize>,
+    pub error: Option<ServiceError>,
+}
+
+/// Fans out a batch of stored events (one stream batch) in order and queues all their new
+/// deliveries together, so SQS takes them ten to a request. Stops at the first event that
+/// fails. When the queue refuses, the whole batch counts as failed: running it again is
+/// harmless, and it queues the deliveries a previous run created but may not have queued
+/// (those still pending without an attempt).
+pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     let now = app.clock.now();
-    let endpoints = app.store.list_endpoints(&event.account_id).await?;
-    let receivers: Vec<_> = endpoints
-        .iter()
-        .filter(|e| e.receives(&event.event_type))
-        .collect();
+    let mut endpoints_of: HashMap<AccountId, Vec<Endpoint>> = HashMap::new();
+    let mut refs: Vec<PendingRef> = Vec::new();
+    let mut created = 0;
+    let mut failure: Option<(usize, ServiceError)> = None;
+    for (position, event) in events.iter().enumerate() {
+        match fan_out_one(app, event, now, &mut endpoints_of).await {
+            Ok((added, queued)) => {
+                created += added;
+                refs.extend(queued);
+            }
+            Err(error) => {
+                failure = Some((position, error));
+                break;
+            }
+        }
+    }
+    if !refs.is_empty() {
+        if let Err(error) = app.queue.enqueue(refs).await {
+            return BatchOutcome {
+                created,
+                failed: Some(0),
+                error: Some(error.into()),
+            };
+        }
+    }
+    let (failed, error) = match failure {
+        Some((position, error)) => (Some(position), Some(error)),
+        None => (None, None),
+    };
+    BatchOutcome {
+        created,
+        failed,
+        error,
+    }
+}
+
+/// The deliveries of one event: how many were created, and what to queue.
+async fn fan_out_one(
+    app: &App,
+    event: &Event,
+    now: crate::clock::Timestamp,
+    endpoints_of: &mut HashMap<AccountId, Vec<Endpoint>>,
+) -> ServiceResult<(usize, Vec<PendingRef>)> {
+    if !endpoints_of.contains_key(&event.account_id) {
+        let endpoints = app.store.list_endpoints(&event.account_id).await?;
+        endpoints_of.insert(event.account_id.clone(), endpoints);
+    }
+    let receivers: Vec<&Endpoint> = endpoints_of
+        .get(&event.account_id)
+        .map(|all| {
+            all.iter()
+                .filter(|e| e.receives(&event.event_type))
+                .collect()
+        })
+        .unwrap_or_default();
     let deliveries: Vec<Delivery> = receivers
         .iter()
         .map(|endpoint| {
@@ -49,7 +125,20 @@ pub async fn fan_out(app: &App, event: &Event) -> ServiceResult<usize> {
         })
         .collect();
     let added = app.store.add_deliveries(&deliveries).await?;
-    let refs: Vec<PendingRef> = added
+    let mut to_queue: Vec<Delivery> = added.clone();
+    if added.len() < deliveries.len() {
+        // A replay: queue again what an earlier run created but may not have queued.
+        let existing = app
+            .store
+            .deliveries_of_event(&event.account_id, &event.id)
+            .await?;
+        to_queue.extend(existing.into_iter().filter(|d| {
+            d.status == DeliveryStatus::Pending
+                && d.attempts == 0
+                && !added.iter().any(|a| a.id == d.id)
+        }));
+    }
+    let refs = to_queue
         .iter()
         .filter_map(|d| {
             let endpoint = receivers.iter().find(|e| e.id == d.endpoint_id)?;
@@ -57,14 +146,11 @@ pub async fn fan_out(app: &App, event: &Event) -> ServiceResult<usize> {
                 delivery_id: d.id.clone(),
                 endpoint_id: endpoint.id.clone(),
                 account_id: d.account_id.clone(),
-                due: now,
+                due: d.next_try_at.unwrap_or(now),
                 max_in_flight: endpoint.max_in_flight,
                 rate_limit_per_second: endpoint.rate_limit_per_second,
             })
         })
         .collect();
-    if !refs.is_empty() {
-        app.queue.enqueue(refs).await?;
-    }
-    Ok(added.len())
+    Ok((added.len(), refs))
 }

@@ -5,8 +5,12 @@
 //! limit). When none is free the message goes back to the queue in 5–15 s, with jitter,
 //! and no attempt is spent.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
+use futures_util::future::join_all;
 use rand::Rng;
 
 use super::{
@@ -16,7 +20,7 @@ use super::{
 use crate::{
     clock::add,
     domain::{AccountId, DeliveryId, Endpoint, EndpointId, EndpointStatus, Trigger},
-    queue::QueueError,
+    queue::{Queue, QueueError},
     slots::{lease_for, RateLimiter, SlotError, SlotLeases},
     store::PendingRef,
     App,
@@ -97,6 +101,95 @@ pub async fn handle_message(
         app.queue.enqueue(vec![next.clone()]).await?;
     }
     Ok(Handled::Attempted(result))
+}
+
+/// One message of a queue batch: which delivery, for whom.
+pub type Message = (DeliveryId, EndpointId, AccountId);
+
+/// A queue batch: every message handled concurrently, and the follow-ups they queue
+/// (retries, busy endpoints' re-queues) sent together, so SQS takes ten to a request.
+/// One outcome per message, in order. If the follow-ups cannot be queued, every message
+/// that had one fails, so the queue hands it out again (its attempt is recorded; the
+/// repeat finds it not yet due and queues it again).
+pub async fn handle_batch(
+    app: &App,
+    lanes: Lanes<'_>,
+    messages: &[Message],
+) -> Vec<Result<Handled, SenderError>> {
+    let held: Vec<Arc<Held>> = messages.iter().map(|_| Arc::default()).collect();
+    let mut outcomes = join_all(messages.iter().zip(&held).map(
+        |((delivery, endpoint, account), held)| async move {
+            let holding = App {
+                queue: Arc::new(Holding {
+                    inner: app.queue.clone(),
+                    held: held.clone(),
+                }),
+                ..app.clone()
+            };
+            handle_message(&holding, lanes, delivery, endpoint, account).await
+        },
+    ))
+    .await;
+    let follow_ups: Vec<PendingRef> = held.iter().flat_map(|h| h.take()).collect();
+    if follow_ups.is_empty() {
+        return outcomes;
+    }
+    if let Err(error) = app.queue.enqueue(follow_ups).await {
+        for (outcome, held) in outcomes.iter_mut().zip(&held) {
+            if held.had_any() && outcome.is_ok() {
+                *outcome = Err(SenderError::Queue(QueueError(error.0.clone())));
+            }
+        }
+    }
+    outcomes
+}
+
+/// What one message of a batch queued, held back to be sent with the rest of the batch.
+#[derive(Default)]
+struct Held {
+    items: Mutex<Vec<PendingRef>>,
+    had_any: std::sync::atomic::AtomicBool,
+}
+
+impl Held {
+    fn take(&self) -> Vec<PendingRef> {
+        std::mem::take(&mut *self.items.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn had_any(&self) -> bool {
+        self.had_any.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct Holding {
+    inner: Arc<dyn Queue>,
+    held: Arc<Held>,
+}
+
+#[async_trait::async_trait]
+impl Queue for Holding {
+    async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
+        self.held
+            .had_any
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.held
+            .items
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(items);
+        Ok(())
+    }
+
+    async fn update_lane(
+        &self,
+        endpoint: &EndpointId,
+        max_in_flight: u32,
+        rate_limit_per_second: Option<u32>,
+    ) {
+        self.inner
+            .update_lane(endpoint, max_in_flight, rate_limit_per_second)
+            .await;
+    }
 }
 
 /// Puts the message back for 5–15 s (jittered, so senders do not come back in step).

@@ -88,6 +88,49 @@ impl DynamoSlots {
     }
 }
 
+impl DynamoSlots {
+    /// The common case in one conditional write, without a read: the item exists and holds
+    /// fewer than `cap` entries (live or expired), so this holder joins them. Concurrent
+    /// senders do not conflict here the way version-checked writes do. False when the item
+    /// is missing or full.
+    async fn add_holder_if_room(
+        &self,
+        pk: &str,
+        holder: &str,
+        cap: u32,
+        lease_ms: i64,
+    ) -> Result<bool, SlotError> {
+        let expiry = to_millis(self.clock.now()) + lease_ms;
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_owned()))
+            // Bumping the version makes a concurrent pruning writer re-read.
+            .update_expression("SET holders.#holder = :expiry, version = version + :one")
+            // (`attribute_exists` first: the emulator fails on `size` of a missing attribute.)
+            .condition_expression("attribute_exists(holders) AND size(holders) < :cap")
+            .expression_attribute_names("#holder", holder)
+            .expression_attribute_values(":expiry", number(expiry))
+            .expression_attribute_values(":one", number(1))
+            .expression_attribute_values(":cap", number(cap))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            // A missing item has no `holders` map to add to: the slow path creates it.
+            Err(e)
+                if e.as_service_error().and_then(ProvideErrorMetadata::code)
+                    == Some("ValidationException") =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(failure(e)),
+        }
+    }
+}
+
 fn failure<E: std::error::Error>(error: E) -> SlotError {
     SlotError(error_text(&error))
 }
@@ -137,6 +180,14 @@ impl SlotLeases for DynamoSlots {
     ) -> Result<Option<SlotToken>, SlotError> {
         let pk = slots_key(endpoint);
         let holder = uuid::Uuid::new_v4().simple().to_string();
+        let lease_ms = i64::try_from(lease_for.as_millis()).unwrap_or(i64::MAX / 2);
+        if self.add_holder_if_room(&pk, &holder, cap, lease_ms).await? {
+            return Ok(Some(SlotToken {
+                endpoint: endpoint.clone(),
+                holder,
+            }));
+        }
+        // No item yet, or full (perhaps of expired leases): read, prune, write back.
         for try_number in 0..CONTENDED_TRIES {
             let item = self.read(&pk).await?;
             let version = item.as_ref().and_then(|i| read_number::<u64>(i, "version"));
@@ -155,7 +206,7 @@ impl SlotLeases for DynamoSlots {
             if live.len() >= cap as usize {
                 return Ok(None);
             }
-            let expiry = now + i64::try_from(lease_for.as_millis()).unwrap_or(i64::MAX / 2);
+            let expiry = now + lease_ms;
             live.insert(holder.clone(), number(expiry));
             if self
                 .write_if_version(&pk, version, vec![("holders", AttributeValue::M(live))])

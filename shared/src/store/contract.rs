@@ -731,6 +731,67 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         .all(|r| r.endpoint_id != ep.id));
 }
 
+/// More work than one DynamoDB transaction holds (100 items): every pending delivery of
+/// the disabled endpoint is abandoned, and every operations endpoint gets its delivery.
+pub async fn disable_endpoint_handles_more_than_a_transaction_holds(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_many", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let mut pending = Vec::new();
+    for i in 0..230 {
+        let ev = event("acme", &format!("evt_{i:03}"), t0());
+        let d = delivery(&ev, &ep, t0());
+        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+        pending.push(d);
+    }
+    let failed_at = add(t0(), secs(10));
+    store
+        .record_attempt(&attempt_record(
+            &pending[0],
+            1,
+            Decision::RetryAt(add(t0(), secs(60))),
+            false,
+            failed_at,
+        ))
+        .await
+        .unwrap();
+    store.create_account(&account("ops")).await.unwrap();
+    let mut op_event = event("ops", "evt_op_many", t0());
+    op_event.event_type = EventType::parse("endpoint.disabled").unwrap();
+    let mut op_deliveries = Vec::new();
+    for i in 0..150 {
+        let listener = endpoint("ops", &format!("ep_ops_{i:03}"), t0());
+        store.create_endpoint(&listener).await.unwrap();
+        op_deliveries.push(delivery(&op_event, &listener, t0()));
+    }
+    let request = disable_request(
+        &ep,
+        Some(failed_at),
+        Some((op_event.clone(), op_deliveries.clone())),
+    );
+    let outcome = store.disable_endpoint(&request).await.unwrap().unwrap();
+    assert_eq!(outcome.abandoned, 230);
+    for d in &pending {
+        let stored = store
+            .get_delivery(&d.account_id, &d.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
+    }
+    assert!(store
+        .pending_deliveries(add(t0(), secs(86_400 * 365)), None, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .all(|p| p.endpoint_id != ep.id));
+    let stored_ops = store
+        .deliveries_of_event(&op_event.account_id, &op_event.id)
+        .await
+        .unwrap();
+    assert_eq!(stored_ops.len(), 150);
+}
+
 pub async fn notification_outbox(store: &dyn Store) {
     let (ep, _, _) = seeded(store).await;
     let first = disable_request(&ep, None, None);
@@ -859,6 +920,7 @@ macro_rules! store_contract_tests {
             list_deliveries_newest_first_with_filters_and_cursor,
             failing_endpoints_are_the_active_ones_failing_long_enough,
             disable_endpoint_is_conditional_and_complete,
+            disable_endpoint_handles_more_than_a_transaction_holds,
             notification_outbox,
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,

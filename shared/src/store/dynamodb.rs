@@ -5,7 +5,7 @@
 //! | `accounts` | `id` | | accounts |
 //! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query); endpoints failing since T |
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
-//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (`event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`), `pending_by_endpoint` (sparse: `pending_endpoint`) | the log newest first; an event's deliveries; due work; abandoning an endpoint's pending work |
+//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (keys only: `event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
 //!
@@ -22,12 +22,14 @@ use aws_sdk_dynamodb::{
     operation::transact_write_items::TransactWriteItemsError,
     types::{
         AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-        KeyType, Projection, ProjectionType, Put, ScalarAttributeType, StreamSpecification,
-        StreamViewType, TimeToLiveSpecification, TransactWriteItem, Update,
+        KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ReturnValue,
+        ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
+        TransactWriteItem, Update,
     },
     Client,
 };
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
+use futures_util::StreamExt;
 
 use super::{
     sqlite::decode_cursor, AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome,
@@ -50,9 +52,15 @@ pub type Item = HashMap<String, AttributeValue>;
 /// Pending deliveries are spread over this many partitions of the `pending` index.
 pub const PENDING_SHARDS: u32 = 16;
 const FAILING_SHARD: &str = "failing";
+/// Endpoints disabled for failing whose pending deliveries are still being abandoned.
+const DISABLING_SHARD: &str = "disabling";
 const UNSENT: &str = "unsent";
 /// DynamoDB's limit of items in one `TransactWriteItems`.
 const MAX_TRANSACTION_ITEMS: usize = 100;
+/// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
+const ABANDON_CONCURRENCY: usize = 16;
+/// DynamoDB's limit of keys in one `BatchGetItem`.
+const BATCH_GET_ITEMS: usize = 100;
 
 /// The names of the tables, all sharing one prefix (the stack name in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +203,34 @@ impl DynamoStore {
         }
     }
 
+    /// The items with these (single-attribute) keys, read strongly consistently in batches
+    /// of 100; missing ones are left out.
+    async fn get_many(&self, table: &str, key: &str, ids: &[String]) -> StoreResult<Vec<Item>> {
+        let mut items = Vec::new();
+        for chunk in ids.chunks(BATCH_GET_ITEMS) {
+            let keys = KeysAndAttributes::builder()
+                .set_keys(Some(chunk.iter().map(|id| key1(key, id)).collect()))
+                .consistent_read(true)
+                .build()
+                .map_err(build_error)?;
+            let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
+            while let Some(wanted) = request.take().filter(|w| !w.is_empty()) {
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .set_request_items(Some(wanted))
+                    .send()
+                    .await
+                    .map_err(sdk)?;
+                if let Some(mut found) = out.responses {
+                    items.extend(found.remove(table).unwrap_or_default());
+                }
+                request = out.unprocessed_keys;
+            }
+        }
+        Ok(items)
+    }
+
     async fn get_endpoint_item(
         &self,
         account: &AccountId,
@@ -231,45 +267,163 @@ impl DynamoStore {
         reason: &str,
         now: Timestamp,
     ) -> StoreResult<u64> {
-        let keys = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.deliveries)
-                    .index_name("pending_by_endpoint")
-                    .key_condition_expression("pending_endpoint = :e")
-                    .expression_attribute_values(":e", s(endpoint.as_str())),
-            )
-            .await?;
-        let mut abandoned = 0;
-        for key in keys {
-            let Some(id) = key.get("id").cloned() else {
-                continue;
-            };
-            let result = self
-                .client
-                .update_item()
-                .table_name(&self.tables.deliveries)
-                .key("id", id)
-                .update_expression(
-                    "SET #status = :abandoned, last_error = :reason, updated_at = :now \
-                     REMOVE next_try_at, pending_shard, due_key, pending_endpoint",
+        // Rare (an endpoint disabled or deleted), so it reads the whole `pending` index
+        // rather than every delivery paying for an index of its own (two index writes each).
+        let mut keys = Vec::new();
+        for shard in 0..PENDING_SHARDS {
+            keys.extend(
+                self.query_all(
+                    self.client
+                        .query()
+                        .table_name(&self.tables.deliveries)
+                        .index_name("pending")
+                        .key_condition_expression("pending_shard = :shard")
+                        .filter_expression("endpoint_id = :e")
+                        .expression_attribute_values(":shard", s(shard.to_string()))
+                        .expression_attribute_values(":e", s(endpoint.as_str())),
                 )
-                .condition_expression("#status = :pending")
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":abandoned", s("abandoned"))
-                .expression_attribute_values(":pending", s("pending"))
-                .expression_attribute_values(":reason", s(reason))
-                .expression_attribute_values(":now", n(to_millis(now)))
-                .send()
+                .await?,
+            );
+        }
+        // One conditional write per delivery (no transaction, so no 100-item limit), a few
+        // at a time; each one only moves a delivery that is still pending, so running this
+        // again after a failure part-way finishes the rest and changes nothing else.
+        let outcomes: Vec<StoreResult<bool>> =
+            futures_util::stream::iter(keys.into_iter().filter_map(|key| key.get("id").cloned()))
+                .map(|id| async move {
+                    let result = self
+                        .client
+                        .update_item()
+                        .table_name(&self.tables.deliveries)
+                        .key("id", id)
+                        .update_expression(
+                            "SET #status = :abandoned, last_error = :reason, updated_at = :now \
+                     REMOVE next_try_at, pending_shard, due_key",
+                        )
+                        .condition_expression("#status = :pending")
+                        .expression_attribute_names("#status", "status")
+                        .expression_attribute_values(":abandoned", s("abandoned"))
+                        .expression_attribute_values(":pending", s("pending"))
+                        .expression_attribute_values(":reason", s(reason))
+                        .expression_attribute_values(":now", n(to_millis(now)))
+                        .send()
+                        .await;
+                    match result {
+                        Ok(_) => Ok(true),
+                        Err(e) if is_condition_failed(&e) => Ok(false),
+                        Err(e) => Err(sdk(e)),
+                    }
+                })
+                .buffer_unordered(ABANDON_CONCURRENCY)
+                .collect()
                 .await;
-            match result {
-                Ok(_) => abandoned += 1,
-                Err(e) if is_condition_failed(&e) => {}
-                Err(e) => return Err(sdk(e)),
+        let mut abandoned = 0;
+        for outcome in outcomes {
+            if outcome? {
+                abandoned += 1;
             }
         }
         Ok(abandoned)
+    }
+
+    /// Abandons a disabled endpoint's pending deliveries, then moves the endpoint back from
+    /// the `disabling` partition of the `failing` index (where the disabling transaction put
+    /// it) to the `failing` one. Until that last write the endpoint stays findable, so the
+    /// next health check (`failing_endpoints`) finishes an abandon that failed part-way.
+    async fn finish_disabling(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        reason: &str,
+        now: Timestamp,
+    ) -> StoreResult<u64> {
+        let abandoned = self
+            .abandon_pending_of(endpoint, &format!("abandoned: {reason}"), now)
+            .await?;
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                account.as_str(),
+                "id",
+                endpoint.as_str(),
+            )))
+            .update_expression("SET failing_shard = :failing")
+            .condition_expression("failing_shard = :disabling")
+            .expression_attribute_values(":failing", s(FAILING_SHARD))
+            .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(abandoned),
+            // Already finished, or the endpoint was deleted or rewritten meanwhile.
+            Err(e) if is_condition_failed(&e) => Ok(abandoned),
+            Err(e) => Err(sdk(e)),
+        }
+    }
+
+    /// The endpoint's failing clock after an attempt, written only when it starts or stops
+    /// (like the SQLite store): a healthy endpoint's row is read, not rewritten, per attempt.
+    /// The read is strongly consistent, so an attempt recorded after another one sees it.
+    async fn track_failing_clock(
+        &self,
+        account: &AccountId,
+        r: &AttemptRecord,
+    ) -> StoreResult<Option<Timestamp>> {
+        let Some(endpoint) = self.get_endpoint_item(account, &r.endpoint_id).await? else {
+            return Ok(None);
+        };
+        let key = key2("account_id", account.as_str(), "id", r.endpoint_id.as_str());
+        match (r.success, endpoint.failing_since) {
+            (true, None) => Ok(None),
+            (false, Some(since)) => Ok(Some(since)),
+            (true, Some(_)) => {
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.endpoints)
+                    .set_key(Some(key))
+                    .update_expression("REMOVE failing_since, failing_shard")
+                    // Only touch an endpoint that still exists; an update would create it.
+                    .condition_expression("attribute_exists(id)")
+                    .send()
+                    .await;
+                match result {
+                    Ok(_) => Ok(None),
+                    Err(e) if is_condition_failed(&e) => Ok(None),
+                    Err(e) => Err(sdk(e)),
+                }
+            }
+            (false, None) => {
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.endpoints)
+                    .set_key(Some(key))
+                    .update_expression(
+                        "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
+                    )
+                    .condition_expression("attribute_exists(id)")
+                    .expression_attribute_values(":now", n(to_millis(r.now)))
+                    .expression_attribute_values(":shard", s(FAILING_SHARD))
+                    .return_values(ReturnValue::AllNew)
+                    .send()
+                    .await;
+                match result {
+                    Ok(out) => Ok(out
+                        .attributes
+                        .as_ref()
+                        .map(|item| opt_n::<i64>(item, "failing_since"))
+                        .transpose()?
+                        .flatten()
+                        .map(from_millis)),
+                    Err(e) if is_condition_failed(&e) => Ok(None),
+                    Err(e) => Err(sdk(e)),
+                }
+            }
+        }
     }
 
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
@@ -561,7 +715,6 @@ fn delivery_item(d: &Delivery) -> Item {
         let due = d.next_try_at.unwrap_or(d.created_at);
         item.insert("pending_shard".into(), s(pending_shard(d.id.as_str())));
         item.insert("due_key".into(), s(time_key(due, d.id.as_str())));
-        item.insert("pending_endpoint".into(), s(d.endpoint_id.as_str()));
     }
     item
 }
@@ -933,7 +1086,15 @@ impl Store for DynamoStore {
                     .expression_attribute_values(":k", s(event_key(account.as_str(), id.as_str()))),
             )
             .await?;
-        let mut deliveries = items
+        // The index holds keys only (so a delivery's status changes never write to it):
+        // the deliveries themselves come from the table.
+        let ids: Vec<String> = items
+            .iter()
+            .map(|item| get_s(item, "id"))
+            .collect::<StoreResult<_>>()?;
+        let mut deliveries = self
+            .get_many(&self.tables.deliveries, "id", &ids)
+            .await?
             .iter()
             .map(delivery_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
@@ -960,12 +1121,12 @@ impl Store for DynamoStore {
     }
 
     async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
+        // Three single writes, no transaction (a transaction costs every item twice): the
+        // delivery's conditional update decides; only then the attempt's detail and, if its
+        // failing clock starts or stops, the endpoint. A crash between them loses that
+        // attempt's detail (the delivery keeps its status, last status and error) or delays
+        // the clock to the next attempt, never a delivery's state.
         let delivery_id = r.attempt.delivery_id.as_str();
-        // The endpoint's key needs the account, which the delivery knows.
-        let Some(delivery) = self.get_delivery_item(delivery_id).await? else {
-            return Ok(RecordOutcome::Stale);
-        };
-        let account = delivery.account_id.clone();
 
         let (status, next_try_at, last_error) = match &r.decision {
             Decision::Delivered => (DeliveryStatus::Delivered, None, None),
@@ -1003,12 +1164,7 @@ impl Store for DynamoStore {
                 values.insert(":next".into(), n(to_millis(at)));
                 values.insert(":due_key".into(), s(time_key(at, delivery_id)));
             }
-            None => removes.extend([
-                "next_try_at",
-                "pending_shard",
-                "due_key",
-                "pending_endpoint",
-            ]),
+            None => removes.extend(["next_try_at", "pending_shard", "due_key"]),
         }
         match r.attempt.status_code {
             Some(code) => {
@@ -1028,15 +1184,31 @@ impl Store for DynamoStore {
         if !removes.is_empty() {
             expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
         }
-        let delivery_update = Update::builder()
+        let updated = self
+            .client
+            .update_item()
             .table_name(&self.tables.deliveries)
             .key("id", s(delivery_id))
             .update_expression(expression)
             .condition_expression("#status = :pending AND attempts = :expected")
             .expression_attribute_names("#status", "status")
             .set_expression_attribute_values(Some(values))
-            .build()
-            .map_err(build_error)?;
+            // The endpoint's key needs the account, which the delivery knows.
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        let account = match updated {
+            Ok(out) => out
+                .attributes
+                .as_ref()
+                .map(|item| get_s(item, "account_id"))
+                .transpose()?
+                .map(AccountId::from_trusted)
+                .ok_or_else(|| corrupt("account_id"))?,
+            // Not pending at the expected count, or no such delivery.
+            Err(e) if is_condition_failed(&e) => return Ok(RecordOutcome::Stale),
+            Err(e) => return Err(sdk(e)),
+        };
 
         let expires = to_millis(r.attempt.started_at) / 1000
             + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
@@ -1064,65 +1236,17 @@ impl Store for DynamoStore {
         if let Some(error) = &r.attempt.error {
             attempt.insert("error".into(), s(error));
         }
-        let attempt_put = Put::builder()
+        self.client
+            .put_item()
             .table_name(&self.tables.attempts)
             .set_item(Some(attempt))
-            .build()
-            .map_err(build_error)?;
+            .send()
+            .await
+            .map_err(sdk)?;
 
-        let health = Update::builder()
-            .table_name(&self.tables.endpoints)
-            .set_key(Some(key2(
-                "account_id",
-                account.as_str(),
-                "id",
-                r.endpoint_id.as_str(),
-            )))
-            // Only touch an endpoint that still exists; an update would otherwise create it.
-            .condition_expression("attribute_exists(id)");
-        let health = if r.success {
-            health.update_expression("REMOVE failing_since, failing_shard")
-        } else {
-            health
-                .update_expression(
-                    "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
-                )
-                .expression_attribute_values(":now", n(to_millis(r.now)))
-                .expression_attribute_values(":shard", s(FAILING_SHARD))
-        }
-        .build()
-        .map_err(build_error)?;
-
-        let core = vec![
-            TransactWriteItem::builder().update(delivery_update).build(),
-            TransactWriteItem::builder().put(attempt_put).build(),
-        ];
-        let mut with_health = core.clone();
-        with_health.push(TransactWriteItem::builder().update(health).build());
-        match self.transact(with_health).await {
-            Ok(()) => {}
-            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
-                return Ok(RecordOutcome::Stale)
-            }
-            Err(TransactionFailure::Conditions(_)) => {
-                // The endpoint is gone: record the attempt without its health.
-                match self.transact(core).await {
-                    Ok(()) => {}
-                    Err(TransactionFailure::Conditions(_)) => return Ok(RecordOutcome::Stale),
-                    Err(TransactionFailure::Other(e)) => return Err(e),
-                }
-                return Ok(RecordOutcome::Recorded {
-                    endpoint_failing_since: None,
-                });
-            }
-            Err(TransactionFailure::Other(e)) => return Err(e),
-        }
-        let failing_since = self
-            .get_endpoint_item(&account, &r.endpoint_id)
-            .await?
-            .and_then(|e| e.failing_since);
+        let endpoint_failing_since = self.track_failing_clock(&account, r).await?;
         Ok(RecordOutcome::Recorded {
-            endpoint_failing_since: failing_since,
+            endpoint_failing_since,
         })
     }
 
@@ -1378,7 +1502,7 @@ impl Store for DynamoStore {
                 .key("id", s(id))
                 .update_expression(
                     "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
-                     pending_endpoint = :endpoint, schedule_start = attempts, client_errors = :zero, \
+                     schedule_start = attempts, client_errors = :zero, \
                      next_trigger = :manual, updated_at = :now",
                 )
                 .condition_expression("#status <> :pending")
@@ -1387,7 +1511,6 @@ impl Store for DynamoStore {
                 .expression_attribute_values(":now", n(to_millis(now)))
                 .expression_attribute_values(":due_key", s(time_key(now, id)))
                 .expression_attribute_values(":shard", s(pending_shard(id)))
-                .expression_attribute_values(":endpoint", s(delivery.endpoint_id.as_str()))
                 .expression_attribute_values(":zero", n(0))
                 .expression_attribute_values(":manual", s(Trigger::Manual.as_str()))
                 .send()
@@ -1486,7 +1609,36 @@ impl Store for DynamoStore {
                     .expression_attribute_values(":active", s("active")),
             )
             .await?;
-        items.iter().map(endpoint_from_item).collect()
+        let active = items
+            .iter()
+            .map(endpoint_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // Endpoints whose disabling did not finish (see `finish_disabling`): finish it now.
+        let unfinished = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .index_name("failing")
+                    .key_condition_expression("failing_shard = :f")
+                    .expression_attribute_values(":f", s(DISABLING_SHARD)),
+            )
+            .await?;
+        for item in &unfinished {
+            let endpoint = endpoint_from_item(item)?;
+            let reason = endpoint
+                .disabled_reason
+                .clone()
+                .unwrap_or_else(|| "endpoint disabled".into());
+            self.finish_disabling(
+                &endpoint.account_id,
+                &endpoint.id,
+                &reason,
+                endpoint.updated_at,
+            )
+            .await?;
+        }
+        Ok(active)
     }
 
     async fn disable_endpoint(&self, r: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
@@ -1499,9 +1651,11 @@ impl Store for DynamoStore {
                 r.endpoint_id.as_str(),
             )))
             .update_expression(
-                "SET #status = :disabled, disabled_reason = :reason, updated_at = :now",
+                "SET #status = :disabled, disabled_reason = :reason, updated_at = :now, \
+                 failing_shard = :disabling",
             )
             .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":disabling", s(DISABLING_SHARD))
             .expression_attribute_values(":disabled", s("disabled"))
             .expression_attribute_values(":active", s("active"))
             .expression_attribute_values(":reason", s(&r.reason))
@@ -1523,29 +1677,44 @@ impl Store for DynamoStore {
                 "pk",
             )?);
         }
+        let mut later: Vec<&Delivery> = Vec::new();
         if let Some((event, deliveries)) = &r.operational_event {
             items.push(put_if_absent(
                 &self.tables.events,
                 self.event_item(event, true),
                 "id",
             )?);
-            for delivery in deliveries.iter().take(MAX_TRANSACTION_ITEMS - items.len()) {
+            let room = MAX_TRANSACTION_ITEMS - items.len();
+            for delivery in deliveries.iter().take(room) {
                 items.push(put_if_absent(
                     &self.tables.deliveries,
                     delivery_item(delivery),
                     "id",
                 )?);
             }
+            later.extend(deliveries.iter().skip(room));
         }
         match self.transact(items).await {
             Ok(()) => {}
             Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => return Ok(None),
             Err(other) => return Err(other.into_store_error()),
         }
+        // More operations endpoints than one transaction holds: the rest, each put
+        // conditional, so repeating them is harmless.
+        for chunk in later.chunks(MAX_TRANSACTION_ITEMS) {
+            let items = chunk
+                .iter()
+                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d), "id"))
+                .collect::<StoreResult<Vec<_>>>()?;
+            match self.transact(items).await {
+                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
+                Err(TransactionFailure::Other(e)) => return Err(e),
+            }
+        }
         // The endpoint is disabled (so its pending deliveries are inert: no sender takes
         // them and the sweeper skips them); abandon them now, one conditional write each.
         let abandoned = self
-            .abandon_pending_of(&r.endpoint_id, &format!("abandoned: {}", r.reason), r.now)
+            .finish_disabling(&r.account_id, &r.endpoint_id, &r.reason, r.now)
             .await?;
         Ok(Some(DisableOutcome { abandoned }))
     }
@@ -1621,6 +1790,46 @@ impl Store for DynamoStore {
 /// Creates the tables (for tests and local development; the SAM template creates them in
 /// production). Tables that already exist are left as they are.
 pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<()> {
+    for spec in table_specs(tables) {
+        spec.create(client).await?;
+    }
+    Ok(())
+}
+
+/// The tables' keys and indexes as the request meter needs them.
+pub fn table_layouts(tables: &TableNames) -> Vec<crate::aws::meter::TableLayout> {
+    use crate::aws::meter::{IndexLayout, Projected, TableLayout};
+    let prefix_end = tables.accounts.len().saturating_sub("accounts".len());
+    table_specs(tables)
+        .into_iter()
+        .map(|spec| TableLayout {
+            name: spec.name.to_owned(),
+            label: spec.name.get(prefix_end..).unwrap_or(spec.name).to_owned(),
+            key: std::iter::once(spec.key.0)
+                .chain(spec.key.2.as_ref().map(|(range, _)| *range))
+                .map(str::to_owned)
+                .collect(),
+            indexes: spec
+                .indexes
+                .iter()
+                .map(|(name, (hash, _), range, projection)| IndexLayout {
+                    name: (*name).to_owned(),
+                    hash: (*hash).to_owned(),
+                    range: range.as_ref().map(|(r, _)| (*r).to_owned()),
+                    projected: match projection.projection_type() {
+                        Some(ProjectionType::KeysOnly) => Projected::KeysOnly,
+                        Some(ProjectionType::Include) => {
+                            Projected::Include(projection.non_key_attributes().to_vec())
+                        }
+                        _ => Projected::All,
+                    },
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
     use ScalarAttributeType::{N, S};
     let all = Projection::builder()
         .projection_type(ProjectionType::All)
@@ -1634,7 +1843,7 @@ pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<
         .non_key_attributes("account_id")
         .non_key_attributes("next_try_at")
         .build();
-    let specs = [
+    [
         TableSpec {
             name: &tables.accounts,
             key: ("id", S, None),
@@ -1681,19 +1890,13 @@ pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<
                     "by_event",
                     ("event_key", S),
                     Some(("endpoint_id", S)),
-                    all.clone(),
+                    keys_only,
                 ),
                 (
                     "pending",
                     ("pending_shard", S),
                     Some(("due_key", S)),
                     pending_projection,
-                ),
-                (
-                    "pending_by_endpoint",
-                    ("pending_endpoint", S),
-                    None,
-                    keys_only,
                 ),
             ],
             stream: false,
@@ -1713,11 +1916,8 @@ pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<
             stream: false,
             ttl: true,
         },
-    ];
-    for spec in specs {
-        spec.create(client).await?;
-    }
-    Ok(())
+    ]
+    .into()
 }
 
 type KeyAttr<'a> = (&'a str, ScalarAttributeType);
@@ -1845,6 +2045,68 @@ pub(crate) mod tests {
             .map(|_| pending_shard(DeliveryId::generate().as_str()))
             .collect();
         assert_eq!(shards.len(), PENDING_SHARDS as usize);
+    }
+
+    #[tokio::test]
+    async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() {
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let store = emulator_store().await;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_half", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let mut pending = Vec::new();
+        for i in 0..120 {
+            let ev = event("acme", &format!("evt_{i:03}"), t0());
+            let d = delivery(&ev, &ep, t0());
+            store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+            pending.push(d);
+        }
+        // The disabling transaction ran; the abandon after it never did (the process died).
+        store
+            .client()
+            .update_item()
+            .table_name(&store.tables().endpoints)
+            .set_key(Some(key2("account_id", "acme", "id", "ep_half")))
+            .update_expression(
+                "SET #status = :disabled, disabled_reason = :reason, failing_since = :since, \
+                 failing_shard = :disabling",
+            )
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":disabled", s("disabled"))
+            .expression_attribute_values(":reason", s("failing for 3 days"))
+            .expression_attribute_values(":since", n(to_millis(t0())))
+            .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+            .send()
+            .await
+            .unwrap();
+        let now = crate::clock::add(t0(), std::time::Duration::from_secs(4 * 86_400));
+        assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+        for d in &pending {
+            let stored = store
+                .get_delivery(&d.account_id, &d.id)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
+            assert_eq!(
+                stored.last_error.as_deref(),
+                Some("abandoned: failing for 3 days")
+            );
+        }
+        let item = store
+            .get(
+                &store.tables().endpoints,
+                key2("account_id", "acme", "id", "ep_half"),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            opt_s(&item, "failing_shard").as_deref(),
+            Some(FAILING_SHARD)
+        );
+        // Finished: the next check has nothing left to do.
+        assert!(store.failing_endpoints(now).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -1,0 +1,384 @@
+//! Cost per delivery of the AWS shape, measured end to end against the emulator with the
+//! request meter: publish (API or outbox) → fan-out over stream batches → sender over SQS
+//! batches of 10 → a loopback receiver. Prints the figures; asserts they stay under bounds
+//! (a regression guard). `cargo test -p hooklane --features aws cost_per -- --nocapture`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use aws_sdk_dynamodb::types::TransactWriteItem;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use super::{
+    meter::{clients, Meter, Reading},
+    shape::{connect_metered, provision, AwsShape},
+};
+use crate::{
+    config::CoreConfig,
+    domain::{AccountId, EndpointUrl, Event, EventId, EventType, RetrySchedule},
+    http::AddressPolicy,
+    queue::sqs::DeliveryMessage,
+    service::{
+        fan_out::fan_out_batch,
+        publish::{publish, NewEvent},
+        sender::{handle_batch, Lanes},
+    },
+    store::{contract, dynamodb::table_layouts},
+};
+
+/// DynamoDB Streams' default batch size for the fan-out trigger (the template's).
+const STREAM_BATCH: usize = 100;
+/// The sender's SQS batch size (the template's).
+const SQS_BATCH: i32 = 10;
+
+/// A receiver on 127.0.0.1 that answers 500 to the first `failures_per_id` requests of each
+/// `webhook-id` and 200 after, counting the 200s.
+struct Receiver {
+    url: String,
+    delivered: Arc<AtomicUsize>,
+}
+
+async fn receiver(failures_per_id: u32) -> Receiver {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let seen: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let counter = delivered.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let (counter, seen) = (counter.clone(), seen.clone());
+            tokio::spawn(async move {
+                let mut data = Vec::new();
+                let mut buf = [0u8; 8192];
+                let head_end = loop {
+                    if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => data.extend_from_slice(&buf[..k]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&data[..head_end]).to_ascii_lowercase();
+                let header = |name: &str| {
+                    head.lines().find_map(|l| {
+                        l.strip_prefix(&format!("{name}:"))
+                            .map(|v| v.trim().to_owned())
+                    })
+                };
+                let length: usize = header("content-length")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                while data.len() < head_end + length {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => data.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let id = header(crate::signing::HEADER_ID).unwrap_or_default();
+                let tries = {
+                    let mut seen = seen.lock().unwrap();
+                    let tries = seen.entry(id).or_default();
+                    *tries += 1;
+                    *tries
+                };
+                let answer: &[u8] = if tries <= failures_per_id {
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                } else {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                };
+                let _ = socket.write_all(answer).await;
+            });
+        }
+    });
+    Receiver { url, delivered }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publisher {
+    /// `POST /v1/events` (the api function) → `service::publish`: event and deliveries in
+    /// one transaction, messages sent at once.
+    Api,
+    /// The platform's own `TransactWriteItems` with the outbox put → stream → fan-out.
+    Outbox,
+}
+
+struct Measured {
+    deliveries: usize,
+    reading: Reading,
+    sender_batches: usize,
+    /// Time spent inside each function's handler work, for the GB-seconds.
+    api_time: Duration,
+    fan_out_time: Duration,
+    sender_time: Duration,
+}
+
+impl Measured {
+    fn per_delivery(&self, value: f64) -> f64 {
+        value / self.deliveries as f64
+    }
+
+    fn print(&self, title: &str) {
+        let r = &self.reading;
+        let dynamodb = r.service("DynamoDB");
+        let sqs = r.service("SQS");
+        let scheduler = r.service("Scheduler");
+        let lambda = r.service("Lambda");
+        println!("\n== {title}: {} deliveries ==", self.deliveries);
+        println!(
+            "per delivery: WCU {:.2}  RCU {:.2}  DynamoDB requests {:.2}  SQS requests {:.2}  \
+             Scheduler calls {:.2}  Lambda invocations {:.3}",
+            self.per_delivery(dynamodb.write_units),
+            self.per_delivery(dynamodb.read_units),
+            self.per_delivery(dynamodb.calls as f64),
+            self.per_delivery(sqs.billed_requests as f64),
+            self.per_delivery(scheduler.calls as f64),
+            self.per_delivery(lambda.calls as f64),
+        );
+        let per = |time: Duration, calls: u64| time.as_secs_f64() * 1000.0 / calls.max(1) as f64;
+        let invocations = |f: &str| {
+            r.operations
+                .get(&format!("Lambda.{f}"))
+                .map_or(0, |u| u.calls)
+        };
+        println!(
+            "handler time against the emulator: api {:.1} ms per call, fanout {:.1} ms per batch, \
+             sender {:.1} ms per batch ({} batches)",
+            per(self.api_time, invocations("api")),
+            per(self.fan_out_time, invocations("fanout")),
+            per(self.sender_time, invocations("sender")),
+            self.sender_batches,
+        );
+        for (operation, usage) in &r.operations {
+            println!(
+                "  {operation:<36} calls/delivery {:.3}  billed {:.3}  RCU {:.3}  WCU {:.3}",
+                self.per_delivery(usage.calls as f64),
+                self.per_delivery(usage.billed_requests as f64),
+                self.per_delivery(usage.read_units),
+                self.per_delivery(usage.write_units),
+            );
+        }
+        for (table, usage) in &r.tables {
+            println!(
+                "  table {table:<30} RCU {:.3}  WCU {:.3}",
+                self.per_delivery(usage.read_units),
+                self.per_delivery(usage.write_units),
+            );
+        }
+    }
+
+    fn wcu(&self) -> f64 {
+        self.per_delivery(self.reading.service("DynamoDB").write_units)
+    }
+
+    fn sqs_requests(&self) -> f64 {
+        self.per_delivery(self.reading.service("SQS").billed_requests as f64)
+    }
+}
+
+fn payload(i: usize) -> serde_json::Value {
+    // A typical small webhook body (~300 bytes).
+    serde_json::json!({
+        "invoice": {
+            "id": format!("in_{i:08}"),
+            "customer": "cus_4f9a2b7c1d",
+            "amount_due": 12_900,
+            "currency": "eur",
+            "status": "paid",
+            "lines": [{"description": "Pro plan, monthly", "amount": 12_900, "quantity": 1}],
+            "paid_at": "2026-11-30T06:00:00Z"
+        }
+    })
+}
+
+async fn setup(
+    failures_per_id: u32,
+) -> (AwsShape, Meter, crate::aws::shape::AwsSettings, Receiver) {
+    crate::testing::require_emulator();
+    let mut core = CoreConfig::default();
+    core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
+    // The first retry comes after ~1 s instead of 30 s.
+    core.retry.schedule = RetrySchedule::new(vec![Duration::from_secs(1)]).unwrap();
+    let prefix = format!("c{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let settings = provision(&prefix, core).await.unwrap();
+    let meter = Meter::new(table_layouts(&settings.tables));
+    let shape = connect_metered(&settings, Some(&meter)).await.unwrap();
+    let receiver = receiver(failures_per_id).await;
+    let store = &shape.app.store;
+    store
+        .create_account(&contract::account("acme"))
+        .await
+        .unwrap();
+    let mut endpoint = contract::endpoint("acme", "ep_cost", chrono::Utc::now());
+    endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
+    // As many in flight as one SQS batch holds: no message waits for a slot.
+    endpoint.max_in_flight = 10;
+    store.create_endpoint(&endpoint).await.unwrap();
+    (shape, meter, settings, receiver)
+}
+
+/// Publishes `events` events to one endpoint and runs the pipeline until each is delivered.
+async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> Measured {
+    let (shape, meter, settings, receiver) = setup(failures_per_id).await;
+    let app = &shape.app;
+    let account = AccountId::parse("acme").unwrap();
+    let sdk = super::load_sdk_config().await;
+    let sqs = clients::sqs(&sdk, Some(&meter));
+    let start = meter.reading();
+
+    let mut published = Vec::new();
+    let mut api_time = Duration::ZERO;
+    for i in 0..events {
+        match publisher {
+            Publisher::Api => {
+                meter.invoked("api");
+                let new = NewEvent {
+                    id: None,
+                    event_type: "invoice.paid".into(),
+                    data: payload(i),
+                };
+                let began = Instant::now();
+                publish(app, &account, new).await.unwrap();
+                api_time += began.elapsed();
+            }
+            Publisher::Outbox => {
+                let event = Event::new(
+                    EventId::generate(),
+                    account.clone(),
+                    EventType::parse("invoice.paid").unwrap(),
+                    chrono::Utc::now(),
+                    &payload(i),
+                )
+                .unwrap();
+                shape
+                    .store
+                    .client()
+                    .transact_write_items()
+                    .transact_items(
+                        TransactWriteItem::builder()
+                            .put(shape.store.outbox_put(&event).unwrap())
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                published.push(event);
+            }
+        }
+    }
+    // The events table's stream: Lambda hands the fan-out function batches of up to 100
+    // records (an API-published event's record is invoked too, and skipped by the handler).
+    // (what functions/fanout's handler does with a batch: `fan_out_batch`).
+    let mut fan_out_time = Duration::ZERO;
+    for batch in published.chunks(STREAM_BATCH) {
+        meter.invoked("fanout");
+        let began = Instant::now();
+        let outcome = fan_out_batch(app, batch).await;
+        fan_out_time += began.elapsed();
+        assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    }
+    if publisher == Publisher::Api {
+        for _ in 0..events.div_ceil(STREAM_BATCH) {
+            meter.invoked("fanout");
+        }
+    }
+
+    // The SQS event source: receive up to 10, run the sender over them, delete the handled.
+    let lanes = Lanes {
+        slots: shape.slots.as_ref(),
+        rate: shape.slots.as_ref(),
+    };
+    let mut sender_batches = 0;
+    let mut sender_time = Duration::ZERO;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while receiver.delivered.load(Ordering::SeqCst) < events {
+        assert!(
+            Instant::now() < deadline,
+            "deliveries did not drain in time"
+        );
+        let received = sqs
+            .receive_message()
+            .queue_url(&settings.queue_url)
+            .max_number_of_messages(SQS_BATCH)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        let messages = received.messages.unwrap_or_default();
+        if messages.is_empty() {
+            continue;
+        }
+        meter.invoked("sender");
+        sender_batches += 1;
+        let began = Instant::now();
+        let parsed: Vec<_> = messages
+            .iter()
+            .map(|m| DeliveryMessage::parse(m.body().unwrap()).unwrap())
+            .collect();
+        let handled = handle_batch(app, lanes, &parsed).await;
+        sender_time += began.elapsed();
+        let mut delete = sqs.delete_message_batch().queue_url(&settings.queue_url);
+        for (i, (message, outcome)) in messages.iter().zip(handled).enumerate() {
+            outcome.unwrap();
+            let receipt = message.receipt_handle().unwrap();
+            delete = delete.entries(
+                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(receipt)
+                    .build()
+                    .unwrap(),
+            );
+        }
+        delete.send().await.unwrap();
+    }
+    Measured {
+        deliveries: events,
+        reading: meter.reading().since(&start),
+        sender_batches,
+        api_time,
+        fan_out_time,
+        sender_time,
+    }
+}
+
+#[tokio::test]
+async fn cost_per_first_try_and_retried_delivery() {
+    let api = measure(Publisher::Api, 50, 0).await;
+    api.print("first try, published through the API");
+    let outbox = measure(Publisher::Outbox, 100, 0).await;
+    outbox.print("first try, published through the outbox");
+    let retried = measure(Publisher::Api, 30, 1).await;
+    retried.print("retried once (500, then 200), published through the API");
+
+    // Regression guards at the figures reached (docs/PERFORMANCE.md, "Cost per delivery"),
+    // with room for the slot item's first-burst conflicts. The issue's target of ≤ 5 WCU per
+    // first-try delivery is NOT met by this table design; ≤ 0.3 SQS requests is met by the
+    // outbox path up to the emulator's partly filled receives.
+    assert!(api.wcu() <= 17.0, "API first try: {} WCU", api.wcu());
+    assert!(
+        outbox.wcu() <= 16.0,
+        "outbox first try: {} WCU",
+        outbox.wcu()
+    );
+    assert!(
+        outbox.sqs_requests() <= 0.5,
+        "outbox first try: {} SQS requests",
+        outbox.sqs_requests()
+    );
+    assert!(retried.wcu() <= 27.0, "retried once: {} WCU", retried.wcu());
+}
