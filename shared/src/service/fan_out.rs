@@ -49,6 +49,7 @@ pub async fn fan_out(app: &App, event: &Event) -> ServiceResult<usize> {
         })
         .collect();
     let added = app.store.add_deliveries(&deliveries).await?;
+    crate::telemetry::fanned_out(added.len());
     let refs: Vec<PendingRef> = added
         .iter()
         .filter_map(|d| {
