@@ -59,7 +59,8 @@ pub fn init_lambda_telemetry() -> crate::telemetry::emf::EmfPublisher {
 
 /// JSON logs for a Lambda function (CloudWatch keeps one object a line); `RUST_LOG` filters.
 pub fn init_lambda_logging() {
-    if tracing::subscriber::set_global_default(lambda_log_subscriber(std::io::stdout)).is_err() {
+    use tracing_subscriber::util::SubscriberInitExt;
+    if lambda_log_subscriber(std::io::stdout).try_init().is_err() {
         tracing::warn!("a log subscriber was already installed");
     }
 }

@@ -88,3 +88,78 @@ pub async fn sweep_overdue(
     );
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+    use crate::{
+        clock::{add, Clock, ManualClock},
+        config::CoreConfig,
+        http::HttpSender,
+        notify::LogNotifier,
+        queue::embedded::EmbeddedQueue,
+        store::{contract, sqlite::SqliteStore, Store},
+        telemetry::{self, emf::EmfRecorder},
+    };
+
+    #[tokio::test]
+    async fn only_deliveries_overdue_past_the_grace_are_requeued_but_all_due_ones_are_measured() {
+        let recorder = EmfRecorder::new("Hooklane", Vec::new());
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let now = add(contract::t0(), Duration::from_secs(3600));
+        let clock = Arc::new(ManualClock::new(now));
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let queue = Arc::new(EmbeddedQueue::new());
+        let app = App {
+            store: store.clone(),
+            queue: queue.clone(),
+            transport: Arc::new(HttpSender::new(CoreConfig::default().sender).unwrap()),
+            notifier: Arc::new(LogNotifier),
+            clock: clock.clone(),
+            config: Arc::new(CoreConfig::default()),
+        };
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        store.create_endpoint(&endpoint).await.unwrap();
+        let mut ids = Vec::new();
+        // Due an hour ago, a minute ago, and in a minute.
+        for (name, due) in [
+            ("evt_lost", contract::t0()),
+            ("evt_recent", now - chrono::TimeDelta::minutes(1)),
+            ("evt_future", now + chrono::TimeDelta::minutes(1)),
+        ] {
+            let event = contract::event("acme", name, due);
+            let delivery = contract::delivery(&event, &endpoint, due);
+            ids.push(delivery.id.clone());
+            store.publish(&event, &[delivery]).await.unwrap();
+        }
+
+        let report = sweep_overdue(&app, clock.now(), Duration::from_secs(300))
+            .await
+            .unwrap();
+        assert_eq!(
+            report,
+            SweepReport {
+                requeued: 1,
+                due: 2,
+                oldest_due: Some(contract::t0()),
+            }
+        );
+        assert!(queue.is_known(&ids[0]));
+        assert!(!queue.is_known(&ids[1]) && !queue.is_known(&ids[2]));
+        let documents = recorder.flush(0);
+        let gauge = |name: &str| {
+            documents
+                .iter()
+                .find_map(|d| d.get(name).cloned())
+                .unwrap_or_else(|| panic!("no {name} in {documents:?}"))
+        };
+        assert_eq!(gauge(telemetry::DUE_BACKLOG), 2.0);
+        assert_eq!(gauge(telemetry::OLDEST_DUE_AGE), 3600.0);
+    }
+}
