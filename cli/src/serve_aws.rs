@@ -27,6 +27,7 @@ pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> 
         .map_err(|e| e.to_string())?;
     match &running.token_source {
         TokenSource::Variable => println!("admin token: from HOOKLANE_ADMIN_TOKEN"),
+        TokenSource::Parameter(name) => println!("admin token: from SSM parameter {name}"),
         TokenSource::ControlTable(table) => println!(
             "admin token (kept in DynamoDB table {table}, item pk=setting#admin_token; set HOOKLANE_ADMIN_TOKEN to choose your own): {}",
             running.admin_token

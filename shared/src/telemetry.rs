@@ -27,6 +27,44 @@ pub const PENDING_DELIVERIES: &str = "hooklane_pending_deliveries";
 pub const OLDEST_PENDING_AGE: &str = "hooklane_oldest_pending_age_seconds";
 pub const DUE_BACKLOG: &str = "hooklane_due_backlog";
 pub const IN_FLIGHT: &str = "hooklane_in_flight";
+pub const OLDEST_DUE_AGE: &str = "hooklane_oldest_due_age_seconds";
+
+/// Every metric name, for checks that dashboards and alarms name only real metrics.
+pub const ALL: &[&str] = &[
+    EVENTS_PUBLISHED,
+    DELIVERIES_CREATED,
+    ATTEMPTS,
+    ATTEMPT_DURATION,
+    DELIVERY_LATENCY,
+    DELIVERIES_COMPLETED,
+    RETRIES_SCHEDULED,
+    ENDPOINTS_DISABLED,
+    REPLAYS,
+    ENDPOINT_ATTEMPTS,
+    ENDPOINT_IN_FLIGHT,
+    ACCOUNT_DELIVERIES,
+    PENDING_DELIVERIES,
+    OLDEST_PENDING_AGE,
+    DUE_BACKLOG,
+    IN_FLIGHT,
+    OLDEST_DUE_AGE,
+];
+
+/// The CloudWatch namespace of the Lambda functions' metrics.
+pub const EMF_NAMESPACE: &str = "Hooklane";
+/// The dimension every Lambda metric carries: the stack (= table prefix) it comes from.
+pub const EMF_STACK_DIMENSION: &str = "Stack";
+/// Labels with one value per customer or endpoint: log fields in EMF, not dimensions.
+pub const UNBOUNDED_LABELS: &[&str] = &["endpoint", "account"];
+
+/// The recorder the Lambda functions install: the names above, under `EMF_NAMESPACE`.
+pub fn lambda_recorder(stack: &str) -> emf::EmfRecorder {
+    emf::EmfRecorder::new(
+        EMF_NAMESPACE,
+        vec![(EMF_STACK_DIMENSION.to_owned(), stack.to_owned())],
+    )
+    .with_property_labels(UNBOUNDED_LABELS)
+}
 
 /// HELP texts, for exporters that show them.
 pub fn describe() {
@@ -76,6 +114,11 @@ pub fn describe() {
         "Deliveries due now and waiting for a worker or an endpoint slot"
     );
     describe_gauge!(IN_FLIGHT, "Requests in flight across all endpoints");
+    describe_gauge!(
+        OLDEST_DUE_AGE,
+        Unit::Seconds,
+        "How long the most overdue pending delivery has been past its due time"
+    );
 }
 
 fn outcome_label(outcome: &AttemptOutcome) -> &'static str {
@@ -98,6 +141,11 @@ fn attempt_label(number: u32) -> String {
 
 pub fn published(deliveries: usize) {
     counter!(EVENTS_PUBLISHED).increment(1);
+    counter!(DELIVERIES_CREATED).increment(deliveries as u64);
+}
+
+/// Deliveries created for an event stored by the outbox helper (not through publish).
+pub fn fanned_out(deliveries: usize) {
     counter!(DELIVERIES_CREATED).increment(deliveries as u64);
 }
 
@@ -141,6 +189,12 @@ pub fn replayed(count: u64) {
 
 pub fn endpoint_in_flight(endpoint: &EndpointId, change: f64) {
     gauge!(ENDPOINT_IN_FLIGHT, "endpoint" => endpoint.to_string()).increment(change);
+}
+
+/// What the sweeper saw: deliveries due now (or overdue) and how late the latest is.
+pub fn due_backlog(due: usize, oldest_due_age: Duration) {
+    gauge!(DUE_BACKLOG).set(due as f64);
+    gauge!(OLDEST_DUE_AGE).set(oldest_due_age.as_secs_f64());
 }
 
 /// The backlog gauges, refreshed periodically.

@@ -105,3 +105,25 @@ pub async fn sent_mail_text() -> String {
     }
     panic!("the emulator at {base} shows no sent mail");
 }
+
+/// The Lambda functions' metrics publisher, writing to memory and installed as this
+/// thread's recorder (a `#[tokio::test]` runs every task on its one thread). Keep the guard
+/// alive for the test; the recorder is leaked so that the guard can outlive this call.
+pub fn capture_lambda_metrics(
+    stack: &str,
+) -> (
+    crate::telemetry::emf::EmfPublisher,
+    crate::telemetry::emf::LogCapture,
+    metrics::LocalRecorderGuard<'static>,
+) {
+    let capture = crate::telemetry::emf::LogCapture::default();
+    let publisher = crate::telemetry::emf::EmfPublisher::new(
+        crate::telemetry::lambda_recorder(stack),
+        capture.clone(),
+    );
+    let recorder: &'static crate::telemetry::emf::EmfRecorder =
+        Box::leak(Box::new(publisher.recorder().clone()));
+    let guard = metrics::set_default_local_recorder(recorder);
+    crate::telemetry::describe();
+    (publisher, capture, guard)
+}

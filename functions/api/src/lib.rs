@@ -1,13 +1,24 @@
 //! The api function: the same axum router as `hooklane serve`, served through API Gateway.
 
 pub use hooklane::aws::handlers::api_router;
+use hooklane::telemetry::emf::EmfPublisher;
+
+/// Publishes the metrics of each request before its response leaves the function.
+pub fn flushing_metrics(router: axum::Router, metrics: EmfPublisher) -> axum::Router {
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let metrics = metrics.clone();
+            async move { metrics.flushed(next.run(request)).await }
+        },
+    ))
+}
 
 #[cfg(test)]
 mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    use hooklane::{domain::AccountId, testing::emulated_shape};
+    use hooklane::{aws::shape::AdminTokenError, domain::AccountId, testing::emulated_shape};
 
     use super::*;
 
@@ -44,8 +55,132 @@ mod tests {
         assert_eq!(call(&router, &wrong).await.0, 401);
     }
 
+    /// The create-account fixture turned into another JSON request of the same client.
+    fn request(method: &str, path: &str, token: &str, body: &serde_json::Value) -> String {
+        let mut request: serde_json::Value =
+            serde_json::from_str(include_str!("../fixtures/http-api-create-account.json")).unwrap();
+        let body = body.to_string();
+        request["rawPath"] = path.into();
+        request["requestContext"]["http"]["path"] = path.into();
+        request["requestContext"]["http"]["method"] = method.into();
+        request["headers"]["authorization"] = format!("Bearer {token}").into();
+        request["headers"]["content-length"] = body.len().to_string().into();
+        request["body"] = body.into();
+        request.to_string()
+    }
+
     #[tokio::test]
-    async fn without_a_configured_token_one_is_generated_and_kept() {
+    async fn a_publish_request_leaves_its_counts_in_the_emf_log() {
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (mut settings, shape) = emulated_shape().await;
+        settings.admin_token = Some("hl_admin_fixture".into());
+        let router = flushing_metrics(api_router(&shape, &settings).await.unwrap(), metrics);
+        let admin = "hl_admin_fixture";
+        let create = request(
+            "POST",
+            "/v1/accounts",
+            admin,
+            &serde_json::json!({"id": "acme", "name": "Acme", "owner_email": "ops@acme.example"}),
+        );
+        assert_eq!(call(&router, &create).await.0, 201);
+        for host in ["one", "two"] {
+            let (status, body) = call(
+                &router,
+                &request(
+                    "POST",
+                    "/v1/accounts/acme/endpoints",
+                    admin,
+                    &serde_json::json!({"url": format!("https://{host}.example.com/hooks")}),
+                ),
+            )
+            .await;
+            assert_eq!(status, 201, "{body}");
+        }
+        assert!(log.documents().is_empty(), "nothing counted yet");
+        let publish = request(
+            "POST",
+            "/v1/accounts/acme/events",
+            admin,
+            &serde_json::json!({"id": "evt_1", "type": "invoice.paid", "data": {"amount": 42}}),
+        );
+        let (status, body) = call(&router, &publish).await;
+        assert!(status == 201 || status == 202, "{status} {body}");
+        // Written by the time the response left the router.
+        assert_eq!(
+            log.value(
+                "hooklane_events_published_total",
+                &[("Stack", "hooklane-test")]
+            ),
+            Some(serde_json::json!(1))
+        );
+        assert_eq!(
+            log.value(
+                "hooklane_deliveries_created_total",
+                &[("Stack", "hooklane-test")]
+            ),
+            Some(serde_json::json!(2))
+        );
+        // The same id again creates and counts nothing.
+        let written = log.documents().len();
+        call(&router, &publish).await;
+        assert_eq!(log.documents().len(), written);
+    }
+
+    #[tokio::test]
+    async fn the_admin_token_is_read_from_an_ssm_secure_string() {
+        let (mut settings, shape) = emulated_shape().await;
+        let parameter = format!("/{}/admin-token", settings.tables.control);
+        let ssm = hooklane::aws::aws_sdk_ssm::Client::new(&hooklane::aws::load_sdk_config().await);
+        ssm.put_parameter()
+            .name(&parameter)
+            .value("hl_admin_from_ssm")
+            .r#type(hooklane::aws::aws_sdk_ssm::types::ParameterType::SecureString)
+            .send()
+            .await
+            .unwrap();
+        settings.admin_token_parameter = Some(parameter.clone());
+        settings.in_lambda = true;
+        let router = api_router(&shape, &settings).await.unwrap();
+        let create = include_str!("../fixtures/http-api-create-account.json");
+        let (status, body) = call(
+            &router,
+            &create.replace("{{ADMIN_TOKEN}}", "hl_admin_from_ssm"),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        for other in ["hl_admin_guess", "kms:alias/aws/ssm:hl_admin_from_ssm"] {
+            let (status, _) = call(&router, &create.replace("{{ADMIN_TOKEN}}", other)).await;
+            assert_eq!(status, 401, "{other} must be refused");
+        }
+        // Nothing generated on the side.
+        assert_eq!(
+            shape.app.store.get_setting("admin_token").await.unwrap(),
+            None
+        );
+
+        // A missing parameter stops the cold start instead of falling back.
+        settings.admin_token_parameter = Some(format!("{parameter}-missing"));
+        let error = api_router(&shape, &settings).await.err().unwrap();
+        assert!(
+            matches!(error, AdminTokenError::Parameter { .. }),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deployed_function_never_generates_a_token() {
+        let (mut settings, shape) = emulated_shape().await;
+        settings.in_lambda = true;
+        let error = api_router(&shape, &settings).await.err().unwrap();
+        assert!(matches!(error, AdminTokenError::NotConfigured), "{error}");
+        assert_eq!(
+            shape.app.store.get_setting("admin_token").await.unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn locally_without_a_configured_token_one_is_generated_and_kept() {
         let (settings, shape) = emulated_shape().await;
         let first = hooklane::aws::shape::admin_token(&shape, &settings)
             .await

@@ -118,8 +118,16 @@ mod tests {
             .await
             .unwrap();
 
-        let response = handle(&shape, fixture()).await;
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let response = metrics.flushed(handle(&shape, fixture())).await;
         assert!(response.batch_item_failures.is_empty(), "{response:?}");
+        assert_eq!(
+            log.value(
+                "hooklane_deliveries_created_total",
+                &[("Stack", "hooklane-test")]
+            ),
+            Some(serde_json::json!(1))
+        );
         let account = AccountId::parse("acme").unwrap();
         let deliveries = store
             .deliveries_of_event(&account, &outbox_event.id)
@@ -139,9 +147,11 @@ mod tests {
             .unwrap()
             .is_empty());
 
-        // Lambda replays the batch: nothing new.
-        let replay = handle(&shape, fixture()).await;
+        // Lambda replays the batch: nothing new, and nothing counted.
+        let written = log.documents().len();
+        let replay = metrics.flushed(handle(&shape, fixture())).await;
         assert!(replay.batch_item_failures.is_empty());
+        assert_eq!(log.documents().len(), written);
         assert_eq!(
             store
                 .deliveries_of_event(&account, &outbox_event.id)

@@ -74,6 +74,55 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn disabling_an_endpoint_is_in_the_emf_log() {
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (_, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut dying = contract::endpoint("acme", "ep_dying", contract::t0());
+        dying.failing_since = Some(contract::t0());
+        store.create_endpoint(&dying).await.unwrap();
+        let event = contract::event("acme", "evt_stuck", contract::t0());
+        store
+            .publish(
+                &event,
+                &[contract::delivery(&event, &dying, contract::t0())],
+            )
+            .await
+            .unwrap();
+
+        let scheduled: serde_json::Value =
+            serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap();
+        let result = metrics.flushed(handle(&shape, scheduled)).await.unwrap();
+        assert_eq!(result["disabled"], 1);
+
+        assert_eq!(
+            log.value(
+                "hooklane_endpoints_disabled_total",
+                &[("Stack", "hooklane-test")]
+            ),
+            Some(serde_json::json!(1))
+        );
+        assert_eq!(
+            log.value(
+                "hooklane_deliveries_completed_total",
+                &[("status", "abandoned")]
+            ),
+            Some(serde_json::json!(1))
+        );
+        assert_eq!(
+            log.value(
+                "hooklane_account_deliveries_total",
+                &[("account", "acme"), ("status", "abandoned")]
+            ),
+            Some(serde_json::json!(1))
+        );
+    }
+
     fn uuid_like() -> String {
         format!(
             "{:x}",

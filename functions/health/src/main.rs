@@ -3,12 +3,13 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    hooklane::aws::init_lambda_logging();
+    let metrics = hooklane::aws::init_lambda_telemetry();
     let shape = connect(&AwsSettings::from_env()?).await?;
-    let shape = &shape;
+    let (shape, metrics) = (&shape, &metrics);
     run(service_fn(
         move |event: LambdaEvent<serde_json::Value>| async move {
-            hooklane_health::handle(shape, event.payload)
+            metrics
+                .flushed(hooklane_health::handle(shape, event.payload))
                 .await
                 .map_err(Error::from)
         },

@@ -116,6 +116,202 @@ mod tests {
         assert_eq!(delivered.status, DeliveryStatus::Delivered);
     }
 
+    #[tokio::test]
+    async fn one_message_leaves_its_attempt_in_the_emf_log() {
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (_, shape) = emulated_shape().await;
+        let receiver = slow_receiver(Duration::from_millis(5)).await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
+        store.create_endpoint(&endpoint).await.unwrap();
+        let account = endpoint.account_id.clone();
+        let published = publish(
+            &shape.app,
+            &account,
+            NewEvent {
+                id: Some("evt_metered".into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({}),
+            },
+        )
+        .await
+        .unwrap();
+        // What publishing recorded is not this invocation's business.
+        metrics.publish().unwrap();
+        let before = log.documents().len();
+        let delivery = &published.deliveries[0];
+        let message = serde_json::to_string(&DeliveryMessage {
+            delivery_id: delivery.id.to_string(),
+            endpoint_id: delivery.endpoint_id.to_string(),
+            account_id: delivery.account_id.to_string(),
+        })
+        .unwrap();
+        let fixture = include_str!("../fixtures/sqs-batch.json").replace(
+            "\"{{DELIVERY_MESSAGE}}\"",
+            &serde_json::to_string(&message).unwrap(),
+        );
+        let mut batch: SqsEvent = serde_json::from_str(&fixture).unwrap();
+        batch
+            .records
+            .retain(|r| r.body.as_deref() == Some(message.as_str()));
+        assert_eq!(batch.records.len(), 1);
+
+        let response = metrics.flushed(handle(&shape, batch)).await;
+        assert!(response.batch_item_failures.is_empty());
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
+
+        let documents = log.documents().split_off(before);
+        let find = |metric: &str| {
+            documents
+                .iter()
+                .find(|d| d.get(metric).is_some())
+                .unwrap_or_else(|| panic!("no {metric} in {documents:?}"))
+        };
+        let dimensions = |d: &serde_json::Value| {
+            let definition = &d["_aws"]["CloudWatchMetrics"][0];
+            assert_eq!(definition["Namespace"], "Hooklane");
+            definition["Dimensions"][0].clone()
+        };
+        let attempts = find("hooklane_attempts_total");
+        assert_eq!(attempts["hooklane_attempts_total"], 1);
+        assert_eq!(
+            (
+                &attempts["Stack"],
+                &attempts["outcome"],
+                &attempts["attempt"]
+            ),
+            (
+                &serde_json::json!("hooklane-test"),
+                &serde_json::json!("success"),
+                &serde_json::json!("1")
+            )
+        );
+        assert_eq!(
+            dimensions(attempts),
+            serde_json::json!(["Stack", "outcome", "attempt"])
+        );
+        let completed = find("hooklane_deliveries_completed_total");
+        assert_eq!(completed["hooklane_deliveries_completed_total"], 1);
+        assert_eq!(completed["status"], "delivered");
+        let latency = find("hooklane_delivery_latency_seconds");
+        let latencies = latency["hooklane_delivery_latency_seconds"]
+            .as_array()
+            .unwrap();
+        assert_eq!(latencies.len(), 1);
+        assert!(latencies[0].as_f64().unwrap() >= 0.0);
+        assert_eq!(dimensions(latency), serde_json::json!(["Stack"]));
+        let durations = find("hooklane_attempt_duration_seconds");
+        assert_eq!(
+            durations["hooklane_attempt_duration_seconds"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
+        // Unbounded labels ride along as fields, not as dimensions.
+        let per_endpoint = find("hooklane_endpoint_attempts_total");
+        assert_eq!(per_endpoint["endpoint"], "ep_1");
+        assert_eq!(dimensions(per_endpoint), serde_json::json!(["Stack"]));
+        let per_account = find("hooklane_account_deliveries_total");
+        assert_eq!(per_account["account"], "acme");
+        assert_eq!(
+            dimensions(per_account),
+            serde_json::json!(["Stack", "status"])
+        );
+        assert!(documents
+            .iter()
+            .all(|d| d.get("hooklane_retries_scheduled_total").is_none()));
+        // Everything was written when the handler returned: nothing is left over.
+        assert_eq!(metrics.publish().unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_attempt_logs_its_ids_and_no_payload_or_secret() {
+        let log = hooklane::telemetry::emf::LogCapture::default();
+        let writer = log.clone();
+        let _subscriber =
+            tracing::subscriber::set_default(hooklane::aws::lambda_log_subscriber(move || {
+                writer.clone()
+            }));
+        let (_, shape) = emulated_shape().await;
+        // A port nobody listens on: the attempt fails and is retried later.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", closed.local_addr().unwrap());
+        drop(closed);
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        endpoint.url = EndpointUrl::parse(&url).unwrap();
+        store.create_endpoint(&endpoint).await.unwrap();
+        let published = publish(
+            &shape.app,
+            &endpoint.account_id,
+            NewEvent {
+                id: Some("evt_logged".into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({"card": "payload-marker-4242"}),
+            },
+        )
+        .await
+        .unwrap();
+        let delivery = &published.deliveries[0];
+        let message = serde_json::to_string(&DeliveryMessage {
+            delivery_id: delivery.id.to_string(),
+            endpoint_id: delivery.endpoint_id.to_string(),
+            account_id: delivery.account_id.to_string(),
+        })
+        .unwrap();
+        let mut batch: SqsEvent =
+            serde_json::from_str(&include_str!("../fixtures/sqs-batch.json").replace(
+                "\"{{DELIVERY_MESSAGE}}\"",
+                &serde_json::to_string(&message).unwrap(),
+            ))
+            .unwrap();
+        batch
+            .records
+            .retain(|r| r.body.as_deref() == Some(message.as_str()));
+
+        let response = handle(&shape, batch).await;
+        assert!(response.batch_item_failures.is_empty());
+        let lines = log.documents();
+        let retry = lines
+            .iter()
+            .find(|l| l["fields"]["message"] == "attempt failed; will retry")
+            .unwrap_or_else(|| panic!("no retry line in {lines:?}"));
+        assert_eq!(retry["level"], "INFO");
+        let spans = retry["spans"].as_array().unwrap();
+        let field = |name: &str| spans.iter().find_map(|s| s.get(name).cloned());
+        assert_eq!(field("event.id"), Some(serde_json::json!("evt_logged")));
+        assert_eq!(field("endpoint.id"), Some(serde_json::json!("ep_1")));
+        assert_eq!(
+            field("delivery.id"),
+            Some(serde_json::json!(delivery.id.to_string()))
+        );
+        assert_eq!(field("attempt"), Some(serde_json::json!(1)));
+        let text = lines
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !text.contains("payload-marker-4242"),
+            "payload logged: {text}"
+        );
+        let secret = endpoint.secret.expose();
+        assert!(
+            !text.contains(&secret["whsec_".len()..]),
+            "secret logged: {text}"
+        );
+        assert!(!text.contains("v1,"), "signature logged: {text}");
+    }
+
     fn aws_sdk_dynamodb_value(s: &str) -> hooklane::aws::aws_sdk_dynamodb::types::AttributeValue {
         hooklane::aws::aws_sdk_dynamodb::types::AttributeValue::S(s.to_owned())
     }

@@ -3,11 +3,15 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    hooklane::aws::init_lambda_logging();
+    let metrics = hooklane::aws::init_lambda_telemetry();
     let shape = connect(&AwsSettings::from_env()?).await?;
-    let shape = &shape;
+    let (shape, metrics) = (&shape, &metrics);
     run(service_fn(move |event: LambdaEvent<_>| async move {
-        Ok::<_, Error>(hooklane_sender::handle(shape, event.payload).await)
+        Ok::<_, Error>(
+            metrics
+                .flushed(hooklane_sender::handle(shape, event.payload))
+                .await,
+        )
     }))
     .await
 }

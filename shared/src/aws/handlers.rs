@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    shape::{admin_token, AwsSettings, AwsShape},
+    shape::{admin_token, AdminTokenError, AwsSettings, AwsShape},
     stream::{event_from_image, StreamedEvent},
 };
 use crate::{
@@ -17,7 +17,7 @@ use crate::{
         fan_out::fan_out_batch,
         health, notifications,
         sender::{handle_batch, Lanes},
-        sweep::enqueue_pending,
+        sweep::{sweep_overdue, SweepReport},
         tokens, ServiceResult,
     },
     store::StoreError,
@@ -27,9 +27,9 @@ use crate::{
 pub async fn api_router(
     shape: &AwsShape,
     settings: &AwsSettings,
-) -> Result<axum::Router, StoreError> {
+) -> Result<axum::Router, AdminTokenError> {
     let token = admin_token(shape, settings).await?;
-    api_router_with_token(shape, token).await
+    Ok(api_router_with_token(shape, token).await?)
 }
 
 /// The router for an admin token the caller already has.
@@ -130,12 +130,17 @@ pub async fn handle_queue_batch(
     outcomes
 }
 
-/// The sweeper function's work: re-queues pending deliveries more than `grace` past due.
-pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<usize> {
-    let cutoff = shape.app.clock.now() - chrono::TimeDelta::from_std(grace).unwrap_or_default();
-    let requeued = enqueue_pending(&shape.app, cutoff).await?;
-    tracing::info!(requeued, "swept");
-    Ok(requeued)
+/// The sweeper function's work: re-queues pending deliveries more than `grace` past due, and
+/// measures the due backlog.
+pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<SweepReport> {
+    let report = sweep_overdue(&shape.app, shape.app.clock.now(), grace).await?;
+    tracing::info!(
+        requeued = report.requeued,
+        due = report.due,
+        oldest_due = ?report.oldest_due,
+        "swept"
+    );
+    Ok(report)
 }
 
 /// The health function's work: disables long-failing endpoints, then sends the owner mail

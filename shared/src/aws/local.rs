@@ -148,6 +148,8 @@ pub enum LocalError {
     Connect(#[from] super::shape::ConnectError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    AdminToken(#[from] super::shape::AdminTokenError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -162,6 +164,8 @@ pub enum LocalError {
 pub enum TokenSource {
     /// `HOOKLANE_ADMIN_TOKEN`.
     Variable,
+    /// The SSM parameter named by `HOOKLANE_ADMIN_TOKEN_PARAMETER`.
+    Parameter(String),
     /// Generated on first use and kept in this (control) table.
     ControlTable(String),
 }
@@ -219,7 +223,9 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     }
 
     let token = admin_token(&shape, &settings).await?;
-    let token_source = if settings.admin_token.is_some() {
+    let token_source = if let Some(parameter) = &settings.admin_token_parameter {
+        TokenSource::Parameter(parameter.clone())
+    } else if settings.admin_token.is_some() {
         TokenSource::Variable
     } else {
         TokenSource::ControlTable(settings.tables.control.clone())

@@ -15,6 +15,7 @@ pub use aws_sdk_dynamodb;
 pub use aws_sdk_scheduler;
 pub use aws_sdk_sesv2;
 pub use aws_sdk_sqs;
+pub use aws_sdk_ssm;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
@@ -46,14 +47,44 @@ where
     text
 }
 
+/// JSON logs and EMF metrics for a Lambda function: installs both and returns the metrics
+/// publisher, whose `flushed` wraps each invocation (`metrics.flushed(handle(..))`).
+pub fn init_lambda_telemetry() -> crate::telemetry::emf::EmfPublisher {
+    init_lambda_logging();
+    let stack = std::env::var("HOOKLANE_TABLE_PREFIX").unwrap_or_default();
+    let publisher = crate::telemetry::emf::EmfPublisher::new(
+        crate::telemetry::lambda_recorder(&stack),
+        std::io::stdout(),
+    );
+    if metrics::set_global_recorder(publisher.recorder().clone()).is_err() {
+        tracing::warn!("a metrics recorder was already installed; EMF metrics are off");
+    }
+    crate::telemetry::describe();
+    publisher
+}
+
 /// JSON logs for a Lambda function (CloudWatch keeps one object a line); `RUST_LOG` filters.
 pub fn init_lambda_logging() {
+    use tracing_subscriber::util::SubscriberInitExt;
+    if lambda_log_subscriber(std::io::stdout).try_init().is_err() {
+        tracing::warn!("a log subscriber was already installed");
+    }
+}
+
+/// The Lambda functions' log format: one JSON object a line, each with the fields of the
+/// spans it is in (`spans`: the delivery's event, endpoint and delivery ids and attempt).
+pub fn lambda_log_subscriber<W>(writer: W) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(filter)
         .with_current_span(false)
+        .with_span_list(true)
         .with_ansi(false)
-        .init();
+        .with_writer(writer)
+        .finish()
 }

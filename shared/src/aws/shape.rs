@@ -42,7 +42,14 @@ pub struct AwsSettings {
     pub scheduler: Option<(String, String)>,
     /// A verified SES identity; without one, owner mail goes to the log.
     pub notification_from: Option<String>,
+    /// The admin token itself (`HOOKLANE_ADMIN_TOKEN`): for local runs and tests.
     pub admin_token: Option<String>,
+    /// The SSM parameter (a SecureString) holding the admin token
+    /// (`HOOKLANE_ADMIN_TOKEN_PARAMETER`): how the deployed stack gets it.
+    pub admin_token_parameter: Option<String>,
+    /// Running inside Lambda (`AWS_LAMBDA_FUNCTION_NAME` is set): the admin token must then
+    /// come from the parameter or the variable, never be generated.
+    pub in_lambda: bool,
     /// How long past its due time a pending delivery must be before the sweeper re-sends it.
     pub sweep_grace: Duration,
     pub core: CoreConfig,
@@ -108,13 +115,23 @@ impl AwsSettings {
                 ))
             }
         };
+        let admin_token = get("HOOKLANE_ADMIN_TOKEN").map(str::to_owned);
+        let admin_token_parameter = get("HOOKLANE_ADMIN_TOKEN_PARAMETER").map(str::to_owned);
+        if admin_token.is_some() && admin_token_parameter.is_some() {
+            return Err(invalid(
+                "HOOKLANE_ADMIN_TOKEN_PARAMETER",
+                "and HOOKLANE_ADMIN_TOKEN are both set; keep only one",
+            ));
+        }
         Ok(Self {
             tables: TableNames::with_prefix(&required("HOOKLANE_TABLE_PREFIX")?),
             queue_url: required("HOOKLANE_QUEUE_URL")?,
             queue_arn: required("HOOKLANE_QUEUE_ARN")?,
             scheduler,
             notification_from: get("HOOKLANE_NOTIFICATION_FROM").map(str::to_owned),
-            admin_token: get("HOOKLANE_ADMIN_TOKEN").map(str::to_owned),
+            admin_token,
+            admin_token_parameter,
+            in_lambda: get("AWS_LAMBDA_FUNCTION_NAME").is_some(),
             sweep_grace,
             core,
         })
@@ -190,21 +207,70 @@ pub async fn connect_metered(
 
 const ADMIN_TOKEN_SETTING: &str = "admin_token";
 
-/// The API's admin token: `HOOKLANE_ADMIN_TOKEN`, or one generated on first use and kept
-/// in the control table (read it there, or set the variable).
+#[derive(Debug, thiserror::Error)]
+pub enum AdminTokenError {
+    #[error(
+        "no admin token configured: set HOOKLANE_ADMIN_TOKEN_PARAMETER to the SSM parameter \
+         that holds it"
+    )]
+    NotConfigured,
+    #[error("cannot read the admin token from SSM parameter {parameter}: {message}")]
+    Parameter { parameter: String, message: String },
+    #[error("the admin token in SSM parameter {0} is empty")]
+    EmptyParameter(String),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// The API's admin token, read once when the function starts: from the SSM parameter
+/// `HOOKLANE_ADMIN_TOKEN_PARAMETER` (decrypted), else `HOOKLANE_ADMIN_TOKEN`. Outside Lambda
+/// (local runs against an emulator) a token can also be generated on first use and kept in
+/// the control table; a deployed function refuses to start without a configured one.
 pub async fn admin_token(
     shape: &AwsShape,
     settings: &AwsSettings,
-) -> Result<String, crate::store::StoreError> {
+) -> Result<String, AdminTokenError> {
+    if let Some(parameter) = &settings.admin_token_parameter {
+        let ssm = aws_sdk_ssm::Client::new(&load_sdk_config().await);
+        return admin_token_from_parameter(&ssm, parameter).await;
+    }
     if let Some(token) = &settings.admin_token {
         return Ok(token.clone());
     }
+    if settings.in_lambda {
+        return Err(AdminTokenError::NotConfigured);
+    }
     let generated = format!("hl_admin_{}", uuid::Uuid::new_v4().simple());
-    shape
+    Ok(shape
         .app
         .store
         .put_setting_if_absent(ADMIN_TOKEN_SETTING, &generated)
+        .await?)
+}
+
+async fn admin_token_from_parameter(
+    ssm: &aws_sdk_ssm::Client,
+    parameter: &str,
+) -> Result<String, AdminTokenError> {
+    let response = ssm
+        .get_parameter()
+        .name(parameter)
+        .with_decryption(true)
+        .send()
         .await
+        .map_err(|e| AdminTokenError::Parameter {
+            parameter: parameter.to_owned(),
+            message: super::error_text(&e),
+        })?;
+    let token = response
+        .parameter
+        .and_then(|p| p.value)
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default();
+    if token.is_empty() {
+        return Err(AdminTokenError::EmptyParameter(parameter.to_owned()));
+    }
+    Ok(token)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +350,8 @@ pub async fn provision(prefix: &str, core: CoreConfig) -> Result<AwsSettings, Pr
         )),
         notification_from: None,
         admin_token: None,
+        admin_token_parameter: None,
+        in_lambda: false,
         sweep_grace: Duration::from_secs(300),
         core,
     })
@@ -330,5 +398,35 @@ mod tests {
         let mut half = base.to_vec();
         half.push(("HOOKLANE_SCHEDULE_GROUP", "g"));
         assert!(AwsSettings::from_vars(&vars(&half)).is_err());
+    }
+
+    #[test]
+    fn the_admin_token_comes_from_one_source() {
+        let base = [
+            ("HOOKLANE_TABLE_PREFIX", "hooklane"),
+            ("HOOKLANE_QUEUE_URL", "https://sqs/q"),
+            ("HOOKLANE_QUEUE_ARN", "arn:aws:sqs:us-east-1:1:q"),
+        ];
+        let local = AwsSettings::from_vars(&vars(&base)).unwrap();
+        assert!(!local.in_lambda);
+        assert_eq!(local.admin_token_parameter, None);
+        let mut deployed = base.to_vec();
+        deployed.extend([
+            ("HOOKLANE_ADMIN_TOKEN_PARAMETER", "/hooklane/admin-token"),
+            ("AWS_LAMBDA_FUNCTION_NAME", "hooklane-ApiFunction-1"),
+        ]);
+        let deployed = AwsSettings::from_vars(&vars(&deployed)).unwrap();
+        assert!(deployed.in_lambda);
+        assert_eq!(
+            deployed.admin_token_parameter.as_deref(),
+            Some("/hooklane/admin-token")
+        );
+        let mut both = base.to_vec();
+        both.extend([
+            ("HOOKLANE_ADMIN_TOKEN_PARAMETER", "/hooklane/admin-token"),
+            ("HOOKLANE_ADMIN_TOKEN", "hl_admin_x"),
+        ]);
+        let err = AwsSettings::from_vars(&vars(&both)).unwrap_err();
+        assert_eq!(err.variable, "HOOKLANE_ADMIN_TOKEN_PARAMETER");
     }
 }

@@ -125,6 +125,7 @@ async fn fan_out_one(
         })
         .collect();
     let added = app.store.add_deliveries(&deliveries).await?;
+    crate::telemetry::fanned_out(added.len());
     let mut to_queue: Vec<Delivery> = added.clone();
     if added.len() < deliveries.len() {
         // A replay: queue again what an earlier run created but may not have queued.

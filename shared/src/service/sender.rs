@@ -12,6 +12,7 @@ use std::{
 
 use futures_util::future::join_all;
 use rand::Rng;
+use tracing::Instrument;
 
 use super::{
     deliver::{self, AttemptResult},
@@ -126,7 +127,17 @@ pub async fn handle_batch(
                 }),
                 ..app.clone()
             };
-            handle_message(&holding, lanes, delivery, endpoint, account).await
+            // Every line about this message carries its ids (the attempt adds the event id
+            // and the attempt number).
+            let span = tracing::info_span!(
+                "message",
+                delivery.id = %delivery,
+                endpoint.id = %endpoint,
+                account.id = %account,
+            );
+            handle_message(&holding, lanes, delivery, endpoint, account)
+                .instrument(span)
+                .await
         },
     ))
     .await;

@@ -4,6 +4,8 @@
 
 use std::{
     collections::BTreeMap,
+    future::Future,
+    io::Write,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -75,8 +77,11 @@ type Sample = (String, Value, String);
 #[derive(Clone)]
 pub struct EmfRecorder {
     namespace: String,
-    /// Dimensions added to every document, e.g. the function name.
+    /// Dimensions added to every document, e.g. the stack name.
     fixed: Vec<(String, String)>,
+    /// Labels written as plain fields of the document, not as dimensions: the unbounded ones
+    /// (endpoint, account), which would otherwise make one CloudWatch metric per value.
+    properties: Vec<String>,
     cells: Arc<Mutex<BTreeMap<Key, Cell>>>,
     units: Arc<Mutex<BTreeMap<String, Unit>>>,
 }
@@ -86,9 +91,16 @@ impl EmfRecorder {
         Self {
             namespace: namespace.into(),
             fixed,
+            properties: Vec::new(),
             cells: Arc::default(),
             units: Arc::default(),
         }
+    }
+
+    /// Keeps these labels out of the dimensions (see `properties`).
+    pub fn with_property_labels(mut self, labels: &[&str]) -> Self {
+        self.properties = labels.iter().map(|l| (*l).to_owned()).collect();
+        self
     }
 
     fn unit_of(&self, name: &str, fallback: &'static str) -> String {
@@ -149,7 +161,12 @@ impl EmfRecorder {
                 for (k, v) in self.fixed.iter().chain(labels.iter()) {
                     document.insert(k.clone(), json!(v));
                 }
-                dimensions.extend(labels.iter().map(|(k, _)| k.clone()));
+                dimensions.extend(
+                    labels
+                        .iter()
+                        .filter(|(k, _)| !self.properties.contains(k))
+                        .map(|(k, _)| k.clone()),
+                );
                 let definitions: Vec<Value> = metrics
                     .iter()
                     .map(|(name, _, unit)| json!({"Name": name, "Unit": unit}))
@@ -190,6 +207,94 @@ impl EmfRecorder {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(key.as_str().to_owned(), unit);
         }
+    }
+}
+
+/// Writes a recorder's documents, one JSON line each, to the function's log (stdout in
+/// Lambda, where CloudWatch picks the EMF lines out of the log stream).
+#[derive(Clone)]
+pub struct EmfPublisher {
+    recorder: EmfRecorder,
+    out: Arc<Mutex<dyn Write + Send>>,
+}
+
+impl EmfPublisher {
+    pub fn new(recorder: EmfRecorder, out: impl Write + Send + 'static) -> Self {
+        Self {
+            recorder,
+            out: Arc::new(Mutex::new(out)),
+        }
+    }
+
+    pub fn recorder(&self) -> &EmfRecorder {
+        &self.recorder
+    }
+
+    /// Writes what was recorded since the last call; returns how many documents.
+    pub fn publish(&self) -> std::io::Result<usize> {
+        let documents = self.recorder.flush(chrono::Utc::now().timestamp_millis());
+        let mut out = self.out.lock().unwrap_or_else(PoisonError::into_inner);
+        for document in &documents {
+            // One write per line, so a log line of another thread cannot land inside it.
+            let mut line = document.to_string();
+            line.push('\n');
+            out.write_all(line.as_bytes())?;
+        }
+        out.flush()?;
+        Ok(documents.len())
+    }
+
+    /// Runs one invocation and publishes its metrics before handing back its result: a
+    /// Lambda may be frozen as soon as it has answered, so nothing is left for later.
+    pub async fn flushed<F: Future>(&self, invocation: F) -> F::Output {
+        let output = invocation.await;
+        if let Err(error) = self.publish() {
+            tracing::warn!(%error, "cannot write the invocation's metrics");
+        }
+        output
+    }
+}
+
+/// An in-memory log for tests: the JSON lines an `EmfPublisher` (or a JSON log subscriber)
+/// wrote, read back as documents.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn documents(&self) -> Vec<Value> {
+        let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// The value of `metric` in the one document that has it with these label values.
+    pub fn value(&self, metric: &str, labels: &[(&str, &str)]) -> Option<Value> {
+        self.documents().into_iter().find_map(|document| {
+            let matches = labels
+                .iter()
+                .all(|(k, v)| document.get(*k) == Some(&json!(v)));
+            if matches {
+                document.get(metric).cloned()
+            } else {
+                None
+            }
+        })
+    }
+}
+
+impl Write for LogCapture {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
