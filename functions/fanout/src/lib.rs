@@ -50,6 +50,9 @@ pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
 }
 
 #[cfg(test)]
+mod replay_tests;
+
+#[cfg(test)]
 mod tests {
     use hooklane::{
         aws::aws_sdk_dynamodb::types::TransactWriteItem,
