@@ -351,6 +351,16 @@ async fn a_sender_dying_mid_batch(death: Death) {
         "every delivery reached the endpoint"
     );
     let duplicates = after_kill.len() - DELIVERIES;
+    // The requests the dead sender had in flight reached the endpoint too: their deliveries
+    // were sent again, with the same webhook-id (at least once, duplicates recognisable).
+    for killed in arrivals.iter().filter(|a| a.at <= killed_at) {
+        let id = killed.webhook_id.as_ref().unwrap();
+        assert!(
+            per_event.contains_key(id),
+            "{id} was sent again after the kill"
+        );
+    }
+    let seen_twice_by_endpoint = arrivals.len() - DELIVERIES;
 
     // Duplicated messages for delivered deliveries: handled, deleted, no request made.
     let duplicate_refs: Vec<_> = stack
@@ -380,13 +390,15 @@ async fn a_sender_dying_mid_batch(death: Death) {
     println!(
         "crash figures ({death:?}): deliveries={DELIVERIES} cap={CAP} lease={:?} \
          killed_mid_attempt={killed_holders} messages_back={}/{} \
-         lease_left_at_kill={lease_left_at_kill:?} first_request_after_kill={waited:?} requests_after_kill={} duplicates={duplicates} \
+         lease_left_at_kill={lease_left_at_kill:?} first_request_after_kill={waited:?} requests_after_kill={} duplicates_after_kill={duplicates} \
+         requests_total={} seen_twice_by_endpoint={seen_twice_by_endpoint} \
          peak_in_flight={peak} invocations={invocations} messages_handled={} \
          drain_time={drain_time:?} attempts={:?} redundant_messages={DELIVERIES} handled={redundant_handled} requests=0",
         lease_for(DEADLINE),
         killed_batch.len(),
         DELIVERIES,
         after_kill.len(),
+        arrivals.len(),
         received.values().sum::<usize>(),
         final_statuses.iter().map(|(_, a)| a).collect::<Vec<_>>(),
     );
