@@ -252,3 +252,85 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_and_message
         arrivals.len(),
     );
 }
+
+/// Fan-out dies after its deliveries are written but before they are queued; Lambda's retry
+/// then finds them all existing and queues nothing. The sweeper is what gets them sent: its
+/// next run hands every pending delivery past the grace period to the queue.
+#[tokio::test]
+async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_the_sweeper() {
+    let (settings, shape) = emulated_shape().await;
+    let store = &shape.app.store;
+    store
+        .create_account(&contract::account("acme"))
+        .await
+        .unwrap();
+    for id in ENDPOINTS {
+        store
+            .create_endpoint(&contract::endpoint("acme", id, contract::t0()))
+            .await
+            .unwrap();
+    }
+    let (batch, events) = outbox_batch(&shape, &settings, &["evt_half_done"], 300).await;
+    let event = &events[0];
+    // What fan_out had done when it died: the deliveries, with their one possible id each.
+    let written: Vec<_> = ENDPOINTS
+        .iter()
+        .map(|id| {
+            let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
+            let mut delivery = hooklane::domain::Delivery::new_pending(
+                event.id.clone(),
+                endpoint.clone(),
+                event.account_id.clone(),
+                event.event_type.clone(),
+                contract::t0(),
+            );
+            delivery.id = hooklane::service::fan_out::delivery_id_for(event, &endpoint);
+            delivery
+        })
+        .collect();
+    assert_eq!(store.add_deliveries(&written).await.unwrap().len(), 3);
+
+    let retry = handle(&shape, batch).await;
+    assert!(retry.batch_item_failures.is_empty(), "{retry:?}");
+    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
+    let receive = || async {
+        sqs.receive_message()
+            .queue_url(&settings.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+    };
+    assert!(receive().await.is_empty(), "the retry queued nothing");
+    assert_eq!(
+        store
+            .deliveries_of_event(&event.account_id, &event.id)
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "and created nothing twice"
+    );
+
+    let swept = hooklane::service::sweep::enqueue_pending(&shape.app, shape.app.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(swept, 3);
+    let mut queued: Vec<String> = receive()
+        .await
+        .iter()
+        .map(|m| {
+            DeliveryMessage::parse(m.body().unwrap())
+                .unwrap()
+                .0
+                .to_string()
+        })
+        .collect();
+    queued.sort();
+    let mut expected: Vec<String> = written.iter().map(|d| d.id.to_string()).collect();
+    expected.sort();
+    assert_eq!(queued, expected);
+}
