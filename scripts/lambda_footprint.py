@@ -67,6 +67,8 @@ class FakeRuntime(http.server.ThreadingHTTPServer):
         self.event = event
         self.request_id = str(uuid.uuid4())
         self.first_next = None
+        self.pid = None
+        self.init_cpu_ms = None
         self.outcome = None
         self.outcome_at = None
         self.outcome_body = b""
@@ -85,6 +87,8 @@ class FakeRuntime(http.server.ThreadingHTTPServer):
                     return
                 if server.first_next is None:
                     server.first_next = time.monotonic()
+                    if server.pid is not None:
+                        server.init_cpu_ms = cpu_ms(server.pid)
                     server.got_first.set()
                     deadline_ms = int(time.time() * 1000) + 30_000
                     self.send_response(200)
@@ -155,6 +159,19 @@ def check_outcome(function: str, runtime: FakeRuntime):
         raise SystemExit(f"{function}: items failed: {answer}")
 
 
+def cpu_ms(pid: int) -> float:
+    """Time the process has spent on a CPU so far, all threads (schedstat, nanoseconds):
+    unlike wall time, hardly moved by other load on the machine."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="utf-8") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass
+    return total / 1e6
+
+
 def memory_kb(pid: int) -> dict:
     found = {}
     with open(f"/proc/{pid}/status", encoding="utf-8") as f:
@@ -170,6 +187,7 @@ def cold_start(function, binary, env, event, log):
     env = dict(env, AWS_LAMBDA_RUNTIME_API=f"127.0.0.1:{runtime.server_address[1]}")
     spawned = time.monotonic()
     process = subprocess.Popen([binary], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    runtime.pid = process.pid
     try:
         if not runtime.got_first.wait(15):
             raise SystemExit(f"{function}: no request to the runtime API within 15 s (exit {process.poll()}); see the log")
@@ -181,6 +199,7 @@ def cold_start(function, binary, env, event, log):
         check_outcome(function, runtime)
         return {
             "init_ms": (runtime.first_next - spawned) * 1000,
+            "init_cpu_ms": runtime.init_cpu_ms,
             "invoke_ms": (runtime.outcome_at - runtime.first_next) * 1000,
             "peak_rss_kb": memory["VmHWM"],
         }
@@ -247,16 +266,17 @@ def main():
                 "function": function,
                 "bytes": os.path.getsize(binary),
                 "init_ms": summary([r["init_ms"] for r in runs]),
+                "init_cpu_ms": summary([r["init_cpu_ms"] for r in runs if r["init_cpu_ms"] is not None]),
                 "invoke_ms": summary([r["invoke_ms"] for r in runs]),
                 "peak_rss_kb": summary([r["peak_rss_kb"] for r in runs]),
             })
 
-    header = (f"{'function':<9} {'size MB':>8} {'init ms min':>11} {'init ms med':>11} {'init ms max':>11} "
+    header = (f"{'function':<9} {'size MB':>8} {'init ms min':>11} {'init ms med':>11} {'init ms max':>11} {'init CPU ms med':>15} "
               f"{'invoke ms med':>13} {'peak RSS MB med':>15} {'peak RSS MB max':>15}")
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r['function']:<9} {r['bytes'] / 1e6:>8.2f} {r['init_ms']['min']:>11.1f} {r['init_ms']['median']:>11.1f} {r['init_ms']['max']:>11.1f} "
+        print(f"{r['function']:<9} {r['bytes'] / 1e6:>8.2f} {r['init_ms']['min']:>11.1f} {r['init_ms']['median']:>11.1f} {r['init_ms']['max']:>11.1f} {r['init_cpu_ms']['median']:>15.1f} "
               f"{r['invoke_ms']['median']:>13.1f} {r['peak_rss_kb']['median'] / 1000:>15.1f} {r['peak_rss_kb']['max'] / 1000:>15.1f}")
     print(f"MB = 10^6 bytes; targets: size < {TARGETS['bytes'] / 1e6:.0f} MB, cold init < {TARGETS['init_ms']:.0f} ms, peak RSS < {TARGETS['peak_rss_kb'] / 1000:.0f} MB; {args.runs} cold starts each")
     for r in results:
