@@ -6,9 +6,9 @@
 use std::{
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc,
+        Arc, Mutex,
     },
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use tokio::{
@@ -17,12 +17,35 @@ use tokio::{
 };
 
 /// A receiver that answers every request after `delay`, counting how many it is
-/// serving at once.
+/// serving at once and noting when each request arrived.
 pub struct SlowReceiver {
     pub url: String,
     pub now: Arc<AtomicUsize>,
     pub most: Arc<AtomicUsize>,
     pub served: Arc<AtomicUsize>,
+    pub arrivals: Arc<Mutex<Vec<Arrival>>>,
+}
+
+/// One request as the receiver saw it: when its headers were complete, and its `webhook-id`.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub at: SystemTime,
+    pub webhook_id: Option<String>,
+}
+
+impl SlowReceiver {
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
+    }
+}
+
+fn header_value(head: &[u8], name: &str) -> Option<String> {
+    String::from_utf8_lossy(head).lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
+    })
 }
 
 pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
@@ -31,13 +54,14 @@ pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
     let now = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let served = Arc::new(AtomicUsize::new(0));
-    let (n, m, s) = (now.clone(), most.clone(), served.clone());
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let (n, m, s, a) = (now.clone(), most.clone(), served.clone(), arrivals.clone());
     tokio::spawn(async move {
         loop {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
-            let (n, m, s) = (n.clone(), m.clone(), s.clone());
+            let (n, m, s, a) = (n.clone(), m.clone(), s.clone(), a.clone());
             tokio::spawn(async move {
                 let mut seen = Vec::new();
                 let mut buf = [0u8; 4096];
@@ -47,6 +71,10 @@ pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
                         Ok(k) => seen.extend_from_slice(&buf[..k]),
                     }
                 }
+                a.lock().unwrap().push(Arrival {
+                    at: SystemTime::now(),
+                    webhook_id: header_value(&seen, crate::signing::HEADER_ID),
+                });
                 let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
                 m.fetch_max(inside, Ordering::SeqCst);
                 tokio::time::sleep(delay).await;
@@ -63,6 +91,7 @@ pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
         now,
         most,
         served,
+        arrivals,
     }
 }
 
@@ -80,8 +109,16 @@ pub fn require_emulator() {
 /// loopback receivers.
 #[cfg(feature = "aws")]
 pub async fn emulated_shape() -> (crate::aws::shape::AwsSettings, crate::aws::shape::AwsShape) {
+    emulated_shape_with(crate::config::CoreConfig::default()).await
+}
+
+/// [`emulated_shape`] with chosen settings (e.g. a short request deadline, so that slot
+/// leases run out within a test); loopback receivers are allowed whatever `core` says.
+#[cfg(feature = "aws")]
+pub async fn emulated_shape_with(
+    mut core: crate::config::CoreConfig,
+) -> (crate::aws::shape::AwsSettings, crate::aws::shape::AwsShape) {
     require_emulator();
-    let mut core = crate::config::CoreConfig::default();
     core.sender.policy =
         crate::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);

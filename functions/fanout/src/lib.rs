@@ -56,6 +56,9 @@ fn fail_at(response: &mut DynamoDbEventResponse, sequence: Option<String>) {
 }
 
 #[cfg(test)]
+mod replay_tests;
+
+#[cfg(test)]
 mod tests {
     use hooklane::{
         aws::aws_sdk_dynamodb::types::TransactWriteItem,

@@ -33,6 +33,9 @@ pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
 }
 
 #[cfg(test)]
+mod crash_tests;
+
+#[cfg(test)]
 mod tests {
     use std::{sync::atomic::Ordering, time::Duration};
 

@@ -20,7 +20,7 @@ use rand::Rng;
 use super::{RateLimiter, SlotError, SlotLeases, SlotToken};
 use crate::{
     aws::error_text,
-    clock::{to_millis, Clock},
+    clock::{from_millis, to_millis, Clock, Timestamp},
     domain::EndpointId,
 };
 
@@ -42,6 +42,28 @@ impl DynamoSlots {
             table: table.into(),
             clock,
         }
+    }
+
+    /// When each live lease on the endpoint's slots runs out, earliest first (what an
+    /// operator or a test looks at to see why an endpoint is busy).
+    pub async fn live_leases(&self, endpoint: &EndpointId) -> Result<Vec<Timestamp>, SlotError> {
+        let now = to_millis(self.clock.now());
+        let mut expiries: Vec<i64> = match self.read(&slots_key(endpoint)).await? {
+            Some(item) => match item.get("holders") {
+                Some(AttributeValue::M(holders)) => holders
+                    .values()
+                    .filter_map(|expiry| match expiry {
+                        AttributeValue::N(raw) => raw.parse::<i64>().ok(),
+                        _ => None,
+                    })
+                    .filter(|at| *at > now)
+                    .collect(),
+                _ => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        expiries.sort_unstable();
+        Ok(expiries.into_iter().map(from_millis).collect())
     }
 
     async fn read(&self, pk: &str) -> Result<Option<HashMap<String, AttributeValue>>, SlotError> {

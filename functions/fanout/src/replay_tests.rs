@@ -1,0 +1,336 @@
+//! A stream batch handled more than once — Lambda retrying it after a crash, and two
+//! invocations running it at the same moment — against the emulator: exactly one delivery
+//! per (event, endpoint), exactly one queue message per delivery, and a redundant message
+//! for a delivery that is already delivered makes no second request.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::atomic::Ordering,
+    time::Duration,
+};
+
+use aws_lambda_events::event::dynamodb::Event as StreamBatch;
+use hooklane::{
+    aws::{
+        aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem},
+        aws_sdk_sqs, load_sdk_config,
+        shape::{AwsSettings, AwsShape},
+    },
+    domain::{AccountId, Event, EventId, EventType},
+    queue::sqs::DeliveryMessage,
+    service::sender::{handle_message, Handled, Lanes},
+    store::contract,
+    testing::{emulated_shape, slow_receiver},
+};
+use serde_json::{json, Value};
+
+use super::handle;
+
+const ENDPOINTS: [&str; 3] = ["ep_a", "ep_b", "ep_c"];
+
+/// DynamoDB JSON, as the stream carries item images.
+fn dynamodb_json(value: &AttributeValue) -> Value {
+    match value {
+        AttributeValue::S(s) => json!({ "S": s }),
+        AttributeValue::N(n) => json!({ "N": n }),
+        AttributeValue::Bool(b) => json!({ "BOOL": b }),
+        AttributeValue::Null(_) => json!({ "NULL": true }),
+        AttributeValue::M(m) => json!({ "M": image(m) }),
+        AttributeValue::L(l) => json!({ "L": l.iter().map(dynamodb_json).collect::<Vec<_>>() }),
+        AttributeValue::Ss(ss) => json!({ "SS": ss }),
+        AttributeValue::Ns(ns) => json!({ "NS": ns }),
+        other => panic!("no stream form for {other:?} in this test"),
+    }
+}
+
+fn image(item: &HashMap<String, AttributeValue>) -> Value {
+    Value::Object(
+        item.iter()
+            .map(|(name, value)| (name.clone(), dynamodb_json(value)))
+            .collect(),
+    )
+}
+
+/// Writes the events through the outbox helper (the platform's own transaction) and returns
+/// the stream batch DynamoDB makes of them: one INSERT record each, with the stored item as
+/// its new image.
+async fn outbox_batch(
+    shape: &AwsShape,
+    settings: &AwsSettings,
+    ids: &[&str],
+    first_sequence: u64,
+) -> (StreamBatch, Vec<Event>) {
+    let template: Value =
+        serde_json::from_str(include_str!("../fixtures/events-stream.json")).unwrap();
+    let mut records = Vec::new();
+    let mut events = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let event = Event::new(
+            EventId::parse(id).unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            contract::t0(),
+            &json!({ "n": n }),
+        )
+        .unwrap();
+        shape
+            .store
+            .client()
+            .transact_write_items()
+            .transact_items(
+                TransactWriteItem::builder()
+                    .put(shape.store.outbox_put(&event).unwrap())
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let stored = shape
+            .store
+            .client()
+            .get_item()
+            .table_name(&settings.tables.events)
+            .key("account_id", AttributeValue::S("acme".into()))
+            .key("id", AttributeValue::S((*id).into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+        let mut record = template["Records"][0].clone();
+        record["dynamodb"]["Keys"] = json!({ "account_id": {"S": "acme"}, "id": {"S": id} });
+        record["dynamodb"]["NewImage"] = image(&stored);
+        record["dynamodb"]["SequenceNumber"] = json!((first_sequence + n as u64).to_string());
+        record["eventID"] = json!(format!("replay-{id}"));
+        records.push(record);
+        events.push(event);
+    }
+    let batch = serde_json::from_value(json!({ "Records": records })).unwrap();
+    (batch, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_and_message_once() {
+    let (settings, shape) = emulated_shape().await;
+    let receiver = slow_receiver(Duration::from_millis(5)).await;
+    let store = &shape.app.store;
+    store
+        .create_account(&contract::account("acme"))
+        .await
+        .unwrap();
+    for id in ENDPOINTS {
+        let mut endpoint = contract::endpoint("acme", id, contract::t0());
+        endpoint.url = hooklane::domain::EndpointUrl::parse(&receiver.url).unwrap();
+        store.create_endpoint(&endpoint).await.unwrap();
+    }
+
+    // Lambda retries a batch after a crash: the same records again, one after the other.
+    let (retried, retried_events) =
+        outbox_batch(&shape, &settings, &["evt_retried_1", "evt_retried_2"], 100).await;
+    for _ in 0..2 {
+        let response = handle(&shape, retried.clone()).await;
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    }
+    // Two invocations with the same records at the same moment (a retry overlapping a slow
+    // first run).
+    let (overlapping, overlapping_events) = outbox_batch(
+        &shape,
+        &settings,
+        &["evt_overlap_1", "evt_overlap_2", "evt_overlap_3"],
+        200,
+    )
+    .await;
+    let (first, second) = tokio::join!(
+        handle(&shape, overlapping.clone()),
+        handle(&shape, overlapping.clone())
+    );
+    assert!(first.batch_item_failures.is_empty(), "{first:?}");
+    assert!(second.batch_item_failures.is_empty(), "{second:?}");
+    let third = handle(&shape, overlapping).await;
+    assert!(third.batch_item_failures.is_empty(), "{third:?}");
+
+    let account = AccountId::parse("acme").unwrap();
+    let events: Vec<_> = retried_events.iter().chain(&overlapping_events).collect();
+    let mut delivery_ids = Vec::new();
+    for event in &events {
+        let deliveries = store
+            .deliveries_of_event(&account, &event.id)
+            .await
+            .unwrap();
+        let mut endpoints: Vec<_> = deliveries
+            .iter()
+            .map(|d| d.endpoint_id.to_string())
+            .collect();
+        endpoints.sort();
+        assert_eq!(
+            endpoints, ENDPOINTS,
+            "one delivery per endpoint for {}",
+            event.id
+        );
+        delivery_ids.extend(deliveries.into_iter().map(|d| d.id.to_string()));
+    }
+    let expected = events.len() * ENDPOINTS.len();
+    assert_eq!(delivery_ids.len(), expected);
+
+    // Exactly one queue message per delivery.
+    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
+    let mut messages = Vec::new();
+    for _ in 0..10 {
+        let got = sqs
+            .receive_message()
+            .queue_url(&settings.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        if got.is_empty() && messages.len() >= expected {
+            break;
+        }
+        messages.extend(got);
+    }
+    let mut per_delivery: BTreeMap<String, usize> = BTreeMap::new();
+    for message in &messages {
+        let (delivery, _, _) = DeliveryMessage::parse(message.body().unwrap()).unwrap();
+        *per_delivery.entry(delivery.to_string()).or_default() += 1;
+    }
+    assert_eq!(messages.len(), expected, "{per_delivery:?}");
+    assert!(per_delivery.values().all(|n| *n == 1), "{per_delivery:?}");
+    delivery_ids.sort();
+    assert_eq!(
+        per_delivery.keys().cloned().collect::<Vec<_>>(),
+        delivery_ids
+    );
+
+    // Every message handled twice (a redelivered copy): one request per delivery.
+    let lanes = Lanes {
+        slots: shape.slots.as_ref(),
+        rate: shape.slots.as_ref(),
+    };
+    let mut skipped = 0;
+    for copy in 0..2 {
+        for message in &messages {
+            let (delivery, endpoint, account) =
+                DeliveryMessage::parse(message.body().unwrap()).unwrap();
+            let handled = handle_message(&shape.app, lanes, &delivery, &endpoint, &account)
+                .await
+                .unwrap();
+            match (copy, handled) {
+                (0, Handled::Attempted(result)) => assert!(result.follow_up().is_none()),
+                (1, Handled::Attempted(hooklane::service::deliver::AttemptResult::Skipped)) => {
+                    skipped += 1
+                }
+                (_, other) => panic!("copy {copy} of {delivery}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(skipped, expected);
+    let arrivals = receiver.arrivals();
+    assert_eq!(arrivals.len(), expected, "one request per delivery");
+    assert_eq!(receiver.served.load(Ordering::SeqCst), expected);
+    let mut per_webhook_id: BTreeMap<String, usize> = BTreeMap::new();
+    for arrival in &arrivals {
+        *per_webhook_id
+            .entry(arrival.webhook_id.clone().unwrap())
+            .or_default() += 1;
+    }
+    assert!(
+        per_webhook_id.values().all(|n| *n == ENDPOINTS.len()),
+        "{per_webhook_id:?}"
+    );
+    println!(
+        "fan-out replay figures: events={} endpoints={} handler_runs=5 (2 sequential + 2 \
+         concurrent + 1) deliveries={} queue_messages={} messages_handled={} requests={}",
+        events.len(),
+        ENDPOINTS.len(),
+        delivery_ids.len(),
+        messages.len(),
+        messages.len() * 2,
+        arrivals.len(),
+    );
+}
+
+/// Fan-out dies after its deliveries are written but before they are queued; Lambda's retry
+/// then finds them all existing and queues nothing. The sweeper is what gets them sent: its
+/// next run hands every pending delivery past the grace period to the queue.
+#[tokio::test]
+async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_the_sweeper() {
+    let (settings, shape) = emulated_shape().await;
+    let store = &shape.app.store;
+    store
+        .create_account(&contract::account("acme"))
+        .await
+        .unwrap();
+    for id in ENDPOINTS {
+        store
+            .create_endpoint(&contract::endpoint("acme", id, contract::t0()))
+            .await
+            .unwrap();
+    }
+    let (batch, events) = outbox_batch(&shape, &settings, &["evt_half_done"], 300).await;
+    let event = &events[0];
+    // What fan_out had done when it died: the deliveries, with their one possible id each.
+    let written: Vec<_> = ENDPOINTS
+        .iter()
+        .map(|id| {
+            let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
+            let mut delivery = hooklane::domain::Delivery::new_pending(
+                event.id.clone(),
+                endpoint.clone(),
+                event.account_id.clone(),
+                event.event_type.clone(),
+                contract::t0(),
+            );
+            delivery.id = hooklane::service::fan_out::delivery_id_for(event, &endpoint);
+            delivery
+        })
+        .collect();
+    assert_eq!(store.add_deliveries(&written).await.unwrap().len(), 3);
+
+    let retry = handle(&shape, batch).await;
+    assert!(retry.batch_item_failures.is_empty(), "{retry:?}");
+    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
+    let receive = || async {
+        sqs.receive_message()
+            .queue_url(&settings.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default()
+    };
+    assert!(receive().await.is_empty(), "the retry queued nothing");
+    assert_eq!(
+        store
+            .deliveries_of_event(&event.account_id, &event.id)
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "and created nothing twice"
+    );
+
+    let swept = hooklane::service::sweep::enqueue_pending(&shape.app, shape.app.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(swept, 3);
+    let mut queued: Vec<String> = receive()
+        .await
+        .iter()
+        .map(|m| {
+            DeliveryMessage::parse(m.body().unwrap())
+                .unwrap()
+                .0
+                .to_string()
+        })
+        .collect();
+    queued.sort();
+    let mut expected: Vec<String> = written.iter().map(|d| d.id.to_string()).collect();
+    expected.sort();
+    assert_eq!(queued, expected);
+}

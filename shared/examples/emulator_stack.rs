@@ -1,0 +1,89 @@
+//! Provisions a Hooklane stack on the AWS endpoint in use (the local emulator, through
+//! `AWS_ENDPOINT_URL`) and seeds it: account `acme`, one endpoint at RECEIVER_URL, and
+//! DELIVERIES published events. Prints one JSON object with the environment the SAM
+//! template gives the functions and the queue message body of each delivery.
+//! `scripts/lambda-footprint` uses it to give each Lambda bootstrap real tables, a real
+//! queue and real work.
+//!
+//! Usage: cargo run --example emulator_stack --features aws -- PREFIX RECEIVER_URL DELIVERIES
+
+use hooklane::{
+    aws::shape::{connect, provision},
+    config::CoreConfig,
+    http::AddressPolicy,
+    queue::sqs::DeliveryMessage,
+    service::{
+        accounts::{self, NewAccount},
+        endpoints::{self, NewEndpoint},
+        publish::{publish, NewEvent},
+    },
+};
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Failure> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [prefix, receiver_url, deliveries] = args.as_slice() else {
+        return Err("usage: emulator_stack PREFIX RECEIVER_URL DELIVERIES".into());
+    };
+    let deliveries: usize = deliveries.parse()?;
+    let mut core = CoreConfig::default();
+    core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse()?], false);
+    let settings = provision(prefix, core).await?;
+    let shape = connect(&settings).await?;
+    let account = accounts::create(
+        &shape.app,
+        NewAccount {
+            id: Some("acme".into()),
+            name: "Acme".into(),
+            owner_email: "owner@example.com".into(),
+        },
+    )
+    .await?;
+    endpoints::create(
+        &shape.app,
+        &account.id,
+        NewEndpoint {
+            url: receiver_url.clone(),
+            ..NewEndpoint::default()
+        },
+    )
+    .await?;
+    let mut messages = Vec::new();
+    for n in 0..deliveries {
+        let published = publish(
+            &shape.app,
+            &account.id,
+            NewEvent {
+                id: Some(format!("evt_seed_{n}")),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({ "amount": 42, "n": n }),
+            },
+        )
+        .await?;
+        for delivery in &published.deliveries {
+            messages.push(serde_json::to_string(&DeliveryMessage {
+                delivery_id: delivery.id.to_string(),
+                endpoint_id: delivery.endpoint_id.to_string(),
+                account_id: delivery.account_id.to_string(),
+            })?);
+        }
+    }
+    let mut env = serde_json::Map::new();
+    let mut set = |name: &str, value: &str| {
+        env.insert(name.into(), serde_json::Value::String(value.into()));
+    };
+    set("HOOKLANE_TABLE_PREFIX", prefix);
+    set("HOOKLANE_QUEUE_URL", &settings.queue_url);
+    set("HOOKLANE_QUEUE_ARN", &settings.queue_arn);
+    if let Some((group, role)) = &settings.scheduler {
+        set("HOOKLANE_SCHEDULE_GROUP", group);
+        set("HOOKLANE_SCHEDULER_ROLE_ARN", role);
+    }
+    println!(
+        "{}",
+        serde_json::json!({ "env": env, "messages": messages })
+    );
+    Ok(())
+}
