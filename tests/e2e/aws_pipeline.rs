@@ -487,3 +487,167 @@ async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
     );
     eprintln!("aws e2e: health disable + mail in {:?}", started.elapsed());
 }
+
+/// Seconds a received message stays hidden before the queue hands it out again. The
+/// provisioned queue keeps SQS's default of 30 s; a crash test waits for it after every
+/// kill, so it shortens it on its own queue. A live sender's batch (10 requests of at most
+/// 100 ms plus their bookkeeping) is handled well within it, so redelivery follows a kill.
+const CRASH_VISIBILITY_TIMEOUT_SECONDS: &str = "6";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_more() {
+    use std::collections::{HashMap, HashSet};
+
+    let (settings, _shape) = emulated_shape().await;
+    aws_sdk_sqs::Client::new(&load_sdk_config().await)
+        .set_queue_attributes()
+        .queue_url(&settings.queue_url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+            CRASH_VISIBILITY_TIMEOUT_SECONDS,
+        )
+        .send()
+        .await
+        .expect("shorten the queue's visibility timeout");
+    let farm = Farm::start().await.expect("farm");
+    let endpoints: Vec<String> = (0..5).map(|i| format!("awscrash{i}")).collect();
+    for (i, name) in endpoints.iter().enumerate() {
+        let latency = Duration::from_millis(40 + 15 * i as u64);
+        farm.configure(name, Behavior::flaky(0.2).with_latency(latency));
+    }
+    let scratch = Scratch::new("aws-crash");
+    // 12 retries a second apart: a delivery failing all 13 times at 20 % is a 1-in-10^9 event.
+    let schedule = ["1"; 12].join(",");
+    let workers = 2;
+    let env = with(
+        stack_env(&settings),
+        &[
+            ("HOOKLANE_RETRY_SCHEDULE", &schedule),
+            ("HOOKLANE_WORKERS", &workers.to_string()),
+        ],
+    );
+    let mut server = Server::start_aws(&scratch, &[], &env).await;
+    server.create_account("acme").await;
+    // A dead process's slot leases run out only after the request deadline plus a margin
+    // (15 s). Room for every message the consumers can hold at once (10 each) keeps the
+    // restarted sender from waiting on them; the lease expiry itself is the slot store's
+    // own test.
+    let max_in_flight = workers * 10;
+    for name in &endpoints {
+        server
+            .create_endpoint(
+                "acme",
+                &farm.url(name),
+                json!({"max_in_flight": max_in_flight}),
+            )
+            .await;
+    }
+
+    // The emulator answers a publish in a few hundred ms on a busy machine and every
+    // delivery costs it several DynamoDB calls, so 60 events (300 deliveries) keep the
+    // test near a minute. The kills come while publishing: queued deliveries, pending
+    // retries and requests in flight are all there when the process dies.
+    let events = 60;
+    let expected = events * endpoints.len();
+    let delivered = |f: &Farm| {
+        endpoints
+            .iter()
+            .map(|n| f.distinct_ids_succeeded(n))
+            .sum::<usize>()
+    };
+    let started = Instant::now();
+    let mut event_ids: HashMap<usize, String> = HashMap::new();
+    let mut kills = 0;
+    for i in 0..events {
+        if i > 0 && i % (events / 3) == 0 {
+            let in_flight = farm
+                .wait_until(Duration::from_secs(10), |f| {
+                    endpoints.iter().any(|n| f.in_flight(n) > 0)
+                })
+                .await;
+            assert!(
+                in_flight,
+                "no request in flight before kill {}; serve log:\n{}",
+                kills + 1,
+                server.log_text()
+            );
+            let requests: usize = endpoints.iter().map(|n| farm.in_flight(n)).sum();
+            server.kill9().await;
+            kills += 1;
+            println!(
+                "aws-crash: kill -9 #{kills} after {i} events published, {} of {} delivered, {requests} requests in flight",
+                delivered(&farm),
+                i * endpoints.len()
+            );
+            server.restart().await;
+        }
+        // One at a time: concurrent publishes of one account contend on the emulator's
+        // transactions and some are answered 503 (try again).
+        let event = server
+            .publish("acme", "order.created", json!({"order": i}))
+            .await;
+        event_ids.insert(i, event["id"].as_str().expect("event id").to_owned());
+    }
+    let published_in = started.elapsed();
+    let last_published = Instant::now();
+    assert!(
+        farm.wait_until(Duration::from_secs(45), |f| delivered(f) >= expected)
+            .await,
+        "lost deliveries: {} of {expected} arrived; serve log:\n{}",
+        delivered(&farm),
+        server.log_text()
+    );
+    let drained = last_published.elapsed();
+    let marked = server
+        .eventually(Duration::from_secs(20), || async {
+            server.deliveries("acme", "&status=delivered").await.len() == expected
+        })
+        .await;
+    let elapsed = started.elapsed();
+
+    // Every (event, endpoint) pair arrived with a 2xx, and every arrival of a pair carries
+    // that event's id as its webhook-id.
+    let mut missing = Vec::new();
+    let mut requests = 0;
+    let mut successes = 0;
+    for name in &endpoints {
+        let mut succeeded: HashSet<usize> = HashSet::new();
+        for arrival in farm.arrivals(name) {
+            requests += 1;
+            let body: serde_json::Value = serde_json::from_slice(&arrival.body).expect("json body");
+            let order = body["data"]["order"].as_u64().expect("order number") as usize;
+            assert_eq!(
+                arrival.webhook_id.as_deref(),
+                Some(event_ids[&order].as_str()),
+                "an arrival for order {order} at {name} carries another webhook-id"
+            );
+            if (200..300).contains(&arrival.status) {
+                successes += 1;
+                succeeded.insert(order);
+            }
+        }
+        missing.extend(
+            (0..events)
+                .filter(|i| !succeeded.contains(i))
+                .map(|i| format!("{name}/{i}")),
+        );
+    }
+    let log = server.deliveries("acme", "").await;
+    let not_delivered: Vec<_> = log.iter().filter(|d| d["status"] != "delivered").collect();
+    println!(
+        "aws-crash: {expected} deliveries ({events} events x {} endpoints), lost {}, {kills} kill -9s, {requests} requests ({} answered 500), {} duplicate successes (same webhook-id), published in {:.1} s, drained {:.1} s after the last publish, {:.1} s in all",
+        endpoints.len(),
+        missing.len(),
+        requests - successes,
+        successes - (expected - missing.len()),
+        published_in.as_secs_f64(),
+        drained.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    assert_eq!(log.len(), expected, "one delivery per (event, endpoint)");
+    assert!(
+        not_delivered.is_empty() && marked,
+        "not every delivery is marked delivered: {not_delivered:?}"
+    );
+}
