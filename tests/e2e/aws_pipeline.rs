@@ -480,10 +480,18 @@ async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
         "the endpoint was not disabled; serve log:\n{}",
         server.log_text()
     );
-    let mail = sent_mail_text().await;
+    // The mail goes out after the endpoint is disabled (the same health run, next step).
+    let (url_ref, from_ref) = (url.as_str(), from.as_str());
+    let mailed = server
+        .eventually(Duration::from_secs(10), move || async move {
+            let mail = sent_mail_text().await;
+            mail.contains(url_ref) && mail.contains(from_ref)
+        })
+        .await;
     assert!(
-        mail.contains(&url) && mail.contains(&from),
-        "no owner mail about {url} from {from} in the emulator"
+        mailed,
+        "no owner mail about {url} from {from} in the emulator; serve log:\n{}",
+        server.log_text()
     );
     eprintln!("aws e2e: health disable + mail in {:?}", started.elapsed());
 }
