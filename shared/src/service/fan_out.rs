@@ -1,5 +1,6 @@
-//! Fan-out of an event stored without its deliveries (the outbox helper's events, arriving
-//! through the DynamoDB stream): one delivery per subscribed endpoint, then the queue.
+//! Fan-out of an event stored without its deliveries (published on the AWS shape, or written
+//! by the outbox helper; both arrive through the DynamoDB stream): one delivery per
+//! subscribed endpoint, then the queue.
 //! Replaying it is harmless: a delivery's id is derived from (event, endpoint), and the
 //! store adds only the ones that do not exist yet.
 

@@ -273,6 +273,8 @@ mod tests {
             notifier: Arc::new(LogNotifier),
             clock: Arc::new(SystemClock),
             config: Arc::new(config),
+            // No stream runs here: publishing writes the deliveries and queues them.
+            publish: crate::PublishMode::WithDeliveries,
         };
         (app, emulated, slots().await)
     }
