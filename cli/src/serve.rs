@@ -20,7 +20,7 @@ use hooklane::{
     queue::embedded::EmbeddedQueue,
     service::tokens,
     store::{sqlite::SqliteStore, Store, StoreError},
-    App, SystemClock,
+    App, PublishMode, SystemClock,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rand::RngCore;
@@ -163,6 +163,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         notifier,
         clock: Arc::new(SystemClock),
         config: Arc::new(config.core.clone()),
+        publish: PublishMode::WithDeliveries,
     };
     let (stop, stopped) = watch::channel(false);
     let queue_for_gauges = queue.clone();

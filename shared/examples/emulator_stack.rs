@@ -15,6 +15,7 @@ use hooklane::{
     service::{
         accounts::{self, NewAccount},
         endpoints::{self, NewEndpoint},
+        fan_out::fan_out,
         publish::{publish, NewEvent},
     },
 };
@@ -62,6 +63,8 @@ async fn main() -> Result<(), Failure> {
             },
         )
         .await?;
+        // What the events table's stream would hand the fan-out function.
+        fan_out(&shape.app, &published.event).await?;
         for delivery in &published.deliveries {
             messages.push(serde_json::to_string(&DeliveryMessage {
                 delivery_id: delivery.id.to_string(),

@@ -23,7 +23,7 @@ pub mod telemetry;
 pub mod testing;
 pub mod tokens;
 
-pub use app::App;
+pub use app::{App, PublishMode};
 pub use clock::{Clock, SystemClock};
 pub use config::CoreConfig;
 

@@ -140,8 +140,13 @@ fn attempt_label(number: u32) -> String {
 }
 
 pub fn published(deliveries: usize) {
-    counter!(EVENTS_PUBLISHED).increment(1);
+    event_published();
     counter!(DELIVERIES_CREATED).increment(deliveries as u64);
+}
+
+/// An event published without its deliveries: fan-out creates them (and counts them).
+pub fn event_published() {
+    counter!(EVENTS_PUBLISHED).increment(1);
 }
 
 /// Deliveries created for an event stored by the outbox helper (not through publish).

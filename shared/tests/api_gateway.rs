@@ -38,6 +38,7 @@ fn router() -> axum::Router {
         notifier: Arc::new(LogNotifier),
         clock: Arc::new(SystemClock),
         config: Arc::new(CoreConfig::default()),
+        publish: hooklane::PublishMode::WithDeliveries,
     };
     api::router(ApiState {
         app,

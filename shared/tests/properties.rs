@@ -40,6 +40,7 @@ fn app() -> App {
         notifier: Arc::new(LogNotifier),
         clock: Arc::new(SystemClock),
         config: Arc::new(CoreConfig::default()),
+        publish: hooklane::PublishMode::WithDeliveries,
     }
 }
 

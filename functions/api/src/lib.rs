@@ -113,13 +113,30 @@ mod tests {
             ),
             Some(serde_json::json!(1))
         );
+        // The API writes the event alone: the stream's fan-out creates the two deliveries
+        // (and counts them).
+        assert_eq!(
+            body["deliveries"].as_array().map(Vec::len),
+            Some(2),
+            "{body}"
+        );
         assert_eq!(
             log.value(
                 "hooklane_deliveries_created_total",
                 &[("Stack", "hooklane-test")]
             ),
-            Some(serde_json::json!(2))
+            None
         );
+        assert!(shape
+            .app
+            .store
+            .deliveries_of_event(
+                &AccountId::parse("acme").unwrap(),
+                &hooklane::domain::EventId::parse("evt_1").unwrap()
+            )
+            .await
+            .unwrap()
+            .is_empty());
         // The same id again creates and counts nothing.
         let written = log.documents().len();
         call(&router, &publish).await;

@@ -1,5 +1,5 @@
-//! The fan-out function: events written through the outbox helper arrive on the events
-//! table's stream and get their deliveries here. Records are handled in order; the first
+//! The fan-out function: events written alone (by the api function's publish, or through the
+//! outbox helper) arrive on the events table's stream and get their deliveries here. Records are handled in order; the first
 //! one that fails is reported (`ReportBatchItemFailures`), so Lambda retries from it and
 //! no record is dropped. Replays are harmless (see `service::fan_out`).
 

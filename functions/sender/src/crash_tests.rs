@@ -21,7 +21,10 @@ use hooklane::{
     },
     config::CoreConfig,
     domain::{AccountId, DeliveryId, DeliveryStatus, EndpointId, EndpointUrl},
-    service::publish::{publish, NewEvent},
+    service::{
+        fan_out::fan_out,
+        publish::{publish, NewEvent},
+    },
     slots::lease_for,
     store::contract,
     testing::{emulated_shape_with, slow_receiver, SlowReceiver},
@@ -91,6 +94,8 @@ async fn stack(receiver: &SlowReceiver) -> Stack {
             data: serde_json::json!({ "n": n }),
         };
         let published = publish(&shape.app, &account, new).await.unwrap();
+        // What the events table's stream does: the delivery, queued.
+        fan_out(&shape.app, &published.event).await.unwrap();
         event_ids.insert(published.event.id.to_string());
         deliveries.extend(published.deliveries.into_iter().map(|d| d.id));
     }

@@ -42,7 +42,10 @@ mod tests {
     use hooklane::{
         domain::{DeliveryStatus, EndpointUrl},
         queue::sqs::DeliveryMessage,
-        service::publish::{publish, NewEvent},
+        service::{
+            fan_out::fan_out,
+            publish::{publish, NewEvent},
+        },
         store::contract,
         testing::{emulated_shape, slow_receiver},
     };
@@ -73,6 +76,10 @@ mod tests {
         let broken = publish(&shape.app, &account, event("evt_broken"))
             .await
             .unwrap();
+        // What the events table's stream does with them: their deliveries, queued.
+        for published in [&good, &broken] {
+            fan_out(&shape.app, &published.event).await.unwrap();
+        }
         // The broken delivery's event is gone: attempting it fails inside the sender.
         shape
             .store
@@ -144,6 +151,8 @@ mod tests {
         )
         .await
         .unwrap();
+        // The stream's fan-out creates the delivery.
+        fan_out(&shape.app, &published.event).await.unwrap();
         // What publishing recorded is not this invocation's business.
         metrics.publish().unwrap();
         let before = log.documents().len();
@@ -264,6 +273,7 @@ mod tests {
         )
         .await
         .unwrap();
+        fan_out(&shape.app, &published.event).await.unwrap();
         let delivery = &published.deliveries[0];
         let message = serde_json::to_string(&DeliveryMessage {
             delivery_id: delivery.id.to_string(),

@@ -390,7 +390,7 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    responses((status = 202, description = "The event was recorded; its deliveries are queued", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), WriteErrors),
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), WriteErrors),
 )]
 pub async fn publish_event(
     State(state): State<ApiState>,

@@ -21,15 +21,22 @@ use crate::{
         tokens, ServiceResult,
     },
     store::StoreError,
+    tokens::TokenKey,
 };
 
-/// The API function's router: the admin token and the token signing key are loaded once.
+/// The API function's router: the admin token and the token signing key are loaded once,
+/// side by side (they are independent reads: SSM or the control table, and the control
+/// table), so a cold start waits for one round trip rather than two.
 pub async fn api_router(
     shape: &AwsShape,
     settings: &AwsSettings,
 ) -> Result<axum::Router, AdminTokenError> {
-    let token = admin_token(shape, settings).await?;
-    Ok(api_router_with_token(shape, token).await?)
+    let (token, token_key) = tokio::try_join!(admin_token(shape, settings), async {
+        token_signing_key(shape)
+            .await
+            .map_err(AdminTokenError::from)
+    })?;
+    Ok(router_for(shape, token, token_key))
 }
 
 /// The router for an admin token the caller already has.
@@ -37,14 +44,22 @@ pub async fn api_router_with_token(
     shape: &AwsShape,
     admin_token: String,
 ) -> Result<axum::Router, StoreError> {
-    let token_key = tokens::signing_key(shape.app.store.as_ref())
+    let token_key = token_signing_key(shape).await?;
+    Ok(router_for(shape, admin_token, token_key))
+}
+
+async fn token_signing_key(shape: &AwsShape) -> Result<TokenKey, StoreError> {
+    tokens::signing_key(shape.app.store.as_ref())
         .await
-        .map_err(|e| StoreError::Backend(format!("cannot load the token signing key: {e}")))?;
-    Ok(router(ApiState {
+        .map_err(|e| StoreError::Backend(format!("cannot load the token signing key: {e}")))
+}
+
+fn router_for(shape: &AwsShape, admin_token: String, token_key: TokenKey) -> axum::Router {
+    router(ApiState {
         app: shape.app.clone(),
         admin_token: admin_token.into(),
         token_key: Arc::new(token_key),
-    }))
+    })
 }
 
 /// Fan-out of a batch of events-table stream records' new images (in DynamoDB JSON), in

@@ -249,6 +249,7 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
         streams: aws_sdk_dynamodbstreams::Client::new(&sdk),
         table: settings.tables.events.clone(),
+        checkpoints: settings.tables.control.clone(),
     };
     tasks.push(tokio::spawn(stream.run(stopped.clone())));
     for _ in 0..options.sender_loops {
@@ -356,12 +357,17 @@ const IDLE_POLL: Duration = Duration::from_millis(250);
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 const SHARD_REFRESH: Duration = Duration::from_secs(10);
 
-/// The fan-out function's trigger: reads the events table's stream shard by shard.
+/// The fan-out function's trigger: reads the events table's stream shard by shard. Like
+/// Lambda's event source mapping, it keeps where it got to in each shard (in the control
+/// table, `stream#{shard}`), so a restarted runner goes on from there instead of fanning
+/// out the whole stream again.
 struct StreamPoller {
     shape: AwsShape,
     dynamodb: aws_sdk_dynamodb::Client,
     streams: aws_sdk_dynamodbstreams::Client,
     table: String,
+    /// The control table, where the checkpoints are kept.
+    checkpoints: String,
 }
 
 /// Where to (re)start reading a shard.
@@ -422,11 +428,15 @@ impl StreamPoller {
                     .parent_shard_id()
                     .is_some_and(|parent| cursors.contains_key(parent));
                 if !parent_unread {
+                    let start = match self.checkpoint(id).await {
+                        Some(sequence) => ShardStart::After(sequence),
+                        None => ShardStart::Beginning,
+                    };
                     cursors.insert(
                         id.to_owned(),
                         ShardCursor {
                             iterator: None,
-                            start: ShardStart::Beginning,
+                            start,
                         },
                     );
                 }
@@ -435,6 +445,54 @@ impl StreamPoller {
                 Some(last) => after = Some(last.to_owned()),
                 None => return Ok(()),
             }
+        }
+    }
+
+    /// The last sequence number of `shard` a previous run fanned out, if any.
+    async fn checkpoint(&self, shard: &str) -> Option<String> {
+        let read = self
+            .dynamodb
+            .get_item()
+            .table_name(&self.checkpoints)
+            .key(
+                "pk",
+                aws_sdk_dynamodb::types::AttributeValue::S(format!("stream#{shard}")),
+            )
+            .consistent_read(true)
+            .send()
+            .await;
+        match read {
+            Ok(out) => match out.item.as_ref().and_then(|item| item.get("after")) {
+                Some(aws_sdk_dynamodb::types::AttributeValue::S(sequence)) => {
+                    Some(sequence.clone())
+                }
+                _ => None,
+            },
+            Err(e) => {
+                // Reading from the start again is harmless (fan-out is idempotent), only slower.
+                tracing::warn!(shard, error = %error_text(&e), "cannot read the stream checkpoint; reading the shard from its start");
+                None
+            }
+        }
+    }
+
+    async fn save_checkpoint(&self, shard: &str, sequence: &str) {
+        let written = self
+            .dynamodb
+            .put_item()
+            .table_name(&self.checkpoints)
+            .item(
+                "pk",
+                aws_sdk_dynamodb::types::AttributeValue::S(format!("stream#{shard}")),
+            )
+            .item(
+                "after",
+                aws_sdk_dynamodb::types::AttributeValue::S(sequence.to_owned()),
+            )
+            .send()
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(shard, error = %error_text(&e), "cannot save the stream checkpoint; a restart reads these records again");
         }
     }
 
@@ -508,6 +566,7 @@ impl StreamPoller {
         }
         let taken = batch.records().len();
         if let Some(sequence) = last {
+            self.save_checkpoint(shard, &sequence).await;
             cursor.start = ShardStart::After(sequence);
         }
         match batch.next_shard_iterator {

@@ -16,7 +16,7 @@ use crate::{
     queue::sqs::{SchedulerTarget, SqsQueue},
     slots::dynamodb::DynamoSlots,
     store::dynamodb::{DynamoStore, Retention, TableNames},
-    App,
+    App, PublishMode,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -201,6 +201,9 @@ pub async fn connect_metered(
         notifier,
         clock,
         config: Arc::new(settings.core.clone()),
+        // The events table's stream feeds the fan-out function, so the API writes only the
+        // event (one put instead of a transaction with every delivery, and no SQS send).
+        publish: PublishMode::ThroughStream,
     };
     Ok(AwsShape { app, store, slots })
 }

@@ -10,9 +10,10 @@ use crate::{
 /// What a stream record of the events table asks of fan-out.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamedEvent {
-    /// Written through the outbox helper: its deliveries are still to be made.
+    /// Written alone (the outbox helper, or `publish` on the AWS shape): its deliveries are
+    /// still to be made.
     New(Event),
-    /// Written by `publish` together with its deliveries: nothing to do.
+    /// Written together with its deliveries (`Store::publish`): nothing to do.
     AlreadyFannedOut,
 }
 

@@ -1,11 +1,13 @@
-//! Fan-out of an event stored without its deliveries (the outbox helper's events, arriving
-//! through the DynamoDB stream): one delivery per subscribed endpoint, then the queue.
+//! Fan-out of an event stored without its deliveries (published on the AWS shape, or written
+//! by the outbox helper; both arrive through the DynamoDB stream): one delivery per
+//! subscribed endpoint, then the queue.
 //! Replaying it is harmless: a delivery's id is derived from (event, endpoint), and the
 //! store adds only the ones that do not exist yet.
 
-use sha2::{Digest, Sha256};
-
 use std::collections::HashMap;
+
+use futures_util::{stream, StreamExt};
+use sha2::{Digest, Sha256};
 
 use super::{ServiceError, ServiceResult};
 use crate::{
@@ -48,19 +50,54 @@ pub struct BatchOutcome {
     pub error: Option<ServiceError>,
 }
 
-/// Fans out a batch of stored events (one stream batch) in order and queues all their new
-/// deliveries together, so SQS takes them ten to a request. Stops at the first event that
-/// fails. When the queue refuses, the whole batch counts as failed: running it again is
-/// harmless, and it queues the deliveries a previous run created but may not have queued
-/// (those still pending without an attempt).
+/// Events of one batch fanned out at the same time.
+const CONCURRENT_EVENTS: usize = 8;
+
+/// Fans out a batch of stored events (one stream batch), several at a time, and queues all
+/// their new deliveries together, so SQS takes them ten to a request. The outcome is as if
+/// they were done in order, stopping at the first event that fails: only the deliveries of
+/// the events before it are queued (an event after it may have got its deliveries; the
+/// retry from the failed one queues them). When the queue refuses, the whole batch counts
+/// as failed: running it again is harmless, and it queues the deliveries a previous run
+/// created but may not have queued (those still pending without an attempt).
 pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     let now = app.clock.now();
+    // Each account's endpoints, read once for the batch; the batch ends before the first
+    // event whose account's endpoints cannot be read.
     let mut endpoints_of: HashMap<AccountId, Vec<Endpoint>> = HashMap::new();
+    let mut failure: Option<(usize, ServiceError)> = None;
+    let mut readable = events.len();
+    for (position, event) in events.iter().enumerate() {
+        if endpoints_of.contains_key(&event.account_id) {
+            continue;
+        }
+        match app.store.list_endpoints(&event.account_id).await {
+            Ok(endpoints) => {
+                endpoints_of.insert(event.account_id.clone(), endpoints);
+            }
+            Err(error) => {
+                failure = Some((position, error.into()));
+                readable = position;
+                break;
+            }
+        }
+    }
     let mut refs: Vec<PendingRef> = Vec::new();
     let mut created = 0;
-    let mut failure: Option<(usize, ServiceError)> = None;
-    for (position, event) in events.iter().enumerate() {
-        match fan_out_one(app, event, now, &mut endpoints_of).await {
+    let pending: Vec<_> = events[..readable]
+        .iter()
+        .map(|event| {
+            let endpoints = endpoints_of
+                .get(&event.account_id)
+                .map_or(&[][..], Vec::as_slice);
+            fan_out_one(app, event, now, endpoints)
+        })
+        .collect();
+    let mut done = stream::iter(pending)
+        .buffered(CONCURRENT_EVENTS)
+        .enumerate();
+    while let Some((position, result)) = done.next().await {
+        match result {
             Ok((added, queued)) => {
                 created += added;
                 refs.extend(queued);
@@ -71,6 +108,7 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
             }
         }
     }
+    drop(done);
     if !refs.is_empty() {
         if let Err(error) = app.queue.enqueue(refs).await {
             return BatchOutcome {
@@ -96,20 +134,12 @@ async fn fan_out_one(
     app: &App,
     event: &Event,
     now: crate::clock::Timestamp,
-    endpoints_of: &mut HashMap<AccountId, Vec<Endpoint>>,
+    endpoints: &[Endpoint],
 ) -> ServiceResult<(usize, Vec<PendingRef>)> {
-    if !endpoints_of.contains_key(&event.account_id) {
-        let endpoints = app.store.list_endpoints(&event.account_id).await?;
-        endpoints_of.insert(event.account_id.clone(), endpoints);
-    }
-    let receivers: Vec<&Endpoint> = endpoints_of
-        .get(&event.account_id)
-        .map(|all| {
-            all.iter()
-                .filter(|e| e.receives(&event.event_type))
-                .collect()
-        })
-        .unwrap_or_default();
+    let receivers: Vec<&Endpoint> = endpoints
+        .iter()
+        .filter(|e| e.receives(&event.event_type))
+        .collect();
     let deliveries: Vec<Delivery> = receivers
         .iter()
         .map(|endpoint| {

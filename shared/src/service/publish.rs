@@ -1,8 +1,8 @@
-use super::{ServiceError, ServiceResult};
+use super::{fan_out::delivery_id_for, ServiceError, ServiceResult};
 use crate::{
-    domain::{AccountId, Delivery, Event, EventId, EventType, InvalidField},
-    store::{PendingRef, PublishOutcome},
-    App,
+    domain::{AccountId, Delivery, Endpoint, Event, EventId, EventType, InvalidField},
+    store::{PendingRef, PublishOutcome, PutEventOutcome},
+    App, PublishMode,
 };
 
 #[derive(Debug, Clone)]
@@ -20,8 +20,12 @@ pub struct Published {
     pub created: bool,
 }
 
-/// Records an event and one delivery per subscribed endpoint in one transaction, then
-/// hands the deliveries to the queue. Idempotent on the event id.
+/// Records an event, idempotent on its id, and one delivery per endpoint subscribed now.
+/// How depends on `app.publish`: with [`PublishMode::WithDeliveries`] the event and its
+/// deliveries are written in one transaction and queued here; with
+/// [`PublishMode::ThroughStream`] only the event is written, and the stream's fan-out
+/// creates and queues the deliveries listed here (their ids are derived from the event and
+/// the endpoint, so the fan-out gives them exactly these).
 pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> ServiceResult<Published> {
     let id = match input.id.as_deref() {
         Some(raw) => EventId::parse(raw)?,
@@ -42,7 +46,19 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
         )));
     }
     let endpoints = app.store.list_endpoints(account).await?;
-    let receivers: Vec<_> = endpoints
+    match app.publish {
+        PublishMode::WithDeliveries => with_deliveries(app, event, &endpoints).await,
+        PublishMode::ThroughStream => through_stream(app, event, &endpoints).await,
+    }
+}
+
+async fn with_deliveries(
+    app: &App,
+    event: Event,
+    endpoints: &[Endpoint],
+) -> ServiceResult<Published> {
+    let now = event.created_at;
+    let receivers: Vec<&Endpoint> = endpoints
         .iter()
         .filter(|e| e.receives(&event.event_type))
         .collect();
@@ -52,7 +68,7 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
             Delivery::new_pending(
                 event.id.clone(),
                 e.id.clone(),
-                account.clone(),
+                event.account_id.clone(),
                 event.event_type.clone(),
                 now,
             )
@@ -71,7 +87,7 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
                 .map(|(d, e)| PendingRef {
                     delivery_id: d.id.clone(),
                     endpoint_id: e.id.clone(),
-                    account_id: account.clone(),
+                    account_id: event.account_id.clone(),
                     due: now,
                     max_in_flight: e.max_in_flight,
                     rate_limit_per_second: e.rate_limit_per_second,
@@ -91,6 +107,61 @@ pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> Service
     }
 }
 
+async fn through_stream(
+    app: &App,
+    event: Event,
+    endpoints: &[Endpoint],
+) -> ServiceResult<Published> {
+    match app.store.put_event(&event).await? {
+        PutEventOutcome::Created => {
+            crate::telemetry::event_published();
+            let deliveries = planned_deliveries(&event, endpoints);
+            Ok(Published {
+                event,
+                deliveries,
+                created: true,
+            })
+        }
+        PutEventOutcome::AlreadyExists(event) => {
+            let stored = app
+                .store
+                .deliveries_of_event(&event.account_id, &event.id)
+                .await?;
+            // None stored yet: the fan-out has not run (a client retrying at once), and
+            // these are the ones it will create.
+            let deliveries = if stored.is_empty() {
+                planned_deliveries(&event, endpoints)
+            } else {
+                stored
+            };
+            Ok(Published {
+                event,
+                deliveries,
+                created: false,
+            })
+        }
+    }
+}
+
+/// The deliveries the fan-out creates for `event` given the endpoints subscribed now.
+fn planned_deliveries(event: &Event, endpoints: &[Endpoint]) -> Vec<Delivery> {
+    endpoints
+        .iter()
+        .filter(|e| e.receives(&event.event_type))
+        .map(|endpoint| {
+            let mut delivery = Delivery::new_pending(
+                event.id.clone(),
+                endpoint.id.clone(),
+                event.account_id.clone(),
+                event.event_type.clone(),
+                event.created_at,
+            );
+            delivery.id = delivery_id_for(event, &endpoint.id);
+            delivery
+        })
+        .collect()
+}
+
 pub async fn get(
     app: &App,
     account: &AccountId,
@@ -103,4 +174,105 @@ pub async fn get(
         .ok_or(ServiceError::NotFound("event"))?;
     let deliveries = app.store.deliveries_of_event(account, id).await?;
     Ok((event, deliveries))
+}
+
+#[cfg(all(test, feature = "aws"))]
+mod tests {
+    use super::*;
+    use crate::{
+        domain::DeliveryStatus, service::fan_out::fan_out, store::contract, testing::emulated_shape,
+    };
+
+    #[tokio::test]
+    async fn on_the_aws_shape_publish_writes_the_event_alone_and_fan_out_makes_the_listed_deliveries(
+    ) {
+        let (settings, shape) = emulated_shape().await;
+        assert_eq!(shape.app.publish, PublishMode::ThroughStream);
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        for id in ["ep_a", "ep_b"] {
+            store
+                .create_endpoint(&contract::endpoint("acme", id, contract::t0()))
+                .await
+                .unwrap();
+        }
+        let account = AccountId::parse("acme").unwrap();
+        let new = NewEvent {
+            id: Some("evt_streamed".into()),
+            event_type: "invoice.paid".into(),
+            data: serde_json::json!({"amount": 42}),
+        };
+        let published = publish(&shape.app, &account, new.clone()).await.unwrap();
+        assert!(published.created);
+        let listed: Vec<_> = published.deliveries.iter().map(|d| d.id.clone()).collect();
+        assert_eq!(listed.len(), 2);
+        assert!(published
+            .deliveries
+            .iter()
+            .all(|d| d.status == DeliveryStatus::Pending
+                && d.id == delivery_id_for(&published.event, &d.endpoint_id)));
+        let stored = store
+            .get_event(&account, &published.event.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.payload, published.event.payload);
+        assert!(
+            store
+                .deliveries_of_event(&account, &published.event.id)
+                .await
+                .unwrap()
+                .is_empty(),
+            "the deliveries are the fan-out's to write"
+        );
+        let sqs = crate::aws::aws_sdk_sqs::Client::new(&crate::aws::load_sdk_config().await);
+        let queued = |sqs: crate::aws::aws_sdk_sqs::Client, url: String| async move {
+            sqs.receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .send()
+                .await
+                .unwrap()
+                .messages
+                .unwrap_or_default()
+                .len()
+        };
+        assert_eq!(
+            queued(sqs.clone(), settings.queue_url.clone()).await,
+            0,
+            "nothing sent"
+        );
+
+        // A client retrying before the fan-out ran is told the same deliveries.
+        let early = publish(&shape.app, &account, new.clone()).await.unwrap();
+        assert!(!early.created);
+        assert_eq!(early.event, stored);
+        assert_eq!(
+            early.deliveries.iter().map(|d| &d.id).collect::<Vec<_>>(),
+            listed.iter().collect::<Vec<_>>()
+        );
+
+        assert_eq!(fan_out(&shape.app, &published.event).await.unwrap(), 2);
+        let mut stored: Vec<_> = store
+            .deliveries_of_event(&account, &published.event.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
+        stored.sort();
+        let mut expected = listed.clone();
+        expected.sort();
+        assert_eq!(stored, expected, "the fan-out made the deliveries listed");
+        assert_eq!(queued(sqs, settings.queue_url.clone()).await, 2);
+
+        let again = publish(&shape.app, &account, new).await.unwrap();
+        assert!(!again.created);
+        let mut returned: Vec<_> = again.deliveries.into_iter().map(|d| d.id).collect();
+        returned.sort();
+        assert_eq!(returned, expected, "the stored deliveries, nothing new");
+    }
 }

@@ -3,7 +3,9 @@
 //! The queue pushes work at any number of senders, so before an attempt the sender takes
 //! one of the endpoint's in-flight slots (and a rate token, if the endpoint has a rate
 //! limit). When none is free the message goes back to the queue in 5–15 s, with jitter,
-//! and no attempt is spent.
+//! and no attempt is spent. The messages of one batch for the same endpoint take their
+//! slots together and give them back together: two writes of the slot record for the
+//! batch, not two per message.
 
 use std::{
     sync::{Arc, Mutex},
@@ -23,7 +25,7 @@ use crate::{
     domain::{AccountId, DeliveryId, Endpoint, EndpointId, EndpointStatus, Trigger},
     queue::{Queue, QueueError},
     slots::{lease_for, RateLimiter, SlotError, SlotLeases},
-    store::PendingRef,
+    store::{PendingRef, StoreError},
     App,
 };
 
@@ -70,44 +72,17 @@ pub async fn handle_message(
     endpoint_id: &EndpointId,
     account_id: &AccountId,
 ) -> Result<Handled, SenderError> {
-    let Some(endpoint) = app
-        .store
-        .get_endpoint(account_id, endpoint_id)
-        .await
-        .map_err(ServiceError::from)?
-        .filter(|e| e.status == EndpointStatus::Active)
-    else {
-        return Ok(Handled::Skipped);
-    };
-    if let Some(per_second) = endpoint.rate_limit_per_second {
-        if !lanes.rate.try_take(&endpoint.id, per_second).await? {
-            return requeue(app, delivery_id, &endpoint, Busy::RateLimited).await;
-        }
-    }
-    let lease = lease_for(app.config.sender.deadline);
-    let Some(token) = lanes
-        .slots
-        .acquire(&endpoint.id, endpoint.max_in_flight, lease)
-        .await?
-    else {
-        return requeue(app, delivery_id, &endpoint, Busy::AllSlotsHeld).await;
-    };
-    let result = deliver::attempt(app, delivery_id, Trigger::Scheduled).await;
-    if let Err(error) = lanes.slots.release(&token).await {
-        // The lease runs out by itself; only this endpoint's throughput suffers meanwhile.
-        tracing::warn!(endpoint.id = %endpoint.id, %error, "slot release failed");
-    }
-    let result = result?;
-    if let Some(next) = result.follow_up() {
-        app.queue.enqueue(vec![next.clone()]).await?;
-    }
-    Ok(Handled::Attempted(result))
+    let mut handled =
+        handle_endpoint_group(lanes, &[(app, delivery_id)], endpoint_id, account_id).await;
+    // One message in, one outcome out.
+    handled.pop().unwrap_or(Ok(Handled::Skipped))
 }
 
 /// One message of a queue batch: which delivery, for whom.
 pub type Message = (DeliveryId, EndpointId, AccountId);
 
-/// A queue batch: every message handled concurrently, and the follow-ups they queue
+/// A queue batch: the messages of each endpoint handled together (see
+/// [`handle_endpoint_group`]), the endpoints side by side, and the follow-ups they queue
 /// (retries, busy endpoints' re-queues) sent together, so SQS takes ten to a request.
 /// One outcome per message, in order. If the follow-ups cannot be queued, every message
 /// that had one fails, so the queue hands it out again (its attempt is recorded; the
@@ -118,29 +93,43 @@ pub async fn handle_batch(
     messages: &[Message],
 ) -> Vec<Result<Handled, SenderError>> {
     let held: Vec<Arc<Held>> = messages.iter().map(|_| Arc::default()).collect();
-    let mut outcomes = join_all(messages.iter().zip(&held).map(
-        |((delivery, endpoint, account), held)| async move {
-            let holding = App {
-                queue: Arc::new(Holding {
-                    inner: app.queue.clone(),
-                    held: held.clone(),
-                }),
-                ..app.clone()
-            };
-            // Every line about this message carries its ids (the attempt adds the event id
-            // and the attempt number).
-            let span = tracing::info_span!(
-                "message",
-                delivery.id = %delivery,
-                endpoint.id = %endpoint,
-                account.id = %account,
-            );
-            handle_message(&holding, lanes, delivery, endpoint, account)
-                .instrument(span)
-                .await
-        },
-    ))
+    // Each message's follow-ups are held back apart, to tell which message had one.
+    let holding: Vec<App> = held
+        .iter()
+        .map(|held| App {
+            queue: Arc::new(Holding {
+                inner: app.queue.clone(),
+                held: held.clone(),
+            }),
+            ..app.clone()
+        })
+        .collect();
+    let mut groups: Vec<(&EndpointId, &AccountId, Vec<usize>)> = Vec::new();
+    for (position, (_, endpoint, account)) in messages.iter().enumerate() {
+        match groups
+            .iter_mut()
+            .find(|(e, a, _)| *e == endpoint && *a == account)
+        {
+            Some((_, _, positions)) => positions.push(position),
+            None => groups.push((endpoint, account, vec![position])),
+        }
+    }
+    let handled = join_all(groups.iter().map(|(endpoint, account, positions)| {
+        let group: Vec<(&App, &DeliveryId)> = positions
+            .iter()
+            .map(|&p| (&holding[p], &messages[p].0))
+            .collect();
+        async move { handle_endpoint_group(lanes, &group, endpoint, account).await }
+    }))
     .await;
+    // Every position belongs to exactly one group, so each placeholder is replaced.
+    let mut outcomes: Vec<Result<Handled, SenderError>> =
+        messages.iter().map(|_| Ok(Handled::Skipped)).collect();
+    for ((_, _, positions), results) in groups.iter().zip(handled) {
+        for (&position, result) in positions.iter().zip(results) {
+            outcomes[position] = result;
+        }
+    }
     let follow_ups: Vec<PendingRef> = held.iter().flat_map(|h| h.take()).collect();
     if follow_ups.is_empty() {
         return outcomes;
@@ -153,6 +142,118 @@ pub async fn handle_batch(
         }
     }
     outcomes
+}
+
+/// The messages of one batch for one endpoint, each with the App to use for it: the
+/// endpoint is read once, each message takes a rate token (if the endpoint has a rate
+/// limit), then their in-flight slots are taken together — as many as are free, up to one
+/// per message — the attempts run side by side, and the slots are given back together
+/// when all of them are done. A message that finds no free slot or token is re-queued
+/// without spending an attempt. One outcome per message, in order.
+async fn handle_endpoint_group(
+    lanes: Lanes<'_>,
+    group: &[(&App, &DeliveryId)],
+    endpoint_id: &EndpointId,
+    account_id: &AccountId,
+) -> Vec<Result<Handled, SenderError>> {
+    let Some(&(app, _)) = group.first() else {
+        return Vec::new();
+    };
+    let endpoint = match app.store.get_endpoint(account_id, endpoint_id).await {
+        Ok(Some(endpoint)) if endpoint.status == EndpointStatus::Active => endpoint,
+        Ok(_) => return group.iter().map(|_| Ok(Handled::Skipped)).collect(),
+        Err(error) => {
+            let text = error.to_string();
+            return group
+                .iter()
+                .map(|_| Err(ServiceError::from(StoreError::Backend(text.clone())).into()))
+                .collect();
+        }
+    };
+    let span = |delivery: &DeliveryId| {
+        tracing::info_span!(
+            "message",
+            delivery.id = %delivery,
+            endpoint.id = %endpoint.id,
+            account.id = %endpoint.account_id,
+        )
+    };
+    let mut outcomes: Vec<Option<Result<Handled, SenderError>>> =
+        group.iter().map(|_| None).collect();
+    let mut ready: Vec<usize> = Vec::new();
+    for (n, &(app, delivery)) in group.iter().enumerate() {
+        if let Some(per_second) = endpoint.rate_limit_per_second {
+            match lanes.rate.try_take(&endpoint.id, per_second).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    let requeued = requeue(app, delivery, &endpoint, Busy::RateLimited)
+                        .instrument(span(delivery))
+                        .await;
+                    outcomes[n] = Some(requeued);
+                    continue;
+                }
+                Err(error) => {
+                    outcomes[n] = Some(Err(error.into()));
+                    continue;
+                }
+            }
+        }
+        ready.push(n);
+    }
+    let lease = lease_for(app.config.sender.deadline);
+    let wanted = u32::try_from(ready.len()).unwrap_or(u32::MAX);
+    let tokens = if ready.is_empty() {
+        Vec::new()
+    } else {
+        match lanes
+            .slots
+            .acquire_many(&endpoint.id, endpoint.max_in_flight, wanted, lease)
+            .await
+        {
+            Ok(tokens) => tokens,
+            Err(error) => {
+                for &n in &ready {
+                    outcomes[n] = Some(Err(SlotError(error.0.clone()).into()));
+                }
+                ready.clear();
+                Vec::new()
+            }
+        }
+    };
+    let (attempting, waiting) = ready.split_at(tokens.len().min(ready.len()));
+    for &n in waiting {
+        let (app, delivery) = group[n];
+        let requeued = requeue(app, delivery, &endpoint, Busy::AllSlotsHeld)
+            .instrument(span(delivery))
+            .await;
+        outcomes[n] = Some(requeued);
+    }
+    let attempted = join_all(attempting.iter().map(|&n| {
+        let (app, delivery) = group[n];
+        attempt(app, delivery).instrument(span(delivery))
+    }))
+    .await;
+    if let Err(error) = lanes.slots.release_many(&tokens).await {
+        // The leases run out by themselves; only this endpoint's throughput suffers meanwhile.
+        tracing::warn!(endpoint.id = %endpoint.id, %error, "slot release failed");
+    }
+    for (&n, result) in attempting.iter().zip(attempted) {
+        outcomes[n] = Some(result);
+    }
+    // Every message was skipped, re-queued, refused or attempted above.
+    outcomes
+        .into_iter()
+        .map(|outcome| outcome.unwrap_or(Ok(Handled::Skipped)))
+        .collect()
+}
+
+/// One attempt of a delivery whose slot is held, and its follow-up queued.
+async fn attempt(app: &App, delivery_id: &DeliveryId) -> Result<Handled, SenderError> {
+    let result = deliver::attempt(app, delivery_id, Trigger::Scheduled).await?;
+    if let Some(next) = result.follow_up() {
+        app.queue.enqueue(vec![next.clone()]).await?;
+    }
+    Ok(Handled::Attempted(result))
 }
 
 /// What one message of a batch queued, held back to be sent with the rest of the batch.
@@ -273,6 +374,8 @@ mod tests {
             notifier: Arc::new(LogNotifier),
             clock: Arc::new(SystemClock),
             config: Arc::new(config),
+            // No stream runs here: publishing writes the deliveries and queues them.
+            publish: crate::PublishMode::WithDeliveries,
         };
         (app, emulated, slots().await)
     }
@@ -388,5 +491,102 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(handled, Handled::Skipped);
+    }
+
+    #[tokio::test]
+    async fn a_batch_for_one_endpoint_takes_and_gives_back_its_slots_in_one_write_each() {
+        use crate::aws::meter::{clients, Meter};
+        use crate::store::dynamodb::{create_tables, table_layouts, TableNames};
+
+        let cap = 4;
+        let receiver = slow_receiver(std::time::Duration::from_millis(400)).await;
+        let (app, _emulated, _) = aws_app(&receiver.url, cap).await;
+        let account = AccountId::parse("acme").unwrap();
+        let mut messages = Vec::new();
+        for n in 0..10 {
+            let new = NewEvent {
+                id: Some(format!("evt_batch_{n}")),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({ "n": n }),
+            };
+            let published = publish(&app, &account, new).await.unwrap();
+            let delivery = &published.deliveries[0];
+            messages.push((
+                delivery.id.clone(),
+                delivery.endpoint_id.clone(),
+                delivery.account_id.clone(),
+            ));
+        }
+        // The slots on their own tables, through a metered client: every request the
+        // slot record costs is counted.
+        let sdk = crate::aws::load_sdk_config().await;
+        let tables = TableNames::with_prefix(&format!("m{}", uuid::Uuid::new_v4().simple()));
+        let meter = Meter::new(table_layouts(&tables));
+        let client = clients::dynamodb(&sdk, Some(&meter));
+        create_tables(&client, &tables).await.unwrap();
+        let slots = DynamoSlots::new(client, tables.control.clone(), Arc::new(SystemClock));
+        let before = meter.reading();
+        let lanes = Lanes {
+            slots: &slots,
+            rate: &slots,
+        };
+
+        let handled = handle_batch(&app, lanes, &messages).await;
+        let used = meter.reading().since(&before);
+
+        let attempted = handled
+            .iter()
+            .filter(|h| matches!(h, Ok(Handled::Attempted(_))))
+            .count();
+        let requeued = handled
+            .iter()
+            .filter(|h| {
+                matches!(
+                    h,
+                    Ok(Handled::Requeued {
+                        busy: Busy::AllSlotsHeld,
+                        ..
+                    })
+                )
+            })
+            .count();
+        assert_eq!((attempted, requeued), (4, 6), "{handled:?}");
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 4);
+        assert_eq!(
+            receiver.most.load(Ordering::SeqCst),
+            4,
+            "the four attempts ran at once"
+        );
+        let calls = |operation: &str| used.operations.get(operation).map_or(0, |u| u.calls);
+        assert_eq!(
+            calls("DynamoDB.PutItem") + calls("DynamoDB.UpdateItem"),
+            2,
+            "one write takes the slots, one gives them back: {used:?}"
+        );
+        let control = used.tables.get("control").cloned().unwrap_or_default();
+        assert_eq!(control.write_units, 2.0, "{used:?}");
+        // Given back: all four slots are free again, and no more.
+        let again = slots
+            .acquire_many(&messages[0].1, cap, 10, std::time::Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(again.len(), 4);
+        let stored_attempts: u32 = {
+            let mut total = 0;
+            for (delivery, _, _) in &messages {
+                total += app
+                    .store
+                    .get_delivery(&account, delivery)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .attempts;
+            }
+            total
+        };
+        assert_eq!(
+            stored_attempts, 4,
+            "the re-queued messages spent no attempt"
+        );
     }
 }

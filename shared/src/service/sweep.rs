@@ -119,6 +119,7 @@ mod tests {
             notifier: Arc::new(LogNotifier),
             clock: clock.clone(),
             config: Arc::new(CoreConfig::default()),
+            publish: crate::PublishMode::WithDeliveries,
         };
         store
             .create_account(&contract::account("acme"))

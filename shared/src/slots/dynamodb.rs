@@ -112,33 +112,44 @@ impl DynamoSlots {
 
 impl DynamoSlots {
     /// The common case in one conditional write, without a read: the item exists and holds
-    /// fewer than `cap` entries (live or expired), so this holder joins them. Concurrent
-    /// senders do not conflict here the way version-checked writes do. False when the item
-    /// is missing or full.
-    async fn add_holder_if_room(
+    /// few enough entries (live or expired) for all of `holders` to join them, each leased
+    /// until `expiry`. Concurrent senders do not conflict here the way version-checked
+    /// writes do. False when the item is missing or too full.
+    async fn add_holders_if_room(
         &self,
         pk: &str,
-        holder: &str,
+        holders: &[String],
         cap: u32,
-        lease_ms: i64,
+        expiry: i64,
     ) -> Result<bool, SlotError> {
-        let expiry = to_millis(self.clock.now()) + lease_ms;
-        let result = self
+        let Some(room) = usize::try_from(cap)
+            .ok()
+            .and_then(|cap| cap.checked_sub(holders.len()))
+        else {
+            return Ok(false);
+        };
+        let assignments: Vec<String> = (0..holders.len())
+            .map(|n| format!("holders.#holder{n} = :expiry"))
+            .collect();
+        let mut request = self
             .client
             .update_item()
             .table_name(&self.table)
             .key("pk", AttributeValue::S(pk.to_owned()))
             // Bumping the version makes a concurrent pruning writer re-read.
-            .update_expression("SET holders.#holder = :expiry, version = version + :one")
+            .update_expression(format!(
+                "SET {}, version = version + :one",
+                assignments.join(", ")
+            ))
             // (`attribute_exists` first: the emulator fails on `size` of a missing attribute.)
-            .condition_expression("attribute_exists(holders) AND size(holders) < :cap")
-            .expression_attribute_names("#holder", holder)
+            .condition_expression("attribute_exists(holders) AND size(holders) <= :room")
             .expression_attribute_values(":expiry", number(expiry))
             .expression_attribute_values(":one", number(1))
-            .expression_attribute_values(":cap", number(cap))
-            .send()
-            .await;
-        match result {
+            .expression_attribute_values(":room", number(room));
+        for (n, holder) in holders.iter().enumerate() {
+            request = request.expression_attribute_names(format!("#holder{n}"), holder);
+        }
+        match request.send().await {
             Ok(_) => Ok(true),
             Err(e) if is_condition_failed(&e) => Ok(false),
             // A missing item has no `holders` map to add to: the slow path creates it.
@@ -151,6 +162,52 @@ impl DynamoSlots {
             Err(e) => Err(failure(e)),
         }
     }
+
+    /// Removes `holders` of the endpoint's item in one write (if any of them is still there).
+    async fn remove_holders(
+        &self,
+        endpoint: &EndpointId,
+        holders: &[&str],
+    ) -> Result<(), SlotError> {
+        if holders.is_empty() {
+            return Ok(());
+        }
+        let paths: Vec<String> = (0..holders.len())
+            .map(|n| format!("holders.#holder{n}"))
+            .collect();
+        let present: Vec<String> = (0..holders.len())
+            .map(|n| format!("attribute_exists(holders.#holder{n})"))
+            .collect();
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(slots_key(endpoint)))
+            // Bumping the version makes a concurrent acquire re-read instead of writing
+            // these holders back.
+            .update_expression(format!(
+                "REMOVE {} SET version = version + :one",
+                paths.join(", ")
+            ))
+            .condition_expression(present.join(" OR "))
+            .expression_attribute_values(":one", number(1));
+        for (n, holder) in holders.iter().enumerate() {
+            request = request.expression_attribute_names(format!("#holder{n}"), *holder);
+        }
+        match request.send().await {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failed(&e) => Ok(()),
+            Err(e) => Err(failure(e)),
+        }
+    }
+}
+
+fn holder_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+fn lease_millis(lease_for: Duration) -> i64 {
+    i64::try_from(lease_for.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 fn failure<E: std::error::Error>(error: E) -> SlotError {
@@ -201,9 +258,13 @@ impl SlotLeases for DynamoSlots {
         lease_for: Duration,
     ) -> Result<Option<SlotToken>, SlotError> {
         let pk = slots_key(endpoint);
-        let holder = uuid::Uuid::new_v4().simple().to_string();
-        let lease_ms = i64::try_from(lease_for.as_millis()).unwrap_or(i64::MAX / 2);
-        if self.add_holder_if_room(&pk, &holder, cap, lease_ms).await? {
+        let holder = holder_id();
+        let lease_ms = lease_millis(lease_for);
+        let expiry = to_millis(self.clock.now()) + lease_ms;
+        if self
+            .add_holders_if_room(&pk, std::slice::from_ref(&holder), cap, expiry)
+            .await?
+        {
             return Ok(Some(SlotToken {
                 endpoint: endpoint.clone(),
                 holder,
@@ -246,24 +307,89 @@ impl SlotLeases for DynamoSlots {
     }
 
     async fn release(&self, token: &SlotToken) -> Result<(), SlotError> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(slots_key(&token.endpoint)))
-            // Bumping the version makes a concurrent acquire re-read instead of writing
-            // this holder back.
-            .update_expression("REMOVE holders.#holder SET version = version + :one")
-            .condition_expression("attribute_exists(holders.#holder)")
-            .expression_attribute_names("#holder", &token.holder)
-            .expression_attribute_values(":one", number(1))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(failure(e)),
+        self.remove_holders(&token.endpoint, &[token.holder.as_str()])
+            .await
+    }
+
+    /// Reads the item first (so a full endpoint costs no write), then writes once: the new
+    /// holders added in place when there is room among the entries, or the map rewritten
+    /// without its expired entries (version-checked) when there is not.
+    async fn acquire_many(
+        &self,
+        endpoint: &EndpointId,
+        cap: u32,
+        wanted: u32,
+        lease_for: Duration,
+    ) -> Result<Vec<SlotToken>, SlotError> {
+        if wanted <= 1 {
+            let one = if wanted == 1 {
+                self.acquire(endpoint, cap, lease_for).await?
+            } else {
+                None
+            };
+            return Ok(one.into_iter().collect());
         }
+        let pk = slots_key(endpoint);
+        let lease_ms = lease_millis(lease_for);
+        for try_number in 0..CONTENDED_TRIES {
+            let item = self.read(&pk).await?;
+            let version = item.as_ref().and_then(|i| read_number::<u64>(i, "version"));
+            let now = to_millis(self.clock.now());
+            let entries = match item.as_ref().and_then(|i| i.get("holders")) {
+                Some(AttributeValue::M(holders)) => Some(holders),
+                _ => None,
+            };
+            let live: HashMap<String, AttributeValue> = entries
+                .into_iter()
+                .flatten()
+                .filter(|(_, expiry)| matches!(expiry, AttributeValue::N(raw) if raw.parse::<i64>().is_ok_and(|at| at > now)))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let free = (cap as usize).saturating_sub(live.len());
+            let take = free.min(wanted as usize);
+            if take == 0 {
+                return Ok(Vec::new());
+            }
+            let holders: Vec<String> = (0..take).map(|_| holder_id()).collect();
+            let expiry = now + lease_ms;
+            let room_among_entries = entries.is_some_and(|all| all.len() + take <= cap as usize);
+            let written = if room_among_entries {
+                self.add_holders_if_room(&pk, &holders, cap, expiry).await?
+            } else {
+                let mut next = live;
+                for holder in &holders {
+                    next.insert(holder.clone(), number(expiry));
+                }
+                self.write_if_version(&pk, version, vec![("holders", AttributeValue::M(next))])
+                    .await?
+            };
+            if written {
+                return Ok(holders
+                    .into_iter()
+                    .map(|holder| SlotToken {
+                        endpoint: endpoint.clone(),
+                        holder,
+                    })
+                    .collect());
+            }
+            back_off(try_number).await;
+        }
+        tracing::debug!(endpoint.id = %endpoint, "slot item too contended; treating as full");
+        Ok(Vec::new())
+    }
+
+    async fn release_many(&self, tokens: &[SlotToken]) -> Result<(), SlotError> {
+        let mut by_endpoint: Vec<(&EndpointId, Vec<&str>)> = Vec::new();
+        for token in tokens {
+            match by_endpoint.iter_mut().find(|(e, _)| *e == &token.endpoint) {
+                Some((_, holders)) => holders.push(&token.holder),
+                None => by_endpoint.push((&token.endpoint, vec![&token.holder])),
+            }
+        }
+        for (endpoint, holders) in by_endpoint {
+            self.remove_holders(endpoint, &holders).await?;
+        }
+        Ok(())
     }
 }
 
@@ -420,6 +546,102 @@ pub(crate) mod tests {
         let again = slots.acquire(&endpoint, 1, lease).await.unwrap();
         assert!(again.is_some());
         assert_eq!(slots.acquire(&endpoint, 1, lease).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn slots_taken_together_stay_within_the_cap_and_expire_like_single_ones() {
+        let slots = slots().await;
+        let endpoint = EndpointId::parse("ep_grouped").unwrap();
+        let lease = Duration::from_millis(1500);
+        let first = slots.acquire_many(&endpoint, 4, 3, lease).await.unwrap();
+        assert_eq!(first.len(), 3);
+        let second = slots.acquire_many(&endpoint, 4, 3, lease).await.unwrap();
+        assert_eq!(second.len(), 1, "only one slot was left");
+        assert_eq!(slots.acquire(&endpoint, 4, lease).await.unwrap(), None);
+        assert!(slots
+            .acquire_many(&endpoint, 4, 2, lease)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(slots.live_leases(&endpoint).await.unwrap().len(), 4);
+
+        slots.release_many(&first).await.unwrap();
+        assert_eq!(slots.live_leases(&endpoint).await.unwrap().len(), 1);
+        // The holder of `second` never gives it back (a crashed sender).
+        let third = slots
+            .acquire_many(&endpoint, 4, 5, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(third.len(), 3);
+        let started = std::time::Instant::now();
+        let freed = loop {
+            let taken = slots.acquire_many(&endpoint, 4, 5, lease).await.unwrap();
+            if !taken.is_empty() {
+                break taken;
+            }
+            assert!(
+                started.elapsed() < lease * 3,
+                "the dead lease never ran out"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(freed.len(), 1, "exactly the dead holder's slot came free");
+        assert_eq!(slots.live_leases(&endpoint).await.unwrap().len(), 4);
+        // Stale and mixed releases are harmless.
+        slots.release_many(&second).await.unwrap();
+        slots
+            .release_many(&[third[0].clone(), first[0].clone()])
+            .await
+            .unwrap();
+        assert_eq!(slots.live_leases(&endpoint).await.unwrap().len(), 3);
+        slots.release_many(&third).await.unwrap();
+        slots.release_many(&freed).await.unwrap();
+        assert!(slots.live_leases(&endpoint).await.unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_group_takes_never_exceed_the_cap() {
+        let slots = Arc::new(slots().await);
+        let endpoint = EndpointId::parse("ep_busy").unwrap();
+        let cap = 3;
+        let holding = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut senders = Vec::new();
+        for _ in 0..4 {
+            let (slots, endpoint, holding, most) = (
+                slots.clone(),
+                endpoint.clone(),
+                holding.clone(),
+                most.clone(),
+            );
+            senders.push(tokio::spawn(async move {
+                let mut taken_in_all = 0;
+                for _ in 0..8 {
+                    let tokens = slots
+                        .acquire_many(&endpoint, cap, 2, Duration::from_secs(15))
+                        .await
+                        .unwrap();
+                    let now = holding.fetch_add(tokens.len(), Ordering::SeqCst) + tokens.len();
+                    most.fetch_max(now, Ordering::SeqCst);
+                    taken_in_all += tokens.len();
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    holding.fetch_sub(tokens.len(), Ordering::SeqCst);
+                    slots.release_many(&tokens).await.unwrap();
+                }
+                taken_in_all
+            }));
+        }
+        let mut total = 0;
+        for sender in senders {
+            total += sender.await.unwrap();
+        }
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            most <= cap as usize,
+            "{most} slots held at once; the cap is {cap}"
+        );
+        assert!(total > 0, "someone got a slot");
+        assert!(slots.live_leases(&endpoint).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -4,6 +4,8 @@
 //! in-flight cap is kept outside them: a sender takes a slot lease before it POSTs and
 //! gives it back after. A lease runs out by itself (request deadline + margin), so a
 //! sender that crashes while holding one never blocks the endpoint for longer than that.
+//! A sender with several messages for one endpoint takes (and gives back) their slots
+//! together, so the shared record is written once per batch rather than once per message.
 
 use std::time::Duration;
 
@@ -38,6 +40,19 @@ pub trait SlotLeases: Send + Sync + 'static {
 
     /// Gives a slot back early. Releasing an expired or unknown token is harmless.
     async fn release(&self, token: &SlotToken) -> Result<(), SlotError>;
+
+    /// Takes up to `wanted` of the endpoint's `cap` slots together (a sender with several
+    /// messages for one endpoint): as many as are free, perhaps none.
+    async fn acquire_many(
+        &self,
+        endpoint: &EndpointId,
+        cap: u32,
+        wanted: u32,
+        lease_for: Duration,
+    ) -> Result<Vec<SlotToken>, SlotError>;
+
+    /// Gives slots back together. Releasing expired or unknown tokens is harmless.
+    async fn release_many(&self, tokens: &[SlotToken]) -> Result<(), SlotError>;
 }
 
 #[async_trait]

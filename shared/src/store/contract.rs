@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use super::{
-    AttemptRecord, DeliveryQuery, DisableRequest, Notification, PublishOutcome, RecordOutcome,
-    Store, StoreError,
+    AttemptRecord, DeliveryQuery, DisableRequest, Notification, PublishOutcome, PutEventOutcome,
+    RecordOutcome, Store, StoreError,
 };
 use crate::{
     clock::{add, from_millis, Timestamp},
@@ -907,6 +907,62 @@ pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
     assert_eq!(due.len(), 2);
 }
 
+pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let ev = event("acme", "evt_alone", t0());
+    assert_eq!(
+        store.put_event(&ev).await.unwrap(),
+        PutEventOutcome::Created
+    );
+    assert_eq!(
+        store.get_event(&ev.account_id, &ev.id).await.unwrap(),
+        Some(ev.clone())
+    );
+    assert!(
+        store
+            .deliveries_of_event(&ev.account_id, &ev.id)
+            .await
+            .unwrap()
+            .is_empty(),
+        "no delivery is written with the event"
+    );
+    assert!(store
+        .pending_deliveries(add(t0(), secs(86_400)), None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    let again = event("acme", "evt_alone", add(t0(), secs(9)));
+    assert_eq!(
+        store.put_event(&again).await.unwrap(),
+        PutEventOutcome::AlreadyExists(ev.clone()),
+        "the first event wins"
+    );
+    assert_eq!(
+        store.get_event(&ev.account_id, &ev.id).await.unwrap(),
+        Some(ev.clone())
+    );
+    // An id published with its deliveries is taken too.
+    let published = event("acme", "evt_published", t0());
+    store
+        .publish(&published, &[delivery(&published, &ep, t0())])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.put_event(&published).await.unwrap(),
+        PutEventOutcome::AlreadyExists(published.clone())
+    );
+    // The same id in another account is another event.
+    store.create_account(&account("other")).await.unwrap();
+    let theirs = event("other", "evt_alone", t0());
+    assert_eq!(
+        store.put_event(&theirs).await.unwrap(),
+        PutEventOutcome::Created
+    );
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -925,6 +981,7 @@ macro_rules! store_contract_tests {
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,
             add_deliveries_adds_each_pair_once,
+            put_event_writes_the_event_alone_once,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -33,8 +33,8 @@ use futures_util::StreamExt;
 
 use super::{
     sqlite::decode_cursor, AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome,
-    DisableRequest, Notification, Page, PendingRef, PublishOutcome, RecordOutcome, ReplayOutcome,
-    ReplayRequest, Store, StoreError, StoreResult,
+    DisableRequest, Notification, Page, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
+    ReplayOutcome, ReplayRequest, Store, StoreError, StoreResult,
 };
 use crate::{
     aws::error_text,
@@ -1045,6 +1045,26 @@ impl Store for DynamoStore {
             }
         }
         Ok(PublishOutcome::Created)
+    }
+
+    async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.events)
+            .set_item(Some(self.event_item(event, false)))
+            .condition_expression("attribute_not_exists(id)")
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(PutEventOutcome::Created),
+            Err(e) if is_condition_failed(&e) => self
+                .get_event_item(event.account_id.as_str(), event.id.as_str())
+                .await?
+                .map(PutEventOutcome::AlreadyExists)
+                .ok_or_else(|| StoreError::Backend("event vanished during publish".into())),
+            Err(e) => Err(sdk(e)),
+        }
     }
 
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {

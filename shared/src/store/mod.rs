@@ -44,6 +44,14 @@ pub enum PublishOutcome {
     },
 }
 
+/// Writing an event alone (`Store::put_event`): an id that exists returns the stored
+/// event, and nothing is written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PutEventOutcome {
+    Created,
+    AlreadyExists(Event),
+}
+
 /// Everything one attempt needs, read together.
 #[derive(Debug, Clone)]
 pub struct DeliveryWork {
@@ -176,6 +184,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
+    /// Writes the event without deliveries, exactly as the outbox helper does, so that the
+    /// store's change stream (where there is one) hands it to fan-out. Idempotent on the id.
+    async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome>;
     /// Adds deliveries of an event stored without them (fan-out of an outbox event), each
     /// only if its (event, endpoint) has none yet; returns the ones added. Callers give a
     /// delivery the id derived from its (event, endpoint) (`service::fan_out::delivery_id_for`).

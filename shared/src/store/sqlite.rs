@@ -12,8 +12,8 @@ use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
 
 use super::{
     AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
-    PendingRef, PublishOutcome, RecordOutcome, ReplayOutcome, ReplayRequest, Store, StoreError,
-    StoreResult,
+    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
+    Store, StoreError, StoreResult,
 };
 use crate::{
     clock::{from_millis, to_millis, Timestamp},
@@ -738,6 +738,14 @@ impl Store for SqliteStore {
             Ok(PublishOutcome::Created)
         })
         .await
+    }
+
+    async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
+        // No change stream here: the event alone is a publish without deliveries.
+        Ok(match self.publish(event, &[]).await? {
+            PublishOutcome::Created => PutEventOutcome::Created,
+            PublishOutcome::AlreadyExists { event, .. } => PutEventOutcome::AlreadyExists(event),
+        })
     }
 
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
