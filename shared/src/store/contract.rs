@@ -907,6 +907,161 @@ pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
     assert_eq!(due.len(), 2);
 }
 
+/// Paging through filtered listings returns every match once, in order, whatever the page
+/// size, across endpoints (a deleted one's history included) and same-millisecond ties.
+pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let endpoints = [
+        endpoint("acme", "ep_a", t0()),
+        endpoint("acme", "ep_b", t0()),
+        endpoint("acme", "ep_c", t0()),
+    ];
+    for e in &endpoints {
+        store.create_endpoint(e).await.unwrap();
+    }
+    let mut made = Vec::new();
+    for i in 0..18u64 {
+        // Pairs of events share a millisecond: ties are ordered by id.
+        let at = add(t0(), secs(i / 2));
+        let ev = event("acme", &format!("evt_{i:02}"), at);
+        let targets: Vec<&Endpoint> = if i % 4 == 0 {
+            endpoints.iter().collect()
+        } else {
+            vec![&endpoints[(i % 3) as usize]]
+        };
+        let ds: Vec<Delivery> = targets.iter().map(|e| delivery(&ev, e, at)).collect();
+        store.publish(&ev, &ds).await.unwrap();
+        made.extend(ds);
+    }
+    for d in made.iter().step_by(5) {
+        store
+            .record_attempt(&attempt_record(
+                d,
+                1,
+                Decision::Delivered,
+                true,
+                add(t0(), secs(30)),
+            ))
+            .await
+            .unwrap();
+    }
+    assert!(store
+        .delete_endpoint(
+            &endpoints[2].account_id,
+            &endpoints[2].id,
+            add(t0(), secs(40))
+        )
+        .await
+        .unwrap());
+
+    let acme = AccountId::parse("acme").unwrap();
+    let everything = store
+        .list_deliveries(
+            &acme,
+            &DeliveryQuery {
+                limit: 500,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut expected_order: Vec<&Delivery> = made.iter().collect();
+    expected_order.sort_by(|x, y| (y.created_at, &y.id).cmp(&(x.created_at, &x.id)));
+    assert_eq!(
+        everything.items.iter().map(|d| &d.id).collect::<Vec<_>>(),
+        expected_order.iter().map(|d| &d.id).collect::<Vec<_>>(),
+        "the whole log, newest first, ties by id"
+    );
+    assert_eq!(everything.next_cursor, None);
+
+    let filters: Vec<(&str, DeliveryQuery)> = vec![
+        ("none", DeliveryQuery::default()),
+        (
+            "delivered",
+            DeliveryQuery {
+                status: Some(DeliveryStatus::Delivered),
+                ..Default::default()
+            },
+        ),
+        (
+            "abandoned (the deleted endpoint's)",
+            DeliveryQuery {
+                status: Some(DeliveryStatus::Abandoned),
+                ..Default::default()
+            },
+        ),
+        (
+            "endpoint b",
+            DeliveryQuery {
+                endpoint_id: Some(endpoints[1].id.clone()),
+                ..Default::default()
+            },
+        ),
+        (
+            "deleted endpoint c, status 200",
+            DeliveryQuery {
+                endpoint_id: Some(endpoints[2].id.clone()),
+                status_code: Some(200),
+                ..Default::default()
+            },
+        ),
+        (
+            "window",
+            DeliveryQuery {
+                since: Some(add(t0(), secs(2))),
+                until: Some(add(t0(), secs(7))),
+                status: Some(DeliveryStatus::Pending),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, filter) in filters {
+        let expected: Vec<DeliveryId> = everything
+            .items
+            .iter()
+            .filter(|d| {
+                filter.status.is_none_or(|s| d.status == s)
+                    && filter
+                        .endpoint_id
+                        .as_ref()
+                        .is_none_or(|e| &d.endpoint_id == e)
+                    && filter.status_code.is_none_or(|c| d.last_status == Some(c))
+                    && filter.since.is_none_or(|t| d.created_at >= t)
+                    && filter.until.is_none_or(|t| d.created_at < t)
+            })
+            .map(|d| d.id.clone())
+            .collect();
+        assert!(!expected.is_empty(), "{name}: the filter matches something");
+        for limit in [1, 2, 5, 100] {
+            let mut seen = Vec::new();
+            let mut cursor = None;
+            for _ in 0..200 {
+                let page = store
+                    .list_deliveries(
+                        &acme,
+                        &DeliveryQuery {
+                            limit,
+                            cursor: cursor.clone(),
+                            ..filter.clone()
+                        },
+                    )
+                    .await
+                    .unwrap();
+                assert!(page.items.len() <= limit as usize, "{name}, limit {limit}");
+                seen.extend(page.items.iter().map(|d| d.id.clone()));
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(
+                seen, expected,
+                "{name}, limit {limit}: every match once, in order"
+            );
+        }
+    }
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -918,6 +1073,7 @@ macro_rules! store_contract_tests {
             failed_is_final,
             pending_deliveries_page_by_id_and_skip_inactive_endpoints,
             list_deliveries_newest_first_with_filters_and_cursor,
+            list_deliveries_pages_through_filters_without_gaps,
             failing_endpoints_are_the_active_ones_failing_long_enough,
             disable_endpoint_is_conditional_and_complete,
             disable_endpoint_handles_more_than_a_transaction_holds,

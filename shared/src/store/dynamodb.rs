@@ -5,7 +5,7 @@
 //! | `accounts` | `id` | | accounts |
 //! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query); endpoints failing since T |
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
-//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (keys only: `event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
+//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`) (both: keys, account and event type only), `by_event` (keys only: `event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
 //!
@@ -61,6 +61,8 @@ const MAX_TRANSACTION_ITEMS: usize = 100;
 const ABANDON_CONCURRENCY: usize = 16;
 /// DynamoDB's limit of keys in one `BatchGetItem`.
 const BATCH_GET_ITEMS: usize = 100;
+/// Index entries one `list_deliveries` call examines at most before it returns a short page.
+const LIST_EXAMINE_BUDGET: usize = 2_000;
 
 /// The names of the tables, all sharing one prefix (the stack name in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,6 +428,167 @@ impl DynamoStore {
         }
     }
 
+    /// A page of deliveries read from index partitions (`by_endpoint`, `by_account`) merged
+    /// newest first. The indexes hold only immutable attributes, so a status change never
+    /// writes to them: filters on those (event type, account) run in the index query, the
+    /// others (status, last status) on the items read after it. Created keys (time, then id)
+    /// are unique and totally ordered, so one position is a cursor for every partition.
+    async fn list_from_partitions(
+        &self,
+        account: &AccountId,
+        partitions: Vec<IndexPartition>,
+        query: &DeliveryQuery,
+        limit: usize,
+    ) -> StoreResult<Page<Delivery>> {
+        let lower = query.since.map(time_bound).unwrap_or_else(|| "0".into());
+        let mut upper = query.until.map(time_bound).unwrap_or_else(|| "~".into());
+        let mut exclusive_upper = None;
+        if let Some(cursor) = &query.cursor {
+            let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
+            let key = time_key(from_millis(created), &id);
+            if key < upper {
+                upper = key.clone();
+                exclusive_upper = Some(key);
+            }
+        }
+        let window = IndexWindow {
+            lower,
+            upper,
+            exclusive_upper,
+            account: account.as_str().to_owned(),
+            event_type: query.event_type.clone(),
+        };
+        let mut partitions = partitions;
+        let mut found: Vec<Delivery> = Vec::new();
+        let mut examined = 0usize;
+        let mut last_examined: Option<String> = None;
+        while found.len() <= limit && examined < LIST_EXAMINE_BUDGET {
+            let want = limit + 1 - found.len();
+            let mut batch: Vec<(String, String)> = Vec::new();
+            while batch.len() < want {
+                let empty = partitions
+                    .iter_mut()
+                    .filter(|p| p.buffered.is_empty() && !p.exhausted);
+                futures_util::future::try_join_all(
+                    empty.map(|p| self.fill_partition(p, &window, want)),
+                )
+                .await?;
+                let newest = partitions
+                    .iter_mut()
+                    .filter(|p| !p.buffered.is_empty())
+                    .max_by(|a, b| a.buffered.front().cmp(&b.buffered.front()));
+                let Some(entry) = newest.and_then(|p| p.buffered.pop_front()) else {
+                    break;
+                };
+                batch.push(entry);
+            }
+            if batch.is_empty() {
+                break;
+            }
+            examined += batch.len();
+            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
+            let mut items: HashMap<String, Item> = HashMap::new();
+            for item in self.get_many(&self.tables.deliveries, "id", &ids).await? {
+                items.insert(get_s(&item, "id")?, item);
+            }
+            for (created_key, id) in batch {
+                last_examined = Some(created_key);
+                let Some(item) = items.get(&id) else {
+                    continue;
+                };
+                let delivery = delivery_from_item(item)?;
+                let wanted = query.status.is_none_or(|s| s == delivery.status)
+                    && query
+                        .status_code
+                        .is_none_or(|c| delivery.last_status == Some(c));
+                if wanted {
+                    found.push(delivery);
+                    if found.len() > limit {
+                        break;
+                    }
+                }
+            }
+        }
+        let more_to_read = partitions
+            .iter()
+            .any(|p| !p.buffered.is_empty() || !p.exhausted);
+        let next_cursor = if found.len() > limit {
+            found.truncate(limit);
+            found
+                .last()
+                .map(|d| encode_position(to_millis(d.created_at), d.id.as_str()))
+        } else if more_to_read {
+            // The examine budget ran out: a short page that continues after the last entry
+            // examined, so sparse filters cost bounded reads per call.
+            last_examined.and_then(|key| {
+                let (millis, id) = key.split_once('#')?;
+                Some(encode_position(millis.parse().ok()?, id))
+            })
+        } else {
+            None
+        };
+        Ok(Page {
+            items: found,
+            next_cursor,
+        })
+    }
+
+    /// Reads the next index page of a partition into its buffer (at least one entry unless
+    /// the partition is exhausted: a filtered page can come back empty).
+    async fn fill_partition(
+        &self,
+        partition: &mut IndexPartition,
+        window: &IndexWindow,
+        want: usize,
+    ) -> StoreResult<()> {
+        let mut filters = Vec::new();
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.tables.deliveries)
+            .index_name(partition.index)
+            .key_condition_expression("#pk = :pk AND created_key BETWEEN :lower AND :upper")
+            .expression_attribute_names("#pk", partition.hash_attribute)
+            .expression_attribute_values(":pk", s(&partition.hash))
+            .expression_attribute_values(":lower", s(&window.lower))
+            .expression_attribute_values(":upper", s(&window.upper))
+            .scan_index_forward(false)
+            .limit(i32::try_from(want.clamp(1, 500) + 1).unwrap_or(501));
+        if partition.hash_attribute != "account_id" {
+            request = request.expression_attribute_values(":account", s(&window.account));
+            filters.push("account_id = :account");
+        }
+        if let Some(event_type) = &window.event_type {
+            request = request.expression_attribute_values(":event_type", s(event_type));
+            filters.push("event_type = :event_type");
+        }
+        if !filters.is_empty() {
+            request = request.filter_expression(filters.join(" AND "));
+        }
+        while partition.buffered.is_empty() && !partition.exhausted {
+            let out = request
+                .clone()
+                .set_exclusive_start_key(partition.start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                let created_key = get_s(&item, "created_key")?;
+                if window.exclusive_upper.as_ref() == Some(&created_key) {
+                    continue;
+                }
+                partition
+                    .buffered
+                    .push_back((created_key, get_s(&item, "id")?));
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => partition.start = Some(key),
+                _ => partition.exhausted = true,
+            }
+        }
+        Ok(())
+    }
+
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
         let result = self
             .client
@@ -454,6 +617,40 @@ impl DynamoStore {
             }
         }
     }
+}
+
+/// One partition of a delivery index being merged into a listing: `(created_key, id)`
+/// entries read newest first, a page at a time.
+struct IndexPartition {
+    index: &'static str,
+    hash_attribute: &'static str,
+    hash: String,
+    buffered: std::collections::VecDeque<(String, String)>,
+    start: Option<Item>,
+    exhausted: bool,
+}
+
+impl IndexPartition {
+    fn new(index: &'static str, hash_attribute: &'static str, hash: &str) -> Self {
+        Self {
+            index,
+            hash_attribute,
+            hash: hash.to_owned(),
+            buffered: std::collections::VecDeque::new(),
+            start: None,
+            exhausted: false,
+        }
+    }
+}
+
+/// The bounds and index-side filters of one listing.
+struct IndexWindow {
+    lower: String,
+    upper: String,
+    /// The cursor's own entry (the last one of the previous page), left out.
+    exclusive_upper: Option<String>,
+    account: String,
+    event_type: Option<String>,
 }
 
 enum TransactionFailure {
@@ -875,9 +1072,9 @@ fn notification_item(n_: &Notification) -> Item {
     ])
 }
 
-fn encode_cursor(delivery: &Delivery) -> String {
-    let cursor =
-        serde_json::json!({"c": to_millis(delivery.created_at), "i": delivery.id.as_str()});
+/// A listing position: the created time and id of the last delivery returned or examined.
+fn encode_position(created_millis: i64, id: &str) -> String {
+    let cursor = serde_json::json!({"c": created_millis, "i": id});
     URL_SAFE_NO_PAD.encode(cursor.to_string())
 }
 
@@ -1333,89 +1530,20 @@ impl Store for DynamoStore {
         query: &DeliveryQuery,
     ) -> StoreResult<Page<Delivery>> {
         let limit = query.limit.clamp(1, 500) as usize;
-        let lower = query.since.map(time_bound).unwrap_or_else(|| "0".into());
-        let mut upper = query.until.map(time_bound).unwrap_or_else(|| "~".into());
-        let mut exclusive_upper = None;
-        if let Some(cursor) = &query.cursor {
-            let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
-            let key = time_key(from_millis(created), &id);
-            if key < upper {
-                upper = key.clone();
-                exclusive_upper = Some(key);
-            }
-        }
-        let mut request = self
-            .client
-            .query()
-            .table_name(&self.tables.deliveries)
-            .key_condition_expression("#pk = :pk AND created_key BETWEEN :lower AND :upper")
-            .expression_attribute_values(":lower", s(lower))
-            .expression_attribute_values(":upper", s(upper))
-            .scan_index_forward(false);
-        let mut filters = Vec::new();
-        match &query.endpoint_id {
-            Some(endpoint) => {
-                request = request
-                    .index_name("by_endpoint")
-                    .expression_attribute_names("#pk", "endpoint_id")
-                    .expression_attribute_values(":pk", s(endpoint.as_str()))
-                    .expression_attribute_values(":account", s(account.as_str()));
-                filters.push("account_id = :account");
-            }
-            None => {
-                request = request
-                    .index_name("by_account")
-                    .expression_attribute_names("#pk", "account_id")
-                    .expression_attribute_values(":pk", s(account.as_str()));
-            }
-        }
-        if let Some(status) = query.status {
-            request = request
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":status", s(status.as_str()));
-            filters.push("#status = :status");
-        }
-        if let Some(event_type) = &query.event_type {
-            request = request.expression_attribute_values(":event_type", s(event_type));
-            filters.push("event_type = :event_type");
-        }
-        if let Some(code) = query.status_code {
-            request = request.expression_attribute_values(":code", n(code));
-            filters.push("last_status = :code");
-        }
-        if !filters.is_empty() {
-            request = request.filter_expression(filters.join(" AND "));
-        }
-        // Filters apply after DynamoDB's page limit, so read pages until one more item
-        // than asked for is found (that one proves there is a next page).
-        let mut items = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let out = request
-                .clone()
-                .limit(i32::try_from(limit + 1).unwrap_or(501))
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(sdk)?;
-            for item in out.items.unwrap_or_default() {
-                if exclusive_upper.is_some() && opt_s(&item, "created_key") == exclusive_upper {
-                    continue;
-                }
-                items.push(delivery_from_item(&item)?);
-            }
-            match out.last_evaluated_key {
-                Some(key) if !key.is_empty() && items.len() <= limit => start = Some(key),
-                _ => break,
-            }
-        }
-        let next_cursor = if items.len() > limit {
-            items.truncate(limit);
-            items.last().map(encode_cursor)
-        } else {
-            None
+        let partitions = match &query.endpoint_id {
+            Some(endpoint) => vec![IndexPartition::new(
+                "by_endpoint",
+                "endpoint_id",
+                endpoint.as_str(),
+            )],
+            None => vec![IndexPartition::new(
+                "by_account",
+                "account_id",
+                account.as_str(),
+            )],
         };
-        Ok(Page { items, next_cursor })
+        self.list_from_partitions(account, partitions, query, limit)
+            .await
     }
 
     async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
@@ -1446,10 +1574,20 @@ impl Store for DynamoStore {
                             .scan_index_forward(true),
                     )
                     .await?;
-                items
+                // The index holds keys and immutable attributes: the deliveries come from
+                // the table, oldest first as the index listed them.
+                let ids: Vec<String> = items
+                    .iter()
+                    .map(|item| get_s(item, "id"))
+                    .collect::<StoreResult<_>>()?;
+                let mut deliveries = self
+                    .get_many(&self.tables.deliveries, "id", &ids)
+                    .await?
                     .iter()
                     .map(delivery_from_item)
-                    .collect::<StoreResult<Vec<_>>>()?
+                    .collect::<StoreResult<Vec<_>>>()?;
+                deliveries.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+                deliveries
             }
         };
         let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
@@ -1837,6 +1975,17 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
     let keys_only = Projection::builder()
         .projection_type(ProjectionType::KeysOnly)
         .build();
+    // The delivery log's indexes carry only attributes that never change, so a delivery's
+    // status updates write no index entry; listings read the items after the index.
+    let immutable = |attributes: &[&str]| {
+        attributes
+            .iter()
+            .fold(
+                Projection::builder().projection_type(ProjectionType::Include),
+                |projection, name| projection.non_key_attributes(*name),
+            )
+            .build()
+    };
     let pending_projection = Projection::builder()
         .projection_type(ProjectionType::Include)
         .non_key_attributes("endpoint_id")
@@ -1878,13 +2027,13 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
                     "by_endpoint",
                     ("endpoint_id", S),
                     Some(("created_key", S)),
-                    all.clone(),
+                    immutable(&["account_id", "event_type"]),
                 ),
                 (
                     "by_account",
                     ("account_id", S),
                     Some(("created_key", S)),
-                    all.clone(),
+                    immutable(&["event_type"]),
                 ),
                 (
                     "by_event",
