@@ -1062,6 +1062,69 @@ pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Stor
     }
 }
 
+/// Every attempt comes back from `list_attempts` in order, whatever the store keeps where
+/// (DynamoDB keeps a small delivering first try on the delivery itself).
+pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
+    let (ep, _, first_try) = seeded(store).await;
+    let delivered = attempt_record(&first_try, 1, Decision::Delivered, true, add(t0(), secs(1)));
+    store.record_attempt(&delivered).await.unwrap();
+    assert_eq!(
+        store.list_attempts(&first_try.id).await.unwrap(),
+        vec![delivered.attempt.clone()]
+    );
+    assert_eq!(
+        store
+            .get_delivery(&first_try.account_id, &first_try.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        DeliveryStatus::Delivered
+    );
+
+    let ev2 = event("acme", "evt_2", t0());
+    let retried = delivery(&ev2, &ep, t0());
+    store
+        .publish(&ev2, std::slice::from_ref(&retried))
+        .await
+        .unwrap();
+    let failure = attempt_record(
+        &retried,
+        1,
+        Decision::RetryAt(add(t0(), secs(60))),
+        false,
+        add(t0(), secs(1)),
+    );
+    let success = attempt_record(&retried, 2, Decision::Delivered, true, add(t0(), secs(61)));
+    store.record_attempt(&failure).await.unwrap();
+    store.record_attempt(&success).await.unwrap();
+    assert_eq!(
+        store.list_attempts(&retried.id).await.unwrap(),
+        vec![failure.attempt, success.attempt]
+    );
+
+    let ev3 = event("acme", "evt_3", t0());
+    let big = delivery(&ev3, &ep, t0());
+    store
+        .publish(&ev3, std::slice::from_ref(&big))
+        .await
+        .unwrap();
+    let mut large = attempt_record(&big, 1, Decision::Delivered, true, add(t0(), secs(2)));
+    large.attempt.response_body = "x".repeat(4000);
+    store.record_attempt(&large).await.unwrap();
+    assert_eq!(
+        store.list_attempts(&big.id).await.unwrap(),
+        vec![large.attempt]
+    );
+    assert_eq!(
+        store
+            .list_attempts(&DeliveryId::parse("dlv_none").unwrap())
+            .await
+            .unwrap(),
+        vec![]
+    );
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -1070,6 +1133,7 @@ macro_rules! store_contract_tests {
             accounts_and_endpoints,
             publish_is_idempotent_on_the_event_id,
             record_attempt_applies_once_per_expected_state,
+            list_attempts_returns_every_attempt_in_order,
             failed_is_final,
             pending_deliveries_page_by_id_and_skip_inactive_endpoints,
             list_deliveries_newest_first_with_filters_and_cursor,

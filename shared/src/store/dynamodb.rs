@@ -63,6 +63,10 @@ const ABANDON_CONCURRENCY: usize = 16;
 const BATCH_GET_ITEMS: usize = 100;
 /// Index entries one `list_deliveries` call examines at most before it returns a short page.
 const LIST_EXAMINE_BUDGET: usize = 2_000;
+/// A first try that delivers is kept on the delivery item when its detail is at most this
+/// big: a delivery item (~0.5 KB) plus this stays within the 1 KB a write unit covers (and
+/// a bigger one would cost the update what the attempts row saves).
+const INLINE_FIRST_TRY_BYTES: usize = 400;
 
 /// The names of the tables, all sharing one prefix (the stack name in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1029,12 +1033,55 @@ fn replay_from_item(item: &Item) -> StoreResult<Replay> {
     })
 }
 
+/// What an attempt left, as stored in its row (with the row's keys) or in a delivery's
+/// `first_try` map.
+fn attempt_detail(attempt: &Attempt) -> Item {
+    let mut detail = Item::from([
+        ("trigger".into(), s(attempt.trigger.as_str())),
+        ("started_at".into(), n(to_millis(attempt.started_at))),
+        ("latency_ms".into(), n(attempt.latency_ms)),
+        (
+            "response_headers".into(),
+            s(serde_json::to_string(&attempt.response_headers).unwrap_or_else(|_| "[]".into())),
+        ),
+        ("response_body".into(), s(&attempt.response_body)),
+        (
+            "response_body_truncated".into(),
+            AttributeValue::Bool(attempt.response_body_truncated),
+        ),
+    ]);
+    if let Some(code) = attempt.status_code {
+        detail.insert("status_code".into(), n(code));
+    }
+    if let Some(error) = &attempt.error {
+        detail.insert("error".into(), s(error));
+    }
+    detail
+}
+
+/// The first try kept on a delivery item (see `record_attempt`), if any.
+fn first_try_from_item(item: &Item) -> StoreResult<Option<Attempt>> {
+    let Some(AttributeValue::M(detail)) = item.get("first_try") else {
+        return Ok(None);
+    };
+    let id = get_s(item, "id")?;
+    attempt_from_detail(detail, DeliveryId::from_trusted(id), 1).map(Some)
+}
+
 fn attempt_from_item(item: &Item) -> StoreResult<Attempt> {
+    attempt_from_detail(
+        item,
+        DeliveryId::from_trusted(get_s(item, "delivery_id")?),
+        get_n(item, "number")?,
+    )
+}
+
+fn attempt_from_detail(item: &Item, delivery_id: DeliveryId, number: u32) -> StoreResult<Attempt> {
     let trigger = get_s(item, "trigger")?;
     let headers = get_s(item, "response_headers")?;
     Ok(Attempt {
-        delivery_id: DeliveryId::from_trusted(get_s(item, "delivery_id")?),
-        number: get_n(item, "number")?,
+        delivery_id,
+        number,
         trigger: Trigger::parse(&trigger).ok_or_else(|| corrupt("trigger"))?,
         started_at: from_millis(get_n(item, "started_at")?),
         latency_ms: get_n(item, "latency_ms")?,
@@ -1377,6 +1424,26 @@ impl Store for DynamoStore {
             }
             None => removes.push("last_error"),
         }
+        // A first try that delivers is kept on the delivery itself, in this same update,
+        // when its detail is small (the usual 2xx): no attempts row. Every other attempt
+        // gets its row, so a delivery that is retried stays small for its later updates.
+        let detail = attempt_detail(&r.attempt);
+        let attempt_row = if r.attempt.number == 1
+            && matches!(r.decision, Decision::Delivered)
+            && crate::aws::meter::item_size(&detail) <= INLINE_FIRST_TRY_BYTES
+        {
+            sets.push("first_try = :first_try");
+            values.insert(":first_try".into(), AttributeValue::M(detail));
+            None
+        } else {
+            let expires = to_millis(r.attempt.started_at) / 1000
+                + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
+            let mut row = detail;
+            row.insert("delivery_id".into(), s(delivery_id));
+            row.insert("number".into(), n(r.attempt.number));
+            row.insert("expires_at".into(), n(expires));
+            Some(row)
+        };
         let mut expression = format!("SET {}", sets.join(", "));
         if !removes.is_empty() {
             expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
@@ -1407,39 +1474,15 @@ impl Store for DynamoStore {
             Err(e) => return Err(sdk(e)),
         };
 
-        let expires = to_millis(r.attempt.started_at) / 1000
-            + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
-        let mut attempt = Item::from([
-            ("delivery_id".into(), s(delivery_id)),
-            ("number".into(), n(r.attempt.number)),
-            ("trigger".into(), s(r.attempt.trigger.as_str())),
-            ("started_at".into(), n(to_millis(r.attempt.started_at))),
-            ("latency_ms".into(), n(r.attempt.latency_ms)),
-            (
-                "response_headers".into(),
-                s(serde_json::to_string(&r.attempt.response_headers)
-                    .unwrap_or_else(|_| "[]".into())),
-            ),
-            ("response_body".into(), s(&r.attempt.response_body)),
-            (
-                "response_body_truncated".into(),
-                AttributeValue::Bool(r.attempt.response_body_truncated),
-            ),
-            ("expires_at".into(), n(expires)),
-        ]);
-        if let Some(code) = r.attempt.status_code {
-            attempt.insert("status_code".into(), n(code));
+        if let Some(row) = attempt_row {
+            self.client
+                .put_item()
+                .table_name(&self.tables.attempts)
+                .set_item(Some(row))
+                .send()
+                .await
+                .map_err(sdk)?;
         }
-        if let Some(error) = &r.attempt.error {
-            attempt.insert("error".into(), s(error));
-        }
-        self.client
-            .put_item()
-            .table_name(&self.tables.attempts)
-            .set_item(Some(attempt))
-            .send()
-            .await
-            .map_err(sdk)?;
 
         let endpoint_failing_since = self.track_failing_clock(&account, r).await?;
         Ok(RecordOutcome::Recorded {
@@ -1719,6 +1762,20 @@ impl Store for DynamoStore {
     }
 
     async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let first_try = self
+            .client
+            .get_item()
+            .table_name(&self.tables.deliveries)
+            .key("id", s(delivery.as_str()))
+            .projection_expression("id, first_try")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(sdk)?
+            .item
+            .map(|item| first_try_from_item(&item))
+            .transpose()?
+            .flatten();
         let items = self
             .query_all(
                 self.client
@@ -1729,7 +1786,13 @@ impl Store for DynamoStore {
                     .consistent_read(true),
             )
             .await?;
-        items.iter().map(attempt_from_item).collect()
+        let mut attempts = items
+            .iter()
+            .map(attempt_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        attempts.extend(first_try);
+        attempts.sort_by_key(|a| a.number);
+        Ok(attempts)
     }
 
     async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
