@@ -315,7 +315,7 @@ pub async fn record_attempt_applies_once_per_expected_state(store: &dyn Store) {
         None
     );
     let unknown = attempt_record(
-        &delivery(&ev, &ep, t0()),
+        &delivery(&event("acme", "evt_unknown", t0()), &ep, t0()),
         1,
         Decision::Delivered,
         true,
@@ -858,6 +858,38 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
     let work = store.load_work(&d.id).await.unwrap().unwrap();
     assert_eq!(work.endpoint, None);
     assert_eq!(work.event, ev);
+    assert!(store
+        .list_endpoints(&ep.account_id)
+        .await
+        .unwrap()
+        .is_empty());
+    let mut changed = ep.clone();
+    changed.description = "back?".into();
+    assert!(
+        matches!(
+            store.update_endpoint(&changed).await,
+            Err(StoreError::NotFound(_))
+        ),
+        "a deleted endpoint cannot be updated"
+    );
+    assert_eq!(
+        store
+            .deliveries_of_event(&ev.account_id, &ev.id)
+            .await
+            .unwrap(),
+        vec![kept.clone()],
+        "a deleted endpoint's deliveries stay the event's"
+    );
+    // The id can be used again; the old history stays where it was.
+    store.create_endpoint(&ep).await.unwrap();
+    assert_eq!(
+        store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
+        Some(ep.clone())
+    );
+    assert!(matches!(
+        store.create_endpoint(&ep).await,
+        Err(StoreError::Conflict { .. })
+    ));
     assert!(store
         .pending_deliveries(add(t0(), secs(86_400)), None, 10)
         .await

@@ -3,9 +3,9 @@
 //! | table | key | indexes | for |
 //! |---|---|---|---|
 //! | `accounts` | `id` | | accounts |
-//! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query); endpoints failing since T |
+//! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query; a deleted one stays as a tombstone); endpoints failing since T |
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
-//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`) (both: keys, account and event type only), `by_event` (keys only: `event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
+//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`; projects only the immutable `account_id`, `event_type`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log newest first (an account's: the merge of its endpoints' logs); due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, endpoint) |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
 //!
@@ -55,6 +55,8 @@ const FAILING_SHARD: &str = "failing";
 /// Endpoints disabled for failing whose pending deliveries are still being abandoned.
 const DISABLING_SHARD: &str = "disabling";
 const UNSENT: &str = "unsent";
+/// Marks a deleted endpoint's tombstone.
+const DELETED_AT: &str = "deleted_at";
 /// DynamoDB's limit of items in one `TransactWriteItems`.
 const MAX_TRANSACTION_ITEMS: usize = 100;
 /// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
@@ -247,8 +249,29 @@ impl DynamoStore {
             key2("account_id", account.as_str(), "id", id.as_str()),
         )
         .await?
+        .filter(|item| !is_tombstone(item))
         .map(|item| endpoint_from_item(&item))
         .transpose()
+    }
+
+    /// The ids of every endpoint the account has had, deleted ones included (their items
+    /// stay as tombstones, see `delete_endpoint`).
+    async fn endpoint_ids_ever(&self, account: &AccountId) -> StoreResult<Vec<EndpointId>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .key_condition_expression("account_id = :a")
+                    .expression_attribute_values(":a", s(account.as_str()))
+                    .projection_expression("id")
+                    .consistent_read(true),
+            )
+            .await?;
+        items
+            .iter()
+            .map(|item| get_s(item, "id").map(EndpointId::from_trusted))
+            .collect()
     }
 
     async fn get_event_item(&self, account: &str, id: &str) -> StoreResult<Option<Event>> {
@@ -393,7 +416,8 @@ impl DynamoStore {
                     .set_key(Some(key))
                     .update_expression("REMOVE failing_since, failing_shard")
                     // Only touch an endpoint that still exists; an update would create it.
-                    .condition_expression("attribute_exists(id)")
+                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .expression_attribute_names("#deleted", DELETED_AT)
                     .send()
                     .await;
                 match result {
@@ -411,7 +435,8 @@ impl DynamoStore {
                     .update_expression(
                         "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
                     )
-                    .condition_expression("attribute_exists(id)")
+                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .expression_attribute_names("#deleted", DELETED_AT)
                     .expression_attribute_values(":now", n(to_millis(r.now)))
                     .expression_attribute_values(":shard", s(FAILING_SHARD))
                     .return_values(ReturnValue::AllNew)
@@ -432,7 +457,7 @@ impl DynamoStore {
         }
     }
 
-    /// A page of deliveries read from index partitions (`by_endpoint`, `by_account`) merged
+    /// A page of deliveries read from `by_endpoint` partitions merged
     /// newest first. The indexes hold only immutable attributes, so a status change never
     /// writes to them: filters on those (event type, account) run in the index query, the
     /// others (status, last status) on the items read after it. Created keys (time, then id)
@@ -558,10 +583,10 @@ impl DynamoStore {
             .expression_attribute_values(":upper", s(&window.upper))
             .scan_index_forward(false)
             .limit(i32::try_from(want.clamp(1, 500) + 1).unwrap_or(501));
-        if partition.hash_attribute != "account_id" {
-            request = request.expression_attribute_values(":account", s(&window.account));
-            filters.push("account_id = :account");
-        }
+        // An endpoint id names one endpoint of one account; the filter keeps another
+        // account's endpoint of the same name out.
+        request = request.expression_attribute_values(":account", s(&window.account));
+        filters.push("account_id = :account");
         if let Some(event_type) = &window.event_type {
             request = request.expression_attribute_values(":event_type", s(event_type));
             filters.push("event_type = :event_type");
@@ -708,6 +733,22 @@ fn key2(name: &str, value: &str, sort_name: &str, sort_value: &str) -> Item {
     ])
 }
 
+/// Every delivery this store writes has the id derived from its (account, event, endpoint)
+/// (`DeliveryId::derived`, what `Delivery::new_pending` gives): an event's deliveries are
+/// found by those ids, without an index. Another id is refused rather than stored unfindable.
+fn derived_ids_only(deliveries: &[Delivery]) -> StoreResult<()> {
+    match deliveries
+        .iter()
+        .find(|d| d.id != DeliveryId::derived(&d.account_id, &d.event_id, &d.endpoint_id))
+    {
+        None => Ok(()),
+        Some(d) => Err(StoreError::Backend(format!(
+            "delivery {} does not have the id derived from its event and endpoint",
+            d.id
+        ))),
+    }
+}
+
 fn put_if_absent(table: &str, item: Item, key_attribute: &str) -> StoreResult<TransactWriteItem> {
     let put = Put::builder()
         .table_name(table)
@@ -822,6 +863,12 @@ fn endpoint_item(e: &Endpoint) -> Item {
     item
 }
 
+/// A deleted endpoint's item: kept (without its secrets) so that the account's deliveries
+/// stay findable by their derived ids; hidden from every endpoint read.
+fn is_tombstone(item: &Item) -> bool {
+    item.contains_key(DELETED_AT)
+}
+
 fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
     let url = get_s(item, "url")?;
     let secret = get_s(item, "secret")?;
@@ -876,10 +923,6 @@ fn event_from_item(item: &Item) -> StoreResult<Event> {
     })
 }
 
-fn event_key(account: &str, event: &str) -> String {
-    format!("{account}#{event}")
-}
-
 fn delivery_item(d: &Delivery) -> Item {
     let mut item = Item::from([
         ("id".into(), s(d.id.as_str())),
@@ -895,10 +938,6 @@ fn delivery_item(d: &Delivery) -> Item {
         (
             "created_key".into(),
             s(time_key(d.created_at, d.id.as_str())),
-        ),
-        (
-            "event_key".into(),
-            s(event_key(d.account_id.as_str(), d.event_id.as_str())),
         ),
     ]);
     item.insert("schedule_start".into(), n(d.schedule_start));
@@ -1159,7 +1198,9 @@ impl Store for DynamoStore {
             .put_item()
             .table_name(&self.tables.endpoints)
             .set_item(Some(endpoint_item(endpoint)))
-            .condition_expression("attribute_not_exists(id)")
+            // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
+            .condition_expression("attribute_not_exists(id) OR attribute_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
             .send()
             .await;
         match result {
@@ -1193,6 +1234,7 @@ impl Store for DynamoStore {
             .await?;
         let mut endpoints = items
             .iter()
+            .filter(|item| !is_tombstone(item))
             .map(endpoint_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
         endpoints.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -1205,7 +1247,8 @@ impl Store for DynamoStore {
             .put_item()
             .table_name(&self.tables.endpoints)
             .set_item(Some(endpoint_item(endpoint)))
-            .condition_expression("attribute_exists(id)")
+            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
             .send()
             .await;
         match result {
@@ -1221,9 +1264,12 @@ impl Store for DynamoStore {
         id: &EndpointId,
         now: Timestamp,
     ) -> StoreResult<bool> {
+        // A tombstone rather than a delete: the account's deliveries are found through its
+        // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret,
+        // leaves the `failing` index and reads as absent everywhere.
         let result = self
             .client
-            .delete_item()
+            .update_item()
             .table_name(&self.tables.endpoints)
             .set_key(Some(key2(
                 "account_id",
@@ -1231,7 +1277,15 @@ impl Store for DynamoStore {
                 "id",
                 id.as_str(),
             )))
-            .condition_expression("attribute_exists(id)")
+            .update_expression(
+                "SET #deleted = :now, updated_at = :now, #status = :disabled \
+                 REMOVE secret, retiring_secret, retiring_until, failing_since, failing_shard",
+            )
+            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":disabled", s("disabled"))
             .send()
             .await;
         match result {
@@ -1244,6 +1298,7 @@ impl Store for DynamoStore {
     }
 
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
+        derived_ids_only(deliveries)?;
         // The event and its first deliveries in one transaction; an account with more
         // endpoints than one transaction holds gets the rest in follow-up transactions,
         // each put conditional, so repeating them is harmless.
@@ -1292,6 +1347,7 @@ impl Store for DynamoStore {
     }
 
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        derived_ids_only(deliveries)?;
         let mut added = Vec::new();
         for delivery in deliveries {
             let result = self
@@ -1320,28 +1376,26 @@ impl Store for DynamoStore {
         account: &AccountId,
         id: &EventId,
     ) -> StoreResult<Vec<Delivery>> {
-        let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.deliveries)
-                    .index_name("by_event")
-                    .key_condition_expression("event_key = :k")
-                    .expression_attribute_values(":k", s(event_key(account.as_str(), id.as_str()))),
-            )
-            .await?;
-        // The index holds keys only (so a delivery's status changes never write to it):
-        // the deliveries themselves come from the table.
-        let ids: Vec<String> = items
+        // A delivery's id is derived from (account, event, endpoint) (checked when it is
+        // written), so the candidates are one per endpoint the account ever had, deleted
+        // ones included; the ones that exist are the event's deliveries.
+        let ids: Vec<String> = self
+            .endpoint_ids_ever(account)
+            .await?
             .iter()
-            .map(|item| get_s(item, "id"))
-            .collect::<StoreResult<_>>()?;
+            .map(|endpoint| {
+                DeliveryId::derived(account, id, endpoint)
+                    .as_str()
+                    .to_owned()
+            })
+            .collect();
         let mut deliveries = self
             .get_many(&self.tables.deliveries, "id", &ids)
             .await?
             .iter()
             .map(delivery_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
+        deliveries.retain(|d| &d.account_id == account && &d.event_id == id);
         deliveries.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(deliveries)
     }
@@ -1579,11 +1633,15 @@ impl Store for DynamoStore {
                 "endpoint_id",
                 endpoint.as_str(),
             )],
-            None => vec![IndexPartition::new(
-                "by_account",
-                "account_id",
-                account.as_str(),
-            )],
+            // The account's log is the merge of its endpoints' logs, deleted ones included.
+            None => self
+                .endpoint_ids_ever(account)
+                .await?
+                .iter()
+                .map(|endpoint| {
+                    IndexPartition::new("by_endpoint", "endpoint_id", endpoint.as_str())
+                })
+                .collect(),
         };
         self.list_from_partitions(account, partitions, query, limit)
             .await
@@ -1843,6 +1901,9 @@ impl Store for DynamoStore {
     }
 
     async fn disable_endpoint(&self, r: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
+        if let Some((_, deliveries)) = &r.operational_event {
+            derived_ids_only(deliveries)?;
+        }
         let mut update = Update::builder()
             .table_name(&self.tables.endpoints)
             .set_key(Some(key2(
@@ -2035,9 +2096,6 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
     let all = Projection::builder()
         .projection_type(ProjectionType::All)
         .build();
-    let keys_only = Projection::builder()
-        .projection_type(ProjectionType::KeysOnly)
-        .build();
     // The delivery log's indexes carry only attributes that never change, so a delivery's
     // status updates write no index entry; listings read the items after the index.
     let immutable = |attributes: &[&str]| {
@@ -2091,18 +2149,6 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
                     ("endpoint_id", S),
                     Some(("created_key", S)),
                     immutable(&["account_id", "event_type"]),
-                ),
-                (
-                    "by_account",
-                    ("account_id", S),
-                    Some(("created_key", S)),
-                    immutable(&["event_type"]),
-                ),
-                (
-                    "by_event",
-                    ("event_key", S),
-                    Some(("endpoint_id", S)),
-                    keys_only,
                 ),
                 (
                     "pending",
@@ -2319,6 +2365,24 @@ pub(crate) mod tests {
         );
         // Finished: the next check has nothing left to do.
         assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_delivery_without_its_derived_id_is_refused() {
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let store = emulator_store().await;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let ev = event("acme", "evt_1", t0());
+        let mut stray = delivery(&ev, &ep, t0());
+        stray.id = DeliveryId::generate();
+        assert!(store
+            .publish(&ev, std::slice::from_ref(&stray))
+            .await
+            .is_err());
+        assert!(store.add_deliveries(&[stray]).await.is_err());
+        assert_eq!(store.get_event(&ev.account_id, &ev.id).await.unwrap(), None);
     }
 
     #[tokio::test]
