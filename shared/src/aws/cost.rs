@@ -120,7 +120,10 @@ enum Publisher {
 
 struct Measured {
     deliveries: usize,
+    /// Everything, the sweep included.
     reading: Reading,
+    /// The one sweep at the end.
+    sweep: Reading,
     sender_batches: usize,
     /// Time spent inside each function's handler work, for the GB-seconds.
     api_time: Duration,
@@ -149,6 +152,11 @@ impl Measured {
             self.per_delivery(sqs.billed_requests as f64),
             self.per_delivery(scheduler.calls as f64),
             self.per_delivery(lambda.calls as f64),
+        );
+        println!(
+            "of which one sweep: WCU {:.3}  RCU {:.3}",
+            self.per_delivery(self.sweep.service("DynamoDB").write_units),
+            self.per_delivery(self.sweep.service("DynamoDB").read_units),
         );
         let per = |time: Duration, calls: u64| time.as_secs_f64() * 1000.0 / calls.max(1) as f64;
         let invocations = |f: &str| {
@@ -346,8 +354,19 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
         }
         delete.send().await.unwrap();
     }
+    // One scheduled sweep: its walk is the safety net for first tries outside the `pending`
+    // index, and reads every new delivery once (a sweep every 5 minutes re-reads the last
+    // 2 minutes' again: LATE_WRITE_MARGIN).
+    let before_sweep = meter.reading();
+    meter.invoked("sweeper");
+    let report = super::handlers::sweep(&shape, Duration::from_secs(300))
+        .await
+        .unwrap();
+    assert_eq!(report.requeued, 0, "everything was delivered");
+    let sweep = meter.reading().since(&before_sweep);
     Measured {
         deliveries: events,
+        sweep,
         reading: meter.reading().since(&start),
         sender_batches,
         api_time,
@@ -367,11 +386,12 @@ async fn cost_per_first_try_and_retried_delivery() {
 
     // Regression guards at the figures reached (docs/PERFORMANCE.md, "Cost per delivery"),
     // with room for the slot item's first-burst conflicts. The target of ≤ 5 WCU per
-    // first-try delivery is NOT met by this table design; ≤ 0.3 SQS requests is met by the
-    // outbox path up to the emulator's partly filled receives.
-    assert!(api.wcu() <= 17.0, "API first try: {} WCU", api.wcu());
+    // first-try delivery is NOT met yet (events 2, deliveries 2-3, by_endpoint 1, slot lease
+    // 2+); ≤ 0.3 SQS requests is met by the outbox path up to the emulator's partly filled
+    // receives.
+    assert!(api.wcu() <= 10.0, "API first try: {} WCU", api.wcu());
     assert!(
-        outbox.wcu() <= 16.0,
+        outbox.wcu() <= 9.0,
         "outbox first try: {} WCU",
         outbox.wcu()
     );
@@ -380,5 +400,5 @@ async fn cost_per_first_try_and_retried_delivery() {
         "outbox first try: {} SQS requests",
         outbox.sqs_requests()
     );
-    assert!(retried.wcu() <= 27.0, "retried once: {} WCU", retried.wcu());
+    assert!(retried.wcu() <= 19.0, "retried once: {} WCU", retried.wcu());
 }

@@ -55,6 +55,13 @@ const FAILING_SHARD: &str = "failing";
 /// Endpoints disabled for failing whose pending deliveries are still being abandoned.
 const DISABLING_SHARD: &str = "disabling";
 const UNSENT: &str = "unsent";
+/// The control item holding how far `walk_unsent_first_tries` has looked.
+const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
+/// How far back before its watermark the walk looks again: a delivery can be written a while
+/// after the time it was created with (the writer's invocation lasts at most 30 s).
+const LATE_WRITE_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
+/// Endpoint partitions the walk reads at once.
+const WALK_CONCURRENCY: usize = 8;
 /// Marks a deleted endpoint's tombstone.
 const DELETED_AT: &str = "deleted_at";
 /// DynamoDB's limit of items in one `TransactWriteItems`.
@@ -214,11 +221,31 @@ impl DynamoStore {
     /// The items with these (single-attribute) keys, read strongly consistently in batches
     /// of 100; missing ones are left out.
     async fn get_many(&self, table: &str, key: &str, ids: &[String]) -> StoreResult<Vec<Item>> {
+        self.batch_get(table, key, ids, true).await
+    }
+
+    /// As `get_many`, eventually consistent (half the read units).
+    async fn get_many_eventually(
+        &self,
+        table: &str,
+        key: &str,
+        ids: &[String],
+    ) -> StoreResult<Vec<Item>> {
+        self.batch_get(table, key, ids, false).await
+    }
+
+    async fn batch_get(
+        &self,
+        table: &str,
+        key: &str,
+        ids: &[String],
+        consistent: bool,
+    ) -> StoreResult<Vec<Item>> {
         let mut items = Vec::new();
         for chunk in ids.chunks(BATCH_GET_ITEMS) {
             let keys = KeysAndAttributes::builder()
                 .set_keys(Some(chunk.iter().map(|id| key1(key, id)).collect()))
-                .consistent_read(true)
+                .consistent_read(consistent)
                 .build()
                 .map_err(build_error)?;
             let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
@@ -288,6 +315,157 @@ impl DynamoStore {
             .transpose()
     }
 
+    /// The safety net for new deliveries, which are not in the `pending` index (see
+    /// `delivery_item`): reads the `by_endpoint` log of every endpoint from the persisted
+    /// watermark (less `LATE_WRITE_MARGIN`) up to deliveries created at `until`, and brings
+    /// each one still pending without an attempt and outside the index into it (a
+    /// conditional write, so one delivered meanwhile stays out). Returns those items. Then
+    /// the watermark moves to `until` (never past the present): below it every delivery is
+    /// final, attempted, or in the index, so a first try whose queue message was lost
+    /// (publish crashed before sending, purge, dead-letter queue, retention) is found by the
+    /// sweeper like any due delivery. Reads (a small index entry and an eventually
+    /// consistent item read per new delivery) cost a fraction of the two index writes.
+    async fn walk_unsent_first_tries(&self, until: Timestamp) -> StoreResult<Vec<Item>> {
+        let watermark_key = key1("pk", FIRST_TRY_WATERMARK);
+        let watermark = self
+            .get(&self.tables.control, watermark_key.clone())
+            .await?
+            .map(|item| opt_n::<i64>(&item, "watermark"))
+            .transpose()?
+            .flatten();
+        let until = until.min(chrono::Utc::now());
+        let from = watermark.map(|w| {
+            crate::clock::from_millis(w)
+                - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+        });
+        let endpoints = self.all_endpoint_ids().await?;
+        let found: Vec<StoreResult<Vec<Item>>> = futures_util::stream::iter(endpoints)
+            .map(|endpoint| async move {
+                self.unindexed_pending_of(&endpoint, from, Some(until))
+                    .await
+            })
+            .buffer_unordered(WALK_CONCURRENCY)
+            .collect()
+            .await;
+        let mut unsent = Vec::new();
+        for items in found {
+            for item in items? {
+                let id = get_s(&item, "id")?;
+                let due = opt_n::<i64>(&item, "next_try_at")?
+                    .map(from_millis)
+                    .unwrap_or(until);
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.deliveries)
+                    .key("id", s(&id))
+                    .update_expression("SET pending_shard = :shard, due_key = :due_key")
+                    .condition_expression(
+                        "#status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)",
+                    )
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":pending", s("pending"))
+                    .expression_attribute_values(":zero", n(0))
+                    .expression_attribute_values(":shard", s(pending_shard(&id)))
+                    .expression_attribute_values(":due_key", s(time_key(due, &id)))
+                    .send()
+                    .await;
+                match result {
+                    Ok(_) => unsent.push(item),
+                    Err(e) if is_condition_failed(&e) => {}
+                    Err(e) => return Err(sdk(e)),
+                }
+            }
+        }
+        if watermark.is_none_or(|w| w < to_millis(until)) {
+            self.client
+                .put_item()
+                .table_name(&self.tables.control)
+                .set_item(Some(Item::from([
+                    ("pk".into(), s(FIRST_TRY_WATERMARK)),
+                    ("watermark".into(), n(to_millis(until))),
+                ])))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+        Ok(unsent)
+    }
+
+    /// Every endpoint id of every account, deleted ones left out (deleting an endpoint
+    /// abandons its pending deliveries).
+    async fn all_endpoint_ids(&self) -> StoreResult<Vec<EndpointId>> {
+        let mut ids = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = self
+                .client
+                .scan()
+                .table_name(&self.tables.endpoints)
+                .projection_expression("id, #deleted")
+                .expression_attribute_names("#deleted", DELETED_AT)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                if !is_tombstone(&item) {
+                    ids.push(EndpointId::from_trusted(get_s(&item, "id")?));
+                }
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// An endpoint's deliveries created in (`from`, `until`] (unbounded where `None`) that
+    /// are pending without an attempt and outside the `pending` index.
+    async fn unindexed_pending_of(
+        &self,
+        endpoint: &EndpointId,
+        from: Option<Timestamp>,
+        until: Option<Timestamp>,
+    ) -> StoreResult<Vec<Item>> {
+        let lower = from.map(time_bound).unwrap_or_else(|| "0".into());
+        let upper = until
+            .map(|t| format!("{}#~", time_bound(t)))
+            .unwrap_or_else(|| "~".into());
+        let entries = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.deliveries)
+                    .index_name("by_endpoint")
+                    .key_condition_expression(
+                        "endpoint_id = :e AND created_key BETWEEN :lower AND :upper",
+                    )
+                    .expression_attribute_values(":e", s(endpoint.as_str()))
+                    .expression_attribute_values(":lower", s(lower))
+                    .expression_attribute_values(":upper", s(upper)),
+            )
+            .await?;
+        let ids: Vec<String> = entries
+            .iter()
+            .map(|item| get_s(item, "id"))
+            .collect::<StoreResult<_>>()?;
+        let items = self
+            .get_many_eventually(&self.tables.deliveries, "id", &ids)
+            .await?;
+        Ok(items
+            .into_iter()
+            .filter(|item| {
+                opt_s(item, "status").as_deref() == Some("pending")
+                    && matches!(item.get("attempts"), Some(AttributeValue::N(a)) if a == "0")
+                    && !item.contains_key("pending_shard")
+            })
+            .collect())
+    }
+
     /// Moves every pending delivery of an endpoint to `abandoned`, each by a conditional
     /// write (so one that was delivered meanwhile stays delivered). Returns how many moved.
     async fn abandon_pending_of(
@@ -314,6 +492,18 @@ impl DynamoStore {
                 .await?,
             );
         }
+        // New deliveries not yet in the index: the walk has looked at everything below its
+        // watermark (less the margin for late writes); the rest is read from the endpoint's log.
+        let watermark = self
+            .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+            .await?
+            .map(|item| opt_n::<i64>(&item, "watermark"))
+            .transpose()?
+            .flatten();
+        let from = watermark.map(|w| {
+            from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+        });
+        keys.extend(self.unindexed_pending_of(endpoint, from, None).await?);
         // One conditional write per delivery (no transaction, so no 100-item limit), a few
         // at a time; each one only moves a delivery that is still pending, so running this
         // again after a failure part-way finishes the rest and changes nothing else.
@@ -951,11 +1141,9 @@ fn delivery_item(d: &Delivery) -> Item {
     if let Some(error) = &d.last_error {
         item.insert("last_error".into(), s(error));
     }
-    if d.status == DeliveryStatus::Pending {
-        let due = d.next_try_at.unwrap_or(d.created_at);
-        item.insert("pending_shard".into(), s(pending_shard(d.id.as_str())));
-        item.insert("due_key".into(), s(time_key(due, d.id.as_str())));
-    }
+    // A new delivery stays out of the `pending` index (entering and leaving it would cost
+    // two index writes for a first try that delivers): it enters after a failed try, on a
+    // replay, or when `walk_unsent_first_tries` finds it still unsent.
     item
 }
 
@@ -1459,6 +1647,8 @@ impl Store for DynamoStore {
             Some(at) => {
                 sets.push("next_try_at = :next");
                 sets.push("due_key = :due_key");
+                sets.push("pending_shard = :shard");
+                values.insert(":shard".into(), s(pending_shard(delivery_id)));
                 values.insert(":next".into(), n(to_millis(at)));
                 values.insert(":due_key".into(), s(time_key(at, delivery_id)));
             }
@@ -1555,6 +1745,16 @@ impl Store for DynamoStore {
         // entries are few in practice (the sweeper looks only past a grace period).
         let upper = format!("{}#~", time_bound(due_before));
         let mut due: BTreeMap<String, Item> = BTreeMap::new();
+        // A sweep's first page brings new deliveries that are still unsent into the index
+        // (and lists them here, as the index may not show them yet).
+        if after.is_none() {
+            for item in self.walk_unsent_first_tries(due_before).await? {
+                let due_at = opt_n::<i64>(&item, "next_try_at")?.map(from_millis);
+                if due_at.is_some_and(|at| at <= due_before) {
+                    due.insert(get_s(&item, "id")?, item);
+                }
+            }
+        }
         for shard in 0..PENDING_SHARDS {
             let items = self
                 .query_all(
@@ -2383,6 +2583,141 @@ pub(crate) mod tests {
             .is_err());
         assert!(store.add_deliveries(&[stray]).await.is_err());
         assert_eq!(store.get_event(&ev.account_id, &ev.id).await.unwrap(), None);
+    }
+
+    /// The ids in the `pending` index.
+    async fn indexed_pending(store: &DynamoStore) -> Vec<String> {
+        let mut ids = Vec::new();
+        for shard in 0..PENDING_SHARDS {
+            let items = store
+                .query_all(
+                    store
+                        .client()
+                        .query()
+                        .table_name(&store.tables().deliveries)
+                        .index_name("pending")
+                        .key_condition_expression("pending_shard = :shard")
+                        .expression_attribute_values(":shard", s(shard.to_string())),
+                )
+                .await
+                .unwrap();
+            ids.extend(items.iter().map(|item| get_s(item, "id").unwrap()));
+        }
+        ids.sort();
+        ids
+    }
+
+    #[tokio::test]
+    async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
+        use crate::clock::add;
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        use std::time::Duration;
+        let secs = Duration::from_secs;
+        let store = emulator_store().await;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let publish = |name: &'static str, at: Timestamp| {
+            let store = store.clone();
+            let ep = ep.clone();
+            async move {
+                let ev = event("acme", name, at);
+                let d = delivery(&ev, &ep, at);
+                store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+                d
+            }
+        };
+        let record = |d: &Delivery, decision: Decision, at: Timestamp| AttemptRecord {
+            attempt: Attempt {
+                delivery_id: d.id.clone(),
+                number: 1,
+                trigger: Trigger::Scheduled,
+                started_at: at,
+                latency_ms: 5,
+                status_code: Some(200),
+                response_headers: vec![],
+                response_body: String::new(),
+                response_body_truncated: false,
+                error: None,
+            },
+            expected_attempts: 0,
+            decision,
+            client_error_count: 0,
+            endpoint_id: d.endpoint_id.clone(),
+            success: true,
+            now: at,
+        };
+
+        // Delivered at the first try: never in the index.
+        let delivered = publish("evt_ok", t0()).await;
+        // Retried: enters the index with its retry.
+        let retried = publish("evt_retry", t0()).await;
+        // Its message lost: no attempt ever.
+        let lost = publish("evt_lost", t0()).await;
+        assert!(indexed_pending(&store).await.is_empty());
+        store
+            .record_attempt(&record(&delivered, Decision::Delivered, add(t0(), secs(1))))
+            .await
+            .unwrap();
+        store
+            .record_attempt(&record(
+                &retried,
+                Decision::RetryAt(add(t0(), secs(60))),
+                add(t0(), secs(1)),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(indexed_pending(&store).await, vec![retried.id.to_string()]);
+
+        // The sweep finds the lost one (and the retry once it is due).
+        let swept = store
+            .pending_deliveries(add(t0(), secs(10)), None, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            swept.iter().map(|r| &r.delivery_id).collect::<Vec<_>>(),
+            vec![&lost.id]
+        );
+        let mut expected = vec![lost.id.to_string(), retried.id.to_string()];
+        expected.sort();
+        assert_eq!(indexed_pending(&store).await, expected);
+
+        // Written after the sweep's watermark passed its creation time (a slow writer),
+        // within the margin: still found.
+        let late = publish("evt_late", add(t0(), secs(5))).await;
+        let swept = store
+            .pending_deliveries(add(t0(), secs(100)), None, 100)
+            .await
+            .unwrap();
+        let mut ids: Vec<&DeliveryId> = swept.iter().map(|r| &r.delivery_id).collect();
+        ids.sort();
+        let mut expected = vec![&lost.id, &retried.id, &late.id];
+        expected.sort();
+        assert_eq!(ids, expected);
+
+        // Deleting the endpoint abandons a new delivery the walk has not seen yet.
+        let unseen = publish("evt_unseen", add(t0(), secs(200))).await;
+        assert!(store
+            .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(300)))
+            .await
+            .unwrap());
+        for d in [&lost, &retried, &late, &unseen] {
+            let stored = store
+                .get_delivery(&d.account_id, &d.id)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
+        }
+        assert_eq!(
+            store
+                .get_delivery(&delivered.account_id, &delivered.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
+            DeliveryStatus::Delivered
+        );
     }
 
     #[tokio::test]
