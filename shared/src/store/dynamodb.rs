@@ -123,6 +123,8 @@ pub struct DynamoStore {
     client: Client,
     tables: TableNames,
     retention: Retention,
+    /// `LIST_EXAMINE_BUDGET`, smaller in tests.
+    list_examine_budget: usize,
 }
 
 impl DynamoStore {
@@ -131,6 +133,7 @@ impl DynamoStore {
             client,
             tables,
             retention,
+            list_examine_budget: LIST_EXAMINE_BUDGET,
         }
     }
 
@@ -681,7 +684,7 @@ impl DynamoStore {
         let mut found: Vec<Delivery> = Vec::new();
         let mut examined = 0usize;
         let mut last_examined: Option<String> = None;
-        while found.len() <= limit && examined < LIST_EXAMINE_BUDGET {
+        while found.len() <= limit && examined < self.list_examine_budget {
             let want = limit + 1 - found.len();
             let mut batch: Vec<(String, String)> = Vec::new();
             while batch.len() < want {
@@ -2717,6 +2720,83 @@ pub(crate) mod tests {
                 .unwrap()
                 .status,
             DeliveryStatus::Delivered
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sparse_listing_returns_short_pages_that_continue_where_they_stopped() {
+        use crate::clock::add;
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let mut store = emulator_store().await;
+        store.list_examine_budget = 4;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let mut made = Vec::new();
+        for i in 0..13u64 {
+            let at = add(t0(), std::time::Duration::from_secs(i));
+            let ev = event("acme", &format!("evt_{i:02}"), at);
+            let d = delivery(&ev, &ep, at);
+            store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+            made.push(d);
+        }
+        // Only the oldest and one in the middle match.
+        let failed = |d: &Delivery| AttemptRecord {
+            attempt: Attempt {
+                delivery_id: d.id.clone(),
+                number: 1,
+                trigger: Trigger::Scheduled,
+                started_at: t0(),
+                latency_ms: 1,
+                status_code: Some(410),
+                response_headers: vec![],
+                response_body: String::new(),
+                response_body_truncated: false,
+                error: Some("HTTP 410".into()),
+            },
+            expected_attempts: 0,
+            decision: Decision::Failed {
+                reason: "gone".into(),
+            },
+            client_error_count: 1,
+            endpoint_id: d.endpoint_id.clone(),
+            success: false,
+            now: t0(),
+        };
+        for d in [&made[6], &made[0]] {
+            store.record_attempt(&failed(d)).await.unwrap();
+        }
+        let acme = AccountId::parse("acme").unwrap();
+        let mut cursor = None;
+        let mut pages = Vec::new();
+        for _ in 0..20 {
+            let page = store
+                .list_deliveries(
+                    &acme,
+                    &DeliveryQuery {
+                        status: Some(DeliveryStatus::Failed),
+                        limit: 3,
+                        cursor: cursor.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            pages.push(page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>());
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        assert!(pages.len() > 1, "the budget cut the listing: {pages:?}");
+        assert!(
+            pages.iter().any(Vec::is_empty),
+            "a page can be empty and go on"
+        );
+        assert_eq!(
+            pages.concat(),
+            vec![made[6].id.clone(), made[0].id.clone()],
+            "every match once, newest first"
         );
     }
 
