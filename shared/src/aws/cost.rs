@@ -120,7 +120,10 @@ enum Publisher {
 
 struct Measured {
     deliveries: usize,
+    /// Everything, the sweep included.
     reading: Reading,
+    /// The one sweep at the end.
+    sweep: Reading,
     sender_batches: usize,
     /// Time spent inside each function's handler work, for the GB-seconds.
     api_time: Duration,
@@ -149,6 +152,11 @@ impl Measured {
             self.per_delivery(sqs.billed_requests as f64),
             self.per_delivery(scheduler.calls as f64),
             self.per_delivery(lambda.calls as f64),
+        );
+        println!(
+            "of which one sweep: WCU {:.3}  RCU {:.3}",
+            self.per_delivery(self.sweep.service("DynamoDB").write_units),
+            self.per_delivery(self.sweep.service("DynamoDB").read_units),
         );
         let per = |time: Duration, calls: u64| time.as_secs_f64() * 1000.0 / calls.max(1) as f64;
         let invocations = |f: &str| {
@@ -341,8 +349,19 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
         }
         delete.send().await.unwrap();
     }
+    // One scheduled sweep: its walk is the safety net for first tries outside the `pending`
+    // index, and reads every new delivery once (a sweep every 5 minutes re-reads the last
+    // 2 minutes' again: LATE_WRITE_MARGIN).
+    let before_sweep = meter.reading();
+    meter.invoked("sweeper");
+    let report = super::handlers::sweep(&shape, Duration::from_secs(300))
+        .await
+        .unwrap();
+    assert_eq!(report.requeued, 0, "everything was delivered");
+    let sweep = meter.reading().since(&before_sweep);
     Measured {
         deliveries: events,
+        sweep,
         reading: meter.reading().since(&start),
         sender_batches,
         api_time,
@@ -350,6 +369,14 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
         sender_time,
     }
 }
+
+// Regression guards per first-try (or once-retried) delivery, with room for the slot item's
+// first-burst conflicts (docs/PERFORMANCE.md, "Cost per delivery"). The API guard is the
+// issue's target; the outbox path adds the platform's own transactional write of the event
+// (2 units where a plain put is 1).
+const API_WCU_GUARD: f64 = 5.0;
+const OUTBOX_WCU_GUARD: f64 = 6.0;
+const RETRIED_WCU_GUARD: f64 = 12.5;
 
 #[tokio::test]
 async fn cost_per_first_try_and_retried_delivery() {
@@ -361,17 +388,18 @@ async fn cost_per_first_try_and_retried_delivery() {
     retried.print("retried once (500, then 200), published through the API");
 
     // Regression guards at the figures reached (docs/PERFORMANCE.md, "Cost per delivery"),
-    // with some room. The target of ≤ 5 WCU per first-try delivery is NOT met by
-    // this table design; ≤ 0.3 SQS requests is met by both paths (every publish goes through
-    // the stream's fan-out) up to the emulator's partly filled receives.
-    assert!(api.wcu() <= 12.5, "API first try: {} WCU", api.wcu());
+    // with room for the slot item's first-burst conflicts. The target of ≤ 5 WCU per
+    // first-try delivery: see docs/PERFORMANCE.md for where it stands; ≤ 0.3 SQS requests is
+    // met by both paths (every publish goes through the stream's fan-out) up to the emulator's
+    // partly filled receives.
+    assert!(api.wcu() <= API_WCU_GUARD, "API first try: {} WCU", api.wcu());
     assert!(
         api.sqs_requests() <= 0.5,
         "API first try: {} SQS requests",
         api.sqs_requests()
     );
     assert!(
-        outbox.wcu() <= 13.5,
+        outbox.wcu() <= OUTBOX_WCU_GUARD,
         "outbox first try: {} WCU",
         outbox.wcu()
     );
@@ -380,5 +408,5 @@ async fn cost_per_first_try_and_retried_delivery() {
         "outbox first try: {} SQS requests",
         outbox.sqs_requests()
     );
-    assert!(retried.wcu() <= 20.0, "retried once: {} WCU", retried.wcu());
+    assert!(retried.wcu() <= RETRIED_WCU_GUARD, "retried once: {} WCU", retried.wcu());
 }

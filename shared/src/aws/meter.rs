@@ -16,7 +16,8 @@
 //!   the item enters the index, a delete when it leaves, both when an index key changes, and
 //!   one when a projected attribute changes;
 //! - a strongly consistent read costs one unit per started 4 KB (a query: of all the items it
-//!   returns together), an eventually consistent one half that; index queries are always
+//!   returns together; a batch read: of each item, and the smallest read for a key with no
+//!   item), an eventually consistent one half that; index queries are always
 //!   eventually consistent; `TransactGetItems` costs double.
 //!
 //! To know the item before a write the meter keeps the last image it saw of every item
@@ -348,6 +349,12 @@ impl Meter {
                     .flatten()
                     .map(|(table, keys)| (table.clone(), keys.consistent_read().unwrap_or(false)))
                     .collect(),
+                requested: batch
+                    .request_items()
+                    .into_iter()
+                    .flatten()
+                    .map(|(table, keys)| (table.clone(), keys.keys().len()))
+                    .collect(),
             };
         }
         if input.downcast_ref::<TransactGetItemsInput>().is_some() {
@@ -476,12 +483,31 @@ impl Meter {
                     state.images.extend(images);
                 }
             }
-            (Plan::BatchRead { consistent }, Outcome::Succeeded(output)) => {
+            (
+                Plan::BatchRead {
+                    consistent,
+                    requested,
+                },
+                Outcome::Succeeded(output),
+            ) => {
                 if let Some(batch) = output.downcast_ref::<BatchGetItemOutput>() {
-                    for (table, items) in batch.responses().into_iter().flatten() {
+                    for (table, asked) in requested {
                         let strong = consistent.get(table).copied().unwrap_or(false);
-                        let units: f64 =
-                            items.iter().map(|i| read_units(item_size(i), strong)).sum();
+                        let items = batch
+                            .responses()
+                            .and_then(|r| r.get(table))
+                            .map_or(&[][..], Vec::as_slice);
+                        let unprocessed = batch
+                            .unprocessed_keys()
+                            .and_then(|u| u.get(table))
+                            .map_or(0, |k| k.keys().len());
+                        // A key with no item still costs the smallest read.
+                        let missing = asked.saturating_sub(items.len() + unprocessed);
+                        let units: f64 = items
+                            .iter()
+                            .map(|i| read_units(item_size(i), strong))
+                            .sum::<f64>()
+                            + missing as f64 * read_units(0, strong);
                         by_table.push((state.label(table), reading(units)));
                         usage.read_units += units;
                     }
@@ -618,6 +644,8 @@ enum Plan {
     },
     BatchRead {
         consistent: HashMap<String, bool>,
+        /// Keys asked for, per table.
+        requested: HashMap<String, usize>,
     },
     TransactionalRead,
     /// Any other call: this many billed requests.
@@ -1103,6 +1131,41 @@ mod tests {
         assert_eq!(after.get("status"), Some(&s("delivered")));
         assert_eq!(after.get("since"), Some(&n(7)));
         assert!(!after.contains_key("pending_shard"));
+    }
+
+    #[test]
+    fn a_batch_read_charges_every_key_asked_for() {
+        use aws_sdk_dynamodb::types::KeysAndAttributes;
+        use aws_smithy_runtime_api::client::interceptors::context::{Input, Output};
+        let meter = Meter::new(vec![TableLayout {
+            name: "t".into(),
+            label: "t".into(),
+            key: vec!["id".into()],
+            indexes: vec![],
+        }]);
+        let key = |id: &str| Item::from([("id".to_owned(), s(id))]);
+        let keys = KeysAndAttributes::builder()
+            .keys(key("a"))
+            .keys(key("b"))
+            .keys(key("c"))
+            .consistent_read(true)
+            .build()
+            .unwrap();
+        let input = BatchGetItemInput::builder()
+            .request_items("t", keys)
+            .build()
+            .unwrap();
+        let plan = meter.plan(&Input::erase(input));
+        let output = BatchGetItemOutput::builder()
+            .responses("t", vec![key("a")])
+            .build();
+        meter.settle(
+            "DynamoDB.BatchGetItem",
+            &plan,
+            Outcome::Succeeded(&Output::erase(output)),
+        );
+        // The item found costs a unit, and so does each key without an item.
+        assert_eq!(meter.reading().tables["t"].read_units, 3.0);
     }
 
     #[test]

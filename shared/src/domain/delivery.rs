@@ -1,4 +1,5 @@
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use super::{
     attempt::Trigger,
@@ -67,7 +68,25 @@ pub struct Delivery {
     pub updated_at: Timestamp,
 }
 
+impl DeliveryId {
+    /// The one id a delivery of an event to an endpoint has: a hash of (account, event,
+    /// endpoint), so a repeated fan-out finds the delivery it made, and the store can find an
+    /// event's deliveries from the account's endpoints without an index.
+    pub fn derived(account: &AccountId, event: &EventId, endpoint: &EndpointId) -> Self {
+        let digest = Sha256::new()
+            .chain_update(account.as_str())
+            .chain_update([0])
+            .chain_update(event.as_str())
+            .chain_update([0])
+            .chain_update(endpoint.as_str())
+            .finalize();
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        Self::from_trusted(format!("dlv_{hex}"))
+    }
+}
+
 impl Delivery {
+    /// A new pending delivery, with the id derived from its (account, event, endpoint).
     pub fn new_pending(
         event_id: EventId,
         endpoint_id: EndpointId,
@@ -76,7 +95,7 @@ impl Delivery {
         now: Timestamp,
     ) -> Self {
         Self {
-            id: DeliveryId::generate(),
+            id: DeliveryId::derived(&account_id, &event_id, &endpoint_id),
             event_id,
             endpoint_id,
             account_id,
@@ -92,5 +111,39 @@ impl Delivery {
             created_at: now,
             updated_at: now,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_id_is_the_one_fan_out_derives() {
+        let event = crate::domain::Event::new(
+            EventId::parse("evt_1").unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            crate::clock::from_millis(0),
+            &serde_json::json!({}),
+        )
+        .unwrap();
+        let endpoint = EndpointId::parse("ep_1").unwrap();
+        let delivery = Delivery::new_pending(
+            event.id.clone(),
+            endpoint.clone(),
+            event.account_id.clone(),
+            event.event_type.clone(),
+            event.created_at,
+        );
+        assert_eq!(
+            delivery.id,
+            crate::service::fan_out::delivery_id_for(&event, &endpoint)
+        );
+        let other = EndpointId::parse("ep_2").unwrap();
+        assert_ne!(
+            delivery.id,
+            DeliveryId::derived(&event.account_id, &event.id, &other)
+        );
     }
 }

@@ -315,7 +315,7 @@ pub async fn record_attempt_applies_once_per_expected_state(store: &dyn Store) {
         None
     );
     let unknown = attempt_record(
-        &delivery(&ev, &ep, t0()),
+        &delivery(&event("acme", "evt_unknown", t0()), &ep, t0()),
         1,
         Decision::Delivered,
         true,
@@ -859,6 +859,38 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
     assert_eq!(work.endpoint, None);
     assert_eq!(work.event, ev);
     assert!(store
+        .list_endpoints(&ep.account_id)
+        .await
+        .unwrap()
+        .is_empty());
+    let mut changed = ep.clone();
+    changed.description = "back?".into();
+    assert!(
+        matches!(
+            store.update_endpoint(&changed).await,
+            Err(StoreError::NotFound(_))
+        ),
+        "a deleted endpoint cannot be updated"
+    );
+    assert_eq!(
+        store
+            .deliveries_of_event(&ev.account_id, &ev.id)
+            .await
+            .unwrap(),
+        vec![kept.clone()],
+        "a deleted endpoint's deliveries stay the event's"
+    );
+    // The id can be used again; the old history stays where it was.
+    store.create_endpoint(&ep).await.unwrap();
+    assert_eq!(
+        store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
+        Some(ep.clone())
+    );
+    assert!(matches!(
+        store.create_endpoint(&ep).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert!(store
         .pending_deliveries(add(t0(), secs(86_400)), None, 10)
         .await
         .unwrap()
@@ -963,6 +995,224 @@ pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
     );
 }
 
+/// Paging through filtered listings returns every match once, in order, whatever the page
+/// size, across endpoints (a deleted one's history included) and same-millisecond ties.
+pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let endpoints = [
+        endpoint("acme", "ep_a", t0()),
+        endpoint("acme", "ep_b", t0()),
+        endpoint("acme", "ep_c", t0()),
+    ];
+    for e in &endpoints {
+        store.create_endpoint(e).await.unwrap();
+    }
+    let mut made = Vec::new();
+    for i in 0..18u64 {
+        // Pairs of events share a millisecond: ties are ordered by id.
+        let at = add(t0(), secs(i / 2));
+        let ev = event("acme", &format!("evt_{i:02}"), at);
+        let targets: Vec<&Endpoint> = if i % 4 == 0 {
+            endpoints.iter().collect()
+        } else {
+            vec![&endpoints[(i % 3) as usize]]
+        };
+        let ds: Vec<Delivery> = targets.iter().map(|e| delivery(&ev, e, at)).collect();
+        store.publish(&ev, &ds).await.unwrap();
+        made.extend(ds);
+    }
+    for d in made.iter().step_by(5) {
+        store
+            .record_attempt(&attempt_record(
+                d,
+                1,
+                Decision::Delivered,
+                true,
+                add(t0(), secs(30)),
+            ))
+            .await
+            .unwrap();
+    }
+    assert!(store
+        .delete_endpoint(
+            &endpoints[2].account_id,
+            &endpoints[2].id,
+            add(t0(), secs(40))
+        )
+        .await
+        .unwrap());
+
+    let acme = AccountId::parse("acme").unwrap();
+    let everything = store
+        .list_deliveries(
+            &acme,
+            &DeliveryQuery {
+                limit: 500,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut expected_order: Vec<&Delivery> = made.iter().collect();
+    expected_order.sort_by(|x, y| (y.created_at, &y.id).cmp(&(x.created_at, &x.id)));
+    assert_eq!(
+        everything.items.iter().map(|d| &d.id).collect::<Vec<_>>(),
+        expected_order.iter().map(|d| &d.id).collect::<Vec<_>>(),
+        "the whole log, newest first, ties by id"
+    );
+    assert_eq!(everything.next_cursor, None);
+
+    let filters: Vec<(&str, DeliveryQuery)> = vec![
+        ("none", DeliveryQuery::default()),
+        (
+            "delivered",
+            DeliveryQuery {
+                status: Some(DeliveryStatus::Delivered),
+                ..Default::default()
+            },
+        ),
+        (
+            "abandoned (the deleted endpoint's)",
+            DeliveryQuery {
+                status: Some(DeliveryStatus::Abandoned),
+                ..Default::default()
+            },
+        ),
+        (
+            "endpoint b",
+            DeliveryQuery {
+                endpoint_id: Some(endpoints[1].id.clone()),
+                ..Default::default()
+            },
+        ),
+        (
+            "deleted endpoint c, status 200",
+            DeliveryQuery {
+                endpoint_id: Some(endpoints[2].id.clone()),
+                status_code: Some(200),
+                ..Default::default()
+            },
+        ),
+        (
+            "window",
+            DeliveryQuery {
+                since: Some(add(t0(), secs(2))),
+                until: Some(add(t0(), secs(7))),
+                status: Some(DeliveryStatus::Pending),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, filter) in filters {
+        let expected: Vec<DeliveryId> = everything
+            .items
+            .iter()
+            .filter(|d| {
+                filter.status.is_none_or(|s| d.status == s)
+                    && filter
+                        .endpoint_id
+                        .as_ref()
+                        .is_none_or(|e| &d.endpoint_id == e)
+                    && filter.status_code.is_none_or(|c| d.last_status == Some(c))
+                    && filter.since.is_none_or(|t| d.created_at >= t)
+                    && filter.until.is_none_or(|t| d.created_at < t)
+            })
+            .map(|d| d.id.clone())
+            .collect();
+        assert!(!expected.is_empty(), "{name}: the filter matches something");
+        for limit in [1, 2, 5, 100] {
+            let mut seen = Vec::new();
+            let mut cursor = None;
+            for _ in 0..200 {
+                let page = store
+                    .list_deliveries(
+                        &acme,
+                        &DeliveryQuery {
+                            limit,
+                            cursor: cursor.clone(),
+                            ..filter.clone()
+                        },
+                    )
+                    .await
+                    .unwrap();
+                assert!(page.items.len() <= limit as usize, "{name}, limit {limit}");
+                seen.extend(page.items.iter().map(|d| d.id.clone()));
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(
+                seen, expected,
+                "{name}, limit {limit}: every match once, in order"
+            );
+        }
+    }
+}
+
+/// Every attempt comes back from `list_attempts` in order, whatever the store keeps where
+/// (DynamoDB keeps a small delivering first try on the delivery itself).
+pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
+    let (ep, _, first_try) = seeded(store).await;
+    let delivered = attempt_record(&first_try, 1, Decision::Delivered, true, add(t0(), secs(1)));
+    store.record_attempt(&delivered).await.unwrap();
+    assert_eq!(
+        store.list_attempts(&first_try.id).await.unwrap(),
+        vec![delivered.attempt.clone()]
+    );
+    assert_eq!(
+        store
+            .get_delivery(&first_try.account_id, &first_try.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        DeliveryStatus::Delivered
+    );
+
+    let ev2 = event("acme", "evt_2", t0());
+    let retried = delivery(&ev2, &ep, t0());
+    store
+        .publish(&ev2, std::slice::from_ref(&retried))
+        .await
+        .unwrap();
+    let failure = attempt_record(
+        &retried,
+        1,
+        Decision::RetryAt(add(t0(), secs(60))),
+        false,
+        add(t0(), secs(1)),
+    );
+    let success = attempt_record(&retried, 2, Decision::Delivered, true, add(t0(), secs(61)));
+    store.record_attempt(&failure).await.unwrap();
+    store.record_attempt(&success).await.unwrap();
+    assert_eq!(
+        store.list_attempts(&retried.id).await.unwrap(),
+        vec![failure.attempt, success.attempt]
+    );
+
+    let ev3 = event("acme", "evt_3", t0());
+    let big = delivery(&ev3, &ep, t0());
+    store
+        .publish(&ev3, std::slice::from_ref(&big))
+        .await
+        .unwrap();
+    let mut large = attempt_record(&big, 1, Decision::Delivered, true, add(t0(), secs(2)));
+    large.attempt.response_body = "x".repeat(4000);
+    store.record_attempt(&large).await.unwrap();
+    assert_eq!(
+        store.list_attempts(&big.id).await.unwrap(),
+        vec![large.attempt]
+    );
+    assert_eq!(
+        store
+            .list_attempts(&DeliveryId::parse("dlv_none").unwrap())
+            .await
+            .unwrap(),
+        vec![]
+    );
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -971,9 +1221,11 @@ macro_rules! store_contract_tests {
             accounts_and_endpoints,
             publish_is_idempotent_on_the_event_id,
             record_attempt_applies_once_per_expected_state,
+            list_attempts_returns_every_attempt_in_order,
             failed_is_final,
             pending_deliveries_page_by_id_and_skip_inactive_endpoints,
             list_deliveries_newest_first_with_filters_and_cursor,
+            list_deliveries_pages_through_filters_without_gaps,
             failing_endpoints_are_the_active_ones_failing_long_enough,
             disable_endpoint_is_conditional_and_complete,
             disable_endpoint_handles_more_than_a_transaction_holds,

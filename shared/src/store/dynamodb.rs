@@ -3,9 +3,9 @@
 //! | table | key | indexes | for |
 //! |---|---|---|---|
 //! | `accounts` | `id` | | accounts |
-//! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query); endpoints failing since T |
+//! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query; a deleted one stays as a tombstone); endpoints failing since T |
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
-//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`), `by_account` (`account_id`, `created_key`), `by_event` (keys only: `event_key`, `endpoint_id`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | the log newest first; an event's deliveries; due work (and, filtered by endpoint, an endpoint's pending work to abandon) |
+//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`; projects only the immutable `account_id`, `event_type`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log newest first (an account's: the merge of its endpoints' logs); due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, endpoint) |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
 //!
@@ -55,12 +55,27 @@ const FAILING_SHARD: &str = "failing";
 /// Endpoints disabled for failing whose pending deliveries are still being abandoned.
 const DISABLING_SHARD: &str = "disabling";
 const UNSENT: &str = "unsent";
+/// The control item holding how far `walk_unsent_first_tries` has looked.
+const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
+/// How far back before its watermark the walk looks again: a delivery can be written a while
+/// after the time it was created with (the writer's invocation lasts at most 30 s).
+const LATE_WRITE_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
+/// Endpoint partitions the walk reads at once.
+const WALK_CONCURRENCY: usize = 8;
+/// Marks a deleted endpoint's tombstone.
+const DELETED_AT: &str = "deleted_at";
 /// DynamoDB's limit of items in one `TransactWriteItems`.
 const MAX_TRANSACTION_ITEMS: usize = 100;
 /// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
 const ABANDON_CONCURRENCY: usize = 16;
 /// DynamoDB's limit of keys in one `BatchGetItem`.
 const BATCH_GET_ITEMS: usize = 100;
+/// Index entries one `list_deliveries` call examines at most before it returns a short page.
+const LIST_EXAMINE_BUDGET: usize = 2_000;
+/// A first try that delivers is kept on the delivery item when its detail is at most this
+/// big: a delivery item (~0.5 KB) plus this stays within the 1 KB a write unit covers (and
+/// a bigger one would cost the update what the attempts row saves).
+const INLINE_FIRST_TRY_BYTES: usize = 400;
 
 /// The names of the tables, all sharing one prefix (the stack name in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +123,8 @@ pub struct DynamoStore {
     client: Client,
     tables: TableNames,
     retention: Retention,
+    /// `LIST_EXAMINE_BUDGET`, smaller in tests.
+    list_examine_budget: usize,
 }
 
 impl DynamoStore {
@@ -116,6 +133,7 @@ impl DynamoStore {
             client,
             tables,
             retention,
+            list_examine_budget: LIST_EXAMINE_BUDGET,
         }
     }
 
@@ -206,11 +224,31 @@ impl DynamoStore {
     /// The items with these (single-attribute) keys, read strongly consistently in batches
     /// of 100; missing ones are left out.
     async fn get_many(&self, table: &str, key: &str, ids: &[String]) -> StoreResult<Vec<Item>> {
+        self.batch_get(table, key, ids, true).await
+    }
+
+    /// As `get_many`, eventually consistent (half the read units).
+    async fn get_many_eventually(
+        &self,
+        table: &str,
+        key: &str,
+        ids: &[String],
+    ) -> StoreResult<Vec<Item>> {
+        self.batch_get(table, key, ids, false).await
+    }
+
+    async fn batch_get(
+        &self,
+        table: &str,
+        key: &str,
+        ids: &[String],
+        consistent: bool,
+    ) -> StoreResult<Vec<Item>> {
         let mut items = Vec::new();
         for chunk in ids.chunks(BATCH_GET_ITEMS) {
             let keys = KeysAndAttributes::builder()
                 .set_keys(Some(chunk.iter().map(|id| key1(key, id)).collect()))
-                .consistent_read(true)
+                .consistent_read(consistent)
                 .build()
                 .map_err(build_error)?;
             let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
@@ -241,8 +279,29 @@ impl DynamoStore {
             key2("account_id", account.as_str(), "id", id.as_str()),
         )
         .await?
+        .filter(|item| !is_tombstone(item))
         .map(|item| endpoint_from_item(&item))
         .transpose()
+    }
+
+    /// The ids of every endpoint the account has had, deleted ones included (their items
+    /// stay as tombstones, see `delete_endpoint`).
+    async fn endpoint_ids_ever(&self, account: &AccountId) -> StoreResult<Vec<EndpointId>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .key_condition_expression("account_id = :a")
+                    .expression_attribute_values(":a", s(account.as_str()))
+                    .projection_expression("id")
+                    .consistent_read(true),
+            )
+            .await?;
+        items
+            .iter()
+            .map(|item| get_s(item, "id").map(EndpointId::from_trusted))
+            .collect()
     }
 
     async fn get_event_item(&self, account: &str, id: &str) -> StoreResult<Option<Event>> {
@@ -257,6 +316,157 @@ impl DynamoStore {
             .await?
             .map(|item| delivery_from_item(&item))
             .transpose()
+    }
+
+    /// The safety net for new deliveries, which are not in the `pending` index (see
+    /// `delivery_item`): reads the `by_endpoint` log of every endpoint from the persisted
+    /// watermark (less `LATE_WRITE_MARGIN`) up to deliveries created at `until`, and brings
+    /// each one still pending without an attempt and outside the index into it (a
+    /// conditional write, so one delivered meanwhile stays out). Returns those items. Then
+    /// the watermark moves to `until` (never past the present): below it every delivery is
+    /// final, attempted, or in the index, so a first try whose queue message was lost
+    /// (publish crashed before sending, purge, dead-letter queue, retention) is found by the
+    /// sweeper like any due delivery. Reads (a small index entry and an eventually
+    /// consistent item read per new delivery) cost a fraction of the two index writes.
+    async fn walk_unsent_first_tries(&self, until: Timestamp) -> StoreResult<Vec<Item>> {
+        let watermark_key = key1("pk", FIRST_TRY_WATERMARK);
+        let watermark = self
+            .get(&self.tables.control, watermark_key.clone())
+            .await?
+            .map(|item| opt_n::<i64>(&item, "watermark"))
+            .transpose()?
+            .flatten();
+        let until = until.min(chrono::Utc::now());
+        let from = watermark.map(|w| {
+            crate::clock::from_millis(w)
+                - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+        });
+        let endpoints = self.all_endpoint_ids().await?;
+        let found: Vec<StoreResult<Vec<Item>>> = futures_util::stream::iter(endpoints)
+            .map(|endpoint| async move {
+                self.unindexed_pending_of(&endpoint, from, Some(until))
+                    .await
+            })
+            .buffer_unordered(WALK_CONCURRENCY)
+            .collect()
+            .await;
+        let mut unsent = Vec::new();
+        for items in found {
+            for item in items? {
+                let id = get_s(&item, "id")?;
+                let due = opt_n::<i64>(&item, "next_try_at")?
+                    .map(from_millis)
+                    .unwrap_or(until);
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.deliveries)
+                    .key("id", s(&id))
+                    .update_expression("SET pending_shard = :shard, due_key = :due_key")
+                    .condition_expression(
+                        "#status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)",
+                    )
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":pending", s("pending"))
+                    .expression_attribute_values(":zero", n(0))
+                    .expression_attribute_values(":shard", s(pending_shard(&id)))
+                    .expression_attribute_values(":due_key", s(time_key(due, &id)))
+                    .send()
+                    .await;
+                match result {
+                    Ok(_) => unsent.push(item),
+                    Err(e) if is_condition_failed(&e) => {}
+                    Err(e) => return Err(sdk(e)),
+                }
+            }
+        }
+        if watermark.is_none_or(|w| w < to_millis(until)) {
+            self.client
+                .put_item()
+                .table_name(&self.tables.control)
+                .set_item(Some(Item::from([
+                    ("pk".into(), s(FIRST_TRY_WATERMARK)),
+                    ("watermark".into(), n(to_millis(until))),
+                ])))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+        Ok(unsent)
+    }
+
+    /// Every endpoint id of every account, deleted ones left out (deleting an endpoint
+    /// abandons its pending deliveries).
+    async fn all_endpoint_ids(&self) -> StoreResult<Vec<EndpointId>> {
+        let mut ids = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = self
+                .client
+                .scan()
+                .table_name(&self.tables.endpoints)
+                .projection_expression("id, #deleted")
+                .expression_attribute_names("#deleted", DELETED_AT)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                if !is_tombstone(&item) {
+                    ids.push(EndpointId::from_trusted(get_s(&item, "id")?));
+                }
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// An endpoint's deliveries created in (`from`, `until`] (unbounded where `None`) that
+    /// are pending without an attempt and outside the `pending` index.
+    async fn unindexed_pending_of(
+        &self,
+        endpoint: &EndpointId,
+        from: Option<Timestamp>,
+        until: Option<Timestamp>,
+    ) -> StoreResult<Vec<Item>> {
+        let lower = from.map(time_bound).unwrap_or_else(|| "0".into());
+        let upper = until
+            .map(|t| format!("{}#~", time_bound(t)))
+            .unwrap_or_else(|| "~".into());
+        let entries = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.deliveries)
+                    .index_name("by_endpoint")
+                    .key_condition_expression(
+                        "endpoint_id = :e AND created_key BETWEEN :lower AND :upper",
+                    )
+                    .expression_attribute_values(":e", s(endpoint.as_str()))
+                    .expression_attribute_values(":lower", s(lower))
+                    .expression_attribute_values(":upper", s(upper)),
+            )
+            .await?;
+        let ids: Vec<String> = entries
+            .iter()
+            .map(|item| get_s(item, "id"))
+            .collect::<StoreResult<_>>()?;
+        let items = self
+            .get_many_eventually(&self.tables.deliveries, "id", &ids)
+            .await?;
+        Ok(items
+            .into_iter()
+            .filter(|item| {
+                opt_s(item, "status").as_deref() == Some("pending")
+                    && matches!(item.get("attempts"), Some(AttributeValue::N(a)) if a == "0")
+                    && !item.contains_key("pending_shard")
+            })
+            .collect())
     }
 
     /// Moves every pending delivery of an endpoint to `abandoned`, each by a conditional
@@ -285,6 +495,18 @@ impl DynamoStore {
                 .await?,
             );
         }
+        // New deliveries not yet in the index: the walk has looked at everything below its
+        // watermark (less the margin for late writes); the rest is read from the endpoint's log.
+        let watermark = self
+            .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+            .await?
+            .map(|item| opt_n::<i64>(&item, "watermark"))
+            .transpose()?
+            .flatten();
+        let from = watermark.map(|w| {
+            from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+        });
+        keys.extend(self.unindexed_pending_of(endpoint, from, None).await?);
         // One conditional write per delivery (no transaction, so no 100-item limit), a few
         // at a time; each one only moves a delivery that is still pending, so running this
         // again after a failure part-way finishes the rest and changes nothing else.
@@ -387,7 +609,8 @@ impl DynamoStore {
                     .set_key(Some(key))
                     .update_expression("REMOVE failing_since, failing_shard")
                     // Only touch an endpoint that still exists; an update would create it.
-                    .condition_expression("attribute_exists(id)")
+                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .expression_attribute_names("#deleted", DELETED_AT)
                     .send()
                     .await;
                 match result {
@@ -405,7 +628,8 @@ impl DynamoStore {
                     .update_expression(
                         "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
                     )
-                    .condition_expression("attribute_exists(id)")
+                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .expression_attribute_names("#deleted", DELETED_AT)
                     .expression_attribute_values(":now", n(to_millis(r.now)))
                     .expression_attribute_values(":shard", s(FAILING_SHARD))
                     .return_values(ReturnValue::AllNew)
@@ -424,6 +648,167 @@ impl DynamoStore {
                 }
             }
         }
+    }
+
+    /// A page of deliveries read from `by_endpoint` partitions merged
+    /// newest first. The indexes hold only immutable attributes, so a status change never
+    /// writes to them: filters on those (event type, account) run in the index query, the
+    /// others (status, last status) on the items read after it. Created keys (time, then id)
+    /// are unique and totally ordered, so one position is a cursor for every partition.
+    async fn list_from_partitions(
+        &self,
+        account: &AccountId,
+        partitions: Vec<IndexPartition>,
+        query: &DeliveryQuery,
+        limit: usize,
+    ) -> StoreResult<Page<Delivery>> {
+        let lower = query.since.map(time_bound).unwrap_or_else(|| "0".into());
+        let mut upper = query.until.map(time_bound).unwrap_or_else(|| "~".into());
+        let mut exclusive_upper = None;
+        if let Some(cursor) = &query.cursor {
+            let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
+            let key = time_key(from_millis(created), &id);
+            if key < upper {
+                upper = key.clone();
+                exclusive_upper = Some(key);
+            }
+        }
+        let window = IndexWindow {
+            lower,
+            upper,
+            exclusive_upper,
+            account: account.as_str().to_owned(),
+            event_type: query.event_type.clone(),
+        };
+        let mut partitions = partitions;
+        let mut found: Vec<Delivery> = Vec::new();
+        let mut examined = 0usize;
+        let mut last_examined: Option<String> = None;
+        while found.len() <= limit && examined < self.list_examine_budget {
+            let want = limit + 1 - found.len();
+            let mut batch: Vec<(String, String)> = Vec::new();
+            while batch.len() < want {
+                let empty = partitions
+                    .iter_mut()
+                    .filter(|p| p.buffered.is_empty() && !p.exhausted);
+                futures_util::future::try_join_all(
+                    empty.map(|p| self.fill_partition(p, &window, want)),
+                )
+                .await?;
+                let newest = partitions
+                    .iter_mut()
+                    .filter(|p| !p.buffered.is_empty())
+                    .max_by(|a, b| a.buffered.front().cmp(&b.buffered.front()));
+                let Some(entry) = newest.and_then(|p| p.buffered.pop_front()) else {
+                    break;
+                };
+                batch.push(entry);
+            }
+            if batch.is_empty() {
+                break;
+            }
+            examined += batch.len();
+            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
+            let mut items: HashMap<String, Item> = HashMap::new();
+            for item in self.get_many(&self.tables.deliveries, "id", &ids).await? {
+                items.insert(get_s(&item, "id")?, item);
+            }
+            for (created_key, id) in batch {
+                last_examined = Some(created_key);
+                let Some(item) = items.get(&id) else {
+                    continue;
+                };
+                let delivery = delivery_from_item(item)?;
+                let wanted = query.status.is_none_or(|s| s == delivery.status)
+                    && query
+                        .status_code
+                        .is_none_or(|c| delivery.last_status == Some(c));
+                if wanted {
+                    found.push(delivery);
+                    if found.len() > limit {
+                        break;
+                    }
+                }
+            }
+        }
+        let more_to_read = partitions
+            .iter()
+            .any(|p| !p.buffered.is_empty() || !p.exhausted);
+        let next_cursor = if found.len() > limit {
+            found.truncate(limit);
+            found
+                .last()
+                .map(|d| encode_position(to_millis(d.created_at), d.id.as_str()))
+        } else if more_to_read {
+            // The examine budget ran out: a short page that continues after the last entry
+            // examined, so sparse filters cost bounded reads per call.
+            last_examined.and_then(|key| {
+                let (millis, id) = key.split_once('#')?;
+                Some(encode_position(millis.parse().ok()?, id))
+            })
+        } else {
+            None
+        };
+        Ok(Page {
+            items: found,
+            next_cursor,
+        })
+    }
+
+    /// Reads the next index page of a partition into its buffer (at least one entry unless
+    /// the partition is exhausted: a filtered page can come back empty).
+    async fn fill_partition(
+        &self,
+        partition: &mut IndexPartition,
+        window: &IndexWindow,
+        want: usize,
+    ) -> StoreResult<()> {
+        let mut filters = Vec::new();
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.tables.deliveries)
+            .index_name(partition.index)
+            .key_condition_expression("#pk = :pk AND created_key BETWEEN :lower AND :upper")
+            .expression_attribute_names("#pk", partition.hash_attribute)
+            .expression_attribute_values(":pk", s(&partition.hash))
+            .expression_attribute_values(":lower", s(&window.lower))
+            .expression_attribute_values(":upper", s(&window.upper))
+            .scan_index_forward(false)
+            .limit(i32::try_from(want.clamp(1, 500) + 1).unwrap_or(501));
+        // An endpoint id names one endpoint of one account; the filter keeps another
+        // account's endpoint of the same name out.
+        request = request.expression_attribute_values(":account", s(&window.account));
+        filters.push("account_id = :account");
+        if let Some(event_type) = &window.event_type {
+            request = request.expression_attribute_values(":event_type", s(event_type));
+            filters.push("event_type = :event_type");
+        }
+        if !filters.is_empty() {
+            request = request.filter_expression(filters.join(" AND "));
+        }
+        while partition.buffered.is_empty() && !partition.exhausted {
+            let out = request
+                .clone()
+                .set_exclusive_start_key(partition.start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                let created_key = get_s(&item, "created_key")?;
+                if window.exclusive_upper.as_ref() == Some(&created_key) {
+                    continue;
+                }
+                partition
+                    .buffered
+                    .push_back((created_key, get_s(&item, "id")?));
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => partition.start = Some(key),
+                _ => partition.exhausted = true,
+            }
+        }
+        Ok(())
     }
 
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
@@ -454,6 +839,40 @@ impl DynamoStore {
             }
         }
     }
+}
+
+/// One partition of a delivery index being merged into a listing: `(created_key, id)`
+/// entries read newest first, a page at a time.
+struct IndexPartition {
+    index: &'static str,
+    hash_attribute: &'static str,
+    hash: String,
+    buffered: std::collections::VecDeque<(String, String)>,
+    start: Option<Item>,
+    exhausted: bool,
+}
+
+impl IndexPartition {
+    fn new(index: &'static str, hash_attribute: &'static str, hash: &str) -> Self {
+        Self {
+            index,
+            hash_attribute,
+            hash: hash.to_owned(),
+            buffered: std::collections::VecDeque::new(),
+            start: None,
+            exhausted: false,
+        }
+    }
+}
+
+/// The bounds and index-side filters of one listing.
+struct IndexWindow {
+    lower: String,
+    upper: String,
+    /// The cursor's own entry (the last one of the previous page), left out.
+    exclusive_upper: Option<String>,
+    account: String,
+    event_type: Option<String>,
 }
 
 enum TransactionFailure {
@@ -505,6 +924,22 @@ fn key2(name: &str, value: &str, sort_name: &str, sort_value: &str) -> Item {
         (name.to_owned(), s(value)),
         (sort_name.to_owned(), s(sort_value)),
     ])
+}
+
+/// Every delivery this store writes has the id derived from its (account, event, endpoint)
+/// (`DeliveryId::derived`, what `Delivery::new_pending` gives): an event's deliveries are
+/// found by those ids, without an index. Another id is refused rather than stored unfindable.
+fn derived_ids_only(deliveries: &[Delivery]) -> StoreResult<()> {
+    match deliveries
+        .iter()
+        .find(|d| d.id != DeliveryId::derived(&d.account_id, &d.event_id, &d.endpoint_id))
+    {
+        None => Ok(()),
+        Some(d) => Err(StoreError::Backend(format!(
+            "delivery {} does not have the id derived from its event and endpoint",
+            d.id
+        ))),
+    }
 }
 
 fn put_if_absent(table: &str, item: Item, key_attribute: &str) -> StoreResult<TransactWriteItem> {
@@ -621,6 +1056,12 @@ fn endpoint_item(e: &Endpoint) -> Item {
     item
 }
 
+/// A deleted endpoint's item: kept (without its secrets) so that the account's deliveries
+/// stay findable by their derived ids; hidden from every endpoint read.
+fn is_tombstone(item: &Item) -> bool {
+    item.contains_key(DELETED_AT)
+}
+
 fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
     let url = get_s(item, "url")?;
     let secret = get_s(item, "secret")?;
@@ -675,10 +1116,6 @@ fn event_from_item(item: &Item) -> StoreResult<Event> {
     })
 }
 
-fn event_key(account: &str, event: &str) -> String {
-    format!("{account}#{event}")
-}
-
 fn delivery_item(d: &Delivery) -> Item {
     let mut item = Item::from([
         ("id".into(), s(d.id.as_str())),
@@ -695,10 +1132,6 @@ fn delivery_item(d: &Delivery) -> Item {
             "created_key".into(),
             s(time_key(d.created_at, d.id.as_str())),
         ),
-        (
-            "event_key".into(),
-            s(event_key(d.account_id.as_str(), d.event_id.as_str())),
-        ),
     ]);
     item.insert("schedule_start".into(), n(d.schedule_start));
     item.insert("next_trigger".into(), s(d.next_trigger.as_str()));
@@ -711,11 +1144,9 @@ fn delivery_item(d: &Delivery) -> Item {
     if let Some(error) = &d.last_error {
         item.insert("last_error".into(), s(error));
     }
-    if d.status == DeliveryStatus::Pending {
-        let due = d.next_try_at.unwrap_or(d.created_at);
-        item.insert("pending_shard".into(), s(pending_shard(d.id.as_str())));
-        item.insert("due_key".into(), s(time_key(due, d.id.as_str())));
-    }
+    // A new delivery stays out of the `pending` index (entering and leaving it would cost
+    // two index writes for a first try that delivers): it enters after a failed try, on a
+    // replay, or when `walk_unsent_first_tries` finds it still unsent.
     item
 }
 
@@ -832,12 +1263,55 @@ fn replay_from_item(item: &Item) -> StoreResult<Replay> {
     })
 }
 
+/// What an attempt left, as stored in its row (with the row's keys) or in a delivery's
+/// `first_try` map.
+fn attempt_detail(attempt: &Attempt) -> Item {
+    let mut detail = Item::from([
+        ("trigger".into(), s(attempt.trigger.as_str())),
+        ("started_at".into(), n(to_millis(attempt.started_at))),
+        ("latency_ms".into(), n(attempt.latency_ms)),
+        (
+            "response_headers".into(),
+            s(serde_json::to_string(&attempt.response_headers).unwrap_or_else(|_| "[]".into())),
+        ),
+        ("response_body".into(), s(&attempt.response_body)),
+        (
+            "response_body_truncated".into(),
+            AttributeValue::Bool(attempt.response_body_truncated),
+        ),
+    ]);
+    if let Some(code) = attempt.status_code {
+        detail.insert("status_code".into(), n(code));
+    }
+    if let Some(error) = &attempt.error {
+        detail.insert("error".into(), s(error));
+    }
+    detail
+}
+
+/// The first try kept on a delivery item (see `record_attempt`), if any.
+fn first_try_from_item(item: &Item) -> StoreResult<Option<Attempt>> {
+    let Some(AttributeValue::M(detail)) = item.get("first_try") else {
+        return Ok(None);
+    };
+    let id = get_s(item, "id")?;
+    attempt_from_detail(detail, DeliveryId::from_trusted(id), 1).map(Some)
+}
+
 fn attempt_from_item(item: &Item) -> StoreResult<Attempt> {
+    attempt_from_detail(
+        item,
+        DeliveryId::from_trusted(get_s(item, "delivery_id")?),
+        get_n(item, "number")?,
+    )
+}
+
+fn attempt_from_detail(item: &Item, delivery_id: DeliveryId, number: u32) -> StoreResult<Attempt> {
     let trigger = get_s(item, "trigger")?;
     let headers = get_s(item, "response_headers")?;
     Ok(Attempt {
-        delivery_id: DeliveryId::from_trusted(get_s(item, "delivery_id")?),
-        number: get_n(item, "number")?,
+        delivery_id,
+        number,
         trigger: Trigger::parse(&trigger).ok_or_else(|| corrupt("trigger"))?,
         started_at: from_millis(get_n(item, "started_at")?),
         latency_ms: get_n(item, "latency_ms")?,
@@ -875,9 +1349,9 @@ fn notification_item(n_: &Notification) -> Item {
     ])
 }
 
-fn encode_cursor(delivery: &Delivery) -> String {
-    let cursor =
-        serde_json::json!({"c": to_millis(delivery.created_at), "i": delivery.id.as_str()});
+/// A listing position: the created time and id of the last delivery returned or examined.
+fn encode_position(created_millis: i64, id: &str) -> String {
+    let cursor = serde_json::json!({"c": created_millis, "i": id});
     URL_SAFE_NO_PAD.encode(cursor.to_string())
 }
 
@@ -915,7 +1389,9 @@ impl Store for DynamoStore {
             .put_item()
             .table_name(&self.tables.endpoints)
             .set_item(Some(endpoint_item(endpoint)))
-            .condition_expression("attribute_not_exists(id)")
+            // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
+            .condition_expression("attribute_not_exists(id) OR attribute_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
             .send()
             .await;
         match result {
@@ -949,6 +1425,7 @@ impl Store for DynamoStore {
             .await?;
         let mut endpoints = items
             .iter()
+            .filter(|item| !is_tombstone(item))
             .map(endpoint_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
         endpoints.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -961,7 +1438,8 @@ impl Store for DynamoStore {
             .put_item()
             .table_name(&self.tables.endpoints)
             .set_item(Some(endpoint_item(endpoint)))
-            .condition_expression("attribute_exists(id)")
+            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
             .send()
             .await;
         match result {
@@ -977,9 +1455,12 @@ impl Store for DynamoStore {
         id: &EndpointId,
         now: Timestamp,
     ) -> StoreResult<bool> {
+        // A tombstone rather than a delete: the account's deliveries are found through its
+        // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret,
+        // leaves the `failing` index and reads as absent everywhere.
         let result = self
             .client
-            .delete_item()
+            .update_item()
             .table_name(&self.tables.endpoints)
             .set_key(Some(key2(
                 "account_id",
@@ -987,7 +1468,15 @@ impl Store for DynamoStore {
                 "id",
                 id.as_str(),
             )))
-            .condition_expression("attribute_exists(id)")
+            .update_expression(
+                "SET #deleted = :now, updated_at = :now, #status = :disabled \
+                 REMOVE secret, retiring_secret, retiring_until, failing_since, failing_shard",
+            )
+            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":disabled", s("disabled"))
             .send()
             .await;
         match result {
@@ -1000,6 +1489,7 @@ impl Store for DynamoStore {
     }
 
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
+        derived_ids_only(deliveries)?;
         // The event and its first deliveries in one transaction; an account with more
         // endpoints than one transaction holds gets the rest in follow-up transactions,
         // each put conditional, so repeating them is harmless.
@@ -1068,6 +1558,7 @@ impl Store for DynamoStore {
     }
 
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        derived_ids_only(deliveries)?;
         let mut added = Vec::new();
         for delivery in deliveries {
             let result = self
@@ -1096,28 +1587,26 @@ impl Store for DynamoStore {
         account: &AccountId,
         id: &EventId,
     ) -> StoreResult<Vec<Delivery>> {
-        let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.deliveries)
-                    .index_name("by_event")
-                    .key_condition_expression("event_key = :k")
-                    .expression_attribute_values(":k", s(event_key(account.as_str(), id.as_str()))),
-            )
-            .await?;
-        // The index holds keys only (so a delivery's status changes never write to it):
-        // the deliveries themselves come from the table.
-        let ids: Vec<String> = items
+        // A delivery's id is derived from (account, event, endpoint) (checked when it is
+        // written), so the candidates are one per endpoint the account ever had, deleted
+        // ones included; the ones that exist are the event's deliveries.
+        let ids: Vec<String> = self
+            .endpoint_ids_ever(account)
+            .await?
             .iter()
-            .map(|item| get_s(item, "id"))
-            .collect::<StoreResult<_>>()?;
+            .map(|endpoint| {
+                DeliveryId::derived(account, id, endpoint)
+                    .as_str()
+                    .to_owned()
+            })
+            .collect();
         let mut deliveries = self
             .get_many(&self.tables.deliveries, "id", &ids)
             .await?
             .iter()
             .map(delivery_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
+        deliveries.retain(|d| &d.account_id == account && &d.event_id == id);
         deliveries.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(deliveries)
     }
@@ -1181,6 +1670,8 @@ impl Store for DynamoStore {
             Some(at) => {
                 sets.push("next_try_at = :next");
                 sets.push("due_key = :due_key");
+                sets.push("pending_shard = :shard");
+                values.insert(":shard".into(), s(pending_shard(delivery_id)));
                 values.insert(":next".into(), n(to_millis(at)));
                 values.insert(":due_key".into(), s(time_key(at, delivery_id)));
             }
@@ -1200,6 +1691,26 @@ impl Store for DynamoStore {
             }
             None => removes.push("last_error"),
         }
+        // A first try that delivers is kept on the delivery itself, in this same update,
+        // when its detail is small (the usual 2xx): no attempts row. Every other attempt
+        // gets its row, so a delivery that is retried stays small for its later updates.
+        let detail = attempt_detail(&r.attempt);
+        let attempt_row = if r.attempt.number == 1
+            && matches!(r.decision, Decision::Delivered)
+            && crate::aws::meter::item_size(&detail) <= INLINE_FIRST_TRY_BYTES
+        {
+            sets.push("first_try = :first_try");
+            values.insert(":first_try".into(), AttributeValue::M(detail));
+            None
+        } else {
+            let expires = to_millis(r.attempt.started_at) / 1000
+                + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
+            let mut row = detail;
+            row.insert("delivery_id".into(), s(delivery_id));
+            row.insert("number".into(), n(r.attempt.number));
+            row.insert("expires_at".into(), n(expires));
+            Some(row)
+        };
         let mut expression = format!("SET {}", sets.join(", "));
         if !removes.is_empty() {
             expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
@@ -1230,39 +1741,15 @@ impl Store for DynamoStore {
             Err(e) => return Err(sdk(e)),
         };
 
-        let expires = to_millis(r.attempt.started_at) / 1000
-            + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
-        let mut attempt = Item::from([
-            ("delivery_id".into(), s(delivery_id)),
-            ("number".into(), n(r.attempt.number)),
-            ("trigger".into(), s(r.attempt.trigger.as_str())),
-            ("started_at".into(), n(to_millis(r.attempt.started_at))),
-            ("latency_ms".into(), n(r.attempt.latency_ms)),
-            (
-                "response_headers".into(),
-                s(serde_json::to_string(&r.attempt.response_headers)
-                    .unwrap_or_else(|_| "[]".into())),
-            ),
-            ("response_body".into(), s(&r.attempt.response_body)),
-            (
-                "response_body_truncated".into(),
-                AttributeValue::Bool(r.attempt.response_body_truncated),
-            ),
-            ("expires_at".into(), n(expires)),
-        ]);
-        if let Some(code) = r.attempt.status_code {
-            attempt.insert("status_code".into(), n(code));
+        if let Some(row) = attempt_row {
+            self.client
+                .put_item()
+                .table_name(&self.tables.attempts)
+                .set_item(Some(row))
+                .send()
+                .await
+                .map_err(sdk)?;
         }
-        if let Some(error) = &r.attempt.error {
-            attempt.insert("error".into(), s(error));
-        }
-        self.client
-            .put_item()
-            .table_name(&self.tables.attempts)
-            .set_item(Some(attempt))
-            .send()
-            .await
-            .map_err(sdk)?;
 
         let endpoint_failing_since = self.track_failing_clock(&account, r).await?;
         Ok(RecordOutcome::Recorded {
@@ -1281,6 +1768,16 @@ impl Store for DynamoStore {
         // entries are few in practice (the sweeper looks only past a grace period).
         let upper = format!("{}#~", time_bound(due_before));
         let mut due: BTreeMap<String, Item> = BTreeMap::new();
+        // A sweep's first page brings new deliveries that are still unsent into the index
+        // (and lists them here, as the index may not show them yet).
+        if after.is_none() {
+            for item in self.walk_unsent_first_tries(due_before).await? {
+                let due_at = opt_n::<i64>(&item, "next_try_at")?.map(from_millis);
+                if due_at.is_some_and(|at| at <= due_before) {
+                    due.insert(get_s(&item, "id")?, item);
+                }
+            }
+        }
         for shard in 0..PENDING_SHARDS {
             let items = self
                 .query_all(
@@ -1353,89 +1850,24 @@ impl Store for DynamoStore {
         query: &DeliveryQuery,
     ) -> StoreResult<Page<Delivery>> {
         let limit = query.limit.clamp(1, 500) as usize;
-        let lower = query.since.map(time_bound).unwrap_or_else(|| "0".into());
-        let mut upper = query.until.map(time_bound).unwrap_or_else(|| "~".into());
-        let mut exclusive_upper = None;
-        if let Some(cursor) = &query.cursor {
-            let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
-            let key = time_key(from_millis(created), &id);
-            if key < upper {
-                upper = key.clone();
-                exclusive_upper = Some(key);
-            }
-        }
-        let mut request = self
-            .client
-            .query()
-            .table_name(&self.tables.deliveries)
-            .key_condition_expression("#pk = :pk AND created_key BETWEEN :lower AND :upper")
-            .expression_attribute_values(":lower", s(lower))
-            .expression_attribute_values(":upper", s(upper))
-            .scan_index_forward(false);
-        let mut filters = Vec::new();
-        match &query.endpoint_id {
-            Some(endpoint) => {
-                request = request
-                    .index_name("by_endpoint")
-                    .expression_attribute_names("#pk", "endpoint_id")
-                    .expression_attribute_values(":pk", s(endpoint.as_str()))
-                    .expression_attribute_values(":account", s(account.as_str()));
-                filters.push("account_id = :account");
-            }
-            None => {
-                request = request
-                    .index_name("by_account")
-                    .expression_attribute_names("#pk", "account_id")
-                    .expression_attribute_values(":pk", s(account.as_str()));
-            }
-        }
-        if let Some(status) = query.status {
-            request = request
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":status", s(status.as_str()));
-            filters.push("#status = :status");
-        }
-        if let Some(event_type) = &query.event_type {
-            request = request.expression_attribute_values(":event_type", s(event_type));
-            filters.push("event_type = :event_type");
-        }
-        if let Some(code) = query.status_code {
-            request = request.expression_attribute_values(":code", n(code));
-            filters.push("last_status = :code");
-        }
-        if !filters.is_empty() {
-            request = request.filter_expression(filters.join(" AND "));
-        }
-        // Filters apply after DynamoDB's page limit, so read pages until one more item
-        // than asked for is found (that one proves there is a next page).
-        let mut items = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let out = request
-                .clone()
-                .limit(i32::try_from(limit + 1).unwrap_or(501))
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(sdk)?;
-            for item in out.items.unwrap_or_default() {
-                if exclusive_upper.is_some() && opt_s(&item, "created_key") == exclusive_upper {
-                    continue;
-                }
-                items.push(delivery_from_item(&item)?);
-            }
-            match out.last_evaluated_key {
-                Some(key) if !key.is_empty() && items.len() <= limit => start = Some(key),
-                _ => break,
-            }
-        }
-        let next_cursor = if items.len() > limit {
-            items.truncate(limit);
-            items.last().map(encode_cursor)
-        } else {
-            None
+        let partitions = match &query.endpoint_id {
+            Some(endpoint) => vec![IndexPartition::new(
+                "by_endpoint",
+                "endpoint_id",
+                endpoint.as_str(),
+            )],
+            // The account's log is the merge of its endpoints' logs, deleted ones included.
+            None => self
+                .endpoint_ids_ever(account)
+                .await?
+                .iter()
+                .map(|endpoint| {
+                    IndexPartition::new("by_endpoint", "endpoint_id", endpoint.as_str())
+                })
+                .collect(),
         };
-        Ok(Page { items, next_cursor })
+        self.list_from_partitions(account, partitions, query, limit)
+            .await
     }
 
     async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
@@ -1466,10 +1898,20 @@ impl Store for DynamoStore {
                             .scan_index_forward(true),
                     )
                     .await?;
-                items
+                // The index holds keys and immutable attributes: the deliveries come from
+                // the table, oldest first as the index listed them.
+                let ids: Vec<String> = items
+                    .iter()
+                    .map(|item| get_s(item, "id"))
+                    .collect::<StoreResult<_>>()?;
+                let mut deliveries = self
+                    .get_many(&self.tables.deliveries, "id", &ids)
+                    .await?
                     .iter()
                     .map(delivery_from_item)
-                    .collect::<StoreResult<Vec<_>>>()?
+                    .collect::<StoreResult<Vec<_>>>()?;
+                deliveries.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+                deliveries
             }
         };
         let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
@@ -1601,6 +2043,20 @@ impl Store for DynamoStore {
     }
 
     async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let first_try = self
+            .client
+            .get_item()
+            .table_name(&self.tables.deliveries)
+            .key("id", s(delivery.as_str()))
+            .projection_expression("id, first_try")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(sdk)?
+            .item
+            .map(|item| first_try_from_item(&item))
+            .transpose()?
+            .flatten();
         let items = self
             .query_all(
                 self.client
@@ -1611,7 +2067,13 @@ impl Store for DynamoStore {
                     .consistent_read(true),
             )
             .await?;
-        items.iter().map(attempt_from_item).collect()
+        let mut attempts = items
+            .iter()
+            .map(attempt_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        attempts.extend(first_try);
+        attempts.sort_by_key(|a| a.number);
+        Ok(attempts)
     }
 
     async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
@@ -1662,6 +2124,9 @@ impl Store for DynamoStore {
     }
 
     async fn disable_endpoint(&self, r: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
+        if let Some((_, deliveries)) = &r.operational_event {
+            derived_ids_only(deliveries)?;
+        }
         let mut update = Update::builder()
             .table_name(&self.tables.endpoints)
             .set_key(Some(key2(
@@ -1854,9 +2319,17 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
     let all = Projection::builder()
         .projection_type(ProjectionType::All)
         .build();
-    let keys_only = Projection::builder()
-        .projection_type(ProjectionType::KeysOnly)
-        .build();
+    // The delivery log's indexes carry only attributes that never change, so a delivery's
+    // status updates write no index entry; listings read the items after the index.
+    let immutable = |attributes: &[&str]| {
+        attributes
+            .iter()
+            .fold(
+                Projection::builder().projection_type(ProjectionType::Include),
+                |projection, name| projection.non_key_attributes(*name),
+            )
+            .build()
+    };
     let pending_projection = Projection::builder()
         .projection_type(ProjectionType::Include)
         .non_key_attributes("endpoint_id")
@@ -1898,19 +2371,7 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
                     "by_endpoint",
                     ("endpoint_id", S),
                     Some(("created_key", S)),
-                    all.clone(),
-                ),
-                (
-                    "by_account",
-                    ("account_id", S),
-                    Some(("created_key", S)),
-                    all.clone(),
-                ),
-                (
-                    "by_event",
-                    ("event_key", S),
-                    Some(("endpoint_id", S)),
-                    keys_only,
+                    immutable(&["account_id", "event_type"]),
                 ),
                 (
                     "pending",
@@ -2127,6 +2588,236 @@ pub(crate) mod tests {
         );
         // Finished: the next check has nothing left to do.
         assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_delivery_without_its_derived_id_is_refused() {
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let store = emulator_store().await;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let ev = event("acme", "evt_1", t0());
+        let mut stray = delivery(&ev, &ep, t0());
+        stray.id = DeliveryId::generate();
+        assert!(store
+            .publish(&ev, std::slice::from_ref(&stray))
+            .await
+            .is_err());
+        assert!(store.add_deliveries(&[stray]).await.is_err());
+        assert_eq!(store.get_event(&ev.account_id, &ev.id).await.unwrap(), None);
+    }
+
+    /// The ids in the `pending` index.
+    async fn indexed_pending(store: &DynamoStore) -> Vec<String> {
+        let mut ids = Vec::new();
+        for shard in 0..PENDING_SHARDS {
+            let items = store
+                .query_all(
+                    store
+                        .client()
+                        .query()
+                        .table_name(&store.tables().deliveries)
+                        .index_name("pending")
+                        .key_condition_expression("pending_shard = :shard")
+                        .expression_attribute_values(":shard", s(shard.to_string())),
+                )
+                .await
+                .unwrap();
+            ids.extend(items.iter().map(|item| get_s(item, "id").unwrap()));
+        }
+        ids.sort();
+        ids
+    }
+
+    #[tokio::test]
+    async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
+        use crate::clock::add;
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        use std::time::Duration;
+        let secs = Duration::from_secs;
+        let store = emulator_store().await;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let publish = |name: &'static str, at: Timestamp| {
+            let store = store.clone();
+            let ep = ep.clone();
+            async move {
+                let ev = event("acme", name, at);
+                let d = delivery(&ev, &ep, at);
+                store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+                d
+            }
+        };
+        let record = |d: &Delivery, decision: Decision, at: Timestamp| AttemptRecord {
+            attempt: Attempt {
+                delivery_id: d.id.clone(),
+                number: 1,
+                trigger: Trigger::Scheduled,
+                started_at: at,
+                latency_ms: 5,
+                status_code: Some(200),
+                response_headers: vec![],
+                response_body: String::new(),
+                response_body_truncated: false,
+                error: None,
+            },
+            expected_attempts: 0,
+            decision,
+            client_error_count: 0,
+            endpoint_id: d.endpoint_id.clone(),
+            success: true,
+            now: at,
+        };
+
+        // Delivered at the first try: never in the index.
+        let delivered = publish("evt_ok", t0()).await;
+        // Retried: enters the index with its retry.
+        let retried = publish("evt_retry", t0()).await;
+        // Its message lost: no attempt ever.
+        let lost = publish("evt_lost", t0()).await;
+        assert!(indexed_pending(&store).await.is_empty());
+        store
+            .record_attempt(&record(&delivered, Decision::Delivered, add(t0(), secs(1))))
+            .await
+            .unwrap();
+        store
+            .record_attempt(&record(
+                &retried,
+                Decision::RetryAt(add(t0(), secs(60))),
+                add(t0(), secs(1)),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(indexed_pending(&store).await, vec![retried.id.to_string()]);
+
+        // The sweep finds the lost one (and the retry once it is due).
+        let swept = store
+            .pending_deliveries(add(t0(), secs(10)), None, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            swept.iter().map(|r| &r.delivery_id).collect::<Vec<_>>(),
+            vec![&lost.id]
+        );
+        let mut expected = vec![lost.id.to_string(), retried.id.to_string()];
+        expected.sort();
+        assert_eq!(indexed_pending(&store).await, expected);
+
+        // Written after the sweep's watermark passed its creation time (a slow writer),
+        // within the margin: still found.
+        let late = publish("evt_late", add(t0(), secs(5))).await;
+        let swept = store
+            .pending_deliveries(add(t0(), secs(100)), None, 100)
+            .await
+            .unwrap();
+        let mut ids: Vec<&DeliveryId> = swept.iter().map(|r| &r.delivery_id).collect();
+        ids.sort();
+        let mut expected = vec![&lost.id, &retried.id, &late.id];
+        expected.sort();
+        assert_eq!(ids, expected);
+
+        // Deleting the endpoint abandons a new delivery the walk has not seen yet.
+        let unseen = publish("evt_unseen", add(t0(), secs(200))).await;
+        assert!(store
+            .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(300)))
+            .await
+            .unwrap());
+        for d in [&lost, &retried, &late, &unseen] {
+            let stored = store
+                .get_delivery(&d.account_id, &d.id)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
+        }
+        assert_eq!(
+            store
+                .get_delivery(&delivered.account_id, &delivered.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
+            DeliveryStatus::Delivered
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sparse_listing_returns_short_pages_that_continue_where_they_stopped() {
+        use crate::clock::add;
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let mut store = emulator_store().await;
+        store.list_examine_budget = 4;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let mut made = Vec::new();
+        for i in 0..13u64 {
+            let at = add(t0(), std::time::Duration::from_secs(i));
+            let ev = event("acme", &format!("evt_{i:02}"), at);
+            let d = delivery(&ev, &ep, at);
+            store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+            made.push(d);
+        }
+        // Only the oldest and one in the middle match.
+        let failed = |d: &Delivery| AttemptRecord {
+            attempt: Attempt {
+                delivery_id: d.id.clone(),
+                number: 1,
+                trigger: Trigger::Scheduled,
+                started_at: t0(),
+                latency_ms: 1,
+                status_code: Some(410),
+                response_headers: vec![],
+                response_body: String::new(),
+                response_body_truncated: false,
+                error: Some("HTTP 410".into()),
+            },
+            expected_attempts: 0,
+            decision: Decision::Failed {
+                reason: "gone".into(),
+            },
+            client_error_count: 1,
+            endpoint_id: d.endpoint_id.clone(),
+            success: false,
+            now: t0(),
+        };
+        for d in [&made[6], &made[0]] {
+            store.record_attempt(&failed(d)).await.unwrap();
+        }
+        let acme = AccountId::parse("acme").unwrap();
+        let mut cursor = None;
+        let mut pages = Vec::new();
+        for _ in 0..20 {
+            let page = store
+                .list_deliveries(
+                    &acme,
+                    &DeliveryQuery {
+                        status: Some(DeliveryStatus::Failed),
+                        limit: 3,
+                        cursor: cursor.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            pages.push(page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>());
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        assert!(pages.len() > 1, "the budget cut the listing: {pages:?}");
+        assert!(
+            pages.iter().any(Vec::is_empty),
+            "a page can be empty and go on"
+        );
+        assert_eq!(
+            pages.concat(),
+            vec![made[6].id.clone(), made[0].id.clone()],
+            "every match once, newest first"
+        );
     }
 
     #[tokio::test]
