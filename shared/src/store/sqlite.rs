@@ -171,15 +171,29 @@ const CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_millis(1
 /// fall behind (SQLite's default is 1000).
 const WAL_BACKSTOP_PAGES: i64 = 10_000;
 
-/// Answers read-only jobs one by one, each as soon as it has run: a read needs no commit,
-/// and with its own connection it neither waits for the writer's batch nor adds to it.
-/// Every read sees what was committed before it started, so a caller reads its own
-/// acknowledged writes.
+/// Answers read-only jobs as soon as each has run: a read needs no commit, and on its own
+/// connection it neither waits for the writer's batch nor adds to it. The jobs queued at
+/// one time share one read transaction (one file lock instead of one per statement); it
+/// starts after they were all queued, so each sees every write acknowledged before it.
 fn run_reads(mut conn: Connection, reads: mpsc::Receiver<Job>) {
-    while let Ok(job) = reads.recv() {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn))) {
-            Ok(reply) => reply(None),
-            Err(_) => tracing::error!("a store read panicked; its caller gets an error"),
+    while let Ok(first) = reads.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match reads.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let began = run_cached(&conn, "BEGIN");
+        for job in batch {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn))) {
+                Ok(reply) => reply(None),
+                Err(_) => tracing::error!("a store read panicked; its caller gets an error"),
+            }
+        }
+        // A read transaction left open would keep its snapshot for ever: end it either way.
+        if began.is_ok() && run_cached(&conn, "COMMIT").is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
         }
     }
 }
@@ -285,9 +299,6 @@ impl SqliteStore {
             reader
                 .pragma_update(None, "query_only", "ON")
                 .map_err(backend)?;
-            reader
-                .pragma_update(None, "cache_size", -65_536)
-                .map_err(backend)?;
             let (reads, queue) = mpsc::channel::<Job>();
             std::thread::Builder::new()
                 .name("hooklane-sqlite-read".into())
@@ -355,9 +366,6 @@ impl SqliteStore {
         // store thread's time. They are only needed until the job is released, so memory
         // is the right place; it does not touch what the WAL makes durable.
         conn.pragma_update(None, "temp_store", "MEMORY")
-            .map_err(backend)?;
-        // 64 MiB of page cache (the default is 2 MiB): the hot indexes stay in memory.
-        conn.pragma_update(None, "cache_size", -65_536)
             .map_err(backend)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(backend)?;
