@@ -8,7 +8,11 @@
 //! Usage: cargo run --example emulator_stack --features aws -- PREFIX RECEIVER_URL DELIVERIES
 
 use hooklane::{
-    aws::shape::{connect, provision},
+    aws::{
+        aws_sdk_ssm::{self, types::ParameterType},
+        load_sdk_config,
+        shape::{connect, provision},
+    },
     config::CoreConfig,
     http::AddressPolicy,
     queue::sqs::DeliveryMessage,
@@ -78,6 +82,16 @@ async fn main() -> Result<(), Failure> {
         env.insert(name.into(), serde_json::Value::String(value.into()));
     };
     set("HOOKLANE_TABLE_PREFIX", prefix);
+    // As deployed: the api function reads its admin token from an SSM SecureString.
+    let token_parameter = format!("/{prefix}/admin-token");
+    aws_sdk_ssm::Client::new(&load_sdk_config().await)
+        .put_parameter()
+        .name(&token_parameter)
+        .r#type(ParameterType::SecureString)
+        .value(format!("hl_admin_{prefix}_footprint"))
+        .send()
+        .await?;
+    set("HOOKLANE_ADMIN_TOKEN_PARAMETER", &token_parameter);
     set("HOOKLANE_QUEUE_URL", &settings.queue_url);
     set("HOOKLANE_QUEUE_ARN", &settings.queue_arn);
     if let Some((group, role)) = &settings.scheduler {
