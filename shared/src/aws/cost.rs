@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     config::CoreConfig,
-    domain::{AccountId, EndpointUrl, Event, EventId, EventType, RetrySchedule},
+    domain::{AccountId, EndpointUrl, Event, EventId, EventType, EventTypeFilter, RetrySchedule},
     http::AddressPolicy,
     queue::sqs::DeliveryMessage,
     service::{
@@ -216,6 +216,7 @@ fn payload(i: usize) -> serde_json::Value {
 
 async fn setup(
     failures_per_id: u32,
+    destinations: Destinations,
 ) -> (AwsShape, Meter, crate::aws::shape::AwsSettings, Receiver) {
     crate::testing::require_emulator();
     let mut core = CoreConfig::default();
@@ -232,17 +233,55 @@ async fn setup(
         .create_account(&contract::account("acme"))
         .await
         .unwrap();
-    let mut endpoint = contract::endpoint("acme", "ep_cost", chrono::Utc::now());
-    endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
-    // As many in flight as one SQS batch holds: no message waits for a slot.
-    endpoint.max_in_flight = 10;
-    store.create_endpoint(&endpoint).await.unwrap();
+    match destinations {
+        Destinations::OneEndpoint => {
+            let mut endpoint = contract::endpoint("acme", "ep_cost", chrono::Utc::now());
+            endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
+            // As many in flight as one SQS batch holds: no message waits for a slot.
+            endpoint.max_in_flight = 10;
+            store.create_endpoint(&endpoint).await.unwrap();
+        }
+        Destinations::TenEndpoints => {
+            for lane in 0..SPREAD_LANES {
+                let mut endpoint =
+                    contract::endpoint("acme", &format!("ep_cost_{lane}"), chrono::Utc::now());
+                endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
+                // The default cap (4), and only its own event type.
+                endpoint.event_types =
+                    EventTypeFilter::parse(Some(&[event_type_for(destinations, lane)])).unwrap();
+                store.create_endpoint(&endpoint).await.unwrap();
+            }
+        }
+    }
     (shape, meter, settings, receiver)
 }
 
-/// Publishes `events` events to one endpoint and runs the pipeline until each is delivered.
-async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> Measured {
-    let (shape, meter, settings, receiver) = setup(failures_per_id).await;
+/// Where the deliveries go: all to one endpoint (an SQS batch of ten shares one slot take
+/// and one give-back), or each event to the next of ten endpoints (every message of a batch
+/// is for another endpoint and takes and gives back its own slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Destinations {
+    OneEndpoint,
+    TenEndpoints,
+}
+
+const SPREAD_LANES: usize = 10;
+
+fn event_type_for(destinations: Destinations, index: usize) -> String {
+    match destinations {
+        Destinations::OneEndpoint => "invoice.paid".into(),
+        Destinations::TenEndpoints => format!("invoice.lane{}", index % SPREAD_LANES),
+    }
+}
+
+/// Publishes `events` events to `destinations` and runs the pipeline until each is delivered.
+async fn measure(
+    publisher: Publisher,
+    events: usize,
+    failures_per_id: u32,
+    destinations: Destinations,
+) -> Measured {
+    let (shape, meter, settings, receiver) = setup(failures_per_id, destinations).await;
     let app = &shape.app;
     let account = AccountId::parse("acme").unwrap();
     let sdk = super::load_sdk_config().await;
@@ -257,7 +296,7 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
                 meter.invoked("api");
                 let new = NewEvent {
                     id: None,
-                    event_type: "invoice.paid".into(),
+                    event_type: event_type_for(destinations, i),
                     data: payload(i),
                 };
                 let began = Instant::now();
@@ -269,7 +308,7 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
                 let event = Event::new(
                     EventId::generate(),
                     account.clone(),
-                    EventType::parse("invoice.paid").unwrap(),
+                    EventType::parse(&event_type_for(destinations, i)).unwrap(),
                     chrono::Utc::now(),
                     &payload(i),
                 )
@@ -377,15 +416,19 @@ async fn measure(publisher: Publisher, events: usize, failures_per_id: u32) -> M
 const API_WCU_GUARD: f64 = 5.0;
 const OUTBOX_WCU_GUARD: f64 = 6.0;
 const RETRIED_WCU_GUARD: f64 = 12.5;
+// Every message of a batch for another endpoint: its own slot take and give-back (2 units).
+const SPREAD_WCU_GUARD: f64 = 7.0;
 
 #[tokio::test]
 async fn cost_per_first_try_and_retried_delivery() {
-    let api = measure(Publisher::Api, 50, 0).await;
+    let api = measure(Publisher::Api, 50, 0, Destinations::OneEndpoint).await;
     api.print("first try, published through the API");
-    let outbox = measure(Publisher::Outbox, 100, 0).await;
+    let outbox = measure(Publisher::Outbox, 100, 0, Destinations::OneEndpoint).await;
     outbox.print("first try, published through the outbox");
-    let retried = measure(Publisher::Api, 30, 1).await;
+    let retried = measure(Publisher::Api, 30, 1, Destinations::OneEndpoint).await;
     retried.print("retried once (500, then 200), published through the API");
+    let spread = measure(Publisher::Api, 50, 0, Destinations::TenEndpoints).await;
+    spread.print("first try, published through the API, each to the next of ten endpoints");
 
     // ≤ 0.3 SQS requests is met by both paths (every publish goes through the stream's
     // fan-out) up to the emulator's partly filled receives.
@@ -408,6 +451,11 @@ async fn cost_per_first_try_and_retried_delivery() {
         outbox.sqs_requests() <= 0.5,
         "outbox first try: {} SQS requests",
         outbox.sqs_requests()
+    );
+    assert!(
+        spread.wcu() <= SPREAD_WCU_GUARD,
+        "API first try, spread over endpoints: {} WCU",
+        spread.wcu()
     );
     assert!(
         retried.wcu() <= RETRIED_WCU_GUARD,
