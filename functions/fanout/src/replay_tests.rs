@@ -291,15 +291,13 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
         .iter()
         .map(|id| {
             let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
-            let mut delivery = hooklane::domain::Delivery::new_pending(
+            hooklane::domain::Delivery::new_pending(
                 event.id.clone(),
                 endpoint.clone(),
                 event.account_id.clone(),
                 event.event_type.clone(),
                 contract::t0(),
-            );
-            delivery.id = hooklane::service::fan_out::delivery_id_for(event, &endpoint);
-            delivery
+            )
         })
         .collect();
     assert_eq!(store.add_deliveries(&written).await.unwrap().len(), 3);

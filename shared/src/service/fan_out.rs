@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 
 use futures_util::{stream, StreamExt};
-use sha2::{Digest, Sha256};
 
 use super::{ServiceError, ServiceResult};
 use crate::{
@@ -16,17 +15,9 @@ use crate::{
     App,
 };
 
-/// The one id a delivery of `event` to `endpoint` can have.
+/// The one id a delivery of `event` to `endpoint` can have (`Delivery::new_pending` gives it).
 pub fn delivery_id_for(event: &Event, endpoint: &EndpointId) -> DeliveryId {
-    let digest = Sha256::new()
-        .chain_update(event.account_id.as_str())
-        .chain_update([0])
-        .chain_update(event.id.as_str())
-        .chain_update([0])
-        .chain_update(endpoint.as_str())
-        .finalize();
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    DeliveryId::from_trusted(format!("dlv_{hex}"))
+    DeliveryId::derived(&event.account_id, &event.id, endpoint)
 }
 
 /// Creates the missing deliveries of a stored event and queues them. Returns how many
@@ -143,15 +134,13 @@ async fn fan_out_one(
     let deliveries: Vec<Delivery> = receivers
         .iter()
         .map(|endpoint| {
-            let mut delivery = Delivery::new_pending(
+            Delivery::new_pending(
                 event.id.clone(),
                 endpoint.id.clone(),
                 event.account_id.clone(),
                 event.event_type.clone(),
                 now,
-            );
-            delivery.id = delivery_id_for(event, &endpoint.id);
-            delivery
+            )
         })
         .collect();
     let added = app.store.add_deliveries(&deliveries).await?;

@@ -1,4 +1,4 @@
-use super::{fan_out::delivery_id_for, ServiceError, ServiceResult};
+use super::{ServiceError, ServiceResult};
 use crate::{
     domain::{AccountId, Delivery, Endpoint, Event, EventId, EventType, InvalidField},
     store::{PendingRef, PublishOutcome, PutEventOutcome},
@@ -149,15 +149,13 @@ fn planned_deliveries(event: &Event, endpoints: &[Endpoint]) -> Vec<Delivery> {
         .iter()
         .filter(|e| e.receives(&event.event_type))
         .map(|endpoint| {
-            let mut delivery = Delivery::new_pending(
+            Delivery::new_pending(
                 event.id.clone(),
                 endpoint.id.clone(),
                 event.account_id.clone(),
                 event.event_type.clone(),
                 event.created_at,
-            );
-            delivery.id = delivery_id_for(event, &endpoint.id);
-            delivery
+            )
         })
         .collect()
 }
@@ -180,7 +178,10 @@ pub async fn get(
 mod tests {
     use super::*;
     use crate::{
-        domain::DeliveryStatus, service::fan_out::fan_out, store::contract, testing::emulated_shape,
+        domain::DeliveryStatus,
+        service::fan_out::{delivery_id_for, fan_out},
+        store::contract,
+        testing::emulated_shape,
     };
 
     #[tokio::test]
