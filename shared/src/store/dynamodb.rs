@@ -426,6 +426,33 @@ impl DynamoStore {
         Ok(ids)
     }
 
+    /// The ids in an endpoint's `by_endpoint` log between two `created_key` bounds, oldest
+    /// first.
+    async fn endpoint_log_ids(
+        &self,
+        endpoint: &EndpointId,
+        lower: String,
+        upper: String,
+    ) -> StoreResult<Vec<String>> {
+        self.query_all(
+            self.client
+                .query()
+                .table_name(&self.tables.deliveries)
+                .index_name("by_endpoint")
+                .key_condition_expression(
+                    "endpoint_id = :e AND created_key BETWEEN :lower AND :upper",
+                )
+                .expression_attribute_values(":e", s(endpoint.as_str()))
+                .expression_attribute_values(":lower", s(lower))
+                .expression_attribute_values(":upper", s(upper))
+                .scan_index_forward(true),
+        )
+        .await?
+        .iter()
+        .map(|item| get_s(item, "id"))
+        .collect()
+    }
+
     /// An endpoint's deliveries created in (`from`, `until`] (unbounded where `None`) that
     /// are pending without an attempt and outside the `pending` index.
     async fn unindexed_pending_of(
@@ -438,24 +465,7 @@ impl DynamoStore {
         let upper = until
             .map(|t| format!("{}#~", time_bound(t)))
             .unwrap_or_else(|| "~".into());
-        let entries = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.deliveries)
-                    .index_name("by_endpoint")
-                    .key_condition_expression(
-                        "endpoint_id = :e AND created_key BETWEEN :lower AND :upper",
-                    )
-                    .expression_attribute_values(":e", s(endpoint.as_str()))
-                    .expression_attribute_values(":lower", s(lower))
-                    .expression_attribute_values(":upper", s(upper)),
-            )
-            .await?;
-        let ids: Vec<String> = entries
-            .iter()
-            .map(|item| get_s(item, "id"))
-            .collect::<StoreResult<_>>()?;
+        let ids = self.endpoint_log_ids(endpoint, lower, upper).await?;
         let items = self
             .get_many_eventually(&self.tables.deliveries, "id", &ids)
             .await?;
@@ -1883,27 +1893,9 @@ impl Store for DynamoStore {
             ReplayScope::Endpoint(endpoint) => {
                 let lower = filter.since.map(time_bound).unwrap_or_else(|| "0".into());
                 let upper = filter.until.map(time_bound).unwrap_or_else(|| "~".into());
-                let items = self
-                    .query_all(
-                        self.client
-                            .query()
-                            .table_name(&self.tables.deliveries)
-                            .index_name("by_endpoint")
-                            .key_condition_expression(
-                                "endpoint_id = :pk AND created_key BETWEEN :lower AND :upper",
-                            )
-                            .expression_attribute_values(":pk", s(endpoint.as_str()))
-                            .expression_attribute_values(":lower", s(lower))
-                            .expression_attribute_values(":upper", s(upper))
-                            .scan_index_forward(true),
-                    )
-                    .await?;
                 // The index holds keys and immutable attributes: the deliveries come from
                 // the table, oldest first as the index listed them.
-                let ids: Vec<String> = items
-                    .iter()
-                    .map(|item| get_s(item, "id"))
-                    .collect::<StoreResult<_>>()?;
+                let ids = self.endpoint_log_ids(endpoint, lower, upper).await?;
                 let mut deliveries = self
                     .get_many(&self.tables.deliveries, "id", &ids)
                     .await?
