@@ -612,7 +612,9 @@ async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_mor
     let published_in = started.elapsed();
     let last_published = Instant::now();
     assert!(
-        farm.wait_until(Duration::from_secs(45), |f| delivered(f) >= expected)
+        // What is asserted is that nothing is lost, not how fast: on an emulator the suite's
+        // other tests have filled, the drain after the last publish took up to 38 s.
+        farm.wait_until(Duration::from_secs(120), |f| delivered(f) >= expected)
             .await,
         "lost deliveries: {} of {expected} arrived; serve log:\n{}",
         delivered(&farm),
