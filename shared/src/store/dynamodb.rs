@@ -373,10 +373,8 @@ impl DynamoStore {
                     .expression_attribute_values(":due_key", s(time_key(due, &id)))
                     .send()
                     .await;
-                match result {
-                    Ok(_) => unsent.push(item),
-                    Err(e) if is_condition_failed(&e) => {}
-                    Err(e) => return Err(sdk(e)),
+                if written(result)?.is_some() {
+                    unsent.push(item);
                 }
             }
         }
@@ -540,11 +538,7 @@ impl DynamoStore {
                         .expression_attribute_values(":now", n(to_millis(now)))
                         .send()
                         .await;
-                    match result {
-                        Ok(_) => Ok(true),
-                        Err(e) if is_condition_failed(&e) => Ok(false),
-                        Err(e) => Err(sdk(e)),
-                    }
+                    written(result).map(|out| out.is_some())
                 })
                 .buffer_unordered(ABANDON_CONCURRENCY)
                 .collect()
@@ -588,12 +582,9 @@ impl DynamoStore {
             .expression_attribute_values(":disabling", s(DISABLING_SHARD))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(abandoned),
-            // Already finished, or the endpoint was deleted or rewritten meanwhile.
-            Err(e) if is_condition_failed(&e) => Ok(abandoned),
-            Err(e) => Err(sdk(e)),
-        }
+        // Not written: already finished, or the endpoint was deleted or rewritten meanwhile.
+        written(result)?;
+        Ok(abandoned)
     }
 
     /// The endpoint's failing clock after an attempt, written only when it starts or stops
@@ -623,11 +614,8 @@ impl DynamoStore {
                     .expression_attribute_names("#deleted", DELETED_AT)
                     .send()
                     .await;
-                match result {
-                    Ok(_) => Ok(None),
-                    Err(e) if is_condition_failed(&e) => Ok(None),
-                    Err(e) => Err(sdk(e)),
-                }
+                written(result)?;
+                Ok(None)
             }
             (false, None) => {
                 let result = self
@@ -645,17 +633,12 @@ impl DynamoStore {
                     .return_values(ReturnValue::AllNew)
                     .send()
                     .await;
-                match result {
-                    Ok(out) => Ok(out
-                        .attributes
-                        .as_ref()
-                        .map(|item| opt_n::<i64>(item, "failing_since"))
-                        .transpose()?
-                        .flatten()
-                        .map(from_millis)),
-                    Err(e) if is_condition_failed(&e) => Ok(None),
-                    Err(e) => Err(sdk(e)),
-                }
+                Ok(written(result)?
+                    .and_then(|out| out.attributes)
+                    .map(|item| opt_n::<i64>(&item, "failing_since"))
+                    .transpose()?
+                    .flatten()
+                    .map(from_millis))
             }
         }
     }
@@ -915,6 +898,19 @@ fn is_condition_failed<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -> bo
         .as_service_error()
         .and_then(ProvideErrorMetadata::code)
         == Some("ConditionalCheckFailedException")
+}
+
+/// The output of a conditional write, or `None` when its condition did not hold.
+fn written<T, E, R>(result: Result<T, SdkError<E, R>>) -> StoreResult<Option<T>>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match result {
+        Ok(out) => Ok(Some(out)),
+        Err(e) if is_condition_failed(&e) => Ok(None),
+        Err(e) => Err(sdk(e)),
+    }
 }
 
 fn s(value: impl Into<String>) -> AttributeValue {
@@ -1376,14 +1372,12 @@ impl Store for DynamoStore {
             .condition_expression("attribute_not_exists(id)")
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Err(StoreError::Conflict {
+        written(result)?
+            .map(|_| ())
+            .ok_or_else(|| StoreError::Conflict {
                 entity: "account",
                 id: account.id.to_string(),
-            }),
-            Err(e) => Err(sdk(e)),
-        }
+            })
     }
 
     async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
@@ -1404,14 +1398,12 @@ impl Store for DynamoStore {
             .expression_attribute_names("#deleted", DELETED_AT)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Err(StoreError::Conflict {
+        written(result)?
+            .map(|_| ())
+            .ok_or_else(|| StoreError::Conflict {
                 entity: "endpoint",
                 id: endpoint.id.to_string(),
-            }),
-            Err(e) => Err(sdk(e)),
-        }
+            })
     }
 
     async fn get_endpoint(
@@ -1452,11 +1444,9 @@ impl Store for DynamoStore {
             .expression_attribute_names("#deleted", DELETED_AT)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Err(StoreError::NotFound("endpoint")),
-            Err(e) => Err(sdk(e)),
-        }
+        written(result)?
+            .map(|_| ())
+            .ok_or(StoreError::NotFound("endpoint"))
     }
 
     async fn delete_endpoint(
@@ -1489,10 +1479,8 @@ impl Store for DynamoStore {
             .expression_attribute_values(":disabled", s("disabled"))
             .send()
             .await;
-        match result {
-            Ok(_) => {}
-            Err(e) if is_condition_failed(&e) => return Ok(false),
-            Err(e) => return Err(sdk(e)),
+        if written(result)?.is_none() {
+            return Ok(false);
         }
         self.abandon_pending_of(id, "endpoint deleted", now).await?;
         Ok(true)
@@ -1556,14 +1544,13 @@ impl Store for DynamoStore {
             .condition_expression("attribute_not_exists(id)")
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(PutEventOutcome::Created),
-            Err(e) if is_condition_failed(&e) => self
+        match written(result)? {
+            Some(_) => Ok(PutEventOutcome::Created),
+            None => self
                 .get_event_item(event.account_id.as_str(), event.id.as_str())
                 .await?
                 .map(PutEventOutcome::AlreadyExists)
                 .ok_or_else(|| StoreError::Backend("event vanished during publish".into())),
-            Err(e) => Err(sdk(e)),
         }
     }
 
@@ -1579,10 +1566,8 @@ impl Store for DynamoStore {
                 .condition_expression("attribute_not_exists(id)")
                 .send()
                 .await;
-            match result {
-                Ok(_) => added.push(delivery.clone()),
-                Err(e) if is_condition_failed(&e) => {}
-                Err(e) => return Err(sdk(e)),
+            if written(result)?.is_some() {
+                added.push(delivery.clone());
             }
         }
         Ok(added)
@@ -1738,18 +1723,17 @@ impl Store for DynamoStore {
             .return_values(ReturnValue::AllNew)
             .send()
             .await;
-        let account = match updated {
-            Ok(out) => out
-                .attributes
-                .as_ref()
-                .map(|item| get_s(item, "account_id"))
-                .transpose()?
-                .map(AccountId::from_trusted)
-                .ok_or_else(|| corrupt("account_id"))?,
-            // Not pending at the expected count, or no such delivery.
-            Err(e) if is_condition_failed(&e) => return Ok(RecordOutcome::Stale),
-            Err(e) => return Err(sdk(e)),
+        // Not written: not pending at the expected count, or no such delivery.
+        let Some(out) = written(updated)? else {
+            return Ok(RecordOutcome::Stale);
         };
+        let account = out
+            .attributes
+            .as_ref()
+            .map(|item| get_s(item, "account_id"))
+            .transpose()?
+            .map(AccountId::from_trusted)
+            .ok_or_else(|| corrupt("account_id"))?;
 
         if let Some(row) = attempt_row {
             self.client
@@ -2228,11 +2212,8 @@ impl Store for DynamoStore {
             .expression_attribute_values(":now", n(to_millis(now)))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(sdk(e)),
-        }
+        written(result)?;
+        Ok(())
     }
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
@@ -2253,10 +2234,8 @@ impl Store for DynamoStore {
             .condition_expression("attribute_not_exists(pk)")
             .send()
             .await;
-        match result {
-            Ok(_) => return Ok(value.to_owned()),
-            Err(e) if is_condition_failed(&e) => {}
-            Err(e) => return Err(sdk(e)),
+        if written(result)?.is_some() {
+            return Ok(value.to_owned());
         }
         self.get_setting(key)
             .await?
