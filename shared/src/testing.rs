@@ -112,6 +112,25 @@ pub async fn emulated_shape() -> (crate::aws::shape::AwsSettings, crate::aws::sh
     emulated_shape_with(crate::config::CoreConfig::default()).await
 }
 
+/// Up to ten messages from a queue on the emulator, waiting up to `wait_seconds` for the
+/// first (0: answer at once). What is received is hidden for the queue's visibility timeout.
+#[cfg(feature = "aws")]
+pub async fn receive_queued(
+    queue_url: &str,
+    wait_seconds: i32,
+) -> Vec<aws_sdk_sqs::types::Message> {
+    aws_sdk_sqs::Client::new(&crate::aws::load_sdk_config().await)
+        .receive_message()
+        .queue_url(queue_url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(wait_seconds)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default()
+}
+
 /// [`emulated_shape`] with chosen settings (e.g. a short request deadline, so that slot
 /// leases run out within a test); loopback receivers are allowed whatever `core` says.
 #[cfg(feature = "aws")]

@@ -400,19 +400,10 @@ async fn the_sweeper_recovers_a_delivery_whose_message_was_lost() {
     .await
     .unwrap();
     assert_eq!(published.deliveries.len(), 1);
-    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
-    let received = sqs
-        .receive_message()
-        .queue_url(&settings.queue_url)
-        .max_number_of_messages(10)
-        .wait_time_seconds(1)
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
+    let received = hooklane::testing::receive_queued(&settings.queue_url, 1).await;
     assert_eq!(received.len(), 1, "the delivery's message");
-    sqs.delete_message()
+    aws_sdk_sqs::Client::new(&load_sdk_config().await)
+        .delete_message()
         .queue_url(&settings.queue_url)
         .receipt_handle(received[0].receipt_handle().unwrap())
         .send()

@@ -73,17 +73,9 @@ mod tests {
         serde_json::from_str(include_str!("../fixtures/events-stream.json")).unwrap()
     }
 
-    async fn queued(shape: &AwsShape, settings: &hooklane::aws::shape::AwsSettings) -> usize {
-        let sqs = hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await);
-        let _ = shape;
-        sqs.receive_message()
-            .queue_url(&settings.queue_url)
-            .max_number_of_messages(10)
-            .send()
+    async fn queued(settings: &hooklane::aws::shape::AwsSettings) -> usize {
+        hooklane::testing::receive_queued(&settings.queue_url, 0)
             .await
-            .unwrap()
-            .messages
-            .unwrap_or_default()
             .len()
     }
 
@@ -138,7 +130,7 @@ mod tests {
             .unwrap();
         assert_eq!(deliveries.len(), 1);
         assert_eq!(
-            queued(&shape, &settings).await,
+            queued(&settings).await,
             1,
             "one message for the new delivery"
         );

@@ -13,14 +13,14 @@ use aws_lambda_events::event::dynamodb::Event as StreamBatch;
 use hooklane::{
     aws::{
         aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem},
-        aws_sdk_sqs, load_sdk_config,
+        aws_sdk_sqs,
         shape::{AwsSettings, AwsShape},
     },
     domain::{AccountId, Event, EventId, EventType},
     queue::sqs::DeliveryMessage,
     service::sender::{handle_message, Handled, Lanes},
     store::contract,
-    testing::{emulated_shape, slow_receiver},
+    testing::{emulated_shape, receive_queued, slow_receiver},
 };
 use serde_json::{json, Value};
 
@@ -176,19 +176,9 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
     // Every delivery is queued, by the run that created it and again by each replay that
     // found it still pending without an attempt (it cannot know whether the first run got
     // as far as queueing it).
-    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
     let mut messages = Vec::new();
     for _ in 0..20 {
-        let got = sqs
-            .receive_message()
-            .queue_url(&settings.queue_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
+        let got = receive_queued(&settings.queue_url, 1).await;
         if got.is_empty() && messages.len() >= expected {
             break;
         }
@@ -304,18 +294,7 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
 
     let retry = handle(&shape, batch).await;
     assert!(retry.batch_item_failures.is_empty(), "{retry:?}");
-    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
-    let receive = || async {
-        sqs.receive_message()
-            .queue_url(&settings.queue_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default()
-    };
+    let receive = || receive_queued(&settings.queue_url, 1);
     let queued_ids = |messages: Vec<aws_sdk_sqs::types::Message>| {
         let mut ids: Vec<String> = messages
             .iter()

@@ -181,7 +181,7 @@ mod tests {
         domain::DeliveryStatus,
         service::fan_out::{delivery_id_for, fan_out},
         store::contract,
-        testing::emulated_shape,
+        testing::{emulated_shape, receive_queued},
     };
 
     #[tokio::test]
@@ -229,20 +229,8 @@ mod tests {
                 .is_empty(),
             "the deliveries are the fan-out's to write"
         );
-        let sqs = crate::aws::aws_sdk_sqs::Client::new(&crate::aws::load_sdk_config().await);
-        let queued = |sqs: crate::aws::aws_sdk_sqs::Client, url: String| async move {
-            sqs.receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .send()
-                .await
-                .unwrap()
-                .messages
-                .unwrap_or_default()
-                .len()
-        };
         assert_eq!(
-            queued(sqs.clone(), settings.queue_url.clone()).await,
+            receive_queued(&settings.queue_url, 0).await.len(),
             0,
             "nothing sent"
         );
@@ -268,7 +256,7 @@ mod tests {
         let mut expected = listed.clone();
         expected.sort();
         assert_eq!(stored, expected, "the fan-out made the deliveries listed");
-        assert_eq!(queued(sqs, settings.queue_url.clone()).await, 2);
+        assert_eq!(receive_queued(&settings.queue_url, 0).await.len(), 2);
 
         let again = publish(&shape.app, &account, new).await.unwrap();
         assert!(!again.created);
