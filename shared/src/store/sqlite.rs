@@ -72,19 +72,6 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(next_try_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries(endpoint_id, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS deliveries_by_account ON deliveries(account_id, created_at DESC, id DESC);
-CREATE TABLE IF NOT EXISTS attempts (
-  delivery_id TEXT NOT NULL,
-  number INTEGER NOT NULL,
-  trigger TEXT NOT NULL,
-  started_at INTEGER NOT NULL,
-  latency_ms INTEGER NOT NULL,
-  status_code INTEGER,
-  response_headers TEXT NOT NULL,
-  response_body TEXT NOT NULL,
-  response_body_truncated INTEGER NOT NULL,
-  error TEXT,
-  PRIMARY KEY (delivery_id, number)
-);
 CREATE TABLE IF NOT EXISTS notifications (
   id TEXT PRIMARY KEY,
   account_id TEXT NOT NULL,
@@ -111,6 +98,26 @@ CREATE TABLE IF NOT EXISTS replays (
 );
 CREATE INDEX IF NOT EXISTS replays_by_account ON replays(account_id, id DESC);
 "#;
+
+const ATTEMPTS_TABLE: &str = r#"
+CREATE TABLE IF NOT EXISTS attempts (
+  delivery_created_at INTEGER NOT NULL,
+  delivery_id TEXT NOT NULL,
+  number INTEGER NOT NULL,
+  trigger TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  latency_ms INTEGER NOT NULL,
+  status_code INTEGER,
+  response_headers TEXT NOT NULL,
+  response_body TEXT NOT NULL,
+  response_body_truncated INTEGER NOT NULL,
+  error TEXT,
+  PRIMARY KEY (delivery_created_at, delivery_id, number)
+) WITHOUT ROWID;
+"#;
+
+const ATTEMPT_COLUMNS: &str = "delivery_id, number, trigger, started_at, latency_ms, status_code, \
+     response_headers, response_body, response_body_truncated, error";
 
 /// Columns added after the first release, added to older database files on open.
 const ADDED_DELIVERY_COLUMNS: &[(&str, &str)] = &[
@@ -371,6 +378,7 @@ impl SqliteStore {
             .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
+        migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (reads, commits) = helpers(&conn, &jobs)?;
         std::thread::Builder::new()
@@ -425,15 +433,41 @@ impl SqliteStore {
     }
 }
 
+/// Attempts are keyed by their delivery's creation time first: the attempts one batch
+/// records are for deliveries created moments ago, so their rows land on the few pages at
+/// the end of the table. Keyed by the (hashed) delivery id, each went to a random page,
+/// and W1 made a fifth more WAL writes (406k against 319k `pwrite` calls).
+/// Files from before this layout have their attempts copied over once, on open.
+fn migrate_attempts_to_time_order(conn: &Connection) -> rusqlite::Result<()> {
+    let columns = table_columns(conn, "attempts")?;
+    if columns.is_empty() {
+        return conn.execute_batch(ATTEMPTS_TABLE);
+    }
+    if columns.iter().any(|c| c == "delivery_created_at") {
+        return Ok(());
+    }
+    let tx = conn.unchecked_transaction()?;
+    tx.execute_batch(&format!(
+        "ALTER TABLE attempts RENAME TO attempts_by_id; {ATTEMPTS_TABLE} \
+         INSERT OR IGNORE INTO attempts (delivery_created_at, {ATTEMPT_COLUMNS}) \
+         SELECT d.created_at, {ATTEMPT_COLUMNS} FROM attempts_by_id a JOIN deliveries d ON d.id = a.delivery_id; \
+         DROP TABLE attempts_by_id;"
+    ))?;
+    tx.commit()
+}
+
+fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
+    conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
+        .query_map([], |row| row.get(0))?
+        .collect()
+}
+
 fn add_missing_columns(
     conn: &Connection,
     table: &str,
     columns: &[(&str, &str)],
 ) -> rusqlite::Result<()> {
-    let existing: Vec<String> = conn
-        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
-        .query_map([], |row| row.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let existing = table_columns(conn, table)?;
     for (name, definition) in columns {
         if !existing.iter().any(|e| e == name) {
             conn.execute_batch(&format!(
@@ -1001,14 +1035,14 @@ impl Store for SqliteStore {
                     }),
                 ),
             };
-            let changed = tx
+            let delivery_created_at = tx
                 .prepare_cached(
                     "UPDATE deliveries SET status = ?3, attempts = ?4, next_try_at = ?5, last_status = ?6, last_error = ?7, \
                      client_errors = ?8, updated_at = ?9, next_trigger = 'scheduled' \
-                     WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                     WHERE id = ?1 AND status = 'pending' AND attempts = ?2 RETURNING created_at",
                 )
                 .and_then(|mut s| {
-                    s.execute(params![
+                    s.query_row(params![
                         r.attempt.delivery_id.as_str(),
                         r.expected_attempts,
                         status.as_str(),
@@ -1018,19 +1052,21 @@ impl Store for SqliteStore {
                         last_error,
                         r.client_error_count,
                         to_millis(r.now),
-                    ])
+                    ], |row| row.get::<_, i64>(0))
+                    .optional()
                 })
                 .map_err(backend)?;
-            if changed == 0 {
+            let Some(delivery_created_at) = delivery_created_at else {
                 return Ok(RecordOutcome::Stale);
-            }
+            };
             let headers = serde_json::to_string(&r.attempt.response_headers).unwrap_or_else(|_| "[]".into());
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO attempts (delivery_id, number, trigger, started_at, latency_ms, status_code, \
-                 response_headers, response_body, response_body_truncated, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            )
+            tx.prepare_cached(&format!(
+                "INSERT OR REPLACE INTO attempts (delivery_created_at, {ATTEMPT_COLUMNS}) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ))
             .and_then(|mut s| {
                 s.execute(params![
+                    delivery_created_at,
                     r.attempt.delivery_id.as_str(),
                     r.attempt.number,
                     r.attempt.trigger.as_str(),
@@ -1187,10 +1223,11 @@ impl Store for SqliteStore {
         let id = delivery.clone();
         self.read(move |conn| {
             let mut stmt = conn
-                .prepare_cached(
-                    "SELECT delivery_id, number, trigger, started_at, latency_ms, status_code, response_headers, response_body, \
-                     response_body_truncated, error FROM attempts WHERE delivery_id = ?1 ORDER BY number",
-                )
+                .prepare_cached(&format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts a \
+                     JOIN deliveries d ON a.delivery_created_at = d.created_at AND a.delivery_id = d.id \
+                     WHERE d.id = ?1 ORDER BY a.number"
+                ))
                 .map_err(backend)?;
             let rows = stmt.query_map(params![id.as_str()], attempt_from_row).map_err(backend)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
@@ -1518,6 +1555,45 @@ mod tests {
     async fn replays_follow_the_store_contract() {
         let store = SqliteStore::in_memory().unwrap();
         crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    }
+
+    #[tokio::test]
+    async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
+             endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
+             next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
+             created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+             CREATE TABLE attempts (delivery_id TEXT NOT NULL, number INTEGER NOT NULL, trigger TEXT NOT NULL, \
+             started_at INTEGER NOT NULL, latency_ms INTEGER NOT NULL, status_code INTEGER, \
+             response_headers TEXT NOT NULL, response_body TEXT NOT NULL, response_body_truncated INTEGER NOT NULL, \
+             error TEXT, PRIMARY KEY (delivery_id, number)); \
+             INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'pending', 2, 5000, 500, 'x', 0, 1000, 2); \
+             INSERT INTO attempts VALUES ('dlv_1', 1, 'scheduled', 1000, 12, 500, '[]', 'no', 0, NULL); \
+             INSERT INTO attempts VALUES ('dlv_1', 2, 'scheduled', 3000, 15, 503, '[]', 'later', 0, NULL);",
+        )
+        .unwrap();
+        let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
+        let attempts = store
+            .list_attempts(&DeliveryId::from_trusted("dlv_1".into()))
+            .await
+            .unwrap();
+        assert_eq!(
+            attempts
+                .iter()
+                .map(|a| (a.number, a.status_code, a.response_body.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(1, Some(500), "no"), (2, Some(503), "later")]
+        );
+        let layout = store
+            .run(|conn| table_columns(conn, "attempts").map_err(backend))
+            .await
+            .unwrap();
+        assert_eq!(
+            layout.first().map(String::as_str),
+            Some("delivery_created_at")
+        );
     }
 
     #[tokio::test]
