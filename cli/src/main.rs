@@ -1,7 +1,8 @@
 use std::{io::Read, path::PathBuf, process::ExitCode};
 
 /// glibc's malloc and free were a fifth of the serve process's samples under load (W1);
-/// mimalloc's thread-local free lists cost a fraction of that.
+/// mimalloc's thread-local free lists cost a fraction of that. Its `override` feature also
+/// serves the C code's malloc and free, which is where SQLite's store thread allocates.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
