@@ -1214,6 +1214,91 @@ pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
     );
 }
 
+/// A delivery's work, read after a publish, reflects every write made since: an endpoint
+/// update, the endpoint's failing clock starting, an attempt recorded without a read first.
+pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
+    let (ep, _, d1) = seeded(store).await;
+    assert_eq!(
+        store
+            .load_work(&d1.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .endpoint
+            .unwrap()
+            .url,
+        ep.url
+    );
+
+    let ev2 = event("acme", "evt_2", t0());
+    let d2 = delivery(&ev2, &ep, t0());
+    store
+        .publish(&ev2, std::slice::from_ref(&d2))
+        .await
+        .unwrap();
+    let moved = Endpoint {
+        url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
+        updated_at: add(t0(), secs(1)),
+        ..ep.clone()
+    };
+    store.update_endpoint(&moved).await.unwrap();
+    let work = store.load_work(&d2.id).await.unwrap().unwrap();
+    assert_eq!(
+        work.endpoint.unwrap().url,
+        moved.url,
+        "the update after the publish is seen"
+    );
+    assert_eq!(work.event.id, ev2.id);
+
+    let ev3 = event("acme", "evt_3", t0());
+    let d3 = delivery(&ev3, &ep, t0());
+    store
+        .publish(&ev3, std::slice::from_ref(&d3))
+        .await
+        .unwrap();
+    let failed_at = add(t0(), secs(2));
+    let retry = Decision::RetryAt(add(t0(), secs(60)));
+    store
+        .record_attempt(&attempt_record(&d1, 1, retry, false, failed_at))
+        .await
+        .unwrap();
+    let endpoint = store
+        .load_work(&d3.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .endpoint
+        .unwrap();
+    assert_eq!(
+        endpoint.failing_since,
+        Some(failed_at),
+        "the failing clock started after the publish"
+    );
+
+    let ev4 = event("acme", "evt_4", t0());
+    let d4 = delivery(&ev4, &ep, t0());
+    store
+        .publish(&ev4, std::slice::from_ref(&d4))
+        .await
+        .unwrap();
+    // The endpoint is failing already: this attempt changes the delivery alone.
+    let retry_at = add(t0(), secs(90));
+    let record = attempt_record(
+        &d4,
+        1,
+        Decision::RetryAt(retry_at),
+        false,
+        add(t0(), secs(3)),
+    );
+    store.record_attempt(&record).await.unwrap();
+    let work = store.load_work(&d4.id).await.unwrap().unwrap();
+    assert_eq!(
+        work.delivery.attempts, 1,
+        "the attempt recorded after the publish is seen"
+    );
+    assert_eq!(work.delivery.next_try_at, Some(retry_at));
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -1235,6 +1320,7 @@ macro_rules! store_contract_tests {
             delete_endpoint_abandons_pending_and_keeps_history,
             add_deliveries_adds_each_pair_once,
             put_event_writes_the_event_alone_once,
+            load_work_sees_writes_made_after_the_publish,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -25,6 +25,8 @@ use crate::{
     signing::SigningSecret,
 };
 
+mod fresh;
+
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS accounts (
@@ -157,6 +159,7 @@ pub struct SqliteStore {
     reads: mpsc::Sender<Job>,
     // Held for the life of the store: a second `serve` on the same file is refused.
     _lock: Option<Arc<File>>,
+    fresh: Arc<fresh::FreshWork>,
 }
 
 /// Checkpoints the WAL into the database file from its own connection and thread, so
@@ -331,7 +334,7 @@ impl SqliteStore {
     /// How many deliveries are pending and when the oldest of them was created: the
     /// backlog gauges of the embedded shape.
     pub async fn backlog(&self) -> StoreResult<(u64, Option<Timestamp>)> {
-        self.run(|conn| {
+        self.read(|conn| {
             conn.query_row(
                 "SELECT COUNT(*), MIN(created_at) FROM deliveries WHERE status = 'pending'",
                 [],
@@ -342,6 +345,30 @@ impl SqliteStore {
                 },
             )
             .map_err(backend)
+        })
+        .await
+    }
+
+    async fn insert_event_and_deliveries(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<PublishOutcome> {
+        let (event, deliveries) = (event.clone(), deliveries.to_vec());
+        self.run_keeping_fresh_work(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let existing = tx
+                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
+                .and_then(|mut s| s.query_row(params![event.account_id.as_str(), event.id.as_str()], event_from_row).optional())
+                .map_err(backend)?;
+            if let Some(existing) = existing {
+                let deliveries = deliveries_of_event(&tx, existing.account_id.as_str(), existing.id.as_str()).map_err(backend)?;
+                return Ok(PublishOutcome::AlreadyExists { event: existing, deliveries });
+            }
+            insert_event(&tx, &event).map_err(backend)?;
+            insert_deliveries(&tx, &deliveries).map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(PublishOutcome::Created)
         })
         .await
     }
@@ -389,12 +416,26 @@ impl SqliteStore {
             jobs,
             reads,
             _lock: lock.map(Arc::new),
+            fresh: Arc::default(),
         })
     }
 
     /// Runs `work` on the store thread inside the current batch's transaction. Work that
     /// writes several rows wraps them in a savepoint so that they stand or fall together.
+    /// What publishes left for first tries is forgotten: `work` may have changed it.
     async fn run<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let result = Self::submit(&self.jobs, work).await;
+        self.fresh.forget_all();
+        result
+    }
+
+    /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
+    /// themselves: a publish and an attempt.
+    async fn run_keeping_fresh_work<T, F>(&self, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
@@ -924,23 +965,12 @@ impl Store for SqliteStore {
     }
 
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
-        let (event, deliveries) = (event.clone(), deliveries.to_vec());
-        self.run(move |conn| {
-            let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            let existing = tx
-                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
-                .and_then(|mut s| s.query_row(params![event.account_id.as_str(), event.id.as_str()], event_from_row).optional())
-                .map_err(backend)?;
-            if let Some(existing) = existing {
-                let deliveries = deliveries_of_event(&tx, existing.account_id.as_str(), existing.id.as_str()).map_err(backend)?;
-                return Ok(PublishOutcome::AlreadyExists { event: existing, deliveries });
-            }
-            insert_event(&tx, &event).map_err(backend)?;
-            insert_deliveries(&tx, &deliveries).map_err(backend)?;
-            tx.commit().map_err(backend)?;
-            Ok(PublishOutcome::Created)
-        })
-        .await
+        let generation = self.fresh.generation();
+        let outcome = self.insert_event_and_deliveries(event, deliveries).await?;
+        if matches!(outcome, PublishOutcome::Created) {
+            self.fresh.remember_published(generation, event, deliveries);
+        }
+        Ok(outcome)
     }
 
     async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
@@ -993,8 +1023,12 @@ impl Store for SqliteStore {
     }
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
+        if let Some(work) = self.fresh.take(delivery) {
+            return Ok(Some(work));
+        }
+        let generation = self.fresh.generation();
         let id = delivery.clone();
-        self.read(move |conn| {
+        let work = self.read(move |conn| {
             let Some(delivery) = conn
                 .prepare_cached(&format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1"))
                 .and_then(|mut s| s.query_row(params![id.as_str()], delivery_from_row).optional())
@@ -1016,12 +1050,16 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             Ok(Some(DeliveryWork { delivery, event, endpoint }))
         })
-        .await
+        .await?;
+        if let Some(endpoint) = work.as_ref().and_then(|w| w.endpoint.as_ref()) {
+            self.fresh.remember_endpoint(generation, endpoint);
+        }
+        Ok(work)
     }
 
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
         let r = record.clone();
-        self.run(move |conn| {
+        let recorded = self.run_keeping_fresh_work(move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
             let (status, next_try_at, last_error) = match &r.decision {
                 Decision::Delivered => (DeliveryStatus::Delivered, None, None),
@@ -1057,7 +1095,7 @@ impl Store for SqliteStore {
                 })
                 .map_err(backend)?;
             let Some(delivery_created_at) = delivery_created_at else {
-                return Ok(RecordOutcome::Stale);
+                return Ok((RecordOutcome::Stale, false));
             };
             let headers = serde_json::to_string(&r.attempt.response_headers).unwrap_or_else(|_| "[]".into());
             tx.prepare_cached(&format!(
@@ -1082,26 +1120,46 @@ impl Store for SqliteStore {
             .map_err(backend)?;
             // Health changes rarely: write the endpoint row only when the clock starts or stops,
             // not on every attempt.
-            let failing_since: Option<i64> = if r.success {
-                tx.prepare_cached("UPDATE endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL")
+            let (failing_since, endpoint_changed): (Option<i64>, bool) = if r.success {
+                let changed = tx
+                    .prepare_cached("UPDATE endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL")
                     .and_then(|mut s| s.execute(params![r.endpoint_id.as_str()]))
                     .map_err(backend)?;
-                None
+                (None, changed > 0)
             } else {
-                tx.prepare_cached("UPDATE endpoints SET failing_since = ?2 WHERE id = ?1 AND failing_since IS NULL")
+                let changed = tx
+                    .prepare_cached("UPDATE endpoints SET failing_since = ?2 WHERE id = ?1 AND failing_since IS NULL")
                     .and_then(|mut s| s.execute(params![r.endpoint_id.as_str(), to_millis(r.now)]))
                     .map_err(backend)?;
-                tx.prepare_cached("SELECT failing_since FROM endpoints WHERE id = ?1")
+                let since = tx
+                    .prepare_cached("SELECT failing_since FROM endpoints WHERE id = ?1")
                     .and_then(|mut s| s.query_row(params![r.endpoint_id.as_str()], |row| row.get(0)).optional())
                     .map_err(backend)?
-                    .flatten()
+                    .flatten();
+                (since, changed > 0)
             };
             tx.commit().map_err(backend)?;
-            Ok(RecordOutcome::Recorded {
-                endpoint_failing_since: failing_since.map(from_millis),
-            })
+            Ok((
+                RecordOutcome::Recorded {
+                    endpoint_failing_since: failing_since.map(from_millis),
+                },
+                endpoint_changed,
+            ))
         })
-        .await
+        .await;
+        self.fresh.forget_delivery(&record.attempt.delivery_id);
+        match recorded {
+            Ok((outcome, endpoint_changed)) => {
+                if endpoint_changed {
+                    self.fresh.forget_all();
+                }
+                Ok(outcome)
+            }
+            Err(error) => {
+                self.fresh.forget_all();
+                Err(error)
+            }
+        }
     }
 
     async fn pending_deliveries(
@@ -1555,6 +1613,45 @@ mod tests {
     async fn replays_follow_the_store_contract() {
         let store = SqliteStore::in_memory().unwrap();
         crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    }
+
+    #[tokio::test]
+    async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let store = SqliteStore::in_memory().unwrap();
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let (ev1, ev2) = (event("acme", "evt_1", t0()), event("acme", "evt_2", t0()));
+        let (d1, d2) = (delivery(&ev1, &ep, t0()), delivery(&ev2, &ep, t0()));
+        store
+            .publish(&ev1, std::slice::from_ref(&d1))
+            .await
+            .unwrap();
+        // The first read learns the endpoint; the next publish's delivery is then kept whole.
+        store.load_work(&d1.id).await.unwrap().unwrap();
+        store
+            .publish(&ev2, std::slice::from_ref(&d2))
+            .await
+            .unwrap();
+        // Behind the store's back (no store write does this), so the kept copy is not forgotten.
+        store
+            .run_keeping_fresh_work(|conn| {
+                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
+                    .map_err(backend)
+            })
+            .await
+            .unwrap();
+        let kept = store.load_work(&d2.id).await.unwrap().unwrap();
+        assert_eq!(
+            kept.event.payload, ev2.payload,
+            "the first try used the kept copy"
+        );
+        let read = store.load_work(&d2.id).await.unwrap().unwrap();
+        assert_eq!(
+            read.event.payload, "{\"changed\":1}",
+            "a second load reads the database"
+        );
     }
 
     #[tokio::test]

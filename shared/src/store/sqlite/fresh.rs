@@ -1,0 +1,106 @@
+//! What a publish just wrote, kept so that a delivery's first try does not read it back.
+//!
+//! The embedded shape is the only writer of its database, so this copy can be exact: a
+//! publish adds its deliveries (with their event) after its commit, an attempt takes its
+//! delivery out, and every other write forgets everything. A generation number, bumped by
+//! each forget, keeps a publish or a read that overlapped a write from adding what that
+//! write may have changed.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
+
+use crate::{
+    domain::{Delivery, DeliveryId, Endpoint, EndpointId, Event},
+    store::DeliveryWork,
+};
+
+/// Deliveries kept at most; past this, first tries read from the database as before.
+const MAX_DELIVERIES: usize = 32_768;
+/// Endpoints kept at most; past this, the endpoint copies start over.
+const MAX_ENDPOINTS: usize = 4_096;
+
+#[derive(Default)]
+pub(super) struct FreshWork {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    generation: u64,
+    deliveries: HashMap<DeliveryId, (Delivery, Arc<Event>)>,
+    endpoints: HashMap<EndpointId, Endpoint>,
+}
+
+impl FreshWork {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Taken before a write or read whose result may be kept.
+    pub(super) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Keeps a committed publish's deliveries, unless another write ended since `generation`.
+    pub(super) fn remember_published(
+        &self,
+        generation: u64,
+        event: &Event,
+        deliveries: &[Delivery],
+    ) {
+        let mut inner = self.lock();
+        if inner.generation != generation {
+            return;
+        }
+        let event = Arc::new(event.clone());
+        for delivery in deliveries {
+            if inner.deliveries.len() >= MAX_DELIVERIES {
+                break;
+            }
+            inner
+                .deliveries
+                .insert(delivery.id.clone(), (delivery.clone(), Arc::clone(&event)));
+        }
+    }
+
+    /// Keeps an endpoint read from the database, unless a write ended since `generation`.
+    pub(super) fn remember_endpoint(&self, generation: u64, endpoint: &Endpoint) {
+        let mut inner = self.lock();
+        if inner.generation != generation {
+            return;
+        }
+        if inner.endpoints.len() >= MAX_ENDPOINTS {
+            inner.endpoints.clear();
+        }
+        inner
+            .endpoints
+            .insert(endpoint.id.clone(), endpoint.clone());
+    }
+
+    /// The work of a delivery published since the last write, taken out; `None` when it
+    /// has to be read (not kept, or its endpoint is not known).
+    pub(super) fn take(&self, id: &DeliveryId) -> Option<DeliveryWork> {
+        let mut inner = self.lock();
+        let (delivery, event) = inner.deliveries.remove(id)?;
+        let endpoint = inner.endpoints.get(&delivery.endpoint_id)?.clone();
+        Some(DeliveryWork {
+            delivery,
+            event: Event::clone(&event),
+            endpoint: Some(endpoint),
+        })
+    }
+
+    pub(super) fn forget_delivery(&self, id: &DeliveryId) {
+        self.lock().deliveries.remove(id);
+    }
+
+    /// After any write other than a publish or an attempt: nothing kept can be trusted.
+    pub(super) fn forget_all(&self) {
+        let mut inner = self.lock();
+        inner.generation += 1;
+        inner.deliveries.clear();
+        inner.endpoints.clear();
+    }
+}
