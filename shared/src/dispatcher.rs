@@ -1,7 +1,13 @@
 //! The embedded shape's engine room: worker slots over the in-memory lanes, plus the
 //! periodic sweeper, health check and notification sender.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use tokio::{
     sync::{watch, Semaphore},
@@ -147,8 +153,21 @@ async fn run_workers(
         let (app, queue) = (app.clone(), Arc::clone(&queue));
         tokio::spawn(async move {
             telemetry::endpoint_in_flight(&lease.endpoint_id, 1.0);
-            let result = deliver::attempt(&app, &lease.delivery_id, Trigger::Scheduled).await;
-            telemetry::endpoint_in_flight(&lease.endpoint_id, -1.0);
+            let slot_given_back = AtomicBool::new(false);
+            let give_back_slot = || {
+                if !slot_given_back.swap(true, Ordering::Relaxed) {
+                    telemetry::endpoint_in_flight(&lease.endpoint_id, -1.0);
+                    queue.release_slot(&lease, app.clock.now());
+                }
+            };
+            let result = deliver::attempt_reporting_answer(
+                &app,
+                &lease.delivery_id,
+                Trigger::Scheduled,
+                &give_back_slot,
+            )
+            .await;
+            give_back_slot();
             queue.complete(&lease, app.clock.now());
             match result {
                 Ok(result) => {

@@ -64,6 +64,17 @@ pub async fn attempt(
     delivery_id: &DeliveryId,
     trigger: Trigger,
 ) -> ServiceResult<AttemptResult> {
+    attempt_reporting_answer(app, delivery_id, trigger, &|| {}).await
+}
+
+/// [`attempt`], calling `answered` as soon as the endpoint has answered (or the request
+/// failed), before the attempt is recorded.
+pub async fn attempt_reporting_answer(
+    app: &App,
+    delivery_id: &DeliveryId,
+    trigger: Trigger,
+    answered: &(dyn Fn() + Send + Sync),
+) -> ServiceResult<AttemptResult> {
     let Some(work) = app.store.load_work(delivery_id).await? else {
         return Ok(AttemptResult::Skipped);
     };
@@ -116,6 +127,7 @@ pub async fn attempt(
             body,
         };
         let response = app.transport.post(request).await;
+        answered();
         let finished = app.clock.now();
         let outcome = classify(&response, finished);
         let policy = &app.config.retry;
