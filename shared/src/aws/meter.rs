@@ -1036,37 +1036,24 @@ pub mod clients {
 
     use super::Meter;
 
-    pub fn dynamodb(sdk: &SdkConfig, meter: Option<&Meter>) -> aws_sdk_dynamodb::Client {
-        let mut config = aws_sdk_dynamodb::config::Builder::from(sdk);
-        if let Some(meter) = meter {
-            config = config.interceptor(meter.interceptor());
-        }
-        aws_sdk_dynamodb::Client::from_conf(config.build())
+    /// One `pub fn $name(sdk, meter) -> $sdk::Client` per SDK: the four builders are
+    /// distinct types with no common trait.
+    macro_rules! client_with_meter {
+        ($name:ident, $sdk:ident) => {
+            pub fn $name(sdk: &SdkConfig, meter: Option<&Meter>) -> $sdk::Client {
+                let mut config = $sdk::config::Builder::from(sdk);
+                if let Some(meter) = meter {
+                    config = config.interceptor(meter.interceptor());
+                }
+                $sdk::Client::from_conf(config.build())
+            }
+        };
     }
 
-    pub fn sqs(sdk: &SdkConfig, meter: Option<&Meter>) -> aws_sdk_sqs::Client {
-        let mut config = aws_sdk_sqs::config::Builder::from(sdk);
-        if let Some(meter) = meter {
-            config = config.interceptor(meter.interceptor());
-        }
-        aws_sdk_sqs::Client::from_conf(config.build())
-    }
-
-    pub fn scheduler(sdk: &SdkConfig, meter: Option<&Meter>) -> aws_sdk_scheduler::Client {
-        let mut config = aws_sdk_scheduler::config::Builder::from(sdk);
-        if let Some(meter) = meter {
-            config = config.interceptor(meter.interceptor());
-        }
-        aws_sdk_scheduler::Client::from_conf(config.build())
-    }
-
-    pub fn sesv2(sdk: &SdkConfig, meter: Option<&Meter>) -> aws_sdk_sesv2::Client {
-        let mut config = aws_sdk_sesv2::config::Builder::from(sdk);
-        if let Some(meter) = meter {
-            config = config.interceptor(meter.interceptor());
-        }
-        aws_sdk_sesv2::Client::from_conf(config.build())
-    }
+    client_with_meter!(dynamodb, aws_sdk_dynamodb);
+    client_with_meter!(sqs, aws_sdk_sqs);
+    client_with_meter!(scheduler, aws_sdk_scheduler);
+    client_with_meter!(sesv2, aws_sdk_sesv2);
 }
 
 #[cfg(test)]
