@@ -50,9 +50,17 @@ async fn endpoint_recovering_after_n_failures_gets_attempt_n_plus_one() {
             full / 2.0
         );
     }
-    let (_, deliveries) = server
-        .get(&format!("/v1/accounts/acme/events/{event_id}"))
-        .await;
+    // The endpoint's 200 reaches the farm before Hooklane has recorded it.
+    let mut deliveries = serde_json::Value::Null;
+    for _ in 0..100 {
+        (_, deliveries) = server
+            .get(&format!("/v1/accounts/acme/events/{event_id}"))
+            .await;
+        if deliveries["deliveries"][0]["status"] != "pending" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let delivery = &deliveries["deliveries"][0];
     assert_eq!(delivery["status"], "delivered");
     assert_eq!(delivery["attempts"], 4);
