@@ -152,12 +152,16 @@ pub async fn sent_mail_text() -> String {
     require_emulator();
     let base = std::env::var("AWS_ENDPOINT_URL").unwrap();
     let http = reqwest::Client::new();
-    for path in ["/moto-api/data.json", "/_aws/ses"] {
-        if let Ok(response) = http.get(format!("{base}{path}")).send().await {
-            if response.status().is_success() {
-                return response.text().await.unwrap();
+    // moto answers 500 when another test changes its state while it dumps it: ask again.
+    for _ in 0..5 {
+        for path in ["/moto-api/data.json", "/_aws/ses"] {
+            if let Ok(response) = http.get(format!("{base}{path}")).send().await {
+                if response.status().is_success() {
+                    return response.text().await.unwrap();
+                }
             }
         }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
     panic!("the emulator at {base} shows no sent mail");
 }
