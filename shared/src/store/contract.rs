@@ -610,12 +610,7 @@ fn disable_request(
 pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
     let (ep, ev, d) = seeded(store).await;
     // A second delivery that is already final must stay as it is.
-    let ev2 = event("acme", "evt_2", t0());
-    let d2 = delivery(&ev2, &ep, t0());
-    store
-        .publish(&ev2, std::slice::from_ref(&d2))
-        .await
-        .unwrap();
+    let (_, d2) = publish_one(store, &ep, "evt_2").await;
     store
         .record_attempt(&attempt_record(&d2, 1, Decision::Delivered, true, t0()))
         .await
@@ -1214,6 +1209,13 @@ pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
     );
 }
 
+async fn publish_one(store: &dyn Store, endpoint: &Endpoint, event_id: &str) -> (Event, Delivery) {
+    let ev = event(endpoint.account_id.as_str(), event_id, t0());
+    let d = delivery(&ev, endpoint, t0());
+    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+    (ev, d)
+}
+
 /// A delivery's work, read after a publish, reflects every write made since: an endpoint
 /// update, the endpoint's failing clock starting, an attempt recorded without a read first.
 pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
@@ -1230,12 +1232,7 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
         ep.url
     );
 
-    let ev2 = event("acme", "evt_2", t0());
-    let d2 = delivery(&ev2, &ep, t0());
-    store
-        .publish(&ev2, std::slice::from_ref(&d2))
-        .await
-        .unwrap();
+    let (ev2, d2) = publish_one(store, &ep, "evt_2").await;
     let moved = Endpoint {
         url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
         updated_at: add(t0(), secs(1)),
@@ -1250,12 +1247,7 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
     );
     assert_eq!(work.event.id, ev2.id);
 
-    let ev3 = event("acme", "evt_3", t0());
-    let d3 = delivery(&ev3, &ep, t0());
-    store
-        .publish(&ev3, std::slice::from_ref(&d3))
-        .await
-        .unwrap();
+    let (_, d3) = publish_one(store, &ep, "evt_3").await;
     let failed_at = add(t0(), secs(2));
     let retry = Decision::RetryAt(add(t0(), secs(60)));
     store
@@ -1275,12 +1267,7 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
         "the failing clock started after the publish"
     );
 
-    let ev4 = event("acme", "evt_4", t0());
-    let d4 = delivery(&ev4, &ep, t0());
-    store
-        .publish(&ev4, std::slice::from_ref(&d4))
-        .await
-        .unwrap();
+    let (_, d4) = publish_one(store, &ep, "evt_4").await;
     // The endpoint is failing already: this attempt changes the delivery alone.
     let retry_at = add(t0(), secs(90));
     let record = attempt_record(

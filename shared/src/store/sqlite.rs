@@ -1615,6 +1615,13 @@ mod tests {
         crate::store::replay_contract::replays_follow_the_contract(&store).await;
     }
 
+    /// The deliveries table of the first release, before any column was added.
+    const FIRST_RELEASE_DELIVERIES: &str =
+        "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
+         endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
+         next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
+         created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);";
+
     #[tokio::test]
     async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
         use crate::store::contract::{account, delivery, endpoint, event, t0};
@@ -1657,19 +1664,16 @@ mod tests {
     #[tokio::test]
     async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
         let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(
-            "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
-             endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
-             next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
-             created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+        conn.execute_batch(&format!(
+            "{FIRST_RELEASE_DELIVERIES} \
              CREATE TABLE attempts (delivery_id TEXT NOT NULL, number INTEGER NOT NULL, trigger TEXT NOT NULL, \
              started_at INTEGER NOT NULL, latency_ms INTEGER NOT NULL, status_code INTEGER, \
              response_headers TEXT NOT NULL, response_body TEXT NOT NULL, response_body_truncated INTEGER NOT NULL, \
              error TEXT, PRIMARY KEY (delivery_id, number)); \
              INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'pending', 2, 5000, 500, 'x', 0, 1000, 2); \
              INSERT INTO attempts VALUES ('dlv_1', 1, 'scheduled', 1000, 12, 500, '[]', 'no', 0, NULL); \
-             INSERT INTO attempts VALUES ('dlv_1', 2, 'scheduled', 3000, 15, 503, '[]', 'later', 0, NULL);",
-        )
+             INSERT INTO attempts VALUES ('dlv_1', 2, 'scheduled', 3000, 15, 503, '[]', 'later', 0, NULL);"
+        ))
         .unwrap();
         let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
         let attempts = store
@@ -1696,13 +1700,10 @@ mod tests {
     #[tokio::test]
     async fn an_older_file_gains_the_replay_columns() {
         let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(
-            "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
-             endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
-             next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
-             created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
-             INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);",
-        )
+        conn.execute_batch(&format!(
+            "{FIRST_RELEASE_DELIVERIES} \
+             INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);"
+        ))
         .unwrap();
         let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
         let delivery = store
