@@ -354,8 +354,15 @@ impl SqliteStore {
         event: &Event,
         deliveries: &[Delivery],
     ) -> StoreResult<PublishOutcome> {
-        let (event, deliveries) = (event.clone(), deliveries.to_vec());
-        self.run_keeping_fresh_work(move |conn| {
+        let published = Arc::new((event.clone(), deliveries.to_vec()));
+        let (fresh, kept) = (Arc::clone(&self.fresh), Arc::clone(&published));
+        let remember = move |outcome: &StoreResult<PublishOutcome>| {
+            if let Ok(PublishOutcome::Created) = outcome {
+                fresh.remember_published(&kept.0, &kept.1);
+            }
+        };
+        self.run_then(move |conn| {
+            let (event, deliveries) = (&published.0, &published.1);
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
             let existing = tx
                 .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
@@ -365,11 +372,11 @@ impl SqliteStore {
                 let deliveries = deliveries_of_event(&tx, existing.account_id.as_str(), existing.id.as_str()).map_err(backend)?;
                 return Ok(PublishOutcome::AlreadyExists { event: existing, deliveries });
             }
-            insert_event(&tx, &event).map_err(backend)?;
-            insert_deliveries(&tx, &deliveries).map_err(backend)?;
+            insert_event(&tx, event).map_err(backend)?;
+            insert_deliveries(&tx, deliveries).map_err(backend)?;
             tx.commit().map_err(backend)?;
             Ok(PublishOutcome::Created)
-        })
+        }, remember)
         .await
     }
 
@@ -422,25 +429,25 @@ impl SqliteStore {
 
     /// Runs `work` on the store thread inside the current batch's transaction. Work that
     /// writes several rows wraps them in a savepoint so that they stand or fall together.
-    /// What publishes left for first tries is forgotten: `work` may have changed it.
+    /// What publishes left for first tries is forgotten, as `work` may have changed it.
     async fn run<T, F>(&self, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        let result = Self::submit(&self.jobs, work).await;
-        self.fresh.forget_all();
-        result
+        let fresh = Arc::clone(&self.fresh);
+        Self::submit(&self.jobs, work, move |_| fresh.forget_all()).await
     }
 
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
-    /// themselves: a publish and an attempt.
-    async fn run_keeping_fresh_work<T, F>(&self, work: F) -> StoreResult<T>
+    /// themselves (a publish and an attempt), in `after_commit`.
+    async fn run_then<T, F, A>(&self, work: F, after_commit: A) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+        A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(&self.jobs, work).await
+        Self::submit(&self.jobs, work, after_commit).await
     }
 
     /// Runs read-only `work` where reads go (see [`SqliteStore::reads`]).
@@ -449,13 +456,18 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.reads, work).await
+        Self::submit(&self.reads, work, |_| {}).await
     }
 
-    async fn submit<T, F>(queue: &mpsc::Sender<Job>, work: F) -> StoreResult<T>
+    /// Queues `work`; `after_commit` runs on the store thread once the batch has committed
+    /// (or failed to), before the answer is sent. There it is ordered with every other
+    /// job's commit, and it runs even when the caller has stopped waiting (a client that
+    /// disconnects drops its request's future).
+    async fn submit<T, F, A>(queue: &mpsc::Sender<Job>, work: F, after_commit: A) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+        A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
         let (answer, answered) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |conn| {
@@ -465,6 +477,7 @@ impl SqliteStore {
                     Some(error) => Err(StoreError::Backend(format!("commit failed: {error}"))),
                     None => result,
                 };
+                after_commit(&result);
                 let _ = answer.send(result);
             })
         });
@@ -965,12 +978,7 @@ impl Store for SqliteStore {
     }
 
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
-        let generation = self.fresh.generation();
-        let outcome = self.insert_event_and_deliveries(event, deliveries).await?;
-        if matches!(outcome, PublishOutcome::Created) {
-            self.fresh.remember_published(generation, event, deliveries);
-        }
-        Ok(outcome)
+        self.insert_event_and_deliveries(event, deliveries).await
     }
 
     async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
@@ -1059,7 +1067,12 @@ impl Store for SqliteStore {
 
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
         let r = record.clone();
-        let recorded = self.run_keeping_fresh_work(move |conn| {
+        let (fresh, attempted) = (Arc::clone(&self.fresh), record.attempt.delivery_id.clone());
+        let forget = move |recorded: &StoreResult<(RecordOutcome, bool)>| match recorded {
+            Ok((_, false)) => fresh.forget_delivery(&attempted),
+            Ok((_, true)) | Err(_) => fresh.forget_all(),
+        };
+        let recorded = self.run_then(move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
             let (status, next_try_at, last_error) = match &r.decision {
                 Decision::Delivered => (DeliveryStatus::Delivered, None, None),
@@ -1145,21 +1158,9 @@ impl Store for SqliteStore {
                 },
                 endpoint_changed,
             ))
-        })
+        }, forget)
         .await;
-        self.fresh.forget_delivery(&record.attempt.delivery_id);
-        match recorded {
-            Ok((outcome, endpoint_changed)) => {
-                if endpoint_changed {
-                    self.fresh.forget_all();
-                }
-                Ok(outcome)
-            }
-            Err(error) => {
-                self.fresh.forget_all();
-                Err(error)
-            }
-        }
+        recorded.map(|(outcome, _)| outcome)
     }
 
     async fn pending_deliveries(
@@ -1282,12 +1283,14 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
-                    "SELECT {ATTEMPT_COLUMNS} FROM attempts a \
-                     JOIN deliveries d ON a.delivery_created_at = d.created_at AND a.delivery_id = d.id \
-                     WHERE d.id = ?1 ORDER BY a.number"
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts \
+                     WHERE delivery_created_at = (SELECT created_at FROM deliveries WHERE id = ?1) \
+                     AND delivery_id = ?1 ORDER BY number"
                 ))
                 .map_err(backend)?;
-            let rows = stmt.query_map(params![id.as_str()], attempt_from_row).map_err(backend)?;
+            let rows = stmt
+                .query_map(params![id.as_str()], attempt_from_row)
+                .map_err(backend)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
         })
         .await
@@ -1643,10 +1646,13 @@ mod tests {
             .unwrap();
         // Behind the store's back (no store write does this), so the kept copy is not forgotten.
         store
-            .run_keeping_fresh_work(|conn| {
-                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
-                    .map_err(backend)
-            })
+            .run_then(
+                |conn| {
+                    conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
+                        .map_err(backend)
+                },
+                |_| {},
+            )
             .await
             .unwrap();
         let kept = store.load_work(&d2.id).await.unwrap().unwrap();
@@ -1659,6 +1665,43 @@ mod tests {
             read.event.payload, "{\"changed\":1}",
             "a second load reads the database"
         );
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_try() {
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let store = SqliteStore::in_memory().unwrap();
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let (ev1, ev2) = (event("acme", "evt_1", t0()), event("acme", "evt_2", t0()));
+        let (d1, d2) = (delivery(&ev1, &ep, t0()), delivery(&ev2, &ep, t0()));
+        store
+            .publish(&ev1, std::slice::from_ref(&d1))
+            .await
+            .unwrap();
+        store.load_work(&d1.id).await.unwrap().unwrap();
+        let moved = Endpoint {
+            url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
+            ..ep.clone()
+        };
+        // Polled once (the job is queued), then dropped, as when an API client disconnects.
+        {
+            use std::future::Future;
+            let mut update = std::pin::pin!(store.update_endpoint(&moved));
+            let first =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(update.as_mut().poll(cx))).await;
+            assert!(
+                first.is_pending(),
+                "the update was still waiting for its commit"
+            );
+        }
+        store
+            .publish(&ev2, std::slice::from_ref(&d2))
+            .await
+            .unwrap();
+        let work = store.load_work(&d2.id).await.unwrap().unwrap();
+        assert_eq!(work.endpoint.unwrap().url, moved.url);
     }
 
     #[tokio::test]

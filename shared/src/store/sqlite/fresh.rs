@@ -1,10 +1,10 @@
 //! What a publish just wrote, kept so that a delivery's first try does not read it back.
 //!
-//! The embedded shape is the only writer of its database, so this copy can be exact: a
-//! publish adds its deliveries (with their event) after its commit, an attempt takes its
-//! delivery out, and every other write forgets everything. A generation number, bumped by
-//! each forget, keeps a publish or a read that overlapped a write from adding what that
-//! write may have changed.
+//! The embedded shape is the only writer of its database, so this copy can be exact. The
+//! store thread updates it right after each commit, in commit order: a publish adds its
+//! deliveries (with their event), an attempt takes its delivery out, and every other write
+//! forgets everything. Endpoints are kept from reads; a generation number, bumped by each
+//! forget, keeps a read that overlapped a write from adding what that write changed.
 
 use std::{
     collections::HashMap,
@@ -43,17 +43,10 @@ impl FreshWork {
         self.lock().generation
     }
 
-    /// Keeps a committed publish's deliveries, unless another write ended since `generation`.
-    pub(super) fn remember_published(
-        &self,
-        generation: u64,
-        event: &Event,
-        deliveries: &[Delivery],
-    ) {
+    /// Keeps a committed publish's deliveries. Called on the store thread right after the
+    /// commit, so no later write can have changed them yet.
+    pub(super) fn remember_published(&self, event: &Event, deliveries: &[Delivery]) {
         let mut inner = self.lock();
-        if inner.generation != generation {
-            return;
-        }
         let event = Arc::new(event.clone());
         for delivery in deliveries {
             if inner.deliveries.len() >= MAX_DELIVERIES {
