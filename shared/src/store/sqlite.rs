@@ -1625,8 +1625,9 @@ mod tests {
          next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
          created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);";
 
-    #[tokio::test]
-    async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
+    /// A store with one endpoint, which a first try has read (so the store keeps it), and
+    /// a second event with its delivery, not yet published.
+    async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Delivery) {
         use crate::store::contract::{account, delivery, endpoint, event, t0};
         let store = SqliteStore::in_memory().unwrap();
         store.create_account(&account("acme")).await.unwrap();
@@ -1638,8 +1639,13 @@ mod tests {
             .publish(&ev1, std::slice::from_ref(&d1))
             .await
             .unwrap();
-        // The first read learns the endpoint; the next publish's delivery is then kept whole.
         store.load_work(&d1.id).await.unwrap().unwrap();
+        (store, ep, ev2, d2)
+    }
+
+    #[tokio::test]
+    async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
+        let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
         store
             .publish(&ev2, std::slice::from_ref(&d2))
             .await
@@ -1669,18 +1675,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_try() {
-        use crate::store::contract::{account, delivery, endpoint, event, t0};
-        let store = SqliteStore::in_memory().unwrap();
-        store.create_account(&account("acme")).await.unwrap();
-        let ep = endpoint("acme", "ep_a", t0());
-        store.create_endpoint(&ep).await.unwrap();
-        let (ev1, ev2) = (event("acme", "evt_1", t0()), event("acme", "evt_2", t0()));
-        let (d1, d2) = (delivery(&ev1, &ep, t0()), delivery(&ev2, &ep, t0()));
-        store
-            .publish(&ev1, std::slice::from_ref(&d1))
-            .await
-            .unwrap();
-        store.load_work(&d1.id).await.unwrap().unwrap();
+        let (store, ep, ev2, d2) = store_that_knows_its_endpoint().await;
         let moved = Endpoint {
             url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
             ..ep.clone()
