@@ -1625,6 +1625,17 @@ mod tests {
          next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
          created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);";
 
+    async fn poll_once<F: std::future::Future>(
+        future: std::pin::Pin<&mut F>,
+    ) -> std::task::Poll<F::Output> {
+        let mut future = Some(future);
+        std::future::poll_fn(|cx| {
+            let future = future.take().expect("polled once");
+            std::task::Poll::Ready(future.poll(cx))
+        })
+        .await
+    }
+
     /// A store with one endpoint, which a first try has read (so the store keeps it), and
     /// a second event with its delivery, not yet published.
     async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Delivery) {
@@ -1680,17 +1691,26 @@ mod tests {
             url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
             ..ep.clone()
         };
-        // Polled once (the job is queued), then dropped, as when an API client disconnects.
+        // Hold the store thread in a job of its own, so that the update is surely queued and
+        // unanswered when it is dropped, as when an API client disconnects.
+        let (started, has_started) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let mut holder = std::pin::pin!(store.run_then(
+            move |_| {
+                let _ = started.send(());
+                let _ = released.recv();
+                Ok(())
+            },
+            |_| {},
+        ));
+        assert!(poll_once(holder.as_mut()).await.is_pending());
+        has_started.recv().unwrap();
         {
-            use std::future::Future;
             let mut update = std::pin::pin!(store.update_endpoint(&moved));
-            let first =
-                std::future::poll_fn(|cx| std::task::Poll::Ready(update.as_mut().poll(cx))).await;
-            assert!(
-                first.is_pending(),
-                "the update was still waiting for its commit"
-            );
+            assert!(poll_once(update.as_mut()).await.is_pending());
         }
+        release.send(()).unwrap();
+        holder.await.unwrap();
         store
             .publish(&ev2, std::slice::from_ref(&d2))
             .await
