@@ -27,7 +27,7 @@ use hooklane::{
     },
     slots::lease_for,
     store::contract,
-    testing::{emulated_shape_with, slow_receiver, SlowReceiver},
+    testing::{emulated_shape_with, receive_queued, slow_receiver, SlowReceiver},
 };
 
 use super::handle;
@@ -112,17 +112,7 @@ async fn stack(receiver: &SlowReceiver) -> Stack {
 }
 
 async fn receive(stack: &Stack, wait_seconds: i32) -> Vec<Message> {
-    stack
-        .sqs
-        .receive_message()
-        .queue_url(&stack.settings.queue_url)
-        .max_number_of_messages(10)
-        .wait_time_seconds(wait_seconds)
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default()
+    receive_queued(&stack.settings.queue_url, wait_seconds).await
 }
 
 /// The batch Lambda's SQS integration would hand the function.
