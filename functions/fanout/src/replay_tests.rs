@@ -281,13 +281,7 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
         .iter()
         .map(|id| {
             let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
-            hooklane::domain::Delivery::new_pending(
-                event.id.clone(),
-                endpoint.clone(),
-                event.account_id.clone(),
-                event.event_type.clone(),
-                contract::t0(),
-            )
+            hooklane::domain::Delivery::new_pending(event, endpoint.clone(), contract::t0())
         })
         .collect();
     assert_eq!(store.add_deliveries(&written).await.unwrap().len(), 3);

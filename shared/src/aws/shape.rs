@@ -379,7 +379,7 @@ mod tests {
             ("HOOKLANE_QUEUE_ARN", "arn:aws:sqs:us-east-1:1:q"),
         ];
         let settings = AwsSettings::from_vars(&vars(&base)).unwrap();
-        assert_eq!(settings.tables.deliveries, "hooklane-deliveries");
+        assert_eq!(settings.tables.deliveries, "hooklane-delivery-log");
         assert!(settings.scheduler.is_none());
         let mut more = base.to_vec();
         more.extend([

@@ -68,38 +68,93 @@ pub struct Delivery {
     pub updated_at: Timestamp,
 }
 
+/// Hex digits of a delivery id's endpoint part and of its (event, endpoint) part.
+const PART_HEX: usize = 16;
+/// Hex digits of a delivery id's time part (milliseconds; enough until the year 10889).
+const TIME_HEX: usize = 12;
+const DELIVERY_PREFIX: &str = "dlv_";
+
+fn hex_of_hash(parts: &[&str]) -> String {
+    let mut hasher = Sha256::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            hasher.update([0]);
+        }
+        hasher.update(part.as_bytes());
+    }
+    hasher.finalize()[..PART_HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A delivery id's endpoint part: the same for every delivery to one endpoint of one
+/// account. The AWS store partitions an endpoint's delivery log by it.
+pub fn delivery_log_partition(account: &AccountId, endpoint: &EndpointId) -> String {
+    hex_of_hash(&[account.as_str(), endpoint.as_str()])
+}
+
+/// Where deliveries of events created at `at` start in a log partition's order: ids of a
+/// partition sort by their event's time, then by the rest of the id.
+pub fn delivery_log_position(partition: &str, at: Timestamp) -> String {
+    let millis = crate::clock::to_millis(at).max(0);
+    format!(
+        "{DELIVERY_PREFIX}{partition}{millis:0width$x}",
+        width = TIME_HEX
+    )
+}
+
 impl DeliveryId {
-    /// The one id a delivery of an event to an endpoint has: a hash of (account, event,
-    /// endpoint), so a repeated fan-out finds the delivery it made, and the store can find an
-    /// event's deliveries from the account's endpoints without an index.
-    pub fn derived(account: &AccountId, event: &EventId, endpoint: &EndpointId) -> Self {
-        let digest = Sha256::new()
-            .chain_update(account.as_str())
-            .chain_update([0])
-            .chain_update(event.as_str())
-            .chain_update([0])
-            .chain_update(endpoint.as_str())
-            .finalize();
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        Self::from_trusted(format!("dlv_{hex}"))
+    /// The one id a delivery of an event to an endpoint has, so a repeated fan-out finds the
+    /// delivery it made and the store can find an event's deliveries from the account's
+    /// endpoints without an index: `dlv_`, then the endpoint part
+    /// (`delivery_log_partition`), the event's creation time in hex milliseconds, and a hash
+    /// of (account, event, endpoint). Deliveries to one endpoint share the prefix and sort
+    /// by their event's time.
+    pub fn derived(
+        account: &AccountId,
+        event: &EventId,
+        event_created: Timestamp,
+        endpoint: &EndpointId,
+    ) -> Self {
+        let position =
+            delivery_log_position(&delivery_log_partition(account, endpoint), event_created);
+        let pair = hex_of_hash(&[account.as_str(), event.as_str(), endpoint.as_str()]);
+        Self::from_trusted(format!("{position}{pair}"))
+    }
+
+    /// The endpoint part of a derived id (`delivery_log_partition`); `None` for a string of
+    /// another shape (an id given from outside that no delivery can have).
+    pub fn log_partition(&self) -> Option<&str> {
+        let rest = self.as_str().strip_prefix(DELIVERY_PREFIX)?;
+        let well_formed = rest.len() == 2 * PART_HEX + TIME_HEX
+            && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        well_formed.then(|| &rest[..PART_HEX])
+    }
+
+    /// The part of a derived id after its endpoint part: the event's time, then the pair
+    /// hash. It orders deliveries across endpoints the way the id orders them within one.
+    pub fn log_suffix(&self) -> Option<&str> {
+        self.log_partition()?;
+        Some(&self.as_str()[DELIVERY_PREFIX.len() + PART_HEX..])
     }
 }
 
 impl Delivery {
-    /// A new pending delivery, with the id derived from its (account, event, endpoint).
+    /// A new pending delivery of `event` to an endpoint, due `now`, with the id derived from
+    /// (account, event, endpoint). Its creation time is the event's: that is where it sits
+    /// in the endpoint's log however late the fan-out runs.
     pub fn new_pending(
-        event_id: EventId,
+        event: &crate::domain::Event,
         endpoint_id: EndpointId,
-        account_id: AccountId,
-        event_type: EventType,
         now: Timestamp,
     ) -> Self {
         Self {
-            id: DeliveryId::derived(&account_id, &event_id, &endpoint_id),
-            event_id,
+            id: DeliveryId::derived(&event.account_id, &event.id, event.created_at, &endpoint_id),
+            event_id: event.id.clone(),
             endpoint_id,
-            account_id,
-            event_type,
+            account_id: event.account_id.clone(),
+            event_type: event.event_type.clone(),
             status: DeliveryStatus::Pending,
             attempts: 0,
             next_try_at: Some(now),
@@ -108,7 +163,7 @@ impl Delivery {
             client_error_count: 0,
             schedule_start: 0,
             next_trigger: Trigger::Scheduled,
-            created_at: now,
+            created_at: event.created_at,
             updated_at: now,
         }
     }
@@ -117,33 +172,73 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{clock::from_millis, domain::Event};
+
+    fn event(id: &str, created_millis: i64) -> Event {
+        Event::new(
+            EventId::parse(id).unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            from_millis(created_millis),
+            &serde_json::json!({}),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn a_delivery_id_is_the_one_fan_out_derives() {
-        let event = crate::domain::Event::new(
-            EventId::parse("evt_1").unwrap(),
-            AccountId::parse("acme").unwrap(),
-            EventType::parse("invoice.paid").unwrap(),
-            crate::clock::from_millis(0),
-            &serde_json::json!({}),
-        )
-        .unwrap();
+        let event = event("evt_1", 0);
         let endpoint = EndpointId::parse("ep_1").unwrap();
-        let delivery = Delivery::new_pending(
-            event.id.clone(),
-            endpoint.clone(),
-            event.account_id.clone(),
-            event.event_type.clone(),
-            event.created_at,
-        );
+        let delivery = Delivery::new_pending(&event, endpoint.clone(), from_millis(5));
         assert_eq!(
             delivery.id,
             crate::service::fan_out::delivery_id_for(&event, &endpoint)
         );
+        assert_eq!(delivery.created_at, event.created_at);
         let other = EndpointId::parse("ep_2").unwrap();
         assert_ne!(
             delivery.id,
-            DeliveryId::derived(&event.account_id, &event.id, &other)
+            DeliveryId::derived(&event.account_id, &event.id, event.created_at, &other)
         );
+    }
+
+    #[test]
+    fn ids_to_one_endpoint_share_its_partition_and_sort_by_event_time() {
+        let endpoint = EndpointId::parse("ep_1").unwrap();
+        let earlier = Delivery::new_pending(
+            &event("evt_b", 1_700_000_000_000),
+            endpoint.clone(),
+            from_millis(0),
+        );
+        let later = Delivery::new_pending(
+            &event("evt_a", 1_700_000_000_001),
+            endpoint.clone(),
+            from_millis(0),
+        );
+        let partition = delivery_log_partition(&earlier.account_id, &endpoint);
+        assert_eq!(earlier.id.log_partition(), Some(partition.as_str()));
+        assert_eq!(later.id.log_partition(), Some(partition.as_str()));
+        assert!(earlier.id < later.id);
+        assert!(earlier.id.log_suffix() < later.id.log_suffix());
+        let start = delivery_log_position(&partition, from_millis(1_700_000_000_001));
+        assert!(earlier.id.as_str() < start.as_str() && start.as_str() < later.id.as_str());
+        let elsewhere = EndpointId::parse("ep_2").unwrap();
+        assert_ne!(
+            delivery_log_partition(&earlier.account_id, &elsewhere),
+            partition
+        );
+    }
+
+    #[test]
+    fn ids_of_another_shape_have_no_partition() {
+        for raw in ["dlv_1", "evt_0123", "dlv_ad28994910d8e00baa40d426671e2e63"] {
+            assert_eq!(
+                DeliveryId::from_trusted(raw.into()).log_partition(),
+                None,
+                "{raw}"
+            );
+        }
+        let upper = format!("dlv_{}", "A".repeat(44));
+        assert_eq!(DeliveryId::from_trusted(upper).log_partition(), None);
     }
 }

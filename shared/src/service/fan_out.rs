@@ -17,7 +17,7 @@ use crate::{
 
 /// The one id a delivery of `event` to `endpoint` can have (`Delivery::new_pending` gives it).
 pub fn delivery_id_for(event: &Event, endpoint: &EndpointId) -> DeliveryId {
-    DeliveryId::derived(&event.account_id, &event.id, endpoint)
+    DeliveryId::derived(&event.account_id, &event.id, event.created_at, endpoint)
 }
 
 /// Creates the missing deliveries of a stored event and queues them. Returns how many
@@ -133,15 +133,7 @@ async fn fan_out_one(
         .collect();
     let deliveries: Vec<Delivery> = receivers
         .iter()
-        .map(|endpoint| {
-            Delivery::new_pending(
-                event.id.clone(),
-                endpoint.id.clone(),
-                event.account_id.clone(),
-                event.event_type.clone(),
-                now,
-            )
-        })
+        .map(|endpoint| Delivery::new_pending(event, endpoint.id.clone(), now))
         .collect();
     let added = app.store.add_deliveries(&deliveries).await?;
     crate::telemetry::fanned_out(added.len());

@@ -113,15 +113,7 @@ async fn operational_event(
         .await?
         .iter()
         .filter(|e| e.id != endpoint.id && e.receives(&event.event_type))
-        .map(|e| {
-            Delivery::new_pending(
-                event.id.clone(),
-                e.id.clone(),
-                ops.clone(),
-                event.event_type.clone(),
-                now,
-            )
-        })
+        .map(|e| Delivery::new_pending(&event, e.id.clone(), now))
         .collect();
     Ok(Some((event, deliveries)))
 }

@@ -64,15 +64,7 @@ async fn with_deliveries(
         .collect();
     let deliveries: Vec<Delivery> = receivers
         .iter()
-        .map(|e| {
-            Delivery::new_pending(
-                event.id.clone(),
-                e.id.clone(),
-                event.account_id.clone(),
-                event.event_type.clone(),
-                now,
-            )
-        })
+        .map(|e| Delivery::new_pending(&event, e.id.clone(), now))
         .collect();
     match app.store.publish(&event, &deliveries).await? {
         PublishOutcome::AlreadyExists { event, deliveries } => Ok(Published {
@@ -148,15 +140,7 @@ fn planned_deliveries(event: &Event, endpoints: &[Endpoint]) -> Vec<Delivery> {
     endpoints
         .iter()
         .filter(|e| e.receives(&event.event_type))
-        .map(|endpoint| {
-            Delivery::new_pending(
-                event.id.clone(),
-                endpoint.id.clone(),
-                event.account_id.clone(),
-                event.event_type.clone(),
-                event.created_at,
-            )
-        })
+        .map(|endpoint| Delivery::new_pending(event, endpoint.id.clone(), event.created_at))
         .collect()
 }
 

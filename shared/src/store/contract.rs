@@ -69,13 +69,7 @@ pub fn event(account: &str, id: &str, at: Timestamp) -> Event {
 }
 
 pub fn delivery(event: &Event, endpoint: &Endpoint, at: Timestamp) -> Delivery {
-    Delivery::new_pending(
-        event.id.clone(),
-        endpoint.id.clone(),
-        event.account_id.clone(),
-        event.event_type.clone(),
-        at,
-    )
+    Delivery::new_pending(event, endpoint.id.clone(), at)
 }
 
 fn attempt_record(

@@ -5,7 +5,7 @@
 //! | `accounts` | `id` | | accounts |
 //! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query; a deleted one stays as a tombstone); endpoints failing since T |
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
-//! | `deliveries` | `id` | `by_endpoint` (`endpoint_id`, `created_key`; projects only the immutable `account_id`, `event_type`), `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log newest first (an account's: the merge of its endpoints' logs); due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, endpoint) |
+//! | `deliveries` (`…-delivery-log`) | `log`, `id` | `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log is its `log` partition (the endpoint part of the derived delivery ids, which sort by their event's time), newest first; an account's log is the merge of its endpoints'; due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, event time, endpoint), and so is their key |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
 //!
@@ -40,9 +40,10 @@ use crate::{
     aws::error_text,
     clock::{from_millis, to_millis, Timestamp},
     domain::{
-        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
-        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+        delivery_log_partition, delivery_log_position, endpoint::RetiringSecret, Account,
+        AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
+        EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
+        Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
     signing::SigningSecret,
 };
@@ -57,9 +58,14 @@ const DISABLING_SHARD: &str = "disabling";
 const UNSENT: &str = "unsent";
 /// The control item holding how far `walk_unsent_first_tries` has looked.
 const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
-/// How far back before its watermark the walk looks again: a delivery can be written a while
-/// after the time it was created with (the writer's invocation lasts at most 30 s).
+/// How far back before its watermark the walk looks again: a delivery is written a while
+/// after the time it is created with (its event's), at most `LATE_FAN_OUT` later before it
+/// goes straight into the `pending` index instead.
 const LATE_WRITE_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
+/// A delivery written this long after its event's time (a fan-out delayed by a stream
+/// backlog or retries) enters the `pending` index as it is written: the walk may already
+/// be past its place in the log.
+const LATE_FAN_OUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Endpoint partitions the walk reads at once.
 const WALK_CONCURRENCY: usize = 8;
 /// Marks a deleted endpoint's tombstone.
@@ -94,7 +100,7 @@ impl TableNames {
             accounts: format!("{prefix}-accounts"),
             endpoints: format!("{prefix}-endpoints"),
             events: format!("{prefix}-events"),
-            deliveries: format!("{prefix}-deliveries"),
+            deliveries: format!("{prefix}-delivery-log"),
             attempts: format!("{prefix}-attempts"),
             control: format!("{prefix}-control"),
         }
@@ -221,34 +227,16 @@ impl DynamoStore {
         }
     }
 
-    /// The items with these (single-attribute) keys, read strongly consistently in batches
-    /// of 100; missing ones are left out.
-    async fn get_many(&self, table: &str, key: &str, ids: &[String]) -> StoreResult<Vec<Item>> {
-        self.batch_get(table, key, ids, true).await
-    }
-
-    /// As `get_many`, eventually consistent (half the read units).
-    async fn get_many_eventually(
-        &self,
-        table: &str,
-        key: &str,
-        ids: &[String],
-    ) -> StoreResult<Vec<Item>> {
-        self.batch_get(table, key, ids, false).await
-    }
-
-    async fn batch_get(
-        &self,
-        table: &str,
-        key: &str,
-        ids: &[String],
-        consistent: bool,
-    ) -> StoreResult<Vec<Item>> {
+    /// The deliveries with these ids, read strongly consistently in batches of 100; missing
+    /// ones (and ids no delivery can have) are left out.
+    async fn get_deliveries(&self, ids: &[DeliveryId]) -> StoreResult<Vec<Item>> {
+        let keys: Vec<Item> = ids.iter().filter_map(delivery_key).collect();
+        let table = &self.tables.deliveries;
         let mut items = Vec::new();
-        for chunk in ids.chunks(BATCH_GET_ITEMS) {
+        for chunk in keys.chunks(BATCH_GET_ITEMS) {
             let keys = KeysAndAttributes::builder()
-                .set_keys(Some(chunk.iter().map(|id| key1(key, id)).collect()))
-                .consistent_read(consistent)
+                .set_keys(Some(chunk.to_vec()))
+                .consistent_read(true)
                 .build()
                 .map_err(build_error)?;
             let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
@@ -311,23 +299,26 @@ impl DynamoStore {
             .transpose()
     }
 
-    async fn get_delivery_item(&self, id: &str) -> StoreResult<Option<Delivery>> {
-        self.get(&self.tables.deliveries, key1("id", id))
+    async fn get_delivery_item(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let Some(key) = delivery_key(id) else {
+            return Ok(None);
+        };
+        self.get(&self.tables.deliveries, key)
             .await?
             .map(|item| delivery_from_item(&item))
             .transpose()
     }
 
     /// The safety net for new deliveries, which are not in the `pending` index (see
-    /// `delivery_item`): reads the `by_endpoint` log of every endpoint from the persisted
+    /// `delivery_item`): reads the log partition of every endpoint from the persisted
     /// watermark (less `LATE_WRITE_MARGIN`) up to deliveries created at `until`, and brings
     /// each one still pending without an attempt and outside the index into it (a
     /// conditional write, so one delivered meanwhile stays out). Returns those items. Then
     /// the watermark moves to `until` (never past the present): below it every delivery is
     /// final, attempted, or in the index, so a first try whose queue message was lost
     /// (publish crashed before sending, purge, dead-letter queue, retention) is found by the
-    /// sweeper like any due delivery. Reads (a small index entry and an eventually
-    /// consistent item read per new delivery) cost a fraction of the two index writes.
+    /// sweeper like any due delivery. Its reads (an eventually consistent query of each
+    /// endpoint's new deliveries) cost a fraction of the two index writes.
     async fn walk_unsent_first_tries(&self, until: Timestamp) -> StoreResult<Vec<Item>> {
         let watermark_key = key1("pk", FIRST_TRY_WATERMARK);
         let watermark = self
@@ -341,10 +332,10 @@ impl DynamoStore {
             crate::clock::from_millis(w)
                 - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
         });
-        let endpoints = self.all_endpoint_ids().await?;
+        let endpoints = self.all_endpoints().await?;
         let found: Vec<StoreResult<Vec<Item>>> = futures_util::stream::iter(endpoints)
-            .map(|endpoint| async move {
-                self.unindexed_pending_of(&endpoint, from, Some(until))
+            .map(|(account, endpoint)| async move {
+                self.unindexed_pending_of(&account, &endpoint, from, Some(until))
                     .await
             })
             .buffer_unordered(WALK_CONCURRENCY)
@@ -361,7 +352,7 @@ impl DynamoStore {
                     .client
                     .update_item()
                     .table_name(&self.tables.deliveries)
-                    .key("id", s(&id))
+                    .set_key(Some(stored_delivery_key(&item)?))
                     .update_expression("SET pending_shard = :shard, due_key = :due_key")
                     .condition_expression(
                         "#status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)",
@@ -393,9 +384,9 @@ impl DynamoStore {
         Ok(unsent)
     }
 
-    /// Every endpoint id of every account, deleted ones left out (deleting an endpoint
+    /// Every endpoint of every account, deleted ones left out (deleting an endpoint
     /// abandons its pending deliveries).
-    async fn all_endpoint_ids(&self) -> StoreResult<Vec<EndpointId>> {
+    async fn all_endpoints(&self) -> StoreResult<Vec<(AccountId, EndpointId)>> {
         let mut ids = Vec::new();
         let mut start: Option<Item> = None;
         loop {
@@ -403,7 +394,7 @@ impl DynamoStore {
                 .client
                 .scan()
                 .table_name(&self.tables.endpoints)
-                .projection_expression("id, #deleted")
+                .projection_expression("account_id, id, #deleted")
                 .expression_attribute_names("#deleted", DELETED_AT)
                 .set_exclusive_start_key(start.take())
                 .send()
@@ -411,7 +402,10 @@ impl DynamoStore {
                 .map_err(sdk)?;
             for item in out.items.unwrap_or_default() {
                 if !is_tombstone(&item) {
-                    ids.push(EndpointId::from_trusted(get_s(&item, "id")?));
+                    ids.push((
+                        AccountId::from_trusted(get_s(&item, "account_id")?),
+                        EndpointId::from_trusted(get_s(&item, "id")?),
+                    ));
                 }
             }
             match out.last_evaluated_key {
@@ -424,63 +418,74 @@ impl DynamoStore {
         Ok(ids)
     }
 
-    /// The ids in an endpoint's `by_endpoint` log between two `created_key` bounds, oldest
-    /// first.
-    async fn endpoint_log_ids(
+    /// An endpoint's deliveries whose events were created in [`from`, `until`] (unbounded
+    /// where `None`), oldest first, that also match `filter` (a filter expression over
+    /// `:pending` and `:zero`, or none).
+    async fn endpoint_log(
         &self,
+        account: &AccountId,
         endpoint: &EndpointId,
-        lower: String,
-        upper: String,
-    ) -> StoreResult<Vec<String>> {
-        self.query_all(
-            self.client
-                .query()
-                .table_name(&self.tables.deliveries)
-                .index_name("by_endpoint")
-                .key_condition_expression(
-                    "endpoint_id = :e AND created_key BETWEEN :lower AND :upper",
-                )
-                .expression_attribute_values(":e", s(endpoint.as_str()))
-                .expression_attribute_values(":lower", s(lower))
-                .expression_attribute_values(":upper", s(upper))
-                .scan_index_forward(true),
-        )
-        .await?
-        .iter()
-        .map(|item| get_s(item, "id"))
-        .collect()
+        from: Option<Timestamp>,
+        until: Option<Timestamp>,
+        filter: Option<&str>,
+        consistent: bool,
+    ) -> StoreResult<Vec<Item>> {
+        let partition = delivery_log_partition(account, endpoint);
+        let lower = delivery_log_position(&partition, from.unwrap_or_else(|| from_millis(0)));
+        let upper = match until {
+            Some(until) => format!("{}~", delivery_log_position(&partition, until)),
+            None => format!("dlv_{partition}~"),
+        };
+        // Another endpoint whose partition hash collides is filtered out.
+        let mut condition = "account_id = :a AND endpoint_id = :e".to_owned();
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.tables.deliveries)
+            .key_condition_expression("#log = :log AND id BETWEEN :lower AND :upper")
+            .expression_attribute_names("#log", "log")
+            .expression_attribute_values(":log", s(&partition))
+            .expression_attribute_values(":lower", s(lower))
+            .expression_attribute_values(":upper", s(upper))
+            .expression_attribute_values(":a", s(account.as_str()))
+            .expression_attribute_values(":e", s(endpoint.as_str()))
+            .scan_index_forward(true)
+            .consistent_read(consistent);
+        if let Some(filter) = filter {
+            condition = format!("{condition} AND {filter}");
+            request = request
+                .expression_attribute_names("#status", "status")
+                .expression_attribute_values(":pending", s("pending"))
+                .expression_attribute_values(":zero", n(0));
+        }
+        self.query_all(request.filter_expression(condition)).await
     }
 
-    /// An endpoint's deliveries created in (`from`, `until`] (unbounded where `None`) that
+    /// An endpoint's deliveries created in [`from`, `until`] (unbounded where `None`) that
     /// are pending without an attempt and outside the `pending` index.
     async fn unindexed_pending_of(
         &self,
+        account: &AccountId,
         endpoint: &EndpointId,
         from: Option<Timestamp>,
         until: Option<Timestamp>,
     ) -> StoreResult<Vec<Item>> {
-        let lower = from.map(time_bound).unwrap_or_else(|| "0".into());
-        let upper = until
-            .map(|t| format!("{}#~", time_bound(t)))
-            .unwrap_or_else(|| "~".into());
-        let ids = self.endpoint_log_ids(endpoint, lower, upper).await?;
-        let items = self
-            .get_many_eventually(&self.tables.deliveries, "id", &ids)
-            .await?;
-        Ok(items
-            .into_iter()
-            .filter(|item| {
-                opt_s(item, "status").as_deref() == Some("pending")
-                    && matches!(item.get("attempts"), Some(AttributeValue::N(a)) if a == "0")
-                    && !item.contains_key("pending_shard")
-            })
-            .collect())
+        self.endpoint_log(
+            account,
+            endpoint,
+            from,
+            until,
+            Some("#status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)"),
+            false,
+        )
+        .await
     }
 
     /// Moves every pending delivery of an endpoint to `abandoned`, each by a conditional
     /// write (so one that was delivered meanwhile stays delivered). Returns how many moved.
     async fn abandon_pending_of(
         &self,
+        account: &AccountId,
         endpoint: &EndpointId,
         reason: &str,
         now: Timestamp,
@@ -496,8 +501,9 @@ impl DynamoStore {
                         .table_name(&self.tables.deliveries)
                         .index_name("pending")
                         .key_condition_expression("pending_shard = :shard")
-                        .filter_expression("endpoint_id = :e")
+                        .filter_expression("account_id = :a AND endpoint_id = :e")
                         .expression_attribute_values(":shard", s(shard.to_string()))
+                        .expression_attribute_values(":a", s(account.as_str()))
                         .expression_attribute_values(":e", s(endpoint.as_str())),
                 )
                 .await?,
@@ -514,35 +520,37 @@ impl DynamoStore {
         let from = watermark.map(|w| {
             from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
         });
-        keys.extend(self.unindexed_pending_of(endpoint, from, None).await?);
+        keys.extend(
+            self.unindexed_pending_of(account, endpoint, from, None)
+                .await?,
+        );
         // One conditional write per delivery (no transaction, so no 100-item limit), a few
         // at a time; each one only moves a delivery that is still pending, so running this
         // again after a failure part-way finishes the rest and changes nothing else.
-        let outcomes: Vec<StoreResult<bool>> =
-            futures_util::stream::iter(keys.into_iter().filter_map(|key| key.get("id").cloned()))
-                .map(|id| async move {
-                    let result = self
-                        .client
-                        .update_item()
-                        .table_name(&self.tables.deliveries)
-                        .key("id", id)
-                        .update_expression(
-                            "SET #status = :abandoned, last_error = :reason, updated_at = :now \
+        let outcomes: Vec<StoreResult<bool>> = futures_util::stream::iter(keys)
+            .map(|item| async move {
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.deliveries)
+                    .set_key(Some(stored_delivery_key(&item)?))
+                    .update_expression(
+                        "SET #status = :abandoned, last_error = :reason, updated_at = :now \
                      REMOVE next_try_at, pending_shard, due_key",
-                        )
-                        .condition_expression("#status = :pending")
-                        .expression_attribute_names("#status", "status")
-                        .expression_attribute_values(":abandoned", s("abandoned"))
-                        .expression_attribute_values(":pending", s("pending"))
-                        .expression_attribute_values(":reason", s(reason))
-                        .expression_attribute_values(":now", n(to_millis(now)))
-                        .send()
-                        .await;
-                    written(result).map(|out| out.is_some())
-                })
-                .buffer_unordered(ABANDON_CONCURRENCY)
-                .collect()
-                .await;
+                    )
+                    .condition_expression("#status = :pending")
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":abandoned", s("abandoned"))
+                    .expression_attribute_values(":pending", s("pending"))
+                    .expression_attribute_values(":reason", s(reason))
+                    .expression_attribute_values(":now", n(to_millis(now)))
+                    .send()
+                    .await;
+                written(result).map(|out| out.is_some())
+            })
+            .buffer_unordered(ABANDON_CONCURRENCY)
+            .collect()
+            .await;
         let mut abandoned = 0;
         for outcome in outcomes {
             if outcome? {
@@ -564,7 +572,7 @@ impl DynamoStore {
         now: Timestamp,
     ) -> StoreResult<u64> {
         let abandoned = self
-            .abandon_pending_of(endpoint, &format!("abandoned: {reason}"), now)
+            .abandon_pending_of(account, endpoint, &format!("abandoned: {reason}"), now)
             .await?;
         let result = self
             .client
@@ -643,43 +651,48 @@ impl DynamoStore {
         }
     }
 
-    /// A page of deliveries read from `by_endpoint` partitions merged
-    /// newest first. The indexes hold only immutable attributes, so a status change never
-    /// writes to them: filters on those (event type, account) run in the index query, the
-    /// others (status, last status) on the items read after it. Created keys (time, then id)
-    /// are unique and totally ordered, so one position is a cursor for every partition.
+    /// A page of deliveries read from endpoints' log partitions merged newest first (by
+    /// event time, then id). Filters on attributes that never change (account, endpoint,
+    /// event type) run in the query; status and last status on the items read. A position
+    /// (time, id) is a cursor for every partition (`LogWindow::upper_in`).
     async fn list_from_partitions(
         &self,
         account: &AccountId,
-        partitions: Vec<IndexPartition>,
+        partitions: Vec<LogPartition>,
         query: &DeliveryQuery,
         limit: usize,
     ) -> StoreResult<Page<Delivery>> {
-        let lower = query.since.map(time_bound).unwrap_or_else(|| "0".into());
-        let mut upper = query.until.map(time_bound).unwrap_or_else(|| "~".into());
-        let mut exclusive_upper = None;
+        let mut upper = query
+            .until
+            .map(|until| LogUpper::Before(time_suffix(until)));
         if let Some(cursor) = &query.cursor {
-            let (created, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
-            let key = time_key(from_millis(created), &id);
-            if key < upper {
-                upper = key.clone();
-                exclusive_upper = Some(key);
+            let (_, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
+            let id = DeliveryId::from_trusted(id);
+            let time = id
+                .log_suffix()
+                .map(|suffix| suffix[..TIME_SUFFIX_LEN].to_owned())
+                .ok_or(StoreError::NotFound("cursor"))?;
+            let tighter = match &upper {
+                Some(LogUpper::Before(until)) => &time < until,
+                _ => true,
+            };
+            if tighter {
+                upper = Some(LogUpper::After { time, id });
             }
         }
-        let window = IndexWindow {
-            lower,
+        let window = LogWindow {
+            lower: time_suffix(query.since.unwrap_or_else(|| from_millis(0))),
             upper,
-            exclusive_upper,
             account: account.as_str().to_owned(),
             event_type: query.event_type.clone(),
         };
         let mut partitions = partitions;
         let mut found: Vec<Delivery> = Vec::new();
         let mut examined = 0usize;
-        let mut last_examined: Option<String> = None;
+        let mut last_examined: Option<(Timestamp, DeliveryId)> = None;
         while found.len() <= limit && examined < self.list_examine_budget {
             let want = limit + 1 - found.len();
-            let mut batch: Vec<(String, String)> = Vec::new();
+            let mut batch: Vec<Delivery> = Vec::new();
             while batch.len() < want {
                 let empty = partitions
                     .iter_mut()
@@ -691,27 +704,23 @@ impl DynamoStore {
                 let newest = partitions
                     .iter_mut()
                     .filter(|p| !p.buffered.is_empty())
-                    .max_by(|a, b| a.buffered.front().cmp(&b.buffered.front()));
-                let Some(entry) = newest.and_then(|p| p.buffered.pop_front()) else {
+                    .max_by(|a, b| {
+                        a.buffered
+                            .front()
+                            .map(|(k, _)| k)
+                            .cmp(&b.buffered.front().map(|(k, _)| k))
+                    });
+                let Some((_, delivery)) = newest.and_then(|p| p.buffered.pop_front()) else {
                     break;
                 };
-                batch.push(entry);
+                batch.push(delivery);
             }
             if batch.is_empty() {
                 break;
             }
             examined += batch.len();
-            let ids: Vec<String> = batch.iter().map(|(_, id)| id.clone()).collect();
-            let mut items: HashMap<String, Item> = HashMap::new();
-            for item in self.get_many(&self.tables.deliveries, "id", &ids).await? {
-                items.insert(get_s(&item, "id")?, item);
-            }
-            for (created_key, id) in batch {
-                last_examined = Some(created_key);
-                let Some(item) = items.get(&id) else {
-                    continue;
-                };
-                let delivery = delivery_from_item(item)?;
+            for delivery in batch {
+                last_examined = Some((delivery.created_at, delivery.id.clone()));
                 let wanted = query.status.is_none_or(|s| s == delivery.status)
                     && query
                         .status_code
@@ -735,10 +744,7 @@ impl DynamoStore {
         } else if more_to_read {
             // The examine budget ran out: a short page that continues after the last entry
             // examined, so sparse filters cost bounded reads per call.
-            last_examined.and_then(|key| {
-                let (millis, id) = key.split_once('#')?;
-                Some(encode_position(millis.parse().ok()?, id))
-            })
+            last_examined.map(|(at, id)| encode_position(to_millis(at), id.as_str()))
         } else {
             None
         };
@@ -748,38 +754,42 @@ impl DynamoStore {
         })
     }
 
-    /// Reads the next index page of a partition into its buffer (at least one entry unless
+    /// Reads the next page of a log partition into its buffer (at least one delivery unless
     /// the partition is exhausted: a filtered page can come back empty).
     async fn fill_partition(
         &self,
-        partition: &mut IndexPartition,
-        window: &IndexWindow,
+        partition: &mut LogPartition,
+        window: &LogWindow,
         want: usize,
     ) -> StoreResult<()> {
-        let mut filters = Vec::new();
+        let lower = format!("dlv_{}{}", partition.partition, window.lower);
+        let upper = window.upper_in(&partition.partition);
+        let cursor_id = match &window.upper {
+            Some(LogUpper::After { id, .. }) => Some(id),
+            _ => None,
+        };
+        // A partition is one endpoint's: the filter keeps out another whose partition hash
+        // collides, and another account's endpoint of the same name.
+        let mut filters = vec!["account_id = :account", "endpoint_id = :endpoint"];
         let mut request = self
             .client
             .query()
             .table_name(&self.tables.deliveries)
-            .index_name(partition.index)
-            .key_condition_expression("#pk = :pk AND created_key BETWEEN :lower AND :upper")
-            .expression_attribute_names("#pk", partition.hash_attribute)
-            .expression_attribute_values(":pk", s(&partition.hash))
-            .expression_attribute_values(":lower", s(&window.lower))
-            .expression_attribute_values(":upper", s(&window.upper))
+            .key_condition_expression("#log = :log AND id BETWEEN :lower AND :upper")
+            .expression_attribute_names("#log", "log")
+            .expression_attribute_values(":log", s(&partition.partition))
+            .expression_attribute_values(":lower", s(lower))
+            .expression_attribute_values(":upper", s(upper))
+            .expression_attribute_values(":account", s(&window.account))
+            .expression_attribute_values(":endpoint", s(partition.endpoint.as_str()))
             .scan_index_forward(false)
+            .consistent_read(true)
             .limit(i32::try_from(want.clamp(1, 500) + 1).unwrap_or(501));
-        // An endpoint id names one endpoint of one account; the filter keeps another
-        // account's endpoint of the same name out.
-        request = request.expression_attribute_values(":account", s(&window.account));
-        filters.push("account_id = :account");
         if let Some(event_type) = &window.event_type {
             request = request.expression_attribute_values(":event_type", s(event_type));
             filters.push("event_type = :event_type");
         }
-        if !filters.is_empty() {
-            request = request.filter_expression(filters.join(" AND "));
-        }
+        request = request.filter_expression(filters.join(" AND "));
         while partition.buffered.is_empty() && !partition.exhausted {
             let out = request
                 .clone()
@@ -788,13 +798,15 @@ impl DynamoStore {
                 .await
                 .map_err(sdk)?;
             for item in out.items.unwrap_or_default() {
-                let created_key = get_s(&item, "created_key")?;
-                if window.exclusive_upper.as_ref() == Some(&created_key) {
+                let delivery = delivery_from_item(&item)?;
+                if cursor_id == Some(&delivery.id) {
                     continue;
                 }
-                partition
-                    .buffered
-                    .push_back((created_key, get_s(&item, "id")?));
+                let Some(time) = delivery.id.log_suffix().map(|s| &s[..TIME_SUFFIX_LEN]) else {
+                    return Err(corrupt("id"));
+                };
+                let order = format!("{time}{}", delivery.id);
+                partition.buffered.push_back((order, delivery));
             }
             match out.last_evaluated_key {
                 Some(key) if !key.is_empty() => partition.start = Some(key),
@@ -834,23 +846,21 @@ impl DynamoStore {
     }
 }
 
-/// One partition of a delivery index being merged into a listing: `(created_key, id)`
-/// entries read newest first, a page at a time.
-struct IndexPartition {
-    index: &'static str,
-    hash_attribute: &'static str,
-    hash: String,
-    buffered: std::collections::VecDeque<(String, String)>,
+/// One endpoint's log partition in a listing: its deliveries read newest first, a page at
+/// a time, each buffered with its place in the merge (event time, then id).
+struct LogPartition {
+    partition: String,
+    endpoint: EndpointId,
+    buffered: std::collections::VecDeque<(String, Delivery)>,
     start: Option<Item>,
     exhausted: bool,
 }
 
-impl IndexPartition {
-    fn new(index: &'static str, hash_attribute: &'static str, hash: &str) -> Self {
+impl LogPartition {
+    fn new(account: &AccountId, endpoint: &EndpointId) -> Self {
         Self {
-            index,
-            hash_attribute,
-            hash: hash.to_owned(),
+            partition: delivery_log_partition(account, endpoint),
+            endpoint: endpoint.clone(),
             buffered: std::collections::VecDeque::new(),
             start: None,
             exhausted: false,
@@ -858,14 +868,38 @@ impl IndexPartition {
     }
 }
 
-/// The bounds and index-side filters of one listing.
-struct IndexWindow {
+/// The bounds and query-side filters of one listing. Times are as in delivery ids.
+struct LogWindow {
+    /// The earliest event time listed.
     lower: String,
-    upper: String,
-    /// The cursor's own entry (the last one of the previous page), left out.
-    exclusive_upper: Option<String>,
+    upper: Option<LogUpper>,
     account: String,
     event_type: Option<String>,
+}
+
+enum LogUpper {
+    /// Deliveries of events before this time.
+    Before(String),
+    /// Deliveries before this position in the merged order: the last one of the previous
+    /// page (left out itself).
+    After { time: String, id: DeliveryId },
+}
+
+impl LogWindow {
+    /// The highest id a partition's query reads (inclusive). For a cursor from another
+    /// partition, the deliveries at the cursor's time come before it when their id is
+    /// smaller, which for ids of two partitions is decided by the partitions alone.
+    fn upper_in(&self, partition: &str) -> String {
+        match &self.upper {
+            None => format!("dlv_{partition}~"),
+            Some(LogUpper::Before(time)) => format!("dlv_{partition}{time}"),
+            Some(LogUpper::After { time, id }) => match id.log_partition() {
+                Some(theirs) if theirs == partition => id.as_str().to_owned(),
+                Some(theirs) if partition < theirs => format!("dlv_{partition}{time}~"),
+                _ => format!("dlv_{partition}{time}"),
+            },
+        }
+    }
 }
 
 enum TransactionFailure {
@@ -932,14 +966,14 @@ fn key2(name: &str, value: &str, sort_name: &str, sort_value: &str) -> Item {
     ])
 }
 
-/// Every delivery this store writes has the id derived from its (account, event, endpoint)
-/// (`DeliveryId::derived`, what `Delivery::new_pending` gives): an event's deliveries are
-/// found by those ids, without an index. Another id is refused rather than stored unfindable.
+/// Every delivery this store writes has the id derived from its (account, event, event
+/// time, endpoint) (`DeliveryId::derived`, what `Delivery::new_pending` gives, with the
+/// event's time as the delivery's): an event's deliveries are found by those ids, without an
+/// index. Another id is refused rather than stored unfindable.
 fn derived_ids_only(deliveries: &[Delivery]) -> StoreResult<()> {
-    match deliveries
-        .iter()
-        .find(|d| d.id != DeliveryId::derived(&d.account_id, &d.event_id, &d.endpoint_id))
-    {
+    match deliveries.iter().find(|d| {
+        d.id != DeliveryId::derived(&d.account_id, &d.event_id, d.created_at, &d.endpoint_id)
+    }) {
         None => Ok(()),
         Some(d) => Err(StoreError::Backend(format!(
             "delivery {} does not have the id derived from its event and endpoint",
@@ -989,6 +1023,26 @@ fn opt_n<T: std::str::FromStr>(item: &Item, name: &str) -> StoreResult<Option<T>
 fn get_bool(item: &Item, name: &str) -> bool {
     matches!(item.get(name), Some(AttributeValue::Bool(true)))
 }
+
+/// The key of a delivery's item: its endpoint's log partition and its id. `None` for an id
+/// no delivery can have (given from outside).
+fn delivery_key(id: &DeliveryId) -> Option<Item> {
+    let partition = id.log_partition()?;
+    Some(key2("log", partition, "id", id.as_str()))
+}
+
+/// The key of a delivery item read back (or of its `pending` index entry).
+fn stored_delivery_key(item: &Item) -> StoreResult<Item> {
+    delivery_key(&DeliveryId::from_trusted(get_s(item, "id")?)).ok_or_else(|| corrupt("id"))
+}
+
+/// A time as it is written in delivery ids after their endpoint part
+/// (`DeliveryId::log_suffix`), `TIME_SUFFIX_LEN` hex digits.
+fn time_suffix(at: Timestamp) -> String {
+    delivery_log_position("", at)["dlv_".len()..].to_owned()
+}
+
+const TIME_SUFFIX_LEN: usize = 12;
 
 /// Sort key that orders by time, then id: `0001700000000000#dlv_…`.
 fn time_key(at: Timestamp, id: &str) -> String {
@@ -1122,8 +1176,13 @@ fn event_from_item(item: &Item) -> StoreResult<Event> {
     })
 }
 
-fn delivery_item(d: &Delivery) -> Item {
+/// A delivery's item as written at `written_at`.
+fn delivery_item(d: &Delivery, written_at: Timestamp) -> StoreResult<Item> {
+    let partition =
+        d.id.log_partition()
+            .ok_or_else(|| StoreError::Backend(format!("delivery {} has no derived id", d.id)))?;
     let mut item = Item::from([
+        ("log".into(), s(partition)),
         ("id".into(), s(d.id.as_str())),
         ("account_id".into(), s(d.account_id.as_str())),
         ("event_id".into(), s(d.event_id.as_str())),
@@ -1134,10 +1193,6 @@ fn delivery_item(d: &Delivery) -> Item {
         ("client_errors".into(), n(d.client_error_count)),
         ("created_at".into(), n(to_millis(d.created_at))),
         ("updated_at".into(), n(to_millis(d.updated_at))),
-        (
-            "created_key".into(),
-            s(time_key(d.created_at, d.id.as_str())),
-        ),
     ]);
     item.insert("schedule_start".into(), n(d.schedule_start));
     item.insert("next_trigger".into(), s(d.next_trigger.as_str()));
@@ -1152,8 +1207,15 @@ fn delivery_item(d: &Delivery) -> Item {
     }
     // A new delivery stays out of the `pending` index (entering and leaving it would cost
     // two index writes for a first try that delivers): it enters after a failed try, on a
-    // replay, or when `walk_unsent_first_tries` finds it still unsent.
-    item
+    // replay, or when `walk_unsent_first_tries` finds it still unsent. One written long
+    // after its event's time may sit where the walk has already looked: it enters now.
+    let late = chrono::TimeDelta::from_std(LATE_FAN_OUT).unwrap_or_default();
+    if d.status == DeliveryStatus::Pending && written_at - d.created_at > late {
+        let due = d.next_try_at.unwrap_or(written_at);
+        item.insert("pending_shard".into(), s(pending_shard(d.id.as_str())));
+        item.insert("due_key".into(), s(time_key(due, d.id.as_str())));
+    }
+    Ok(item)
 }
 
 fn delivery_from_item(item: &Item) -> StoreResult<Delivery> {
@@ -1482,7 +1544,8 @@ impl Store for DynamoStore {
         if written(result)?.is_none() {
             return Ok(false);
         }
-        self.abandon_pending_of(id, "endpoint deleted", now).await?;
+        self.abandon_pending_of(account, id, "endpoint deleted", now)
+            .await?;
         Ok(true)
     }
 
@@ -1496,11 +1559,12 @@ impl Store for DynamoStore {
             self.event_item(event, true),
             "id",
         )?];
+        let now = chrono::Utc::now();
         let mut rest = deliveries.iter();
         for delivery in rest.by_ref().take(MAX_TRANSACTION_ITEMS - 1) {
             items.push(put_if_absent(
                 &self.tables.deliveries,
-                delivery_item(delivery),
+                delivery_item(delivery, now)?,
                 "id",
             )?);
         }
@@ -1525,7 +1589,7 @@ impl Store for DynamoStore {
         for chunk in rest.chunks(MAX_TRANSACTION_ITEMS) {
             let items = chunk
                 .iter()
-                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d), "id"))
+                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d, now)?, "id"))
                 .collect::<StoreResult<Vec<_>>>()?;
             match self.transact(items).await {
                 Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
@@ -1557,12 +1621,13 @@ impl Store for DynamoStore {
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
         derived_ids_only(deliveries)?;
         let mut added = Vec::new();
+        let now = chrono::Utc::now();
         for delivery in deliveries {
             let result = self
                 .client
                 .put_item()
                 .table_name(&self.tables.deliveries)
-                .set_item(Some(delivery_item(delivery)))
+                .set_item(Some(delivery_item(delivery, now)?))
                 .condition_expression("attribute_not_exists(id)")
                 .send()
                 .await;
@@ -1582,21 +1647,20 @@ impl Store for DynamoStore {
         account: &AccountId,
         id: &EventId,
     ) -> StoreResult<Vec<Delivery>> {
-        // A delivery's id is derived from (account, event, endpoint) (checked when it is
-        // written), so the candidates are one per endpoint the account ever had, deleted
-        // ones included; the ones that exist are the event's deliveries.
-        let ids: Vec<String> = self
+        // A delivery's id is derived from (account, event, event time, endpoint) (checked
+        // when it is written), so the candidates are one per endpoint the account ever had,
+        // deleted ones included; the ones that exist are the event's deliveries.
+        let Some(event) = self.get_event_item(account.as_str(), id.as_str()).await? else {
+            return Ok(Vec::new());
+        };
+        let ids: Vec<DeliveryId> = self
             .endpoint_ids_ever(account)
             .await?
             .iter()
-            .map(|endpoint| {
-                DeliveryId::derived(account, id, endpoint)
-                    .as_str()
-                    .to_owned()
-            })
+            .map(|endpoint| DeliveryId::derived(account, id, event.created_at, endpoint))
             .collect();
         let mut deliveries = self
-            .get_many(&self.tables.deliveries, "id", &ids)
+            .get_deliveries(&ids)
             .await?
             .iter()
             .map(delivery_from_item)
@@ -1607,7 +1671,7 @@ impl Store for DynamoStore {
     }
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
-        let Some(delivery) = self.get_delivery_item(delivery.as_str()).await? else {
+        let Some(delivery) = self.get_delivery_item(delivery).await? else {
             return Ok(None);
         };
         let event = self
@@ -1714,7 +1778,9 @@ impl Store for DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.deliveries)
-            .key("id", s(delivery_id))
+            .set_key(Some(
+                delivery_key(&r.attempt.delivery_id).ok_or(StoreError::NotFound("delivery"))?,
+            ))
             .update_expression(expression)
             .condition_expression("#status = :pending AND attempts = :expected")
             .expression_attribute_names("#status", "status")
@@ -1833,7 +1899,7 @@ impl Store for DynamoStore {
         id: &DeliveryId,
     ) -> StoreResult<Option<Delivery>> {
         Ok(self
-            .get_delivery_item(id.as_str())
+            .get_delivery_item(id)
             .await?
             .filter(|d| &d.account_id == account))
     }
@@ -1845,19 +1911,13 @@ impl Store for DynamoStore {
     ) -> StoreResult<Page<Delivery>> {
         let limit = query.limit.clamp(1, 500) as usize;
         let partitions = match &query.endpoint_id {
-            Some(endpoint) => vec![IndexPartition::new(
-                "by_endpoint",
-                "endpoint_id",
-                endpoint.as_str(),
-            )],
+            Some(endpoint) => vec![LogPartition::new(account, endpoint)],
             // The account's log is the merge of its endpoints' logs, deleted ones included.
             None => self
                 .endpoint_ids_ever(account)
                 .await?
                 .iter()
-                .map(|endpoint| {
-                    IndexPartition::new("by_endpoint", "endpoint_id", endpoint.as_str())
-                })
+                .map(|endpoint| LogPartition::new(account, endpoint))
                 .collect(),
         };
         self.list_from_partitions(account, partitions, query, limit)
@@ -1869,26 +1929,21 @@ impl Store for DynamoStore {
         let filter = replay.filter.clone();
         let limit = request.limit as usize;
         let candidates: Vec<Delivery> = match &replay.scope {
-            ReplayScope::Delivery(id) => self
-                .get_delivery_item(id.as_str())
+            ReplayScope::Delivery(id) => self.get_delivery_item(id).await?.into_iter().collect(),
+            // Oldest first; the window's end is checked on each delivery below.
+            ReplayScope::Endpoint(endpoint) => self
+                .endpoint_log(
+                    &replay.account_id,
+                    endpoint,
+                    filter.since,
+                    filter.until,
+                    None,
+                    true,
+                )
                 .await?
-                .into_iter()
-                .collect(),
-            ReplayScope::Endpoint(endpoint) => {
-                let lower = filter.since.map(time_bound).unwrap_or_else(|| "0".into());
-                let upper = filter.until.map(time_bound).unwrap_or_else(|| "~".into());
-                // The index holds keys and immutable attributes: the deliveries come from
-                // the table, oldest first as the index listed them.
-                let ids = self.endpoint_log_ids(endpoint, lower, upper).await?;
-                let mut deliveries = self
-                    .get_many(&self.tables.deliveries, "id", &ids)
-                    .await?
-                    .iter()
-                    .map(delivery_from_item)
-                    .collect::<StoreResult<Vec<_>>>()?;
-                deliveries.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-                deliveries
-            }
+                .iter()
+                .map(delivery_from_item)
+                .collect::<StoreResult<Vec<_>>>()?,
         };
         let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
         let mut matched = Vec::new();
@@ -1937,7 +1992,7 @@ impl Store for DynamoStore {
                 .client
                 .update_item()
                 .table_name(&self.tables.deliveries)
-                .key("id", s(id))
+                .set_key(delivery_key(&delivery.id))
                 .update_expression(
                     "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
                      schedule_start = attempts, client_errors = :zero, \
@@ -2019,11 +2074,14 @@ impl Store for DynamoStore {
     }
 
     async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let Some(key) = delivery_key(delivery) else {
+            return Ok(Vec::new());
+        };
         let first_try = self
             .client
             .get_item()
             .table_name(&self.tables.deliveries)
-            .key("id", s(delivery.as_str()))
+            .set_key(Some(key))
             .projection_expression("id, first_try")
             .consistent_read(true)
             .send()
@@ -2103,6 +2161,7 @@ impl Store for DynamoStore {
         if let Some((_, deliveries)) = &r.operational_event {
             derived_ids_only(deliveries)?;
         }
+        let now = chrono::Utc::now();
         let mut update = Update::builder()
             .table_name(&self.tables.endpoints)
             .set_key(Some(key2(
@@ -2149,7 +2208,7 @@ impl Store for DynamoStore {
             for delivery in deliveries.iter().take(room) {
                 items.push(put_if_absent(
                     &self.tables.deliveries,
-                    delivery_item(delivery),
+                    delivery_item(delivery, now)?,
                     "id",
                 )?);
             }
@@ -2165,7 +2224,7 @@ impl Store for DynamoStore {
         for chunk in later.chunks(MAX_TRANSACTION_ITEMS) {
             let items = chunk
                 .iter()
-                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d), "id"))
+                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d, now)?, "id"))
                 .collect::<StoreResult<Vec<_>>>()?;
             match self.transact(items).await {
                 Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
@@ -2290,17 +2349,6 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
     let all = Projection::builder()
         .projection_type(ProjectionType::All)
         .build();
-    // The delivery log's indexes carry only attributes that never change, so a delivery's
-    // status updates write no index entry; listings read the items after the index.
-    let immutable = |attributes: &[&str]| {
-        attributes
-            .iter()
-            .fold(
-                Projection::builder().projection_type(ProjectionType::Include),
-                |projection, name| projection.non_key_attributes(*name),
-            )
-            .build()
-    };
     let pending_projection = Projection::builder()
         .projection_type(ProjectionType::Include)
         .non_key_attributes("endpoint_id")
@@ -2336,21 +2384,13 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
         },
         TableSpec {
             name: &tables.deliveries,
-            key: ("id", S, None),
-            indexes: vec![
-                (
-                    "by_endpoint",
-                    ("endpoint_id", S),
-                    Some(("created_key", S)),
-                    immutable(&["account_id", "event_type"]),
-                ),
-                (
-                    "pending",
-                    ("pending_shard", S),
-                    Some(("due_key", S)),
-                    pending_projection,
-                ),
-            ],
+            key: ("log", S, Some(("id", S))),
+            indexes: vec![(
+                "pending",
+                ("pending_shard", S),
+                Some(("due_key", S)),
+                pending_projection,
+            )],
             stream: false,
             ttl: false,
         },
@@ -2604,9 +2644,14 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
         use crate::clock::add;
-        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        use crate::store::contract::{account, delivery, endpoint, event};
         use std::time::Duration;
         let secs = Duration::from_secs;
+        // Recent enough that each delivery is written within `LATE_FAN_OUT` of its event's
+        // time, and old enough for sweeps to look up to 10 s after it.
+        let t0 = || from_millis(to_millis(chrono::Utc::now()) - 50_000);
+        let base = t0();
+        let t0 = || base;
         let store = emulator_store().await;
         store.create_account(&account("acme")).await.unwrap();
         let ep = endpoint("acme", "ep_a", t0());
@@ -2711,6 +2756,31 @@ pub(crate) mod tests {
                 .unwrap()
                 .status,
             DeliveryStatus::Delivered
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_once() {
+        use crate::store::contract::{account, delivery, endpoint, event};
+        let store = emulator_store().await;
+        store.create_account(&account("acme")).await.unwrap();
+        let ep = endpoint("acme", "ep_a", chrono::Utc::now());
+        store.create_endpoint(&ep).await.unwrap();
+        let now = chrono::Utc::now();
+        let late_by = chrono::TimeDelta::from_std(LATE_FAN_OUT).unwrap();
+        let recent = event("acme", "evt_recent", now - late_by / 2);
+        let stale = event("acme", "evt_stale", now - late_by * 2);
+        let recent_delivery = delivery(&recent, &ep, now);
+        let stale_delivery = delivery(&stale, &ep, now);
+        for (ev, d) in [(&recent, &recent_delivery), (&stale, &stale_delivery)] {
+            store.put_event(ev).await.unwrap();
+            store.add_deliveries(std::slice::from_ref(d)).await.unwrap();
+        }
+        // The walk may be past a stale one's place in the log already: it is indexed as it
+        // is written, due when the fan-out said.
+        assert_eq!(
+            indexed_pending(&store).await,
+            vec![stale_delivery.id.to_string()]
         );
     }
 

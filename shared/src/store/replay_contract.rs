@@ -53,15 +53,7 @@ async fn publish(
     .expect("event");
     let deliveries: Vec<Delivery> = endpoints
         .iter()
-        .map(|e| {
-            Delivery::new_pending(
-                event.id.clone(),
-                e.id.clone(),
-                account.clone(),
-                event.event_type.clone(),
-                at(second),
-            )
-        })
+        .map(|e| Delivery::new_pending(&event, e.id.clone(), at(second)))
         .collect();
     store.publish(&event, &deliveries).await.expect("publish");
     deliveries
