@@ -91,12 +91,13 @@ mod tests {
             .create_endpoint(&contract::endpoint("acme", "ep_1", contract::t0()))
             .await
             .unwrap();
-        // The platform writes the event through the outbox helper, in its own transaction.
+        // The platform writes the event through the outbox helper, in its own transaction;
+        // the stream record in the fixture is its image (same creation time).
         let outbox_event = hooklane::domain::Event::new(
             EventId::parse("evt_outbox_1").unwrap(),
             AccountId::parse("acme").unwrap(),
             EventType::parse("invoice.paid").unwrap(),
-            contract::t0(),
+            hooklane::clock::from_millis(1_796_011_200_000),
             &serde_json::json!({"amount": 42}),
         )
         .unwrap();

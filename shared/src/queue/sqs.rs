@@ -460,4 +460,17 @@ pub(crate) mod tests {
         )
         .is_err());
     }
+
+    #[test]
+    fn a_schedule_name_of_a_derived_delivery_id_fits_eventbridge_scheduler() {
+        // Scheduler refuses names over 64 characters.
+        let id = DeliveryId::derived(
+            &crate::domain::AccountId::parse(&"a".repeat(128)).unwrap(),
+            &crate::domain::EventId::parse(&"e".repeat(128)).unwrap(),
+            crate::clock::from_millis(253_402_300_799_000),
+            &crate::domain::EndpointId::parse(&"p".repeat(128)).unwrap(),
+        );
+        let name = schedule_name(&id, crate::clock::from_millis(253_402_300_799_000));
+        assert!(name.len() <= 64, "{name} is {} characters", name.len());
+    }
 }
