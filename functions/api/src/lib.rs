@@ -127,13 +127,20 @@ mod tests {
             ),
             None
         );
+        let stored = shape
+            .app
+            .store
+            .get_event(
+                &AccountId::parse("acme").unwrap(),
+                &hooklane::domain::EventId::parse("evt_1").unwrap(),
+            )
+            .await
+            .unwrap()
+            .expect("the event is stored");
         assert!(shape
             .app
             .store
-            .deliveries_of_event(
-                &AccountId::parse("acme").unwrap(),
-                &hooklane::domain::EventId::parse("evt_1").unwrap()
-            )
+            .deliveries_of_event(&stored)
             .await
             .unwrap()
             .is_empty());

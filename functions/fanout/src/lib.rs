@@ -125,10 +125,7 @@ mod tests {
             Some(serde_json::json!(1))
         );
         let account = AccountId::parse("acme").unwrap();
-        let deliveries = store
-            .deliveries_of_event(&account, &outbox_event.id)
-            .await
-            .unwrap();
+        let deliveries = store.deliveries_of_event(&outbox_event).await.unwrap();
         assert_eq!(deliveries.len(), 1);
         assert_eq!(
             queued(&settings).await,
@@ -136,9 +133,16 @@ mod tests {
             "one message for the new delivery"
         );
         // The published (already fanned-out) record made nothing.
-        let published = EventId::parse("evt_api_1").unwrap();
+        let published = hooklane::domain::Event::new(
+            EventId::parse("evt_api_1").unwrap(),
+            account.clone(),
+            EventType::parse("invoice.paid").unwrap(),
+            hooklane::clock::from_millis(1_796_011_201_000),
+            &serde_json::json!({}),
+        )
+        .unwrap();
         assert!(store
-            .deliveries_of_event(&account, &published)
+            .deliveries_of_event(&published)
             .await
             .unwrap()
             .is_empty());
@@ -150,7 +154,7 @@ mod tests {
         assert_eq!(log.documents().len(), written);
         assert_eq!(
             store
-                .deliveries_of_event(&account, &outbox_event.id)
+                .deliveries_of_event(&outbox_event)
                 .await
                 .unwrap()
                 .len(),

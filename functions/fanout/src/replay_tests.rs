@@ -150,14 +150,10 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
     let third = handle(&shape, overlapping).await;
     assert!(third.batch_item_failures.is_empty(), "{third:?}");
 
-    let account = AccountId::parse("acme").unwrap();
     let events: Vec<_> = retried_events.iter().chain(&overlapping_events).collect();
     let mut delivery_ids = Vec::new();
     for event in &events {
-        let deliveries = store
-            .deliveries_of_event(&account, &event.id)
-            .await
-            .unwrap();
+        let deliveries = store.deliveries_of_event(event).await.unwrap();
         let mut endpoints: Vec<_> = deliveries
             .iter()
             .map(|d| d.endpoint_id.to_string())
@@ -310,11 +306,7 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
         "the retry queued them"
     );
     assert_eq!(
-        store
-            .deliveries_of_event(&event.account_id, &event.id)
-            .await
-            .unwrap()
-            .len(),
+        store.deliveries_of_event(event).await.unwrap().len(),
         3,
         "and created nothing twice"
     );

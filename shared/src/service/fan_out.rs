@@ -140,10 +140,7 @@ async fn fan_out_one(
     let mut to_queue: Vec<Delivery> = added.clone();
     if added.len() < deliveries.len() {
         // A replay: queue again what an earlier run created but may not have queued.
-        let existing = app
-            .store
-            .deliveries_of_event(&event.account_id, &event.id)
-            .await?;
+        let existing = app.store.deliveries_of_event(event).await?;
         to_queue.extend(existing.into_iter().filter(|d| {
             d.status == DeliveryStatus::Pending
                 && d.attempts == 0

@@ -115,10 +115,7 @@ async fn through_stream(
             })
         }
         PutEventOutcome::AlreadyExists(event) => {
-            let stored = app
-                .store
-                .deliveries_of_event(&event.account_id, &event.id)
-                .await?;
+            let stored = app.store.deliveries_of_event(&event).await?;
             // None stored yet: the fan-out has not run (a client retrying at once), and
             // these are the ones it will create.
             let deliveries = if stored.is_empty() {
@@ -154,7 +151,7 @@ pub async fn get(
         .get_event(account, id)
         .await?
         .ok_or(ServiceError::NotFound("event"))?;
-    let deliveries = app.store.deliveries_of_event(account, id).await?;
+    let deliveries = app.store.deliveries_of_event(&event).await?;
     Ok((event, deliveries))
 }
 
@@ -207,7 +204,7 @@ mod tests {
         assert_eq!(stored.payload, published.event.payload);
         assert!(
             store
-                .deliveries_of_event(&account, &published.event.id)
+                .deliveries_of_event(&published.event)
                 .await
                 .unwrap()
                 .is_empty(),
@@ -230,7 +227,7 @@ mod tests {
 
         assert_eq!(fan_out(&shape.app, &published.event).await.unwrap(), 2);
         let mut stored: Vec<_> = store
-            .deliveries_of_event(&account, &published.event.id)
+            .deliveries_of_event(&published.event)
             .await
             .unwrap()
             .into_iter()

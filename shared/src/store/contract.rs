@@ -199,14 +199,7 @@ pub async fn publish_is_idempotent_on_the_event_id(store: &dyn Store) {
         store.get_event(&ev.account_id, &ev.id).await.unwrap(),
         Some(ev.clone())
     );
-    assert_eq!(
-        store
-            .deliveries_of_event(&ev.account_id, &ev.id)
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(store.deliveries_of_event(&ev).await.unwrap().len(), 2);
     let other = AccountId::parse("other").unwrap();
     assert_eq!(store.get_event(&other, &ev.id).await.unwrap(), None);
     assert_eq!(
@@ -774,10 +767,7 @@ pub async fn disable_endpoint_handles_more_than_a_transaction_holds(store: &dyn 
         .unwrap()
         .iter()
         .all(|p| p.endpoint_id != ep.id));
-    let stored_ops = store
-        .deliveries_of_event(&op_event.account_id, &op_event.id)
-        .await
-        .unwrap();
+    let stored_ops = store.deliveries_of_event(&op_event).await.unwrap();
     assert_eq!(stored_ops.len(), 150);
 }
 
@@ -862,10 +852,7 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
         "a deleted endpoint cannot be updated"
     );
     assert_eq!(
-        store
-            .deliveries_of_event(&ev.account_id, &ev.id)
-            .await
-            .unwrap(),
+        store.deliveries_of_event(&ev).await.unwrap(),
         vec![kept.clone()],
         "a deleted endpoint's deliveries stay the event's"
     );
@@ -914,14 +901,7 @@ pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(
-        store
-            .deliveries_of_event(&ev.account_id, &ev.id)
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(store.deliveries_of_event(&ev).await.unwrap().len(), 2);
     let due = store
         .pending_deliveries(add(t0(), secs(1)), None, 10)
         .await
@@ -943,11 +923,7 @@ pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
         Some(ev.clone())
     );
     assert!(
-        store
-            .deliveries_of_event(&ev.account_id, &ev.id)
-            .await
-            .unwrap()
-            .is_empty(),
+        store.deliveries_of_event(&ev).await.unwrap().is_empty(),
         "no delivery is written with the event"
     );
     assert!(store

@@ -1575,9 +1575,7 @@ impl Store for DynamoStore {
                     .get_event_item(event.account_id.as_str(), event.id.as_str())
                     .await?
                     .ok_or_else(|| StoreError::Backend("event vanished during publish".into()))?;
-                let deliveries = self
-                    .deliveries_of_event(&existing.account_id, &existing.id)
-                    .await?;
+                let deliveries = self.deliveries_of_event(&existing).await?;
                 return Ok(PublishOutcome::AlreadyExists {
                     event: existing,
                     deliveries,
@@ -1642,17 +1640,12 @@ impl Store for DynamoStore {
         self.get_event_item(account.as_str(), id.as_str()).await
     }
 
-    async fn deliveries_of_event(
-        &self,
-        account: &AccountId,
-        id: &EventId,
-    ) -> StoreResult<Vec<Delivery>> {
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
         // A delivery's id is derived from (account, event, event time, endpoint) (checked
         // when it is written), so the candidates are one per endpoint the account ever had,
-        // deleted ones included; the ones that exist are the event's deliveries.
-        let Some(event) = self.get_event_item(account.as_str(), id.as_str()).await? else {
-            return Ok(Vec::new());
-        };
+        // deleted ones included; the ones that exist are the event's deliveries. (No read of
+        // the event: the fan-out function may not read the events table, only its stream.)
+        let (account, id) = (&event.account_id, &event.id);
         let ids: Vec<DeliveryId> = self
             .endpoint_ids_ever(account)
             .await?

@@ -192,11 +192,8 @@ pub trait Store: Send + Sync + 'static {
     /// delivery the id derived from its (event, endpoint) (`service::fan_out::delivery_id_for`).
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
-    async fn deliveries_of_event(
-        &self,
-        account: &AccountId,
-        id: &EventId,
-    ) -> StoreResult<Vec<Delivery>>;
+    /// The deliveries of a stored event (its id and creation time are what is used).
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;

@@ -1018,12 +1018,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn deliveries_of_event(
-        &self,
-        account: &AccountId,
-        id: &EventId,
-    ) -> StoreResult<Vec<Delivery>> {
-        let (account, id) = (account.clone(), id.clone());
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        let (account, id) = (event.account_id.clone(), event.id.clone());
         self.read(move |conn| {
             deliveries_of_event(conn, account.as_str(), id.as_str()).map_err(backend)
         })
