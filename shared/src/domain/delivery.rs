@@ -95,9 +95,11 @@ pub fn delivery_log_partition(account: &AccountId, endpoint: &EndpointId) -> Str
 }
 
 /// Where deliveries of events created at `at` start in a log partition's order: ids of a
-/// partition sort by their event's time, then by the rest of the id.
+/// partition sort by their event's time, then by the rest of the id. Times outside what
+/// `TIME_HEX` digits hold (before 1970, after the year 10889) are taken as the nearest end.
 pub fn delivery_log_position(partition: &str, at: Timestamp) -> String {
-    let millis = crate::clock::to_millis(at).max(0);
+    const LATEST: i64 = (1 << (4 * TIME_HEX)) - 1;
+    let millis = crate::clock::to_millis(at).clamp(0, LATEST);
     format!(
         "{DELIVERY_PREFIX}{partition}{millis:0width$x}",
         width = TIME_HEX
@@ -227,6 +229,21 @@ mod tests {
             delivery_log_partition(&earlier.account_id, &elsewhere),
             partition
         );
+    }
+
+    #[test]
+    fn event_times_out_of_range_still_give_well_formed_ids() {
+        let endpoint = EndpointId::parse("ep_1").unwrap();
+        let account = AccountId::parse("acme").unwrap();
+        for at in [
+            chrono::DateTime::<chrono::Utc>::MIN_UTC,
+            from_millis(-1),
+            chrono::DateTime::<chrono::Utc>::MAX_UTC,
+        ] {
+            let id =
+                DeliveryId::derived(&account, &EventId::parse("evt_1").unwrap(), at, &endpoint);
+            assert!(id.log_partition().is_some(), "{id} for {at}");
+        }
     }
 
     #[test]

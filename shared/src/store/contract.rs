@@ -504,6 +504,17 @@ pub async fn list_deliveries_newest_first_with_filters_and_cursor(store: &dyn St
         vec![made[2].id.clone(), made[1].id.clone()],
         "since inclusive, until exclusive"
     );
+    let backwards = store
+        .list_deliveries(
+            &acme,
+            &query(&|q| {
+                q.since = Some(add(t0(), secs(3)));
+                q.until = Some(add(t0(), secs(1)));
+            }),
+        )
+        .await
+        .expect("a window that ends before it starts is empty, not an error");
+    assert!(backwards.items.is_empty() && backwards.next_cursor.is_none());
 
     let mut cursor = None;
     let mut paged = Vec::new();

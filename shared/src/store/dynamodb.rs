@@ -131,6 +131,10 @@ pub struct DynamoStore {
     retention: Retention,
     /// `LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
+    /// `LATE_FAN_OUT`; `None` in the store contract tests, whose fixed times lie years in
+    /// the past (every delivery would be indexed as it is written, and the walk would go
+    /// untested).
+    late_fan_out: Option<std::time::Duration>,
 }
 
 impl DynamoStore {
@@ -140,6 +144,7 @@ impl DynamoStore {
             tables,
             retention,
             list_examine_budget: LIST_EXAMINE_BUDGET,
+            late_fan_out: Some(LATE_FAN_OUT),
         }
     }
 
@@ -190,6 +195,10 @@ impl DynamoStore {
         // Written together with its deliveries: the stream's fan-out has nothing to do.
         item.insert("fanned_out".into(), AttributeValue::Bool(fanned_out));
         item
+    }
+
+    fn delivery_item(&self, d: &Delivery) -> StoreResult<Item> {
+        new_delivery_item(d, chrono::Utc::now(), self.late_fan_out)
     }
 
     async fn get(&self, table: &str, key: Item) -> StoreResult<Option<Item>> {
@@ -419,15 +428,14 @@ impl DynamoStore {
     }
 
     /// An endpoint's deliveries whose events were created in [`from`, `until`] (unbounded
-    /// where `None`), oldest first, that also match `filter` (a filter expression over
-    /// `:pending` and `:zero`, or none).
+    /// where `None`), oldest first, that also match `filter`.
     async fn endpoint_log(
         &self,
         account: &AccountId,
         endpoint: &EndpointId,
         from: Option<Timestamp>,
         until: Option<Timestamp>,
-        filter: Option<&str>,
+        filter: LogFilter,
         consistent: bool,
     ) -> StoreResult<Vec<Item>> {
         let partition = delivery_log_partition(account, endpoint);
@@ -436,6 +444,10 @@ impl DynamoStore {
             Some(until) => format!("{}~", delivery_log_position(&partition, until)),
             None => format!("dlv_{partition}~"),
         };
+        if lower > upper {
+            // DynamoDB refuses a BETWEEN whose bounds are the wrong way round.
+            return Ok(Vec::new());
+        }
         // Another endpoint whose partition hash collides is filtered out.
         let mut condition = "account_id = :a AND endpoint_id = :e".to_owned();
         let mut request = self
@@ -451,12 +463,23 @@ impl DynamoStore {
             .expression_attribute_values(":e", s(endpoint.as_str()))
             .scan_index_forward(true)
             .consistent_read(consistent);
-        if let Some(filter) = filter {
-            condition = format!("{condition} AND {filter}");
-            request = request
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":pending", s("pending"))
-                .expression_attribute_values(":zero", n(0));
+        match filter {
+            LogFilter::All => {}
+            LogFilter::Pending => {
+                condition.push_str(" AND #status = :pending");
+                request = request
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":pending", s("pending"));
+            }
+            LogFilter::UnindexedFirstTries => {
+                condition.push_str(
+                    " AND #status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)",
+                );
+                request = request
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":pending", s("pending"))
+                    .expression_attribute_values(":zero", n(0));
+            }
         }
         self.query_all(request.filter_expression(condition)).await
     }
@@ -475,7 +498,7 @@ impl DynamoStore {
             endpoint,
             from,
             until,
-            Some("#status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)"),
+            LogFilter::UnindexedFirstTries,
             false,
         )
         .await
@@ -509,8 +532,10 @@ impl DynamoStore {
                 .await?,
             );
         }
-        // New deliveries not yet in the index: the walk has looked at everything below its
-        // watermark (less the margin for late writes); the rest is read from the endpoint's log.
+        // New deliveries perhaps not yet in the index: the walk has looked at everything
+        // below its watermark (less the margin for late writes); the rest is read from the
+        // endpoint's log, strongly consistent and whether indexed or not (the index is read
+        // eventually consistent, so an entry just written may be missing from it).
         let watermark = self
             .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
             .await?
@@ -521,9 +546,11 @@ impl DynamoStore {
             from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
         });
         keys.extend(
-            self.unindexed_pending_of(account, endpoint, from, None)
+            self.endpoint_log(account, endpoint, from, None, LogFilter::Pending, true)
                 .await?,
         );
+        let mut seen = std::collections::HashSet::new();
+        keys.retain(|item| seen.insert(opt_s(item, "id")));
         // One conditional write per delivery (no transaction, so no 100-item limit), a few
         // at a time; each one only moves a delivery that is still pending, so running this
         // again after a failure part-way finishes the rest and changes nothing else.
@@ -764,6 +791,12 @@ impl DynamoStore {
     ) -> StoreResult<()> {
         let lower = format!("dlv_{}{}", partition.partition, window.lower);
         let upper = window.upper_in(&partition.partition);
+        if lower > upper {
+            // An empty window (since after until, or a cursor before since); DynamoDB refuses
+            // a BETWEEN whose bounds are the wrong way round.
+            partition.exhausted = true;
+            return Ok(());
+        }
         let cursor_id = match &window.upper {
             Some(LogUpper::After { id, .. }) => Some(id),
             _ => None,
@@ -866,6 +899,15 @@ impl LogPartition {
             exhausted: false,
         }
     }
+}
+
+/// Which deliveries of an endpoint's log a query returns.
+#[derive(Debug, Clone, Copy)]
+enum LogFilter {
+    All,
+    Pending,
+    /// Pending without an attempt, and not in the `pending` index.
+    UnindexedFirstTries,
 }
 
 /// The bounds and query-side filters of one listing. Times are as in delivery ids.
@@ -1176,8 +1218,12 @@ fn event_from_item(item: &Item) -> StoreResult<Event> {
     })
 }
 
-/// A delivery's item as written at `written_at`.
-fn delivery_item(d: &Delivery, written_at: Timestamp) -> StoreResult<Item> {
+/// A new delivery's item, as written now.
+fn new_delivery_item(
+    d: &Delivery,
+    written_at: Timestamp,
+    late_fan_out: Option<std::time::Duration>,
+) -> StoreResult<Item> {
     let partition =
         d.id.log_partition()
             .ok_or_else(|| StoreError::Backend(format!("delivery {} has no derived id", d.id)))?;
@@ -1208,9 +1254,13 @@ fn delivery_item(d: &Delivery, written_at: Timestamp) -> StoreResult<Item> {
     // A new delivery stays out of the `pending` index (entering and leaving it would cost
     // two index writes for a first try that delivers): it enters after a failed try, on a
     // replay, or when `walk_unsent_first_tries` finds it still unsent. One written long
-    // after its event's time may sit where the walk has already looked: it enters now.
-    let late = chrono::TimeDelta::from_std(LATE_FAN_OUT).unwrap_or_default();
-    if d.status == DeliveryStatus::Pending && written_at - d.created_at > late {
+    // after its event's time may sit where the walk has already looked, and one dated far
+    // ahead (a platform clock running fast) where it will not look for a long time: it
+    // enters now.
+    let out_of_step = late_fan_out
+        .and_then(|late| chrono::TimeDelta::from_std(late).ok())
+        .is_some_and(|late| (written_at - d.created_at).abs() > late);
+    if d.status == DeliveryStatus::Pending && out_of_step {
         let due = d.next_try_at.unwrap_or(written_at);
         item.insert("pending_shard".into(), s(pending_shard(d.id.as_str())));
         item.insert("due_key".into(), s(time_key(due, d.id.as_str())));
@@ -1559,12 +1609,11 @@ impl Store for DynamoStore {
             self.event_item(event, true),
             "id",
         )?];
-        let now = chrono::Utc::now();
         let mut rest = deliveries.iter();
         for delivery in rest.by_ref().take(MAX_TRANSACTION_ITEMS - 1) {
             items.push(put_if_absent(
                 &self.tables.deliveries,
-                delivery_item(delivery, now)?,
+                self.delivery_item(delivery)?,
                 "id",
             )?);
         }
@@ -1587,7 +1636,7 @@ impl Store for DynamoStore {
         for chunk in rest.chunks(MAX_TRANSACTION_ITEMS) {
             let items = chunk
                 .iter()
-                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d, now)?, "id"))
+                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
                 .collect::<StoreResult<Vec<_>>>()?;
             match self.transact(items).await {
                 Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
@@ -1619,13 +1668,12 @@ impl Store for DynamoStore {
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
         derived_ids_only(deliveries)?;
         let mut added = Vec::new();
-        let now = chrono::Utc::now();
         for delivery in deliveries {
             let result = self
                 .client
                 .put_item()
                 .table_name(&self.tables.deliveries)
-                .set_item(Some(delivery_item(delivery, now)?))
+                .set_item(Some(self.delivery_item(delivery)?))
                 .condition_expression("attribute_not_exists(id)")
                 .send()
                 .await;
@@ -1688,6 +1736,10 @@ impl Store for DynamoStore {
         // attempt's detail (the delivery keeps its status, last status and error) or delays
         // the clock to the next attempt, never a delivery's state.
         let delivery_id = r.attempt.delivery_id.as_str();
+        // An id no delivery can have: no such delivery, as for a missing one.
+        let Some(key) = delivery_key(&r.attempt.delivery_id) else {
+            return Ok(RecordOutcome::Stale);
+        };
 
         let (status, next_try_at, last_error) = match &r.decision {
             Decision::Delivered => (DeliveryStatus::Delivered, None, None),
@@ -1771,9 +1823,7 @@ impl Store for DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.deliveries)
-            .set_key(Some(
-                delivery_key(&r.attempt.delivery_id).ok_or(StoreError::NotFound("delivery"))?,
-            ))
+            .set_key(Some(key))
             .update_expression(expression)
             .condition_expression("#status = :pending AND attempts = :expected")
             .expression_attribute_names("#status", "status")
@@ -1930,7 +1980,7 @@ impl Store for DynamoStore {
                     endpoint,
                     filter.since,
                     filter.until,
-                    None,
+                    LogFilter::All,
                     true,
                 )
                 .await?
@@ -2154,7 +2204,6 @@ impl Store for DynamoStore {
         if let Some((_, deliveries)) = &r.operational_event {
             derived_ids_only(deliveries)?;
         }
-        let now = chrono::Utc::now();
         let mut update = Update::builder()
             .table_name(&self.tables.endpoints)
             .set_key(Some(key2(
@@ -2201,7 +2250,7 @@ impl Store for DynamoStore {
             for delivery in deliveries.iter().take(room) {
                 items.push(put_if_absent(
                     &self.tables.deliveries,
-                    delivery_item(delivery, now)?,
+                    self.delivery_item(delivery)?,
                     "id",
                 )?);
             }
@@ -2217,7 +2266,7 @@ impl Store for DynamoStore {
         for chunk in later.chunks(MAX_TRANSACTION_ITEMS) {
             let items = chunk
                 .iter()
-                .map(|d| put_if_absent(&self.tables.deliveries, delivery_item(d, now)?, "id"))
+                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
                 .collect::<StoreResult<Vec<_>>>()?;
             match self.transact(items).await {
                 Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
@@ -2512,7 +2561,9 @@ pub(crate) mod tests {
         let client = emulator_client().await;
         let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
         create_tables(&client, &tables).await.unwrap();
-        DynamoStore::new(client, tables, Retention::default())
+        let mut store = DynamoStore::new(client, tables, Retention::default());
+        store.late_fan_out = None;
+        store
     }
 
     crate::store_contract_tests!(emulator_store);
@@ -2637,14 +2688,9 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
         use crate::clock::add;
-        use crate::store::contract::{account, delivery, endpoint, event};
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
         use std::time::Duration;
         let secs = Duration::from_secs;
-        // Recent enough that each delivery is written within `LATE_FAN_OUT` of its event's
-        // time, and old enough for sweeps to look up to 10 s after it.
-        let t0 = || from_millis(to_millis(chrono::Utc::now()) - 50_000);
-        let base = t0();
-        let t0 = || base;
         let store = emulator_store().await;
         store.create_account(&account("acme")).await.unwrap();
         let ep = endpoint("acme", "ep_a", t0());
@@ -2755,7 +2801,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_once() {
         use crate::store::contract::{account, delivery, endpoint, event};
-        let store = emulator_store().await;
+        let mut store = emulator_store().await;
+        store.late_fan_out = Some(LATE_FAN_OUT);
         store.create_account(&account("acme")).await.unwrap();
         let ep = endpoint("acme", "ep_a", chrono::Utc::now());
         store.create_endpoint(&ep).await.unwrap();
@@ -2763,18 +2810,23 @@ pub(crate) mod tests {
         let late_by = chrono::TimeDelta::from_std(LATE_FAN_OUT).unwrap();
         let recent = event("acme", "evt_recent", now - late_by / 2);
         let stale = event("acme", "evt_stale", now - late_by * 2);
-        let recent_delivery = delivery(&recent, &ep, now);
-        let stale_delivery = delivery(&stale, &ep, now);
-        for (ev, d) in [(&recent, &recent_delivery), (&stale, &stale_delivery)] {
+        let ahead = event("acme", "evt_ahead", now + late_by * 2);
+        let mut indexed = Vec::new();
+        for ev in [&recent, &stale, &ahead] {
+            let d = delivery(ev, &ep, now);
             store.put_event(ev).await.unwrap();
-            store.add_deliveries(std::slice::from_ref(d)).await.unwrap();
+            store
+                .add_deliveries(std::slice::from_ref(&d))
+                .await
+                .unwrap();
+            if ev.id != recent.id {
+                indexed.push(d.id.to_string());
+            }
         }
-        // The walk may be past a stale one's place in the log already: it is indexed as it
-        // is written, due when the fan-out said.
-        assert_eq!(
-            indexed_pending(&store).await,
-            vec![stale_delivery.id.to_string()]
-        );
+        // The walk may be past a stale one's place in the log already, and will not reach
+        // one dated far ahead for a long time: both are indexed as they are written.
+        indexed.sort();
+        assert_eq!(indexed_pending(&store).await, indexed);
     }
 
     #[tokio::test]
