@@ -427,6 +427,28 @@ impl DynamoStore {
         Ok(ids)
     }
 
+    /// A query of one endpoint's log partition between two ids; its filter expression must
+    /// include `LOG_PARTITION_FILTER`.
+    fn log_query(
+        &self,
+        partition: &str,
+        account: &str,
+        endpoint: &EndpointId,
+        lower: String,
+        upper: String,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.tables.deliveries)
+            .key_condition_expression("#log = :log AND id BETWEEN :lower AND :upper")
+            .expression_attribute_names("#log", "log")
+            .expression_attribute_values(":log", s(partition))
+            .expression_attribute_values(":lower", s(lower))
+            .expression_attribute_values(":upper", s(upper))
+            .expression_attribute_values(":account", s(account))
+            .expression_attribute_values(":endpoint", s(endpoint.as_str()))
+    }
+
     /// An endpoint's deliveries whose events were created in [`from`, `until`] (unbounded
     /// where `None`), oldest first, that also match `filter`.
     async fn endpoint_log(
@@ -448,19 +470,9 @@ impl DynamoStore {
             // DynamoDB refuses a BETWEEN whose bounds are the wrong way round.
             return Ok(Vec::new());
         }
-        // Another endpoint whose partition hash collides is filtered out.
-        let mut condition = "account_id = :a AND endpoint_id = :e".to_owned();
+        let mut condition = LOG_PARTITION_FILTER.to_owned();
         let mut request = self
-            .client
-            .query()
-            .table_name(&self.tables.deliveries)
-            .key_condition_expression("#log = :log AND id BETWEEN :lower AND :upper")
-            .expression_attribute_names("#log", "log")
-            .expression_attribute_values(":log", s(&partition))
-            .expression_attribute_values(":lower", s(lower))
-            .expression_attribute_values(":upper", s(upper))
-            .expression_attribute_values(":a", s(account.as_str()))
-            .expression_attribute_values(":e", s(endpoint.as_str()))
+            .log_query(&partition, account.as_str(), endpoint, lower, upper)
             .scan_index_forward(true)
             .consistent_read(consistent);
         match filter {
@@ -801,20 +813,15 @@ impl DynamoStore {
             Some(LogUpper::After { id, .. }) => Some(id),
             _ => None,
         };
-        // A partition is one endpoint's: the filter keeps out another whose partition hash
-        // collides, and another account's endpoint of the same name.
-        let mut filters = vec!["account_id = :account", "endpoint_id = :endpoint"];
+        let mut filters = vec![LOG_PARTITION_FILTER];
         let mut request = self
-            .client
-            .query()
-            .table_name(&self.tables.deliveries)
-            .key_condition_expression("#log = :log AND id BETWEEN :lower AND :upper")
-            .expression_attribute_names("#log", "log")
-            .expression_attribute_values(":log", s(&partition.partition))
-            .expression_attribute_values(":lower", s(lower))
-            .expression_attribute_values(":upper", s(upper))
-            .expression_attribute_values(":account", s(&window.account))
-            .expression_attribute_values(":endpoint", s(partition.endpoint.as_str()))
+            .log_query(
+                &partition.partition,
+                &window.account,
+                &partition.endpoint,
+                lower,
+                upper,
+            )
             .scan_index_forward(false)
             .consistent_read(true)
             .limit(i32::try_from(want.clamp(1, 500) + 1).unwrap_or(501));
@@ -900,6 +907,10 @@ impl LogPartition {
         }
     }
 }
+
+/// A log partition is one endpoint's: this keeps out another endpoint whose partition hash
+/// collides, and another account's endpoint of the same name.
+const LOG_PARTITION_FILTER: &str = "account_id = :account AND endpoint_id = :endpoint";
 
 /// Which deliveries of an endpoint's log a query returns.
 #[derive(Debug, Clone, Copy)]
