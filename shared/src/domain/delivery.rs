@@ -94,15 +94,27 @@ pub fn delivery_log_partition(account: &AccountId, endpoint: &EndpointId) -> Str
     hex_of_hash(&[account.as_str(), endpoint.as_str()])
 }
 
-/// Where deliveries of events created at `at` start in a log partition's order: ids of a
-/// partition sort by their event's time, then by the rest of the id. Times outside what
-/// `TIME_HEX` digits hold (before 1970, after the year 10889) are taken as the nearest end.
-pub fn delivery_log_position(partition: &str, at: Timestamp) -> String {
+/// What every id of a log partition starts with.
+pub fn delivery_log_prefix(partition: &str) -> String {
+    format!("{DELIVERY_PREFIX}{partition}")
+}
+
+/// A time as delivery ids carry it after their endpoint part: `TIME_HEX` hex digits of
+/// milliseconds. Times outside what they hold (before 1970, after the year 10889) are taken
+/// as the nearest end.
+pub fn delivery_log_time(at: Timestamp) -> String {
     const LATEST: i64 = (1 << (4 * TIME_HEX)) - 1;
     let millis = crate::clock::to_millis(at).clamp(0, LATEST);
+    format!("{millis:0width$x}", width = TIME_HEX)
+}
+
+/// Where deliveries of events created at `at` start in a log partition's order: ids of a
+/// partition sort by their event's time, then by the rest of the id.
+pub fn delivery_log_position(partition: &str, at: Timestamp) -> String {
     format!(
-        "{DELIVERY_PREFIX}{partition}{millis:0width$x}",
-        width = TIME_HEX
+        "{}{}",
+        delivery_log_prefix(partition),
+        delivery_log_time(at)
     )
 }
 
@@ -134,11 +146,11 @@ impl DeliveryId {
         well_formed.then(|| &rest[..PART_HEX])
     }
 
-    /// The part of a derived id after its endpoint part: the event's time, then the pair
-    /// hash. It orders deliveries across endpoints the way the id orders them within one.
-    pub fn log_suffix(&self) -> Option<&str> {
+    /// The event time a derived id carries, as `delivery_log_time` writes it.
+    pub fn log_time(&self) -> Option<&str> {
         self.log_partition()?;
-        Some(&self.as_str()[DELIVERY_PREFIX.len() + PART_HEX..])
+        let start = DELIVERY_PREFIX.len() + PART_HEX;
+        Some(&self.as_str()[start..start + TIME_HEX])
     }
 }
 
@@ -221,7 +233,7 @@ mod tests {
         assert_eq!(earlier.id.log_partition(), Some(partition.as_str()));
         assert_eq!(later.id.log_partition(), Some(partition.as_str()));
         assert!(earlier.id < later.id);
-        assert!(earlier.id.log_suffix() < later.id.log_suffix());
+        assert!(earlier.id.log_time() < later.id.log_time());
         let start = delivery_log_position(&partition, from_millis(1_700_000_000_001));
         assert!(earlier.id.as_str() < start.as_str() && start.as_str() < later.id.as_str());
         let elsewhere = EndpointId::parse("ep_2").unwrap();

@@ -40,10 +40,10 @@ use crate::{
     aws::error_text,
     clock::{from_millis, to_millis, Timestamp},
     domain::{
-        delivery_log_partition, delivery_log_position, endpoint::RetiringSecret, Account,
-        AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
-        EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
-        Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+        delivery_log_partition, delivery_log_position, delivery_log_prefix, delivery_log_time,
+        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
+        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
     signing::SigningSecret,
 };
@@ -464,7 +464,7 @@ impl DynamoStore {
         let lower = delivery_log_position(&partition, from.unwrap_or_else(|| from_millis(0)));
         let upper = match until {
             Some(until) => format!("{}~", delivery_log_position(&partition, until)),
-            None => format!("dlv_{partition}~"),
+            None => format!("{}~", delivery_log_prefix(&partition)),
         };
         if lower > upper {
             // DynamoDB refuses a BETWEEN whose bounds are the wrong way round.
@@ -703,13 +703,13 @@ impl DynamoStore {
     ) -> StoreResult<Page<Delivery>> {
         let mut upper = query
             .until
-            .map(|until| LogUpper::Before(time_suffix(until)));
+            .map(|until| LogUpper::Before(delivery_log_time(until)));
         if let Some(cursor) = &query.cursor {
             let (_, id) = decode_cursor(cursor).ok_or(StoreError::NotFound("cursor"))?;
             let id = DeliveryId::from_trusted(id);
             let time = id
-                .log_suffix()
-                .map(|suffix| suffix[..TIME_SUFFIX_LEN].to_owned())
+                .log_time()
+                .map(str::to_owned)
                 .ok_or(StoreError::NotFound("cursor"))?;
             let tighter = match &upper {
                 Some(LogUpper::Before(until)) => &time < until,
@@ -720,7 +720,7 @@ impl DynamoStore {
             }
         }
         let window = LogWindow {
-            lower: time_suffix(query.since.unwrap_or_else(|| from_millis(0))),
+            lower: delivery_log_time(query.since.unwrap_or_else(|| from_millis(0))),
             upper,
             account: account.as_str().to_owned(),
             event_type: query.event_type.clone(),
@@ -801,7 +801,11 @@ impl DynamoStore {
         window: &LogWindow,
         want: usize,
     ) -> StoreResult<()> {
-        let lower = format!("dlv_{}{}", partition.partition, window.lower);
+        let lower = format!(
+            "{}{}",
+            delivery_log_prefix(&partition.partition),
+            window.lower
+        );
         let upper = window.upper_in(&partition.partition);
         if lower > upper {
             // An empty window (since after until, or a cursor before since); DynamoDB refuses
@@ -842,7 +846,7 @@ impl DynamoStore {
                 if cursor_id == Some(&delivery.id) {
                     continue;
                 }
-                let Some(time) = delivery.id.log_suffix().map(|s| &s[..TIME_SUFFIX_LEN]) else {
+                let Some(time) = delivery.id.log_time() else {
                     return Err(corrupt("id"));
                 };
                 let order = format!("{time}{}", delivery.id);
@@ -943,13 +947,14 @@ impl LogWindow {
     /// partition, the deliveries at the cursor's time come before it when their id is
     /// smaller, which for ids of two partitions is decided by the partitions alone.
     fn upper_in(&self, partition: &str) -> String {
+        let prefix = delivery_log_prefix(partition);
         match &self.upper {
-            None => format!("dlv_{partition}~"),
-            Some(LogUpper::Before(time)) => format!("dlv_{partition}{time}"),
+            None => format!("{prefix}~"),
+            Some(LogUpper::Before(time)) => format!("{prefix}{time}"),
             Some(LogUpper::After { time, id }) => match id.log_partition() {
                 Some(theirs) if theirs == partition => id.as_str().to_owned(),
-                Some(theirs) if partition < theirs => format!("dlv_{partition}{time}~"),
-                _ => format!("dlv_{partition}{time}"),
+                Some(theirs) if partition < theirs => format!("{prefix}{time}~"),
+                _ => format!("{prefix}{time}"),
             },
         }
     }
@@ -1088,14 +1093,6 @@ fn delivery_key(id: &DeliveryId) -> Option<Item> {
 fn stored_delivery_key(item: &Item) -> StoreResult<Item> {
     delivery_key(&DeliveryId::from_trusted(get_s(item, "id")?)).ok_or_else(|| corrupt("id"))
 }
-
-/// A time as it is written in delivery ids after their endpoint part
-/// (`DeliveryId::log_suffix`), `TIME_SUFFIX_LEN` hex digits.
-fn time_suffix(at: Timestamp) -> String {
-    delivery_log_position("", at)["dlv_".len()..].to_owned()
-}
-
-const TIME_SUFFIX_LEN: usize = 12;
 
 /// Sort key that orders by time, then id: `0001700000000000#dlv_…`.
 fn time_key(at: Timestamp, id: &str) -> String {
