@@ -16,6 +16,10 @@ pub struct CoreConfig {
     /// The account whose endpoints receive operational events such as `endpoint.disabled`.
     pub operations_account: Option<AccountId>,
     pub max_payload_bytes: usize,
+    /// An attempt that finds its endpoint failing for longer than `disable_after` disables
+    /// it there and then (embedded). Off on AWS: abandoning a whole backlog does not fit in
+    /// a sender invocation, and the health function does it.
+    pub disable_on_attempt: bool,
 }
 
 impl Default for CoreConfig {
@@ -26,6 +30,7 @@ impl Default for CoreConfig {
             sender: SenderConfig::default(),
             operations_account: None,
             max_payload_bytes: 256 * 1024,
+            disable_on_attempt: true,
         }
     }
 }

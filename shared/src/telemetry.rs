@@ -28,6 +28,10 @@ pub const OLDEST_PENDING_AGE: &str = "hooklane_oldest_pending_age_seconds";
 pub const DUE_BACKLOG: &str = "hooklane_due_backlog";
 pub const IN_FLIGHT: &str = "hooklane_in_flight";
 pub const OLDEST_DUE_AGE: &str = "hooklane_oldest_due_age_seconds";
+pub const BATCH_ITEM_FAILURES: &str = "hooklane_batch_item_failures_total";
+pub const NOTIFICATIONS_FAILED: &str = "hooklane_notifications_failed_total";
+pub const EVENTS_REJECTED: &str = "hooklane_events_rejected_total";
+pub const EVENTS_RECOVERED: &str = "hooklane_events_recovered_total";
 
 /// Every metric name, for checks that dashboards and alarms name only real metrics.
 pub const ALL: &[&str] = &[
@@ -48,6 +52,10 @@ pub const ALL: &[&str] = &[
     DUE_BACKLOG,
     IN_FLIGHT,
     OLDEST_DUE_AGE,
+    BATCH_ITEM_FAILURES,
+    NOTIFICATIONS_FAILED,
+    EVENTS_REJECTED,
+    EVENTS_RECOVERED,
 ];
 
 /// The CloudWatch namespace of the Lambda functions' metrics.
@@ -118,6 +126,23 @@ pub fn describe() {
         OLDEST_DUE_AGE,
         Unit::Seconds,
         "How long the most overdue pending delivery has been past its due time"
+    );
+    describe_counter!(
+        BATCH_ITEM_FAILURES,
+        "Items of a queue or stream batch a function reported failed (by function): a \
+         partial-batch response counts as a successful invocation, so Lambda's Errors never sees them"
+    );
+    describe_counter!(
+        NOTIFICATIONS_FAILED,
+        "Owner mails the notifier could not send (kept for the next try)"
+    );
+    describe_counter!(
+        EVENTS_REJECTED,
+        "Event items fan-out could not read (malformed outbox writes)"
+    );
+    describe_counter!(
+        EVENTS_RECOVERED,
+        "Events the sweeper fanned out because their stream record never completed fan-out"
     );
 }
 
@@ -208,4 +233,29 @@ pub fn backlog(pending: u64, oldest_pending_age: Duration, due: usize, in_flight
     gauge!(OLDEST_PENDING_AGE).set(oldest_pending_age.as_secs_f64());
     gauge!(DUE_BACKLOG).set(due as f64);
     gauge!(IN_FLIGHT).set(in_flight as f64);
+}
+
+/// Items of one batch (`function` is `fanout` or `sender`) reported back as failed.
+pub fn batch_item_failures(function: &'static str, count: usize) {
+    if count > 0 {
+        counter!(BATCH_ITEM_FAILURES, "function" => function).increment(count as u64);
+    }
+}
+
+/// An owner mail that could not be sent; it stays in the outbox for the next run.
+pub fn notification_failed() {
+    counter!(NOTIFICATIONS_FAILED).increment(1);
+}
+
+/// An event item fan-out could not read (the reason goes to the log and the listing, not
+/// into a dimension: one alarm covers every kind).
+pub fn event_rejected() {
+    counter!(EVENTS_REJECTED).increment(1);
+}
+
+/// Events fanned out by the sweeper, their stream records having been lost or dropped.
+pub fn events_recovered(count: usize) {
+    if count > 0 {
+        counter!(EVENTS_RECOVERED).increment(count as u64);
+    }
 }

@@ -227,6 +227,11 @@ fn emitted() -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
         telemetry::endpoint_disabled(&account, 3);
         telemetry::replayed(1);
         telemetry::due_backlog(4, Duration::from_secs(60));
+        telemetry::batch_item_failures("fanout", 1);
+        telemetry::batch_item_failures("sender", 1);
+        telemetry::notification_failed();
+        telemetry::event_rejected();
+        telemetry::events_recovered(1);
     });
     let mut seen: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
     for document in recorder.flush(0) {

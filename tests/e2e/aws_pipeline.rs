@@ -667,3 +667,162 @@ async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_mor
         "not every delivery is marked delivered: {not_delivered:?}"
     );
 }
+
+/// The part of `[start, end)` intervals' span that at least one of them covers.
+fn covered_fraction(mut intervals: Vec<(Instant, Instant)>) -> f64 {
+    intervals.sort();
+    let (Some(first), Some(last)) = (
+        intervals.first().map(|i| i.0),
+        intervals.iter().map(|i| i.1).max(),
+    ) else {
+        return 0.0;
+    };
+    let mut covered = Duration::ZERO;
+    let mut reach = first;
+    for (start, end) in intervals {
+        let from = start.max(reach);
+        if end > from {
+            covered += end - from;
+            reach = end;
+        }
+    }
+    covered.as_secs_f64() / (last - first).as_secs_f64()
+}
+
+/// One endpoint with room for one request at a time, answering in 3 s, and 30 events: the
+/// sweeper (every 2 s, grace 5 s) must not take the waiting deliveries for lost, the copies
+/// SQS holds stay few, the endpoint stays busy while it has work, and each event arrives
+/// once, never twice at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_endpoint_stays_busy_without_the_sweeper_multiplying_its_messages() {
+    const EVENTS: usize = 30;
+    const ANSWER: Duration = Duration::from_secs(3);
+    let started = Instant::now();
+    let (settings, _shape) = emulated_shape().await;
+    let farm = Farm::start().await.expect("farm");
+    farm.configure("saturated", Behavior::slow(ANSWER));
+    let scratch = Scratch::new("aws-saturated");
+    let env = with(
+        stack_env(&settings),
+        &[
+            ("HOOKLANE_SWEEP_GRACE", "5s"),
+            ("HOOKLANE_SWEEP_INTERVAL", "2s"),
+        ],
+    );
+    let server = Server::start_aws(&scratch, &[], &env).await;
+    server.create_account("acme").await;
+    server
+        .create_endpoint("acme", &farm.url("saturated"), json!({"max_in_flight": 1}))
+        .await;
+
+    // Messages the queue holds (visible, in flight, delayed), sampled while it runs.
+    let sqs = aws_sdk_sqs::Client::new(&load_sdk_config().await);
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let sampler = {
+        let (sqs, url) = (sqs.clone(), settings.queue_url.clone());
+        tokio::spawn(async move {
+            use aws_sdk_sqs::types::QueueAttributeName as A;
+            let mut peak = 0usize;
+            loop {
+                if let Ok(out) = sqs
+                    .get_queue_attributes()
+                    .queue_url(&url)
+                    .attribute_names(A::All)
+                    .send()
+                    .await
+                {
+                    let attributes = out.attributes.unwrap_or_default();
+                    let held: usize = [
+                        A::ApproximateNumberOfMessages,
+                        A::ApproximateNumberOfMessagesNotVisible,
+                        A::ApproximateNumberOfMessagesDelayed,
+                    ]
+                    .iter()
+                    .filter_map(|a| attributes.get(a)?.parse::<usize>().ok())
+                    .sum();
+                    peak = peak.max(held);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = stopped.changed() => return peak,
+                }
+            }
+        })
+    };
+    for n in 0..EVENTS {
+        server
+            .publish("acme", "invoice.paid", json!({ "n": n }))
+            .await;
+    }
+    let all_arrived = farm
+        .wait_until(Duration::from_secs(300), |f| {
+            f.distinct_ids_succeeded("saturated") == EVENTS
+        })
+        .await;
+    // Copies still on their way would show up as second arrivals.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.send(true).expect("sampler");
+    let peak_queued = sampler.await.expect("sampler");
+    let log = server.log_text();
+    assert!(
+        all_arrived,
+        "{} of {EVENTS} events arrived; serve log:\n{log}",
+        farm.distinct_ids_succeeded("saturated")
+    );
+
+    let arrivals = farm.arrivals("saturated");
+    let intervals: Vec<(Instant, Instant)> = arrivals
+        .iter()
+        .map(|a| (a.instant, a.instant + ANSWER))
+        .collect();
+    let busy = covered_fraction(intervals.clone());
+    let requeued: usize = log
+        .lines()
+        .filter_map(|line| line.split("requeued=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    let mut same_id_overlaps = 0;
+    for (i, a) in arrivals.iter().enumerate() {
+        for b in &arrivals[i + 1..] {
+            let overlap = a.instant < b.instant + ANSWER && b.instant < a.instant + ANSWER;
+            if overlap && a.webhook_id == b.webhook_id {
+                same_id_overlaps += 1;
+            }
+        }
+    }
+    eprintln!(
+        "aws saturated: {EVENTS} events, {} requests, peak {peak_queued} queued messages ({:.2} per delivery), \
+         sweeper re-queued {requeued}, endpoint busy {:.1} % of {:.1} s, {:.1} s in all",
+        arrivals.len(),
+        peak_queued as f64 / EVENTS as f64,
+        busy * 100.0,
+        intervals.iter().map(|i| i.1).max().zip(intervals.iter().map(|i| i.0).min())
+            .map_or(0.0, |(last, first)| (last - first).as_secs_f64()),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        arrivals.len(),
+        EVENTS,
+        "every event arrived exactly once ({} requests)",
+        arrivals.len()
+    );
+    assert_eq!(
+        same_id_overlaps, 0,
+        "two requests with one webhook-id were in flight at once"
+    );
+    assert_eq!(farm.peak_concurrency("saturated"), 1);
+    assert!(
+        peak_queued as f64 / EVENTS as f64 <= 2.0,
+        "the queue held up to {peak_queued} messages for {EVENTS} deliveries"
+    );
+    assert!(
+        busy >= 0.9,
+        "the endpoint was busy only {:.1} % of the time",
+        busy * 100.0
+    );
+}

@@ -46,6 +46,8 @@ pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
             fail_at(&mut response, sequence);
         }
     }
+    // A partial-batch response is a successful invocation: Lambda's Errors never counts it.
+    hooklane::telemetry::batch_item_failures("fanout", response.batch_item_failures.len());
     response
 }
 
@@ -163,16 +165,102 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failing_record_is_reported_by_its_sequence_number() {
+    async fn a_failing_record_is_reported_by_its_sequence_number_and_counted() {
         let (mut settings, _) = emulated_shape().await;
         settings.tables = hooklane::store::dynamodb::TableNames::with_prefix("no-such-stack");
         let broken = hooklane::aws::shape::connect(&settings).await.unwrap();
-        let response = handle(&broken, fixture()).await;
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let response = metrics.flushed(handle(&broken, fixture())).await;
         let failed: Vec<_> = response
             .batch_item_failures
             .iter()
             .map(|f| f.item_identifier.as_deref())
             .collect();
         assert_eq!(failed, vec![Some("4421584500000000017450439091")]);
+        // The invocation itself succeeds (a partial-batch response), so Lambda's Errors
+        // metric never sees this: the function counts it.
+        assert_eq!(
+            log.value(
+                "hooklane_batch_item_failures_total",
+                &[("Stack", "hooklane-test"), ("function", "fanout")]
+            ),
+            Some(serde_json::json!(1))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_malformed_outbox_item_is_rejected_on_record_and_never_blocks_the_stream() {
+        use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
+        let (settings, shape) = emulated_shape().await;
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        // Written by hand through the outbox without the payload. (A creation time of the
+        // wrong type never gets this far on AWS: it is a key of the `unfanned` index, so
+        // DynamoDB refuses the write, and the platform's transaction with it.)
+        shape
+            .store
+            .client()
+            .put_item()
+            .table_name(&settings.tables.events)
+            .item("account_id", s("acme"))
+            .item("id", s("evt_outbox_1"))
+            .item("type", s("invoice.paid"))
+            .item("created_at", AttributeValue::N("1796011200000".into()))
+            .item("fanned_out", AttributeValue::Bool(false))
+            .item("unfanned_shard", s("0"))
+            .send()
+            .await
+            .unwrap();
+        let mut batch: serde_json::Value =
+            serde_json::from_str(include_str!("../fixtures/events-stream.json")).unwrap();
+        let image = batch["Records"][0]["dynamodb"]["NewImage"]
+            .as_object_mut()
+            .unwrap();
+        image.remove("payload");
+        let batch: Event = serde_json::from_value(batch).unwrap();
+
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let response = metrics.flushed(handle(&shape, batch)).await;
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+        assert_eq!(
+            log.value(
+                "hooklane_events_rejected_total",
+                &[("Stack", "hooklane-test")]
+            ),
+            Some(serde_json::json!(1))
+        );
+        let item = shape
+            .store
+            .client()
+            .get_item()
+            .table_name(&settings.tables.events)
+            .key("account_id", s("acme"))
+            .key("id", s("evt_outbox_1"))
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+        let reason = item.get("rejected").and_then(|v| v.as_s().ok()).cloned();
+        assert!(
+            reason.as_deref().is_some_and(|r| r.contains("payload")),
+            "the item says why it was rejected: {reason:?}"
+        );
+        assert!(
+            !item.contains_key("unfanned_shard"),
+            "it left the sweeper's index"
+        );
+        // Reading it names the field instead of passing for an outage.
+        let read = shape
+            .app
+            .store
+            .get_event(
+                &AccountId::parse("acme").unwrap(),
+                &EventId::parse("evt_outbox_1").unwrap(),
+            )
+            .await;
+        assert!(
+            matches!(&read, Err(hooklane::store::StoreError::Corrupt(m)) if m.contains("payload")),
+            "{read:?}"
+        );
     }
 }

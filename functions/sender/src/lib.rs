@@ -80,14 +80,28 @@ mod tests {
         for published in [&good, &broken] {
             fan_out(&shape.app, &published.event).await.unwrap();
         }
-        // The broken delivery's event is gone: attempting it fails inside the sender.
+        // The broken delivery's item cannot be read (its status is not a string): handling
+        // it fails inside the sender.
+        let broken_delivery = &broken.deliveries[0];
         shape
             .store
             .client()
-            .delete_item()
-            .table_name(&settings.tables.events)
-            .key("account_id", aws_sdk_dynamodb_value("acme"))
-            .key("id", aws_sdk_dynamodb_value("evt_broken"))
+            .update_item()
+            .table_name(&settings.tables.deliveries)
+            .key(
+                "log",
+                aws_sdk_dynamodb_value(&hooklane::domain::delivery_log_partition(
+                    &broken_delivery.account_id,
+                    &broken_delivery.endpoint_id,
+                )),
+            )
+            .key("id", aws_sdk_dynamodb_value(broken_delivery.id.as_str()))
+            .update_expression("SET #status = :seven")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(
+                ":seven",
+                hooklane::aws::aws_sdk_dynamodb::types::AttributeValue::N("7".into()),
+            )
             .send()
             .await
             .unwrap();
@@ -110,7 +124,16 @@ mod tests {
             );
         let batch: SqsEvent = serde_json::from_str(&fixture).unwrap();
 
-        let response = handle(&shape, batch).await;
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let response = metrics.flushed(handle(&shape, batch)).await;
+        // A partial-batch response is a successful invocation: the function counts the item.
+        assert_eq!(
+            log.value(
+                "hooklane_batch_item_failures_total",
+                &[("Stack", "hooklane-test"), ("function", "sender")]
+            ),
+            Some(serde_json::json!(1))
+        );
         let failed: Vec<_> = response
             .batch_item_failures
             .iter()
@@ -124,6 +147,91 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(delivered.status, DeliveryStatus::Delivered);
+    }
+
+    /// Events expire (TTL), deliveries do not: one whose event is gone ends `failed` at once
+    /// and says why, instead of failing in the sender and cycling through the dead-letter
+    /// queue and the sweeper for ever; asking to replay it is refused, naming the reason.
+    #[tokio::test]
+    async fn a_delivery_whose_event_is_past_retention_ends_failed_and_cannot_be_replayed() {
+        let (settings, shape) = emulated_shape().await;
+        let receiver = slow_receiver(Duration::from_millis(5)).await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
+        store.create_endpoint(&endpoint).await.unwrap();
+        let account = endpoint.account_id.clone();
+        let published = publish(
+            &shape.app,
+            &account,
+            NewEvent {
+                id: Some("evt_expired".into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({}),
+            },
+        )
+        .await
+        .unwrap();
+        fan_out(&shape.app, &published.event).await.unwrap();
+        let delivery = store
+            .deliveries_of_event(&published.event)
+            .await
+            .unwrap()
+            .remove(0);
+        // What TTL does once the event is past retention.
+        shape
+            .store
+            .client()
+            .delete_item()
+            .table_name(&settings.tables.events)
+            .key("account_id", aws_sdk_dynamodb_value("acme"))
+            .key("id", aws_sdk_dynamodb_value("evt_expired"))
+            .send()
+            .await
+            .unwrap();
+        // Drain the fan-out's message, then hand the sender the delivery's message.
+        let _ = hooklane::testing::receive_queued(&settings.queue_url, 1).await;
+        let body = serde_json::to_string(&DeliveryMessage {
+            delivery_id: delivery.id.to_string(),
+            endpoint_id: delivery.endpoint_id.to_string(),
+            account_id: delivery.account_id.to_string(),
+        })
+        .unwrap();
+        let outcomes =
+            hooklane::aws::handlers::handle_queue_batch(&shape, &[("m-1", Some(&body))]).await;
+        assert_eq!(outcomes, vec![MessageOutcome::Done], "handled, not retried");
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
+        let stored = store
+            .get_delivery(&account, &delivery.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status, DeliveryStatus::Failed);
+        assert_eq!(
+            stored.last_error.as_deref(),
+            Some(hooklane::service::deliver::EVENT_EXPIRED)
+        );
+        assert!(
+            hooklane::testing::receive_queued(&settings.queue_url, 0)
+                .await
+                .is_empty(),
+            "nothing queued again"
+        );
+        let replay = hooklane::service::replay::replay_delivery(
+            &shape.app,
+            &account,
+            &delivery.id,
+            "admin".into(),
+        )
+        .await;
+        assert!(
+            matches!(&replay, Err(hooklane::service::ServiceError::Conflict(m)) if m.contains("past retention")),
+            "{replay:?}"
+        );
     }
 
     #[tokio::test]

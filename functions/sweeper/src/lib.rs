@@ -1,6 +1,7 @@
-//! The sweeper function: on a schedule, hands every pending delivery that is past its due
-//! time by more than the grace period back to the queue (its message was lost, or its
-//! schedule never fired), and reports the due backlog (the `hooklane_due_backlog` and
+//! The sweeper function: on a schedule, fans out the events whose stream record never
+//! completed fan-out (dropped after the stream's retries, or lost), hands every pending
+//! delivery that is past its due time by more than the grace period back to the queue (its
+//! message was lost, or its schedule never fired), and reports the due backlog (the `hooklane_due_backlog` and
 //! `hooklane_oldest_due_age_seconds` metrics). The scheduled event's content does not matter.
 
 use hooklane::aws::{handlers::sweep, shape::AwsShape};
@@ -22,6 +23,68 @@ mod tests {
 
     use super::*;
 
+    fn scheduled() -> serde_json::Value {
+        serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_event_whose_stream_record_was_lost_is_fanned_out_by_the_sweeper() {
+        let (settings, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        store.create_endpoint(&endpoint).await.unwrap();
+        // Accepted ten minutes ago; its stream record never reached fan-out (Lambda gave up
+        // on the batch, or the local runner died). And one accepted just now, whose record
+        // the stream is still to deliver.
+        let now = shape.app.clock.now();
+        let lost = contract::event(
+            "acme",
+            "evt_lost_record",
+            hooklane::clock::from_millis(hooklane::clock::to_millis(now) - 600_000),
+        );
+        let fresh = contract::event("acme", "evt_fresh_record", now);
+        for event in [&lost, &fresh] {
+            store.put_event(event).await.unwrap();
+        }
+
+        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        metrics
+            .flushed(handle(&shape, Duration::from_secs(300), scheduled()))
+            .await
+            .unwrap();
+        let deliveries = store.deliveries_of_event(&lost).await.unwrap();
+        assert_eq!(deliveries.len(), 1, "the lost event got its delivery");
+        assert!(
+            store.deliveries_of_event(&fresh).await.unwrap().is_empty(),
+            "an event within the grace period is left to the stream"
+        );
+        assert_eq!(
+            log.value(
+                "hooklane_events_recovered_total",
+                &[("Stack", "hooklane-test")]
+            ),
+            Some(serde_json::json!(1))
+        );
+        let queued = hooklane::testing::receive_queued(&settings.queue_url, 1).await;
+        assert_eq!(queued.len(), 1, "its delivery was queued");
+        assert!(queued[0]
+            .body()
+            .unwrap_or_default()
+            .contains(deliveries[0].id.as_str()));
+
+        // Marked done: the next sweep leaves it alone.
+        let cutoff = hooklane::clock::add(now, Duration::from_secs(60));
+        let left = store.unfanned_events(cutoff, 10).await.unwrap();
+        assert_eq!(
+            left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            vec!["evt_fresh_record"]
+        );
+    }
+
     #[tokio::test]
     async fn a_scheduled_event_requeues_overdue_deliveries() {
         let (settings, shape) = emulated_shape().await;
@@ -36,11 +99,9 @@ mod tests {
         let event = contract::event("acme", "evt_lost", contract::t0());
         let delivery = contract::delivery(&event, &endpoint, contract::t0());
         store.publish(&event, &[delivery]).await.unwrap();
-        let scheduled: serde_json::Value =
-            serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap();
         let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
         let result = metrics
-            .flushed(handle(&shape, Duration::from_secs(300), scheduled.clone()))
+            .flushed(handle(&shape, Duration::from_secs(300), scheduled()))
             .await
             .unwrap();
         assert_eq!(result, serde_json::json!({"requeued": 1, "due": 1}));

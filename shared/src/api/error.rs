@@ -107,6 +107,16 @@ impl From<ServiceError> for ApiError {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
             }
             ServiceError::Store(StoreError::NotFound(what)) => Self::not_found(what),
+            // Not an outage: retrying will not help, and the message names the field (an
+            // item written by hand, through the outbox, without it).
+            ServiceError::Store(StoreError::Corrupt(message)) => {
+                tracing::error!(error = %message, "stored item cannot be read");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "unreadable_item",
+                    format!("the stored item cannot be read: {message}"),
+                )
+            }
             ServiceError::Store(other) => {
                 tracing::error!(error = %other, "store failure behind an API call");
                 Self::new(

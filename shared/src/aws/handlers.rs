@@ -14,7 +14,7 @@ use crate::{
     api::{router, ApiState},
     queue::sqs::DeliveryMessage,
     service::{
-        fan_out::fan_out_batch,
+        fan_out::{fan_out_batch, recover_unfanned},
         health, notifications,
         sender::{handle_batch, Lanes},
         sweep::{sweep_overdue, SweepReport},
@@ -77,8 +77,14 @@ pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize,
                 positions.push(position);
             }
             Ok(StreamedEvent::AlreadyFannedOut) => {}
-            Err(error) => tracing::error!(%error, "unreadable event image; skipped"),
+            // Retrying cannot make it readable, and would stop the shard: it is recorded as
+            // rejected (on the item, in a metric and the log) and fan-out goes on.
+            Err(error) => reject_image(shape, image, &error).await,
         }
+    }
+    if images.is_empty() {
+        // An idle poll of the local runner's stream reader: nothing to say.
+        return Ok(0);
     }
     let outcome = fan_out_batch(&shape.app, &events).await;
     tracing::info!(
@@ -92,6 +98,21 @@ pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize,
             Err((position, error.to_string()))
         }
         _ => Ok(outcome.created),
+    }
+}
+
+/// Records an unreadable events-table image as rejected. Without its keys there is no item
+/// to mark: the metric and the log line are all there is.
+async fn reject_image(shape: &AwsShape, image: &Value, error: &str) {
+    let key = |name: &str| image.get(name)?.get("S")?.as_str();
+    let (Some(account), Some(id)) = (key("account_id"), key("id")) else {
+        tracing::error!(error, "event image without its keys; rejected");
+        crate::telemetry::event_rejected();
+        return;
+    };
+    if let Err(failure) = shape.store.reject_event(account, id, error).await {
+        // Still in the `unfanned` index: the sweeper rejects it on its next run.
+        tracing::warn!(event.id = id, error = %failure, "rejected event not marked");
     }
 }
 
@@ -133,6 +154,7 @@ pub async fn handle_queue_batch(
     let lanes = Lanes {
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
+        sweep_grace: shape.sweep_grace,
     };
     let handled = handle_batch(&shape.app, lanes, &parsed).await;
     for ((position, (delivery, _, _)), result) in positions.into_iter().zip(&parsed).zip(handled) {
@@ -142,14 +164,26 @@ pub async fn handle_queue_batch(
             outcomes[position] = MessageOutcome::Retry;
         }
     }
+    // A partial-batch response is a successful invocation: Lambda's Errors never counts these.
+    crate::telemetry::batch_item_failures(
+        "sender",
+        outcomes
+            .iter()
+            .filter(|o| **o == MessageOutcome::Retry)
+            .count(),
+    );
     outcomes
 }
 
-/// The sweeper function's work: re-queues pending deliveries more than `grace` past due, and
-/// measures the due backlog.
+/// The sweeper function's work: fans out events whose stream record was lost, re-queues
+/// pending deliveries more than `grace` past due, and measures the due backlog.
 pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<SweepReport> {
-    let report = sweep_overdue(&shape.app, shape.app.clock.now(), grace).await?;
+    let now = shape.app.clock.now();
+    // Events first: their deliveries are then due, and the walk below sees them.
+    let recovered = recover_unfanned(&shape.app, now, grace).await?;
+    let report = sweep_overdue(&shape.app, now, grace).await?;
     tracing::info!(
+        recovered,
         requeued = report.requeued,
         due = report.due,
         oldest_due = ?report.oldest_due,

@@ -209,6 +209,7 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
                 client: scheduler.clone(),
                 group: group.clone(),
                 role_arn: role.clone(),
+                dead_letter_arn: settings.schedule_dead_letter_arn.clone(),
             });
         let ceiling = Duration::from_secs_f64(MAX_SQS_DELAY_SECONDS as f64 / scale);
         let queue = SqsQueue::new(

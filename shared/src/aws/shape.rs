@@ -40,6 +40,8 @@ pub struct AwsSettings {
     pub queue_arn: String,
     /// The schedule group and the role Scheduler assumes to send to the queue.
     pub scheduler: Option<(String, String)>,
+    /// Where Scheduler puts a schedule it could not deliver (`HOOKLANE_SCHEDULE_DLQ_ARN`).
+    pub schedule_dead_letter_arn: Option<String>,
     /// A verified SES identity; without one, owner mail goes to the log.
     pub notification_from: Option<String>,
     /// The admin token itself (`HOOKLANE_ADMIN_TOKEN`): for local runs and tests.
@@ -67,7 +69,11 @@ impl AwsSettings {
                 .map(str::to_owned)
                 .ok_or_else(|| invalid(name, "must be set"))
         };
-        let mut core = CoreConfig::default();
+        let mut core = CoreConfig {
+            // The health function disables endpoints and abandons their backlog.
+            disable_on_attempt: false,
+            ..CoreConfig::default()
+        };
         if let Some(raw) = get("HOOKLANE_RETRY_SCHEDULE") {
             core.retry.schedule = crate::domain::RetrySchedule::parse(raw)
                 .map_err(|e| invalid("HOOKLANE_RETRY_SCHEDULE", e.message))?;
@@ -128,6 +134,7 @@ impl AwsSettings {
             queue_url: required("HOOKLANE_QUEUE_URL")?,
             queue_arn: required("HOOKLANE_QUEUE_ARN")?,
             scheduler,
+            schedule_dead_letter_arn: get("HOOKLANE_SCHEDULE_DLQ_ARN").map(str::to_owned),
             notification_from: get("HOOKLANE_NOTIFICATION_FROM").map(str::to_owned),
             admin_token,
             admin_token_parameter,
@@ -144,6 +151,9 @@ pub struct AwsShape {
     pub app: App,
     pub store: Arc<DynamoStore>,
     pub slots: Arc<DynamoSlots>,
+    /// The sweeper's grace (`AwsSettings::sweep_grace`): the sender moves a waiting
+    /// delivery's next try before the sweeper would take its message for lost.
+    pub sweep_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +185,7 @@ pub async fn connect_metered(
             client: clients::scheduler(&sdk, meter),
             group: group.clone(),
             role_arn: role.clone(),
+            dead_letter_arn: settings.schedule_dead_letter_arn.clone(),
         });
     let queue = SqsQueue::new(
         clients::sqs(&sdk, meter),
@@ -205,7 +216,12 @@ pub async fn connect_metered(
         // event (one put instead of a transaction with every delivery, and no SQS send).
         publish: PublishMode::ThroughStream,
     };
-    Ok(AwsShape { app, store, slots })
+    Ok(AwsShape {
+        app,
+        store,
+        slots,
+        sweep_grace: settings.sweep_grace,
+    })
 }
 
 const ADMIN_TOKEN_SETTING: &str = "admin_token";
@@ -351,12 +367,17 @@ pub async fn provision(prefix: &str, core: CoreConfig) -> Result<AwsSettings, Pr
             group,
             "arn:aws:iam::000000000000:role/hooklane-scheduler".into(),
         )),
+        schedule_dead_letter_arn: None,
         notification_from: None,
         admin_token: None,
         admin_token_parameter: None,
         in_lambda: false,
         sweep_grace: Duration::from_secs(300),
-        core,
+        // As `from_vars`: the health check disables endpoints on AWS, never an attempt.
+        core: CoreConfig {
+            disable_on_attempt: false,
+            ..core
+        },
     })
 }
 
@@ -381,6 +402,10 @@ mod tests {
         let settings = AwsSettings::from_vars(&vars(&base)).unwrap();
         assert_eq!(settings.tables.deliveries, "hooklane-delivery-log");
         assert!(settings.scheduler.is_none());
+        assert!(
+            !settings.core.disable_on_attempt,
+            "a sender invocation must not abandon a backlog; the health function disables"
+        );
         let mut more = base.to_vec();
         more.extend([
             ("HOOKLANE_SCHEDULE_GROUP", "g"),
@@ -388,9 +413,14 @@ mod tests {
             ("HOOKLANE_DISABLE_AFTER", "2h"),
             ("HOOKLANE_OPERATIONS_ACCOUNT", "ops"),
             ("HOOKLANE_RETRY_SCHEDULE", "60,1801"),
+            ("HOOKLANE_SCHEDULE_DLQ_ARN", "arn:aws:sqs:us-east-1:1:dlq"),
         ]);
         let settings = AwsSettings::from_vars(&vars(&more)).unwrap();
         assert_eq!(settings.scheduler, Some(("g".into(), "arn:role".into())));
+        assert_eq!(
+            settings.schedule_dead_letter_arn.as_deref(),
+            Some("arn:aws:sqs:us-east-1:1:dlq")
+        );
         assert_eq!(settings.core.disable_after, Duration::from_secs(7200));
         assert_eq!(
             settings.core.retry.schedule.delays(),

@@ -1,12 +1,15 @@
 //! The AWS queue: SQS for delays up to 15 minutes, an EventBridge Scheduler one-time
 //! schedule (which then sends the same message to the queue) for longer ones.
 //!
-//! Messages carry the account as `MessageGroupId`: on a standard queue that makes it an SQS
-//! fair queue, so one account's backlog does not hold up another's fresh work.
+//! Messages sent to SQS carry the account as `MessageGroupId`: on a standard queue that
+//! makes it an SQS fair queue, so one account's backlog does not hold up another's fresh
+//! work. Scheduler documents its `SqsParameters.MessageGroupId` for FIFO queues only, so a
+//! schedule's message goes without one (the body names the account); these are retries
+//! hours away, not the fresh work fairness is for.
 
 use async_trait::async_trait;
 use aws_sdk_scheduler::types::{
-    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, SqsParameters, Target,
+    ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
 };
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use serde::{Deserialize, Serialize};
@@ -59,6 +62,9 @@ pub struct SchedulerTarget {
     pub client: aws_sdk_scheduler::Client,
     pub group: String,
     pub role_arn: String,
+    /// The queue Scheduler puts a schedule's event in when it cannot deliver it to the
+    /// queue (the delivery itself stays pending and the sweeper sends it).
+    pub dead_letter_arn: Option<String>,
 }
 
 #[derive(Clone)]
@@ -137,6 +143,10 @@ impl SqsQueue {
     ) -> Result<(), QueueError> {
         let body = serde_json::to_string(&DeliveryMessage::from_ref(item))
             .map_err(|e| QueueError(e.to_string()))?;
+        let dead_letter = target
+            .dead_letter_arn
+            .as_ref()
+            .map(|arn| DeadLetterConfig::builder().arn(arn).build());
         let result = target
             .client
             .create_schedule()
@@ -156,11 +166,7 @@ impl SqsQueue {
                     .arn(&self.queue_arn)
                     .role_arn(&target.role_arn)
                     .input(body)
-                    .sqs_parameters(
-                        SqsParameters::builder()
-                            .message_group_id(item.account_id.as_str())
-                            .build(),
-                    )
+                    .set_dead_letter_config(dead_letter)
                     .build()
                     .map_err(|e| QueueError(e.to_string()))?,
             )
@@ -243,6 +249,8 @@ pub(crate) mod tests {
         pub group: String,
     }
 
+    const SCHEDULE_DLQ: &str = "arn:aws:sqs:us-east-1:123456789012:hooklane-schedule-dlq";
+
     /// A fresh queue and schedule group on the local AWS emulator.
     pub(crate) async fn emulated_queue() -> Emulated {
         let _ = crate::store::dynamodb::tests::emulator_client().await;
@@ -279,6 +287,7 @@ pub(crate) mod tests {
             client: scheduler.clone(),
             group: name.clone(),
             role_arn: "arn:aws:iam::123456789012:role/hooklane-scheduler".into(),
+            dead_letter_arn: Some(SCHEDULE_DLQ.into()),
         };
         Emulated {
             queue: SqsQueue::new(
@@ -406,8 +415,13 @@ pub(crate) mod tests {
         );
         assert_eq!(
             target.sqs_parameters().and_then(|p| p.message_group_id()),
-            Some("acme"),
-            "the scheduled message keeps the account as its fair-queue group"
+            None,
+            "Scheduler documents MessageGroupId for FIFO targets only; the queue is standard"
+        );
+        assert_eq!(
+            target.dead_letter_config().and_then(|d| d.arn()),
+            Some(SCHEDULE_DLQ),
+            "a schedule Scheduler cannot deliver goes to the schedule dead-letter queue"
         );
     }
 

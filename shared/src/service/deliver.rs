@@ -12,7 +12,7 @@ use crate::{
     },
     http::{OutboundRequest, OutboundResponse},
     signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
-    store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome},
+    store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, Unattempted},
     App,
 };
 
@@ -33,6 +33,8 @@ pub enum AttemptResult {
     },
     /// The attempt was sent, but someone else had already moved the delivery on.
     Stale,
+    /// Its event is past retention: the delivery ended `failed` without an attempt.
+    Expired,
 }
 
 impl AttemptResult {
@@ -41,7 +43,7 @@ impl AttemptResult {
         match self {
             Self::NotYetDue(next) => Some(next),
             Self::Attempted { retry, .. } => retry.as_ref(),
-            Self::Skipped | Self::Stale => None,
+            Self::Skipped | Self::Stale | Self::Expired => None,
         }
     }
 }
@@ -89,6 +91,9 @@ pub async fn attempt_reporting_answer(
         return Ok(AttemptResult::Skipped);
     };
     let now = app.clock.now();
+    let Some(event) = work.event.as_ref() else {
+        return expired(app, &work, now).await;
+    };
     if let Some(due) = work.delivery.next_try_at {
         if trigger == Trigger::Scheduled && due > crate::clock::add(now, EARLY_TOLERANCE) {
             return Ok(
@@ -107,20 +112,20 @@ pub async fn attempt_reporting_answer(
     let attempts_in_schedule = number.saturating_sub(work.delivery.schedule_start);
     let span = tracing::info_span!(
         "attempt",
-        event.id = %work.event.id,
+        event.id = %event.id,
         endpoint.id = %endpoint.id,
         delivery.id = %work.delivery.id,
         attempt = number,
     );
     async {
         let timestamp = now.timestamp();
-        let body = Bytes::from(work.event.payload.clone());
-        let signature = signing::signature_header(&endpoint.signing_secrets(now), work.event.id.as_str(), timestamp, &body);
+        let body = Bytes::from(event.payload.clone());
+        let signature = signing::signature_header(&endpoint.signing_secrets(now), event.id.as_str(), timestamp, &body);
         let request = OutboundRequest {
             url: endpoint.url.as_url().clone(),
             headers: vec![
                 ("content-type", "application/json".to_owned()),
-                (HEADER_ID, work.event.id.to_string()),
+                (HEADER_ID, event.id.to_string()),
                 (HEADER_TIMESTAMP, timestamp.to_string()),
                 (HEADER_SIGNATURE, signature),
             ],
@@ -174,9 +179,9 @@ pub async fn attempt_reporting_answer(
             &outcome,
             &decision,
             response.latency,
-            (finished - work.event.created_at).to_std().unwrap_or_default(),
+            (finished - event.created_at).to_std().unwrap_or_default(),
         );
-        if should_disable(failing_since, finished, app.config.disable_after) {
+        if app.config.disable_on_attempt && should_disable(failing_since, finished, app.config.disable_after) {
             if let Some(since) = failing_since {
                 health::disable_failing(app, endpoint, since).await?;
                 return Ok(AttemptResult::Attempted { decision, retry: None });
@@ -190,6 +195,27 @@ pub async fn attempt_reporting_answer(
     }
     .instrument(span)
     .await
+}
+
+/// What `last_error` says of a delivery whose event is past retention.
+pub const EVENT_EXPIRED: &str =
+    "its event is past retention and no longer stored; it cannot be sent";
+
+/// A pending delivery whose event is gone ends `failed` at once, without an attempt: no
+/// retry can bring the event back.
+async fn expired(app: &App, work: &DeliveryWork, now: Timestamp) -> ServiceResult<AttemptResult> {
+    let delivery = &work.delivery;
+    let change = Unattempted::Fail(EVENT_EXPIRED.to_owned());
+    if !app
+        .store
+        .move_unattempted(&delivery.id, delivery.attempts, &change, now)
+        .await?
+    {
+        return Ok(AttemptResult::Stale);
+    }
+    tracing::warn!(delivery.id = %delivery.id, event.id = %delivery.event_id, "event past retention; delivery failed");
+    crate::telemetry::completed(&delivery.account_id, "failed", 1);
+    Ok(AttemptResult::Expired)
 }
 
 fn classify(response: &OutboundResponse, now: Timestamp) -> AttemptOutcome {

@@ -20,6 +20,42 @@ pub fn delivery_id_for(event: &Event, endpoint: &EndpointId) -> DeliveryId {
     DeliveryId::derived(&event.account_id, &event.id, event.created_at, endpoint)
 }
 
+/// Fans out the events whose stream record never completed fan-out (lost, or discarded
+/// after the stream's retries): those still unmarked `grace` after their creation. Returns
+/// how many events were fanned out.
+pub async fn recover_unfanned(
+    app: &App,
+    now: crate::clock::Timestamp,
+    grace: std::time::Duration,
+) -> ServiceResult<usize> {
+    const PAGE: u32 = 100;
+    // A bounded share per run (the sweeper's next run goes on), so a mark that keeps
+    // failing cannot hold a run in a loop.
+    const PAGES_PER_RUN: usize = 50;
+    let cutoff = now - chrono::TimeDelta::from_std(grace).unwrap_or_default();
+    let mut recovered = 0;
+    for _ in 0..PAGES_PER_RUN {
+        let events = app.store.unfanned_events(cutoff, PAGE).await?;
+        if events.is_empty() {
+            break;
+        }
+        let outcome = fan_out_batch(app, &events).await;
+        let done = outcome.failed.unwrap_or(events.len());
+        recovered += done;
+        for event in &events[..done] {
+            tracing::warn!(event.id = %event.id, account.id = %event.account_id, "event fanned out by the sweeper: its stream record never completed fan-out");
+        }
+        crate::telemetry::events_recovered(done);
+        if let Some(error) = outcome.error {
+            return Err(error);
+        }
+        if events.len() < PAGE as usize {
+            break;
+        }
+    }
+    Ok(recovered)
+}
+
 /// Creates the missing deliveries of a stored event and queues them. Returns how many
 /// were created.
 pub async fn fan_out(app: &App, event: &Event) -> ServiceResult<usize> {
@@ -113,6 +149,14 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
         Some((position, error)) => (Some(position), Some(error)),
         None => (None, None),
     };
+    // The events before the failed one are done: out of the sweeper's `unfanned` list. If
+    // this fails, the sweeper fans them out again later, which changes nothing.
+    let done = &events[..failed.unwrap_or(events.len())];
+    if !done.is_empty() {
+        if let Err(error) = app.store.mark_fanned_out(done).await {
+            tracing::warn!(%error, events = done.len(), "fan-out done but not marked; the sweeper will look again");
+        }
+    }
     BatchOutcome {
         created,
         failed,

@@ -65,6 +65,17 @@ pub async fn replay_delivery(
         "the delivery's endpoint was deleted; there is nowhere to send it".into(),
     );
     active_endpoint(app, account, &current.endpoint_id, deleted).await?;
+    if app
+        .store
+        .get_event(account, &current.event_id)
+        .await?
+        .is_none()
+    {
+        return Err(ServiceError::Conflict(
+            "the delivery's event is past retention and no longer stored; it cannot be sent again"
+                .into(),
+        ));
+    }
     let replay = carry_out(
         app,
         Replay {

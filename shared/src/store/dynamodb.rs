@@ -34,7 +34,7 @@ use futures_util::StreamExt;
 use super::{
     sqlite::decode_cursor, AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome,
     DisableRequest, Notification, Page, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
-    ReplayOutcome, ReplayRequest, Store, StoreError, StoreResult,
+    ReplayOutcome, ReplayRequest, Store, StoreError, StoreResult, Unattempted,
 };
 use crate::{
     aws::error_text,
@@ -56,6 +56,12 @@ const FAILING_SHARD: &str = "failing";
 /// Endpoints disabled for failing whose pending deliveries are still being abandoned.
 const DISABLING_SHARD: &str = "disabling";
 const UNSENT: &str = "unsent";
+/// The sparse index of events stored without their deliveries whose fan-out is not yet
+/// marked done, and its partition attribute (removed when fan-out is done).
+const UNFANNED: &str = "unfanned";
+const UNFANNED_SHARD: &str = "unfanned_shard";
+/// Partitions of the `unfanned` index: every outbox write lands in one of them.
+pub const UNFANNED_SHARDS: u32 = 4;
 /// The control item holding how far `walk_unsent_first_tries` has looked.
 const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
 /// How far back before its watermark the walk looks again: a delivery is written a while
@@ -194,6 +200,11 @@ impl DynamoStore {
         item.insert("expires_at".into(), n(expires));
         // Written together with its deliveries: the stream's fan-out has nothing to do.
         item.insert("fanned_out".into(), AttributeValue::Bool(fanned_out));
+        if !fanned_out {
+            // In the `unfanned` index until fan-out marks it done: if its stream record is
+            // lost, the sweeper finds it there.
+            item.insert(UNFANNED_SHARD.into(), s(unfanned_shard(event.id.as_str())));
+        }
         item
     }
 
@@ -860,6 +871,80 @@ impl DynamoStore {
         Ok(())
     }
 
+    /// Records that an events-table item cannot be read as an event (a malformed outbox
+    /// write): the reason on the item, which leaves the `unfanned` index, and a metric. The
+    /// item is kept for the operator to look at (`rejected_events`).
+    pub async fn reject_event(&self, account: &str, id: &str, reason: &str) -> StoreResult<()> {
+        tracing::error!(
+            event.account = account,
+            event.id = id,
+            reason,
+            "event item rejected: it cannot be read as an event"
+        );
+        crate::telemetry::event_rejected();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(key2("account_id", account, "id", id)))
+            .update_expression("SET rejected = :reason, fanned_out = :done REMOVE #shard")
+            .condition_expression("attribute_exists(id)")
+            .expression_attribute_names("#shard", UNFANNED_SHARD)
+            .expression_attribute_values(":reason", s(reason))
+            .expression_attribute_values(":done", AttributeValue::Bool(true))
+            .send()
+            .await;
+        written(update)?;
+        Ok(())
+    }
+
+    /// A final delivery back to `pending`, due now, its next try manual (see `Store::replay`).
+    fn replay_delivery_update(
+        &self,
+        delivery: &Delivery,
+        now: Timestamp,
+    ) -> StoreResult<TransactWriteItem> {
+        let id = delivery.id.as_str();
+        let update = Update::builder()
+            .table_name(&self.tables.deliveries)
+            .set_key(delivery_key(&delivery.id))
+            .update_expression(
+                "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
+                 schedule_start = attempts, client_errors = :zero, \
+                 next_trigger = :manual, updated_at = :now",
+            )
+            .condition_expression("#status <> :pending")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":due_key", s(time_key(now, id)))
+            .expression_attribute_values(":shard", s(pending_shard(id)))
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":manual", s(Trigger::Manual.as_str()))
+            .build()
+            .map_err(build_error)?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Adds `count` to the audit record of a replay written by an earlier transaction.
+    fn replay_count_update(
+        &self,
+        replay: &Replay,
+        sort: i64,
+        count: u32,
+    ) -> StoreResult<TransactWriteItem> {
+        let update = Update::builder()
+            .table_name(&self.tables.attempts)
+            .set_key(Some(replay_key(replay, sort)))
+            .update_expression("ADD #count :count")
+            .condition_expression("attribute_exists(replay_id)")
+            .expression_attribute_names("#count", "count")
+            .expression_attribute_values(":count", n(count))
+            .build()
+            .map_err(build_error)?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
         let result = self
             .client
@@ -1113,6 +1198,16 @@ pub fn pending_shard(id: &str) -> String {
     (hash % PENDING_SHARDS).to_string()
 }
 
+/// The `unfanned` index partition of an event id (the same hash as `pending_shard`).
+pub fn unfanned_shard(id: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in id.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    (hash % UNFANNED_SHARDS).to_string()
+}
+
 fn account_item(account: &Account) -> Item {
     Item::from([
         ("id".into(), s(account.id.as_str())),
@@ -1305,13 +1400,19 @@ fn replays_partition(account: &AccountId) -> String {
     format!("replays#{account}")
 }
 
-fn replay_item(replay: &Replay, sort: i64) -> Item {
-    let mut item = Item::from([
+fn replay_key(replay: &Replay, sort: i64) -> Item {
+    Item::from([
         (
             "delivery_id".into(),
             s(replays_partition(&replay.account_id)),
         ),
         ("number".into(), n(sort)),
+    ])
+}
+
+fn replay_item(replay: &Replay, sort: i64) -> Item {
+    let mut item = replay_key(replay, sort);
+    item.extend([
         ("replay_id".into(), s(replay.id.as_str())),
         ("account_id".into(), s(replay.account_id.as_str())),
         ("actor".into(), s(&replay.actor)),
@@ -1719,14 +1820,96 @@ impl Store for DynamoStore {
         Ok(deliveries)
     }
 
+    async fn unfanned_events(
+        &self,
+        created_before: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Event>> {
+        let limit = limit.max(1) as usize;
+        let mut keys: Vec<(i64, String, String)> = Vec::new();
+        for shard in 0..UNFANNED_SHARDS {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.events)
+                .index_name(UNFANNED)
+                .key_condition_expression("#shard = :shard AND created_at <= :before")
+                .expression_attribute_names("#shard", UNFANNED_SHARD)
+                .expression_attribute_values(":shard", s(shard.to_string()))
+                .expression_attribute_values(":before", n(to_millis(created_before)))
+                .limit(i32::try_from(limit).unwrap_or(i32::MAX))
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                keys.push((
+                    get_n(&item, "created_at")?,
+                    get_s(&item, "account_id")?,
+                    get_s(&item, "id")?,
+                ));
+            }
+        }
+        keys.sort();
+        keys.truncate(limit);
+        let mut events = Vec::with_capacity(keys.len());
+        for (_, account, id) in keys {
+            // Read from the table itself: the index is eventually consistent, and an event
+            // marked done meanwhile is left alone.
+            let Some(item) = self
+                .get(&self.tables.events, key2("account_id", &account, "id", &id))
+                .await?
+            else {
+                continue;
+            };
+            if !item.contains_key(UNFANNED_SHARD) {
+                continue;
+            }
+            match event_from_item(&item) {
+                Ok(event) => events.push(event),
+                Err(error) => self.reject_event(&account, &id, &error.to_string()).await?,
+            }
+        }
+        Ok(events)
+    }
+
+    async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
+        let updates: Vec<_> = events
+            .iter()
+            .map(|event| {
+                self.client
+                    .update_item()
+                    .table_name(&self.tables.events)
+                    .set_key(Some(key2(
+                        "account_id",
+                        event.account_id.as_str(),
+                        "id",
+                        event.id.as_str(),
+                    )))
+                    .update_expression("SET fanned_out = :done REMOVE #shard")
+                    .condition_expression("attribute_exists(#shard)")
+                    .expression_attribute_names("#shard", UNFANNED_SHARD)
+                    .expression_attribute_values(":done", AttributeValue::Bool(true))
+            })
+            .collect();
+        let results: Vec<_> = futures_util::stream::iter(updates)
+            .map(|update| update.send())
+            .buffer_unordered(ABANDON_CONCURRENCY)
+            .collect()
+            .await;
+        for result in results {
+            // Already marked (a repeat), or expired meanwhile: nothing left to do.
+            written(result)?;
+        }
+        Ok(())
+    }
+
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
         let Some(delivery) = self.get_delivery_item(delivery).await? else {
             return Ok(None);
         };
         let event = self
             .get_event_item(delivery.account_id.as_str(), delivery.event_id.as_str())
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("delivery {} has no event", delivery.id)))?;
+            .await?;
         let endpoint = self
             .get_endpoint_item(&delivery.account_id, &delivery.endpoint_id)
             .await?;
@@ -1735,6 +1918,46 @@ impl Store for DynamoStore {
             event,
             endpoint,
         }))
+    }
+
+    async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let Some(key) = delivery_key(delivery) else {
+            return Ok(false);
+        };
+        let id = delivery.as_str();
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.tables.deliveries)
+            .set_key(Some(key))
+            .condition_expression("#status = :pending AND attempts = :expected")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":expected", n(expected_attempts))
+            .expression_attribute_values(":now", n(to_millis(now)));
+        let request = match change {
+            Unattempted::Defer(until) => request
+                .update_expression(
+                    "SET next_try_at = :next, due_key = :due_key, pending_shard = :shard, updated_at = :now",
+                )
+                .expression_attribute_values(":next", n(to_millis(*until)))
+                .expression_attribute_values(":due_key", s(time_key(*until, id)))
+                .expression_attribute_values(":shard", s(pending_shard(id))),
+            Unattempted::Fail(reason) => request
+                .update_expression(
+                    "SET #status = :failed, last_error = :reason, updated_at = :now \
+                     REMOVE next_try_at, pending_shard, due_key",
+                )
+                .expression_attribute_values(":failed", s(DeliveryStatus::Failed.as_str()))
+                .expression_attribute_values(":reason", s(reason)),
+        };
+        Ok(written(request.send().await)?.is_some())
     }
 
     async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
@@ -2003,7 +2226,11 @@ impl Store for DynamoStore {
                 .since
                 .is_none_or(|since| delivery.created_at >= since)
                 && filter.until.is_none_or(|until| delivery.created_at < until);
+            // An event past retention is gone (TTL): its deliveries cannot be sent again.
+            let event_kept =
+                crate::clock::add(delivery.created_at, self.retention.events) > replay.requested_at;
             let wanted = delivery.account_id == replay.account_id
+                && event_kept
                 && delivery.status.is_final()
                 && filter.statuses.contains(&delivery.status)
                 && (filter.event_types.is_empty()
@@ -2036,53 +2263,96 @@ impl Store for DynamoStore {
         replay.more = matched.len() > limit;
         matched.truncate(limit);
         let now = replay.requested_at;
+        // Time-ordered and unique enough for a human-triggered audit trail.
+        let sort = to_millis(now) * 1000 + i64::from(rand::random::<u16>() % 1000);
         let mut queued = Vec::with_capacity(matched.len());
-        for (delivery, max_in_flight, rate_limit_per_second) in matched {
-            let id = delivery.id.as_str();
-            let update = self
-                .client
-                .update_item()
-                .table_name(&self.tables.deliveries)
-                .set_key(delivery_key(&delivery.id))
-                .update_expression(
-                    "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
-                     schedule_start = attempts, client_errors = :zero, \
-                     next_trigger = :manual, updated_at = :now",
-                )
-                .condition_expression("#status <> :pending")
-                .expression_attribute_names("#status", "status")
-                .expression_attribute_values(":pending", s("pending"))
-                .expression_attribute_values(":now", n(to_millis(now)))
-                .expression_attribute_values(":due_key", s(time_key(now, id)))
-                .expression_attribute_values(":shard", s(pending_shard(id)))
-                .expression_attribute_values(":zero", n(0))
-                .expression_attribute_values(":manual", s(Trigger::Manual.as_str()))
-                .send()
-                .await;
-            match update {
-                Ok(_) => queued.push(PendingRef {
+        let mut audit_written = false;
+        // Each transaction sets up to 99 deliveries back to pending together with the audit
+        // record (put by the first, its count raised by the others): a write that fails
+        // leaves neither a delivery pending without its audit record nor a record counting
+        // deliveries that were not replayed.
+        for chunk in matched.chunks(MAX_TRANSACTION_ITEMS - 1) {
+            let mut remaining: Vec<&(Delivery, u32, Option<u32>)> = chunk.iter().collect();
+            loop {
+                let count = u32::try_from(remaining.len()).unwrap_or(u32::MAX);
+                let audit = if audit_written {
+                    self.replay_count_update(&replay, sort, count)?
+                } else {
+                    let mut first = replay.clone();
+                    first.count = count;
+                    TransactWriteItem::builder()
+                        .put(
+                            Put::builder()
+                                .table_name(&self.tables.attempts)
+                                .set_item(Some(replay_item(&first, sort)))
+                                .build()
+                                .map_err(build_error)?,
+                        )
+                        .build()
+                };
+                let mut items = vec![audit];
+                for (delivery, _, _) in &remaining {
+                    items.push(self.replay_delivery_update(delivery, now)?);
+                }
+                match self.transact(items).await {
+                    Ok(()) => break,
+                    // Some went back to pending meanwhile (another replay): those are left
+                    // out, not counted, and the rest is written again.
+                    Err(TransactionFailure::Conditions(failed))
+                        if failed.iter().all(|&i| i > 0) =>
+                    {
+                        let mut position = 0;
+                        remaining.retain(|_| {
+                            position += 1;
+                            !failed.contains(&position)
+                        });
+                    }
+                    Err(failure) if !audit_written => return Err(failure.into_store_error()),
+                    Err(failure) => {
+                        // What was written stands and is queued; the caller (and, if this
+                        // write goes through, the record) is told there is more to replay.
+                        tracing::error!(replay.id = %replay.id, error = %failure.into_store_error(), "replay cut short");
+                        replay.more = true;
+                        replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
+                        let mark = self
+                            .client
+                            .update_item()
+                            .table_name(&self.tables.attempts)
+                            .set_key(Some(replay_key(&replay, sort)))
+                            .update_expression("SET more = :more")
+                            .expression_attribute_values(":more", AttributeValue::Bool(true))
+                            .send()
+                            .await;
+                        if let Err(error) = mark {
+                            tracing::warn!(replay.id = %replay.id, error = %sdk(error), "replay record not marked `more`");
+                        }
+                        return Ok(ReplayOutcome { replay, queued });
+                    }
+                }
+            }
+            audit_written = true;
+            queued.extend(remaining.iter().map(
+                |(delivery, max_in_flight, rate_limit_per_second)| PendingRef {
                     delivery_id: delivery.id.clone(),
                     endpoint_id: delivery.endpoint_id.clone(),
                     account_id: delivery.account_id.clone(),
                     due: now,
-                    max_in_flight,
-                    rate_limit_per_second,
-                }),
-                // It went back to pending meanwhile (another replay): not counted.
-                Err(error) if is_condition_failed(&error) => {}
-                Err(error) => return Err(sdk(error)),
-            }
+                    max_in_flight: *max_in_flight,
+                    rate_limit_per_second: *rate_limit_per_second,
+                },
+            ));
         }
         replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
-        // Time-ordered and unique enough for a human-triggered audit trail.
-        let sort = to_millis(now) * 1000 + i64::from(rand::random::<u16>() % 1000);
-        self.client
-            .put_item()
-            .table_name(&self.tables.attempts)
-            .set_item(Some(replay_item(&replay, sort)))
-            .send()
-            .await
-            .map_err(sdk)?;
+        if !audit_written {
+            // Nothing matched: the request is still on record.
+            self.client
+                .put_item()
+                .table_name(&self.tables.attempts)
+                .set_item(Some(replay_item(&replay, sort)))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
         Ok(ReplayOutcome { replay, queued })
     }
 
@@ -2428,7 +2698,14 @@ fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
         TableSpec {
             name: &tables.events,
             key: ("account_id", S, Some(("id", S))),
-            indexes: vec![],
+            indexes: vec![(
+                UNFANNED,
+                (UNFANNED_SHARD, S),
+                Some(("created_at", N)),
+                Projection::builder()
+                    .projection_type(ProjectionType::KeysOnly)
+                    .build(),
+            )],
             stream: true,
             ttl: true,
         },
@@ -2580,6 +2857,109 @@ pub(crate) mod tests {
     async fn replays_follow_the_store_contract() {
         let store = emulator_store().await;
         crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    }
+
+    /// The audit record and the deliveries set back to pending are written together: when
+    /// the record cannot be written (a role without write access to the attempts table, as
+    /// the api's once was), no delivery is left pending, unqueued and unaudited.
+    #[tokio::test]
+    async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
+        use crate::store::replay_contract::{
+            attempt, endpoint, failed, publish, replay, status_of,
+        };
+        let store = emulator_store().await;
+        let account = AccountId::from_trusted("acme".into());
+        store
+            .create_account(&crate::store::contract::account("acme"))
+            .await
+            .unwrap();
+        let ep = endpoint(&account, "a", 4);
+        store.create_endpoint(&ep).await.unwrap();
+        let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
+            .await
+            .remove(0);
+        attempt(&store, &delivery.id, &ep.id, 2, failed()).await;
+        let mut tables = store.tables().clone();
+        tables.attempts = format!("{}-not-writable", tables.attempts);
+        let refused = DynamoStore::new(store.client().clone(), tables, Retention::default());
+        let request = |second| ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Delivery(delivery.id.clone()),
+                ReplayFilter::single(),
+                second,
+            ),
+            limit: 1,
+        };
+
+        let outcome = refused.replay(&request(3)).await;
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert_eq!(
+            status_of(&store, &account, &delivery.id).await.status,
+            DeliveryStatus::Failed
+        );
+        assert!(store
+            .list_replays(&account, None, 10)
+            .await
+            .unwrap()
+            .items
+            .is_empty());
+
+        // Asked again where the record can be written, the replay goes through.
+        let outcome = store.replay(&request(4)).await.unwrap();
+        assert_eq!((outcome.replay.count, outcome.queued.len()), (1, 1));
+        assert_eq!(
+            status_of(&store, &account, &delivery.id).await.status,
+            DeliveryStatus::Pending
+        );
+    }
+
+    /// A replay larger than one transaction: its record counts every delivery written.
+    #[tokio::test]
+    async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
+        use crate::store::replay_contract::{attempt, endpoint, failed, publish, replay};
+        let store = emulator_store().await;
+        let account = AccountId::from_trusted("acme".into());
+        store
+            .create_account(&crate::store::contract::account("acme"))
+            .await
+            .unwrap();
+        let ep = endpoint(&account, "a", 4);
+        store.create_endpoint(&ep).await.unwrap();
+        for second in 1..=150 {
+            let delivery = publish(&store, &account, second, "invoice.paid", &[&ep])
+                .await
+                .remove(0);
+            attempt(&store, &delivery.id, &ep.id, second, failed()).await;
+        }
+        let outcome = store
+            .replay(&ReplayRequest {
+                replay: replay(
+                    &account,
+                    ReplayScope::Endpoint(ep.id.clone()),
+                    ReplayFilter {
+                        since: None,
+                        until: None,
+                        statuses: vec![DeliveryStatus::Failed],
+                        event_types: vec![],
+                    },
+                    200,
+                ),
+                limit: 1000,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                outcome.replay.count,
+                outcome.queued.len(),
+                outcome.replay.more
+            ),
+            (150, 150, false)
+        );
+        let listed = store.list_replays(&account, None, 10).await.unwrap().items;
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].count, listed[0].more), (150, false));
     }
 
     #[test]

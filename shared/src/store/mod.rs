@@ -56,7 +56,9 @@ pub enum PutEventOutcome {
 #[derive(Debug, Clone)]
 pub struct DeliveryWork {
     pub delivery: Delivery,
-    pub event: Event,
+    /// `None` when the event is no longer stored (past its retention): the delivery can
+    /// never be sent.
+    pub event: Option<Event>,
     /// `None` when the endpoint was deleted after fan-out.
     pub endpoint: Option<Endpoint>,
 }
@@ -82,6 +84,16 @@ pub enum RecordOutcome {
     },
     /// Someone else already moved the delivery on; nothing was written.
     Stale,
+}
+
+/// A pending delivery moved on without an attempt (`Store::move_unattempted`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unattempted {
+    /// Its endpoint is busy and its message went back to the queue for this time: the
+    /// next try waits until then, so the sweeper does not take it for lost.
+    Defer(Timestamp),
+    /// It can never be sent (its event is past retention): it ends `failed` with this reason.
+    Fail(String),
 }
 
 /// A pending delivery as the dispatcher needs it: what, for whom, when, and the lane limits.
@@ -192,11 +204,30 @@ pub trait Store: Send + Sync + 'static {
     /// delivery the id derived from its (event, endpoint) (`service::fan_out::delivery_id_for`).
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
+    /// Events stored without their deliveries (`put_event`) whose fan-out is not marked done,
+    /// created at or before `created_before`, oldest first, at most `limit`: the ones whose
+    /// change-stream record was lost. Cheap when there are none.
+    async fn unfanned_events(
+        &self,
+        created_before: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Event>>;
+    /// Marks the fan-out of these events done (they leave `unfanned_events`).
+    async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()>;
     /// The deliveries of a stored event (its id and creation time are what is used).
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
+    /// Changes a delivery that is still pending with `expected_attempts` without recording
+    /// an attempt. `false` (nothing written) when it moved on meanwhile or does not exist.
+    async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool>;
     /// Pending deliveries in due order, due at or before `due_before`, after `after` (paging).
     async fn pending_deliveries(
         &self,

@@ -16,7 +16,7 @@ fn at(seconds: i64) -> Timestamp {
     from_millis(1_900_000_000_000 + seconds * 1000)
 }
 
-fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> Endpoint {
+pub(crate) fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> Endpoint {
     Endpoint {
         id: EndpointId::from_trusted(format!("ep_{name}")),
         account_id: account.clone(),
@@ -36,7 +36,7 @@ fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> Endpoint {
 }
 
 /// Publishes an event at `second` to `endpoints`; returns its deliveries in that order.
-async fn publish(
+pub(crate) async fn publish(
     store: &dyn Store,
     account: &AccountId,
     second: i64,
@@ -60,7 +60,7 @@ async fn publish(
 }
 
 /// One attempt; `decision` decides what the delivery becomes.
-async fn attempt(
+pub(crate) async fn attempt(
     store: &dyn Store,
     delivery: &DeliveryId,
     endpoint: &EndpointId,
@@ -99,13 +99,18 @@ async fn attempt(
         .expect("record")
 }
 
-fn failed() -> Decision {
+pub(crate) fn failed() -> Decision {
     Decision::Failed {
         reason: "retry schedule exhausted".into(),
     }
 }
 
-fn replay(account: &AccountId, scope: ReplayScope, filter: ReplayFilter, second: i64) -> Replay {
+pub(crate) fn replay(
+    account: &AccountId,
+    scope: ReplayScope,
+    filter: ReplayFilter,
+    second: i64,
+) -> Replay {
     Replay {
         id: ReplayId::generate(),
         account_id: account.clone(),
@@ -118,7 +123,7 @@ fn replay(account: &AccountId, scope: ReplayScope, filter: ReplayFilter, second:
     }
 }
 
-async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) -> Delivery {
+pub(crate) async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) -> Delivery {
     store
         .get_delivery(account, id)
         .await

@@ -13,7 +13,7 @@ use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
 use super::{
     AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
     PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
-    Store, StoreError, StoreResult,
+    Store, StoreError, StoreResult, Unattempted,
 };
 use crate::{
     clock::{from_millis, to_millis, Timestamp},
@@ -1004,6 +1004,19 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn unfanned_events(
+        &self,
+        _created_before: Timestamp,
+        _limit: u32,
+    ) -> StoreResult<Vec<Event>> {
+        // No change stream: an event is written with its deliveries, never left to fan out.
+        Ok(Vec::new())
+    }
+
+    async fn mark_fanned_out(&self, _events: &[Event]) -> StoreResult<()> {
+        Ok(())
+    }
+
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
         let (account, id) = (account.clone(), id.clone());
         self.read(move |conn| {
@@ -1046,8 +1059,7 @@ impl Store for SqliteStore {
                     s.query_row(params![delivery.account_id.as_str(), delivery.event_id.as_str()], event_from_row)
                         .optional()
                 })
-                .map_err(backend)?
-                .ok_or_else(|| StoreError::Corrupt(format!("delivery {} has no event", delivery.id)))?;
+                .map_err(backend)?;
             let endpoint = conn
                 .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1"))
                 .and_then(|mut s| s.query_row(params![delivery.endpoint_id.as_str()], endpoint_from_row).optional())
@@ -1059,6 +1071,38 @@ impl Store for SqliteStore {
             self.fresh.remember_endpoint(generation, endpoint);
         }
         Ok(work)
+    }
+
+    async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let (id, change) = (delivery.clone(), change.clone());
+        let (fresh, moved) = (Arc::clone(&self.fresh), delivery.clone());
+        self.run_then(
+            move |conn| {
+                let changed = match change {
+                    Unattempted::Defer(until) => conn.execute(
+                        "UPDATE deliveries SET next_try_at = ?3, updated_at = ?4 \
+                         WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                        params![id.as_str(), expected_attempts, to_millis(until), to_millis(now)],
+                    ),
+                    Unattempted::Fail(reason) => conn.execute(
+                        "UPDATE deliveries SET status = 'failed', next_try_at = NULL, last_error = ?3, \
+                         updated_at = ?4 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                        params![id.as_str(), expected_attempts, reason, to_millis(now)],
+                    ),
+                }
+                .map_err(backend)?;
+                Ok(changed > 0)
+            },
+            // Only this delivery changed.
+            move |_| fresh.forget_delivery(&moved),
+        )
+        .await
     }
 
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
@@ -1670,12 +1714,14 @@ mod tests {
             .unwrap();
         let kept = store.load_work(&d2.id).await.unwrap().unwrap();
         assert_eq!(
-            kept.event.payload, ev2.payload,
+            kept.event.unwrap().payload,
+            ev2.payload,
             "the first try used the kept copy"
         );
         let read = store.load_work(&d2.id).await.unwrap().unwrap();
         assert_eq!(
-            read.event.payload, "{\"changed\":1}",
+            read.event.unwrap().payload,
+            "{\"changed\":1}",
             "a second load reads the database"
         );
     }

@@ -80,7 +80,7 @@ impl FreshWork {
         let endpoint = inner.endpoints.get(&delivery.endpoint_id)?.clone();
         Some(DeliveryWork {
             delivery,
-            event: Event::clone(&event),
+            event: Some(Event::clone(&event)),
             endpoint: Some(endpoint),
         })
     }

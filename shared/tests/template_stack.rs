@@ -1,0 +1,942 @@
+//! The AWS stack as CloudFormation creates it: `infra/template.yaml` translated by
+//! aws-sam-translator (SAM's policy templates expanded into the roles' statements, the event
+//! sources, schedules and Globals into plain resources), checked for what the emulator never
+//! enforces: IAM grants, what happens to stream records and schedules that keep failing,
+//! retention, protection of the tables, and which settings `sam build` and `sam deploy` share.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
+
+use std::{collections::BTreeSet, path::Path, process::Command, sync::OnceLock};
+
+use hooklane::telemetry;
+use serde_json::Value;
+
+const FUNCTIONS: [&str; 5] = [
+    "ApiFunction",
+    "FanoutFunction",
+    "SenderFunction",
+    "SweeperFunction",
+    "HealthFunction",
+];
+
+/// Prints the translated template. The functions' `CodeUri` (`..`, a local path that `sam
+/// build` replaces) becomes an S3 URI as `sam package` writes it, since the translator accepts
+/// no other; the managed-policy loader is a stub that answers every name with its AWS ARN, and
+/// the region is fixed: no AWS call is made.
+const TRANSLATE: &str = r#"
+import json, os, sys
+os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+try:
+    from samtranslator.translator.transform import transform
+except ImportError:
+    sys.exit("aws-sam-translator is not installed in HOOKLANE_TEST_PYTHON: "
+             "pip install aws-sam-translator (tests/requirements.txt)")
+from cfnlint.decode import decode
+
+template, errors = decode("infra/template.yaml")
+assert not errors, errors
+template = json.loads(json.dumps(template))
+for resource in template["Resources"].values():
+    if resource["Type"] == "AWS::Serverless::Function":
+        resource["Properties"]["CodeUri"] = "s3://bucket/bootstrap.zip"
+
+class Policies:
+    def get(self, name, default=None):
+        return "arn:aws:iam::aws:policy/" + name
+
+class Loader:
+    def load(self):
+        return Policies()
+
+json.dump(transform(template, {}, Loader()), sys.stdout)
+"#;
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The translated template, once for all tests.
+fn stack() -> &'static Value {
+    static STACK: OnceLock<Value> = OnceLock::new();
+    STACK.get_or_init(|| {
+        let python = std::env::var("HOOKLANE_TEST_PYTHON").expect(
+            "HOOKLANE_TEST_PYTHON is not set: this test translates the template with \
+             aws-sam-translator and cfn-lint's decoder from the test environment \
+             (scripts/test-env prints its python)",
+        );
+        let output = Command::new(python)
+            .current_dir(root())
+            .args(["-c", TRANSLATE])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "translating infra/template.yaml failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    })
+}
+
+fn resources() -> &'static serde_json::Map<String, Value> {
+    stack()["Resources"].as_object().unwrap()
+}
+
+fn resource(name: &str) -> &'static Value {
+    resources()
+        .get(name)
+        .unwrap_or_else(|| panic!("the stack has no resource `{name}`"))
+}
+
+fn properties(name: &str) -> &'static Value {
+    &resource(name)["Properties"]
+}
+
+fn of_type(kind: &str) -> impl Iterator<Item = (&'static String, &'static Value)> + '_ {
+    resources()
+        .iter()
+        .filter(move |(_, r)| r["Type"] == kind)
+        .map(|(n, r)| (n, &r["Properties"]))
+}
+
+/// An intrinsic as a string: `Ref X` is `${X}`, `GetAtt X.A` is `${X.A}`, `Sub` with its
+/// variables put in. Anything else stays JSON (it matches no pattern below).
+fn render(value: &Value) -> String {
+    let Value::Object(o) = value else {
+        return value
+            .as_str()
+            .map_or_else(|| value.to_string(), str::to_owned);
+    };
+    if let Some(name) = o.get("Ref") {
+        return format!("${{{}}}", name.as_str().unwrap());
+    }
+    if let Some(attribute) = o.get("Fn::GetAtt") {
+        let path = match attribute {
+            Value::Array(parts) => parts
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join("."),
+            other => other.as_str().unwrap().to_owned(),
+        };
+        return format!("${{{path}}}");
+    }
+    match o.get("Fn::Sub") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = parts[0].as_str().unwrap().to_owned();
+            for (name, variable) in parts[1].as_object().unwrap() {
+                text = text.replace(&format!("${{{name}}}"), &render(variable));
+            }
+            text
+        }
+        _ => value.to_string(),
+    }
+}
+
+/// IAM's `*` wildcard.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if pi < p.len() && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    match value {
+        Value::Array(items) => items.iter().map(render).collect(),
+        Value::Null => Vec::new(),
+        other => vec![render(other)],
+    }
+}
+
+/// Both branches of every `Fn::If`, without `AWS::NoValue`.
+fn branches(value: &Value) -> Vec<&Value> {
+    match value {
+        Value::Array(items) => items.iter().flat_map(branches).collect(),
+        Value::Object(o) if o.contains_key("Fn::If") => {
+            let arms = o["Fn::If"].as_array().unwrap();
+            branches(&arms[1])
+                .into_iter()
+                .chain(branches(&arms[2]))
+                .collect()
+        }
+        Value::Object(o) if o.get("Ref") == Some(&Value::from("AWS::NoValue")) => Vec::new(),
+        other => vec![other],
+    }
+}
+
+#[derive(Debug)]
+struct Statement {
+    policy: String,
+    actions: Vec<String>,
+    resources: Vec<String>,
+    condition: Value,
+}
+
+impl Statement {
+    fn allows(&self, action: &str, targets: &[String]) -> bool {
+        self.actions
+            .iter()
+            .any(|a| glob(&a.to_ascii_lowercase(), &action.to_ascii_lowercase()))
+            && self
+                .resources
+                .iter()
+                .any(|r| targets.iter().any(|t| glob(r, t)))
+    }
+}
+
+/// The Allow statements of a role's inline policies.
+fn statements(role: &str) -> Vec<Statement> {
+    let role_resource = resource(role);
+    assert_eq!(
+        role_resource["Type"], "AWS::IAM::Role",
+        "`{role}` is not a role"
+    );
+    let mut out = Vec::new();
+    for policy in role_resource["Properties"]["Policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for statement in branches(&policy["PolicyDocument"]["Statement"]) {
+            if statement["Effect"] != "Allow" {
+                continue;
+            }
+            out.push(Statement {
+                policy: policy["PolicyName"].as_str().unwrap().to_owned(),
+                actions: strings(&statement["Action"]),
+                resources: strings(&statement["Resource"]),
+                condition: statement["Condition"].clone(),
+            });
+        }
+    }
+    out
+}
+
+fn managed_policies(role: &str) -> Vec<String> {
+    strings(&properties(role)["ManagedPolicyArns"])
+}
+
+/// The role a function runs with (SAM names it `<Function>Role`; read, not assumed).
+fn role_of(function: &str) -> String {
+    let role = &properties(function)["Role"];
+    let rendered = render(role);
+    rendered
+        .strip_prefix("${")
+        .and_then(|r| r.strip_suffix(".Arn}"))
+        .unwrap_or_else(|| panic!("{function}'s role is not one of the stack: {role}"))
+        .to_owned()
+}
+
+fn allows(role: &str, action: &str, targets: &[String]) -> bool {
+    statements(role).iter().any(|s| s.allows(action, targets))
+}
+
+fn table(name: &str) -> Vec<String> {
+    vec![
+        format!("arn:${{AWS::Partition}}:dynamodb:${{AWS::Region}}:${{AWS::AccountId}}:table/${{{name}}}"),
+        format!("${{{name}.Arn}}"),
+    ]
+}
+
+fn index(table_name: &str, index: &str) -> Vec<String> {
+    table(table_name)
+        .into_iter()
+        .map(|t| format!("{t}/index/{index}"))
+        .collect()
+}
+
+fn queue(name: &str) -> Vec<String> {
+    vec![
+        format!("${{{name}.Arn}}"),
+        format!("arn:${{AWS::Partition}}:sqs:${{AWS::Region}}:${{AWS::AccountId}}:${{{name}.QueueName}}"),
+    ]
+}
+
+fn assert_allows(function: &str, action: &str, targets: &[String], what: &str) {
+    let role = role_of(function);
+    assert!(
+        allows(&role, action, targets),
+        "{function} ({role}) is not allowed {action} on {what}; its statements: {:#?}",
+        statements(&role)
+    );
+}
+
+fn environment(function: &str) -> &'static serde_json::Map<String, Value> {
+    static EMPTY: OnceLock<serde_json::Map<String, Value>> = OnceLock::new();
+    properties(function)["Environment"]["Variables"]
+        .as_object()
+        .unwrap_or_else(|| EMPTY.get_or_init(serde_json::Map::new))
+}
+
+fn dimension(metric: &Value, name: &str) -> Option<String> {
+    metric["Dimensions"]
+        .as_array()?
+        .iter()
+        .find(|d| d["Name"] == name)
+        .map(|d| render(&d["Value"]))
+}
+
+/// Alarms on one metric (namespace, name) whose dimensions include `dimensions`, that notify.
+fn alarms_on(namespace: &str, metric: &str, dimensions: &[(&str, &str)]) -> Vec<&'static str> {
+    of_type("AWS::CloudWatch::Alarm")
+        .filter(|(_, p)| {
+            p["Namespace"] == namespace
+                && p["MetricName"] == metric
+                && dimensions
+                    .iter()
+                    .all(|(n, v)| dimension(p, n).as_deref() == Some(*v))
+                && p["AlarmActions"].as_array().is_some_and(|a| !a.is_empty())
+        })
+        .map(|(n, _)| n.as_str())
+        .collect()
+}
+
+fn assert_queue_depth_alarm(queue_name: &str) {
+    let queue_dimension = format!("${{{queue_name}.QueueName}}");
+    let alarms = alarms_on(
+        "AWS/SQS",
+        "ApproximateNumberOfMessagesVisible",
+        &[("QueueName", &queue_dimension)],
+    );
+    assert!(
+        !alarms.is_empty(),
+        "no alarm with actions watches the depth (ApproximateNumberOfMessagesVisible) of {queue_name}"
+    );
+}
+
+fn assert_dead_letter_queue(name: &str) {
+    let queue = properties(name);
+    assert_eq!(
+        resource(name)["Type"],
+        "AWS::SQS::Queue",
+        "{name} is not an SQS queue"
+    );
+    assert_eq!(
+        queue["SqsManagedSseEnabled"], true,
+        "{name} is not encrypted"
+    );
+    assert_eq!(
+        queue["MessageRetentionPeriod"], 1_209_600,
+        "{name} does not keep messages for 14 days"
+    );
+    assert!(
+        queue.get("FifoQueue").is_none_or(|f| f == false),
+        "{name} must be a standard queue"
+    );
+}
+
+// ---------------------------------------------------------------- 1: replay's audit row
+
+#[test]
+fn the_api_may_write_the_replay_audit_row_into_the_attempts_table() {
+    for action in [
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:ConditionCheckItem",
+    ] {
+        assert_allows(
+            "ApiFunction",
+            action,
+            &table("AttemptsTable"),
+            "AttemptsTable",
+        );
+    }
+}
+
+// ---------------------------------------------------------------- 2: the events stream
+
+fn fanout_mapping() -> &'static Value {
+    let mappings: Vec<_> = of_type("AWS::Lambda::EventSourceMapping")
+        .filter(|(_, p)| render(&p["FunctionName"]) == "${FanoutFunction}")
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(
+        mappings.len(),
+        1,
+        "FanoutFunction should have one event source mapping (the events stream)"
+    );
+    assert_eq!(
+        render(&mappings[0]["EventSourceArn"]),
+        "${EventsTable.StreamArn}"
+    );
+    mappings[0]
+}
+
+#[test]
+fn stream_batches_that_keep_failing_go_to_an_alarmed_queue() {
+    let mapping = fanout_mapping();
+    assert_eq!(
+        mapping["BisectBatchOnFunctionError"], true,
+        "the fanout's stream mapping must bisect a failing batch"
+    );
+    let destination = &mapping["DestinationConfig"]["OnFailure"]["Destination"];
+    assert_eq!(
+        render(destination),
+        "${FanoutFailureQueue.Arn}",
+        "the fanout's stream mapping has no on-failure destination FanoutFailureQueue: Lambda \
+         discards the records after the last retry"
+    );
+    assert_dead_letter_queue("FanoutFailureQueue");
+    assert_allows(
+        "FanoutFunction",
+        "sqs:SendMessage",
+        &queue("FanoutFailureQueue"),
+        "FanoutFailureQueue (the stream's on-failure destination)",
+    );
+    assert_queue_depth_alarm("FanoutFailureQueue");
+}
+
+#[test]
+fn the_fanout_stream_has_an_iterator_age_alarm() {
+    let alarms: Vec<_> = of_type("AWS::CloudWatch::Alarm")
+        .filter(|(_, p)| {
+            p["Namespace"] == "AWS/Lambda"
+                && p["MetricName"] == "IteratorAge"
+                && dimension(p, "FunctionName").as_deref() == Some("${FanoutFunction}")
+                && p["AlarmActions"].as_array().is_some_and(|a| !a.is_empty())
+        })
+        .collect();
+    assert_eq!(
+        alarms.len(),
+        1,
+        "one alarm with actions on AWS/Lambda IteratorAge of FanoutFunction expected"
+    );
+    let (name, alarm) = alarms[0];
+    assert_eq!(
+        alarm["Statistic"], "Maximum",
+        "{name}: IteratorAge alarms on its Maximum"
+    );
+}
+
+#[test]
+fn failed_batch_items_rejected_events_and_failed_mail_raise_alarms() {
+    let stack = "${AWS::StackName}";
+    for function in ["fanout", "sender"] {
+        let alarms = alarms_on(
+            telemetry::EMF_NAMESPACE,
+            telemetry::BATCH_ITEM_FAILURES,
+            &[("Stack", stack), ("function", function)],
+        );
+        assert_eq!(
+            alarms.len(),
+            1,
+            "one alarm on {} with function={function} expected, found {alarms:?}",
+            telemetry::BATCH_ITEM_FAILURES
+        );
+        let alarm = properties(alarms[0]);
+        assert_eq!(alarm["Statistic"], "Sum", "{}", alarms[0]);
+        assert_eq!(
+            alarm["Threshold"], 0,
+            "{}: any failed item alarms",
+            alarms[0]
+        );
+        assert_eq!(
+            alarm["ComparisonOperator"], "GreaterThanThreshold",
+            "{}",
+            alarms[0]
+        );
+    }
+    for metric in [telemetry::EVENTS_REJECTED, telemetry::NOTIFICATIONS_FAILED] {
+        assert!(
+            !alarms_on(telemetry::EMF_NAMESPACE, metric, &[("Stack", stack)]).is_empty(),
+            "no alarm with actions on {metric}"
+        );
+    }
+    let dashboard = render(&properties("Dashboard")["DashboardBody"]);
+    assert!(
+        dashboard.contains(telemetry::EVENTS_RECOVERED),
+        "the dashboard has no graph of {}",
+        telemetry::EVENTS_RECOVERED
+    );
+}
+
+#[test]
+fn the_events_table_has_a_sparse_index_of_unfanned_events() {
+    let events = properties("EventsTable");
+    let index = events["GlobalSecondaryIndexes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i["IndexName"] == "unfanned")
+        .expect("EventsTable has no `unfanned` index");
+    let keys: Vec<(&str, &str)> = index["KeySchema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["AttributeName"].as_str().unwrap(),
+                k["KeyType"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [("unfanned_shard", "HASH"), ("created_at", "RANGE")],
+        "EventsTable index `unfanned`"
+    );
+    assert_eq!(
+        index["Projection"]["ProjectionType"], "KEYS_ONLY",
+        "EventsTable index `unfanned`"
+    );
+    let types: Vec<(&str, &str)> = events["AttributeDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["AttributeName"].as_str().unwrap(),
+                a["AttributeType"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for expected in [("unfanned_shard", "S"), ("created_at", "N")] {
+        assert!(
+            types.contains(&expected),
+            "EventsTable does not define {expected:?}"
+        );
+    }
+}
+
+#[test]
+fn fanout_may_mark_its_events_fanned_out_and_nothing_more() {
+    let events = table("EventsTable");
+    assert_allows(
+        "FanoutFunction",
+        "dynamodb:UpdateItem",
+        &events,
+        "EventsTable",
+    );
+    let role = role_of("FanoutFunction");
+    for action in [
+        "dynamodb:PutItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:BatchWriteItem",
+    ] {
+        assert!(
+            !allows(&role, action, &events),
+            "FanoutFunction ({role}) may {action} on EventsTable; it only marks events fanned out"
+        );
+    }
+}
+
+#[test]
+fn the_sweeper_may_find_and_recover_unfanned_events() {
+    assert_allows(
+        "SweeperFunction",
+        "dynamodb:Query",
+        &index("EventsTable", "unfanned"),
+        "EventsTable index `unfanned`",
+    );
+    for action in ["dynamodb:GetItem", "dynamodb:UpdateItem"] {
+        assert_allows(
+            "SweeperFunction",
+            action,
+            &table("EventsTable"),
+            "EventsTable",
+        );
+    }
+}
+
+// ---------------------------------------------------------------- 4: owner mail
+
+#[test]
+fn only_health_sends_mail_and_only_from_notification_from() {
+    let health = role_of("HealthFunction");
+    let identities = "arn:${AWS::Partition}:ses:${AWS::Region}:${AWS::AccountId}:identity/*";
+    let mut health_sends = false;
+    for (role, _) in of_type("AWS::IAM::Role") {
+        for statement in statements(role) {
+            let ses: Vec<_> = statement
+                .actions
+                .iter()
+                .filter(|a| a.to_ascii_lowercase().starts_with("ses:") || a.as_str() == "*")
+                .collect();
+            if ses.is_empty() {
+                continue;
+            }
+            assert_eq!(
+                role, &health,
+                "{role} ({}) has SES actions {ses:?}; only the health function mails owners",
+                statement.policy
+            );
+            assert_eq!(
+                statement.actions,
+                ["ses:SendEmail"],
+                "{role} ({}): only ses:SendEmail",
+                statement.policy
+            );
+            assert_eq!(
+                statement.resources,
+                [identities],
+                "{role} ({}): ses:SendEmail on the account's identities (SES authorises \
+                 against the identity used, often the verified domain)",
+                statement.policy
+            );
+            assert_eq!(
+                statement.condition,
+                serde_json::json!({"StringEquals": {"ses:FromAddress": {"Ref": "NotificationFrom"}}}),
+                "{role} ({}): ses:SendEmail only from NotificationFrom",
+                statement.policy
+            );
+            health_sends = true;
+        }
+    }
+    assert!(health_sends, "HealthFunction ({health}) may not send mail");
+}
+
+// ---------------------------------------------------------------- 6: sweeps never overlap
+
+/// `rate(5 minutes)` in seconds.
+fn rate_seconds(expression: &str) -> u64 {
+    let inner = expression
+        .strip_prefix("rate(")
+        .and_then(|e| e.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("not a rate expression: {expression}"));
+    let (count, unit) = inner.split_once(' ').unwrap();
+    let count: u64 = count.parse().unwrap();
+    count
+        * match unit.trim_end_matches('s') {
+            "minute" => 60,
+            "hour" => 3600,
+            "day" => 86_400,
+            other => panic!("unknown rate unit {other}"),
+        }
+}
+
+#[test]
+fn sweeper_and_health_run_one_at_a_time_and_are_not_retried() {
+    for function in ["SweeperFunction", "HealthFunction"] {
+        let lambda = properties(function);
+        assert_eq!(
+            lambda["ReservedConcurrentExecutions"], 1,
+            "{function} must run one instance at a time (ReservedConcurrentExecutions: 1)"
+        );
+        let invoke_configs: Vec<_> = of_type("AWS::Lambda::EventInvokeConfig")
+            .filter(|(_, p)| render(&p["FunctionName"]) == format!("${{{function}}}"))
+            .collect();
+        assert_eq!(
+            invoke_configs.len(),
+            1,
+            "{function} has no EventInvokeConfig: Lambda retries a failed asynchronous \
+             invocation twice"
+        );
+        assert_eq!(
+            invoke_configs[0].1["MaximumRetryAttempts"], 0,
+            "{function}: asynchronous invocations must not be retried"
+        );
+        let schedules: Vec<_> = of_type("AWS::Scheduler::Schedule")
+            .filter(|(_, p)| render(&p["Target"]["Arn"]) == format!("${{{function}.Arn}}"))
+            .collect();
+        assert_eq!(schedules.len(), 1, "{function} should have one schedule");
+        let (schedule_name, schedule) = schedules[0];
+        assert_eq!(
+            schedule["Target"]["RetryPolicy"]["MaximumRetryAttempts"], 0,
+            "{schedule_name}: Scheduler must not retry the invocation of {function}"
+        );
+        let rate = rate_seconds(schedule["ScheduleExpression"].as_str().unwrap());
+        let timeout = lambda["Timeout"].as_u64().unwrap();
+        assert!(
+            timeout < rate,
+            "{function}: timeout {timeout} s is not below its rate of {rate} s"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- 7: build and deploy agree
+
+fn samconfig() -> toml::Table {
+    let text = std::fs::read_to_string(root().join("samconfig.toml")).unwrap();
+    text.parse().unwrap()
+}
+
+#[test]
+fn build_and_deploy_read_the_same_architecture() {
+    let config = samconfig();
+    let environment = config["default"]
+        .as_table()
+        .expect("samconfig has no [default]");
+    let overrides = |command: &str| {
+        environment
+            .get(command)
+            .and_then(|c| c.get("parameters"))
+            .and_then(|p| p.get("parameter_overrides"))
+            .and_then(toml::Value::as_str)
+            .map(str::to_owned)
+    };
+    let global = overrides("global").unwrap_or_default();
+    assert!(
+        global
+            .split_whitespace()
+            .any(|p| p.starts_with("Architecture=")),
+        "Architecture is not in [default.global.parameters] parameter_overrides, which both \
+         `sam build` and `sam deploy` read (found {global:?})"
+    );
+    for command in ["build", "deploy"] {
+        assert_eq!(
+            overrides(command),
+            None,
+            "[default.{command}.parameters] has its own parameter_overrides: they replace the \
+             global ones for `sam {command}`, and build and deploy can disagree again"
+        );
+    }
+}
+
+#[test]
+fn every_deploy_instruction_builds_with_scripts_sam_build() {
+    for file in [
+        "README.md",
+        "infra/README.md",
+        "docs/OPERATIONS.md",
+        "samconfig.toml",
+    ] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        assert!(
+            text.contains("scripts/sam-build"),
+            "{file} does not name the build command, scripts/sam-build"
+        );
+        assert!(
+            !text.contains("sam build &&"),
+            "{file} tells to build with plain `sam build`; the build command is scripts/sam-build"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- 8: tables
+
+#[test]
+fn every_table_is_protected_from_deletion_and_restorable() {
+    let tables: Vec<_> = of_type("AWS::DynamoDB::Table").collect();
+    assert_eq!(tables.len(), 6, "six tables expected");
+    for (name, table) in tables {
+        assert_eq!(
+            table["DeletionProtectionEnabled"], true,
+            "{name} has no deletion protection"
+        );
+        assert_eq!(
+            table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"], true,
+            "{name} has no point-in-time recovery"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- 9: logs
+
+#[test]
+fn every_function_logs_to_its_own_group_with_a_retention() {
+    let parameter = &stack()["Parameters"]["LogRetentionDays"];
+    assert_eq!(
+        parameter["Default"], 30,
+        "LogRetentionDays defaults to 30 days"
+    );
+    let allowed: Vec<u64> = parameter["AllowedValues"]
+        .as_array()
+        .expect("LogRetentionDays has no AllowedValues")
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        allowed,
+        [
+            1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+            2922, 3288, 3653
+        ],
+        "LogRetentionDays allows exactly CloudWatch Logs' retention values"
+    );
+    let mut groups = BTreeSet::new();
+    for function in FUNCTIONS {
+        let logging = &properties(function)["LoggingConfig"];
+        assert_eq!(
+            logging["LogFormat"], "JSON",
+            "{function} no longer logs JSON"
+        );
+        let group = render(&logging["LogGroup"]);
+        let group = group
+            .strip_prefix("${")
+            .and_then(|g| g.strip_suffix('}'))
+            .unwrap_or_else(|| {
+                panic!("{function} does not log to a log group of the stack ({group})")
+            })
+            .to_owned();
+        assert_eq!(
+            resource(&group)["Type"],
+            "AWS::Logs::LogGroup",
+            "{function} logs to {group}, which is not a log group"
+        );
+        assert_eq!(
+            render(&properties(&group)["RetentionInDays"]),
+            "${LogRetentionDays}",
+            "{group} ({function}'s log group) keeps logs for {}, not LogRetentionDays",
+            properties(&group)["RetentionInDays"]
+        );
+        assert!(
+            groups.insert(group.clone()),
+            "{group} is the log group of more than one function"
+        );
+    }
+    let dashboard = render(&properties("Dashboard")["DashboardBody"]);
+    assert!(
+        !dashboard.contains("/aws/lambda/${"),
+        "the dashboard queries a function's default log group, which it no longer writes to"
+    );
+}
+
+// ---------------------------------------------------------------- 10: schedules' dead letters
+
+#[test]
+fn retry_schedules_that_fail_go_to_an_alarmed_dead_letter_queue() {
+    assert_dead_letter_queue("ScheduleDeadLetterQueue");
+    assert!(
+        allows(
+            "SchedulerSendRole",
+            "sqs:SendMessage",
+            &queue("ScheduleDeadLetterQueue")
+        ),
+        "SchedulerSendRole may not send to ScheduleDeadLetterQueue; its statements: {:#?}",
+        statements("SchedulerSendRole")
+    );
+    assert_queue_depth_alarm("ScheduleDeadLetterQueue");
+    for function in FUNCTIONS {
+        let variable = environment(function).get("HOOKLANE_SCHEDULE_DLQ_ARN");
+        if function == "SenderFunction" {
+            assert_eq!(
+                variable.map(render).as_deref(),
+                Some("${ScheduleDeadLetterQueue.Arn}"),
+                "SenderFunction's HOOKLANE_SCHEDULE_DLQ_ARN"
+            );
+        } else {
+            assert_eq!(
+                variable, None,
+                "{function} has HOOKLANE_SCHEDULE_DLQ_ARN; only the sender schedules retries"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------- 12: dead letters can wait
+
+#[test]
+fn the_delivery_queue_expires_messages_before_its_dead_letter_queue() {
+    let main = properties("DeliveryQueue");
+    let target = render(&main["RedrivePolicy"]["deadLetterTargetArn"]);
+    let dead_letters = target
+        .strip_prefix("${")
+        .and_then(|t| t.strip_suffix(".Arn}"))
+        .unwrap_or_else(|| {
+            panic!("DeliveryQueue's dead-letter queue is not in the stack: {target}")
+        });
+    // SQS's default retention is 4 days.
+    let retention = |p: &Value| p["MessageRetentionPeriod"].as_u64().unwrap_or(345_600);
+    let (main_retention, dead_retention) = (retention(main), retention(properties(dead_letters)));
+    assert!(
+        main_retention < dead_retention,
+        "DeliveryQueue keeps messages {main_retention} s, its dead-letter queue {dead_letters} \
+         {dead_retention} s: a dead letter keeps its first enqueue time, so it would expire as \
+         it arrives"
+    );
+}
+
+// ---------------------------------------------------------------- 13: least privilege
+
+#[test]
+fn only_the_sender_may_schedule_retries() {
+    let sender = role_of("SenderFunction");
+    for (role, _) in of_type("AWS::IAM::Role") {
+        for statement in statements(role) {
+            let scheduling: Vec<_> = statement
+                .actions
+                .iter()
+                .filter(|a| {
+                    let a = a.to_ascii_lowercase();
+                    a.starts_with("scheduler:")
+                        || glob(&a, "iam:passrole")
+                        || glob(&a, "scheduler:createschedule")
+                })
+                .collect();
+            assert!(
+                scheduling.is_empty() || role == &sender,
+                "{role} ({}) has {scheduling:?}; only the sender schedules retries",
+                statement.policy
+            );
+        }
+    }
+    let group = "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:schedule/${RetryScheduleGroup}/x";
+    assert_allows(
+        "SenderFunction",
+        "scheduler:CreateSchedule",
+        &[group.to_owned()],
+        "the retry schedule group",
+    );
+    assert_allows(
+        "SenderFunction",
+        "iam:PassRole",
+        &["${SchedulerSendRole.Arn}".to_owned()],
+        "SchedulerSendRole",
+    );
+    for function in FUNCTIONS {
+        for variable in ["HOOKLANE_SCHEDULER_ROLE_ARN", "HOOKLANE_SCHEDULE_GROUP"] {
+            let present = environment(function).contains_key(variable);
+            assert_eq!(
+                present,
+                function == "SenderFunction",
+                "{function} {} {variable}; only the sender schedules retries",
+                if present { "has" } else { "lacks" }
+            );
+        }
+    }
+}
+
+#[test]
+fn fanout_reads_its_stream_through_one_grant() {
+    let role = role_of("FanoutFunction");
+    let managed = managed_policies(&role);
+    assert!(
+        managed
+            .iter()
+            .any(|arn| arn.ends_with(":policy/service-role/AWSLambdaDynamoDBExecutionRole")),
+        "{role} lacks AWSLambdaDynamoDBExecutionRole, which SAM attaches for a DynamoDB event \
+         source: {managed:?}"
+    );
+    for statement in statements(&role) {
+        let stream_reads: Vec<_> = statement
+            .actions
+            .iter()
+            .filter(|a| {
+                [
+                    "dynamodb:GetRecords",
+                    "dynamodb:GetShardIterator",
+                    "dynamodb:DescribeStream",
+                    "dynamodb:ListStreams",
+                ]
+                .iter()
+                .any(|read| glob(&a.to_ascii_lowercase(), &read.to_ascii_lowercase()))
+            })
+            .collect();
+        assert!(
+            stream_reads.is_empty(),
+            "{role} ({}) grants {stream_reads:?} again; AWSLambdaDynamoDBExecutionRole already \
+             allows reading the stream",
+            statement.policy
+        );
+    }
+}
