@@ -73,6 +73,11 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         status: u16,
     },
+    /// The AWS shape's dead-letter queue (needs a binary built with `--features aws`).
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
     /// Verify a webhook you received: the raw body on stdin, the three headers as flags.
     Verify {
         /// The endpoint's secret (whsec_...); give it twice during a rotation.
@@ -87,6 +92,23 @@ enum Command {
         /// Seconds a timestamp may differ from now.
         #[arg(long, default_value_t = hooklane::signing::DEFAULT_TOLERANCE_SECS)]
         tolerance: i64,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqAction {
+    /// Move the dead letters back to the delivery queue, once their cause is fixed (the stack
+    /// outputs DeadLetterQueueUrl and DeliveryQueueUrl name the two queues).
+    Redrive {
+        /// The dead-letter queue's URL.
+        #[arg(long = "from", value_name = "URL")]
+        dead_letters: String,
+        /// The delivery queue's URL.
+        #[arg(long = "to", value_name = "URL")]
+        queue: String,
+        /// Move at most this many messages.
+        #[arg(long, default_value_t = usize::MAX, hide_default_value = true)]
+        max: usize,
     },
 }
 
@@ -127,6 +149,41 @@ fn serve_aws(provision: Option<&str>) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+#[cfg(feature = "aws")]
+fn dlq(action: DlqAction) -> ExitCode {
+    let DlqAction::Redrive {
+        dead_letters,
+        queue,
+        max,
+    } = action;
+    let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let moved = runtime.block_on(async {
+        let sqs = hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await);
+        hooklane::aws::dlq::redrive(&sqs, &dead_letters, &queue, max).await
+    });
+    match moved {
+        Ok(done) => {
+            println!("moved {} message(s) back to the delivery queue", done.moved);
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("hooklane: dlq redrive: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "aws"))]
+fn dlq(_action: DlqAction) -> ExitCode {
+    eprintln!(
+        "hooklane: this binary was built without the AWS backend; build it with          `cargo build --release -p hooklane-cli --features aws`"
+    );
+    ExitCode::from(2)
 }
 
 #[cfg(not(feature = "aws"))]
@@ -246,6 +303,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Dlq { action } => dlq(action),
         Command::Verify {
             secret,
             webhook_id,

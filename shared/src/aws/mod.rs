@@ -4,6 +4,7 @@
 
 #[cfg(test)]
 mod cost;
+pub mod dlq;
 pub mod handlers;
 pub mod local;
 pub mod meter;

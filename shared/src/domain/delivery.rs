@@ -64,6 +64,11 @@ pub struct Delivery {
     pub schedule_start: u32,
     /// What sets off the next attempt: `Manual` after a replay, until that attempt is made.
     pub next_trigger: Trigger,
+    /// When the message a busy endpoint sent back is expected (AWS shape): until then the
+    /// sweeper does not take the delivery for lost. Its next try is not moved by it: a copy
+    /// that finds a slot free earlier may go ahead.
+    #[serde(skip)]
+    pub queued_until: Option<Timestamp>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -177,6 +182,7 @@ impl Delivery {
             client_error_count: 0,
             schedule_start: 0,
             next_trigger: Trigger::Scheduled,
+            queued_until: None,
             created_at: event.created_at,
             updated_at: now,
         }

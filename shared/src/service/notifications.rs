@@ -12,10 +12,110 @@ pub async fn flush(app: &App) -> ServiceResult<usize> {
                     .await?;
                 sent += 1;
             }
+            // Kept in the outbox: the next run tries it again. The metric makes a notifier
+            // that keeps failing (an unverified SES identity, a denied send) visible.
             Err(error) => {
+                crate::telemetry::notification_failed();
                 tracing::warn!(notification.id = %notification.id, %error, "notification not sent; will retry");
             }
         }
     }
     Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        config::CoreConfig,
+        domain::EmailAddress,
+        http::HttpSender,
+        notify::{Notifier, NotifyError},
+        queue::embedded::EmbeddedQueue,
+        store::{contract, sqlite::SqliteStore, DisableRequest, Notification, Store},
+        telemetry::{self, emf::EmfRecorder},
+    };
+
+    /// Refuses to send until told otherwise, as SES does for an identity it has not verified.
+    struct Refusing(AtomicBool);
+
+    #[async_trait::async_trait]
+    impl Notifier for Refusing {
+        async fn send(&self, _: &Notification) -> Result<(), NotifyError> {
+            if self.0.load(Ordering::SeqCst) {
+                Err(NotifyError(
+                    "AccessDenied: not authorized to send from this identity".into(),
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mail_that_cannot_be_sent_is_counted_and_kept_for_the_next_run() {
+        let recorder = EmfRecorder::new("Hooklane", Vec::new());
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let notifier = Arc::new(Refusing(AtomicBool::new(true)));
+        let app = App {
+            store: store.clone(),
+            queue: Arc::new(EmbeddedQueue::new()),
+            transport: Arc::new(HttpSender::new(CoreConfig::default().sender).unwrap()),
+            notifier: notifier.clone(),
+            clock: Arc::new(ManualClock::new(contract::t0())),
+            config: Arc::new(CoreConfig::default()),
+            publish: crate::PublishMode::WithDeliveries,
+        };
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        endpoint.failing_since = Some(contract::t0());
+        store.create_endpoint(&endpoint).await.unwrap();
+        store
+            .disable_endpoint(&DisableRequest {
+                account_id: endpoint.account_id.clone(),
+                endpoint_id: endpoint.id.clone(),
+                reason: "failing for 3 days".into(),
+                now: contract::t0(),
+                expected_failing_since: Some(contract::t0()),
+                notification: Some(Notification {
+                    id: "ntf_1".into(),
+                    account_id: endpoint.account_id.clone(),
+                    recipient: EmailAddress::parse("owner@acme.example").unwrap(),
+                    subject: "Webhook endpoint disabled".into(),
+                    body: "…".into(),
+                    created_at: contract::t0(),
+                }),
+                operational_event: None,
+            })
+            .await
+            .unwrap();
+
+        assert_eq!(flush(&app).await.unwrap(), 0);
+        let documents = recorder.flush(0);
+        assert!(
+            documents
+                .iter()
+                .any(|d| d.get(telemetry::NOTIFICATIONS_FAILED) == Some(&serde_json::json!(1))),
+            "{documents:?}"
+        );
+        assert_eq!(
+            store.unsent_notifications(10).await.unwrap().len(),
+            1,
+            "kept"
+        );
+
+        notifier.0.store(false, Ordering::SeqCst);
+        assert_eq!(flush(&app).await.unwrap(), 1, "sent on the next run");
+        assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+    }
 }

@@ -271,9 +271,24 @@ async fn handle_endpoint_group(
     // Each slot taken works through the waiting messages in turn: a slot freed by a finished
     // attempt goes to the next message at once instead of idling until a re-queued copy
     // comes back, as long as another attempt still fits in the slot's lease.
+    // The ones that wait for a slot of this batch may wait up to a deadline: the sweeper
+    // must not send them again meanwhile.
+    let mut held = Vec::with_capacity(ready.len());
+    let held_until = add(app.clock.now(), deadline);
+    for (position, (n, d)) in ready.into_iter().enumerate() {
+        if position < tokens.len() {
+            held.push((n, d));
+            continue;
+        }
+        match keep_from_sweeper(group[n].0, lanes, &d, held_until).await {
+            Ok(true) => held.push((n, d)),
+            Ok(false) => outcomes[n] = Some(Ok(Handled::Skipped)),
+            Err(error) => outcomes[n] = Some(Err(error)),
+        }
+    }
     let started = std::time::Instant::now();
     let waiting =
-        std::sync::Mutex::new(ready.into_iter().collect::<std::collections::VecDeque<_>>());
+        std::sync::Mutex::new(held.into_iter().collect::<std::collections::VecDeque<_>>());
     let next = || {
         let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
         (started.elapsed() < deadline)
@@ -332,6 +347,30 @@ async fn follow_up(app: &App, result: AttemptResult) -> Result<Handled, SenderEr
         app.queue.enqueue(vec![next.clone()]).await?;
     }
     Ok(Handled::Attempted(result))
+}
+
+/// Makes sure the sweeper does not take `delivery` for lost before `until`, when its
+/// message is expected back: a conditional write when the sweeper's grace would run out
+/// first, nothing otherwise. `false` when the delivery has moved on meanwhile.
+async fn keep_from_sweeper(
+    app: &App,
+    lanes: Lanes<'_>,
+    delivery: &Delivery,
+    until: Timestamp,
+) -> Result<bool, SenderError> {
+    let expected = delivery
+        .next_try_at
+        .unwrap_or(delivery.created_at)
+        .max(delivery.queued_until.unwrap_or(delivery.created_at));
+    if add(expected, lanes.sweep_grace) > add(until, REQUEUE_MAX) {
+        return Ok(true);
+    }
+    let change = Unattempted::Defer(until);
+    Ok(app
+        .store
+        .move_unattempted(&delivery.id, delivery.attempts, &change, app.clock.now())
+        .await
+        .map_err(ServiceError::from)?)
 }
 
 /// A message this much before its delivery's time is early, not due.
@@ -416,18 +455,9 @@ async fn requeue(
     };
     let now = app.clock.now();
     let due = add(now, after);
-    let stored = delivery.next_try_at.unwrap_or(delivery.created_at);
-    if add(stored, lanes.sweep_grace) <= add(due, REQUEUE_MAX) {
-        let change = Unattempted::Defer(due);
-        let moved = app
-            .store
-            .move_unattempted(&delivery.id, delivery.attempts, &change, now)
-            .await
-            .map_err(ServiceError::from)?;
-        if !moved {
-            // Attempted or finished meanwhile: this copy is not needed.
-            return Ok(Handled::Skipped);
-        }
+    if !keep_from_sweeper(app, lanes, delivery, due).await? {
+        // Attempted or finished meanwhile: this copy is not needed.
+        return Ok(Handled::Skipped);
     }
     app.queue
         .enqueue(vec![pending_for(delivery, endpoint, due)])
@@ -700,13 +730,16 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        let next = stored.next_try_at.unwrap();
+        let expected = stored
+            .queued_until
+            .expect("the delivery says when its message is back");
         assert!(
-            next >= add(
-                chrono::Utc::now(),
-                REQUEUE_MIN - std::time::Duration::from_secs(1)
-            ),
-            "the next try moved with the re-queued message: {next}"
+            expected
+                >= add(
+                    chrono::Utc::now(),
+                    REQUEUE_MIN - std::time::Duration::from_secs(1)
+                ),
+            "{expected}"
         );
         // A sweep a little later, past the grace of the delivery's first due time, leaves it
         // alone: its message is on its way.

@@ -74,6 +74,11 @@ const LATE_WRITE_MARGIN: std::time::Duration = std::time::Duration::from_secs(12
 const LATE_FAN_OUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Endpoint partitions the walk reads at once.
 const WALK_CONCURRENCY: usize = 8;
+/// Endpoints the walk finishes before it saves how far it got.
+const WALK_CHUNK: usize = 64;
+/// How long one sweep spends on the walk before it leaves the rest to the next run (the
+/// sweeper function's timeout is 240 s, and the pending index is read after the walk).
+const WALK_BUDGET: std::time::Duration = std::time::Duration::from_secs(120);
 /// Marks a deleted endpoint's tombstone.
 const DELETED_AT: &str = "deleted_at";
 /// DynamoDB's limit of items in one `TransactWriteItems`.
@@ -137,6 +142,8 @@ pub struct DynamoStore {
     retention: Retention,
     /// `LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
+    /// `WALK_BUDGET`, smaller in tests.
+    walk_budget: std::time::Duration,
     /// `LATE_FAN_OUT`; `None` in the store contract tests, whose fixed times lie years in
     /// the past (every delivery would be indexed as it is written, and the walk would go
     /// untested).
@@ -150,6 +157,7 @@ impl DynamoStore {
             tables,
             retention,
             list_examine_budget: LIST_EXAMINE_BUDGET,
+            walk_budget: WALK_BUDGET,
             late_fan_out: Some(LATE_FAN_OUT),
         }
     }
@@ -340,20 +348,89 @@ impl DynamoStore {
     /// sweeper like any due delivery. Its reads (an eventually consistent query of each
     /// endpoint's new deliveries) cost a fraction of the two index writes.
     async fn walk_unsent_first_tries(&self, until: Timestamp) -> StoreResult<Vec<Item>> {
-        let watermark_key = key1("pk", FIRST_TRY_WATERMARK);
-        let watermark = self
-            .get(&self.tables.control, watermark_key.clone())
-            .await?
-            .map(|item| opt_n::<i64>(&item, "watermark"))
+        let state = self
+            .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+            .await?;
+        let watermark = state
+            .as_ref()
+            .map(|item| opt_n::<i64>(item, "watermark"))
             .transpose()?
             .flatten();
-        let until = until.min(chrono::Utc::now());
+        // A walk that an earlier run left part-way goes on where it stopped, over the same
+        // window; otherwise a new window ends now.
+        let resume = match &state {
+            Some(item) => match (
+                opt_n::<i64>(item, "walking_until")?,
+                opt_s(item, "walked_account"),
+                opt_s(item, "walked_endpoint"),
+            ) {
+                (Some(end), Some(account), Some(endpoint)) => Some((end, (account, endpoint))),
+                _ => None,
+            },
+            None => None,
+        };
+        let (window_end, after) = match resume {
+            Some((end, after)) => (from_millis(end), Some(after)),
+            None => (until.min(chrono::Utc::now()), None),
+        };
         let from = watermark.map(|w| {
             crate::clock::from_millis(w)
                 - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
         });
-        let endpoints = self.all_endpoints().await?;
-        let found: Vec<StoreResult<Vec<Item>>> = futures_util::stream::iter(endpoints)
+        let mut endpoints = self.all_endpoints().await?;
+        if let Some((account, endpoint)) = &after {
+            endpoints
+                .retain(|(a, e)| (a.as_str(), e.as_str()) > (account.as_str(), endpoint.as_str()));
+        }
+        let started = std::time::Instant::now();
+        let mut unsent = Vec::new();
+        let mut chunks = endpoints.chunks(WALK_CHUNK).peekable();
+        while let Some(chunk) = chunks.next() {
+            unsent.extend(self.index_unsent_of(chunk, from, window_end).await?);
+            let Some((account, endpoint)) = chunk.last() else {
+                continue;
+            };
+            if chunks.peek().is_none() {
+                break;
+            }
+            // Saved as the walk goes: a run cut off by its timeout loses one chunk's work.
+            self.client
+                .put_item()
+                .table_name(&self.tables.control)
+                .set_item(Some(walk_state(
+                    watermark,
+                    Some((window_end, account.as_str(), endpoint.as_str())),
+                )))
+                .send()
+                .await
+                .map_err(sdk)?;
+            if started.elapsed() >= self.walk_budget {
+                // The rest is the next run's: the window's end, and so the watermark, wait.
+                return Ok(unsent);
+            }
+        }
+        let done = watermark.map_or(to_millis(window_end), |w| w.max(to_millis(window_end)));
+        if watermark != Some(done) || after.is_some() {
+            self.client
+                .put_item()
+                .table_name(&self.tables.control)
+                .set_item(Some(walk_state(Some(done), None)))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+        Ok(unsent)
+    }
+
+    /// Puts the unsent first tries of these endpoints' logs within the window into the
+    /// `pending` index; returns the ones it put there.
+    async fn index_unsent_of(
+        &self,
+        endpoints: &[(AccountId, EndpointId)],
+        from: Option<Timestamp>,
+        until: Timestamp,
+    ) -> StoreResult<Vec<Item>> {
+        let found: Vec<StoreResult<Vec<Item>>> = futures_util::stream::iter(endpoints.to_vec())
             .map(|(account, endpoint)| async move {
                 self.unindexed_pending_of(&account, &endpoint, from, Some(until))
                     .await
@@ -388,18 +465,6 @@ impl DynamoStore {
                     unsent.push(item);
                 }
             }
-        }
-        if watermark.is_none_or(|w| w < to_millis(until)) {
-            self.client
-                .put_item()
-                .table_name(&self.tables.control)
-                .set_item(Some(Item::from([
-                    ("pk".into(), s(FIRST_TRY_WATERMARK)),
-                    ("watermark".into(), n(to_millis(until))),
-                ])))
-                .send()
-                .await
-                .map_err(sdk)?;
         }
         Ok(unsent)
     }
@@ -1184,28 +1249,53 @@ fn time_key(at: Timestamp, id: &str) -> String {
     format!("{:016}#{id}", to_millis(at).max(0))
 }
 
+/// When a pending delivery is due as the sweeper sees it: its next try, or the time its
+/// re-queued message is expected (`due_key` of a deferred delivery), whichever is later.
+fn indexed_due(item: &Item) -> StoreResult<Timestamp> {
+    let next = get_n::<i64>(item, "next_try_at")?;
+    let keyed = opt_s(item, "due_key")
+        .and_then(|key| key.get(..16)?.parse::<i64>().ok())
+        .unwrap_or(next);
+    Ok(from_millis(next.max(keyed)))
+}
+
 fn time_bound(at: Timestamp) -> String {
     format!("{:016}", to_millis(at).max(0))
 }
 
-/// A stable shard for a delivery id (FNV-1a), so its index entry never moves.
-pub fn pending_shard(id: &str) -> String {
+/// One of `shards` partitions for an id (FNV-1a): stable, so an index entry never moves.
+fn shard_of(id: &str, shards: u32) -> String {
     let mut hash: u32 = 0x811c_9dc5;
     for byte in id.bytes() {
         hash ^= u32::from(byte);
         hash = hash.wrapping_mul(0x0100_0193);
     }
-    (hash % PENDING_SHARDS).to_string()
+    (hash % shards).to_string()
 }
 
-/// The `unfanned` index partition of an event id (the same hash as `pending_shard`).
+/// The `pending` index partition of a delivery id.
+pub fn pending_shard(id: &str) -> String {
+    shard_of(id, PENDING_SHARDS)
+}
+
+/// The `unfanned` index partition of an event id.
 pub fn unfanned_shard(id: &str) -> String {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in id.bytes() {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
+    shard_of(id, UNFANNED_SHARDS)
+}
+
+/// The walk's control item: how far it has looked (`watermark`), and where a walk left
+/// part-way stopped (the window's end and the last endpoint done).
+fn walk_state(watermark: Option<i64>, walking: Option<(Timestamp, &str, &str)>) -> Item {
+    let mut item = key1("pk", FIRST_TRY_WATERMARK);
+    if let Some(watermark) = watermark {
+        item.insert("watermark".into(), n(watermark));
     }
-    (hash % UNFANNED_SHARDS).to_string()
+    if let Some((until, account, endpoint)) = walking {
+        item.insert("walking_until".into(), n(to_millis(until)));
+        item.insert("walked_account".into(), s(account));
+        item.insert("walked_endpoint".into(), s(endpoint));
+    }
+    item
 }
 
 fn account_item(account: &Account) -> Item {
@@ -1389,6 +1479,7 @@ fn delivery_from_item(item: &Item) -> StoreResult<Delivery> {
         next_trigger: opt_s(item, "next_trigger")
             .and_then(|t| Trigger::parse(&t))
             .unwrap_or(Trigger::Scheduled),
+        queued_until: opt_n::<i64>(item, "queued_until")?.map(from_millis),
         created_at: from_millis(get_n(item, "created_at")?),
         updated_at: from_millis(get_n(item, "updated_at")?),
     })
@@ -1942,11 +2033,13 @@ impl Store for DynamoStore {
             .expression_attribute_values(":expected", n(expected_attempts))
             .expression_attribute_values(":now", n(to_millis(now)));
         let request = match change {
+            // The index entry moves to the message's time (the sweeper reads due work from
+            // it); `next_try_at` stays, so an earlier copy may still go ahead.
             Unattempted::Defer(until) => request
                 .update_expression(
-                    "SET next_try_at = :next, due_key = :due_key, pending_shard = :shard, updated_at = :now",
+                    "SET queued_until = :until, due_key = :due_key, pending_shard = :shard, updated_at = :now",
                 )
-                .expression_attribute_values(":next", n(to_millis(*until)))
+                .expression_attribute_values(":until", n(to_millis(*until)))
                 .expression_attribute_values(":due_key", s(time_key(*until, id)))
                 .expression_attribute_values(":shard", s(pending_shard(id))),
             Unattempted::Fail(reason) => request
@@ -2159,7 +2252,7 @@ impl Store for DynamoStore {
                 delivery_id: DeliveryId::from_trusted(id),
                 endpoint_id: endpoint.id.clone(),
                 account_id: endpoint.account_id.clone(),
-                due: from_millis(get_n(&item, "next_try_at")?),
+                due: indexed_due(&item)?,
                 max_in_flight: endpoint.max_in_flight,
                 rate_limit_per_second: endpoint.rate_limit_per_second,
             });
@@ -2912,6 +3005,48 @@ pub(crate) mod tests {
             status_of(&store, &account, &delivery.id).await.status,
             DeliveryStatus::Pending
         );
+    }
+
+    /// A walk over more endpoints than one run gets through goes on in the next run where
+    /// the last one stopped, and the watermark moves only once the window is done.
+    #[tokio::test]
+    async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
+        use crate::store::contract::{account, delivery, endpoint, event, t0};
+        let mut store = emulator_store().await;
+        store.walk_budget = std::time::Duration::ZERO;
+        store.create_account(&account("acme")).await.unwrap();
+        let total = WALK_CHUNK + 6;
+        for i in 0..total {
+            let ep = endpoint("acme", &format!("ep_{i:03}"), t0());
+            store.create_endpoint(&ep).await.unwrap();
+            let ev = event("acme", &format!("evt_{i:03}"), t0());
+            store
+                .publish(&ev, &[delivery(&ev, &ep, t0())])
+                .await
+                .unwrap();
+        }
+        let now = chrono::Utc::now();
+        let first = store.walk_unsent_first_tries(now).await.unwrap();
+        assert_eq!(first.len(), WALK_CHUNK, "one chunk, then out of time");
+        let state = store
+            .get(&store.tables().control, key1("pk", FIRST_TRY_WATERMARK))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(state.contains_key("walked_endpoint") && !state.contains_key("watermark"));
+        let second = store.walk_unsent_first_tries(now).await.unwrap();
+        assert_eq!(
+            second.len(),
+            total - WALK_CHUNK,
+            "the rest, in the next run"
+        );
+        let state = store
+            .get(&store.tables().control, key1("pk", FIRST_TRY_WATERMARK))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(state.contains_key("watermark") && !state.contains_key("walked_endpoint"));
+        assert!(store.walk_unsent_first_tries(now).await.unwrap().is_empty());
     }
 
     /// A replay larger than one transaction: its record counts every delivery written.

@@ -89,8 +89,9 @@ pub enum RecordOutcome {
 /// A pending delivery moved on without an attempt (`Store::move_unattempted`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unattempted {
-    /// Its endpoint is busy and its message went back to the queue for this time: the
-    /// next try waits until then, so the sweeper does not take it for lost.
+    /// Its endpoint is busy and its message went back to the queue for this time: until
+    /// then `pending_deliveries` does not list it, so the sweeper does not take it for lost
+    /// (`Delivery::queued_until`).
     Defer(Timestamp),
     /// It can never be sent (its event is past retention): it ends `failed` with this reason.
     Fail(String),

@@ -651,6 +651,7 @@ fn delivery_from_row(row: &Row<'_>) -> rusqlite::Result<Delivery> {
         last_status: opt_u16_col(row, 8)?,
         last_error: row.get(9)?,
         client_error_count: u32_col(row, 10)?,
+        queued_until: None,
         created_at: from_millis(row.get(11)?),
         updated_at: from_millis(row.get(12)?),
         schedule_start: u32_col(row, 13)?,
@@ -1085,6 +1086,8 @@ impl Store for SqliteStore {
         self.run_then(
             move |conn| {
                 let changed = match change {
+                    // One due time here, and the embedded dispatcher never defers (it takes
+                    // only work whose endpoint has room): the next try moves.
                     Unattempted::Defer(until) => conn.execute(
                         "UPDATE deliveries SET next_try_at = ?3, updated_at = ?4 \
                          WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
