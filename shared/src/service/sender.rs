@@ -270,13 +270,13 @@ async fn handle_endpoint_group(
     };
     // Each slot taken works through the waiting messages in turn: a slot freed by a finished
     // attempt goes to the next message at once instead of idling until a re-queued copy
-    // comes back, as long as another attempt still fits in the slot's lease.
-    // The ones that wait for a slot of this batch may wait up to a deadline: the sweeper
-    // must not send them again meanwhile.
+    // comes back, as long as another attempt still fits in the slot's lease. The messages
+    // that wait for one of this batch's slots may wait up to a deadline: the sweeper must
+    // not send them again meanwhile. (Without a slot, all of them go back to the queue.)
     let mut held = Vec::with_capacity(ready.len());
     let held_until = add(app.clock.now(), deadline);
     for (position, (n, d)) in ready.into_iter().enumerate() {
-        if position < tokens.len() {
+        if position < tokens.len() || tokens.is_empty() {
             held.push((n, d));
             continue;
         }
