@@ -164,6 +164,29 @@ mod tests {
         );
     }
 
+    /// The local runner polls the stream several times a second: an empty poll is silent.
+    #[tokio::test]
+    async fn an_idle_stream_poll_logs_nothing_at_info() {
+        let (_, shape) = emulated_shape().await;
+        let log = hooklane::telemetry::emf::LogCapture::default();
+        let writer = log.clone();
+        let _subscriber =
+            tracing::subscriber::set_default(hooklane::aws::lambda_log_subscriber(move || {
+                writer.clone()
+            }));
+        for _ in 0..3 {
+            hooklane::aws::handlers::fan_out_images(&shape, &[])
+                .await
+                .unwrap();
+        }
+        let loud: Vec<_> = log
+            .documents()
+            .into_iter()
+            .filter(|line| line["level"] != "DEBUG" && line["level"] != "TRACE")
+            .collect();
+        assert!(loud.is_empty(), "{loud:?}");
+    }
+
     #[tokio::test]
     async fn a_failing_record_is_reported_by_its_sequence_number_and_counted() {
         let (mut settings, _) = emulated_shape().await;

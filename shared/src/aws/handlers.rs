@@ -179,16 +179,18 @@ pub async fn handle_queue_batch(
 /// pending deliveries more than `grace` past due, and measures the due backlog.
 pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<SweepReport> {
     let now = shape.app.clock.now();
-    // Events first: their deliveries are then due, and the walk below sees them.
-    let recovered = recover_unfanned(&shape.app, now, grace).await?;
+    // Events first: their deliveries are then due, and the walk below sees them. A failure
+    // there does not keep the deliveries from being swept; the run still fails, afterwards.
+    let recovered = recover_unfanned(&shape.app, now, grace).await;
     let report = sweep_overdue(&shape.app, now, grace).await?;
     tracing::info!(
-        recovered,
+        recovered = recovered.as_ref().ok(),
         requeued = report.requeued,
         due = report.due,
         oldest_due = ?report.oldest_due,
         "swept"
     );
+    recovered?;
     Ok(report)
 }
 

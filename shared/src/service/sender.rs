@@ -520,6 +520,15 @@ mod tests {
         (app, emulated, slots().await)
     }
 
+    /// The lanes of the emulator's slot table, for a sweeper with this grace.
+    fn lanes_of(slots: &DynamoSlots, sweep_grace: std::time::Duration) -> Lanes<'_> {
+        Lanes {
+            slots,
+            rate: slots,
+            sweep_grace,
+        }
+    }
+
     async fn next_message(e: &Emulated) -> (DeliveryId, EndpointId, AccountId) {
         let messages = receive(e, 1).await;
         assert_eq!(messages.len(), 1, "{messages:?}");
@@ -539,11 +548,7 @@ mod tests {
         let published = publish(&app, &account, new).await.unwrap();
         let (delivery, endpoint, account_id) = next_message(&emulated).await;
         assert_eq!(delivery, published.deliveries[0].id);
-        let lanes = Lanes {
-            slots: &slots,
-            rate: &slots,
-            sweep_grace: std::time::Duration::from_secs(300),
-        };
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
         let handled = handle_message(&app, lanes, &delivery, &endpoint, &account_id)
             .await
             .unwrap();
@@ -591,11 +596,7 @@ mod tests {
         };
         publish(&app, &account, new).await.unwrap();
         let (delivery, endpoint_id, account_id) = next_message(&emulated).await;
-        let lanes = Lanes {
-            slots: &slots,
-            rate: &slots,
-            sweep_grace: std::time::Duration::from_secs(300),
-        };
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
         let handled = handle_message(&app, lanes, &delivery, &endpoint_id, &account_id)
             .await
             .unwrap();
@@ -647,11 +648,7 @@ mod tests {
         };
         publish(&app, &account, new).await.unwrap();
         let message = next_message(&emulated).await;
-        let lanes = Lanes {
-            slots: &slots,
-            rate: &slots,
-            sweep_grace: std::time::Duration::from_secs(300),
-        };
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
         // SQS handed out the same delivery three times in one batch.
         let handled = handle_batch(
             &app,
@@ -706,11 +703,7 @@ mod tests {
             .unwrap();
         assert!(held.is_some());
         let grace = std::time::Duration::from_secs(5);
-        let lanes = Lanes {
-            slots: &slots,
-            rate: &slots,
-            sweep_grace: grace,
-        };
+        let lanes = lanes_of(&slots, grace);
         let handled = handle_message(&app, lanes, &delivery, &endpoint, &account_id)
             .await
             .unwrap();
@@ -784,11 +777,7 @@ mod tests {
         create_tables(&client, &tables).await.unwrap();
         let slots = DynamoSlots::new(client, tables.control.clone(), Arc::new(SystemClock));
         let before = meter.reading();
-        let lanes = Lanes {
-            slots: &slots,
-            rate: &slots,
-            sweep_grace: std::time::Duration::from_secs(300),
-        };
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
 
         let handled = handle_batch(&app, lanes, &messages).await;
         let used = meter.reading().since(&before);
