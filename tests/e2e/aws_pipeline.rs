@@ -696,7 +696,7 @@ fn covered_fraction(mut intervals: Vec<(Instant, Instant)>) -> f64 {
 /// SQS holds stay few, and each event arrives once, never twice at the same time. How busy
 /// the endpoint stays is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_saturated_endpoint_gets_each_delivery_once_without_the_sweeper_multiplying_its_messages() {
+async fn a_saturated_endpoint_gets_each_event_once_without_sweeper_copies() {
     const EVENTS: usize = 30;
     const ANSWER: Duration = Duration::from_secs(3);
     let started = Instant::now();

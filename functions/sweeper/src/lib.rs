@@ -78,10 +78,73 @@ mod tests {
 
         // Marked done: the next sweep leaves it alone.
         let cutoff = hooklane::clock::add(now, Duration::from_secs(60));
-        let left = store.unfanned_events(cutoff, 10).await.unwrap();
+        let left = store
+            .unfanned_events(None, cutoff, 10)
+            .await
+            .unwrap()
+            .events;
         assert_eq!(
             left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
             vec!["evt_fresh_record"]
+        );
+    }
+
+    /// An event the sweeper cannot fan out (its account's endpoints cannot be read) does
+    /// not hold back the events behind it.
+    #[tokio::test]
+    async fn one_event_that_cannot_be_fanned_out_does_not_hold_back_the_others() {
+        use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
+        let (settings, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        store
+            .create_endpoint(&contract::endpoint("acme", "ep_1", contract::t0()))
+            .await
+            .unwrap();
+        // An endpoint item of another account that cannot be read.
+        shape
+            .store
+            .client()
+            .put_item()
+            .table_name(&settings.tables.endpoints)
+            .item("account_id", AttributeValue::S("broken".into()))
+            .item("id", AttributeValue::S("ep_bad".into()))
+            .item("status", AttributeValue::N("7".into()))
+            .send()
+            .await
+            .unwrap();
+        let now = shape.app.clock.now();
+        let minutes_ago =
+            |m: i64| hooklane::clock::from_millis(hooklane::clock::to_millis(now) - m * 60_000);
+        let stuck = contract::event("broken", "evt_stuck", minutes_ago(20));
+        let behind = contract::event("acme", "evt_behind", minutes_ago(10));
+        for event in [&stuck, &behind] {
+            store.put_event(event).await.unwrap();
+        }
+
+        let result = handle(&shape, Duration::from_secs(300), scheduled()).await;
+        assert!(
+            result.is_err(),
+            "the run reports the event it could not fan out"
+        );
+        assert_eq!(
+            store.deliveries_of_event(&behind).await.unwrap().len(),
+            1,
+            "the event behind it was fanned out"
+        );
+        let cutoff = hooklane::clock::add(now, Duration::from_secs(60));
+        let left = store
+            .unfanned_events(None, cutoff, 10)
+            .await
+            .unwrap()
+            .events;
+        assert_eq!(
+            left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            vec!["evt_stuck"],
+            "the stuck one waits for the next run"
         );
     }
 

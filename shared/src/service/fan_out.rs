@@ -29,31 +29,52 @@ pub async fn recover_unfanned(
     grace: std::time::Duration,
 ) -> ServiceResult<usize> {
     const PAGE: u32 = 100;
-    // A bounded share per run (the sweeper's next run goes on), so a mark that keeps
-    // failing cannot hold a run in a loop.
+    // A bounded share per run (the sweeper's next run goes on), so a backlog leaves the
+    // deliveries' sweep its time.
     const PAGES_PER_RUN: usize = 50;
+    const BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
+    let started = std::time::Instant::now();
     let cutoff = now - chrono::TimeDelta::from_std(grace).unwrap_or_default();
     let mut recovered = 0;
+    let mut after = None;
+    let mut first_error = None;
     for _ in 0..PAGES_PER_RUN {
-        let events = app.store.unfanned_events(cutoff, PAGE).await?;
-        if events.is_empty() {
+        if started.elapsed() >= BUDGET {
             break;
         }
-        let outcome = fan_out_batch(app, &events).await;
-        let done = outcome.failed.unwrap_or(events.len());
-        recovered += done;
-        for event in &events[..done] {
-            tracing::warn!(event.id = %event.id, account.id = %event.account_id, "event fanned out by the sweeper: its stream record never completed fan-out");
-        }
-        crate::telemetry::events_recovered(done);
-        if let Some(error) = outcome.error {
-            return Err(error);
-        }
-        if events.len() < PAGE as usize {
+        let page = app.store.unfanned_events(after, cutoff, PAGE).await?;
+        let Some(last) = page.last else {
             break;
+        };
+        after = Some(last);
+        let mut rest = &page.events[..];
+        while !rest.is_empty() {
+            let outcome = fan_out_batch(app, rest).await;
+            let done = outcome.failed.unwrap_or(rest.len()).min(rest.len());
+            for event in &rest[..done] {
+                tracing::warn!(event.id = %event.id, account.id = %event.account_id, "event fanned out by the sweeper: its stream record never completed fan-out");
+            }
+            recovered += done;
+            crate::telemetry::events_recovered(done);
+            let Some(error) = outcome.error else {
+                break;
+            };
+            if matches!(error, ServiceError::Queue(_)) {
+                // Nothing else can be queued either: the next run tries again.
+                return Err(error);
+            }
+            // This event is left for the next run; the ones after it go on.
+            if let Some(failed) = rest.get(done) {
+                tracing::error!(event.id = %failed.id, account.id = %failed.account_id, %error, "the sweeper cannot fan out this event; it tries again next run");
+            }
+            first_error.get_or_insert(error);
+            rest = rest.get(done + 1..).unwrap_or_default();
         }
     }
-    Ok(recovered)
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(recovered),
+    }
 }
 
 /// Creates the missing deliveries of a stored event and queues them. Returns how many

@@ -273,31 +273,43 @@ async fn handle_endpoint_group(
     // comes back, as long as another attempt still fits in the slot's lease. The messages
     // that wait for one of this batch's slots may wait up to a deadline: the sweeper must
     // not send them again meanwhile. (Without a slot, all of them go back to the queue.)
+    // The leases run from here.
+    let started = std::time::Instant::now();
+    // An endpoint with a rate limit took a token per message above, for now: its messages
+    // are not held for later (one per slot, the rest back to the queue).
+    let hold = if endpoint.rate_limit_per_second.is_some() {
+        Duration::ZERO
+    } else {
+        deadline
+    };
     let mut held = Vec::with_capacity(ready.len());
     let held_until = add(app.clock.now(), deadline);
-    for (position, (n, d)) in ready.into_iter().enumerate() {
-        if position < tokens.len() || tokens.is_empty() {
+    for (position, (n, mut d)) in ready.into_iter().enumerate() {
+        if position < tokens.len() || tokens.is_empty() || hold.is_zero() {
             held.push((n, d));
             continue;
         }
         match keep_from_sweeper(group[n].0, lanes, &d, held_until).await {
-            Ok(true) => held.push((n, d)),
+            Ok(true) => {
+                d.queued_until = d.queued_until.max(Some(held_until));
+                held.push((n, d));
+            }
             Ok(false) => outcomes[n] = Some(Ok(Handled::Skipped)),
             Err(error) => outcomes[n] = Some(Err(error)),
         }
     }
-    let started = std::time::Instant::now();
     let waiting =
         std::sync::Mutex::new(held.into_iter().collect::<std::collections::VecDeque<_>>());
-    let next = || {
+    // Each slot's first message goes at once; the next ones while the hold lasts.
+    let next = |first: bool| {
         let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
-        (started.elapsed() < deadline)
+        (first || started.elapsed() < hold)
             .then(|| waiting.pop_front())
             .flatten()
     };
     let worked = join_all(tokens.iter().map(|_| async {
         let mut done = Vec::new();
-        while let Some((n, _)) = next() {
+        while let Some((n, _)) = next(done.is_empty()) {
             let (app, delivery) = group[n];
             done.push((n, attempt(app, delivery).instrument(span(delivery)).await));
         }

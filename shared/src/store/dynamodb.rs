@@ -938,7 +938,7 @@ impl DynamoStore {
 
     /// Records that an events-table item cannot be read as an event (a malformed outbox
     /// write): the reason on the item, which leaves the `unfanned` index, and a metric. The
-    /// item is kept for the operator to look at (`rejected_events`).
+    /// item is kept for the operator to look at (docs/OPERATIONS.md lists them).
     pub async fn reject_event(&self, account: &str, id: &str, reason: &str) -> StoreResult<()> {
         tracing::error!(
             event.account = account,
@@ -1913,10 +1913,17 @@ impl Store for DynamoStore {
 
     async fn unfanned_events(
         &self,
+        after: Option<Timestamp>,
         created_before: Timestamp,
         limit: u32,
-    ) -> StoreResult<Vec<Event>> {
+    ) -> StoreResult<super::UnfannedPage> {
         let limit = limit.max(1) as usize;
+        let lower = after.map_or(0, |a| to_millis(a) + 1);
+        let upper = to_millis(created_before);
+        if lower > upper {
+            // DynamoDB refuses a reversed BETWEEN.
+            return Ok(super::UnfannedPage::default());
+        }
         let mut keys: Vec<(i64, String, String)> = Vec::new();
         for shard in 0..UNFANNED_SHARDS {
             let out = self
@@ -1924,10 +1931,13 @@ impl Store for DynamoStore {
                 .query()
                 .table_name(&self.tables.events)
                 .index_name(UNFANNED)
-                .key_condition_expression("#shard = :shard AND created_at <= :before")
+                .key_condition_expression(
+                    "#shard = :shard AND created_at BETWEEN :after AND :before",
+                )
                 .expression_attribute_names("#shard", UNFANNED_SHARD)
                 .expression_attribute_values(":shard", s(shard.to_string()))
-                .expression_attribute_values(":before", n(to_millis(created_before)))
+                .expression_attribute_values(":after", n(lower))
+                .expression_attribute_values(":before", n(upper))
                 .limit(i32::try_from(limit).unwrap_or(i32::MAX))
                 .send()
                 .await
@@ -1942,6 +1952,7 @@ impl Store for DynamoStore {
         }
         keys.sort();
         keys.truncate(limit);
+        let last = keys.last().map(|(at, _, _)| from_millis(*at));
         let mut events = Vec::with_capacity(keys.len());
         for (_, account, id) in keys {
             // Read from the table itself: the index is eventually consistent, and an event
@@ -1955,12 +1966,21 @@ impl Store for DynamoStore {
             if !item.contains_key(UNFANNED_SHARD) {
                 continue;
             }
-            match event_from_item(&item) {
+            // Checked as the stream's reader checks an image: fields present, ids valid.
+            let checked = event_from_item(&item)
+                .map_err(|e| e.to_string())
+                .and_then(|event| {
+                    AccountId::parse(event.account_id.as_str()).map_err(|e| e.to_string())?;
+                    EventId::parse(event.id.as_str()).map_err(|e| e.to_string())?;
+                    EventType::parse(event.event_type.as_str()).map_err(|e| e.to_string())?;
+                    Ok(event)
+                });
+            match checked {
                 Ok(event) => events.push(event),
-                Err(error) => self.reject_event(&account, &id, &error.to_string()).await?,
+                Err(reason) => self.reject_event(&account, &id, &reason).await?,
             }
         }
-        Ok(events)
+        Ok(super::UnfannedPage { events, last })
     }
 
     async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
@@ -2413,6 +2433,7 @@ impl Store for DynamoStore {
                             .table_name(&self.tables.attempts)
                             .set_key(Some(replay_key(&replay, sort)))
                             .update_expression("SET more = :more")
+                            .condition_expression("attribute_exists(replay_id)")
                             .expression_attribute_values(":more", AttributeValue::Bool(true))
                             .send()
                             .await;

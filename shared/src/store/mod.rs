@@ -86,6 +86,15 @@ pub enum RecordOutcome {
     Stale,
 }
 
+/// A page of `Store::unfanned_events`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UnfannedPage {
+    pub events: Vec<Event>,
+    /// The creation time of the last entry looked at (listed or not), where the next page
+    /// starts; `None` when there was none.
+    pub last: Option<Timestamp>,
+}
+
 /// A pending delivery moved on without an attempt (`Store::move_unattempted`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unattempted {
@@ -206,13 +215,15 @@ pub trait Store: Send + Sync + 'static {
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
     /// Events stored without their deliveries (`put_event`) whose fan-out is not marked done,
-    /// created at or before `created_before`, oldest first, at most `limit`: the ones whose
-    /// change-stream record was lost. Cheap when there are none.
+    /// created after `after` (if given) and at or before `created_before`, oldest first, at
+    /// most `limit` looked at: the ones whose change-stream record was lost. Cheap when there
+    /// are none. Items that cannot be read as events are rejected, not listed.
     async fn unfanned_events(
         &self,
+        after: Option<Timestamp>,
         created_before: Timestamp,
         limit: u32,
-    ) -> StoreResult<Vec<Event>>;
+    ) -> StoreResult<UnfannedPage>;
     /// Marks the fan-out of these events done (they leave `unfanned_events`).
     async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()>;
     /// The deliveries of a stored event (its id and creation time are what is used).

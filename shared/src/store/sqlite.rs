@@ -1007,11 +1007,12 @@ impl Store for SqliteStore {
 
     async fn unfanned_events(
         &self,
+        _after: Option<Timestamp>,
         _created_before: Timestamp,
         _limit: u32,
-    ) -> StoreResult<Vec<Event>> {
+    ) -> StoreResult<super::UnfannedPage> {
         // No change stream: an event is written with its deliveries, never left to fan out.
-        Ok(Vec::new())
+        Ok(super::UnfannedPage::default())
     }
 
     async fn mark_fanned_out(&self, _events: &[Event]) -> StoreResult<()> {
