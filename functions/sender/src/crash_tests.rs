@@ -24,8 +24,8 @@ use hooklane::{
     service::{
         fan_out::fan_out,
         publish::{publish, NewEvent},
+        sender::slot_lease,
     },
-    slots::lease_for,
     store::contract,
     testing::{emulated_shape_with, receive_queued, slow_receiver, SlowReceiver},
 };
@@ -389,7 +389,7 @@ async fn a_sender_dying_mid_batch(death: Death) {
          requests_total={} seen_twice_by_endpoint={seen_twice_by_endpoint} \
          peak_in_flight={peak} invocations={invocations} messages_handled={} \
          drain_time={drain_time:?} attempts={:?} redundant_messages={DELIVERIES} handled={redundant_handled} requests=0",
-        lease_for(DEADLINE),
+        slot_lease(DEADLINE),
         killed_batch.len(),
         DELIVERIES,
         after_kill.len(),

@@ -32,6 +32,12 @@ use crate::{
     App,
 };
 
+/// How long the sender's slot leases last: a slot may take further messages of its batch
+/// for one request deadline, and the lease covers the last attempt started then.
+pub fn slot_lease(request_deadline: Duration) -> Duration {
+    lease_for(request_deadline * 2)
+}
+
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
 
@@ -246,9 +252,7 @@ async fn handle_endpoint_group(
     }
     let mut ready = rate_ok;
     let deadline = app.config.sender.deadline;
-    // A slot may take further messages of the batch for one deadline: its lease covers the
-    // last attempt started then.
-    let lease = lease_for(deadline * 2);
+    let lease = slot_lease(deadline);
     let wanted = u32::try_from(ready.len()).unwrap_or(u32::MAX);
     let tokens = if ready.is_empty() {
         Vec::new()
