@@ -26,6 +26,7 @@ use hooklane::{
         publish::{publish, NewEvent},
         sender::slot_lease,
     },
+    slots::SlotLeases,
     store::contract,
     testing::{emulated_shape_with, receive_queued, slow_receiver, SlowReceiver},
 };

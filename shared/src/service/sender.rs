@@ -5,7 +5,14 @@
 //! limit). When none is free the message goes back to the queue in 5–15 s, with jitter,
 //! and no attempt is spent. The messages of one batch for the same endpoint take their
 //! slots together and give them back together: two writes of the slot record for the
-//! batch, not two per message.
+//! batch, not two per message. A slot works through its batch's messages for one request
+//! deadline (the hold), each request sent as soon as the previous one is answered.
+//!
+//! An endpoint with one slot is kept busy across senders: a message that finds the slot
+//! held is listed on the slot record and comes back when the holder's hold is over; the
+//! holder takes listed deliveries once its own are done, and a message that comes while
+//! the holder finishes its last attempt waits for the slot instead of going back to the
+//! queue.
 
 use std::{
     sync::{Arc, Mutex},
@@ -27,7 +34,7 @@ use crate::{
         Trigger,
     },
     queue::{Queue, QueueError},
-    slots::{lease_for, RateLimiter, SlotError, SlotLeases},
+    slots::{lease_for, RateLimiter, SlotError, SlotLeases, WAITING_MAX},
     store::{PendingRef, StoreError, Unattempted},
     App,
 };
@@ -236,9 +243,16 @@ async fn handle_endpoint_group(
             match lanes.rate.try_take(&endpoint.id, per_second).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    let requeued = requeue(app, lanes, &d, &endpoint, Busy::RateLimited)
-                        .instrument(span(delivery))
-                        .await;
+                    let requeued = requeue(
+                        app,
+                        lanes,
+                        &d,
+                        &endpoint,
+                        Busy::RateLimited,
+                        busy_delay(Busy::RateLimited),
+                    )
+                    .instrument(span(delivery))
+                    .await;
                     outcomes[n] = Some(requeued);
                     continue;
                 }
@@ -254,14 +268,15 @@ async fn handle_endpoint_group(
     let deadline = app.config.sender.deadline;
     let lease = slot_lease(deadline);
     let wanted = u32::try_from(ready.len()).unwrap_or(u32::MAX);
-    let tokens = if ready.is_empty() {
-        Vec::new()
-    } else {
-        match lanes
+    let take = || {
+        lanes
             .slots
             .acquire_many(&endpoint.id, endpoint.max_in_flight, wanted, lease)
-            .await
-        {
+    };
+    let mut tokens = if ready.is_empty() {
+        Vec::new()
+    } else {
+        match take().await {
             Ok(tokens) => tokens,
             Err(error) => {
                 for (n, _) in &ready {
@@ -272,10 +287,67 @@ async fn handle_endpoint_group(
             }
         }
     };
+    // A one-slot endpoint's holder whose hold is over is finishing its last attempt and
+    // gives the slot back within a deadline: waiting for it here beats a trip through the
+    // queue, which would leave the endpoint idle meanwhile. Otherwise `back_at` is when
+    // the listed messages come back: when the holder's hold is over, or its lease if it
+    // does not give the slot back.
+    let mut back_at = None;
+    if tokens.is_empty() && !ready.is_empty() && lists_waiting(&endpoint) {
+        let polled_from = std::time::Instant::now();
+        let mut kept = false;
+        loop {
+            let leases = match lanes.slots.live_leases(&endpoint.id).await {
+                Ok(leases) => leases,
+                Err(error) => {
+                    tracing::warn!(endpoint.id = %endpoint.id, %error, "cannot read the slot leases");
+                    break;
+                }
+            };
+            if let Some(expiry) = leases.first() {
+                let over =
+                    *expiry - chrono::Duration::from_std(lease - deadline).unwrap_or_default();
+                if over > app.clock.now() {
+                    back_at = Some(over);
+                    break;
+                }
+                if polled_from.elapsed() >= deadline {
+                    back_at = Some(*expiry);
+                    break;
+                }
+                if !kept {
+                    // Meanwhile the sweeper must not send them again: this wait, a hold
+                    // and the attempt under way at its end.
+                    let until = add(app.clock.now(), deadline * 3);
+                    kept = true;
+                    let waiting = std::mem::take(&mut ready);
+                    ready = keep_all(group, lanes, waiting, until, &mut outcomes).await;
+                    if ready.is_empty() {
+                        break;
+                    }
+                }
+                tokio::time::sleep(SLOT_POLL).await;
+                continue;
+            }
+            // Given back (or run out): take it, unless another sender was quicker.
+            match take().await {
+                Ok(taken) if !taken.is_empty() => {
+                    tokens = taken;
+                    break;
+                }
+                Ok(_) if polled_from.elapsed() < deadline => {}
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(endpoint.id = %endpoint.id, %error, "cannot take a slot");
+                    break;
+                }
+            }
+        }
+    }
     // Each slot taken works through the waiting messages in turn: a slot freed by a finished
     // attempt goes to the next message at once instead of idling until a re-queued copy
     // comes back, as long as another attempt still fits in the slot's lease. The messages
-    // that wait for one of this batch's slots may wait up to a deadline: the sweeper must
+    // that wait for one of this batch's slots may wait up to two deadlines: the sweeper must
     // not send them again meanwhile. (Without a slot, all of them go back to the queue.)
     // The leases run from here.
     let started = std::time::Instant::now();
@@ -286,22 +358,16 @@ async fn handle_endpoint_group(
     } else {
         deadline
     };
-    let mut held = Vec::with_capacity(ready.len());
-    let held_until = add(app.clock.now(), deadline);
-    for (position, (n, mut d)) in ready.into_iter().enumerate() {
-        if position < tokens.len() || tokens.is_empty() || hold.is_zero() {
-            held.push((n, d));
-            continue;
-        }
-        match keep_from_sweeper(group[n].0, lanes, &d, held_until).await {
-            Ok(true) => {
-                d.queued_until = d.queued_until.max(Some(held_until));
-                held.push((n, d));
-            }
-            Ok(false) => outcomes[n] = Some(Ok(Handled::Skipped)),
-            Err(error) => outcomes[n] = Some(Err(error)),
-        }
-    }
+    // The last of them may wait for the hold, then for the attempt under way at its end.
+    let held_until = add(app.clock.now(), deadline * 2);
+    let first_ones = if tokens.is_empty() || hold.is_zero() {
+        ready.len()
+    } else {
+        tokens.len().min(ready.len())
+    };
+    let later = ready.split_off(first_ones);
+    let mut held = ready;
+    held.extend(keep_all(group, lanes, later, held_until, &mut outcomes).await);
     let waiting =
         std::sync::Mutex::new(held.into_iter().collect::<std::collections::VecDeque<_>>());
     // Each slot's first message goes at once; the next ones while the hold lasts.
@@ -313,9 +379,49 @@ async fn handle_endpoint_group(
     };
     let worked = join_all(tokens.iter().map(|_| async {
         let mut done = Vec::new();
-        while let Some((n, _)) = next(done.is_empty()) {
+        // The slot bounds requests in flight, not bookkeeping: the next request goes as
+        // soon as the endpoint has answered, while the last attempt is being recorded.
+        let mut recording = futures_util::stream::FuturesUnordered::new();
+        let mut sent = 0usize;
+        while let Some((n, _)) = next(sent == 0) {
+            sent += 1;
             let (app, delivery) = group[n];
-            done.push((n, attempt(app, delivery).instrument(span(delivery)).await));
+            let answered = Arc::new(tokio::sync::Notify::new());
+            let signal = answered.clone();
+            recording.push(async move {
+                let result = attempt_answering(app, delivery, &move || signal.notify_one())
+                    .instrument(span(delivery))
+                    .await;
+                (n, result)
+            });
+            loop {
+                tokio::select! {
+                    _ = answered.notified() => break,
+                    finished = futures_util::StreamExt::next(&mut recording) => match finished {
+                        Some((m, result)) => {
+                            done.push((m, result));
+                            if m == n {
+                                break;
+                            }
+                        }
+                        None => break,
+                    },
+                }
+            }
+        }
+        while let Some(finished) = futures_util::StreamExt::next(&mut recording).await {
+            done.push(finished);
+        }
+        // Then deliveries other senders could not start, while the hold lasts.
+        while lists_waiting(&endpoint) && started.elapsed() < hold {
+            match attempt_waiting(app, lanes, &endpoint).await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(error) => {
+                    tracing::warn!(endpoint.id = %endpoint.id, %error, "cannot take a waiting delivery");
+                    break;
+                }
+            }
         }
         done
     }))
@@ -338,12 +444,40 @@ async fn handle_endpoint_group(
         .into_inner()
         .unwrap_or_else(|p| p.into_inner())
         .into();
-    for (n, d) in &left {
+    // Without a slot, the first few are listed for the endpoint's holder to take while
+    // their messages wait (see [`attempt_waiting`]).
+    let listed = if tokens.is_empty() && lists_waiting(&endpoint) {
+        WAITING_MAX
+    } else {
+        0
+    };
+    // Their messages come back when the holder's hold is over, to take the slot in turn
+    // (and so serve the list).
+    let requeued = join_all(left.iter().enumerate().map(|(position, (n, d))| {
         let (app, delivery) = group[*n];
-        let requeued = requeue(app, lanes, d, &endpoint, busy)
-            .instrument(span(delivery))
-            .await;
-        outcomes[*n] = Some(requeued);
+        let after = match back_at {
+            Some(at) if position < listed => until_slot_free(app.clock.now(), at),
+            _ => busy_delay(busy),
+        };
+        let endpoint = &endpoint;
+        async move {
+            let requeued = requeue(app, lanes, d, endpoint, busy, after)
+                .instrument(span(delivery))
+                .await;
+            (position, *n, add(app.clock.now(), after), requeued)
+        }
+    }))
+    .await;
+    let mut waiting_list = Vec::new();
+    for (position, n, back, requeued) in requeued {
+        if position < listed && matches!(requeued, Ok(Handled::Requeued { .. })) {
+            waiting_list.push((left[position].1.id.clone(), back));
+        }
+        outcomes[n] = Some(requeued);
+    }
+    if let Err(error) = lanes.slots.wait(&endpoint.id, &waiting_list).await {
+        // Their messages come back all the same.
+        tracing::warn!(endpoint.id = %endpoint.id, %error, "cannot list waiting deliveries");
     }
     // Every message was skipped, re-queued, refused or attempted above.
     outcomes
@@ -352,9 +486,15 @@ async fn handle_endpoint_group(
         .collect()
 }
 
-/// One attempt of a delivery whose slot is held, and its follow-up queued.
-async fn attempt(app: &App, delivery_id: &DeliveryId) -> Result<Handled, SenderError> {
-    let result = deliver::attempt(app, delivery_id, Trigger::Scheduled).await?;
+/// One attempt of a delivery whose slot is held, and its follow-up queued; `answered` is
+/// called once the endpoint has answered (or the request failed), before the recording.
+async fn attempt_answering(
+    app: &App,
+    delivery_id: &DeliveryId,
+    answered: &(dyn Fn() + Send + Sync),
+) -> Result<Handled, SenderError> {
+    let result =
+        deliver::attempt_reporting_answer(app, delivery_id, Trigger::Scheduled, answered).await?;
     follow_up(app, result).await
 }
 
@@ -363,6 +503,71 @@ async fn follow_up(app: &App, result: AttemptResult) -> Result<Handled, SenderEr
         app.queue.enqueue(vec![next.clone()]).await?;
     }
     Ok(Handled::Attempted(result))
+}
+
+/// Whether the endpoint's busy deliveries are listed for its slot holder: only with one
+/// slot, where the slot itself keeps a listed delivery's own message from starting a second
+/// request while the holder's is in flight (that message finds the slot held). With more
+/// slots it could take another one, so they wait for their messages.
+fn lists_waiting(endpoint: &Endpoint) -> bool {
+    endpoint.max_in_flight == 1 && endpoint.rate_limit_per_second.is_none()
+}
+
+/// Takes one delivery off the endpoint's waiting list and attempts it, with the endpoint's
+/// one slot held. Its follow-up is not queued: the delivery's own message is still on its
+/// way and carries on from there when it comes back (it finds the delivery done, a retry
+/// due, or a retry to queue for its time). `false` when the list has nothing to take.
+async fn attempt_waiting(
+    app: &App,
+    lanes: Lanes<'_>,
+    endpoint: &Endpoint,
+) -> Result<bool, SenderError> {
+    let Some(delivery) = lanes
+        .slots
+        .take_waiting(&endpoint.id, app.clock.now())
+        .await?
+    else {
+        return Ok(false);
+    };
+    let span = tracing::info_span!(
+        "waiting",
+        delivery.id = %delivery,
+        endpoint.id = %endpoint.id,
+        account.id = %endpoint.account_id,
+    );
+    let result = deliver::attempt(app, &delivery, Trigger::Scheduled)
+        .instrument(span)
+        .await?;
+    tracing::debug!(delivery.id = %delivery, endpoint.id = %endpoint.id, ?result, "waiting delivery taken");
+    Ok(true)
+}
+
+/// [`keep_from_sweeper`] for each of `deliveries` side by side: the ones still pending come
+/// back (their `queued_until` as now stored); the others get their outcome.
+async fn keep_all(
+    group: &[(&App, &DeliveryId)],
+    lanes: Lanes<'_>,
+    deliveries: Vec<(usize, Delivery)>,
+    until: Timestamp,
+    outcomes: &mut [Option<Result<Handled, SenderError>>],
+) -> Vec<(usize, Delivery)> {
+    let kept = join_all(deliveries.into_iter().map(|(n, mut d)| async move {
+        let kept = keep_from_sweeper(group[n].0, lanes, &d, until).await;
+        if matches!(kept, Ok(true)) {
+            d.queued_until = d.queued_until.max(Some(until));
+        }
+        (n, d, kept)
+    }))
+    .await;
+    let mut still = Vec::with_capacity(kept.len());
+    for (n, d, kept) in kept {
+        match kept {
+            Ok(true) => still.push((n, d)),
+            Ok(false) => outcomes[n] = Some(Ok(Handled::Skipped)),
+            Err(error) => outcomes[n] = Some(Err(error)),
+        }
+    }
+    still
 }
 
 /// Makes sure the sweeper does not take `delivery` for lost before `until`, when its
@@ -451,24 +656,40 @@ impl Queue for Holding {
     }
 }
 
-/// Puts the message back for 5–15 s (jittered, so senders do not come back in step), or at
-/// once when this batch has just given back the endpoint's slot. When
-/// the sweeper would take the delivery for lost before the message is back (its next try
-/// plus the sweeper's grace comes first), the next try moves to the message's time: one
-/// conditional write per grace period of waiting, not per re-queue.
+/// How long a message waits for a busy endpoint: 5–15 s (jittered, so senders do not come
+/// back in step), or nothing when this batch has just given the endpoint's slot back.
+fn busy_delay(busy: Busy) -> Duration {
+    match busy {
+        Busy::SlotTimeUsed => Duration::ZERO,
+        Busy::AllSlotsHeld | Busy::RateLimited => {
+            rand::rng().random_range(REQUEUE_MIN..=REQUEUE_MAX)
+        }
+    }
+}
+
+/// How long a listed delivery's message waits: until `at` (the holder's hold is over), plus
+/// up to half a second so that the copies do not all come at once, at most the usual 15 s.
+fn until_slot_free(now: Timestamp, at: Timestamp) -> Duration {
+    let left = (at - now).to_std().unwrap_or_default();
+    let jitter = rand::rng().random_range(Duration::ZERO..=Duration::from_millis(500));
+    (left + jitter).min(REQUEUE_MAX)
+}
+
+/// How often a sender waiting for a one-slot endpoint's holder to finish looks at the slot.
+const SLOT_POLL: Duration = Duration::from_millis(200);
+
+/// Puts the message back for `after` ([`busy_delay`], or [`until_slot_free`] for a listed
+/// delivery). When the sweeper would take the delivery for lost before the message is back
+/// (its next try plus the sweeper's grace comes first), the next try moves to the message's
+/// time: one conditional write per grace period of waiting, not per re-queue.
 async fn requeue(
     app: &App,
     lanes: Lanes<'_>,
     delivery: &Delivery,
     endpoint: &Endpoint,
     busy: Busy,
+    after: Duration,
 ) -> Result<Handled, SenderError> {
-    let after = match busy {
-        Busy::SlotTimeUsed => Duration::ZERO,
-        Busy::AllSlotsHeld | Busy::RateLimited => {
-            rand::rng().random_range(REQUEUE_MIN..=REQUEUE_MAX)
-        }
-    };
     let now = app.clock.now();
     let due = add(now, after);
     if !keep_from_sweeper(app, lanes, delivery, due).await? {
@@ -699,6 +920,112 @@ mod tests {
             receive(&emulated, 0).await.is_empty(),
             "nothing was queued again"
         );
+    }
+
+    #[tokio::test]
+    async fn a_slot_holder_with_time_left_takes_the_delivery_that_found_the_endpoint_busy() {
+        let answer = std::time::Duration::from_millis(1500);
+        let receiver = slow_receiver(answer).await;
+        let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        let account = AccountId::parse("acme").unwrap();
+        let mut messages = Vec::new();
+        for id in ["evt_first", "evt_second"] {
+            let new = NewEvent {
+                id: Some(id.into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({}),
+            };
+            publish(&app, &account, new).await.unwrap();
+            messages.push(next_message(&emulated).await);
+        }
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
+        let [(first, endpoint, _), (second, _, _)] = &messages[..] else {
+            panic!("two messages");
+        };
+        let (held, waited) = tokio::join!(
+            handle_message(&app, lanes, first, endpoint, &account),
+            async {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                handle_message(&app, lanes, second, endpoint, &account).await
+            }
+        );
+        assert!(
+            matches!(
+                held,
+                Ok(Handled::Attempted(AttemptResult::Attempted { .. }))
+            ),
+            "{held:?}"
+        );
+        let Ok(Handled::Requeued { after, busy }) = waited else {
+            panic!("the second found the endpoint busy: {waited:?}");
+        };
+        assert_eq!(busy, Busy::AllSlotsHeld);
+        // Its message comes back when the holder's hold is over, to take the slot in turn.
+        let hold = app.config.sender.deadline;
+        assert!(
+            after >= hold - std::time::Duration::from_secs(2)
+                && after <= hold + std::time::Duration::from_secs(1),
+            "back after {after:?}; the hold is {hold:?}"
+        );
+        assert_eq!(
+            receiver.served.load(Ordering::SeqCst),
+            2,
+            "the holder sent the second meanwhile"
+        );
+        let stored = app
+            .store
+            .get_delivery(&account, second)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Delivered, 1)
+        );
+        // Its own message, when it comes back, finds it done and takes no slot.
+        let again = handle_message(&app, lanes, second, endpoint, &account)
+            .await
+            .unwrap();
+        assert_eq!(again, Handled::Skipped);
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 2);
+        assert!(slots.live_leases(endpoint).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_message_waits_for_the_slot_of_a_holder_whose_hold_is_over() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
+        let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        let account = AccountId::parse("acme").unwrap();
+        let new = NewEvent {
+            id: Some("evt_next".into()),
+            event_type: "invoice.paid".into(),
+            data: serde_json::json!({}),
+        };
+        publish(&app, &account, new).await.unwrap();
+        let (delivery, endpoint, _) = next_message(&emulated).await;
+        // A holder past its hold (its lease ends sooner than a hold's last attempt would),
+        // finishing an attempt: it gives the slot back a second from now.
+        let held = slots
+            .acquire(&endpoint, 1, std::time::Duration::from_secs(4))
+            .await
+            .unwrap()
+            .unwrap();
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
+        let (handled, ()) = tokio::join!(
+            handle_message(&app, lanes, &delivery, &endpoint, &account),
+            async {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                slots.release(&held).await.unwrap();
+            }
+        );
+        assert!(
+            matches!(
+                handled,
+                Ok(Handled::Attempted(AttemptResult::Attempted { .. }))
+            ),
+            "the message took the slot given back instead of going back to the queue: {handled:?}"
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

@@ -4,7 +4,9 @@
 //! - `slots#{endpoint}`: `holders` maps holder id → lease expiry (epoch ms). Taking a slot
 //!   rewrites the map without the expired holders, plus the new one, if `version` is still
 //!   the one read. So at most `cap` live leases exist, and a dead holder's entry is pruned
-//!   by the first acquire after its expiry.
+//!   by the first acquire after its expiry. `waiting` maps delivery id → when its
+//!   re-queued message comes back (epoch ms): deliveries that found every slot held, for a
+//!   holder with time left to take meanwhile (at most `WAITING_MAX`, a hint only).
 //! - `rate#{endpoint}`: `tokens` (in thousandths) and `refilled_at` (epoch ms).
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -17,11 +19,11 @@ use aws_sdk_dynamodb::{
 };
 use rand::Rng;
 
-use super::{RateLimiter, SlotError, SlotLeases, SlotToken};
+use super::{RateLimiter, SlotError, SlotLeases, SlotToken, WAITING_MAX};
 use crate::{
     aws::error_text,
     clock::{from_millis, to_millis, Clock, Timestamp},
-    domain::EndpointId,
+    domain::{DeliveryId, EndpointId},
 };
 
 /// Tries of one acquire when other senders change the same item at the same moment.
@@ -42,28 +44,6 @@ impl DynamoSlots {
             table: table.into(),
             clock,
         }
-    }
-
-    /// When each live lease on the endpoint's slots runs out, earliest first (what an
-    /// operator or a test looks at to see why an endpoint is busy).
-    pub async fn live_leases(&self, endpoint: &EndpointId) -> Result<Vec<Timestamp>, SlotError> {
-        let now = to_millis(self.clock.now());
-        let mut expiries: Vec<i64> = match self.read(&slots_key(endpoint)).await? {
-            Some(item) => match item.get("holders") {
-                Some(AttributeValue::M(holders)) => holders
-                    .values()
-                    .filter_map(|expiry| match expiry {
-                        AttributeValue::N(raw) => raw.parse::<i64>().ok(),
-                        _ => None,
-                    })
-                    .filter(|at| *at > now)
-                    .collect(),
-                _ => Vec::new(),
-            },
-            None => Vec::new(),
-        };
-        expiries.sort_unstable();
-        Ok(expiries.into_iter().map(from_millis).collect())
     }
 
     async fn read(&self, pk: &str) -> Result<Option<HashMap<String, AttributeValue>>, SlotError> {
@@ -202,6 +182,144 @@ impl DynamoSlots {
     }
 }
 
+impl DynamoSlots {
+    /// Adds `entries` to the item's waiting list in one write while the list has room; an
+    /// item written before lists existed gets one. A full list is left as it is.
+    async fn add_waiting(
+        &self,
+        pk: &str,
+        entries: &[(DeliveryId, Timestamp)],
+    ) -> Result<(), SlotError> {
+        let room = WAITING_MAX.saturating_sub(entries.len());
+        let assignments: Vec<String> = (0..entries.len())
+            .map(|n| format!("waiting.#w{n} = :w{n}"))
+            .collect();
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update_expression(format!("SET {}", assignments.join(", ")))
+            .condition_expression("attribute_exists(waiting) AND size(waiting) <= :room")
+            .expression_attribute_values(":room", number(room))
+            .return_values_on_condition_check_failure(
+                aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+            );
+        for (n, (delivery, back_at)) in entries.iter().enumerate() {
+            request = request
+                .expression_attribute_names(format!("#w{n}"), delivery.as_str())
+                .expression_attribute_values(format!(":w{n}"), number(to_millis(*back_at)));
+        }
+        match request.send().await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_condition_failed(&e) => {
+                let seen = match e.as_service_error() {
+                    Some(aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed)) => failed.item(),
+                    _ => None,
+                };
+                match seen.and_then(|item| item.get("waiting")) {
+                    Some(AttributeValue::M(listed)) => {
+                        return self.replace_stale_waiting(pk, listed, entries).await;
+                    }
+                    Some(_) => return Ok(()),
+                    // No list yet (or the item is gone): created below.
+                    None if seen.is_some() => {}
+                    None => return Ok(()),
+                }
+            }
+            Err(e) => return Err(failure(e)),
+        }
+        let list: HashMap<String, AttributeValue> = entries
+            .iter()
+            .map(|(delivery, back_at)| (delivery.to_string(), number(to_millis(*back_at))))
+            .collect();
+        let created = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update_expression("SET waiting = :list")
+            // Only beside live slot holders: a missing item is not created by a hint.
+            .condition_expression("attribute_exists(pk) AND attribute_not_exists(waiting)")
+            .expression_attribute_values(":list", AttributeValue::M(list))
+            .send()
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(e) if is_condition_failed(&e) => Ok(()),
+            Err(e) => Err(failure(e)),
+        }
+    }
+}
+
+impl DynamoSlots {
+    /// A full waiting list as `listed` holds it: the entries whose messages are back already
+    /// make room for `entries` (and an entry listed again is updated), in one write if the
+    /// list is still as read.
+    async fn replace_stale_waiting(
+        &self,
+        pk: &str,
+        listed: &HashMap<String, AttributeValue>,
+        entries: &[(DeliveryId, Timestamp)],
+    ) -> Result<(), SlotError> {
+        let now = to_millis(self.clock.now());
+        let is_new = |delivery: &DeliveryId| !listed.contains_key(delivery.as_str());
+        let stale: Vec<&String> = listed
+            .iter()
+            .filter(|(id, at)| {
+                !matches!(at, AttributeValue::N(raw) if raw.parse::<i64>().is_ok_and(|at| at > now))
+                    && !entries.iter().any(|(d, _)| d.as_str() == id.as_str())
+            })
+            .map(|(id, _)| id)
+            .collect();
+        let room = (WAITING_MAX + stale.len()).saturating_sub(listed.len());
+        let mut kept: Vec<&(DeliveryId, Timestamp)> =
+            entries.iter().filter(|(d, _)| !is_new(d)).collect();
+        kept.extend(entries.iter().filter(|(d, _)| is_new(d)).take(room));
+        if kept.is_empty() {
+            return Ok(());
+        }
+        let set: Vec<String> = (0..kept.len())
+            .map(|n| format!("waiting.#w{n} = :w{n}"))
+            .collect();
+        let mut expression = format!("SET {}", set.join(", "));
+        if !stale.is_empty() {
+            let remove: Vec<String> = (0..stale.len()).map(|n| format!("waiting.#s{n}")).collect();
+            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+        }
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update_expression(expression)
+            .condition_expression("size(waiting) = :seen")
+            .expression_attribute_values(":seen", number(listed.len()));
+        for (n, (delivery, back_at)) in kept.iter().enumerate() {
+            request = request
+                .expression_attribute_names(format!("#w{n}"), delivery.as_str())
+                .expression_attribute_values(format!(":w{n}"), number(to_millis(*back_at)));
+        }
+        for (n, id) in stale.iter().enumerate() {
+            request = request.expression_attribute_names(format!("#s{n}"), id.as_str());
+        }
+        match request.send().await {
+            Ok(_) => Ok(()),
+            // Changed meanwhile: the hint is dropped, the messages come back all the same.
+            Err(e) if is_condition_failed(&e) => Ok(()),
+            Err(e) => Err(failure(e)),
+        }
+    }
+}
+
+/// The item's waiting list as read, to carry over when the item is rewritten whole.
+fn waiting_of(item: Option<&HashMap<String, AttributeValue>>) -> AttributeValue {
+    match item.and_then(|i| i.get("waiting")) {
+        Some(list @ AttributeValue::M(_)) => list.clone(),
+        _ => AttributeValue::M(HashMap::new()),
+    }
+}
+
 fn holder_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
@@ -291,10 +409,11 @@ impl SlotLeases for DynamoSlots {
             }
             let expiry = now + lease_ms;
             live.insert(holder.clone(), number(expiry));
-            if self
-                .write_if_version(&pk, version, vec![("holders", AttributeValue::M(live))])
-                .await?
-            {
+            let fields = vec![
+                ("holders", AttributeValue::M(live)),
+                ("waiting", waiting_of(item.as_ref())),
+            ];
+            if self.write_if_version(&pk, version, fields).await? {
                 return Ok(Some(SlotToken {
                     endpoint: endpoint.clone(),
                     holder,
@@ -360,8 +479,11 @@ impl SlotLeases for DynamoSlots {
                 for holder in &holders {
                     next.insert(holder.clone(), number(expiry));
                 }
-                self.write_if_version(&pk, version, vec![("holders", AttributeValue::M(next))])
-                    .await?
+                let fields = vec![
+                    ("holders", AttributeValue::M(next)),
+                    ("waiting", waiting_of(item.as_ref())),
+                ];
+                self.write_if_version(&pk, version, fields).await?
             };
             if written {
                 return Ok(holders
@@ -390,6 +512,114 @@ impl SlotLeases for DynamoSlots {
             self.remove_holders(endpoint, &holders).await?;
         }
         Ok(())
+    }
+
+    async fn live_leases(&self, endpoint: &EndpointId) -> Result<Vec<Timestamp>, SlotError> {
+        let now = to_millis(self.clock.now());
+        let mut expiries: Vec<i64> = match self.read(&slots_key(endpoint)).await? {
+            Some(item) => match item.get("holders") {
+                Some(AttributeValue::M(holders)) => holders
+                    .values()
+                    .filter_map(|expiry| match expiry {
+                        AttributeValue::N(raw) => raw.parse::<i64>().ok(),
+                        _ => None,
+                    })
+                    .filter(|at| *at > now)
+                    .collect(),
+                _ => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        expiries.sort_unstable();
+        Ok(expiries.into_iter().map(from_millis).collect())
+    }
+
+    async fn wait(
+        &self,
+        endpoint: &EndpointId,
+        waiting: &[(DeliveryId, Timestamp)],
+    ) -> Result<(), SlotError> {
+        let mut entries: Vec<(DeliveryId, Timestamp)> = Vec::new();
+        for (delivery, back_at) in waiting {
+            // One path per delivery in an update expression.
+            if !entries.iter().any(|(listed, _)| listed == delivery) {
+                entries.push((delivery.clone(), *back_at));
+            }
+        }
+        entries.truncate(WAITING_MAX);
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.add_waiting(&slots_key(endpoint), &entries).await
+    }
+
+    async fn take_waiting(
+        &self,
+        endpoint: &EndpointId,
+        not_before: Timestamp,
+    ) -> Result<Option<DeliveryId>, SlotError> {
+        let pk = slots_key(endpoint);
+        for try_number in 0..CONTENDED_TRIES {
+            let Some(item) = self.read(&pk).await? else {
+                return Ok(None);
+            };
+            let Some(AttributeValue::M(waiting)) = item.get("waiting") else {
+                return Ok(None);
+            };
+            let now = to_millis(self.clock.now());
+            let mut entries: Vec<(&String, Option<i64>)> = waiting
+                .iter()
+                .map(|(id, at)| match at {
+                    AttributeValue::N(raw) => (id, raw.parse::<i64>().ok()),
+                    _ => (id, None),
+                })
+                .collect();
+            // The message due back first has waited longest.
+            entries.sort_by_key(|(_, at)| *at);
+            let mut removed: Vec<&String> = entries
+                .iter()
+                .filter(|(id, at)| at.is_none_or(|at| at <= now) || DeliveryId::parse(id).is_err())
+                .map(|(id, _)| *id)
+                .collect();
+            let floor = to_millis(not_before);
+            let pick = entries
+                .iter()
+                .find(|(id, at)| {
+                    at.is_some_and(|at| at >= floor && at > now) && DeliveryId::parse(id).is_ok()
+                })
+                .map(|(id, _)| *id);
+            if let Some(pick) = pick {
+                removed.push(pick);
+            }
+            if removed.is_empty() {
+                return Ok(None);
+            }
+            let paths: Vec<String> = (0..removed.len())
+                .map(|n| format!("waiting.#r{n}"))
+                .collect();
+            let mut request = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("pk", AttributeValue::S(pk.clone()))
+                .update_expression(format!("REMOVE {}", paths.join(", ")));
+            if pick.is_some() {
+                // The pick is the last path: whoever removes it first has it.
+                request = request.condition_expression(format!(
+                    "attribute_exists(waiting.#r{})",
+                    removed.len() - 1
+                ));
+            }
+            for (n, id) in removed.iter().enumerate() {
+                request = request.expression_attribute_names(format!("#r{n}"), id.as_str());
+            }
+            match request.send().await {
+                Ok(_) => return Ok(pick.and_then(|id| DeliveryId::parse(id).ok())),
+                Err(e) if is_condition_failed(&e) => back_off(try_number).await,
+                Err(e) => return Err(failure(e)),
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -673,6 +903,143 @@ pub(crate) mod tests {
         assert!(
             slots.try_take(&other, 1).await.unwrap(),
             "buckets are per endpoint"
+        );
+    }
+
+    fn delivery(n: usize) -> DeliveryId {
+        DeliveryId::parse(&format!("dlv_{n:04}")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_waiting_delivery_is_taken_once_and_only_before_its_message_is_back() {
+        let clock = Arc::new(ManualClock::new(crate::clock::from_millis(
+            1_700_000_000_000,
+        )));
+        let client = emulator_client().await;
+        let tables = TableNames::with_prefix(&format!("s{}", uuid::Uuid::new_v4().simple()));
+        create_tables(&client, &tables).await.unwrap();
+        let slots = DynamoSlots::new(client, tables.control, clock.clone());
+        let endpoint = EndpointId::parse("ep_waits").unwrap();
+        let now = clock.now();
+        let at = |secs: i64| now + chrono::Duration::seconds(secs);
+        // No slot record yet: a hint creates nothing.
+        slots
+            .wait(&endpoint, &[(delivery(0), at(9))])
+            .await
+            .unwrap();
+        assert_eq!(slots.take_waiting(&endpoint, now).await.unwrap(), None);
+
+        let holder = slots
+            .acquire(&endpoint, 1, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        slots
+            .wait(&endpoint, &[(delivery(1), at(8)), (delivery(2), at(4))])
+            .await
+            .unwrap();
+        // The one due back first has waited longest; a message already back is not taken.
+        assert_eq!(
+            slots.take_waiting(&endpoint, now).await.unwrap(),
+            Some(delivery(2))
+        );
+        clock.advance(Duration::from_secs(8));
+        assert_eq!(
+            slots.take_waiting(&endpoint, clock.now()).await.unwrap(),
+            None,
+            "delivery 1's message is back: it is not taken, and its entry is dropped"
+        );
+        clock.advance(Duration::from_secs(1));
+        slots
+            .wait(&endpoint, &[(delivery(1), at(20))])
+            .await
+            .unwrap();
+        assert_eq!(
+            slots.take_waiting(&endpoint, clock.now()).await.unwrap(),
+            Some(delivery(1))
+        );
+        assert_eq!(
+            slots.take_waiting(&endpoint, clock.now()).await.unwrap(),
+            None
+        );
+
+        // Taking the slot again after its lease ran out rewrites the record: the list stays.
+        slots
+            .wait(&endpoint, &[(delivery(3), at(60))])
+            .await
+            .unwrap();
+        clock.advance(Duration::from_secs(31));
+        let again = slots
+            .acquire(&endpoint, 1, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(again.is_some(), "the old lease had run out");
+        assert_eq!(
+            slots.take_waiting(&endpoint, clock.now()).await.unwrap(),
+            Some(delivery(3))
+        );
+
+        // A list full of entries whose messages are back makes room for a new one.
+        let soon = crate::clock::add(clock.now(), Duration::from_secs(2));
+        let full: Vec<_> = (10..10 + WAITING_MAX)
+            .map(|n| (delivery(n), soon))
+            .collect();
+        slots.wait(&endpoint, &full).await.unwrap();
+        clock.advance(Duration::from_secs(3));
+        let later = crate::clock::add(clock.now(), Duration::from_secs(10));
+        slots
+            .wait(&endpoint, &[(delivery(50), later)])
+            .await
+            .unwrap();
+        assert_eq!(
+            slots.take_waiting(&endpoint, clock.now()).await.unwrap(),
+            Some(delivery(50))
+        );
+        slots.release(&holder).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_waiting_list_stays_short_and_each_entry_goes_to_one_taker() {
+        let slots = Arc::new(slots().await);
+        let endpoint = EndpointId::parse("ep_list").unwrap();
+        let holder = slots
+            .acquire(&endpoint, 1, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(holder.is_some());
+        let back = crate::clock::add(slots.clock.now(), Duration::from_secs(60));
+        let many: Vec<(DeliveryId, Timestamp)> =
+            (0..WAITING_MAX + 5).map(|n| (delivery(n), back)).collect();
+        slots.wait(&endpoint, &many).await.unwrap();
+        slots
+            .wait(&endpoint, &[(delivery(99), back)])
+            .await
+            .unwrap();
+        let takers: Vec<_> = (0..4)
+            .map(|_| {
+                let (slots, endpoint) = (slots.clone(), endpoint.clone());
+                tokio::spawn(async move {
+                    let mut taken = Vec::new();
+                    while let Some(d) = slots
+                        .take_waiting(&endpoint, slots.clock.now())
+                        .await
+                        .unwrap()
+                    {
+                        taken.push(d);
+                    }
+                    taken
+                })
+            })
+            .collect();
+        let mut taken = Vec::new();
+        for taker in takers {
+            taken.extend(taker.await.unwrap());
+        }
+        taken.sort();
+        let listed: Vec<DeliveryId> = (0..WAITING_MAX).map(delivery).collect();
+        assert_eq!(
+            taken, listed,
+            "the first {WAITING_MAX} listed, each taken once"
         );
     }
 }

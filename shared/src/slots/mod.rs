@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::domain::EndpointId;
+use crate::{
+    clock::Timestamp,
+    domain::{DeliveryId, EndpointId},
+};
 
 #[cfg(feature = "aws")]
 pub mod dynamodb;
@@ -53,7 +56,35 @@ pub trait SlotLeases: Send + Sync + 'static {
 
     /// Gives slots back together. Releasing expired or unknown tokens is harmless.
     async fn release_many(&self, tokens: &[SlotToken]) -> Result<(), SlotError>;
+
+    /// When each live lease on the endpoint's slots runs out, earliest first (when a busy
+    /// endpoint's next slot frees at the latest).
+    async fn live_leases(&self, endpoint: &EndpointId) -> Result<Vec<Timestamp>, SlotError>;
+
+    /// Lists deliveries that found every slot of the endpoint held, each with the time its
+    /// re-queued message comes back, so that a holder with time left on its lease can take
+    /// them meanwhile instead of letting the endpoint idle. A hint only: at most
+    /// [`WAITING_MAX`] are listed, and a delivery left off still has its message.
+    async fn wait(
+        &self,
+        endpoint: &EndpointId,
+        waiting: &[(DeliveryId, Timestamp)],
+    ) -> Result<(), SlotError>;
+
+    /// Takes one listed delivery whose message comes back no earlier than `not_before` off
+    /// the endpoint's waiting list (an attempt started now is over before its message is
+    /// back), dropping the entries whose messages are back already. Each entry is taken
+    /// once, whoever asks.
+    async fn take_waiting(
+        &self,
+        endpoint: &EndpointId,
+        not_before: Timestamp,
+    ) -> Result<Option<DeliveryId>, SlotError>;
 }
+
+/// How many deliveries an endpoint's waiting list holds: enough to keep a slot busy for a
+/// hold of slow attempts, few enough that the slot record stays within one write unit.
+pub const WAITING_MAX: usize = 10;
 
 #[async_trait]
 pub trait RateLimiter: Send + Sync + 'static {
