@@ -1267,6 +1267,116 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
     assert_eq!(work.delivery.next_try_at, Some(retry_at));
 }
 
+/// A pending delivery moved on without an attempt: deferred, it is left out of the due
+/// work until its new time; failed, it is final with the reason; either only from the
+/// state the caller saw.
+pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store) {
+    use super::Unattempted;
+    let (ep, ev, d) = seeded(store).await;
+    let due = |at: Timestamp| async move {
+        store
+            .pending_deliveries(at, None, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.delivery_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(due(add(t0(), secs(1))).await, vec![d.id.clone()]);
+
+    let until = add(t0(), secs(600));
+    let defer = Unattempted::Defer(until);
+    assert!(
+        !store
+            .move_unattempted(&d.id, 1, &defer, t0())
+            .await
+            .unwrap(),
+        "another attempt count: someone moved it on"
+    );
+    assert!(store
+        .move_unattempted(&d.id, 0, &defer, t0())
+        .await
+        .unwrap());
+    assert!(
+        due(add(t0(), secs(599))).await.is_empty(),
+        "a deferred delivery is not due before its new time"
+    );
+    assert_eq!(due(add(t0(), secs(601))).await, vec![d.id.clone()]);
+    let stored = store
+        .get_delivery(&ev.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (stored.status, stored.attempts),
+        (DeliveryStatus::Pending, 0)
+    );
+
+    let fail = Unattempted::Fail("the event is past retention".into());
+    assert!(store.move_unattempted(&d.id, 0, &fail, t0()).await.unwrap());
+    let stored = store
+        .get_delivery(&ev.account_id, &d.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, DeliveryStatus::Failed);
+    assert_eq!(
+        stored.last_error.as_deref(),
+        Some("the event is past retention")
+    );
+    assert!(due(add(t0(), secs(86_400))).await.is_empty());
+    assert!(
+        !store
+            .move_unattempted(&d.id, 0, &defer, t0())
+            .await
+            .unwrap(),
+        "failed is final"
+    );
+    let unknown = DeliveryId::parse("dlv_unknown").unwrap();
+    assert!(!store
+        .move_unattempted(&unknown, 0, &defer, t0())
+        .await
+        .unwrap());
+    assert_eq!(ep.id, stored.endpoint_id);
+}
+
+/// Events published with their deliveries never need a fan-out: they are not listed as
+/// unfanned, and marking events fanned out (again) is harmless.
+pub async fn published_events_are_never_left_unfanned(store: &dyn Store) {
+    let (_, ev, d) = seeded(store).await;
+    let later = add(t0(), secs(86_400));
+    let page = store.unfanned_events(None, later, 100).await.unwrap();
+    assert!(page.events.is_empty(), "{page:?}");
+    store
+        .mark_fanned_out(std::slice::from_ref(&ev))
+        .await
+        .unwrap();
+    store
+        .mark_fanned_out(std::slice::from_ref(&ev))
+        .await
+        .unwrap();
+    assert!(store
+        .unfanned_events(None, later, 100)
+        .await
+        .unwrap()
+        .events
+        .is_empty());
+    assert_eq!(store.deliveries_of_event(&ev).await.unwrap(), vec![d]);
+    // An event stored alone and then fanned out is not listed either.
+    let alone = event("acme", "evt_alone", t0());
+    store.put_event(&alone).await.unwrap();
+    store
+        .mark_fanned_out(std::slice::from_ref(&alone))
+        .await
+        .unwrap();
+    assert!(store
+        .unfanned_events(None, later, 100)
+        .await
+        .unwrap()
+        .events
+        .is_empty());
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -1289,6 +1399,8 @@ macro_rules! store_contract_tests {
             add_deliveries_adds_each_pair_once,
             put_event_writes_the_event_alone_once,
             load_work_sees_writes_made_after_the_publish,
+            move_unattempted_changes_only_the_expected_state,
+            published_events_are_never_left_unfanned,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
