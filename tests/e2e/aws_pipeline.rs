@@ -243,6 +243,123 @@ async fn an_event_written_through_the_outbox_in_a_business_transaction_arrives()
     eprintln!("aws e2e: outbox -> delivery in {:?}", started.elapsed());
 }
 
+/// How many events of the stack's events table fan-out has not marked done yet (the sparse
+/// `unfanned` index).
+async fn unfanned_count(shape: &AwsShape) -> usize {
+    let out = shape
+        .store
+        .client()
+        .scan()
+        .table_name(&shape.store.tables().events)
+        .index_name("unfanned")
+        .select(hooklane::aws::aws_sdk_dynamodb::types::Select::Count)
+        .send()
+        .await
+        .expect("count the unfanned events");
+    usize::try_from(out.count()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_reader_killed_between_records_resumes_at_the_first_one_not_fanned_out() {
+    let (settings, shape) = emulated_shape().await;
+    // Messages the killed process had received come back after this (see the crash test).
+    aws_sdk_sqs::Client::new(&load_sdk_config().await)
+        .set_queue_attributes()
+        .queue_url(&settings.queue_url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+            CRASH_VISIBILITY_TIMEOUT_SECONDS,
+        )
+        .send()
+        .await
+        .expect("shorten the queue's visibility timeout");
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("aws-stream-kill");
+    // The sweeper's recovery of unfanned events waits an hour: only the stream reader
+    // itself can deliver these events within the test.
+    let env = with(stack_env(&settings), &[("HOOKLANE_SWEEP_GRACE", "1h")]);
+    let mut server = Server::start_aws(&scratch, &[], &env).await;
+    server.create_account("acme").await;
+    // Room beside the slots the killed process leaves leased (see the crash test).
+    server
+        .create_endpoint("acme", &farm.url("stream"), json!({"max_in_flight": 40}))
+        .await;
+    server.kill9().await;
+
+    // Written through the outbox while nothing reads the stream: on restart the reader
+    // finds them all in its shard. It reads 100 records at a time and notes where it is
+    // after each read's fan-out, so 150 make a second read to be killed in.
+    let events = 150;
+    let first_read = 100;
+    let dynamodb = shape.store.client();
+    let ids: Vec<String> = (0..events).map(|n| format!("evt_stream_{n:03}")).collect();
+    for chunk in ids.chunks(25) {
+        let mut write = dynamodb.transact_write_items();
+        for id in chunk {
+            let event = Event::new(
+                EventId::parse(id).unwrap(),
+                AccountId::parse("acme").unwrap(),
+                EventType::parse("order.placed").unwrap(),
+                chrono::Utc::now(),
+                &json!({ "id": id }),
+            )
+            .unwrap();
+            write = write.transact_items(
+                TransactWriteItem::builder()
+                    .put(shape.store.outbox_put(&event).unwrap())
+                    .build(),
+            );
+        }
+        write.send().await.expect("write the events");
+    }
+    assert_eq!(unfanned_count(&shape).await, events);
+
+    // Restarted, it fans them out in order; killed within the second read, once the first
+    // read's records are done and noted.
+    server.restart().await;
+    let polled = Instant::now();
+    let mut left = events;
+    while polled.elapsed() < Duration::from_secs(60) {
+        left = unfanned_count(&shape).await;
+        if left < events - first_read {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill9().await;
+    let left_at_kill = unfanned_count(&shape).await;
+    assert!(
+        left_at_kill > 0 && left_at_kill < events - first_read,
+        "the kill should land within the second read: {left_at_kill} of {events} events were left (polled {left}); serve log:\n{}",
+        server.log_text()
+    );
+
+    server.restart().await;
+    let restarted = Instant::now();
+    let all = farm
+        .wait_until(Duration::from_secs(120), |f| {
+            f.distinct_ids_succeeded("stream") == events
+        })
+        .await;
+    eprintln!(
+        "aws stream kill: {events} events, {left_at_kill} not fanned out at the kill, {} delivered after the restart, {} requests, {:.1} s after the restart",
+        farm.distinct_ids_succeeded("stream"),
+        farm.arrivals("stream").len(),
+        restarted.elapsed().as_secs_f64()
+    );
+    assert!(
+        all,
+        "{} of {events} events delivered; serve log:\n{}",
+        farm.distinct_ids_succeeded("stream"),
+        server.log_text()
+    );
+    assert_eq!(
+        unfanned_count(&shape).await,
+        0,
+        "the reader came back to every record it had not finished: each event is marked fanned out"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_longer_than_sqs_allows_goes_through_a_schedule() {
     let started = Instant::now();
@@ -839,9 +956,16 @@ async fn a_saturated_endpoint_gets_each_event_once_without_sweeper_copies() {
         peak_queued as f64 / EVENTS as f64 <= 2.0,
         "the queue held up to {peak_queued} messages for {EVENTS} deliveries"
     );
-    // How busy the endpoint was is printed, not asserted: it depends on the machine's load
-    // (81–84 % alone on a 2-core machine, 66 % beside the rest of the suite). What is
-    // asserted above does not: the copies the queue holds and the requests the endpoint gets.
+    // How busy the endpoint is depends on the machine's load: each hand-over of the slot is
+    // a few emulator round trips, which stretch when the rest of the suite shares the
+    // emulator (93–96 % alone on a 2-core machine, two busy loops beside it or not; 63–77 %
+    // beside other end-to-end tests). The floor is what a sender that leaves the slot idle
+    // until re-queued copies come back stays below (49 % alone).
+    assert!(
+        busy >= 0.5,
+        "the endpoint was busy {:.1} % of the time while it had work",
+        busy * 100.0
+    );
     // The stream reader polls several times a second; an idle poll says nothing at INFO.
     let idle_polls = log
         .lines()
