@@ -959,7 +959,7 @@ async fn a_saturated_endpoint_gets_each_event_once_without_sweeper_copies() {
     );
     // How busy the endpoint is depends on the machine's load: each hand-over of the slot is
     // a few emulator round trips, which stretch when the rest of the suite shares the
-    // emulator (about 96 % alone on a 2-core machine, 63–77 % in the full suite). The floor
+    // emulator (about 96 % alone on a 2-core machine, 63–77 % beside other tests). The floor
     // is what a sender that leaves the slot idle until re-queued copies come back stays
     // below (49 % alone).
     assert!(
