@@ -262,17 +262,8 @@ async fn unfanned_count(shape: &AwsShape) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_reader_killed_between_records_resumes_at_the_first_one_not_fanned_out() {
     let (settings, shape) = emulated_shape().await;
-    // Messages the killed process had received come back after this (see the crash test).
-    aws_sdk_sqs::Client::new(&load_sdk_config().await)
-        .set_queue_attributes()
-        .queue_url(&settings.queue_url)
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
-            CRASH_VISIBILITY_TIMEOUT_SECONDS,
-        )
-        .send()
-        .await
-        .expect("shorten the queue's visibility timeout");
+    // Messages the killed process had received come back soon after the kill.
+    shorten_visibility_timeout(&settings).await;
     let farm = Farm::start().await.expect("farm");
     let scratch = Scratch::new("aws-stream-kill");
     // The sweeper's recovery of unfanned events waits an hour: only the stream reader
@@ -625,11 +616,7 @@ async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
 /// 100 ms plus their bookkeeping) is handled well within it, so redelivery follows a kill.
 const CRASH_VISIBILITY_TIMEOUT_SECONDS: &str = "6";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_more() {
-    use std::collections::{HashMap, HashSet};
-
-    let (settings, _shape) = emulated_shape().await;
+async fn shorten_visibility_timeout(settings: &AwsSettings) {
     aws_sdk_sqs::Client::new(&load_sdk_config().await)
         .set_queue_attributes()
         .queue_url(&settings.queue_url)
@@ -640,6 +627,14 @@ async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_mor
         .send()
         .await
         .expect("shorten the queue's visibility timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_more() {
+    use std::collections::{HashMap, HashSet};
+
+    let (settings, _shape) = emulated_shape().await;
+    shorten_visibility_timeout(&settings).await;
     let farm = Farm::start().await.expect("farm");
     let endpoints: Vec<String> = (0..5).map(|i| format!("awscrash{i}")).collect();
     for (i, name) in endpoints.iter().enumerate() {
