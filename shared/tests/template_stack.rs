@@ -18,38 +18,6 @@ const FUNCTIONS: [&str; 5] = [
     "HealthFunction",
 ];
 
-/// Prints the translated template. The functions' `CodeUri` (`..`, a local path that `sam
-/// build` replaces) becomes an S3 URI as `sam package` writes it, since the translator accepts
-/// no other; the managed-policy loader is a stub that answers every name with its AWS ARN, and
-/// the region is fixed: no AWS call is made.
-const TRANSLATE: &str = r#"
-import json, os, sys
-os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
-try:
-    from samtranslator.translator.transform import transform
-except ImportError:
-    sys.exit("aws-sam-translator is not installed in HOOKLANE_TEST_PYTHON: "
-             "pip install aws-sam-translator (tests/requirements.txt)")
-from cfnlint.decode import decode
-
-template, errors = decode("infra/template.yaml")
-assert not errors, errors
-template = json.loads(json.dumps(template))
-for resource in template["Resources"].values():
-    if resource["Type"] == "AWS::Serverless::Function":
-        resource["Properties"]["CodeUri"] = "s3://bucket/bootstrap.zip"
-
-class Policies:
-    def get(self, name, default=None):
-        return "arn:aws:iam::aws:policy/" + name
-
-class Loader:
-    def load(self):
-        return Policies()
-
-json.dump(transform(template, {}, Loader()), sys.stdout)
-"#;
-
 fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
@@ -65,7 +33,7 @@ fn stack() -> &'static Value {
         );
         let output = Command::new(python)
             .current_dir(root())
-            .args(["-c", TRANSLATE])
+            .arg("tests/sam_translate.py")
             .output()
             .unwrap();
         assert!(

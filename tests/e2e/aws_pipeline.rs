@@ -29,7 +29,7 @@ use serde_json::json;
 use crate::support::{Scratch, Server};
 
 /// The variables a SAM stack sets for the functions, for the stack `settings` names.
-fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
+pub(crate) fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
     let prefix = settings
         .tables
         .accounts
@@ -48,12 +48,12 @@ fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
     .collect()
 }
 
-fn with(mut env: Vec<(String, String)>, more: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(crate) fn with(mut env: Vec<(String, String)>, more: &[(&str, &str)]) -> Vec<(String, String)> {
     env.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     env
 }
 
-fn unique(name: &str) -> String {
+pub(crate) fn unique(name: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -91,7 +91,11 @@ async fn deliveries_of(server: &Server, account: &str, event: &str) -> Vec<serde
     body["deliveries"].as_array().cloned().unwrap_or_default()
 }
 
-async fn eventually_delivered(server: &Server, account: &str, event: &str) -> serde_json::Value {
+pub(crate) async fn eventually_delivered(
+    server: &Server,
+    account: &str,
+    event: &str,
+) -> serde_json::Value {
     let mut last = Vec::new();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
@@ -611,8 +615,8 @@ async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
 }
 
 /// Seconds a received message stays hidden before the queue hands it out again. The
-/// provisioned queue keeps SQS's default of 30 s; a crash test waits for it after every
-/// kill, so it shortens it on its own queue. A live sender's batch (10 requests of at most
+/// template's queue hides it for 180 s (six times the sender's timeout); a crash test waits
+/// for it after every kill, so it shortens it on its own queue. A live sender's batch (10 requests of at most
 /// 100 ms plus their bookkeeping) is handled well within it, so redelivery follows a kill.
 const CRASH_VISIBILITY_TIMEOUT_SECONDS: &str = "6";
 

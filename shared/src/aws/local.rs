@@ -32,11 +32,11 @@ use super::{
     error_text,
     handlers::{self, MessageOutcome},
     load_sdk_config,
-    shape::{admin_token, connect, provision, AwsSettings, AwsShape, SettingsError},
+    shape::{admin_token, connect, AwsSettings, AwsShape, SettingsError},
 };
 use crate::{
     clock::Timestamp,
-    config::{parse_duration, CoreConfig},
+    config::parse_duration,
     domain::RetrySchedule,
     queue::sqs::{schedule_due_hint, SchedulerTarget, SqsQueue, MAX_SQS_DELAY_SECONDS},
 };
@@ -123,23 +123,14 @@ impl LocalOptions {
     }
 }
 
-/// Creates the tables, queue and schedule group of a stack named `prefix` on the AWS
-/// endpoint in use (reusing existing ones) and returns the variables that name them, as the
-/// SAM template would set them.
+/// Creates the stack `prefix` as the template defines it on the AWS endpoint in use
+/// (reusing what exists) and returns the variables that locate it, as the SAM template sets
+/// them for the functions.
 pub async fn provisioned_vars(
     prefix: &str,
 ) -> Result<Vec<(String, String)>, super::shape::ProvisionError> {
-    let settings = provision(prefix, CoreConfig::default()).await?;
-    let mut vars = vec![
-        ("HOOKLANE_TABLE_PREFIX".to_owned(), prefix.to_owned()),
-        ("HOOKLANE_QUEUE_URL".to_owned(), settings.queue_url),
-        ("HOOKLANE_QUEUE_ARN".to_owned(), settings.queue_arn),
-    ];
-    if let Some((group, role)) = settings.scheduler {
-        vars.push(("HOOKLANE_SCHEDULE_GROUP".to_owned(), group));
-        vars.push(("HOOKLANE_SCHEDULER_ROLE_ARN".to_owned(), role));
-    }
-    Ok(vars)
+    let stack = super::stack::deploy(&load_sdk_config().await, prefix, &[]).await?;
+    super::shape::stack_vars(&stack)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@ pub mod handlers;
 pub mod local;
 pub mod meter;
 pub mod shape;
+pub mod stack;
 pub mod stream;
 
 // The SDK crates, for callers that add their own writes (the outbox helper's transaction).

@@ -293,81 +293,49 @@ async fn admin_token_from_parameter(
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot provision {what}: {message}")]
-pub struct ProvisionError {
-    what: &'static str,
-    message: String,
+#[error("cannot provision the stack: {0}")]
+pub struct ProvisionError(#[from] super::stack::StackError);
+
+/// The stack-location variables the template gives the functions, for a provisioned stack:
+/// the sender's environment (which has them all) without the settings a deployer chooses
+/// (mail, admin token, timings), which local runs take from their own environment.
+pub fn stack_vars(stack: &super::stack::Stack) -> Result<Vec<(String, String)>, ProvisionError> {
+    const LOCATION: [&str; 6] = [
+        "HOOKLANE_TABLE_PREFIX",
+        "HOOKLANE_QUEUE_URL",
+        "HOOKLANE_QUEUE_ARN",
+        "HOOKLANE_SCHEDULE_GROUP",
+        "HOOKLANE_SCHEDULER_ROLE_ARN",
+        "HOOKLANE_SCHEDULE_DLQ_ARN",
+    ];
+    Ok(stack
+        .function_env("SenderFunction")?
+        .into_iter()
+        .filter(|(name, _)| LOCATION.contains(&name.as_str()))
+        .collect())
 }
 
-/// Creates the tables, the queue and the schedule group of a stack named `prefix` on the
-/// AWS endpoint in use (the emulator, in tests and local development; the SAM template does
-/// this in production) and returns the settings that reach them. Existing ones are reused.
+/// Creates the stack `prefix` as `infra/template.yaml` defines it (tables, queues, schedule
+/// group) on the AWS endpoint in use (the emulator, in tests and local development; the SAM
+/// template does this in production) and returns the settings that reach it, read from the
+/// template's function environment. Existing resources are reused.
 pub async fn provision(prefix: &str, core: CoreConfig) -> Result<AwsSettings, ProvisionError> {
+    let (settings, _) = provision_stack(prefix, core).await?;
+    Ok(settings)
+}
+
+/// [`provision`], with the stack's physical resources (for checks against the template).
+pub async fn provision_stack(
+    prefix: &str,
+    core: CoreConfig,
+) -> Result<(AwsSettings, super::stack::Stack), ProvisionError> {
     let sdk = load_sdk_config().await;
-    let tables = TableNames::with_prefix(prefix);
-    crate::store::dynamodb::create_tables(&aws_sdk_dynamodb::Client::new(&sdk), &tables)
-        .await
-        .map_err(|e| ProvisionError {
-            what: "tables",
-            message: e.to_string(),
-        })?;
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let queue_url = sqs
-        .create_queue()
-        .queue_name(format!("{prefix}-deliveries"))
-        .send()
-        .await
-        .map_err(|e| ProvisionError {
-            what: "queue",
-            message: super::error_text(&e),
-        })?
-        .queue_url
-        .ok_or(ProvisionError {
-            what: "queue",
-            message: "no queue URL".into(),
-        })?;
-    let queue_arn = sqs
-        .get_queue_attributes()
-        .queue_url(&queue_url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| ProvisionError {
-            what: "queue",
-            message: super::error_text(&e),
-        })?
-        .attributes
-        .and_then(|mut a| a.remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
-        .ok_or(ProvisionError {
-            what: "queue",
-            message: "no queue ARN".into(),
-        })?;
-    let group = format!("{prefix}-retries");
-    let created = aws_sdk_scheduler::Client::new(&sdk)
-        .create_schedule_group()
-        .name(&group)
-        .send()
-        .await;
-    if let Err(e) = created {
-        if !e
-            .as_service_error()
-            .is_some_and(|s| s.is_conflict_exception())
-        {
-            return Err(ProvisionError {
-                what: "schedule group",
-                message: super::error_text(&e),
-            });
-        }
-    }
-    Ok(AwsSettings {
-        tables,
-        queue_url,
-        queue_arn,
-        scheduler: Some((
-            group,
-            "arn:aws:iam::000000000000:role/hooklane-scheduler".into(),
-        )),
-        schedule_dead_letter_arn: None,
+    let stack = super::stack::deploy(&sdk, prefix, &[]).await?;
+    let vars: HashMap<String, String> = stack_vars(&stack)?.into_iter().collect();
+    let located = AwsSettings::from_vars(&vars).map_err(|e| {
+        super::stack::StackError::Template(format!("the sender's environment: {e}"))
+    })?;
+    let settings = AwsSettings {
         notification_from: None,
         admin_token: None,
         admin_token_parameter: None,
@@ -378,7 +346,9 @@ pub async fn provision(prefix: &str, core: CoreConfig) -> Result<AwsSettings, Pr
             disable_on_attempt: false,
             ..core
         },
-    })
+        ..located
+    };
+    Ok((settings, stack))
 }
 
 #[cfg(test)]

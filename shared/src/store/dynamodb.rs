@@ -20,12 +20,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     error::{ProvideErrorMetadata, SdkError},
     operation::transact_write_items::TransactWriteItemsError,
-    types::{
-        AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
-        KeyType, KeysAndAttributes, Projection, ProjectionType, Put, ReturnValue,
-        ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
-        TransactWriteItem, Update,
-    },
+    types::{AttributeValue, KeysAndAttributes, Put, ReturnValue, TransactWriteItem, Update},
     Client,
 };
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
@@ -2736,212 +2731,56 @@ impl Store for DynamoStore {
     }
 }
 
-/// Creates the tables (for tests and local development; the SAM template creates them in
-/// production). Tables that already exist are left as they are.
-pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<()> {
-    for spec in table_specs(tables) {
-        spec.create(client).await?;
-    }
-    Ok(())
+/// The stack name `tables` were named for (`TableNames::with_prefix`).
+fn stack_name(tables: &TableNames) -> &str {
+    tables
+        .accounts
+        .strip_suffix("-accounts")
+        .unwrap_or(&tables.accounts)
 }
 
-/// The tables' keys and indexes as the request meter needs them.
+/// Creates the tables as `infra/template.yaml` defines them (for tests and local development;
+/// CloudFormation creates them in production). Tables that already exist are reused.
+pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<()> {
+    crate::aws::stack::create_tables(client, stack_name(tables))
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))
+}
+
+/// The tables' keys and indexes as the request meter needs them, read from the template.
 pub fn table_layouts(tables: &TableNames) -> Vec<crate::aws::meter::TableLayout> {
     use crate::aws::meter::{IndexLayout, Projected, TableLayout};
-    let prefix_end = tables.accounts.len().saturating_sub("accounts".len());
-    table_specs(tables)
+    let name = stack_name(tables);
+    let definitions = crate::aws::stack::Stack::new(name, "", "", &[])
+        .and_then(|stack| crate::aws::stack::TableDefinition::all(&stack))
+        .unwrap_or_default();
+    let keys = |key: &[(String, String)]| key.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>();
+    definitions
         .into_iter()
-        .map(|spec| TableLayout {
-            name: spec.name.to_owned(),
-            label: spec.name.get(prefix_end..).unwrap_or(spec.name).to_owned(),
-            key: std::iter::once(spec.key.0)
-                .chain(spec.key.2.as_ref().map(|(range, _)| *range))
-                .map(str::to_owned)
-                .collect(),
-            indexes: spec
+        .map(|table| TableLayout {
+            label: table
+                .name
+                .strip_prefix(&format!("{name}-"))
+                .unwrap_or(&table.name)
+                .to_owned(),
+            key: keys(&table.key),
+            indexes: table
                 .indexes
                 .iter()
-                .map(|(name, (hash, _), range, projection)| IndexLayout {
-                    name: (*name).to_owned(),
-                    hash: (*hash).to_owned(),
-                    range: range.as_ref().map(|(r, _)| (*r).to_owned()),
-                    projected: match projection.projection_type() {
-                        Some(ProjectionType::KeysOnly) => Projected::KeysOnly,
-                        Some(ProjectionType::Include) => {
-                            Projected::Include(projection.non_key_attributes().to_vec())
-                        }
+                .map(|index| IndexLayout {
+                    name: index.name.clone(),
+                    hash: index.key[0].0.clone(),
+                    range: index.key.get(1).map(|(r, _)| r.clone()),
+                    projected: match index.projection.as_str() {
+                        "KEYS_ONLY" => Projected::KeysOnly,
+                        "INCLUDE" => Projected::Include(index.non_key_attributes.clone()),
                         _ => Projected::All,
                     },
                 })
                 .collect(),
+            name: table.name,
         })
         .collect()
-}
-
-fn table_specs(tables: &TableNames) -> Vec<TableSpec<'_>> {
-    use ScalarAttributeType::{N, S};
-    let all = Projection::builder()
-        .projection_type(ProjectionType::All)
-        .build();
-    let pending_projection = Projection::builder()
-        .projection_type(ProjectionType::Include)
-        .non_key_attributes("endpoint_id")
-        .non_key_attributes("account_id")
-        .non_key_attributes("next_try_at")
-        .build();
-    [
-        TableSpec {
-            name: &tables.accounts,
-            key: ("id", S, None),
-            indexes: vec![],
-            stream: false,
-            ttl: false,
-        },
-        TableSpec {
-            name: &tables.endpoints,
-            key: ("account_id", S, Some(("id", S))),
-            indexes: vec![(
-                "failing",
-                ("failing_shard", S),
-                Some(("failing_since", N)),
-                all.clone(),
-            )],
-            stream: false,
-            ttl: false,
-        },
-        TableSpec {
-            name: &tables.events,
-            key: ("account_id", S, Some(("id", S))),
-            indexes: vec![(
-                UNFANNED,
-                (UNFANNED_SHARD, S),
-                Some(("created_at", N)),
-                Projection::builder()
-                    .projection_type(ProjectionType::KeysOnly)
-                    .build(),
-            )],
-            stream: true,
-            ttl: true,
-        },
-        TableSpec {
-            name: &tables.deliveries,
-            key: ("log", S, Some(("id", S))),
-            indexes: vec![(
-                "pending",
-                ("pending_shard", S),
-                Some(("due_key", S)),
-                pending_projection,
-            )],
-            stream: false,
-            ttl: false,
-        },
-        TableSpec {
-            name: &tables.attempts,
-            key: ("delivery_id", S, Some(("number", N))),
-            indexes: vec![],
-            stream: false,
-            ttl: true,
-        },
-        TableSpec {
-            name: &tables.control,
-            key: ("pk", S, None),
-            indexes: vec![(UNSENT, (UNSENT, S), Some(("created_key", S)), all)],
-            stream: false,
-            ttl: true,
-        },
-    ]
-    .into()
-}
-
-type KeyAttr<'a> = (&'a str, ScalarAttributeType);
-
-struct TableSpec<'a> {
-    name: &'a str,
-    key: (&'a str, ScalarAttributeType, Option<KeyAttr<'a>>),
-    indexes: Vec<(&'a str, KeyAttr<'a>, Option<KeyAttr<'a>>, Projection)>,
-    stream: bool,
-    ttl: bool,
-}
-
-impl TableSpec<'_> {
-    async fn create(self, client: &Client) -> StoreResult<()> {
-        let mut attributes: BTreeMap<&str, ScalarAttributeType> = BTreeMap::new();
-        let (hash, hash_type, range) = self.key;
-        attributes.insert(hash, hash_type);
-        let mut request = client
-            .create_table()
-            .table_name(self.name)
-            .billing_mode(BillingMode::PayPerRequest)
-            .key_schema(key_element(hash, KeyType::Hash)?);
-        if let Some((range, range_type)) = range {
-            attributes.insert(range, range_type);
-            request = request.key_schema(key_element(range, KeyType::Range)?);
-        }
-        for (index, (hash, hash_type), range, projection) in self.indexes {
-            attributes.insert(hash, hash_type);
-            let mut gsi = GlobalSecondaryIndex::builder()
-                .index_name(index)
-                .key_schema(key_element(hash, KeyType::Hash)?)
-                .projection(projection);
-            if let Some((range, range_type)) = range {
-                attributes.insert(range, range_type);
-                gsi = gsi.key_schema(key_element(range, KeyType::Range)?);
-            }
-            request = request.global_secondary_indexes(gsi.build().map_err(build_error)?);
-        }
-        for (name, kind) in attributes {
-            request = request.attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(name)
-                    .attribute_type(kind)
-                    .build()
-                    .map_err(build_error)?,
-            );
-        }
-        if self.stream {
-            request = request.stream_specification(
-                StreamSpecification::builder()
-                    .stream_enabled(true)
-                    .stream_view_type(StreamViewType::NewImage)
-                    .build()
-                    .map_err(build_error)?,
-            );
-        }
-        match request.send().await {
-            Ok(_) => {}
-            Err(e)
-                if e.as_service_error().and_then(ProvideErrorMetadata::code)
-                    == Some("ResourceInUseException") =>
-            {
-                return Ok(())
-            }
-            Err(e) => return Err(sdk(e)),
-        }
-        if self.ttl {
-            client
-                .update_time_to_live()
-                .table_name(self.name)
-                .time_to_live_specification(
-                    TimeToLiveSpecification::builder()
-                        .enabled(true)
-                        .attribute_name("expires_at")
-                        .build()
-                        .map_err(build_error)?,
-                )
-                .send()
-                .await
-                .map_err(sdk)?;
-        }
-        Ok(())
-    }
-}
-
-fn key_element(name: &str, kind: KeyType) -> StoreResult<KeySchemaElement> {
-    KeySchemaElement::builder()
-        .attribute_name(name)
-        .key_type(kind)
-        .build()
-        .map_err(build_error)
 }
 
 #[cfg(test)]

@@ -1,0 +1,358 @@
+//! The template reader, the resolver and the provisioner, against the template itself and the emulator.
+use super::{
+    deploy::{check_types, pairs},
+    *,
+};
+use aws_sdk_sqs::types::QueueAttributeName as Q;
+use serde_json::json;
+
+fn stack() -> Stack {
+    Stack::new("st", "eu-west-1", "111122223333", &[]).unwrap()
+}
+
+#[test]
+fn the_store_names_its_tables_as_the_template_does() {
+    let names = crate::store::dynamodb::TableNames::with_prefix("st");
+    let known = [
+        &names.accounts,
+        &names.endpoints,
+        &names.events,
+        &names.deliveries,
+        &names.attempts,
+        &names.control,
+    ];
+    let tables = TableDefinition::all(&stack()).unwrap();
+    assert_eq!(tables.len(), known.len(), "{tables:?}");
+    for table in tables {
+        assert!(
+            known.contains(&&table.name),
+            "{} is not one of {known:?}",
+            table.name
+        );
+    }
+}
+
+#[test]
+fn intrinsics_resolve_for_the_stack() {
+    let mut stack = stack();
+    let resolve = |stack: &Stack, v: Value| stack.resolve(&v).unwrap();
+    assert_eq!(
+        resolve(
+            &stack,
+            json!({"Fn::Sub": "arn:${AWS::Partition}:x:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}/${!Literal}"})
+        ),
+        Some(json!("arn:aws:x:eu-west-1:111122223333:st/${Literal}"))
+    );
+    assert_eq!(
+        resolve(
+            &stack,
+            json!({"Fn::Sub": ["${Q}-${DeliveryQueue.QueueName}", {"Q": {"Ref": "DisableAfter"}}]})
+        ),
+        Some(json!("3d-st-DeliveryQueue"))
+    );
+    assert_eq!(
+        resolve(&stack, json!({"Fn::GetAtt": ["EventsTable", "Arn"]})),
+        Some(json!(
+            "arn:aws:dynamodb:eu-west-1:111122223333:table/st-events"
+        ))
+    );
+    // A condition on a parameter's default, and AWS::NoValue dropping the property.
+    let optional = json!({"A": {"Fn::If": ["HasOperationsAccount", {"Ref": "OperationsAccount"}, {"Ref": "AWS::NoValue"}]}, "B": 1});
+    assert_eq!(resolve(&stack, optional.clone()), Some(json!({"B": 1})));
+    stack
+        .parameters
+        .insert("OperationsAccount".into(), "ops".into());
+    assert_eq!(resolve(&stack, optional), Some(json!({"A": "ops", "B": 1})));
+    let unknown = stack.resolve(&json!({"Fn::GetAtt": ["NoSuchThing", "Arn"]}));
+    assert!(matches!(unknown, Err(StackError::Template(m)) if m.contains("NoSuchThing")));
+    assert!(stack
+        .resolve(&json!({"Fn::FindInMap": ["M", "k", "v"]}))
+        .is_err());
+}
+
+#[test]
+fn a_resource_the_provisioner_has_not_decided_on_is_refused() {
+    let resources =
+        json!({"Bucket": {"Type": "AWS::S3::Bucket"}, "Q": {"Type": "AWS::SQS::Queue"}});
+    let refused = check_types(resources.as_object().unwrap());
+    assert!(
+        matches!(refused, Err(StackError::Template(m)) if m.contains("Bucket is a AWS::S3::Bucket"))
+    );
+    check_types(template().unwrap()["Resources"].as_object().unwrap()).unwrap();
+}
+
+#[test]
+fn the_sender_is_given_the_stack_it_runs_in() {
+    let env = stack().function_env("SenderFunction").unwrap();
+    assert_eq!(env["HOOKLANE_TABLE_PREFIX"], "st");
+    assert_eq!(env["HOOKLANE_SCHEDULE_GROUP"], "st-retries");
+    assert_eq!(
+        env["HOOKLANE_SCHEDULER_ROLE_ARN"],
+        "arn:aws:iam::111122223333:role/st-SchedulerSendRole"
+    );
+    assert_eq!(
+        env["HOOKLANE_SCHEDULE_DLQ_ARN"],
+        "arn:aws:sqs:eu-west-1:111122223333:st-ScheduleDeadLetterQueue"
+    );
+    assert!(
+        !env.contains_key("HOOKLANE_OPERATIONS_ACCOUNT"),
+        "no operations account by default"
+    );
+}
+
+/// The template as cfn-lint's decoder and aws-sam-translator read it (not this module's
+/// reader): the reference the provisioned stack is checked against.
+fn translated() -> Value {
+    crate::testing::require_emulator();
+    let python = std::env::var("HOOKLANE_TEST_PYTHON")
+        .expect("HOOKLANE_TEST_PYTHON (scripts/test-env prints it)");
+    let output = std::process::Command::new(python)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .arg("tests/sam_translate.py")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn sorted(mut pairs: Vec<(String, String)>) -> Vec<(String, String)> {
+    pairs.sort();
+    pairs
+}
+
+#[tokio::test]
+async fn the_provisioned_stack_is_the_template_field_by_field() {
+    let reference = translated();
+    let sdk = crate::aws::load_sdk_config().await;
+    let name = format!("p{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let stack = deploy(&sdk, &name, &[]).await.unwrap();
+    let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let resources = reference["Resources"].as_object().unwrap();
+    let mut checked = Vec::new();
+    for (logical, resource) in resources {
+        let p = &resource["Properties"];
+        match resource["Type"].as_str().unwrap() {
+            "AWS::DynamoDB::Table" => {
+                let table_name = p["TableName"]["Fn::Sub"]
+                    .as_str()
+                    .unwrap()
+                    .replace("${AWS::StackName}", &name);
+                let described = dynamodb
+                    .describe_table()
+                    .table_name(&table_name)
+                    .send()
+                    .await
+                    .unwrap();
+                let t = described.table().unwrap();
+                let key = |k: &[aws_sdk_dynamodb::types::KeySchemaElement]| {
+                    k.iter()
+                        .map(|e| {
+                            (
+                                e.attribute_name().to_owned(),
+                                e.key_type().as_str().to_owned(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(
+                    key(t.key_schema()),
+                    pairs(&p["KeySchema"], "AttributeName", "KeyType"),
+                    "{logical} key"
+                );
+                let attributes = t
+                    .attribute_definitions()
+                    .iter()
+                    .map(|a| {
+                        (
+                            a.attribute_name().to_owned(),
+                            a.attribute_type().as_str().to_owned(),
+                        )
+                    })
+                    .collect();
+                assert_eq!(
+                    sorted(attributes),
+                    sorted(pairs(
+                        &p["AttributeDefinitions"],
+                        "AttributeName",
+                        "AttributeType"
+                    )),
+                    "{logical} attributes"
+                );
+                let wanted = p["GlobalSecondaryIndexes"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(
+                    t.global_secondary_indexes().len(),
+                    wanted.len(),
+                    "{logical} indexes"
+                );
+                for index in wanted {
+                    let made = t
+                        .global_secondary_indexes()
+                        .iter()
+                        .find(|g| g.index_name() == index["IndexName"].as_str())
+                        .unwrap_or_else(|| panic!("{logical} has no index {}", index["IndexName"]));
+                    assert_eq!(
+                        key(made.key_schema()),
+                        pairs(&index["KeySchema"], "AttributeName", "KeyType"),
+                        "{logical} {}",
+                        index["IndexName"]
+                    );
+                    let projection = made.projection().unwrap();
+                    assert_eq!(
+                        projection.projection_type().map(|t| t.as_str()),
+                        index["Projection"]["ProjectionType"].as_str()
+                    );
+                    let non_key: Vec<String> = index["Projection"]["NonKeyAttributes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|a| a.as_str().unwrap().to_owned())
+                        .collect();
+                    assert_eq!(
+                        projection.non_key_attributes().to_vec(),
+                        non_key,
+                        "{logical} projection"
+                    );
+                }
+                assert_eq!(
+                    t.billing_mode_summary()
+                        .and_then(|b| b.billing_mode())
+                        .map(|b| b.as_str()),
+                    p["BillingMode"].as_str(),
+                    "{logical} billing"
+                );
+                assert_eq!(
+                    t.deletion_protection_enabled(),
+                    p["DeletionProtectionEnabled"].as_bool(),
+                    "{logical} deletion protection"
+                );
+                assert_eq!(
+                    t.stream_specification()
+                        .and_then(|s| s.stream_view_type())
+                        .map(|v| v.as_str()),
+                    p["StreamSpecification"]["StreamViewType"].as_str(),
+                    "{logical} stream"
+                );
+                let ttl = dynamodb
+                    .describe_time_to_live()
+                    .table_name(&table_name)
+                    .send()
+                    .await
+                    .unwrap();
+                let ttl = ttl.time_to_live_description().unwrap();
+                let enabled = ttl
+                    .time_to_live_status()
+                    .is_some_and(|s| s.as_str() == "ENABLED");
+                assert_eq!(
+                    enabled.then(|| ttl.attribute_name().unwrap_or_default().to_owned()),
+                    p["TimeToLiveSpecification"]["AttributeName"]
+                        .as_str()
+                        .map(str::to_owned),
+                    "{logical} TTL"
+                );
+                let backups = dynamodb
+                    .describe_continuous_backups()
+                    .table_name(&table_name)
+                    .send()
+                    .await
+                    .unwrap();
+                let pitr = backups
+                    .continuous_backups_description()
+                    .and_then(|d| d.point_in_time_recovery_description())
+                    .and_then(|d| d.point_in_time_recovery_status())
+                    .map(|s| s.as_str() == "ENABLED");
+                assert_eq!(
+                    pitr,
+                    Some(
+                        p["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] == true
+                    ),
+                    "{logical} point-in-time recovery"
+                );
+            }
+            "AWS::SQS::Queue" => {
+                let url = &stack.resources[logical.as_str()].reference;
+                let attributes = sqs
+                    .get_queue_attributes()
+                    .queue_url(url)
+                    .attribute_names(Q::All)
+                    .send()
+                    .await
+                    .unwrap()
+                    .attributes
+                    .unwrap_or_default();
+                for (property, attribute) in [
+                    ("VisibilityTimeout", Q::VisibilityTimeout),
+                    ("MessageRetentionPeriod", Q::MessageRetentionPeriod),
+                    ("SqsManagedSseEnabled", Q::SqsManagedSseEnabled),
+                ] {
+                    let wanted = match &p[property] {
+                        Value::Null => None,
+                        v => Some(text(v)),
+                    };
+                    if let Some(wanted) = wanted {
+                        assert_eq!(
+                            attributes.get(&attribute),
+                            Some(&wanted),
+                            "{logical} {property}"
+                        );
+                    }
+                }
+                match &p["RedrivePolicy"] {
+                    Value::Null => assert!(
+                        !attributes.contains_key(&Q::RedrivePolicy),
+                        "{logical} has a redrive policy"
+                    ),
+                    redrive => {
+                        let made: Value = serde_json::from_str(
+                            attributes
+                                .get(&Q::RedrivePolicy)
+                                .unwrap_or_else(|| panic!("{logical} has no redrive policy")),
+                        )
+                        .unwrap();
+                        let target = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
+                            .as_str()
+                            .unwrap();
+                        assert_eq!(
+                            made["deadLetterTargetArn"].as_str(),
+                            Some(stack.resources[target].attributes["Arn"].as_str()),
+                            "{logical} redrive target"
+                        );
+                        assert_eq!(
+                            made["maxReceiveCount"].to_string().trim_matches('"'),
+                            redrive["maxReceiveCount"].to_string(),
+                            "{logical} receive count"
+                        );
+                    }
+                }
+            }
+            "AWS::Scheduler::ScheduleGroup" => {
+                let group = p["Name"]["Fn::Sub"]
+                    .as_str()
+                    .unwrap()
+                    .replace("${AWS::StackName}", &name);
+                aws_sdk_scheduler::Client::new(&sdk)
+                    .get_schedule_group()
+                    .name(&group)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("{logical}: {e:?}"));
+            }
+            _ => continue,
+        }
+        checked.push(logical.clone());
+    }
+    assert_eq!(
+        checked.len(),
+        6 + 4 + 1,
+        "tables, queues and the schedule group: {checked:?}"
+    );
+    // Provisioning again reuses all of it.
+    deploy(&sdk, &name, &[]).await.unwrap();
+}
