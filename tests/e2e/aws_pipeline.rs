@@ -156,6 +156,7 @@ async fn an_event_published_through_the_api_arrives_signed() {
         started.elapsed(),
         arrivals[0].instant.duration_since(publishing)
     );
+    crate::iam::assert_allowed(&server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,6 +246,7 @@ async fn an_event_written_through_the_outbox_in_a_business_transaction_arrives()
         .unwrap();
     assert!(business.item().is_some(), "the business write is there too");
     eprintln!("aws e2e: outbox -> delivery in {:?}", started.elapsed());
+    crate::iam::assert_allowed(&server);
 }
 
 /// How many events of the stack's events table fan-out has not marked done yet (the sparse
@@ -353,6 +355,7 @@ async fn the_stream_reader_killed_between_records_resumes_at_the_first_one_not_f
         0,
         "the reader came back to every record it had not finished: each event is marked fanned out"
     );
+    crate::iam::assert_allowed(&server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,6 +461,7 @@ async fn a_retry_longer_than_sqs_allows_goes_through_a_schedule() {
         "aws e2e: retry through the scheduler in {:?} (retry gap {gap:?})",
         started.elapsed()
     );
+    crate::iam::assert_allowed(&server);
 }
 
 async fn set_up_acme(shape: &AwsShape, url: String) -> AccountId {
@@ -546,6 +550,7 @@ async fn the_sweeper_recovers_a_delivery_whose_message_was_lost() {
         server.log_text()
     );
     eprintln!("aws e2e: sweeper recovery in {:?}", started.elapsed());
+    crate::iam::assert_allowed(&server);
 }
 
 /// How long the health test waits for the disable and the mail. Alone they take a second or
@@ -612,6 +617,7 @@ async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
         server.log_text()
     );
     eprintln!("aws e2e: health disable + mail in {:?}", started.elapsed());
+    crate::iam::assert_allowed(&server);
 }
 
 /// Seconds a received message stays hidden before the queue hands it out again. The
@@ -784,6 +790,7 @@ async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_mor
         not_delivered.is_empty() && marked,
         "not every delivery is marked delivered: {not_delivered:?}"
     );
+    crate::iam::assert_allowed(&server);
 }
 
 /// The part of `[start, end)` intervals' span that at least one of them covers.
@@ -972,6 +979,7 @@ async fn a_saturated_endpoint_gets_each_event_once_without_sweeper_copies() {
         .filter(|l| l.contains("fanned out") && l.contains("events=0"))
         .count();
     assert_eq!(idle_polls, 0, "idle stream polls were logged");
+    crate::iam::assert_allowed(&server);
 }
 
 /// `hooklane dlq redrive`, as an operator runs it: the dead letters go back to the queue.

@@ -12,6 +12,7 @@ mod delivery_log;
 mod delivery_rules;
 mod health;
 mod hostile;
+mod iam;
 mod isolation;
 mod metrics;
 mod replay;

@@ -79,7 +79,8 @@ impl Server {
     }
 
     /// Starts `serve --backend aws` plus `args` against the AWS emulator of the tests
-    /// (`AWS_*` passed through), with the test defaults plus `env`.
+    /// (`AWS_*` passed through), with the test defaults plus `env`. Its AWS requests are
+    /// recorded in the scratch directory, for `iam::assert_allowed`.
     pub async fn start_aws(scratch: &Scratch, args: &[&str], env: &[(String, String)]) -> Self {
         hooklane::testing::require_emulator();
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
@@ -87,6 +88,11 @@ impl Server {
         let mut all: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("AWS_"))
             .collect();
+        let record = scratch.path().join("aws-requests.jsonl");
+        all.push((
+            "HOOKLANE_AWS_REQUEST_LOG".to_owned(),
+            record.display().to_string(),
+        ));
         all.extend(env.iter().cloned());
         Self::spawn_with(
             scratch.path().join("unused.db"),
@@ -153,6 +159,21 @@ impl Server {
             .unwrap_or_else(|e| panic!("{e}"));
         self.child = child;
         self.base = base;
+    }
+
+    /// The last value `serve` was given for a variable.
+    pub fn env_var(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The value that follows `flag` on the command line.
+    pub fn arg_after(&self, flag: &str) -> Option<&str> {
+        let at = self.args.iter().position(|a| a == flag)?;
+        self.args.get(at + 1).map(String::as_str)
     }
 
     pub fn log_text(&self) -> String {

@@ -32,6 +32,7 @@ use super::{
     error_text,
     handlers::{self, MessageOutcome},
     load_sdk_config,
+    record::{as_function, RUNNER},
     shape::{admin_token, connect, AwsSettings, AwsShape, SettingsError},
 };
 use crate::{
@@ -190,8 +191,8 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     }
     let sdk = load_sdk_config().await;
     let mut shape = connect(&settings).await?;
-    let scheduler = aws_sdk_scheduler::Client::new(&sdk);
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let scheduler = super::meter::clients::scheduler(&sdk, None);
+    let sqs = super::meter::clients::sqs(&sdk, None);
     if scale > 1.0 {
         let target = settings
             .scheduler
@@ -214,7 +215,7 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         shape.app.queue = Arc::new(queue);
     }
 
-    let token = admin_token(&shape, &settings).await?;
+    let token = as_function(API, admin_token(&shape, &settings)).await?;
     let token_source = if let Some(parameter) = &settings.admin_token_parameter {
         TokenSource::Parameter(parameter.clone())
     } else if settings.admin_token.is_some() {
@@ -222,7 +223,14 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     } else {
         TokenSource::ControlTable(settings.tables.control.clone())
     };
-    let router = handlers::api_router_with_token(&shape, token.clone()).await?;
+    let router = as_function(API, handlers::api_router_with_token(&shape, token.clone()))
+        .await?
+        // Each request is the api function's work (axum runs it on a task of its own).
+        .layer(axum::middleware::from_fn(
+            |request: axum::extract::Request, next: axum::middleware::Next| {
+                as_function(API, next.run(request))
+            },
+        ));
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|source| LocalError::Listen {
@@ -238,19 +246,25 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     let mut tasks = Vec::new();
     let stream = StreamPoller {
         shape: shape.clone(),
-        dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
-        streams: aws_sdk_dynamodbstreams::Client::new(&sdk),
+        dynamodb: super::meter::clients::dynamodb(&sdk, None),
+        streams: super::meter::clients::dynamodbstreams(&sdk, None),
         table: settings.tables.events.clone(),
         checkpoints: settings.tables.control.clone(),
     };
-    tasks.push(tokio::spawn(stream.run(stopped.clone())));
+    tasks.push(tokio::spawn(as_function(
+        FANOUT,
+        stream.run(stopped.clone()),
+    )));
     for _ in 0..options.sender_loops {
         let consumer = QueueConsumer {
             shape: shape.clone(),
             sqs: sqs.clone(),
             queue_url: settings.queue_url.clone(),
         };
-        tasks.push(tokio::spawn(consumer.run(stopped.clone())));
+        tasks.push(tokio::spawn(as_function(
+            SENDER,
+            consumer.run(stopped.clone()),
+        )));
     }
     if let Some((group, _)) = &settings.scheduler {
         let firer = ScheduleFirer {
@@ -260,7 +274,10 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
             queue_url: settings.queue_url.clone(),
             queue_arn: settings.queue_arn.clone(),
         };
-        tasks.push(tokio::spawn(firer.run(stopped.clone())));
+        tasks.push(tokio::spawn(as_function(
+            RUNNER,
+            firer.run(stopped.clone()),
+        )));
     }
     let grace = settings.sweep_grace;
     let sweeper = shape.clone();
@@ -270,7 +287,13 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         move || {
             let shape = sweeper.clone();
             async move {
-                if let Err(error) = handlers::sweep(&shape, grace).await {
+                // EventBridge Scheduler invokes the function with the schedule's role.
+                super::record::note(
+                    "schedule:SweeperFunction",
+                    "lambda:InvokeFunction",
+                    "${SweeperFunction.Arn}",
+                );
+                if let Err(error) = as_function(SWEEPER, handlers::sweep(&shape, grace)).await {
                     tracing::warn!(%error, "sweep failed; next interval tries again");
                 }
             }
@@ -283,7 +306,12 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         move || {
             let shape = checker.clone();
             async move {
-                if let Err(error) = handlers::check_health(&shape).await {
+                super::record::note(
+                    "schedule:HealthFunction",
+                    "lambda:InvokeFunction",
+                    "${HealthFunction.Arn}",
+                );
+                if let Err(error) = as_function(HEALTH, handlers::check_health(&shape)).await {
                     tracing::warn!(%error, "health check failed; next interval tries again");
                 }
             }
@@ -345,6 +373,14 @@ where
     }
 }
 
+// Whose work is whose, by the template's names: the function, or the role AWS acts with.
+const API: &str = "ApiFunction";
+const FANOUT: &str = "FanoutFunction";
+const SENDER: &str = "SenderFunction";
+const SWEEPER: &str = "SweeperFunction";
+const HEALTH: &str = "HealthFunction";
+const SCHEDULER_ROLE: &str = "SchedulerSendRole";
+
 const IDLE_POLL: Duration = Duration::from_millis(250);
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 const SHARD_REFRESH: Duration = Duration::from_secs(10);
@@ -377,13 +413,15 @@ struct ShardCursor {
 
 impl StreamPoller {
     async fn stream_arn(&self) -> Result<String, String> {
-        let described = self
-            .dynamodb
-            .describe_table()
-            .table_name(&self.table)
-            .send()
-            .await
-            .map_err(|e| error_text(&e))?;
+        let described = as_function(
+            RUNNER,
+            self.dynamodb
+                .describe_table()
+                .table_name(&self.table)
+                .send(),
+        )
+        .await
+        .map_err(|e| error_text(&e))?;
         described
             .table()
             .and_then(|t| t.latest_stream_arn())
@@ -442,17 +480,19 @@ impl StreamPoller {
 
     /// The last sequence number of `shard` a previous run fanned out, if any.
     async fn checkpoint(&self, shard: &str) -> Option<String> {
-        let read = self
-            .dynamodb
-            .get_item()
-            .table_name(&self.checkpoints)
-            .key(
-                "pk",
-                aws_sdk_dynamodb::types::AttributeValue::S(format!("stream#{shard}")),
-            )
-            .consistent_read(true)
-            .send()
-            .await;
+        let read = as_function(
+            RUNNER,
+            self.dynamodb
+                .get_item()
+                .table_name(&self.checkpoints)
+                .key(
+                    "pk",
+                    aws_sdk_dynamodb::types::AttributeValue::S(format!("stream#{shard}")),
+                )
+                .consistent_read(true)
+                .send(),
+        )
+        .await;
         match read {
             Ok(out) => match out.item.as_ref().and_then(|item| item.get("after")) {
                 Some(aws_sdk_dynamodb::types::AttributeValue::S(sequence)) => {
@@ -469,20 +509,22 @@ impl StreamPoller {
     }
 
     async fn save_checkpoint(&self, shard: &str, sequence: &str) {
-        let written = self
-            .dynamodb
-            .put_item()
-            .table_name(&self.checkpoints)
-            .item(
-                "pk",
-                aws_sdk_dynamodb::types::AttributeValue::S(format!("stream#{shard}")),
-            )
-            .item(
-                "after",
-                aws_sdk_dynamodb::types::AttributeValue::S(sequence.to_owned()),
-            )
-            .send()
-            .await;
+        let written = as_function(
+            RUNNER,
+            self.dynamodb
+                .put_item()
+                .table_name(&self.checkpoints)
+                .item(
+                    "pk",
+                    aws_sdk_dynamodb::types::AttributeValue::S(format!("stream#{shard}")),
+                )
+                .item(
+                    "after",
+                    aws_sdk_dynamodb::types::AttributeValue::S(sequence.to_owned()),
+                )
+                .send(),
+        )
+        .await;
         if let Err(e) = written {
             tracing::warn!(shard, error = %error_text(&e), "cannot save the stream checkpoint; a restart reads these records again");
         }
@@ -863,12 +905,15 @@ impl ScheduleFirer {
             .sqs_parameters()
             .and_then(|p| p.message_group_id())
             .map(str::to_owned);
-        self.sqs
+        // Sent by EventBridge Scheduler with the schedule's role.
+        let sent = self
+            .sqs
             .send_message()
             .queue_url(&self.queue_url)
             .message_body(input)
             .set_message_group_id(group_id)
-            .send()
+            .send();
+        as_function(SCHEDULER_ROLE, sent)
             .await
             .map_err(|e| error_text(&e))?;
         // Sent first, deleted after: a failure in between sends the message twice, which

@@ -1036,14 +1036,18 @@ pub mod clients {
 
     use super::Meter;
 
-    /// One `pub fn $name(sdk, meter) -> $sdk::Client` per SDK: the four builders are
-    /// distinct types with no common trait.
+    /// One `pub fn $name(sdk, meter) -> $sdk::Client` per SDK: the builders are distinct
+    /// types with no common trait. Every client also gets the request recorder when
+    /// `HOOKLANE_AWS_REQUEST_LOG` is set (`aws::record`).
     macro_rules! client_with_meter {
         ($name:ident, $sdk:ident) => {
             pub fn $name(sdk: &SdkConfig, meter: Option<&Meter>) -> $sdk::Client {
                 let mut config = $sdk::config::Builder::from(sdk);
                 if let Some(meter) = meter {
                     config = config.interceptor(meter.interceptor());
+                }
+                if let Some(recorder) = crate::aws::record::recorder() {
+                    config = config.interceptor(recorder);
                 }
                 $sdk::Client::from_conf(config.build())
             }
@@ -1054,6 +1058,8 @@ pub mod clients {
     client_with_meter!(sqs, aws_sdk_sqs);
     client_with_meter!(scheduler, aws_sdk_scheduler);
     client_with_meter!(sesv2, aws_sdk_sesv2);
+    client_with_meter!(dynamodbstreams, aws_sdk_dynamodbstreams);
+    client_with_meter!(ssm, aws_sdk_ssm);
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod dlq;
 pub mod handlers;
 pub mod local;
 pub mod meter;
+pub mod record;
 pub mod shape;
 pub mod stack;
 pub mod stream;

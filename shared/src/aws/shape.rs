@@ -250,7 +250,7 @@ pub async fn admin_token(
     settings: &AwsSettings,
 ) -> Result<String, AdminTokenError> {
     if let Some(parameter) = &settings.admin_token_parameter {
-        let ssm = aws_sdk_ssm::Client::new(&load_sdk_config().await);
+        let ssm = clients::ssm(&load_sdk_config().await, None);
         return admin_token_from_parameter(&ssm, parameter).await;
     }
     if let Some(token) = &settings.admin_token {
