@@ -187,3 +187,25 @@ pub fn capture_lambda_metrics(
     crate::telemetry::describe();
     (publisher, capture, guard)
 }
+
+/// `infra/template.yaml` as CloudFormation deploys it, translated by aws-sam-translator
+/// (`tests/sam_translate.py` in the test venv, `HOOKLANE_TEST_PYTHON`); with
+/// `--managed-policies ARN...` as `args`, those AWS managed policies' documents instead.
+pub fn sam_translated(args: &[&str]) -> serde_json::Value {
+    let python = std::env::var("HOOKLANE_TEST_PYTHON").expect(
+        "HOOKLANE_TEST_PYTHON is not set: this test translates the template with \
+         aws-sam-translator from the test environment (scripts/test-env prints its python)",
+    );
+    let output = std::process::Command::new(python)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .arg("tests/sam_translate.py")
+        .args(args)
+        .output()
+        .expect("run tests/sam_translate.py");
+    assert!(
+        output.status.success(),
+        "tests/sam_translate.py failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON from tests/sam_translate.py")
+}

@@ -28,16 +28,12 @@ use serde_json::json;
 
 use crate::support::{Scratch, Server};
 
-/// The variables a SAM stack sets for the functions, for the stack `settings` names.
+/// The variables a SAM stack sets for the sender (the other functions get a subset), for the
+/// stack `settings` names.
 pub(crate) fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
-    let prefix = settings
-        .tables
-        .accounts
-        .strip_suffix("-accounts")
-        .expect("table names carry the stack prefix");
     let (group, role) = settings.scheduler.clone().expect("a schedule group");
-    [
-        ("HOOKLANE_TABLE_PREFIX", prefix.to_owned()),
+    let mut env: Vec<(String, String)> = [
+        ("HOOKLANE_TABLE_PREFIX", settings.tables.prefix().to_owned()),
         ("HOOKLANE_QUEUE_URL", settings.queue_url.clone()),
         ("HOOKLANE_QUEUE_ARN", settings.queue_arn.clone()),
         ("HOOKLANE_SCHEDULE_GROUP", group),
@@ -45,7 +41,11 @@ pub(crate) fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
-    .collect()
+    .collect();
+    if let Some(dead_letters) = &settings.schedule_dead_letter_arn {
+        env.push(("HOOKLANE_SCHEDULE_DLQ_ARN".to_owned(), dead_letters.clone()));
+    }
+    env
 }
 
 pub(crate) fn with(mut env: Vec<(String, String)>, more: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -23,26 +23,11 @@ use serde_json::{json, Value};
 
 use crate::{
     aws_pipeline::{stack_env, unique, with},
-    support::{test_python, Scratch, Server, ADMIN_TOKEN},
+    support::{Scratch, Server, ADMIN_TOKEN},
 };
 
 fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-fn python_json(args: &[&str]) -> Value {
-    let output = std::process::Command::new(test_python())
-        .current_dir(root())
-        .arg("tests/sam_translate.py")
-        .args(args)
-        .output()
-        .expect("run tests/sam_translate.py");
-    assert!(
-        output.status.success(),
-        "tests/sam_translate.py failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("JSON from tests/sam_translate.py")
 }
 
 /// One recorded request, its resource resolved for the stack.
@@ -95,7 +80,7 @@ fn read_requests(path: &Path, stack: &Stack) -> (BTreeSet<Request>, usize) {
 /// The translated template, once for all tests.
 fn translated() -> &'static Value {
     static TRANSLATED: OnceLock<Value> = OnceLock::new();
-    TRANSLATED.get_or_init(|| python_json(&[]))
+    TRANSLATED.get_or_init(|| hooklane::testing::sam_translated(&[]))
 }
 
 /// The roles of the translated template: name → {principal, policies: [{name, document}]},
@@ -117,7 +102,7 @@ fn roles(stack: &Stack) -> BTreeMap<String, Value> {
     let documents = DOCUMENTS.get_or_init(|| {
         let mut args = vec!["--managed-policies"];
         args.extend(managed.iter().map(String::as_str));
-        python_json(&args)
+        hooklane::testing::sam_translated(&args)
     });
     let mut roles = BTreeMap::new();
     for (name, resource) in resources
@@ -420,12 +405,8 @@ fn check(server: &Server) -> Checked {
 /// Every AWS request `server` made (so far) is allowed by the template's roles.
 pub(crate) fn assert_allowed(server: &Server) {
     let checked = check(server);
-    let denied = &checked.verdict.denied;
-    assert!(
-        denied.is_empty(),
-        "requests the template's roles do not allow:\n{}",
-        denied.join("\n")
-    );
+    // Checked first: an unattributed request is also denied (no role runs it), but this
+    // says why.
     assert!(
         checked.requests.iter().all(|r| r.who != "unattributed"),
         "requests made outside any function's work: {:?}",
@@ -434,6 +415,12 @@ pub(crate) fn assert_allowed(server: &Server) {
             .iter()
             .filter(|r| r.who == "unattributed")
             .collect::<Vec<_>>()
+    );
+    let denied = &checked.verdict.denied;
+    assert!(
+        denied.is_empty(),
+        "requests the template's roles do not allow:\n{}",
+        denied.join("\n")
     );
     eprintln!(
         "iam: {} requests ({} distinct) allowed by the template's roles",
@@ -587,6 +574,10 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
         eprintln!("iam:   {line}");
     }
     assert!(
+        !whos.contains("unattributed"),
+        "requests made outside any function's work"
+    );
+    assert!(
         verdict.denied.is_empty(),
         "requests the template's roles do not allow:\n{}",
         verdict.denied.join("\n")
@@ -600,10 +591,6 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
     assert!(
         whos.contains("SchedulerSendRole"),
         "no send with the Scheduler's role was recorded"
-    );
-    assert!(
-        !whos.contains("unattributed"),
-        "requests made outside any function's work"
     );
 
     // Negative control: without the API's grant for the replay's audit row, the same

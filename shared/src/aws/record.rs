@@ -43,7 +43,8 @@ fn current_function() -> &'static str {
 #[derive(Debug, Clone)]
 pub struct RequestRecorder {
     sink: Arc<Mutex<File>>,
-    /// `GetRecords` names only a shard iterator: its stream is the one last asked for.
+    /// `GetRecords` names only a shard iterator: its stream is the one last asked for (the
+    /// runner reads one stream).
     stream: Arc<Mutex<String>>,
 }
 
@@ -89,7 +90,8 @@ fn index(name: Option<&str>, index: Option<&str>) -> String {
 /// `http://host:port/{account}/{name}`) as an ARN.
 fn queue(url: Option<&str>) -> String {
     let mut parts = url.unwrap_or_default().trim_end_matches('/').rsplit('/');
-    let (name, account) = (parts.next().unwrap_or("*"), parts.next().unwrap_or(ACCOUNT));
+    let name = parts.next().filter(|n| !n.is_empty()).unwrap_or("*");
+    let account = parts.next().filter(|a| !a.is_empty()).unwrap_or(ACCOUNT);
     format!("arn:aws:sqs:{REGION}:{account}:{name}")
 }
 
@@ -215,10 +217,11 @@ impl RequestRecorder {
         }
         if let Some(i) = input.downcast_ref::<streams::get_shard_iterator::GetShardIteratorInput>()
         {
-            return vec![need(
-                "dynamodb:GetShardIterator",
-                i.stream_arn().unwrap_or("*").to_owned(),
-            )];
+            let arn = i.stream_arn().unwrap_or("*").to_owned();
+            if let Ok(mut last) = self.stream.lock() {
+                last.clone_from(&arn);
+            }
+            return vec![need("dynamodb:GetShardIterator", arn)];
         }
         if input
             .downcast_ref::<streams::get_records::GetRecordsInput>()

@@ -111,6 +111,13 @@ impl TableNames {
             control: format!("{prefix}-control"),
         }
     }
+
+    /// The prefix the names were made with (the stack's name).
+    pub fn prefix(&self) -> &str {
+        self.accounts
+            .strip_suffix("-accounts")
+            .unwrap_or(&self.accounts)
+    }
 }
 
 /// How long DynamoDB keeps events and attempts (through TTL) after they were written.
@@ -2731,18 +2738,15 @@ impl Store for DynamoStore {
     }
 }
 
-/// The stack name `tables` were named for (`TableNames::with_prefix`).
-fn stack_name(tables: &TableNames) -> &str {
-    tables
-        .accounts
-        .strip_suffix("-accounts")
-        .unwrap_or(&tables.accounts)
-}
-
 /// Creates the tables as `infra/template.yaml` defines them (for tests and local development;
 /// CloudFormation creates them in production). Tables that already exist are reused.
 pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<()> {
-    crate::aws::stack::create_tables(client, stack_name(tables))
+    if TableNames::with_prefix(tables.prefix()) != *tables {
+        return Err(StoreError::Backend(format!(
+            "the template names its tables after the stack; {tables:?} are not"
+        )));
+    }
+    crate::aws::stack::create_tables(client, tables.prefix())
         .await
         .map_err(|e| StoreError::Backend(e.to_string()))
 }
@@ -2750,7 +2754,7 @@ pub async fn create_tables(client: &Client, tables: &TableNames) -> StoreResult<
 /// The tables' keys and indexes as the request meter needs them, read from the template.
 pub fn table_layouts(tables: &TableNames) -> Vec<crate::aws::meter::TableLayout> {
     use crate::aws::meter::{IndexLayout, Projected, TableLayout};
-    let name = stack_name(tables);
+    let name = tables.prefix();
     let definitions = crate::aws::stack::Stack::new(name, "", "", &[])
         .and_then(|stack| crate::aws::stack::TableDefinition::all(&stack))
         .unwrap_or_default();

@@ -30,7 +30,7 @@ pub(super) fn check_types(resources: &Map<String, Value>) -> Result<(), StackErr
         let kind = resource["Type"].as_str().unwrap_or_default();
         if !PROVISIONED.contains(&kind) && !NOT_PROVISIONED.contains(&kind) {
             return Err(template_error(format!(
-                "{logical} is a {kind}, which the provisioner (shared/src/aws/stack.rs) neither creates nor leaves out on purpose"
+                "{logical} is a {kind}, which the provisioner (shared/src/aws/stack/) neither creates nor leaves out on purpose"
             )));
         }
     }
@@ -46,8 +46,10 @@ fn create_error(resource: &str, message: impl Into<String>) -> StackError {
 
 /// Creates the stack `name` on the AWS endpoint in use (the emulator in tests and local
 /// development; `sam deploy` does this in production): its queues, tables and schedule
-/// groups, as the template defines them. Existing ones are reused (and their settings put
-/// back to the template's). Every other resource type must be one the provisioner leaves out.
+/// groups, as the template defines them. Existing queues get the template's settings back;
+/// existing tables are reused as they are (keys and indexes cannot change in place), with
+/// their TTL and point-in-time recovery turned on. Every other resource type must be one the
+/// provisioner leaves out.
 pub async fn deploy(
     sdk: &SdkConfig,
     name: &str,
@@ -57,6 +59,14 @@ pub async fn deploy(
         .as_object()
         .ok_or_else(|| template_error("no Resources"))?;
     check_types(all)?;
+    // Without the roles the stack is not whole (the sender's schedules need the Scheduler's
+    // role): on AWS itself the template is deployed with SAM.
+    if sdk.endpoint_url().is_none() {
+        return Err(template_error(
+            "provisioning makes a stack on an emulator (set AWS_ENDPOINT_URL); on AWS, deploy \
+             infra/template.yaml with sam deploy, which also creates the roles",
+        ));
+    }
     let region = sdk.region().map_or("us-east-1", |r| r.as_ref()).to_owned();
     // The queues reference only each other (a redrive policy names its target's ARN), and
     // the account the stack is in is read off the first queue's ARN.
@@ -129,7 +139,17 @@ fn queue_attributes(
                 name = Some(text(&v));
                 continue;
             }
-            ("RedrivePolicy" | "RedriveAllowPolicy", v @ Value::Object(_)) => v.to_string(),
+            ("RedrivePolicy" | "RedriveAllowPolicy", v @ Value::Object(_)) => {
+                // Its target must be created first: a queue not created yet has no account.
+                let target = v["deadLetterTargetArn"].as_str().unwrap_or_default();
+                if property == "RedrivePolicy" && target.split(':').nth(4).is_none_or(str::is_empty)
+                {
+                    return Err(template_error(format!(
+                        "{logical}: its dead-letter queue {target} is not created before it"
+                    )));
+                }
+                v.to_string()
+            }
             (
                 "VisibilityTimeout"
                 | "MessageRetentionPeriod"
@@ -160,6 +180,14 @@ async fn create_queue(
 ) -> Result<Physical, StackError> {
     let (name, attributes) = queue_attributes(stack, logical, properties)?;
     let name = name.unwrap_or_else(|| generated_name(&stack.name, logical));
+    if name.len() > 80 {
+        return Err(create_error(
+            logical,
+            format!(
+                "queue name {name} is longer than SQS's 80 characters: choose a shorter stack name"
+            ),
+        ));
+    }
     let created = sqs
         .create_queue()
         .queue_name(&name)
@@ -411,10 +439,11 @@ async fn create_table(
             .send()
             .await
             .map_err(|e| fail(error_text(&e)))?;
-        let enabled = current
-            .time_to_live_description()
-            .and_then(|d| d.attribute_name())
-            == Some(attribute.as_str());
+        let description = current.time_to_live_description();
+        let enabled = description.and_then(|d| d.attribute_name()) == Some(attribute.as_str())
+            && description
+                .and_then(|d| d.time_to_live_status())
+                .is_some_and(|s| matches!(s.as_str(), "ENABLED" | "ENABLING"));
         if !enabled {
             let ttl = TimeToLiveSpecification::builder()
                 .attribute_name(attribute)
@@ -435,13 +464,29 @@ async fn create_table(
             .point_in_time_recovery_enabled(true)
             .build()
             .map_err(|e| fail(e.to_string()))?;
-        client
-            .update_continuous_backups()
-            .table_name(&definition.name)
-            .point_in_time_recovery_specification(pitr)
-            .send()
-            .await
-            .map_err(|e| fail(error_text(&e)))?;
+        // A table just created refuses this for a while on AWS ("backups are being
+        // enabled"): asked again until it takes it.
+        let mut tries = 0;
+        loop {
+            let updated = client
+                .update_continuous_backups()
+                .table_name(&definition.name)
+                .point_in_time_recovery_specification(pitr.clone())
+                .send()
+                .await;
+            match updated {
+                Ok(_) => break,
+                Err(e)
+                    if tries < 60
+                        && e.as_service_error()
+                            .is_some_and(|s| s.is_continuous_backups_unavailable_exception()) =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(fail(error_text(&e))),
+            }
+        }
     }
     Ok(stream_arn)
 }

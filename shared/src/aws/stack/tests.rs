@@ -104,19 +104,7 @@ fn the_sender_is_given_the_stack_it_runs_in() {
 /// reader): the reference the provisioned stack is checked against.
 fn translated() -> Value {
     crate::testing::require_emulator();
-    let python = std::env::var("HOOKLANE_TEST_PYTHON")
-        .expect("HOOKLANE_TEST_PYTHON (scripts/test-env prints it)");
-    let output = std::process::Command::new(python)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .arg("tests/sam_translate.py")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    crate::testing::sam_translated(&[])
 }
 
 fn sorted(mut pairs: Vec<(String, String)>) -> Vec<(String, String)> {
