@@ -201,15 +201,16 @@ impl Stack {
             );
             stack.resources.insert(logical.clone(), physical);
         }
-        // Queues as the provisioner names them (CloudFormation adds a random suffix); their
-        // URLs are known once created.
+        // Queues as the provisioner names them (CloudFormation adds a random suffix).
         for (logical, properties) in resources_of("AWS::SQS::Queue")? {
             let queue = match &properties["QueueName"] {
                 Value::Null => generated_name(name, logical),
                 named => stack.string(named)?,
             };
             let mut physical = stack.named(&queue, format!("sqs:{region}:{account}:{queue}"));
-            physical.reference.clear();
+            // The URL as SQS gives it on AWS; an emulator's differs, and creating the queue
+            // puts the real one here.
+            physical.reference = format!("https://sqs.{region}.amazonaws.com/{account}/{queue}");
             physical.attributes.insert("QueueName".to_owned(), queue);
             stack.resources.insert(logical.clone(), physical);
         }

@@ -100,6 +100,57 @@ fn the_sender_is_given_the_stack_it_runs_in() {
     );
 }
 
+/// Each function's environment in the template configures it as its `main` reads it
+/// (`AwsSettings::from_vars`, as `from_env` in Lambda), with what that function needs.
+#[test]
+fn every_function_is_configured_by_its_template_environment() {
+    use crate::aws::shape::AwsSettings;
+    let stack = stack();
+    for function in Stack::functions().unwrap() {
+        let mut vars: std::collections::HashMap<String, String> =
+            stack.function_env(function).unwrap().into_iter().collect();
+        vars.insert("AWS_LAMBDA_FUNCTION_NAME".into(), format!("st-{function}"));
+        let settings = AwsSettings::from_vars(&vars)
+            .unwrap_or_else(|e| panic!("{function}'s template environment: {e}"));
+        assert_eq!(settings.tables.prefix(), "st", "{function}");
+        assert_eq!(
+            settings.queue_arn, "arn:aws:sqs:eu-west-1:111122223333:st-DeliveryQueue",
+            "{function}"
+        );
+        assert!(settings.in_lambda);
+        match function {
+            // The api reads its admin token from the parameter, and nothing else may.
+            "ApiFunction" => assert_eq!(
+                settings.admin_token_parameter.as_deref(),
+                Some("/hooklane/admin-token")
+            ),
+            // Only the sender schedules retries, each with the schedules' dead-letter queue.
+            "SenderFunction" => {
+                assert!(settings.scheduler.is_some());
+                assert!(settings.schedule_dead_letter_arn.is_some());
+            }
+            // The health check mails owners from the configured identity.
+            "HealthFunction" => assert_eq!(
+                settings.notification_from.as_deref(),
+                Some("webhooks@example.com")
+            ),
+            _ => {}
+        }
+        if function != "ApiFunction" {
+            assert_eq!(
+                settings.admin_token_parameter, None,
+                "{function} is given the admin token's parameter"
+            );
+        }
+        if function != "SenderFunction" {
+            assert!(
+                settings.scheduler.is_none(),
+                "{function} is given the scheduler settings"
+            );
+        }
+    }
+}
+
 /// The template as cfn-lint's decoder and aws-sam-translator read it (not this module's
 /// reader): the reference the provisioned stack is checked against.
 fn translated() -> Value {
