@@ -7,6 +7,7 @@ mod access;
 mod aws_pipeline;
 mod bad_input;
 mod bench_smoke;
+mod bootstraps;
 mod crash;
 mod delivery_log;
 mod delivery_rules;

@@ -15,6 +15,7 @@ pub mod stream;
 
 // The SDK crates, for callers that add their own writes (the outbox helper's transaction).
 pub use aws_sdk_dynamodb;
+pub use aws_sdk_dynamodbstreams;
 pub use aws_sdk_scheduler;
 pub use aws_sdk_sesv2;
 pub use aws_sdk_sqs;
