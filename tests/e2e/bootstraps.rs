@@ -26,8 +26,8 @@ use axum::{
 };
 use hooklane::{
     aws::{
-        aws_sdk_dynamodbstreams, aws_sdk_sesv2, aws_sdk_sqs, aws_sdk_ssm, load_sdk_config,
-        local::image_json, shape, stack::Stack,
+        aws_sdk_dynamodbstreams, aws_sdk_sqs, load_sdk_config, local::image_json, shape,
+        stack::Stack,
     },
     config::CoreConfig,
     testing::require_emulator,
@@ -302,25 +302,9 @@ async fn the_five_bootstraps_run_on_the_template_environment_behind_a_runtime_ap
         .await
         .expect("provision");
     let sdk = load_sdk_config().await;
-    // What the deployer creates beside the stack: the admin token's parameter and a verified
-    // identity for owner mail, both named by the stack's parameters.
-    let parameter = format!("/{prefix}/admin-token");
+    // What the deployer creates beside the stack, named by the stack's parameters.
     let token = "hl_admin_bootstrap_test_0123456789";
-    aws_sdk_ssm::Client::new(&sdk)
-        .put_parameter()
-        .name(&parameter)
-        .value(token)
-        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
-        .send()
-        .await
-        .unwrap();
-    let from = format!("{}@example.com", unique("owners"));
-    aws_sdk_sesv2::Client::new(&sdk)
-        .create_email_identity()
-        .email_identity(&from)
-        .send()
-        .await
-        .unwrap();
+    let (parameter, from) = crate::iam::deployer_setup(&prefix, token).await;
     stack
         .parameters
         .insert("AdminTokenParameterName".into(), parameter);

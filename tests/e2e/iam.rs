@@ -429,24 +429,15 @@ pub(crate) fn assert_allowed(server: &Server) {
     );
 }
 
-const WAIT: Duration = Duration::from_secs(60);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_template() {
-    require_emulator();
-    let started = Instant::now();
-    let prefix = unique("iam");
-    let settings = shape::provision(&prefix, CoreConfig::default())
-        .await
-        .expect("provision");
+/// What a deployer creates beside a stack: the admin token's SSM parameter (holding
+/// `token`) and a verified SES identity for owner mail. Returns their names.
+pub(crate) async fn deployer_setup(prefix: &str, token: &str) -> (String, String) {
     let sdk = load_sdk_config().await;
-    // The admin token from its SSM parameter and owner mail from a verified address, as
-    // deployed; the stack's parameters name both, so the roles' grants name them too.
     let parameter = format!("/{prefix}/admin-token");
     aws_sdk_ssm::Client::new(&sdk)
         .put_parameter()
         .name(&parameter)
-        .value(ADMIN_TOKEN)
+        .value(token)
         .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
         .send()
         .await
@@ -458,6 +449,22 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
         .send()
         .await
         .expect("SES identity");
+    (parameter, from)
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_template() {
+    require_emulator();
+    let started = Instant::now();
+    let prefix = unique("iam");
+    let settings = shape::provision(&prefix, CoreConfig::default())
+        .await
+        .expect("provision");
+    // The admin token from its SSM parameter and owner mail from a verified address, as
+    // deployed; the stack's parameters name both, so the roles' grants name them too.
+    let (parameter, from) = deployer_setup(&prefix, ADMIN_TOKEN).await;
 
     let farm = Farm::start().await.expect("farm");
     farm.configure("later", Behavior::failing_first(1));
