@@ -3,9 +3,7 @@
 use std::{collections::HashMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use hooklane::{
-    config::parse_duration,
-    domain::{AccountId, RetrySchedule},
-    http::AddressPolicy,
+    config::{parse_duration, CORE_SETTINGS},
     CoreConfig,
 };
 use serde::Deserialize;
@@ -179,49 +177,17 @@ impl ServeConfig {
                 .ok_or_else(|| invalid("workers", "must be a number from 1 to 10000".into()))?,
             None => 64,
         };
-        let allow = get("allow_cidrs")
-            .map(|raw| {
-                raw.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|cidr| {
-                        cidr.parse::<ipnet::IpNet>()
-                            .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                            .map_err(|_| {
-                                invalid(
-                                    "allow_cidrs",
-                                    format!("`{cidr}` is not a CIDR like 127.0.0.0/8"),
-                                )
-                            })
-                    })
-                    .collect::<Result<Vec<_>, _>>()
+        let core = CoreConfig::default()
+            .with_settings(|variable| {
+                CORE_SETTINGS
+                    .iter()
+                    .find(|(_, v)| *v == variable)
+                    .and_then(|(name, _)| get(name))
             })
-            .transpose()?
-            .unwrap_or_default();
-        let https_only = match get("https_only") {
-            None | Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(other) => {
-                return Err(invalid(
-                    "https_only",
-                    format!("`{other}` is not true or false"),
-                ))
-            }
-        };
-        let mut core = CoreConfig::default();
-        core.sender.policy = AddressPolicy::new(allow, https_only);
-        if let Some(raw) = get("retry_schedule") {
-            core.retry.schedule =
-                RetrySchedule::parse(raw).map_err(|e| invalid("retry_schedule", e.message))?;
-        }
-        if let Some(raw) = get("disable_after") {
-            core.disable_after = parse_duration(raw, "disable_after")
-                .map_err(|e| invalid("disable_after", e.message))?;
-        }
-        if let Some(raw) = get("operations_account") {
-            core.operations_account =
-                Some(AccountId::parse(raw).map_err(|e| invalid("operations_account", e.message))?);
-        }
+            .map_err(|e| ConfigError::Value {
+                name: e.field.to_owned(),
+                message: e.message,
+            })?;
         let duration_or =
             |name: &'static str, default: Duration| -> Result<Duration, ConfigError> {
                 match get(name) {
@@ -272,6 +238,7 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hooklane::domain::RetrySchedule;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
@@ -328,5 +295,9 @@ mod tests {
         let err =
             ServeConfig::load(None, &vars(&[("HOOKLANE_DISABLE_AFTER", "soon")])).unwrap_err();
         assert!(err.to_string().contains("HOOKLANE_DISABLE_AFTER"), "{err}");
+        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_HTTPS_ONLY", "yes")])).unwrap_err();
+        assert!(err.to_string().starts_with("HOOKLANE_HTTPS_ONLY"), "{err}");
+        let config = ServeConfig::load(None, &vars(&[("HOOKLANE_HTTPS_ONLY", "1")])).unwrap();
+        assert!(config.core.sender.policy.https_only());
     }
 }

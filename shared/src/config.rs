@@ -3,9 +3,19 @@
 use std::time::Duration;
 
 use crate::{
-    domain::{AccountId, InvalidField, RetryPolicy},
+    domain::{AccountId, InvalidField, RetryPolicy, RetrySchedule},
     http::{AddressPolicy, SenderConfig},
 };
+
+/// The engine's rules as settings, `(name in a config file, environment variable)`. Both
+/// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
+pub const CORE_SETTINGS: [(&str, &str); 5] = [
+    ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
+    ("https_only", "HOOKLANE_HTTPS_ONLY"),
+    ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
+    ("disable_after", "HOOKLANE_DISABLE_AFTER"),
+    ("operations_account", "HOOKLANE_OPERATIONS_ACCOUNT"),
+];
 
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -38,6 +48,59 @@ impl Default for CoreConfig {
 impl CoreConfig {
     pub fn address_policy(&self) -> &AddressPolicy {
         &self.sender.policy
+    }
+
+    /// This configuration with the [`CORE_SETTINGS`] that `get` has (asked by variable
+    /// name; blank counts as unset). An invalid value is an error naming its variable.
+    pub fn with_settings<'a>(
+        mut self,
+        get: impl Fn(&'static str) -> Option<&'a str>,
+    ) -> Result<Self, InvalidField> {
+        let get = |name: &'static str| get(name).map(str::trim).filter(|v| !v.is_empty());
+        let mut allow = self.sender.policy.allow_list().to_vec();
+        if let Some(raw) = get("HOOKLANE_ALLOW_CIDRS") {
+            allow = raw
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(|cidr| {
+                    cidr.parse::<ipnet::IpNet>()
+                        .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map_err(|_| {
+                            InvalidField::new(
+                                "HOOKLANE_ALLOW_CIDRS",
+                                format!("`{cidr}` is not a CIDR like 127.0.0.0/8"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+        }
+        let https_only = match get("HOOKLANE_HTTPS_ONLY") {
+            None => self.sender.policy.https_only(),
+            Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => {
+                return Err(InvalidField::new(
+                    "HOOKLANE_HTTPS_ONLY",
+                    format!("`{other}` is not true or false"),
+                ))
+            }
+        };
+        self.sender.policy = AddressPolicy::new(allow, https_only);
+        if let Some(raw) = get("HOOKLANE_RETRY_SCHEDULE") {
+            self.retry.schedule = RetrySchedule::parse(raw)
+                .map_err(|e| InvalidField::new("HOOKLANE_RETRY_SCHEDULE", e.message))?;
+        }
+        if let Some(raw) = get("HOOKLANE_DISABLE_AFTER") {
+            self.disable_after = parse_duration(raw, "HOOKLANE_DISABLE_AFTER")?;
+        }
+        if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
+            self.operations_account = Some(
+                AccountId::parse(raw)
+                    .map_err(|e| InvalidField::new("HOOKLANE_OPERATIONS_ACCOUNT", e.message))?,
+            );
+        }
+        Ok(self)
     }
 }
 
@@ -80,6 +143,35 @@ pub fn parse_duration(raw: &str, field: &'static str) -> Result<Duration, Invali
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_core_settings_parse_once_for_both_shapes() {
+        let vars = std::collections::HashMap::from([
+            ("HOOKLANE_HTTPS_ONLY", "true"),
+            ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1"),
+            ("HOOKLANE_DISABLE_AFTER", " 2h "),
+            ("HOOKLANE_RETRY_SCHEDULE", ""),
+        ]);
+        let core = CoreConfig::default()
+            .with_settings(|name| vars.get(name).copied())
+            .unwrap();
+        assert!(core.sender.policy.https_only());
+        assert_eq!(core.sender.policy.allow_list().len(), 2);
+        assert_eq!(core.disable_after, Duration::from_secs(7200));
+        assert_eq!(core.retry.schedule, RetrySchedule::default(), "blank is unset");
+        for (variable, bad) in [
+            ("HOOKLANE_HTTPS_ONLY", "yes"),
+            ("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99"),
+            ("HOOKLANE_DISABLE_AFTER", "soon"),
+            ("HOOKLANE_RETRY_SCHEDULE", "x"),
+            ("HOOKLANE_OPERATIONS_ACCOUNT", "not an id!"),
+        ] {
+            let err = CoreConfig::default()
+                .with_settings(|name| (name == variable).then_some(bad))
+                .unwrap_err();
+            assert_eq!(err.field, variable, "{}", err.message);
+        }
+    }
 
     #[test]
     fn durations() {

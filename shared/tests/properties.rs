@@ -13,7 +13,7 @@ use hooklane::{
     notify::LogNotifier,
     queue::embedded::EmbeddedQueue,
     signing::{self, SigningSecret},
-    store::{sqlite::decode_cursor, sqlite::SqliteStore},
+    store::{cursor::decode as decode_cursor, sqlite::SqliteStore},
     App, CoreConfig, SystemClock,
 };
 use proptest::prelude::*;

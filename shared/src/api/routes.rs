@@ -30,7 +30,7 @@ use crate::{
         ReplayId,
     },
     service::{accounts, endpoints, publish, replay, tokens},
-    store::{sqlite::decode_cursor, DeliveryQuery},
+    store::{cursor, DeliveryQuery},
 };
 
 fn account_id(raw: &str) -> ApiResult<AccountId> {
@@ -512,7 +512,7 @@ fn delivery_query(
                 )
             }
             "cursor" => {
-                if decode_cursor(&value).is_none() {
+                if cursor::decode(&value).is_none() {
                     return Err(ApiError::bad_request(
                         "cursor",
                         "cursor is not one this API returned",

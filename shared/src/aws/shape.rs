@@ -10,8 +10,7 @@ use super::{
 use crate::{
     clock::SystemClock,
     config::{parse_duration, CoreConfig},
-    domain::AccountId,
-    http::{AddressPolicy, HttpSender},
+    http::HttpSender,
     notify::{ses::SesNotifier, LogNotifier, Notifier},
     queue::sqs::{SchedulerTarget, SqsQueue},
     slots::dynamodb::DynamoSlots,
@@ -69,40 +68,13 @@ impl AwsSettings {
                 .map(str::to_owned)
                 .ok_or_else(|| invalid(name, "must be set"))
         };
-        let mut core = CoreConfig {
+        let core = CoreConfig {
             // The health function disables endpoints and abandons their backlog.
             disable_on_attempt: false,
             ..CoreConfig::default()
-        };
-        if let Some(raw) = get("HOOKLANE_RETRY_SCHEDULE") {
-            core.retry.schedule = crate::domain::RetrySchedule::parse(raw)
-                .map_err(|e| invalid("HOOKLANE_RETRY_SCHEDULE", e.message))?;
         }
-        if let Some(raw) = get("HOOKLANE_DISABLE_AFTER") {
-            core.disable_after = parse_duration(raw, "HOOKLANE_DISABLE_AFTER")
-                .map_err(|e| invalid("HOOKLANE_DISABLE_AFTER", e.message))?;
-        }
-        if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
-            core.operations_account = Some(
-                AccountId::parse(raw)
-                    .map_err(|e| invalid("HOOKLANE_OPERATIONS_ACCOUNT", e.message))?,
-            );
-        }
-        if let Some(raw) = get("HOOKLANE_ALLOW_CIDRS") {
-            let allow = raw
-                .split(',')
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .map(|c| {
-                    c.parse()
-                        .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                        .map_err(|_| {
-                            invalid("HOOKLANE_ALLOW_CIDRS", format!("`{c}` is not a CIDR"))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            core.sender.policy = AddressPolicy::new(allow, core.sender.policy.https_only());
-        }
+        .with_settings(|name| vars.get(name).map(String::as_str))
+        .map_err(|e| invalid(e.field, e.message))?;
         let sweep_grace = match get("HOOKLANE_SWEEP_GRACE") {
             Some(raw) => parse_duration(raw, "HOOKLANE_SWEEP_GRACE")
                 .map_err(|e| invalid("HOOKLANE_SWEEP_GRACE", e.message))?,
@@ -384,8 +356,13 @@ mod tests {
             ("HOOKLANE_OPERATIONS_ACCOUNT", "ops"),
             ("HOOKLANE_RETRY_SCHEDULE", "60,1801"),
             ("HOOKLANE_SCHEDULE_DLQ_ARN", "arn:aws:sqs:us-east-1:1:dlq"),
+            ("HOOKLANE_HTTPS_ONLY", "true"),
         ]);
         let settings = AwsSettings::from_vars(&vars(&more)).unwrap();
+        assert!(
+            settings.core.sender.policy.https_only(),
+            "HOOKLANE_HTTPS_ONLY holds on AWS as in the embedded shape"
+        );
         assert_eq!(settings.scheduler, Some(("g".into(), "arn:role".into())));
         assert_eq!(
             settings.schedule_dead_letter_arn.as_deref(),

@@ -8,6 +8,7 @@ pub mod event;
 pub mod health;
 pub mod ids;
 pub mod outcome;
+pub mod rate;
 pub mod replay;
 pub mod schedule;
 
@@ -20,7 +21,7 @@ pub use delivery::{
 pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EventTypeFilter};
 pub use event::{Event, EventType};
 pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
-pub use outcome::{AttemptOutcome, Decision, RetryPolicy};
+pub use outcome::{AttemptOutcome, Decision, DeliveryUpdate, RetryPolicy};
 pub use replay::{Replay, ReplayFilter, ReplayScope};
 pub use schedule::RetrySchedule;
 

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::schedule::RetrySchedule;
+use super::{delivery::DeliveryStatus, schedule::RetrySchedule};
 use crate::clock::{self, Timestamp};
 
 /// What one HTTP try came to, before any decision about the delivery.
@@ -97,6 +97,38 @@ pub enum Decision {
     Failed { reason: String },
 }
 
+/// What a decision makes of its delivery: the status, the next try, the error kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryUpdate {
+    pub status: DeliveryStatus,
+    pub next_try_at: Option<Timestamp>,
+    pub last_error: Option<String>,
+}
+
+impl Decision {
+    /// The delivery after an attempt that ended with `error` (none for a 2xx) and this
+    /// decision. A failed delivery keeps the attempt's error and why it was given up on.
+    pub fn update(&self, error: Option<&str>) -> DeliveryUpdate {
+        let (status, next_try_at, last_error) = match self {
+            Decision::Delivered => (DeliveryStatus::Delivered, None, None),
+            Decision::RetryAt(at) => (DeliveryStatus::Pending, Some(*at), error.map(str::to_owned)),
+            Decision::Failed { reason } => (
+                DeliveryStatus::Failed,
+                None,
+                Some(match error {
+                    Some(error) => format!("{error} ({reason})"),
+                    None => reason.clone(),
+                }),
+            ),
+        };
+        DeliveryUpdate {
+            status,
+            next_try_at,
+            last_error,
+        }
+    }
+}
+
 /// The delivery rules: schedule, early failure on repeated client errors, `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -168,6 +200,37 @@ mod tests {
     use super::*;
     use crate::clock::from_millis;
     use rand::{rngs::StdRng, SeedableRng};
+
+    #[test]
+    fn a_decision_sets_status_next_try_and_the_error_kept() {
+        let at = from_millis(1_700_000_000_000);
+        let retry = Decision::RetryAt(at).update(Some("HTTP 503"));
+        assert_eq!(
+            (retry.status, retry.next_try_at, retry.last_error.as_deref()),
+            (DeliveryStatus::Pending, Some(at), Some("HTTP 503"))
+        );
+        let delivered = Decision::Delivered.update(None);
+        assert_eq!(
+            (
+                delivered.status,
+                delivered.next_try_at,
+                delivered.last_error
+            ),
+            (DeliveryStatus::Delivered, None, None)
+        );
+        let failed = Decision::Failed {
+            reason: "retries exhausted".into(),
+        };
+        assert_eq!(
+            failed.update(Some("HTTP 500")).last_error.as_deref(),
+            Some("HTTP 500 (retries exhausted)")
+        );
+        assert_eq!(
+            failed.update(None).last_error.as_deref(),
+            Some("retries exhausted")
+        );
+        assert_eq!(failed.update(None).status, DeliveryStatus::Failed);
+    }
 
     fn now() -> Timestamp {
         from_millis(1_700_000_000_000)

@@ -19,46 +19,36 @@ use tokio::sync::Notify;
 use super::{Queue, QueueError};
 use crate::{
     clock::{to_millis, Timestamp},
-    domain::{AccountId, DeliveryId, EndpointId},
+    domain::{rate, AccountId, DeliveryId, EndpointId},
     store::PendingRef,
 };
 
+/// An endpoint's rate limit in the lanes (the rule is `domain::rate`).
 #[derive(Debug)]
 struct TokenBucket {
-    per_second: f64,
-    tokens: f64,
-    refreshed_ms: i64,
+    per_second: u32,
+    bucket: rate::TokenBucket,
 }
 
 impl TokenBucket {
     fn new(per_second: u32, now_ms: i64) -> Self {
-        let per_second = f64::from(per_second.max(1));
         Self {
             per_second,
-            tokens: per_second,
-            refreshed_ms: now_ms,
+            bucket: rate::TokenBucket::full(per_second, now_ms),
         }
     }
 
-    fn refill(&mut self, now_ms: i64) {
-        let elapsed = (now_ms - self.refreshed_ms).max(0) as f64 / 1000.0;
-        // Burst capacity is one second's worth.
-        self.tokens = (self.tokens + elapsed * self.per_second).min(self.per_second);
-        self.refreshed_ms = now_ms;
-    }
-
     fn has_token(&mut self, now_ms: i64) -> bool {
-        self.refill(now_ms);
-        self.tokens >= 1.0
+        self.bucket = self.bucket.refilled(self.per_second, now_ms);
+        self.bucket.has_token()
     }
 
     fn take(&mut self) {
-        self.tokens -= 1.0;
+        self.bucket = self.bucket.taken();
     }
 
     fn next_token_ms(&self) -> i64 {
-        let missing = (1.0 - self.tokens).max(0.0);
-        self.refreshed_ms + (missing / self.per_second * 1000.0).ceil() as i64
+        self.bucket.next_token_ms(self.per_second)
     }
 }
 
@@ -177,7 +167,7 @@ impl Lanes {
             }
             Some(rate) => {
                 let current = self.buckets.get(&item.endpoint_id).map(|b| b.per_second);
-                if current != Some(f64::from(rate)) {
+                if current != Some(rate) {
                     self.buckets
                         .insert(item.endpoint_id.clone(), TokenBucket::new(rate, now_ms));
                 }

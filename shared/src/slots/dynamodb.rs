@@ -23,12 +23,11 @@ use super::{RateLimiter, SlotError, SlotLeases, SlotToken, WAITING_MAX};
 use crate::{
     aws::error_text,
     clock::{from_millis, to_millis, Clock, Timestamp},
-    domain::{DeliveryId, EndpointId},
+    domain::{rate::TokenBucket, DeliveryId, EndpointId},
 };
 
 /// Tries of one acquire when other senders change the same item at the same moment.
 const CONTENDED_TRIES: u32 = 8;
-const MILLI_TOKENS: i64 = 1000;
 
 pub struct DynamoSlots {
     client: Client,
@@ -627,33 +626,32 @@ impl SlotLeases for DynamoSlots {
 impl RateLimiter for DynamoSlots {
     async fn try_take(&self, endpoint: &EndpointId, per_second: u32) -> Result<bool, SlotError> {
         let pk = rate_key(endpoint);
-        let capacity = i64::from(per_second.max(1)) * MILLI_TOKENS;
         for try_number in 0..CONTENDED_TRIES {
             let item = self.read(&pk).await?;
             let now = to_millis(self.clock.now());
-            let (version, tokens) = match &item {
+            let (version, bucket) = match &item {
                 Some(item) => {
-                    let stored: i64 = read_number(item, "tokens").unwrap_or(capacity);
-                    let refilled_at: i64 = read_number(item, "refilled_at").unwrap_or(now);
-                    // per_second tokens a second = per_second thousandths a millisecond.
-                    let refill = (now - refilled_at).max(0) * i64::from(per_second);
-                    (
-                        read_number::<u64>(item, "version"),
-                        (stored + refill).min(capacity),
-                    )
+                    let stored = TokenBucket {
+                        milli_tokens: read_number(item, "tokens")
+                            .unwrap_or(TokenBucket::full(per_second, now).milli_tokens),
+                        refilled_at_ms: read_number(item, "refilled_at").unwrap_or(now),
+                    };
+                    (read_number::<u64>(item, "version"), stored)
                 }
-                None => (None, capacity),
+                None => (None, TokenBucket::full(per_second, now)),
             };
-            if tokens < MILLI_TOKENS {
+            let bucket = bucket.refilled(per_second, now);
+            if !bucket.has_token() {
                 return Ok(false);
             }
+            let bucket = bucket.taken();
             let written = self
                 .write_if_version(
                     &pk,
                     version,
                     vec![
-                        ("tokens", number(tokens - MILLI_TOKENS)),
-                        ("refilled_at", number(now)),
+                        ("tokens", number(bucket.milli_tokens)),
+                        ("refilled_at", number(bucket.refilled_at_ms)),
                     ],
                 )
                 .await?;

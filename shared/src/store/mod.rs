@@ -12,6 +12,7 @@ use crate::{
 
 #[cfg(any(test, feature = "contract"))]
 pub mod contract;
+pub mod cursor;
 #[cfg(feature = "aws")]
 pub mod dynamodb;
 #[cfg(test)]

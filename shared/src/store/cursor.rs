@@ -1,0 +1,39 @@
+//! Page cursors of the delivery log: the created time and id of the last delivery a page
+//! returned (or examined), opaque to clients. Both stores and the API read them here.
+
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    c: i64,
+    i: String,
+}
+
+/// The cursor after the delivery created at `created_millis` with id `id`.
+pub fn encode(created_millis: i64, id: &str) -> String {
+    let cursor = Cursor {
+        c: created_millis,
+        i: id.to_owned(),
+    };
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&cursor).unwrap_or_default())
+}
+
+/// Decodes a cursor from a previous page; `None` when it was not one of ours.
+pub fn decode(raw: &str) -> Option<(i64, String)> {
+    let bytes = URL_SAFE_NO_PAD.decode(raw).ok()?;
+    let cursor: Cursor = serde_json::from_slice(&bytes).ok()?;
+    Some((cursor.c, cursor.i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_decodes_to_what_it_was_made_of_and_a_foreign_one_to_nothing() {
+        let raw = encode(1_700_000_000_123, "d_1");
+        assert_eq!(decode(&raw), Some((1_700_000_000_123, "d_1".to_owned())));
+        assert_eq!(decode("not-a-cursor"), None);
+        assert_eq!(decode(&URL_SAFE_NO_PAD.encode(b"{\"c\":1}")), None);
+    }
+}

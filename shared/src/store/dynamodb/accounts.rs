@@ -1,0 +1,196 @@
+//! Accounts, endpoints, the notification outbox and settings.
+
+use super::items::*;
+use super::*;
+
+impl DynamoStore {
+    pub(super) async fn create_account(&self, account: &Account) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.accounts)
+            .set_item(Some(account_item(account)))
+            .condition_expression("attribute_not_exists(id)")
+            .send()
+            .await;
+        written(result)?
+            .map(|_| ())
+            .ok_or_else(|| StoreError::Conflict {
+                entity: "account",
+                id: account.id.to_string(),
+            })
+    }
+
+    pub(super) async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        self.get(&self.tables.accounts, key1("id", id.as_str()))
+            .await?
+            .map(|item| account_from_item(&item))
+            .transpose()
+    }
+
+    pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.endpoints)
+            .set_item(Some(endpoint_item(endpoint)))
+            // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
+            .condition_expression("attribute_not_exists(id) OR attribute_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
+            .send()
+            .await;
+        written(result)?
+            .map(|_| ())
+            .ok_or_else(|| StoreError::Conflict {
+                entity: "endpoint",
+                id: endpoint.id.to_string(),
+            })
+    }
+
+    pub(super) async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        self.get_endpoint_item(account, id).await
+    }
+
+    pub(super) async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .key_condition_expression("account_id = :a")
+                    .expression_attribute_values(":a", s(account.as_str()))
+                    .consistent_read(true),
+            )
+            .await?;
+        let mut endpoints = items
+            .iter()
+            .filter(|item| !is_tombstone(item))
+            .map(endpoint_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        endpoints.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(endpoints)
+    }
+
+    pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.endpoints)
+            .set_item(Some(endpoint_item(endpoint)))
+            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
+            .send()
+            .await;
+        written(result)?
+            .map(|_| ())
+            .ok_or(StoreError::NotFound("endpoint"))
+    }
+
+    pub(super) async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        // A tombstone rather than a delete: the account's deliveries are found through its
+        // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret,
+        // leaves the `failing` index and reads as absent everywhere.
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                account.as_str(),
+                "id",
+                id.as_str(),
+            )))
+            .update_expression(
+                "SET #deleted = :now, updated_at = :now, #status = :disabled \
+                 REMOVE secret, retiring_secret, retiring_until, failing_since, failing_shard",
+            )
+            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":disabled", s("disabled"))
+            .send()
+            .await;
+        if written(result)?.is_none() {
+            return Ok(false);
+        }
+        self.abandon_pending_of(account, id, "endpoint deleted", now)
+            .await?;
+        Ok(true)
+    }
+
+    pub(super) async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.tables.control)
+            .index_name(UNSENT)
+            .key_condition_expression("#u = :u")
+            .expression_attribute_names("#u", UNSENT)
+            .expression_attribute_values(":u", s(UNSENT))
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(sdk)?;
+        out.items
+            .unwrap_or_default()
+            .iter()
+            .map(notification_from_item)
+            .collect()
+    }
+
+    pub(super) async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", s(format!("notification#{id}")))
+            .update_expression("SET sent_at = :now REMOVE #u")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#u", UNSENT)
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .send()
+            .await;
+        written(result)?;
+        Ok(())
+    }
+
+    pub(super) async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        Ok(self
+            .get(&self.tables.control, key1("pk", &format!("setting#{key}")))
+            .await?
+            .and_then(|item| opt_s(&item, "value")))
+    }
+
+    pub(super) async fn put_setting_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> StoreResult<String> {
+        let pk = format!("setting#{key}");
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.control)
+            .item("pk", s(&pk))
+            .item("value", s(value))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        if written(result)?.is_some() {
+            return Ok(value.to_owned());
+        }
+        self.get_setting(key)
+            .await?
+            .ok_or_else(|| StoreError::Backend(format!("setting {key} vanished")))
+    }
+}

@@ -1,0 +1,303 @@
+//! Work and attempts: loading a delivery to send, recording its attempt, due work.
+
+use super::items::*;
+use super::*;
+
+impl DynamoStore {
+    pub(super) async fn load_work(
+        &self,
+        delivery: &DeliveryId,
+    ) -> StoreResult<Option<DeliveryWork>> {
+        let Some(delivery) = self.get_delivery_item(delivery).await? else {
+            return Ok(None);
+        };
+        let event = self
+            .get_event_item(delivery.account_id.as_str(), delivery.event_id.as_str())
+            .await?;
+        let endpoint = self
+            .get_endpoint_item(&delivery.account_id, &delivery.endpoint_id)
+            .await?;
+        Ok(Some(DeliveryWork {
+            delivery,
+            event,
+            endpoint,
+        }))
+    }
+
+    pub(super) async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let Some(key) = delivery_key(delivery) else {
+            return Ok(false);
+        };
+        let id = delivery.as_str();
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.tables.deliveries)
+            .set_key(Some(key))
+            .condition_expression("#status = :pending AND attempts = :expected")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":expected", n(expected_attempts))
+            .expression_attribute_values(":now", n(to_millis(now)));
+        let request = match change {
+            // The index entry moves to the message's time (the sweeper reads due work from
+            // it); `next_try_at` stays, so an earlier copy may still go ahead.
+            Unattempted::Defer(until) => request
+                .update_expression(
+                    "SET queued_until = :until, due_key = :due_key, pending_shard = :shard, updated_at = :now",
+                )
+                .expression_attribute_values(":until", n(to_millis(*until)))
+                .expression_attribute_values(":due_key", s(time_key(*until, id)))
+                .expression_attribute_values(":shard", s(pending_shard(id))),
+            Unattempted::Fail(reason) => request
+                .update_expression(
+                    "SET #status = :failed, last_error = :reason, updated_at = :now \
+                     REMOVE next_try_at, pending_shard, due_key",
+                )
+                .expression_attribute_values(":failed", s(DeliveryStatus::Failed.as_str()))
+                .expression_attribute_values(":reason", s(reason)),
+        };
+        Ok(written(request.send().await)?.is_some())
+    }
+
+    pub(super) async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
+        // Three single writes, no transaction (a transaction costs every item twice): the
+        // delivery's conditional update decides; only then the attempt's detail and, if its
+        // failing clock starts or stops, the endpoint. A crash between them loses that
+        // attempt's detail (the delivery keeps its status, last status and error) or delays
+        // the clock to the next attempt, never a delivery's state.
+        let delivery_id = r.attempt.delivery_id.as_str();
+        // An id no delivery can have: no such delivery, as for a missing one.
+        let Some(key) = delivery_key(&r.attempt.delivery_id) else {
+            return Ok(RecordOutcome::Stale);
+        };
+
+        let update = r.decision.update(r.attempt.error.as_deref());
+        let (status, next_try_at, last_error) =
+            (update.status, update.next_try_at, update.last_error);
+        let mut sets = vec![
+            "#status = :status",
+            "attempts = :attempts",
+            "client_errors = :client_errors",
+            "updated_at = :now",
+            "next_trigger = :scheduled",
+        ];
+        let mut removes = Vec::new();
+        let mut values = Item::from([
+            (":status".into(), s(status.as_str())),
+            (":attempts".into(), n(r.attempt.number)),
+            (":client_errors".into(), n(r.client_error_count)),
+            (":now".into(), n(to_millis(r.now))),
+            (":pending".into(), s("pending")),
+            (":expected".into(), n(r.expected_attempts)),
+            (":scheduled".into(), s(Trigger::Scheduled.as_str())),
+        ]);
+        match next_try_at {
+            Some(at) => {
+                sets.push("next_try_at = :next");
+                sets.push("due_key = :due_key");
+                sets.push("pending_shard = :shard");
+                values.insert(":shard".into(), s(pending_shard(delivery_id)));
+                values.insert(":next".into(), n(to_millis(at)));
+                values.insert(":due_key".into(), s(time_key(at, delivery_id)));
+            }
+            None => removes.extend(["next_try_at", "pending_shard", "due_key"]),
+        }
+        match r.attempt.status_code {
+            Some(code) => {
+                sets.push("last_status = :last_status");
+                values.insert(":last_status".into(), n(code));
+            }
+            None => removes.push("last_status"),
+        }
+        match &last_error {
+            Some(error) => {
+                sets.push("last_error = :last_error");
+                values.insert(":last_error".into(), s(error));
+            }
+            None => removes.push("last_error"),
+        }
+        // A first try that delivers is kept on the delivery itself, in this same update,
+        // when its detail is small (the usual 2xx): no attempts row. Every other attempt
+        // gets its row, so a delivery that is retried stays small for its later updates.
+        let detail = attempt_detail(&r.attempt);
+        let attempt_row = if r.attempt.number == 1
+            && matches!(r.decision, Decision::Delivered)
+            && crate::aws::meter::item_size(&detail) <= INLINE_FIRST_TRY_BYTES
+        {
+            sets.push("first_try = :first_try");
+            values.insert(":first_try".into(), AttributeValue::M(detail));
+            None
+        } else {
+            let expires = to_millis(r.attempt.started_at) / 1000
+                + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
+            let mut row = detail;
+            row.insert("delivery_id".into(), s(delivery_id));
+            row.insert("number".into(), n(r.attempt.number));
+            row.insert("expires_at".into(), n(expires));
+            Some(row)
+        };
+        let mut expression = format!("SET {}", sets.join(", "));
+        if !removes.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
+        }
+        let updated = self
+            .client
+            .update_item()
+            .table_name(&self.tables.deliveries)
+            .set_key(Some(key))
+            .update_expression(expression)
+            .condition_expression("#status = :pending AND attempts = :expected")
+            .expression_attribute_names("#status", "status")
+            .set_expression_attribute_values(Some(values))
+            // The endpoint's key needs the account, which the delivery knows.
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        // Not written: not pending at the expected count, or no such delivery.
+        let Some(out) = written(updated)? else {
+            return Ok(RecordOutcome::Stale);
+        };
+        let account = out
+            .attributes
+            .as_ref()
+            .map(|item| get_s(item, "account_id"))
+            .transpose()?
+            .map(AccountId::from_trusted)
+            .ok_or_else(|| corrupt("account_id"))?;
+
+        if let Some(row) = attempt_row {
+            self.client
+                .put_item()
+                .table_name(&self.tables.attempts)
+                .set_item(Some(row))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+
+        let endpoint_failing_since = self.track_failing_clock(&account, r).await?;
+        Ok(RecordOutcome::Recorded {
+            endpoint_failing_since,
+        })
+    }
+
+    pub(super) async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        // The index is ordered by due time within each shard, but the port pages by
+        // delivery id: gather every due entry, then order and cut by id. Due-but-unsent
+        // entries are few in practice (the sweeper looks only past a grace period).
+        let upper = format!("{}#~", time_bound(due_before));
+        let mut due: BTreeMap<String, Item> = BTreeMap::new();
+        // A sweep's first page brings new deliveries that are still unsent into the index
+        // (and lists them here, as the index may not show them yet).
+        if after.is_none() {
+            for item in self.walk_unsent_first_tries(due_before).await? {
+                let due_at = opt_n::<i64>(&item, "next_try_at")?.map(from_millis);
+                if due_at.is_some_and(|at| at <= due_before) {
+                    due.insert(get_s(&item, "id")?, item);
+                }
+            }
+        }
+        for shard in 0..PENDING_SHARDS {
+            let items = self
+                .query_all(
+                    self.client
+                        .query()
+                        .table_name(&self.tables.deliveries)
+                        .index_name("pending")
+                        .key_condition_expression("pending_shard = :shard AND due_key <= :upper")
+                        .expression_attribute_values(":shard", s(shard.to_string()))
+                        .expression_attribute_values(":upper", s(upper.clone())),
+                )
+                .await?;
+            for item in items {
+                let id = get_s(&item, "id")?;
+                if after.is_none_or(|after| id.as_str() > after.as_str()) {
+                    due.insert(id, item);
+                }
+            }
+        }
+        let mut endpoints: HashMap<(String, String), Option<Endpoint>> = HashMap::new();
+        let mut refs = Vec::new();
+        for (id, item) in due {
+            if refs.len() >= limit as usize {
+                break;
+            }
+            let account = get_s(&item, "account_id")?;
+            let endpoint_id = get_s(&item, "endpoint_id")?;
+            let key = (account.clone(), endpoint_id.clone());
+            if !endpoints.contains_key(&key) {
+                let endpoint = self
+                    .get_endpoint_item(
+                        &AccountId::from_trusted(account.clone()),
+                        &EndpointId::from_trusted(endpoint_id.clone()),
+                    )
+                    .await?;
+                endpoints.insert(key.clone(), endpoint);
+            }
+            let Some(Some(endpoint)) = endpoints.get(&key) else {
+                continue;
+            };
+            if endpoint.status != EndpointStatus::Active {
+                continue;
+            }
+            refs.push(PendingRef {
+                delivery_id: DeliveryId::from_trusted(id),
+                endpoint_id: endpoint.id.clone(),
+                account_id: endpoint.account_id.clone(),
+                due: indexed_due(&item)?,
+                max_in_flight: endpoint.max_in_flight,
+                rate_limit_per_second: endpoint.rate_limit_per_second,
+            });
+        }
+        Ok(refs)
+    }
+
+    pub(super) async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let Some(key) = delivery_key(delivery) else {
+            return Ok(Vec::new());
+        };
+        let first_try = self
+            .client
+            .get_item()
+            .table_name(&self.tables.deliveries)
+            .set_key(Some(key))
+            .projection_expression("id, first_try")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(sdk)?
+            .item
+            .map(|item| first_try_from_item(&item))
+            .transpose()?
+            .flatten();
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.attempts)
+                    .key_condition_expression("delivery_id = :d")
+                    .expression_attribute_values(":d", s(delivery.as_str()))
+                    .consistent_read(true),
+            )
+            .await?;
+        let mut attempts = items
+            .iter()
+            .map(attempt_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        attempts.extend(first_try);
+        attempts.sort_by_key(|a| a.number);
+        Ok(attempts)
+    }
+}

@@ -1,0 +1,334 @@
+//! Failing endpoints: the failing clock, disabling, abandoning their pending work.
+
+use super::items::*;
+use super::*;
+
+impl DynamoStore {
+    /// An endpoint's deliveries created in [`from`, `until`] (unbounded where `None`) that
+    /// are pending without an attempt and outside the `pending` index.
+    pub(super) async fn unindexed_pending_of(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        from: Option<Timestamp>,
+        until: Option<Timestamp>,
+    ) -> StoreResult<Vec<Item>> {
+        self.endpoint_log(
+            account,
+            endpoint,
+            from,
+            until,
+            LogFilter::UnindexedFirstTries,
+            false,
+        )
+        .await
+    }
+
+    /// Moves every pending delivery of an endpoint to `abandoned`, each by a conditional
+    /// write (so one that was delivered meanwhile stays delivered). Returns how many moved.
+    pub(super) async fn abandon_pending_of(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        reason: &str,
+        now: Timestamp,
+    ) -> StoreResult<u64> {
+        // Rare (an endpoint disabled or deleted), so it reads the whole `pending` index
+        // rather than every delivery paying for an index of its own (two index writes each).
+        let mut keys = Vec::new();
+        for shard in 0..PENDING_SHARDS {
+            keys.extend(
+                self.query_all(
+                    self.client
+                        .query()
+                        .table_name(&self.tables.deliveries)
+                        .index_name("pending")
+                        .key_condition_expression("pending_shard = :shard")
+                        .filter_expression("account_id = :a AND endpoint_id = :e")
+                        .expression_attribute_values(":shard", s(shard.to_string()))
+                        .expression_attribute_values(":a", s(account.as_str()))
+                        .expression_attribute_values(":e", s(endpoint.as_str())),
+                )
+                .await?,
+            );
+        }
+        // New deliveries perhaps not yet in the index: the walk has looked at everything
+        // below its watermark (less the margin for late writes); the rest is read from the
+        // endpoint's log, strongly consistent and whether indexed or not (the index is read
+        // eventually consistent, so an entry just written may be missing from it).
+        let watermark = self
+            .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+            .await?
+            .map(|item| opt_n::<i64>(&item, "watermark"))
+            .transpose()?
+            .flatten();
+        let from = watermark.map(|w| {
+            from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+        });
+        keys.extend(
+            self.endpoint_log(account, endpoint, from, None, LogFilter::Pending, true)
+                .await?,
+        );
+        let mut seen = std::collections::HashSet::new();
+        keys.retain(|item| seen.insert(opt_s(item, "id")));
+        // One conditional write per delivery (no transaction, so no 100-item limit), a few
+        // at a time; each one only moves a delivery that is still pending, so running this
+        // again after a failure part-way finishes the rest and changes nothing else.
+        let outcomes: Vec<StoreResult<bool>> = futures_util::stream::iter(keys)
+            .map(|item| async move {
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.deliveries)
+                    .set_key(Some(stored_delivery_key(&item)?))
+                    .update_expression(
+                        "SET #status = :abandoned, last_error = :reason, updated_at = :now \
+                     REMOVE next_try_at, pending_shard, due_key",
+                    )
+                    .condition_expression("#status = :pending")
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":abandoned", s("abandoned"))
+                    .expression_attribute_values(":pending", s("pending"))
+                    .expression_attribute_values(":reason", s(reason))
+                    .expression_attribute_values(":now", n(to_millis(now)))
+                    .send()
+                    .await;
+                written(result).map(|out| out.is_some())
+            })
+            .buffer_unordered(ABANDON_CONCURRENCY)
+            .collect()
+            .await;
+        let mut abandoned = 0;
+        for outcome in outcomes {
+            if outcome? {
+                abandoned += 1;
+            }
+        }
+        Ok(abandoned)
+    }
+
+    /// Abandons a disabled endpoint's pending deliveries, then moves the endpoint back from
+    /// the `disabling` partition of the `failing` index (where the disabling transaction put
+    /// it) to the `failing` one. Until that last write the endpoint stays findable, so the
+    /// next health check (`failing_endpoints`) finishes an abandon that failed part-way.
+    pub(super) async fn finish_disabling(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        reason: &str,
+        now: Timestamp,
+    ) -> StoreResult<u64> {
+        let abandoned = self
+            .abandon_pending_of(account, endpoint, &format!("abandoned: {reason}"), now)
+            .await?;
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                account.as_str(),
+                "id",
+                endpoint.as_str(),
+            )))
+            .update_expression("SET failing_shard = :failing")
+            .condition_expression("failing_shard = :disabling")
+            .expression_attribute_values(":failing", s(FAILING_SHARD))
+            .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+            .send()
+            .await;
+        // Not written: already finished, or the endpoint was deleted or rewritten meanwhile.
+        written(result)?;
+        Ok(abandoned)
+    }
+
+    /// The endpoint's failing clock after an attempt, written only when it starts or stops
+    /// (like the SQLite store): a healthy endpoint's row is read, not rewritten, per attempt.
+    /// The read is strongly consistent, so an attempt recorded after another one sees it.
+    pub(super) async fn track_failing_clock(
+        &self,
+        account: &AccountId,
+        r: &AttemptRecord,
+    ) -> StoreResult<Option<Timestamp>> {
+        let Some(endpoint) = self.get_endpoint_item(account, &r.endpoint_id).await? else {
+            return Ok(None);
+        };
+        let key = key2("account_id", account.as_str(), "id", r.endpoint_id.as_str());
+        match (r.success, endpoint.failing_since) {
+            (true, None) => Ok(None),
+            (false, Some(since)) => Ok(Some(since)),
+            (true, Some(_)) => {
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.endpoints)
+                    .set_key(Some(key))
+                    .update_expression("REMOVE failing_since, failing_shard")
+                    // Only touch an endpoint that still exists; an update would create it.
+                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .expression_attribute_names("#deleted", DELETED_AT)
+                    .send()
+                    .await;
+                written(result)?;
+                Ok(None)
+            }
+            (false, None) => {
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.endpoints)
+                    .set_key(Some(key))
+                    .update_expression(
+                        "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
+                    )
+                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .expression_attribute_names("#deleted", DELETED_AT)
+                    .expression_attribute_values(":now", n(to_millis(r.now)))
+                    .expression_attribute_values(":shard", s(FAILING_SHARD))
+                    .return_values(ReturnValue::AllNew)
+                    .send()
+                    .await;
+                Ok(written(result)?
+                    .and_then(|out| out.attributes)
+                    .map(|item| opt_n::<i64>(&item, "failing_since"))
+                    .transpose()?
+                    .flatten()
+                    .map(from_millis))
+            }
+        }
+    }
+
+    pub(super) async fn failing_endpoints(
+        &self,
+        failing_before: Timestamp,
+    ) -> StoreResult<Vec<Endpoint>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .index_name("failing")
+                    .key_condition_expression("failing_shard = :f AND failing_since <= :before")
+                    .filter_expression("#status = :active")
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":f", s(FAILING_SHARD))
+                    .expression_attribute_values(":before", n(to_millis(failing_before)))
+                    .expression_attribute_values(":active", s("active")),
+            )
+            .await?;
+        let active = items
+            .iter()
+            .map(endpoint_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // Endpoints whose disabling did not finish (see `finish_disabling`): finish it now.
+        let unfinished = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .index_name("failing")
+                    .key_condition_expression("failing_shard = :f")
+                    .expression_attribute_values(":f", s(DISABLING_SHARD)),
+            )
+            .await?;
+        for item in &unfinished {
+            let endpoint = endpoint_from_item(item)?;
+            let reason = endpoint
+                .disabled_reason
+                .clone()
+                .unwrap_or_else(|| "endpoint disabled".into());
+            self.finish_disabling(
+                &endpoint.account_id,
+                &endpoint.id,
+                &reason,
+                endpoint.updated_at,
+            )
+            .await?;
+        }
+        Ok(active)
+    }
+
+    pub(super) async fn disable_endpoint(
+        &self,
+        r: &DisableRequest,
+    ) -> StoreResult<Option<DisableOutcome>> {
+        if let Some((_, deliveries)) = &r.operational_event {
+            derived_ids_only(deliveries)?;
+        }
+        let mut update = Update::builder()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(key2(
+                "account_id",
+                r.account_id.as_str(),
+                "id",
+                r.endpoint_id.as_str(),
+            )))
+            .update_expression(
+                "SET #status = :disabled, disabled_reason = :reason, updated_at = :now, \
+                 failing_shard = :disabling",
+            )
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+            .expression_attribute_values(":disabled", s("disabled"))
+            .expression_attribute_values(":active", s("active"))
+            .expression_attribute_values(":reason", s(&r.reason))
+            .expression_attribute_values(":now", n(to_millis(r.now)));
+        update = match r.expected_failing_since {
+            Some(since) => update
+                .condition_expression("#status = :active AND failing_since = :since")
+                .expression_attribute_values(":since", n(to_millis(since))),
+            None => update
+                .condition_expression("#status = :active AND attribute_not_exists(failing_since)"),
+        };
+        let mut items = vec![TransactWriteItem::builder()
+            .update(update.build().map_err(build_error)?)
+            .build()];
+        if let Some(notification) = &r.notification {
+            items.push(put_if_absent(
+                &self.tables.control,
+                notification_item(notification),
+                "pk",
+            )?);
+        }
+        let mut later: Vec<&Delivery> = Vec::new();
+        if let Some((event, deliveries)) = &r.operational_event {
+            items.push(put_if_absent(
+                &self.tables.events,
+                self.event_item(event, true),
+                "id",
+            )?);
+            let room = MAX_TRANSACTION_ITEMS - items.len();
+            for delivery in deliveries.iter().take(room) {
+                items.push(put_if_absent(
+                    &self.tables.deliveries,
+                    self.delivery_item(delivery)?,
+                    "id",
+                )?);
+            }
+            later.extend(deliveries.iter().skip(room));
+        }
+        match self.transact(items).await {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => return Ok(None),
+            Err(other) => return Err(other.into_store_error()),
+        }
+        // More operations endpoints than one transaction holds: the rest, each put
+        // conditional, so repeating them is harmless.
+        for chunk in later.chunks(MAX_TRANSACTION_ITEMS) {
+            let items = chunk
+                .iter()
+                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
+                .collect::<StoreResult<Vec<_>>>()?;
+            match self.transact(items).await {
+                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
+                Err(TransactionFailure::Other(e)) => return Err(e),
+            }
+        }
+        // The endpoint is disabled (so its pending deliveries are inert: no sender takes
+        // them and the sweeper skips them); abandon them now, one conditional write each.
+        let abandoned = self
+            .finish_disabling(&r.account_id, &r.endpoint_id, &r.reason, r.now)
+            .await?;
+        Ok(Some(DisableOutcome { abandoned }))
+    }
+}

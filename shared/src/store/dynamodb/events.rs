@@ -1,0 +1,441 @@
+//! Events and their deliveries: publish, the outbox put, fan-out and its recovery walk.
+
+use super::items::*;
+use super::*;
+
+impl DynamoStore {
+    /// The `Put` of an event, for a platform to add to its own `TransactWriteItems` next
+    /// to its business write (the transactional outbox). The events table's stream then
+    /// hands the event to fan-out. Idempotent: the put only succeeds for a new event id.
+    ///
+    /// ```no_run
+    /// # async fn example(store: &hooklane::store::dynamodb::DynamoStore, event: &hooklane::domain::Event) -> Result<(), Box<dyn std::error::Error>> {
+    /// use hooklane::aws::aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+    /// let order_write = Put::builder().table_name("orders") /* … */ .build()?;
+    /// store
+    ///     .client()
+    ///     .transact_write_items()
+    ///     .transact_items(TransactWriteItem::builder().put(order_write).build())
+    ///     .transact_items(TransactWriteItem::builder().put(store.outbox_put(event)?).build())
+    ///     .send()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn outbox_put(&self, event: &Event) -> StoreResult<Put> {
+        Put::builder()
+            .table_name(&self.tables.events)
+            .set_item(Some(self.event_item(event, false)))
+            .condition_expression("attribute_not_exists(id)")
+            .build()
+            .map_err(build_error)
+    }
+
+    pub(super) fn event_item(&self, event: &Event, fanned_out: bool) -> Item {
+        let expires = to_millis(event.created_at) / 1000
+            + i64::try_from(self.retention.events.as_secs()).unwrap_or(i64::MAX / 2);
+        let mut item = Item::new();
+        item.insert("account_id".into(), s(event.account_id.as_str()));
+        item.insert("id".into(), s(event.id.as_str()));
+        item.insert("type".into(), s(event.event_type.as_str()));
+        item.insert("created_at".into(), n(to_millis(event.created_at)));
+        item.insert("payload".into(), s(&event.payload));
+        item.insert("expires_at".into(), n(expires));
+        // Written together with its deliveries: the stream's fan-out has nothing to do.
+        item.insert("fanned_out".into(), AttributeValue::Bool(fanned_out));
+        if !fanned_out {
+            // In the `unfanned` index until fan-out marks it done: if its stream record is
+            // lost, the sweeper finds it there.
+            item.insert(UNFANNED_SHARD.into(), s(unfanned_shard(event.id.as_str())));
+        }
+        item
+    }
+
+    pub(super) fn delivery_item(&self, d: &Delivery) -> StoreResult<Item> {
+        new_delivery_item(d, chrono::Utc::now(), self.late_fan_out)
+    }
+
+    /// The safety net for new deliveries, which are not in the `pending` index (see
+    /// `delivery_item`): reads the log partition of every endpoint from the persisted
+    /// watermark (less `LATE_WRITE_MARGIN`) up to deliveries created at `until`, and brings
+    /// each one still pending without an attempt and outside the index into it (a
+    /// conditional write, so one delivered meanwhile stays out). Returns those items. Then
+    /// the watermark moves to `until` (never past the present): below it every delivery is
+    /// final, attempted, or in the index, so a first try whose queue message was lost
+    /// (publish crashed before sending, purge, dead-letter queue, retention) is found by the
+    /// sweeper like any due delivery. Its reads (an eventually consistent query of each
+    /// endpoint's new deliveries) cost a fraction of the two index writes.
+    pub(super) async fn walk_unsent_first_tries(&self, until: Timestamp) -> StoreResult<Vec<Item>> {
+        let state = self
+            .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+            .await?;
+        let watermark = state
+            .as_ref()
+            .map(|item| opt_n::<i64>(item, "watermark"))
+            .transpose()?
+            .flatten();
+        // A walk that an earlier run left part-way goes on where it stopped, over the same
+        // window; otherwise a new window ends now.
+        let resume = match &state {
+            Some(item) => match (
+                opt_n::<i64>(item, "walking_until")?,
+                opt_s(item, "walked_account"),
+                opt_s(item, "walked_endpoint"),
+            ) {
+                (Some(end), Some(account), Some(endpoint)) => Some((end, (account, endpoint))),
+                _ => None,
+            },
+            None => None,
+        };
+        let (window_end, after) = match resume {
+            Some((end, after)) => (from_millis(end), Some(after)),
+            None => (until.min(chrono::Utc::now()), None),
+        };
+        let from = watermark.map(|w| {
+            crate::clock::from_millis(w)
+                - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+        });
+        let mut endpoints = self.all_endpoints().await?;
+        if let Some((account, endpoint)) = &after {
+            endpoints
+                .retain(|(a, e)| (a.as_str(), e.as_str()) > (account.as_str(), endpoint.as_str()));
+        }
+        let started = std::time::Instant::now();
+        let mut unsent = Vec::new();
+        let mut chunks = endpoints.chunks(WALK_CHUNK).peekable();
+        while let Some(chunk) = chunks.next() {
+            unsent.extend(self.index_unsent_of(chunk, from, window_end).await?);
+            let Some((account, endpoint)) = chunk.last() else {
+                continue;
+            };
+            if chunks.peek().is_none() {
+                break;
+            }
+            // Saved as the walk goes: a run cut off by its timeout loses one chunk's work.
+            self.client
+                .put_item()
+                .table_name(&self.tables.control)
+                .set_item(Some(walk_state(
+                    watermark,
+                    Some((window_end, account.as_str(), endpoint.as_str())),
+                )))
+                .send()
+                .await
+                .map_err(sdk)?;
+            if started.elapsed() >= self.walk_budget {
+                // The rest is the next run's: the window's end, and so the watermark, wait.
+                return Ok(unsent);
+            }
+        }
+        let done = watermark.map_or(to_millis(window_end), |w| w.max(to_millis(window_end)));
+        if watermark != Some(done) || after.is_some() {
+            self.client
+                .put_item()
+                .table_name(&self.tables.control)
+                .set_item(Some(walk_state(Some(done), None)))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+        Ok(unsent)
+    }
+
+    /// Puts the unsent first tries of these endpoints' logs within the window into the
+    /// `pending` index; returns the ones it put there.
+    pub(super) async fn index_unsent_of(
+        &self,
+        endpoints: &[(AccountId, EndpointId)],
+        from: Option<Timestamp>,
+        until: Timestamp,
+    ) -> StoreResult<Vec<Item>> {
+        let found: Vec<StoreResult<Vec<Item>>> = futures_util::stream::iter(endpoints.to_vec())
+            .map(|(account, endpoint)| async move {
+                self.unindexed_pending_of(&account, &endpoint, from, Some(until))
+                    .await
+            })
+            .buffer_unordered(WALK_CONCURRENCY)
+            .collect()
+            .await;
+        let mut unsent = Vec::new();
+        for items in found {
+            for item in items? {
+                let id = get_s(&item, "id")?;
+                let due = opt_n::<i64>(&item, "next_try_at")?
+                    .map(from_millis)
+                    .unwrap_or(until);
+                let result = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.deliveries)
+                    .set_key(Some(stored_delivery_key(&item)?))
+                    .update_expression("SET pending_shard = :shard, due_key = :due_key")
+                    .condition_expression(
+                        "#status = :pending AND attempts = :zero AND attribute_not_exists(pending_shard)",
+                    )
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":pending", s("pending"))
+                    .expression_attribute_values(":zero", n(0))
+                    .expression_attribute_values(":shard", s(pending_shard(&id)))
+                    .expression_attribute_values(":due_key", s(time_key(due, &id)))
+                    .send()
+                    .await;
+                if written(result)?.is_some() {
+                    unsent.push(item);
+                }
+            }
+        }
+        Ok(unsent)
+    }
+
+    /// Records that an events-table item cannot be read as an event (a malformed outbox
+    /// write): the reason on the item, which leaves the `unfanned` index, and a metric. The
+    /// item is kept for the operator to look at (docs/OPERATIONS.md lists them).
+    pub async fn reject_event(&self, account: &str, id: &str, reason: &str) -> StoreResult<()> {
+        tracing::error!(
+            event.account = account,
+            event.id = id,
+            reason,
+            "event item rejected: it cannot be read as an event"
+        );
+        crate::telemetry::event_rejected();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(key2("account_id", account, "id", id)))
+            .update_expression("SET rejected = :reason, fanned_out = :done REMOVE #shard")
+            .condition_expression("attribute_exists(id)")
+            .expression_attribute_names("#shard", UNFANNED_SHARD)
+            .expression_attribute_values(":reason", s(reason))
+            .expression_attribute_values(":done", AttributeValue::Bool(true))
+            .send()
+            .await;
+        written(update)?;
+        Ok(())
+    }
+
+    pub(super) async fn publish(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<PublishOutcome> {
+        derived_ids_only(deliveries)?;
+        // The event and its first deliveries in one transaction; an account with more
+        // endpoints than one transaction holds gets the rest in follow-up transactions,
+        // each put conditional, so repeating them is harmless.
+        let mut items = vec![put_if_absent(
+            &self.tables.events,
+            self.event_item(event, true),
+            "id",
+        )?];
+        let mut rest = deliveries.iter();
+        for delivery in rest.by_ref().take(MAX_TRANSACTION_ITEMS - 1) {
+            items.push(put_if_absent(
+                &self.tables.deliveries,
+                self.delivery_item(delivery)?,
+                "id",
+            )?);
+        }
+        match self.transact(items).await {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
+                let existing = self
+                    .get_event_item(event.account_id.as_str(), event.id.as_str())
+                    .await?
+                    .ok_or_else(|| StoreError::Backend("event vanished during publish".into()))?;
+                let deliveries = self.deliveries_of_event(&existing).await?;
+                return Ok(PublishOutcome::AlreadyExists {
+                    event: existing,
+                    deliveries,
+                });
+            }
+            Err(other) => return Err(other.into_store_error()),
+        }
+        let rest: Vec<&Delivery> = rest.collect();
+        for chunk in rest.chunks(MAX_TRANSACTION_ITEMS) {
+            let items = chunk
+                .iter()
+                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
+                .collect::<StoreResult<Vec<_>>>()?;
+            match self.transact(items).await {
+                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
+                Err(TransactionFailure::Other(e)) => return Err(e),
+            }
+        }
+        Ok(PublishOutcome::Created)
+    }
+
+    pub(super) async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.events)
+            .set_item(Some(self.event_item(event, false)))
+            .condition_expression("attribute_not_exists(id)")
+            .send()
+            .await;
+        match written(result)? {
+            Some(_) => Ok(PutEventOutcome::Created),
+            None => self
+                .get_event_item(event.account_id.as_str(), event.id.as_str())
+                .await?
+                .map(PutEventOutcome::AlreadyExists)
+                .ok_or_else(|| StoreError::Backend("event vanished during publish".into())),
+        }
+    }
+
+    pub(super) async fn add_deliveries(
+        &self,
+        deliveries: &[Delivery],
+    ) -> StoreResult<Vec<Delivery>> {
+        derived_ids_only(deliveries)?;
+        let mut added = Vec::new();
+        for delivery in deliveries {
+            let result = self
+                .client
+                .put_item()
+                .table_name(&self.tables.deliveries)
+                .set_item(Some(self.delivery_item(delivery)?))
+                .condition_expression("attribute_not_exists(id)")
+                .send()
+                .await;
+            if written(result)?.is_some() {
+                added.push(delivery.clone());
+            }
+        }
+        Ok(added)
+    }
+
+    pub(super) async fn get_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+    ) -> StoreResult<Option<Event>> {
+        self.get_event_item(account.as_str(), id.as_str()).await
+    }
+
+    pub(super) async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        // A delivery's id is derived from (account, event, event time, endpoint) (checked
+        // when it is written), so the candidates are one per endpoint the account ever had,
+        // deleted ones included; the ones that exist are the event's deliveries. (No read of
+        // the event: the fan-out function may not read the events table, only its stream.)
+        let (account, id) = (&event.account_id, &event.id);
+        let ids: Vec<DeliveryId> = self
+            .endpoint_ids_ever(account)
+            .await?
+            .iter()
+            .map(|endpoint| DeliveryId::derived(account, id, event.created_at, endpoint))
+            .collect();
+        let mut deliveries = self
+            .get_deliveries(&ids)
+            .await?
+            .iter()
+            .map(delivery_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        deliveries.retain(|d| &d.account_id == account && &d.event_id == id);
+        deliveries.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(deliveries)
+    }
+
+    pub(super) async fn unfanned_events(
+        &self,
+        after: Option<Timestamp>,
+        created_before: Timestamp,
+        limit: u32,
+    ) -> StoreResult<crate::store::UnfannedPage> {
+        let limit = limit.max(1) as usize;
+        let lower = after.map_or(0, |a| to_millis(a) + 1);
+        let upper = to_millis(created_before);
+        if lower > upper {
+            // DynamoDB refuses a reversed BETWEEN.
+            return Ok(crate::store::UnfannedPage::default());
+        }
+        let mut keys: Vec<(i64, String, String)> = Vec::new();
+        for shard in 0..UNFANNED_SHARDS {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.events)
+                .index_name(UNFANNED)
+                .key_condition_expression(
+                    "#shard = :shard AND created_at BETWEEN :after AND :before",
+                )
+                .expression_attribute_names("#shard", UNFANNED_SHARD)
+                .expression_attribute_values(":shard", s(shard.to_string()))
+                .expression_attribute_values(":after", n(lower))
+                .expression_attribute_values(":before", n(upper))
+                .limit(i32::try_from(limit).unwrap_or(i32::MAX))
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                keys.push((
+                    get_n(&item, "created_at")?,
+                    get_s(&item, "account_id")?,
+                    get_s(&item, "id")?,
+                ));
+            }
+        }
+        keys.sort();
+        keys.truncate(limit);
+        let last = keys.last().map(|(at, _, _)| from_millis(*at));
+        let mut events = Vec::with_capacity(keys.len());
+        for (_, account, id) in keys {
+            // Read from the table itself: the index is eventually consistent, and an event
+            // marked done meanwhile is left alone.
+            let Some(item) = self
+                .get(&self.tables.events, key2("account_id", &account, "id", &id))
+                .await?
+            else {
+                continue;
+            };
+            if !item.contains_key(UNFANNED_SHARD) {
+                continue;
+            }
+            // Checked as the stream's reader checks an image: fields present, ids valid.
+            let checked = event_from_item(&item)
+                .map_err(|e| e.to_string())
+                .and_then(|event| {
+                    AccountId::parse(event.account_id.as_str()).map_err(|e| e.to_string())?;
+                    EventId::parse(event.id.as_str()).map_err(|e| e.to_string())?;
+                    EventType::parse(event.event_type.as_str()).map_err(|e| e.to_string())?;
+                    Ok(event)
+                });
+            match checked {
+                Ok(event) => events.push(event),
+                Err(reason) => self.reject_event(&account, &id, &reason).await?,
+            }
+        }
+        Ok(crate::store::UnfannedPage { events, last })
+    }
+
+    pub(super) async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
+        let updates: Vec<_> = events
+            .iter()
+            .map(|event| {
+                self.client
+                    .update_item()
+                    .table_name(&self.tables.events)
+                    .set_key(Some(key2(
+                        "account_id",
+                        event.account_id.as_str(),
+                        "id",
+                        event.id.as_str(),
+                    )))
+                    .update_expression("SET fanned_out = :done REMOVE #shard")
+                    .condition_expression("attribute_exists(#shard)")
+                    .expression_attribute_names("#shard", UNFANNED_SHARD)
+                    .expression_attribute_values(":done", AttributeValue::Bool(true))
+            })
+            .collect();
+        let results: Vec<_> = futures_util::stream::iter(updates)
+            .map(|update| update.send())
+            .buffer_unordered(ABANDON_CONCURRENCY)
+            .collect()
+            .await;
+        for result in results {
+            // Already marked (a repeat), or expired meanwhile: nothing left to do.
+            written(result)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,516 @@
+//! The AWS store: DynamoDB tables designed for the engine's access patterns.
+//!
+//! | table | key | indexes | for |
+//! |---|---|---|---|
+//! | `accounts` | `id` | | accounts |
+//! | `endpoints` | `account_id`, `id` | `failing` (sparse: `failing_shard`, `failing_since`) | an account's endpoints (strongly consistent query; a deleted one stays as a tombstone); endpoints failing since T |
+//! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
+//! | `deliveries` (`…-delivery-log`) | `log`, `id` | `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log is its `log` partition (the endpoint part of the derived delivery ids, which sort by their event's time), newest first; an account's log is the merge of its endpoints'; due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, event time, endpoint), and so is their key |
+//! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
+//! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`) | settings, the notification outbox, slot leases, rate buckets |
+//!
+//! Every change that can race is a conditional write: an event is created only if its id
+//! is new (with its deliveries, in one transaction); an attempt is recorded only against
+//! the delivery's `pending` status and attempt count it was taken from; a delivery leaves
+//! `pending` at most once.
+
+mod accounts;
+mod attempts;
+mod disable;
+mod events;
+mod items;
+mod log;
+mod replay;
+mod schema;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use items::*;
+pub use items::{pending_shard, unfanned_shard};
+use log::*;
+pub use schema::{create_tables, table_layouts};
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::{
+    error::{ProvideErrorMetadata, SdkError},
+    operation::transact_write_items::TransactWriteItemsError,
+    types::{AttributeValue, KeysAndAttributes, Put, ReturnValue, TransactWriteItem, Update},
+    Client,
+};
+use futures_util::StreamExt;
+
+use super::{
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
+    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
+    Store, StoreError, StoreResult, Unattempted,
+};
+use crate::{
+    aws::error_text,
+    clock::{from_millis, to_millis, Timestamp},
+    domain::{
+        delivery_log_partition, delivery_log_position, delivery_log_prefix, delivery_log_time,
+        endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
+        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+    },
+    signing::SigningSecret,
+};
+
+pub type Item = HashMap<String, AttributeValue>;
+
+/// Pending deliveries are spread over this many partitions of the `pending` index.
+pub const PENDING_SHARDS: u32 = 16;
+const FAILING_SHARD: &str = "failing";
+/// Endpoints disabled for failing whose pending deliveries are still being abandoned.
+const DISABLING_SHARD: &str = "disabling";
+const UNSENT: &str = "unsent";
+/// The sparse index of events stored without their deliveries whose fan-out is not yet
+/// marked done, and its partition attribute (removed when fan-out is done).
+const UNFANNED: &str = "unfanned";
+const UNFANNED_SHARD: &str = "unfanned_shard";
+/// Partitions of the `unfanned` index: every outbox write lands in one of them.
+pub const UNFANNED_SHARDS: u32 = 4;
+/// The control item holding how far `walk_unsent_first_tries` has looked.
+const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
+/// How far back before its watermark the walk looks again: a delivery is written a while
+/// after the time it is created with (its event's), at most `LATE_FAN_OUT` later before it
+/// goes straight into the `pending` index instead.
+const LATE_WRITE_MARGIN: std::time::Duration = std::time::Duration::from_secs(120);
+/// A delivery written this long after its event's time (a fan-out delayed by a stream
+/// backlog or retries) enters the `pending` index as it is written: the walk may already
+/// be past its place in the log.
+const LATE_FAN_OUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Endpoint partitions the walk reads at once.
+const WALK_CONCURRENCY: usize = 8;
+/// Endpoints the walk finishes before it saves how far it got.
+const WALK_CHUNK: usize = 64;
+/// How long one sweep spends on the walk before it leaves the rest to the next run (the
+/// sweeper function's timeout is 240 s, and the pending index is read after the walk).
+const WALK_BUDGET: std::time::Duration = std::time::Duration::from_secs(120);
+/// Marks a deleted endpoint's tombstone.
+const DELETED_AT: &str = "deleted_at";
+/// DynamoDB's limit of items in one `TransactWriteItems`.
+const MAX_TRANSACTION_ITEMS: usize = 100;
+/// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
+const ABANDON_CONCURRENCY: usize = 16;
+/// DynamoDB's limit of keys in one `BatchGetItem`.
+const BATCH_GET_ITEMS: usize = 100;
+/// Index entries one `list_deliveries` call examines at most before it returns a short page.
+const LIST_EXAMINE_BUDGET: usize = 2_000;
+/// A first try that delivers is kept on the delivery item when its detail is at most this
+/// big: a delivery item (~0.5 KB) plus this stays within the 1 KB a write unit covers (and
+/// a bigger one would cost the update what the attempts row saves).
+const INLINE_FIRST_TRY_BYTES: usize = 400;
+
+/// The names of the tables, all sharing one prefix (the stack name in production).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableNames {
+    pub accounts: String,
+    pub endpoints: String,
+    pub events: String,
+    pub deliveries: String,
+    pub attempts: String,
+    pub control: String,
+}
+
+impl TableNames {
+    pub fn with_prefix(prefix: &str) -> Self {
+        Self {
+            accounts: format!("{prefix}-accounts"),
+            endpoints: format!("{prefix}-endpoints"),
+            events: format!("{prefix}-events"),
+            deliveries: format!("{prefix}-delivery-log"),
+            attempts: format!("{prefix}-attempts"),
+            control: format!("{prefix}-control"),
+        }
+    }
+
+    /// The prefix the names were made with (the stack's name).
+    pub fn prefix(&self) -> &str {
+        self.accounts
+            .strip_suffix("-accounts")
+            .unwrap_or(&self.accounts)
+    }
+}
+
+/// How long DynamoDB keeps events and attempts (through TTL) after they were written.
+/// Events must outlive the retry schedule of their deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub events: std::time::Duration,
+    pub attempts: std::time::Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            events: std::time::Duration::from_secs(30 * 86_400),
+            attempts: std::time::Duration::from_secs(14 * 86_400),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    tables: TableNames,
+    retention: Retention,
+    /// `LIST_EXAMINE_BUDGET`, smaller in tests.
+    list_examine_budget: usize,
+    /// `WALK_BUDGET`, smaller in tests.
+    walk_budget: std::time::Duration,
+    /// `LATE_FAN_OUT`; `None` in the store contract tests, whose fixed times lie years in
+    /// the past (every delivery would be indexed as it is written, and the walk would go
+    /// untested).
+    late_fan_out: Option<std::time::Duration>,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, tables: TableNames, retention: Retention) -> Self {
+        Self {
+            client,
+            tables,
+            retention,
+            list_examine_budget: LIST_EXAMINE_BUDGET,
+            walk_budget: WALK_BUDGET,
+            late_fan_out: Some(LATE_FAN_OUT),
+        }
+    }
+
+    pub fn tables(&self) -> &TableNames {
+        &self.tables
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn get(&self, table: &str, key: Item) -> StoreResult<Option<Item>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(out.item)
+    }
+
+    /// Every item of a query, following pages.
+    async fn query_all(
+        &self,
+        request: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+    ) -> StoreResult<Vec<Item>> {
+        let mut items = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = request
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            items.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => return Ok(items),
+            }
+        }
+    }
+
+    /// The deliveries with these ids, read strongly consistently in batches of 100; missing
+    /// ones (and ids no delivery can have) are left out.
+    async fn get_deliveries(&self, ids: &[DeliveryId]) -> StoreResult<Vec<Item>> {
+        let keys: Vec<Item> = ids.iter().filter_map(delivery_key).collect();
+        let table = &self.tables.deliveries;
+        let mut items = Vec::new();
+        for chunk in keys.chunks(BATCH_GET_ITEMS) {
+            let keys = KeysAndAttributes::builder()
+                .set_keys(Some(chunk.to_vec()))
+                .consistent_read(true)
+                .build()
+                .map_err(build_error)?;
+            let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
+            while let Some(wanted) = request.take().filter(|w| !w.is_empty()) {
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .set_request_items(Some(wanted))
+                    .send()
+                    .await
+                    .map_err(sdk)?;
+                if let Some(mut found) = out.responses {
+                    items.extend(found.remove(table).unwrap_or_default());
+                }
+                request = out.unprocessed_keys;
+            }
+        }
+        Ok(items)
+    }
+
+    async fn get_endpoint_item(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        self.get(
+            &self.tables.endpoints,
+            key2("account_id", account.as_str(), "id", id.as_str()),
+        )
+        .await?
+        .filter(|item| !is_tombstone(item))
+        .map(|item| endpoint_from_item(&item))
+        .transpose()
+    }
+
+    /// The ids of every endpoint the account has had, deleted ones included (their items
+    /// stay as tombstones, see `delete_endpoint`).
+    async fn endpoint_ids_ever(&self, account: &AccountId) -> StoreResult<Vec<EndpointId>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.endpoints)
+                    .key_condition_expression("account_id = :a")
+                    .expression_attribute_values(":a", s(account.as_str()))
+                    .projection_expression("id")
+                    .consistent_read(true),
+            )
+            .await?;
+        items
+            .iter()
+            .map(|item| get_s(item, "id").map(EndpointId::from_trusted))
+            .collect()
+    }
+
+    async fn get_event_item(&self, account: &str, id: &str) -> StoreResult<Option<Event>> {
+        self.get(&self.tables.events, key2("account_id", account, "id", id))
+            .await?
+            .map(|item| event_from_item(&item))
+            .transpose()
+    }
+
+    async fn get_delivery_item(&self, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let Some(key) = delivery_key(id) else {
+            return Ok(None);
+        };
+        self.get(&self.tables.deliveries, key)
+            .await?
+            .map(|item| delivery_from_item(&item))
+            .transpose()
+    }
+
+    /// Every endpoint of every account, deleted ones left out (deleting an endpoint
+    /// abandons its pending deliveries).
+    async fn all_endpoints(&self) -> StoreResult<Vec<(AccountId, EndpointId)>> {
+        let mut ids = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = self
+                .client
+                .scan()
+                .table_name(&self.tables.endpoints)
+                .projection_expression("account_id, id, #deleted")
+                .expression_attribute_names("#deleted", DELETED_AT)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                if !is_tombstone(&item) {
+                    ids.push((
+                        AccountId::from_trusted(get_s(&item, "account_id")?),
+                        EndpointId::from_trusted(get_s(&item, "id")?),
+                    ));
+                }
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                if let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) =
+                    error.as_service_error()
+                {
+                    let failed = cancel
+                        .cancellation_reasons()
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
+                        .map(|(i, _)| i)
+                        .collect::<Vec<_>>();
+                    if !failed.is_empty() {
+                        return Err(TransactionFailure::Conditions(failed));
+                    }
+                }
+                Err(TransactionFailure::Other(sdk(error)))
+            }
+        }
+    }
+}
+
+enum TransactionFailure {
+    /// The positions of the items whose condition did not hold.
+    Conditions(Vec<usize>),
+    Other(StoreError),
+}
+
+impl TransactionFailure {
+    fn into_store_error(self) -> StoreError {
+        match self {
+            Self::Conditions(items) => StoreError::Backend(format!(
+                "transaction cancelled: conditions failed on items {items:?}"
+            )),
+            Self::Other(e) => e,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for DynamoStore {
+    async fn create_account(&self, account: &Account) -> StoreResult<()> {
+        self.create_account(account).await
+    }
+    async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        self.get_account(id).await
+    }
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        self.create_endpoint(endpoint).await
+    }
+    async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        self.get_endpoint(account, id).await
+    }
+    async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        self.list_endpoints(account).await
+    }
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        self.update_endpoint(endpoint).await
+    }
+    async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        self.delete_endpoint(account, id, now).await
+    }
+    async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
+        self.publish(event, deliveries).await
+    }
+    async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
+        self.put_event(event).await
+    }
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        self.add_deliveries(deliveries).await
+    }
+    async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
+        self.get_event(account, id).await
+    }
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        self.deliveries_of_event(event).await
+    }
+    async fn unfanned_events(
+        &self,
+        after: Option<Timestamp>,
+        created_before: Timestamp,
+        limit: u32,
+    ) -> StoreResult<super::UnfannedPage> {
+        self.unfanned_events(after, created_before, limit).await
+    }
+    async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
+        self.mark_fanned_out(events).await
+    }
+    async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
+        self.load_work(delivery).await
+    }
+    async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        self.move_unattempted(delivery, expected_attempts, change, now)
+            .await
+    }
+    async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
+        self.record_attempt(r).await
+    }
+    async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        self.pending_deliveries(due_before, after, limit).await
+    }
+    async fn get_delivery(
+        &self,
+        account: &AccountId,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>> {
+        self.get_delivery(account, id).await
+    }
+    async fn list_deliveries(
+        &self,
+        account: &AccountId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Page<Delivery>> {
+        self.list_deliveries(account, query).await
+    }
+    async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        self.replay(request).await
+    }
+    async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        self.list_replays(account, after, limit).await
+    }
+    async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        self.list_attempts(delivery).await
+    }
+    async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
+        self.failing_endpoints(failing_before).await
+    }
+    async fn disable_endpoint(&self, r: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
+        self.disable_endpoint(r).await
+    }
+    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+        self.unsent_notifications(limit).await
+    }
+    async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
+        self.mark_notification_sent(id, now).await
+    }
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        self.get_setting(key).await
+    }
+    async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
+        self.put_setting_if_absent(key, value).await
+    }
+}

@@ -1,0 +1,250 @@
+//! Replays: the conditional re-queue of one delivery or a filtered range of them.
+
+use super::items::*;
+use super::*;
+
+impl DynamoStore {
+    /// A final delivery back to `pending`, due now, its next try manual (see `Store::replay`).
+    pub(super) fn replay_delivery_update(
+        &self,
+        delivery: &Delivery,
+        now: Timestamp,
+    ) -> StoreResult<TransactWriteItem> {
+        let id = delivery.id.as_str();
+        let update = Update::builder()
+            .table_name(&self.tables.deliveries)
+            .set_key(delivery_key(&delivery.id))
+            .update_expression(
+                "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
+                 schedule_start = attempts, client_errors = :zero, \
+                 next_trigger = :manual, updated_at = :now",
+            )
+            .condition_expression("#status <> :pending")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":due_key", s(time_key(now, id)))
+            .expression_attribute_values(":shard", s(pending_shard(id)))
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":manual", s(Trigger::Manual.as_str()))
+            .build()
+            .map_err(build_error)?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Adds `count` to the audit record of a replay written by an earlier transaction.
+    pub(super) fn replay_count_update(
+        &self,
+        replay: &Replay,
+        sort: i64,
+        count: u32,
+    ) -> StoreResult<TransactWriteItem> {
+        let update = Update::builder()
+            .table_name(&self.tables.attempts)
+            .set_key(Some(replay_key(replay, sort)))
+            .update_expression("ADD #count :count")
+            .condition_expression("attribute_exists(replay_id)")
+            .expression_attribute_names("#count", "count")
+            .expression_attribute_values(":count", n(count))
+            .build()
+            .map_err(build_error)?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    pub(super) async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        let mut replay = request.replay.clone();
+        let filter = replay.filter.clone();
+        let limit = request.limit as usize;
+        let candidates: Vec<Delivery> = match &replay.scope {
+            ReplayScope::Delivery(id) => self.get_delivery_item(id).await?.into_iter().collect(),
+            // Oldest first; the window's end is checked on each delivery below.
+            ReplayScope::Endpoint(endpoint) => self
+                .endpoint_log(
+                    &replay.account_id,
+                    endpoint,
+                    filter.since,
+                    filter.until,
+                    LogFilter::All,
+                    true,
+                )
+                .await?
+                .iter()
+                .map(delivery_from_item)
+                .collect::<StoreResult<Vec<_>>>()?,
+        };
+        let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
+        let mut matched = Vec::new();
+        for delivery in candidates {
+            let in_window = filter
+                .since
+                .is_none_or(|since| delivery.created_at >= since)
+                && filter.until.is_none_or(|until| delivery.created_at < until);
+            // An event past retention is gone (TTL): its deliveries cannot be sent again.
+            let event_kept =
+                crate::clock::add(delivery.created_at, self.retention.events) > replay.requested_at;
+            let wanted = delivery.account_id == replay.account_id
+                && event_kept
+                && delivery.status.is_final()
+                && filter.statuses.contains(&delivery.status)
+                && (filter.event_types.is_empty()
+                    || filter.event_types.contains(&delivery.event_type))
+                && in_window;
+            if !wanted {
+                continue;
+            }
+            if !endpoints.contains_key(&delivery.endpoint_id) {
+                let endpoint = self
+                    .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
+                    .await?;
+                endpoints.insert(delivery.endpoint_id.clone(), endpoint);
+            }
+            let Some(Some(endpoint)) = endpoints.get(&delivery.endpoint_id) else {
+                continue;
+            };
+            if endpoint.status != EndpointStatus::Active {
+                continue;
+            }
+            matched.push((
+                delivery,
+                endpoint.max_in_flight,
+                endpoint.rate_limit_per_second,
+            ));
+            if matched.len() > limit {
+                break;
+            }
+        }
+        replay.more = matched.len() > limit;
+        matched.truncate(limit);
+        let now = replay.requested_at;
+        // Time-ordered and unique enough for a human-triggered audit trail.
+        let sort = to_millis(now) * 1000 + i64::from(rand::random::<u16>() % 1000);
+        let mut queued = Vec::with_capacity(matched.len());
+        let mut audit_written = false;
+        // Each transaction sets up to 99 deliveries back to pending together with the audit
+        // record (put by the first, its count raised by the others): a write that fails
+        // leaves neither a delivery pending without its audit record nor a record counting
+        // deliveries that were not replayed.
+        for chunk in matched.chunks(MAX_TRANSACTION_ITEMS - 1) {
+            let mut remaining: Vec<&(Delivery, u32, Option<u32>)> = chunk.iter().collect();
+            loop {
+                let count = u32::try_from(remaining.len()).unwrap_or(u32::MAX);
+                let audit = if audit_written {
+                    self.replay_count_update(&replay, sort, count)?
+                } else {
+                    let mut first = replay.clone();
+                    first.count = count;
+                    TransactWriteItem::builder()
+                        .put(
+                            Put::builder()
+                                .table_name(&self.tables.attempts)
+                                .set_item(Some(replay_item(&first, sort)))
+                                .build()
+                                .map_err(build_error)?,
+                        )
+                        .build()
+                };
+                let mut items = vec![audit];
+                for (delivery, _, _) in &remaining {
+                    items.push(self.replay_delivery_update(delivery, now)?);
+                }
+                match self.transact(items).await {
+                    Ok(()) => break,
+                    // Some went back to pending meanwhile (another replay): those are left
+                    // out, not counted, and the rest is written again.
+                    Err(TransactionFailure::Conditions(failed))
+                        if failed.iter().all(|&i| i > 0) =>
+                    {
+                        let mut position = 0;
+                        remaining.retain(|_| {
+                            position += 1;
+                            !failed.contains(&position)
+                        });
+                    }
+                    Err(failure) if !audit_written => return Err(failure.into_store_error()),
+                    Err(failure) => {
+                        // What was written stands and is queued; the caller (and, if this
+                        // write goes through, the record) is told there is more to replay.
+                        tracing::error!(replay.id = %replay.id, error = %failure.into_store_error(), "replay cut short");
+                        replay.more = true;
+                        replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
+                        let mark = self
+                            .client
+                            .update_item()
+                            .table_name(&self.tables.attempts)
+                            .set_key(Some(replay_key(&replay, sort)))
+                            .update_expression("SET more = :more")
+                            .condition_expression("attribute_exists(replay_id)")
+                            .expression_attribute_values(":more", AttributeValue::Bool(true))
+                            .send()
+                            .await;
+                        if let Err(error) = mark {
+                            tracing::warn!(replay.id = %replay.id, error = %sdk(error), "replay record not marked `more`");
+                        }
+                        return Ok(ReplayOutcome { replay, queued });
+                    }
+                }
+            }
+            audit_written = true;
+            queued.extend(remaining.iter().map(
+                |(delivery, max_in_flight, rate_limit_per_second)| PendingRef {
+                    delivery_id: delivery.id.clone(),
+                    endpoint_id: delivery.endpoint_id.clone(),
+                    account_id: delivery.account_id.clone(),
+                    due: now,
+                    max_in_flight: *max_in_flight,
+                    rate_limit_per_second: *rate_limit_per_second,
+                },
+            ));
+        }
+        replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
+        if !audit_written {
+            // Nothing matched: the request is still on record.
+            self.client
+                .put_item()
+                .table_name(&self.tables.attempts)
+                .set_item(Some(replay_item(&replay, sort)))
+                .send()
+                .await
+                .map_err(sdk)?;
+        }
+        Ok(ReplayOutcome { replay, queued })
+    }
+
+    pub(super) async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        let limit = limit.clamp(1, 500) as usize;
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.attempts)
+                    .key_condition_expression("delivery_id = :pk")
+                    .expression_attribute_values(":pk", s(replays_partition(account)))
+                    .scan_index_forward(false),
+            )
+            .await?;
+        let mut replays = items
+            .iter()
+            .map(replay_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // Replay ids are time-ordered: newest first, then strictly older than the cursor.
+        replays.sort_by(|a, b| b.id.cmp(&a.id));
+        if let Some(after) = after {
+            replays.retain(|r| r.id < *after);
+        }
+        let next_cursor = if replays.len() > limit {
+            replays.truncate(limit);
+            replays.last().map(|r| r.id.as_str().to_owned())
+        } else {
+            None
+        };
+        Ok(Page {
+            items: replays,
+            next_cursor,
+        })
+    }
+}

@@ -1,0 +1,510 @@
+//! The DynamoDB store against the emulator: the contract, and what only this store does.
+
+use super::items::*;
+use super::*;
+
+/// A client for the local AWS emulator that scripts/test starts. Fails loudly without it:
+/// a skipped AWS test would look like a passing one.
+pub async fn emulator_client() -> Client {
+    crate::testing::require_emulator();
+    Client::new(&crate::aws::load_sdk_config().await)
+}
+
+/// A store on fresh tables, so tests never see each other's items.
+pub async fn emulator_store() -> DynamoStore {
+    let client = emulator_client().await;
+    let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
+    create_tables(&client, &tables).await.unwrap();
+    let mut store = DynamoStore::new(client, tables, Retention::default());
+    store.late_fan_out = None;
+    store
+}
+
+crate::store_contract_tests!(emulator_store);
+
+#[tokio::test]
+async fn replays_follow_the_store_contract() {
+    let store = emulator_store().await;
+    crate::store::replay_contract::replays_follow_the_contract(&store).await;
+}
+
+/// The audit record and the deliveries set back to pending are written together: when
+/// the record cannot be written (a role without write access to the attempts table, as
+/// the api's once was), no delivery is left pending, unqueued and unaudited.
+#[tokio::test]
+async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
+    use crate::store::replay_contract::{attempt, endpoint, failed, publish, replay, status_of};
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    store
+        .create_account(&crate::store::contract::account("acme"))
+        .await
+        .unwrap();
+    let ep = endpoint(&account, "a", 4);
+    store.create_endpoint(&ep).await.unwrap();
+    let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
+        .await
+        .remove(0);
+    attempt(&store, &delivery.id, &ep.id, 2, failed()).await;
+    let mut tables = store.tables().clone();
+    tables.attempts = format!("{}-not-writable", tables.attempts);
+    let refused = DynamoStore::new(store.client().clone(), tables, Retention::default());
+    let request = |second| ReplayRequest {
+        replay: replay(
+            &account,
+            ReplayScope::Delivery(delivery.id.clone()),
+            ReplayFilter::single(),
+            second,
+        ),
+        limit: 1,
+    };
+
+    let outcome = refused.replay(&request(3)).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert_eq!(
+        status_of(&store, &account, &delivery.id).await.status,
+        DeliveryStatus::Failed
+    );
+    assert!(store
+        .list_replays(&account, None, 10)
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    // Asked again where the record can be written, the replay goes through.
+    let outcome = store.replay(&request(4)).await.unwrap();
+    assert_eq!((outcome.replay.count, outcome.queued.len()), (1, 1));
+    assert_eq!(
+        status_of(&store, &account, &delivery.id).await.status,
+        DeliveryStatus::Pending
+    );
+}
+
+/// A walk over more endpoints than one run gets through goes on in the next run where
+/// the last one stopped, and the watermark moves only once the window is done.
+#[tokio::test]
+async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
+    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    let mut store = emulator_store().await;
+    store.walk_budget = std::time::Duration::ZERO;
+    store.create_account(&account("acme")).await.unwrap();
+    let total = WALK_CHUNK + 6;
+    for i in 0..total {
+        let ep = endpoint("acme", &format!("ep_{i:03}"), t0());
+        store.create_endpoint(&ep).await.unwrap();
+        let ev = event("acme", &format!("evt_{i:03}"), t0());
+        store
+            .publish(&ev, &[delivery(&ev, &ep, t0())])
+            .await
+            .unwrap();
+    }
+    let now = chrono::Utc::now();
+    let first = store.walk_unsent_first_tries(now).await.unwrap();
+    assert_eq!(first.len(), WALK_CHUNK, "one chunk, then out of time");
+    let state = store
+        .get(&store.tables().control, key1("pk", FIRST_TRY_WATERMARK))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(state.contains_key("walked_endpoint") && !state.contains_key("watermark"));
+    let second = store.walk_unsent_first_tries(now).await.unwrap();
+    assert_eq!(
+        second.len(),
+        total - WALK_CHUNK,
+        "the rest, in the next run"
+    );
+    let state = store
+        .get(&store.tables().control, key1("pk", FIRST_TRY_WATERMARK))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(state.contains_key("watermark") && !state.contains_key("walked_endpoint"));
+    assert!(store.walk_unsent_first_tries(now).await.unwrap().is_empty());
+}
+
+/// A replay larger than one transaction: its record counts every delivery written.
+#[tokio::test]
+async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
+    use crate::store::replay_contract::{attempt, endpoint, failed, publish, replay};
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    store
+        .create_account(&crate::store::contract::account("acme"))
+        .await
+        .unwrap();
+    let ep = endpoint(&account, "a", 4);
+    store.create_endpoint(&ep).await.unwrap();
+    for second in 1..=150 {
+        let delivery = publish(&store, &account, second, "invoice.paid", &[&ep])
+            .await
+            .remove(0);
+        attempt(&store, &delivery.id, &ep.id, second, failed()).await;
+    }
+    let outcome = store
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Endpoint(ep.id.clone()),
+                ReplayFilter {
+                    since: None,
+                    until: None,
+                    statuses: vec![DeliveryStatus::Failed],
+                    event_types: vec![],
+                },
+                200,
+            ),
+            limit: 1000,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            outcome.replay.count,
+            outcome.queued.len(),
+            outcome.replay.more
+        ),
+        (150, 150, false)
+    );
+    let listed = store.list_replays(&account, None, 10).await.unwrap().items;
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].count, listed[0].more), (150, false));
+}
+
+#[test]
+fn pending_shards_are_stable_and_spread() {
+    assert_eq!(pending_shard("dlv_1"), pending_shard("dlv_1"));
+    let shards: std::collections::HashSet<String> = (0..200)
+        .map(|_| pending_shard(DeliveryId::generate().as_str()))
+        .collect();
+    assert_eq!(shards.len(), PENDING_SHARDS as usize);
+}
+
+#[tokio::test]
+async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() {
+    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    let store = emulator_store().await;
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_half", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let mut pending = Vec::new();
+    for i in 0..120 {
+        let ev = event("acme", &format!("evt_{i:03}"), t0());
+        let d = delivery(&ev, &ep, t0());
+        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+        pending.push(d);
+    }
+    // The disabling transaction ran; the abandon after it never did (the process died).
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().endpoints)
+        .set_key(Some(key2("account_id", "acme", "id", "ep_half")))
+        .update_expression(
+            "SET #status = :disabled, disabled_reason = :reason, failing_since = :since, \
+             failing_shard = :disabling",
+        )
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":disabled", s("disabled"))
+        .expression_attribute_values(":reason", s("failing for 3 days"))
+        .expression_attribute_values(":since", n(to_millis(t0())))
+        .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+        .send()
+        .await
+        .unwrap();
+    let now = crate::clock::add(t0(), std::time::Duration::from_secs(4 * 86_400));
+    assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+    for d in &pending {
+        let stored = store
+            .get_delivery(&d.account_id, &d.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
+        assert_eq!(
+            stored.last_error.as_deref(),
+            Some("abandoned: failing for 3 days")
+        );
+    }
+    let item = store
+        .get(
+            &store.tables().endpoints,
+            key2("account_id", "acme", "id", "ep_half"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        opt_s(&item, "failing_shard").as_deref(),
+        Some(FAILING_SHARD)
+    );
+    // Finished: the next check has nothing left to do.
+    assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_delivery_without_its_derived_id_is_refused() {
+    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    let store = emulator_store().await;
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let ev = event("acme", "evt_1", t0());
+    let mut stray = delivery(&ev, &ep, t0());
+    stray.id = DeliveryId::generate();
+    assert!(store
+        .publish(&ev, std::slice::from_ref(&stray))
+        .await
+        .is_err());
+    assert!(store.add_deliveries(&[stray]).await.is_err());
+    assert_eq!(store.get_event(&ev.account_id, &ev.id).await.unwrap(), None);
+}
+
+/// The ids in the `pending` index.
+async fn indexed_pending(store: &DynamoStore) -> Vec<String> {
+    let mut ids = Vec::new();
+    for shard in 0..PENDING_SHARDS {
+        let items = store
+            .query_all(
+                store
+                    .client()
+                    .query()
+                    .table_name(&store.tables().deliveries)
+                    .index_name("pending")
+                    .key_condition_expression("pending_shard = :shard")
+                    .expression_attribute_values(":shard", s(shard.to_string())),
+            )
+            .await
+            .unwrap();
+        ids.extend(items.iter().map(|item| get_s(item, "id").unwrap()));
+    }
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
+    use crate::clock::add;
+    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use std::time::Duration;
+    let secs = Duration::from_secs;
+    let store = emulator_store().await;
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let publish = |name: &'static str, at: Timestamp| {
+        let store = store.clone();
+        let ep = ep.clone();
+        async move {
+            let ev = event("acme", name, at);
+            let d = delivery(&ev, &ep, at);
+            store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+            d
+        }
+    };
+    let record = |d: &Delivery, decision: Decision, at: Timestamp| AttemptRecord {
+        attempt: Attempt {
+            delivery_id: d.id.clone(),
+            number: 1,
+            trigger: Trigger::Scheduled,
+            started_at: at,
+            latency_ms: 5,
+            status_code: Some(200),
+            response_headers: vec![],
+            response_body: String::new(),
+            response_body_truncated: false,
+            error: None,
+        },
+        expected_attempts: 0,
+        decision,
+        client_error_count: 0,
+        endpoint_id: d.endpoint_id.clone(),
+        success: true,
+        now: at,
+    };
+
+    // Delivered at the first try: never in the index.
+    let delivered = publish("evt_ok", t0()).await;
+    // Retried: enters the index with its retry.
+    let retried = publish("evt_retry", t0()).await;
+    // Its message lost: no attempt ever.
+    let lost = publish("evt_lost", t0()).await;
+    assert!(indexed_pending(&store).await.is_empty());
+    store
+        .record_attempt(&record(&delivered, Decision::Delivered, add(t0(), secs(1))))
+        .await
+        .unwrap();
+    store
+        .record_attempt(&record(
+            &retried,
+            Decision::RetryAt(add(t0(), secs(60))),
+            add(t0(), secs(1)),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(indexed_pending(&store).await, vec![retried.id.to_string()]);
+
+    // The sweep finds the lost one (and the retry once it is due).
+    let swept = store
+        .pending_deliveries(add(t0(), secs(10)), None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        swept.iter().map(|r| &r.delivery_id).collect::<Vec<_>>(),
+        vec![&lost.id]
+    );
+    let mut expected = vec![lost.id.to_string(), retried.id.to_string()];
+    expected.sort();
+    assert_eq!(indexed_pending(&store).await, expected);
+
+    // Written after the sweep's watermark passed its creation time (a slow writer),
+    // within the margin: still found.
+    let late = publish("evt_late", add(t0(), secs(5))).await;
+    let swept = store
+        .pending_deliveries(add(t0(), secs(100)), None, 100)
+        .await
+        .unwrap();
+    let mut ids: Vec<&DeliveryId> = swept.iter().map(|r| &r.delivery_id).collect();
+    ids.sort();
+    let mut expected = vec![&lost.id, &retried.id, &late.id];
+    expected.sort();
+    assert_eq!(ids, expected);
+
+    // Deleting the endpoint abandons a new delivery the walk has not seen yet.
+    let unseen = publish("evt_unseen", add(t0(), secs(200))).await;
+    assert!(store
+        .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(300)))
+        .await
+        .unwrap());
+    for d in [&lost, &retried, &late, &unseen] {
+        let stored = store
+            .get_delivery(&d.account_id, &d.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
+    }
+    assert_eq!(
+        store
+            .get_delivery(&delivered.account_id, &delivered.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        DeliveryStatus::Delivered
+    );
+}
+
+#[tokio::test]
+async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_once() {
+    use crate::store::contract::{account, delivery, endpoint, event};
+    let mut store = emulator_store().await;
+    store.late_fan_out = Some(LATE_FAN_OUT);
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", chrono::Utc::now());
+    store.create_endpoint(&ep).await.unwrap();
+    let now = chrono::Utc::now();
+    let late_by = chrono::TimeDelta::from_std(LATE_FAN_OUT).unwrap();
+    let recent = event("acme", "evt_recent", now - late_by / 2);
+    let stale = event("acme", "evt_stale", now - late_by * 2);
+    let ahead = event("acme", "evt_ahead", now + late_by * 2);
+    let mut indexed = Vec::new();
+    for ev in [&recent, &stale, &ahead] {
+        let d = delivery(ev, &ep, now);
+        store.put_event(ev).await.unwrap();
+        store
+            .add_deliveries(std::slice::from_ref(&d))
+            .await
+            .unwrap();
+        if ev.id != recent.id {
+            indexed.push(d.id.to_string());
+        }
+    }
+    // The walk may be past a stale one's place in the log already, and will not reach
+    // one dated far ahead for a long time: both are indexed as they are written.
+    indexed.sort();
+    assert_eq!(indexed_pending(&store).await, indexed);
+}
+
+#[tokio::test]
+async fn a_sparse_listing_returns_short_pages_that_continue_where_they_stopped() {
+    use crate::clock::add;
+    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    let mut store = emulator_store().await;
+    store.list_examine_budget = 4;
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let mut made = Vec::new();
+    for i in 0..13u64 {
+        let at = add(t0(), std::time::Duration::from_secs(i));
+        let ev = event("acme", &format!("evt_{i:02}"), at);
+        let d = delivery(&ev, &ep, at);
+        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+        made.push(d);
+    }
+    // Only the oldest and one in the middle match.
+    let failed = |d: &Delivery| AttemptRecord {
+        attempt: Attempt {
+            delivery_id: d.id.clone(),
+            number: 1,
+            trigger: Trigger::Scheduled,
+            started_at: t0(),
+            latency_ms: 1,
+            status_code: Some(410),
+            response_headers: vec![],
+            response_body: String::new(),
+            response_body_truncated: false,
+            error: Some("HTTP 410".into()),
+        },
+        expected_attempts: 0,
+        decision: Decision::Failed {
+            reason: "gone".into(),
+        },
+        client_error_count: 1,
+        endpoint_id: d.endpoint_id.clone(),
+        success: false,
+        now: t0(),
+    };
+    for d in [&made[6], &made[0]] {
+        store.record_attempt(&failed(d)).await.unwrap();
+    }
+    let acme = AccountId::parse("acme").unwrap();
+    let mut cursor = None;
+    let mut pages = Vec::new();
+    for _ in 0..20 {
+        let page = store
+            .list_deliveries(
+                &acme,
+                &DeliveryQuery {
+                    status: Some(DeliveryStatus::Failed),
+                    limit: 3,
+                    cursor: cursor.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        pages.push(page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>());
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert!(pages.len() > 1, "the budget cut the listing: {pages:?}");
+    assert!(
+        pages.iter().any(Vec::is_empty),
+        "a page can be empty and go on"
+    );
+    assert_eq!(
+        pages.concat(),
+        vec![made[6].id.clone(), made[0].id.clone()],
+        "every match once, newest first"
+    );
+}
+
+#[tokio::test]
+async fn creating_the_tables_twice_is_harmless() {
+    let store = emulator_store().await;
+    create_tables(store.client(), store.tables()).await.unwrap();
+}

@@ -1,0 +1,318 @@
+//! Accounts, endpoints (and their disabling), the notification outbox and settings.
+
+use super::rows::*;
+use super::worker::*;
+use super::*;
+
+impl SqliteStore {
+    pub(super) async fn create_account(&self, account: &Account) -> StoreResult<()> {
+        let account = account.clone();
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO accounts (id, name, owner_email, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    account.id.as_str(),
+                    account.name,
+                    account.owner_email.as_str(),
+                    to_millis(account.created_at)
+                ],
+            )
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict {
+                        entity: "account",
+                        id: account.id.to_string(),
+                    }
+                } else {
+                    backend(e)
+                }
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        let id = id.clone();
+        self.read(move |conn| {
+            conn.prepare_cached(
+                "SELECT id, name, owner_email, created_at FROM accounts WHERE id = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![id.as_str()], account_from_row)
+                    .optional()
+            })
+            .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let e = endpoint.clone();
+        self.run(move |conn| {
+            let event_types = e.event_types.patterns().map(|p| serde_json::to_string(p).unwrap_or_default());
+            conn.execute(
+                &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+                params![
+                    e.id.as_str(),
+                    e.account_id.as_str(),
+                    e.url.as_str(),
+                    e.description,
+                    e.secret.expose(),
+                    e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+                    e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
+                    e.status.as_str(),
+                    event_types,
+                    e.max_in_flight,
+                    e.rate_limit_per_second,
+                    opt_millis(e.failing_since),
+                    e.disabled_reason,
+                    to_millis(e.created_at),
+                    to_millis(e.updated_at),
+                ],
+            )
+            .map_err(|err| {
+                if is_unique_violation(&err) {
+                    StoreError::Conflict { entity: "endpoint", id: e.id.to_string() }
+                } else {
+                    backend(err)
+                }
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.read(move |conn| {
+            conn.query_row(
+                &format!(
+                    "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1 AND account_id = ?2"
+                ),
+                params![id.as_str(), account.as_str()],
+                endpoint_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        let account = account.clone();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE account_id = ?1 ORDER BY created_at, id"))
+                .map_err(backend)?;
+            let rows = stmt.query_map(params![account.as_str()], endpoint_from_row).map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        let e = endpoint.clone();
+        self.run(move |conn| {
+            let event_types = e.event_types.patterns().map(|p| serde_json::to_string(p).unwrap_or_default());
+            let changed = conn
+                .execute(
+                    "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
+                     status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
+                     disabled_reason = ?13, updated_at = ?14 WHERE id = ?1 AND account_id = ?2",
+                    params![
+                        e.id.as_str(),
+                        e.account_id.as_str(),
+                        e.url.as_str(),
+                        e.description,
+                        e.secret.expose(),
+                        e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+                        e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
+                        e.status.as_str(),
+                        event_types,
+                        e.max_in_flight,
+                        e.rate_limit_per_second,
+                        opt_millis(e.failing_since),
+                        e.disabled_reason,
+                        to_millis(e.updated_at),
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 {
+                return Err(StoreError::NotFound("endpoint"));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let deleted = tx
+                .execute("DELETE FROM endpoints WHERE id = ?1 AND account_id = ?2", params![id.as_str(), account.as_str()])
+                .map_err(backend)?;
+            if deleted > 0 {
+                tx.execute(
+                    "UPDATE deliveries SET status = 'abandoned', next_try_at = NULL, last_error = 'endpoint deleted', updated_at = ?2 \
+                     WHERE endpoint_id = ?1 AND status = 'pending'",
+                    params![id.as_str(), to_millis(now)],
+                )
+                .map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
+    pub(super) async fn failing_endpoints(
+        &self,
+        failing_before: Timestamp,
+    ) -> StoreResult<Vec<Endpoint>> {
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE failing_since IS NOT NULL AND failing_since <= ?1 \
+                     AND status = 'active' ORDER BY failing_since"
+                ))
+                .map_err(backend)?;
+            let rows = stmt.query_map(params![to_millis(failing_before)], endpoint_from_row).map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn disable_endpoint(
+        &self,
+        request: &DisableRequest,
+    ) -> StoreResult<Option<DisableOutcome>> {
+        let r = request.clone();
+        self.run(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let changed = tx
+                .execute(
+                    "UPDATE endpoints SET status = 'disabled', disabled_reason = ?3, updated_at = ?4 \
+                     WHERE id = ?1 AND account_id = ?2 AND status = 'active' AND failing_since IS ?5",
+                    params![
+                        r.endpoint_id.as_str(),
+                        r.account_id.as_str(),
+                        r.reason,
+                        to_millis(r.now),
+                        opt_millis(r.expected_failing_since)
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 {
+                return Ok(None);
+            }
+            let abandoned = tx
+                .execute(
+                    "UPDATE deliveries SET status = 'abandoned', next_try_at = NULL, last_error = ?2, updated_at = ?3 \
+                     WHERE endpoint_id = ?1 AND status = 'pending'",
+                    params![r.endpoint_id.as_str(), format!("abandoned: {}", r.reason), to_millis(r.now)],
+                )
+                .map_err(backend)?;
+            if let Some(n) = &r.notification {
+                tx.execute(
+                    "INSERT INTO notifications (id, account_id, recipient, subject, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![n.id, n.account_id.as_str(), n.recipient.as_str(), n.subject, n.body, to_millis(n.created_at)],
+                )
+                .map_err(backend)?;
+            }
+            if let Some((event, deliveries)) = &r.operational_event {
+                insert_event(&tx, event).map_err(backend)?;
+                insert_deliveries(&tx, deliveries).map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(Some(DisableOutcome {
+                abandoned: u64::try_from(abandoned).unwrap_or(0),
+            }))
+        })
+        .await
+    }
+
+    pub(super) async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, account_id, recipient, subject, body, created_at FROM notifications \
+                     WHERE sent_at IS NULL ORDER BY created_at LIMIT ?1",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![limit], |row| {
+                    Ok(Notification {
+                        id: row.get(0)?,
+                        account_id: AccountId::from_trusted(row.get(1)?),
+                        recipient: EmailAddress::from_trusted(row.get(2)?),
+                        subject: row.get(3)?,
+                        body: row.get(4)?,
+                        created_at: from_millis(row.get(5)?),
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
+        let id = id.to_owned();
+        self.run(move |conn| {
+            conn.execute(
+                "UPDATE notifications SET sent_at = ?2 WHERE id = ?1",
+                params![id, to_millis(now)],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        let key = key.to_owned();
+        self.run(move |conn| {
+            conn.query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn put_setting_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> StoreResult<String> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT OR IGNORE INTO settings (key, value) VALUES (?1, ?2)",
+                params![key, value],
+            )
+            .map_err(backend)?;
+            conn.query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |row| row.get(0),
+            )
+            .map_err(backend)
+        })
+        .await
+    }
+}

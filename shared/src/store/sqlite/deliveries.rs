@@ -1,0 +1,306 @@
+//! Deliveries: work to send, attempts, due work and the delivery log.
+
+use super::rows::*;
+use super::worker::*;
+use super::*;
+
+impl SqliteStore {
+    pub(super) async fn load_work(
+        &self,
+        delivery: &DeliveryId,
+    ) -> StoreResult<Option<DeliveryWork>> {
+        if let Some(work) = self.fresh.take(delivery) {
+            return Ok(Some(work));
+        }
+        let generation = self.fresh.generation();
+        let id = delivery.clone();
+        let work = self.read(move |conn| {
+            let Some(delivery) = conn
+                .prepare_cached(&format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1"))
+                .and_then(|mut s| s.query_row(params![id.as_str()], delivery_from_row).optional())
+                .map_err(backend)?
+            else {
+                return Ok(None);
+            };
+            let event = conn
+                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
+                .and_then(|mut s| {
+                    s.query_row(params![delivery.account_id.as_str(), delivery.event_id.as_str()], event_from_row)
+                        .optional()
+                })
+                .map_err(backend)?;
+            let endpoint = conn
+                .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1"))
+                .and_then(|mut s| s.query_row(params![delivery.endpoint_id.as_str()], endpoint_from_row).optional())
+                .map_err(backend)?;
+            Ok(Some(DeliveryWork { delivery, event, endpoint }))
+        })
+        .await?;
+        if let Some(endpoint) = work.as_ref().and_then(|w| w.endpoint.as_ref()) {
+            self.fresh.remember_endpoint(generation, endpoint);
+        }
+        Ok(work)
+    }
+
+    pub(super) async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let (id, change) = (delivery.clone(), change.clone());
+        let (fresh, moved) = (Arc::clone(&self.fresh), delivery.clone());
+        self.run_then(
+            move |conn| {
+                let changed = match change {
+                    // One due time here, and the embedded dispatcher never defers (it takes
+                    // only work whose endpoint has room): the next try moves.
+                    Unattempted::Defer(until) => conn.execute(
+                        "UPDATE deliveries SET next_try_at = ?3, updated_at = ?4 \
+                         WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                        params![id.as_str(), expected_attempts, to_millis(until), to_millis(now)],
+                    ),
+                    Unattempted::Fail(reason) => conn.execute(
+                        "UPDATE deliveries SET status = 'failed', next_try_at = NULL, last_error = ?3, \
+                         updated_at = ?4 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                        params![id.as_str(), expected_attempts, reason, to_millis(now)],
+                    ),
+                }
+                .map_err(backend)?;
+                Ok(changed > 0)
+            },
+            // Only this delivery changed.
+            move |_| fresh.forget_delivery(&moved),
+        )
+        .await
+    }
+
+    pub(super) async fn record_attempt(
+        &self,
+        record: &AttemptRecord,
+    ) -> StoreResult<RecordOutcome> {
+        let r = record.clone();
+        let (fresh, attempted) = (Arc::clone(&self.fresh), record.attempt.delivery_id.clone());
+        let forget = move |recorded: &StoreResult<(RecordOutcome, bool)>| match recorded {
+            Ok((_, false)) => fresh.forget_delivery(&attempted),
+            Ok((_, true)) | Err(_) => fresh.forget_all(),
+        };
+        let recorded = self.run_then(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let update = r.decision.update(r.attempt.error.as_deref());
+            let (status, next_try_at, last_error) =
+                (update.status, update.next_try_at.map(to_millis), update.last_error);
+            let delivery_created_at = tx
+                .prepare_cached(
+                    "UPDATE deliveries SET status = ?3, attempts = ?4, next_try_at = ?5, last_status = ?6, last_error = ?7, \
+                     client_errors = ?8, updated_at = ?9, next_trigger = 'scheduled' \
+                     WHERE id = ?1 AND status = 'pending' AND attempts = ?2 RETURNING created_at",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![
+                        r.attempt.delivery_id.as_str(),
+                        r.expected_attempts,
+                        status.as_str(),
+                        r.attempt.number,
+                        next_try_at,
+                        r.attempt.status_code,
+                        last_error,
+                        r.client_error_count,
+                        to_millis(r.now),
+                    ], |row| row.get::<_, i64>(0))
+                    .optional()
+                })
+                .map_err(backend)?;
+            let Some(delivery_created_at) = delivery_created_at else {
+                return Ok((RecordOutcome::Stale, false));
+            };
+            let headers = serde_json::to_string(&r.attempt.response_headers).unwrap_or_else(|_| "[]".into());
+            tx.prepare_cached(&format!(
+                "INSERT OR REPLACE INTO attempts (delivery_created_at, {ATTEMPT_COLUMNS}) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    delivery_created_at,
+                    r.attempt.delivery_id.as_str(),
+                    r.attempt.number,
+                    r.attempt.trigger.as_str(),
+                    to_millis(r.attempt.started_at),
+                    i64::try_from(r.attempt.latency_ms).unwrap_or(i64::MAX),
+                    r.attempt.status_code,
+                    headers,
+                    r.attempt.response_body,
+                    r.attempt.response_body_truncated,
+                    r.attempt.error,
+                ])
+            })
+            .map_err(backend)?;
+            // Health changes rarely: write the endpoint row only when the clock starts or stops,
+            // not on every attempt.
+            let (failing_since, endpoint_changed): (Option<i64>, bool) = if r.success {
+                let changed = tx
+                    .prepare_cached("UPDATE endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL")
+                    .and_then(|mut s| s.execute(params![r.endpoint_id.as_str()]))
+                    .map_err(backend)?;
+                (None, changed > 0)
+            } else {
+                let changed = tx
+                    .prepare_cached("UPDATE endpoints SET failing_since = ?2 WHERE id = ?1 AND failing_since IS NULL")
+                    .and_then(|mut s| s.execute(params![r.endpoint_id.as_str(), to_millis(r.now)]))
+                    .map_err(backend)?;
+                let since = tx
+                    .prepare_cached("SELECT failing_since FROM endpoints WHERE id = ?1")
+                    .and_then(|mut s| s.query_row(params![r.endpoint_id.as_str()], |row| row.get(0)).optional())
+                    .map_err(backend)?
+                    .flatten();
+                (since, changed > 0)
+            };
+            tx.commit().map_err(backend)?;
+            Ok((
+                RecordOutcome::Recorded {
+                    endpoint_failing_since: failing_since.map(from_millis),
+                },
+                endpoint_changed,
+            ))
+        }, forget)
+        .await;
+        recorded.map(|(outcome, _)| outcome)
+    }
+
+    pub(super) async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        let after = after.map(|a| a.as_str().to_owned());
+        self.read(move |conn| {
+            // Paging is by delivery id (unique) so a page boundary never skips rows.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT d.id, d.endpoint_id, d.account_id, d.next_try_at, e.max_in_flight, e.rate_limit \
+                     FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
+                     WHERE d.status = 'pending' AND d.next_try_at <= ?1 AND d.id > ?2 AND e.status = 'active' \
+                     ORDER BY d.id LIMIT ?3",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![to_millis(due_before), after.unwrap_or_default(), limit], |row| {
+                    let rate: Option<i64> = row.get(5)?;
+                    Ok(PendingRef {
+                        delivery_id: DeliveryId::from_trusted(row.get(0)?),
+                        endpoint_id: EndpointId::from_trusted(row.get(1)?),
+                        account_id: AccountId::from_trusted(row.get(2)?),
+                        due: from_millis(row.get(3)?),
+                        max_in_flight: u32_col(row, 4)?,
+                        rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn get_delivery(
+        &self,
+        account: &AccountId,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.read(move |conn| {
+            conn.query_row(
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1 AND account_id = ?2"
+                ),
+                params![id.as_str(), account.as_str()],
+                delivery_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn list_deliveries(
+        &self,
+        account: &AccountId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Page<Delivery>> {
+        let (account, query) = (account.clone(), query.clone());
+        self.read(move |conn| {
+            let mut sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?");
+            let mut args: Vec<Value> = vec![Value::Text(account.as_str().to_owned())];
+            if let Some(endpoint) = &query.endpoint_id {
+                sql.push_str(" AND endpoint_id = ?");
+                args.push(Value::Text(endpoint.as_str().to_owned()));
+            }
+            if let Some(status) = query.status {
+                sql.push_str(" AND status = ?");
+                args.push(Value::Text(status.as_str().to_owned()));
+            }
+            if let Some(event_type) = &query.event_type {
+                sql.push_str(" AND event_type = ?");
+                args.push(Value::Text(event_type.clone()));
+            }
+            if let Some(since) = query.since {
+                sql.push_str(" AND created_at >= ?");
+                args.push(Value::Integer(to_millis(since)));
+            }
+            if let Some(until) = query.until {
+                sql.push_str(" AND created_at < ?");
+                args.push(Value::Integer(to_millis(until)));
+            }
+            if let Some(code) = query.status_code {
+                sql.push_str(" AND last_status = ?");
+                args.push(Value::Integer(i64::from(code)));
+            }
+            if let Some(cursor) = &query.cursor {
+                let (created, id) =
+                    crate::store::cursor::decode(cursor).ok_or(StoreError::NotFound("cursor"))?;
+                sql.push_str(" AND (created_at < ? OR (created_at = ? AND id < ?))");
+                args.push(Value::Integer(created));
+                args.push(Value::Integer(created));
+                args.push(Value::Text(id));
+            }
+            let limit = query.limit.clamp(1, 500);
+            sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
+            args.push(Value::Integer(i64::from(limit) + 1));
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut items = stmt
+                .query_map(rusqlite::params_from_iter(args), delivery_from_row)
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            let next_cursor = if items.len() > limit as usize {
+                items.truncate(limit as usize);
+                items
+                    .last()
+                    .map(|d| crate::store::cursor::encode(to_millis(d.created_at), d.id.as_str()))
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    pub(super) async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        let id = delivery.clone();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts \
+                     WHERE delivery_created_at = (SELECT created_at FROM deliveries WHERE id = ?1) \
+                     AND delivery_id = ?1 ORDER BY number"
+                ))
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![id.as_str()], attempt_from_row)
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+}

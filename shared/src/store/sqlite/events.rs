@@ -1,0 +1,112 @@
+//! Events and their deliveries: publish and fan-out.
+
+use super::rows::*;
+use super::worker::*;
+use super::*;
+
+impl SqliteStore {
+    pub(super) async fn insert_event_and_deliveries(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<PublishOutcome> {
+        let published = Arc::new((event.clone(), deliveries.to_vec()));
+        let (fresh, kept) = (Arc::clone(&self.fresh), Arc::clone(&published));
+        let remember = move |outcome: &StoreResult<PublishOutcome>| {
+            if let Ok(PublishOutcome::Created) = outcome {
+                fresh.remember_published(&kept.0, &kept.1);
+            }
+        };
+        self.run_then(move |conn| {
+            let (event, deliveries) = (&published.0, &published.1);
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let existing = tx
+                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
+                .and_then(|mut s| s.query_row(params![event.account_id.as_str(), event.id.as_str()], event_from_row).optional())
+                .map_err(backend)?;
+            if let Some(existing) = existing {
+                let deliveries = deliveries_of_event(&tx, existing.account_id.as_str(), existing.id.as_str()).map_err(backend)?;
+                return Ok(PublishOutcome::AlreadyExists { event: existing, deliveries });
+            }
+            insert_event(&tx, event).map_err(backend)?;
+            insert_deliveries(&tx, deliveries).map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(PublishOutcome::Created)
+        }, remember)
+        .await
+    }
+
+    pub(super) async fn publish(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<PublishOutcome> {
+        self.insert_event_and_deliveries(event, deliveries).await
+    }
+
+    pub(super) async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
+        // No change stream here: the event alone is a publish without deliveries.
+        Ok(match self.publish(event, &[]).await? {
+            PublishOutcome::Created => PutEventOutcome::Created,
+            PublishOutcome::AlreadyExists { event, .. } => PutEventOutcome::AlreadyExists(event),
+        })
+    }
+
+    pub(super) async fn add_deliveries(
+        &self,
+        deliveries: &[Delivery],
+    ) -> StoreResult<Vec<Delivery>> {
+        let deliveries = deliveries.to_vec();
+        self.run(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(deliveries
+                .into_iter()
+                .zip(added)
+                .filter_map(|(d, new)| new.then_some(d))
+                .collect())
+        })
+        .await
+    }
+
+    pub(super) async fn unfanned_events(
+        &self,
+        _after: Option<Timestamp>,
+        _created_before: Timestamp,
+        _limit: u32,
+    ) -> StoreResult<crate::store::UnfannedPage> {
+        // No change stream: an event is written with its deliveries, never left to fan out.
+        Ok(crate::store::UnfannedPage::default())
+    }
+
+    pub(super) async fn mark_fanned_out(&self, _events: &[Event]) -> StoreResult<()> {
+        Ok(())
+    }
+
+    pub(super) async fn get_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+    ) -> StoreResult<Option<Event>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.read(move |conn| {
+            conn.query_row(
+                "SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2",
+                params![account.as_str(), id.as_str()],
+                event_from_row,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        let (account, id) = (event.account_id.clone(), event.id.clone());
+        self.read(move |conn| {
+            deliveries_of_event(conn, account.as_str(), id.as_str()).map_err(backend)
+        })
+        .await
+    }
+}

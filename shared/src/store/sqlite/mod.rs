@@ -1,0 +1,352 @@
+//! The embedded store: one SQLite file in WAL mode.
+
+use std::{
+    fs::{File, OpenOptions},
+    path::{Path, PathBuf},
+    sync::{mpsc, Arc},
+};
+
+use async_trait::async_trait;
+use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
+
+use super::{
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
+    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
+    Store, StoreError, StoreResult, Unattempted,
+};
+use crate::{
+    clock::{from_millis, to_millis, Timestamp},
+    domain::{
+        endpoint::RetiringSecret, Account, AccountId, Attempt, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
+        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+    },
+    signing::SigningSecret,
+};
+
+mod accounts;
+mod deliveries;
+mod events;
+mod fresh;
+mod replay;
+mod rows;
+mod schema;
+#[cfg(test)]
+mod tests;
+mod worker;
+
+use rows::*;
+use schema::*;
+use worker::*;
+
+/// SQLite owned by one thread. Callers queue jobs; the thread runs whatever has queued up
+/// in one transaction (each job in its own savepoint) and answers after the commit, so a
+/// busy server pays one commit for many writes and no thread hand-off per call.
+#[derive(Clone)]
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Job>,
+    /// Where the hot reads go: a reader thread on its own connection for a file database
+    /// (WAL lets it read while the store thread writes), the store thread in memory.
+    reads: mpsc::Sender<Job>,
+    // Held for the life of the store: a second `serve` on the same file is refused.
+    _lock: Option<Arc<File>>,
+    fresh: Arc<fresh::FreshWork>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file, refusing if another process has it open.
+    pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+        let path = path.as_ref();
+        let lock = acquire_lock(path)?;
+        let open = || {
+            Connection::open(path)
+                .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))
+        };
+        let conn = open()?;
+        Self::init(conn, Some(lock), |conn, _| {
+            let reader = open()?;
+            reader
+                .busy_timeout(std::time::Duration::from_secs(5))
+                .map_err(backend)?;
+            reader
+                .pragma_update(None, "query_only", "ON")
+                .map_err(backend)?;
+            let (reads, queue) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("hooklane-sqlite-read".into())
+                .spawn(move || run_reads(reader, queue))
+                .map_err(|e| StoreError::Backend(format!("cannot start the reader thread: {e}")))?;
+            let checkpointer = open()?;
+            checkpointer
+                .pragma_update(None, "synchronous", "NORMAL")
+                .map_err(backend)?;
+            conn.pragma_update(None, "wal_autocheckpoint", WAL_BACKSTOP_PAGES)
+                .map_err(backend)?;
+            let (commits, committed) = mpsc::sync_channel(1);
+            std::thread::Builder::new()
+                .name("hooklane-checkpoint".into())
+                .spawn(move || run_checkpoints(checkpointer, committed))
+                .map_err(|e| {
+                    StoreError::Backend(format!("cannot start the checkpoint thread: {e}"))
+                })?;
+            Ok((reads, Some(commits)))
+        })
+    }
+
+    /// How many deliveries are pending and when the oldest of them was created: the
+    /// backlog gauges of the embedded shape.
+    pub async fn backlog(&self) -> StoreResult<(u64, Option<Timestamp>)> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT COUNT(*), MIN(created_at) FROM deliveries WHERE status = 'pending'",
+                [],
+                |row| {
+                    let count: i64 = row.get(0)?;
+                    let oldest: Option<i64> = row.get(1)?;
+                    Ok((u64::try_from(count).unwrap_or(0), oldest.map(from_millis)))
+                },
+            )
+            .map_err(backend)
+        })
+        .await
+    }
+
+    /// A private in-memory database, for tests.
+    pub fn in_memory() -> StoreResult<Self> {
+        let conn = Connection::open_in_memory().map_err(backend)?;
+        Self::init(conn, None, reads_on_the_store_thread)
+    }
+
+    /// Sets the connection up and starts the store thread; `helpers` starts the reader and
+    /// checkpoint threads of a file database and returns where reads go (given the store
+    /// thread's queue) and where to signal commits.
+    fn init(
+        conn: Connection,
+        lock: Option<File>,
+        helpers: impl FnOnce(&Connection, &mpsc::Sender<Job>) -> StoreResult<Helpers>,
+    ) -> StoreResult<Self> {
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(backend)?;
+        // NORMAL in WAL mode survives a process crash (kill -9); only power loss can drop
+        // the last commits.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(backend)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(backend)?;
+        // Every job runs in a savepoint, and SQLite copies each page a savepoint changes
+        // into a statement journal; on disk (past 64 KiB) those copies were a fifth of the
+        // store thread's time. They are only needed until the job is released, so memory
+        // is the right place; it does not touch what the WAL makes durable.
+        conn.pragma_update(None, "temp_store", "MEMORY")
+            .map_err(backend)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(backend)?;
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
+        migrate_attempts_to_time_order(&conn).map_err(backend)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (reads, commits) = helpers(&conn, &jobs)?;
+        std::thread::Builder::new()
+            .name("hooklane-sqlite".into())
+            .spawn(move || run_jobs(conn, queue, commits))
+            .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
+        Ok(Self {
+            jobs,
+            reads,
+            _lock: lock.map(Arc::new),
+            fresh: Arc::default(),
+        })
+    }
+
+    /// Runs `work` on the store thread inside the current batch's transaction. Work that
+    /// writes several rows wraps them in a savepoint so that they stand or fall together.
+    /// What publishes left for first tries is forgotten, as `work` may have changed it.
+    async fn run<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let fresh = Arc::clone(&self.fresh);
+        Self::submit(&self.jobs, work, move |_| fresh.forget_all()).await
+    }
+
+    /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
+    /// themselves (a publish and an attempt), in `after_commit`.
+    async fn run_then<T, F, A>(&self, work: F, after_commit: A) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+        A: FnOnce(&StoreResult<T>) + Send + 'static,
+    {
+        Self::submit(&self.jobs, work, after_commit).await
+    }
+
+    /// Runs read-only `work` where reads go (see [`SqliteStore::reads`]).
+    async fn read<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        Self::submit(&self.reads, work, |_| {}).await
+    }
+
+    /// Queues `work`; `after_commit` runs on the store thread once the batch has committed
+    /// (or failed to), before the answer is sent. There it is ordered with every other
+    /// job's commit, and it runs even when the caller has stopped waiting (a client that
+    /// disconnects drops its request's future).
+    async fn submit<T, F, A>(queue: &mpsc::Sender<Job>, work: F, after_commit: A) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+        A: FnOnce(&StoreResult<T>) + Send + 'static,
+    {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = work(conn);
+            Box::new(move |commit_error: Option<&StoreError>| {
+                let result = match commit_error {
+                    Some(error) => Err(StoreError::Backend(format!("commit failed: {error}"))),
+                    None => result,
+                };
+                after_commit(&result);
+                let _ = answer.send(result);
+            })
+        });
+        let stopped = || StoreError::Backend("the store thread has stopped".into());
+        queue.send(job).map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_account(&self, account: &Account) -> StoreResult<()> {
+        self.create_account(account).await
+    }
+    async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        self.get_account(id).await
+    }
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        self.create_endpoint(endpoint).await
+    }
+    async fn get_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+    ) -> StoreResult<Option<Endpoint>> {
+        self.get_endpoint(account, id).await
+    }
+    async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        self.list_endpoints(account).await
+    }
+    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        self.update_endpoint(endpoint).await
+    }
+    async fn delete_endpoint(
+        &self,
+        account: &AccountId,
+        id: &EndpointId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        self.delete_endpoint(account, id, now).await
+    }
+    async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
+        self.publish(event, deliveries).await
+    }
+    async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
+        self.put_event(event).await
+    }
+    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
+        self.add_deliveries(deliveries).await
+    }
+    async fn unfanned_events(
+        &self,
+        _after: Option<Timestamp>,
+        _created_before: Timestamp,
+        _limit: u32,
+    ) -> StoreResult<crate::store::UnfannedPage> {
+        self.unfanned_events(_after, _created_before, _limit).await
+    }
+    async fn mark_fanned_out(&self, _events: &[Event]) -> StoreResult<()> {
+        self.mark_fanned_out(_events).await
+    }
+    async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
+        self.get_event(account, id).await
+    }
+    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        self.deliveries_of_event(event).await
+    }
+    async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
+        self.load_work(delivery).await
+    }
+    async fn move_unattempted(
+        &self,
+        delivery: &DeliveryId,
+        expected_attempts: u32,
+        change: &Unattempted,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        self.move_unattempted(delivery, expected_attempts, change, now)
+            .await
+    }
+    async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
+        self.record_attempt(record).await
+    }
+    async fn pending_deliveries(
+        &self,
+        due_before: Timestamp,
+        after: Option<&DeliveryId>,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        self.pending_deliveries(due_before, after, limit).await
+    }
+    async fn get_delivery(
+        &self,
+        account: &AccountId,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>> {
+        self.get_delivery(account, id).await
+    }
+    async fn list_deliveries(
+        &self,
+        account: &AccountId,
+        query: &DeliveryQuery,
+    ) -> StoreResult<Page<Delivery>> {
+        self.list_deliveries(account, query).await
+    }
+    async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
+        self.list_attempts(delivery).await
+    }
+    async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        self.replay(request).await
+    }
+    async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        self.list_replays(account, after, limit).await
+    }
+    async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
+        self.failing_endpoints(failing_before).await
+    }
+    async fn disable_endpoint(
+        &self,
+        request: &DisableRequest,
+    ) -> StoreResult<Option<DisableOutcome>> {
+        self.disable_endpoint(request).await
+    }
+    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+        self.unsent_notifications(limit).await
+    }
+    async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
+        self.mark_notification_sent(id, now).await
+    }
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        self.get_setting(key).await
+    }
+    async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
+        self.put_setting_if_absent(key, value).await
+    }
+}

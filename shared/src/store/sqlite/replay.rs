@@ -1,0 +1,149 @@
+//! Replays: the re-queue of one delivery or a filtered range of them.
+
+use super::rows::*;
+use super::worker::*;
+use super::*;
+
+impl SqliteStore {
+    pub(super) async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
+        let request = request.clone();
+        self.run(move |conn| {
+            let mut replay = request.replay;
+            let filter = &replay.filter;
+            let now = to_millis(replay.requested_at);
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let mut sql = String::from(
+                "SELECT d.id, d.endpoint_id, e.max_in_flight, e.rate_limit FROM deliveries d \
+                 JOIN endpoints e ON e.id = d.endpoint_id \
+                 WHERE d.account_id = ? AND e.status = 'active'",
+            );
+            let mut args: Vec<Value> = vec![Value::Text(replay.account_id.as_str().to_owned())];
+            match &replay.scope {
+                ReplayScope::Delivery(id) => {
+                    sql.push_str(" AND d.id = ?");
+                    args.push(Value::Text(id.as_str().to_owned()));
+                }
+                ReplayScope::Endpoint(id) => {
+                    sql.push_str(" AND d.endpoint_id = ?");
+                    args.push(Value::Text(id.as_str().to_owned()));
+                }
+            }
+            let final_statuses: Vec<_> = filter.statuses.iter().filter(|s| s.is_final()).collect();
+            sql.push_str(&format!(" AND d.status IN ({})", vec!["?"; final_statuses.len()].join(", ")));
+            args.extend(final_statuses.iter().map(|s| Value::Text(s.as_str().to_owned())));
+            if let Some(since) = filter.since {
+                sql.push_str(" AND d.created_at >= ?");
+                args.push(Value::Integer(to_millis(since)));
+            }
+            if let Some(until) = filter.until {
+                sql.push_str(" AND d.created_at < ?");
+                args.push(Value::Integer(to_millis(until)));
+            }
+            if !filter.event_types.is_empty() {
+                sql.push_str(&format!(" AND d.event_type IN ({})", vec!["?"; filter.event_types.len()].join(", ")));
+                args.extend(filter.event_types.iter().map(|t| Value::Text(t.as_str().to_owned())));
+            }
+            sql.push_str(" ORDER BY d.created_at, d.id LIMIT ?");
+            args.push(Value::Integer(i64::from(request.limit) + 1));
+            let mut matched = {
+                let mut stmt = tx.prepare(&sql).map_err(backend)?;
+                let rows = stmt
+                    .query_map(rusqlite::params_from_iter(args), |row| {
+                        let rate: Option<i64> = row.get(3)?;
+                        Ok(PendingRef {
+                            delivery_id: DeliveryId::from_trusted(row.get(0)?),
+                            endpoint_id: EndpointId::from_trusted(row.get(1)?),
+                            account_id: replay.account_id.clone(),
+                            due: replay.requested_at,
+                            max_in_flight: u32_col(row, 2)?,
+                            rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
+                        })
+                    })
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?
+            };
+            replay.more = matched.len() > request.limit as usize;
+            matched.truncate(request.limit as usize);
+            {
+                let mut update = tx
+                    .prepare_cached(
+                        "UPDATE deliveries SET status = 'pending', next_try_at = ?2, schedule_start = attempts, \
+                         client_errors = 0, next_trigger = 'manual', updated_at = ?2 \
+                         WHERE id = ?1 AND status != 'pending'",
+                    )
+                    .map_err(backend)?;
+                for item in &matched {
+                    update.execute(params![item.delivery_id.as_str(), now]).map_err(backend)?;
+                }
+            }
+            replay.count = u32::try_from(matched.len()).unwrap_or(u32::MAX);
+            let (delivery_id, endpoint_id) = match &replay.scope {
+                ReplayScope::Delivery(id) => (Some(id.as_str().to_owned()), None),
+                ReplayScope::Endpoint(id) => (None, Some(id.as_str().to_owned())),
+            };
+            let event_types: Vec<&str> = filter.event_types.iter().map(EventType::as_str).collect();
+            tx.execute(
+                "INSERT INTO replays (id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, \
+                 event_types, requested_at, count, more) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    replay.id.as_str(),
+                    replay.account_id.as_str(),
+                    replay.actor,
+                    delivery_id,
+                    endpoint_id,
+                    opt_millis(filter.since),
+                    opt_millis(filter.until),
+                    statuses_json(&filter.statuses),
+                    serde_json::to_string(&event_types).unwrap_or_else(|_| "[]".into()),
+                    now,
+                    replay.count,
+                    replay.more,
+                ],
+            )
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict { entity: "replay", id: replay.id.to_string() }
+                } else {
+                    backend(e)
+                }
+            })?;
+            tx.commit().map_err(backend)?;
+            Ok(ReplayOutcome { replay, queued: matched })
+        })
+        .await
+    }
+
+    pub(super) async fn list_replays(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: u32,
+    ) -> StoreResult<Page<Replay>> {
+        let account = account.clone();
+        let after = after.map(|a| a.as_str().to_owned());
+        self.run(move |conn| {
+            let limit = limit.clamp(1, 500);
+            // Replay ids are time-ordered, so id order is request order.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, event_types, \
+                     requested_at, count, more FROM replays WHERE account_id = ?1 AND (?2 IS NULL OR id < ?2) \
+                     ORDER BY id DESC LIMIT ?3",
+                )
+                .map_err(backend)?;
+            let mut items = stmt
+                .query_map(params![account.as_str(), after, i64::from(limit) + 1], replay_from_row)
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            let next_cursor = if items.len() > limit as usize {
+                items.truncate(limit as usize);
+                items.last().map(|r| r.id.as_str().to_owned())
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+}

@@ -1,0 +1,210 @@
+//! The SQLite store: the contract on a file, and what only this store does.
+
+use super::rows::*;
+use super::schema::*;
+use super::*;
+
+/// The contract checks again on a file, where reads take the reader connection and a
+/// thread checkpoints the WAL (the in-memory store the contract suite uses has neither).
+#[tokio::test]
+async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads() {
+    let dir = std::env::temp_dir().join(format!(
+        "hooklane-sqlite-file-contract-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    macro_rules! on_fresh_files {
+        ($($check:ident),* $(,)?) => {$(
+            let store = SqliteStore::open(dir.join(concat!(stringify!($check), ".db"))).unwrap();
+            crate::store::contract::$check(&store).await;
+            drop(store);
+        )*};
+    }
+    on_fresh_files!(
+        accounts_and_endpoints,
+        publish_is_idempotent_on_the_event_id,
+        record_attempt_applies_once_per_expected_state,
+        failed_is_final,
+        pending_deliveries_page_by_id_and_skip_inactive_endpoints,
+        list_deliveries_newest_first_with_filters_and_cursor,
+        failing_endpoints_are_the_active_ones_failing_long_enough,
+        disable_endpoint_is_conditional_and_complete,
+        notification_outbox,
+        settings_put_if_absent,
+        delete_endpoint_abandons_pending_and_keeps_history,
+        add_deliveries_adds_each_pair_once,
+    );
+    let store = SqliteStore::open(dir.join("replays.db")).unwrap();
+    crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn replays_follow_the_store_contract() {
+    let store = SqliteStore::in_memory().unwrap();
+    crate::store::replay_contract::replays_follow_the_contract(&store).await;
+}
+
+/// The deliveries table of the first release, before any column was added.
+const FIRST_RELEASE_DELIVERIES: &str =
+    "CREATE TABLE deliveries (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, event_id TEXT NOT NULL, \
+     endpoint_id TEXT NOT NULL, event_type TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL, \
+     next_try_at INTEGER, last_status INTEGER, last_error TEXT, client_errors INTEGER NOT NULL, \
+     created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);";
+
+async fn poll_once<F: std::future::Future>(
+    future: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    let mut future = Some(future);
+    std::future::poll_fn(|cx| {
+        let future = future.take().expect("polled once");
+        std::task::Poll::Ready(future.poll(cx))
+    })
+    .await
+}
+
+/// A store with one endpoint, which a first try has read (so the store keeps it), and
+/// a second event with its delivery, not yet published.
+async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Delivery) {
+    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    let store = SqliteStore::in_memory().unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let (ev1, ev2) = (event("acme", "evt_1", t0()), event("acme", "evt_2", t0()));
+    let (d1, d2) = (delivery(&ev1, &ep, t0()), delivery(&ev2, &ep, t0()));
+    store
+        .publish(&ev1, std::slice::from_ref(&d1))
+        .await
+        .unwrap();
+    store.load_work(&d1.id).await.unwrap().unwrap();
+    (store, ep, ev2, d2)
+}
+
+#[tokio::test]
+async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
+    let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
+    store
+        .publish(&ev2, std::slice::from_ref(&d2))
+        .await
+        .unwrap();
+    // Behind the store's back (no store write does this), so the kept copy is not forgotten.
+    store
+        .run_then(
+            |conn| {
+                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
+                    .map_err(backend)
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
+    let kept = store.load_work(&d2.id).await.unwrap().unwrap();
+    assert_eq!(
+        kept.event.unwrap().payload,
+        ev2.payload,
+        "the first try used the kept copy"
+    );
+    let read = store.load_work(&d2.id).await.unwrap().unwrap();
+    assert_eq!(
+        read.event.unwrap().payload,
+        "{\"changed\":1}",
+        "a second load reads the database"
+    );
+}
+
+#[tokio::test]
+async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_try() {
+    let (store, ep, ev2, d2) = store_that_knows_its_endpoint().await;
+    let moved = Endpoint {
+        url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
+        ..ep.clone()
+    };
+    // Hold the store thread in a job of its own, so that the update is surely queued and
+    // unanswered when it is dropped, as when an API client disconnects.
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut holder = std::pin::pin!(store.run_then(
+        move |_| {
+            let _ = started.send(());
+            let _ = released.recv();
+            Ok(())
+        },
+        |_| {},
+    ));
+    assert!(poll_once(holder.as_mut()).await.is_pending());
+    has_started.recv().unwrap();
+    {
+        let mut update = std::pin::pin!(store.update_endpoint(&moved));
+        assert!(poll_once(update.as_mut()).await.is_pending());
+    }
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    store
+        .publish(&ev2, std::slice::from_ref(&d2))
+        .await
+        .unwrap();
+    let work = store.load_work(&d2.id).await.unwrap().unwrap();
+    assert_eq!(work.endpoint.unwrap().url, moved.url);
+}
+
+#[tokio::test]
+async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(&format!(
+        "{FIRST_RELEASE_DELIVERIES} \
+         CREATE TABLE attempts (delivery_id TEXT NOT NULL, number INTEGER NOT NULL, trigger TEXT NOT NULL, \
+         started_at INTEGER NOT NULL, latency_ms INTEGER NOT NULL, status_code INTEGER, \
+         response_headers TEXT NOT NULL, response_body TEXT NOT NULL, response_body_truncated INTEGER NOT NULL, \
+         error TEXT, PRIMARY KEY (delivery_id, number)); \
+         INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'pending', 2, 5000, 500, 'x', 0, 1000, 2); \
+         INSERT INTO attempts VALUES ('dlv_1', 1, 'scheduled', 1000, 12, 500, '[]', 'no', 0, NULL); \
+         INSERT INTO attempts VALUES ('dlv_1', 2, 'scheduled', 3000, 15, 503, '[]', 'later', 0, NULL);"
+    ))
+    .unwrap();
+    let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
+    let attempts = store
+        .list_attempts(&DeliveryId::from_trusted("dlv_1".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a.number, a.status_code, a.response_body.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(1, Some(500), "no"), (2, Some(503), "later")]
+    );
+    let layout = store
+        .run(|conn| table_columns(conn, "attempts").map_err(backend))
+        .await
+        .unwrap();
+    assert_eq!(
+        layout.first().map(String::as_str),
+        Some("delivery_created_at")
+    );
+}
+
+#[tokio::test]
+async fn an_older_file_gains_the_replay_columns() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(&format!(
+        "{FIRST_RELEASE_DELIVERIES} \
+         INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);"
+    ))
+    .unwrap();
+    let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
+    let delivery = store
+        .run(|conn| {
+            conn.query_row(
+                &format!("SELECT {DELIVERY_COLUMNS} FROM deliveries"),
+                [],
+                delivery_from_row,
+            )
+            .map_err(backend)
+        })
+        .await
+        .unwrap();
+    assert_eq!(delivery.schedule_start, 0);
+    assert_eq!(delivery.next_trigger, Trigger::Scheduled);
+}
