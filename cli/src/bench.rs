@@ -17,7 +17,7 @@ use tokio::{
     process::{Child, Command},
 };
 
-use crate::farm::{Behavior, Farm};
+use hooklane_testkit::farm::{Behavior, Farm};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

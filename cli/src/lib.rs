@@ -1,8 +1,9 @@
-//! The `hooklane` binary's parts: configuration, `serve`, `receive`, `verify`, `bench`, and the fake endpoint farm.
+//! The `hooklane` binary's parts: configuration, `serve`, `receive`, `verify`, and `bench`
+//! (feature `bench`, on the test kit's endpoint farm).
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod config;
-pub mod farm;
 pub mod receive;
 pub mod serve;
 #[cfg(feature = "aws")]

@@ -8,7 +8,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 use hooklane_cli::{
-    bench,
     config::{LogFormat, ServeConfig},
     receive, serve, verify,
 };
@@ -253,35 +252,7 @@ fn main() -> ExitCode {
             token,
             workloads,
             quick,
-        } => {
-            let workloads = match workloads
-                .split(',')
-                .map(bench::Workload::parse)
-                .collect::<Result<Vec<_>, _>>()
-            {
-                Ok(w) => w,
-                Err(error) => {
-                    eprintln!("hooklane: bench: {error}");
-                    return ExitCode::from(2);
-                }
-            };
-            let runtime = match runtime(tokio::runtime::Builder::new_multi_thread()) {
-                Ok(runtime) => runtime,
-                Err(code) => return code,
-            };
-            match runtime.block_on(bench::run(bench::BenchOptions {
-                url,
-                token,
-                workloads,
-                quick,
-            })) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("hooklane: bench: {error}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        } => run_bench(url, token, workloads, quick),
         Command::Receive {
             listen,
             secret,
@@ -337,4 +308,51 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `hooklane bench`: built with the `bench` feature, which brings the test kit's farm.
+#[cfg(feature = "bench")]
+fn run_bench(
+    url: Option<String>,
+    token: Option<String>,
+    workloads: String,
+    quick: bool,
+) -> ExitCode {
+    use hooklane_cli::bench;
+    let workloads = match workloads
+        .split(',')
+        .map(bench::Workload::parse)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(w) => w,
+        Err(error) => {
+            eprintln!("hooklane: bench: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match runtime(tokio::runtime::Builder::new_multi_thread()) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(bench::run(bench::BenchOptions {
+        url,
+        token,
+        workloads,
+        quick,
+    })) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hooklane: bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "bench"))]
+fn run_bench(_: Option<String>, _: Option<String>, _: String, _: bool) -> ExitCode {
+    eprintln!(
+        "hooklane: bench: this build has no benchmarks; build it with \
+         `cargo build --release -p hooklane-cli --features bench`"
+    );
+    ExitCode::from(2)
 }

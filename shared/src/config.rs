@@ -158,7 +158,11 @@ mod tests {
         assert!(core.sender.policy.https_only());
         assert_eq!(core.sender.policy.allow_list().len(), 2);
         assert_eq!(core.disable_after, Duration::from_secs(7200));
-        assert_eq!(core.retry.schedule, RetrySchedule::default(), "blank is unset");
+        assert_eq!(
+            core.retry.schedule,
+            RetrySchedule::default(),
+            "blank is unset"
+        );
         for (variable, bad) in [
             ("HOOKLANE_HTTPS_ONLY", "yes"),
             ("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99"),

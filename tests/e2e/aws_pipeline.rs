@@ -23,7 +23,7 @@ use hooklane::{
     signing::{verify, SigningSecret},
     testing::{emulated_shape, require_emulator, sent_mail_text},
 };
-use hooklane_cli::farm::{Arrival, Behavior, Farm};
+use hooklane_testkit::farm::{Arrival, Behavior, Farm};
 use serde_json::json;
 
 use crate::support::{Scratch, Server};

@@ -32,7 +32,7 @@ use hooklane::{
     config::CoreConfig,
     testing::require_emulator,
 };
-use hooklane_cli::farm::Farm;
+use hooklane_testkit::farm::Farm;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, Mutex};
 

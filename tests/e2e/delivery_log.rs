@@ -4,7 +4,7 @@
 use std::{collections::HashSet, time::Duration};
 
 use chrono::SecondsFormat;
-use hooklane_cli::farm::{Behavior, Farm};
+use hooklane_testkit::farm::{Behavior, Farm};
 use serde_json::{json, Value};
 
 use crate::support::{Scratch, Server};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hooklane_cli::farm::{Behavior, Farm, Hostile};
+use hooklane_testkit::farm::{Behavior, Farm, Hostile};
 use serde_json::json;
 
 use crate::support::{Scratch, Server};

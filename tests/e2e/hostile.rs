@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use hooklane_cli::farm::{Behavior, Farm, Hostile};
+use hooklane_testkit::farm::{Behavior, Farm, Hostile};
 use serde_json::{json, Value};
 
 use crate::support::{Scratch, Server};

@@ -18,7 +18,7 @@ use hooklane::{
     config::CoreConfig,
     testing::require_emulator,
 };
-use hooklane_cli::farm::{Behavior, Farm};
+use hooklane_testkit::farm::{Behavior, Farm};
 use serde_json::{json, Value};
 
 use crate::{

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hooklane_cli::farm::{Behavior, Farm};
+use hooklane_testkit::farm::{Behavior, Farm};
 use serde_json::json;
 
 use crate::support::{Scratch, Server};

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use hooklane_cli::farm::{Behavior, Farm};
+use hooklane_testkit::farm::{Behavior, Farm};
 use serde_json::json;
 
 use crate::support::{test_python, Scratch, Server, ADMIN_TOKEN};

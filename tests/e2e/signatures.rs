@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hooklane_cli::farm::Farm;
+use hooklane_testkit::farm::Farm;
 use serde_json::json;
 
 use crate::support::{test_python, Scratch, Server};
@@ -145,7 +145,7 @@ async fn hooklane_verify_command_checks_a_real_delivery() {
 fn python_verifies(
     python: &std::path::Path,
     secret: &str,
-    arrival: &hooklane_cli::farm::Arrival,
+    arrival: &hooklane_testkit::farm::Arrival,
     body_path: &std::path::Path,
 ) -> bool {
     std::fs::write(body_path, &arrival.body).expect("write body");

@@ -17,7 +17,7 @@ use std::{
 };
 
 use hooklane::signing::SigningSecret;
-use hooklane_cli::farm::{Arrival, Farm};
+use hooklane_testkit::farm::{Arrival, Farm};
 use serde_json::json;
 
 use crate::support::{test_python, Scratch, Server};

@@ -191,8 +191,8 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     }
     let sdk = load_sdk_config().await;
     let mut shape = connect(&settings).await?;
-    let scheduler = super::meter::clients::scheduler(&sdk, None);
-    let sqs = super::meter::clients::sqs(&sdk, None);
+    let scheduler = super::clients::scheduler(&sdk, None);
+    let sqs = super::clients::sqs(&sdk, None);
     if scale > 1.0 {
         let target = settings
             .scheduler
@@ -246,8 +246,8 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     let mut tasks = Vec::new();
     let stream = StreamPoller {
         shape: shape.clone(),
-        dynamodb: super::meter::clients::dynamodb(&sdk, None),
-        streams: super::meter::clients::dynamodbstreams(&sdk, None),
+        dynamodb: super::clients::dynamodb(&sdk, None),
+        streams: super::clients::dynamodbstreams(&sdk, None),
         table: settings.tables.events.clone(),
         checkpoints: settings.tables.control.clone(),
     };

@@ -2,12 +2,10 @@
 //! loaded from the environment (region, credentials, and `AWS_ENDPOINT_URL` for a local
 //! emulator such as moto or LocalStack).
 
-#[cfg(test)]
-mod cost;
+pub mod clients;
 pub mod dlq;
 pub mod handlers;
 pub mod local;
-pub mod meter;
 pub mod record;
 pub mod shape;
 pub mod stack;

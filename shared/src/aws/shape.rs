@@ -4,8 +4,8 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use super::{
+    clients::{self, SharedInterceptor},
     load_sdk_config,
-    meter::{clients, Meter},
 };
 use crate::{
     clock::SystemClock,
@@ -134,17 +134,17 @@ pub struct ConnectError(String);
 
 /// Builds the clients once (a Lambda's `main` calls this before the first event).
 pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
-    connect_metered(settings, None).await
+    connect_with(settings, None).await
 }
 
-/// [`connect`], with every SDK client counting its requests into `meter` (measurements).
-pub async fn connect_metered(
+/// [`connect`], with `extra` on every SDK client (a measurement's request meter).
+pub async fn connect_with(
     settings: &AwsSettings,
-    meter: Option<&Meter>,
+    extra: Option<&SharedInterceptor>,
 ) -> Result<AwsShape, ConnectError> {
     let sdk = load_sdk_config().await;
     let clock = Arc::new(SystemClock);
-    let dynamodb = clients::dynamodb(&sdk, meter);
+    let dynamodb = clients::dynamodb(&sdk, extra);
     let store = Arc::new(DynamoStore::new(
         dynamodb.clone(),
         settings.tables.clone(),
@@ -154,20 +154,20 @@ pub async fn connect_metered(
         .scheduler
         .as_ref()
         .map(|(group, role)| SchedulerTarget {
-            client: clients::scheduler(&sdk, meter),
+            client: clients::scheduler(&sdk, extra),
             group: group.clone(),
             role_arn: role.clone(),
             dead_letter_arn: settings.schedule_dead_letter_arn.clone(),
         });
     let queue = SqsQueue::new(
-        clients::sqs(&sdk, meter),
+        clients::sqs(&sdk, extra),
         &settings.queue_url,
         &settings.queue_arn,
         scheduler,
         clock.clone(),
     );
     let notifier: Arc<dyn Notifier> = match &settings.notification_from {
-        Some(from) => Arc::new(SesNotifier::new(clients::sesv2(&sdk, meter), from)),
+        Some(from) => Arc::new(SesNotifier::new(clients::sesv2(&sdk, extra), from)),
         None => Arc::new(LogNotifier),
     };
     let transport =

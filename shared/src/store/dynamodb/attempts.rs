@@ -129,7 +129,7 @@ impl DynamoStore {
         let detail = attempt_detail(&r.attempt);
         let attempt_row = if r.attempt.number == 1
             && matches!(r.decision, Decision::Delivered)
-            && crate::aws::meter::item_size(&detail) <= INLINE_FIRST_TRY_BYTES
+            && item_size(&detail) <= INLINE_FIRST_TRY_BYTES
         {
             sets.push("first_try = :first_try");
             values.insert(":first_try".into(), AttributeValue::M(detail));

@@ -22,13 +22,15 @@ mod items;
 mod log;
 mod replay;
 mod schema;
+mod size;
 #[cfg(test)]
 pub(crate) mod tests;
 
 use items::*;
 pub use items::{pending_shard, unfanned_shard};
 use log::*;
-pub use schema::{create_tables, table_layouts};
+pub use schema::create_tables;
+pub use size::item_size;
 
 use std::collections::{BTreeMap, HashMap};
 

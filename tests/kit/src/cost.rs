@@ -1,7 +1,7 @@
 //! Cost per delivery of the AWS shape, measured end to end against the emulator with the
 //! request meter: publish (API or outbox) → fan-out over stream batches → sender over SQS
 //! batches of 10 → a loopback receiver. Prints the figures; asserts they stay under bounds
-//! (a regression guard). `cargo test -p hooklane --features aws cost_per -- --nocapture`.
+//! (a regression guard). `cargo test -p hooklane-testkit --features aws cost_per -- --nocapture`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -15,16 +15,18 @@ use std::{
 };
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
+
+use crate::meter::{table_layouts, Meter, Reading};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
 };
 
-use super::{
-    meter::{clients, Meter, Reading},
-    shape::{connect_metered, provision, AwsShape},
+use hooklane::aws::{
+    clients,
+    shape::{connect_with, provision, AwsShape},
 };
-use crate::{
+use hooklane::{
     config::CoreConfig,
     domain::{AccountId, EndpointUrl, Event, EventId, EventType, EventTypeFilter, RetrySchedule},
     http::AddressPolicy,
@@ -34,7 +36,7 @@ use crate::{
         publish::{publish, NewEvent},
         sender::{handle_batch, Lanes},
     },
-    store::{contract, dynamodb::table_layouts},
+    store::contract,
 };
 
 /// DynamoDB Streams' default batch size for the fan-out trigger (the template's).
@@ -89,7 +91,7 @@ async fn receiver(failures_per_id: u32) -> Receiver {
                         Ok(k) => data.extend_from_slice(&buf[..k]),
                     }
                 }
-                let id = header(crate::signing::HEADER_ID).unwrap_or_default();
+                let id = header(hooklane::signing::HEADER_ID).unwrap_or_default();
                 let tries = {
                     let mut seen = seen.lock().unwrap();
                     let tries = seen.entry(id).or_default();
@@ -217,8 +219,8 @@ fn payload(i: usize) -> serde_json::Value {
 async fn setup(
     failures_per_id: u32,
     destinations: Destinations,
-) -> (AwsShape, Meter, crate::aws::shape::AwsSettings, Receiver) {
-    crate::testing::require_emulator();
+) -> (AwsShape, Meter, hooklane::aws::shape::AwsSettings, Receiver) {
+    hooklane::testing::require_emulator();
     let mut core = CoreConfig::default();
     core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     // The first retry comes after ~1 s instead of 30 s.
@@ -226,7 +228,9 @@ async fn setup(
     let prefix = format!("c{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let settings = provision(&prefix, core).await.unwrap();
     let meter = Meter::new(table_layouts(&settings.tables));
-    let shape = connect_metered(&settings, Some(&meter)).await.unwrap();
+    let shape = connect_with(&settings, Some(&meter.shared()))
+        .await
+        .unwrap();
     let receiver = receiver(failures_per_id).await;
     let store = &shape.app.store;
     store
@@ -278,9 +282,9 @@ fn event_type_for(destinations: Destinations, index: usize) -> String {
 struct Pipeline {
     shape: AwsShape,
     meter: Meter,
-    settings: crate::aws::shape::AwsSettings,
+    settings: hooklane::aws::shape::AwsSettings,
     receiver: Receiver,
-    sqs: aws_sdk_sqs::Client,
+    sqs: hooklane::aws::aws_sdk_sqs::Client,
     destinations: Destinations,
 }
 
@@ -397,7 +401,7 @@ impl Pipeline {
                 outcome.unwrap();
                 let receipt = message.receipt_handle().unwrap();
                 delete = delete.entries(
-                    aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    hooklane::aws::aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .receipt_handle(receipt)
                         .build()
@@ -428,8 +432,8 @@ async fn measure(
     endpoints: Endpoints,
 ) -> Measured {
     let (shape, meter, settings, receiver) = setup(failures_per_id, destinations).await;
-    let sdk = super::load_sdk_config().await;
-    let sqs = clients::sqs(&sdk, Some(&meter));
+    let sdk = hooklane::aws::load_sdk_config().await;
+    let sqs = clients::sqs(&sdk, Some(&meter.shared()));
     let pipeline = Pipeline {
         shape,
         meter,
@@ -456,7 +460,7 @@ async fn measure(
     // 2 minutes' again: LATE_WRITE_MARGIN).
     let before_sweep = pipeline.meter.reading();
     pipeline.meter.invoked("sweeper");
-    let report = super::handlers::sweep(&pipeline.shape, Duration::from_secs(300))
+    let report = hooklane::aws::handlers::sweep(&pipeline.shape, Duration::from_secs(300))
         .await
         .unwrap();
     assert_eq!(report.requeued, 0, "everything was delivered");

@@ -57,13 +57,15 @@ use aws_smithy_runtime_api::{
     client::{
         interceptors::{
             context::{BeforeSerializationInterceptorContextRef, FinalizerInterceptorContextRef},
-            Intercept,
+            Intercept, SharedInterceptor,
         },
         orchestrator::Metadata,
         runtime_components::RuntimeComponents,
     },
 };
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
+
+use hooklane::store::dynamodb::{item_size, TableNames};
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -229,6 +231,11 @@ impl Meter {
         }
     }
 
+    /// The interceptor as the shape's clients take it (`aws::clients`, `connect_with`).
+    pub fn shared(&self) -> SharedInterceptor {
+        SharedInterceptor::new(self.interceptor())
+    }
+
     fn plan(&self, input: &aws_smithy_runtime_api::client::interceptors::context::Input) -> Plan {
         let state = self.lock();
         if let Some(put) = input.downcast_ref::<PutItemInput>() {
@@ -361,14 +368,14 @@ impl Meter {
             return Plan::TransactionalRead;
         }
         if let Some(batch) = input
-            .downcast_ref::<aws_sdk_sqs::operation::send_message_batch::SendMessageBatchInput>()
+            .downcast_ref::<hooklane::aws::aws_sdk_sqs::operation::send_message_batch::SendMessageBatchInput>()
         {
             let bytes: usize = batch.entries().iter().map(|e| e.message_body().len()).sum();
             return Plan::Billed(chunks(bytes));
         }
-        if let Some(send) =
-            input.downcast_ref::<aws_sdk_sqs::operation::send_message::SendMessageInput>()
-        {
+        if let Some(send) = input
+            .downcast_ref::<hooklane::aws::aws_sdk_sqs::operation::send_message::SendMessageInput>(
+        ) {
             return Plan::Billed(chunks(send.message_body().map_or(0, str::len)));
         }
         Plan::Billed(1)
@@ -727,46 +734,6 @@ fn condition_failed(error: &aws_smithy_runtime_api::client::interceptors::contex
     )
 }
 
-/// An item's size by DynamoDB's rules (see the module documentation).
-pub fn item_size(item: &Item) -> usize {
-    item.iter()
-        .map(|(name, value)| name.len() + value_size(value))
-        .sum()
-}
-
-fn value_size(value: &AttributeValue) -> usize {
-    match value {
-        AttributeValue::S(s) => s.len(),
-        AttributeValue::N(n) => number_size(n),
-        AttributeValue::B(b) => b.as_ref().len(),
-        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
-        AttributeValue::Ss(set) => set.iter().map(String::len).sum(),
-        AttributeValue::Ns(set) => set.iter().map(|n| number_size(n)).sum(),
-        AttributeValue::Bs(set) => set.iter().map(|b| b.as_ref().len()).sum(),
-        AttributeValue::L(list) => 3 + list.iter().map(|v| value_size(v) + 1).sum::<usize>(),
-        AttributeValue::M(map) => {
-            3 + map
-                .iter()
-                .map(|(k, v)| k.len() + value_size(v) + 1)
-                .sum::<usize>()
-        }
-        _ => 0,
-    }
-}
-
-fn number_size(number: &str) -> usize {
-    let digits: String = number
-        .trim_start_matches('-')
-        .split(['e', 'E'])
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect();
-    let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
-    significant.div_ceil(2) + 1
-}
-
 fn units(bytes: usize, unit: usize) -> f64 {
     bytes.div_ceil(unit).max(1) as f64
 }
@@ -1030,36 +997,39 @@ fn arithmetic(left: &AttributeValue, right: &AttributeValue, factor: f64) -> Att
     }
 }
 
-/// SDK clients for the AWS shape, with the meter's interceptor when there is a meter.
-pub mod clients {
-    use aws_config::SdkConfig;
-
-    use super::Meter;
-
-    /// One `pub fn $name(sdk, meter) -> $sdk::Client` per SDK: the builders are distinct
-    /// types with no common trait. Every client also gets the request recorder when
-    /// `HOOKLANE_AWS_REQUEST_LOG` is set (`aws::record`).
-    macro_rules! client_with_meter {
-        ($name:ident, $sdk:ident) => {
-            pub fn $name(sdk: &SdkConfig, meter: Option<&Meter>) -> $sdk::Client {
-                let mut config = $sdk::config::Builder::from(sdk);
-                if let Some(meter) = meter {
-                    config = config.interceptor(meter.interceptor());
-                }
-                if let Some(recorder) = crate::aws::record::recorder() {
-                    config = config.interceptor(recorder);
-                }
-                $sdk::Client::from_conf(config.build())
-            }
-        };
-    }
-
-    client_with_meter!(dynamodb, aws_sdk_dynamodb);
-    client_with_meter!(sqs, aws_sdk_sqs);
-    client_with_meter!(scheduler, aws_sdk_scheduler);
-    client_with_meter!(sesv2, aws_sdk_sesv2);
-    client_with_meter!(dynamodbstreams, aws_sdk_dynamodbstreams);
-    client_with_meter!(ssm, aws_sdk_ssm);
+/// The tables' keys and indexes as the request meter needs them, read from the template.
+pub fn table_layouts(tables: &TableNames) -> Vec<TableLayout> {
+    let name = tables.prefix();
+    let definitions = hooklane::aws::stack::Stack::new(name, "", "", &[])
+        .and_then(|stack| hooklane::aws::stack::TableDefinition::all(&stack))
+        .unwrap_or_default();
+    let keys = |key: &[(String, String)]| key.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>();
+    definitions
+        .into_iter()
+        .map(|table| TableLayout {
+            label: table
+                .name
+                .strip_prefix(&format!("{name}-"))
+                .unwrap_or(&table.name)
+                .to_owned(),
+            key: keys(&table.key),
+            indexes: table
+                .indexes
+                .iter()
+                .map(|index| IndexLayout {
+                    name: index.name.clone(),
+                    hash: index.key[0].0.clone(),
+                    range: index.key.get(1).map(|(r, _)| r.clone()),
+                    projected: match index.projection.as_str() {
+                        "KEYS_ONLY" => Projected::KeysOnly,
+                        "INCLUDE" => Projected::Include(index.non_key_attributes.clone()),
+                        _ => Projected::All,
+                    },
+                })
+                .collect(),
+            name: table.name,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -1079,8 +1049,6 @@ mod tests {
         // "id" (2) + "abc" (3); "count" (5) + 12345 (3 digit pairs → 3 + 1).
         let item = Item::from([("id".into(), s("abc")), ("count".into(), n(12345))]);
         assert_eq!(item_size(&item), 5 + 5 + 4);
-        assert_eq!(number_size("100"), 2);
-        assert_eq!(number_size("-0.0012"), 2);
         assert_eq!(write_units(Some(&item), None), 1.0);
         let big = Item::from([("p".into(), s(&"x".repeat(2048)))]);
         assert_eq!(write_units(Some(&item), Some(&big)), 3.0);
