@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use hooklane::aws::{
     local::{self, LocalOptions, TokenSource},
-    shape::AwsSettings,
+    settings::AwsSettings,
 };
 
 /// Runs until Ctrl-C or SIGTERM. `provision` names a stack to create (or reuse) on the AWS

@@ -11,7 +11,8 @@ use hooklane::{
     aws::{
         aws_sdk_ssm::{self, types::ParameterType},
         load_sdk_config,
-        shape::{connect, provision},
+        local::provision,
+        shape::connect,
     },
     config::CoreConfig,
     http::AddressPolicy,

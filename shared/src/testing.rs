@@ -108,7 +108,10 @@ pub fn require_emulator() {
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to
 /// loopback receivers.
 #[cfg(feature = "aws")]
-pub async fn emulated_shape() -> (crate::aws::shape::AwsSettings, crate::aws::shape::AwsShape) {
+pub async fn emulated_shape() -> (
+    crate::aws::settings::AwsSettings,
+    crate::aws::shape::AwsShape,
+) {
     emulated_shape_with(crate::config::CoreConfig::default()).await
 }
 
@@ -136,12 +139,15 @@ pub async fn receive_queued(
 #[cfg(feature = "aws")]
 pub async fn emulated_shape_with(
     mut core: crate::config::CoreConfig,
-) -> (crate::aws::shape::AwsSettings, crate::aws::shape::AwsShape) {
+) -> (
+    crate::aws::settings::AwsSettings,
+    crate::aws::shape::AwsShape,
+) {
     require_emulator();
     core.sender.policy =
         crate::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let settings = crate::aws::shape::provision(&prefix, core).await.unwrap();
+    let settings = crate::aws::local::provision(&prefix, core).await.unwrap();
     let shape = crate::aws::shape::connect(&settings).await.unwrap();
     (settings, shape)
 }

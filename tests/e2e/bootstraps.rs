@@ -26,7 +26,8 @@ use axum::{
 };
 use hooklane::{
     aws::{
-        aws_sdk_dynamodbstreams, aws_sdk_sqs, load_sdk_config, local::image_json, shape,
+        aws_sdk_dynamodbstreams, aws_sdk_sqs, load_sdk_config,
+        local::{self, image_json},
         stack::Stack,
     },
     config::CoreConfig,
@@ -298,7 +299,7 @@ async fn the_five_bootstraps_run_on_the_template_environment_behind_a_runtime_ap
     require_emulator();
     let started = Instant::now();
     let prefix = unique("boot");
-    let (_, mut stack) = shape::provision_stack(&prefix, CoreConfig::default())
+    let (_, mut stack) = local::provision_stack(&prefix, CoreConfig::default())
         .await
         .expect("provision");
     let sdk = load_sdk_config().await;

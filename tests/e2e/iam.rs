@@ -14,7 +14,7 @@ use std::{
 };
 
 use hooklane::{
-    aws::{aws_sdk_sesv2, aws_sdk_ssm, load_sdk_config, record::RUNNER, shape, stack::Stack},
+    aws::{aws_sdk_sesv2, aws_sdk_ssm, load_sdk_config, local, record::RUNNER, stack::Stack},
     config::CoreConfig,
     testing::require_emulator,
 };
@@ -459,7 +459,7 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
     require_emulator();
     let started = Instant::now();
     let prefix = unique("iam");
-    let settings = shape::provision(&prefix, CoreConfig::default())
+    let settings = local::provision(&prefix, CoreConfig::default())
         .await
         .expect("provision");
     // The admin token from its SSM parameter and owner mail from a verified address, as

@@ -18,7 +18,7 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    use hooklane::{aws::shape::AdminTokenError, domain::AccountId, testing::emulated_shape};
+    use hooklane::{aws::admin_token::AdminTokenError, domain::AccountId, testing::emulated_shape};
 
     use super::*;
 
@@ -206,10 +206,10 @@ mod tests {
     #[tokio::test]
     async fn locally_without_a_configured_token_one_is_generated_and_kept() {
         let (settings, shape) = emulated_shape().await;
-        let first = hooklane::aws::shape::admin_token(&shape, &settings)
+        let first = hooklane::aws::admin_token::admin_token(&shape, &settings)
             .await
             .unwrap();
-        let second = hooklane::aws::shape::admin_token(&shape, &settings)
+        let second = hooklane::aws::admin_token::admin_token(&shape, &settings)
             .await
             .unwrap();
         assert!(first.starts_with("hl_admin_"));

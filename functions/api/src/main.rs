@@ -1,11 +1,14 @@
-use hooklane::aws::shape::{connect, AwsSettings};
+//! The api function: the HTTP API behind API Gateway.
+
 use lambda_http::{run, Error};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let metrics = hooklane::aws::init_lambda_telemetry();
-    let settings = AwsSettings::from_env()?;
-    let shape = connect(&settings).await?;
-    let router = hooklane_api::api_router(&shape, &settings).await?;
-    run(hooklane_api::flushing_metrics(router, metrics)).await
+    let started = hooklane::aws::lambda::start().await?;
+    let router = hooklane_api::api_router(&started.shape, &started.settings).await?;
+    run(hooklane_api::flushing_metrics(
+        router,
+        started.metrics().clone(),
+    ))
+    .await
 }

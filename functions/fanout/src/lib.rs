@@ -75,7 +75,7 @@ mod tests {
         serde_json::from_str(include_str!("../fixtures/events-stream.json")).unwrap()
     }
 
-    async fn queued(settings: &hooklane::aws::shape::AwsSettings) -> usize {
+    async fn queued(settings: &hooklane::aws::settings::AwsSettings) -> usize {
         hooklane::testing::receive_queued(&settings.queue_url, 0)
             .await
             .len()
@@ -170,10 +170,9 @@ mod tests {
         let (_, shape) = emulated_shape().await;
         let log = hooklane::telemetry::emf::LogCapture::default();
         let writer = log.clone();
-        let _subscriber =
-            tracing::subscriber::set_default(hooklane::aws::lambda_log_subscriber(move || {
-                writer.clone()
-            }));
+        let _subscriber = tracing::subscriber::set_default(
+            hooklane::aws::lambda::lambda_log_subscriber(move || writer.clone()),
+        );
         for _ in 0..3 {
             hooklane::aws::handlers::fan_out_images(&shape, &[])
                 .await

@@ -1,17 +1,17 @@
-use hooklane::aws::shape::{connect, AwsSettings};
+//! The fan-out function: a DynamoDB stream batch of new events → their deliveries.
+
+// The layout of `main`'s future, which holds the stream event's nested types, goes deeper
+// than the default limit of 128 queries.
+#![recursion_limit = "256"]
+
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let metrics = hooklane::aws::init_lambda_telemetry();
-    let shape = connect(&AwsSettings::from_env()?).await?;
-    let (shape, metrics) = (&shape, &metrics);
-    run(service_fn(move |event: LambdaEvent<_>| async move {
-        Ok::<_, Error>(
-            metrics
-                .flushed(hooklane_fanout::handle(shape, event.payload))
-                .await,
-        )
+    let started = hooklane::aws::lambda::start().await?;
+    run(service_fn(|event: LambdaEvent<_>| async move {
+        let work = hooklane_fanout::handle(&started.shape, event.payload);
+        Ok::<_, Error>(started.invoke(work).await)
     }))
     .await
 }

@@ -14,7 +14,8 @@ use hooklane::{
     aws::{
         aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem},
         aws_sdk_sqs,
-        shape::{AwsSettings, AwsShape},
+        settings::AwsSettings,
+        shape::AwsShape,
     },
     domain::{AccountId, Event, EventId, EventType},
     queue::sqs::DeliveryMessage,

@@ -1,17 +1,14 @@
-use hooklane::aws::shape::{connect, AwsSettings};
+//! The health function, on a schedule: endpoints failing for too long are disabled.
+
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let metrics = hooklane::aws::init_lambda_telemetry();
-    let shape = connect(&AwsSettings::from_env()?).await?;
-    let (shape, metrics) = (&shape, &metrics);
+    let started = hooklane::aws::lambda::start().await?;
     run(service_fn(
-        move |event: LambdaEvent<serde_json::Value>| async move {
-            metrics
-                .flushed(hooklane_health::handle(shape, event.payload))
-                .await
-                .map_err(Error::from)
+        |event: LambdaEvent<serde_json::Value>| async move {
+            let work = hooklane_health::handle(&started.shape, event.payload);
+            started.invoke(work).await.map_err(Error::from)
         },
     ))
     .await

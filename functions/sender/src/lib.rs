@@ -353,10 +353,9 @@ mod tests {
     async fn a_failed_attempt_logs_its_ids_and_no_payload_or_secret() {
         let log = hooklane::telemetry::emf::LogCapture::default();
         let writer = log.clone();
-        let _subscriber =
-            tracing::subscriber::set_default(hooklane::aws::lambda_log_subscriber(move || {
-                writer.clone()
-            }));
+        let _subscriber = tracing::subscriber::set_default(
+            hooklane::aws::lambda::lambda_log_subscriber(move || writer.clone()),
+        );
         let (_, shape) = emulated_shape().await;
         // A port nobody listens on: the attempt fails and is retried later.
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -1,17 +1,13 @@
-use hooklane::aws::shape::{connect, AwsSettings};
+//! The sender function: an SQS batch of delivery messages → attempts.
+
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let metrics = hooklane::aws::init_lambda_telemetry();
-    let shape = connect(&AwsSettings::from_env()?).await?;
-    let (shape, metrics) = (&shape, &metrics);
-    run(service_fn(move |event: LambdaEvent<_>| async move {
-        Ok::<_, Error>(
-            metrics
-                .flushed(hooklane_sender::handle(shape, event.payload))
-                .await,
-        )
+    let started = hooklane::aws::lambda::start().await?;
+    run(service_fn(|event: LambdaEvent<_>| async move {
+        let work = hooklane_sender::handle(&started.shape, event.payload);
+        Ok::<_, Error>(started.invoke(work).await)
     }))
     .await
 }

@@ -1,18 +1,18 @@
-use hooklane::aws::shape::{connect, AwsSettings};
+//! The sweeper function, on a schedule: overdue deliveries are queued again.
+
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let metrics = hooklane::aws::init_lambda_telemetry();
-    let settings = AwsSettings::from_env()?;
-    let shape = connect(&settings).await?;
-    let (shape, metrics, grace) = (&shape, &metrics, settings.sweep_grace);
+    let started = hooklane::aws::lambda::start().await?;
     run(service_fn(
-        move |event: LambdaEvent<serde_json::Value>| async move {
-            metrics
-                .flushed(hooklane_sweeper::handle(shape, grace, event.payload))
-                .await
-                .map_err(Error::from)
+        |event: LambdaEvent<serde_json::Value>| async move {
+            let work = hooklane_sweeper::handle(
+                &started.shape,
+                started.settings.sweep_grace,
+                event.payload,
+            );
+            started.invoke(work).await.map_err(Error::from)
         },
     ))
     .await

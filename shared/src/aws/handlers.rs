@@ -7,7 +7,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{
-    shape::{admin_token, AdminTokenError, AwsSettings, AwsShape},
+    admin_token::{admin_token, AdminTokenError},
+    settings::AwsSettings,
+    shape::AwsShape,
     stream::{event_from_image, StreamedEvent},
 };
 use crate::{

@@ -1,12 +1,25 @@
-//! Shared AWS plumbing for the adapters behind the `aws` feature: one SDK configuration,
-//! loaded from the environment (region, credentials, and `AWS_ENDPOINT_URL` for a local
-//! emulator such as moto or LocalStack).
+//! The AWS shape (feature `aws`), one room per concern:
+//!
+//! | module | what |
+//! |---|---|
+//! | this file, `clients` | the SDK configuration (region, credentials, `AWS_ENDPOINT_URL`) and the clients built from it |
+//! | `settings` | the settings, from the environment the template gives each function |
+//! | `shape` | the wiring: the App over DynamoDB, SQS (+ Scheduler), SES and the slots |
+//! | `admin_token` | the API's admin token (SSM parameter, variable, or generated locally) |
+//! | `lambda` | a function's start-up: logs, metrics, settings, clients |
+//! | `handlers`, `stream`, `dlq` | what the functions do with an event; stream records parsed; the dead-letter queue |
+//! | `stack` | `infra/template.yaml` read as data, and provisioned on an emulator |
+//! | `record` | every SDK request recorded with the IAM action it needs (`HOOKLANE_AWS_REQUEST_LOG`) |
+//! | `local` | `serve --backend aws`: the functions' triggers run in one process |
 
+pub mod admin_token;
 pub mod clients;
 pub mod dlq;
 pub mod handlers;
+pub mod lambda;
 pub mod local;
 pub mod record;
+pub mod settings;
 pub mod shape;
 pub mod stack;
 pub mod stream;
@@ -47,46 +60,4 @@ where
         source = cause.source();
     }
     text
-}
-
-/// JSON logs and EMF metrics for a Lambda function: installs both and returns the metrics
-/// publisher, whose `flushed` wraps each invocation (`metrics.flushed(handle(..))`).
-pub fn init_lambda_telemetry() -> crate::telemetry::emf::EmfPublisher {
-    init_lambda_logging();
-    let stack = std::env::var("HOOKLANE_TABLE_PREFIX").unwrap_or_default();
-    let publisher = crate::telemetry::emf::EmfPublisher::new(
-        crate::telemetry::lambda_recorder(&stack),
-        std::io::stdout(),
-    );
-    if metrics::set_global_recorder(publisher.recorder().clone()).is_err() {
-        tracing::warn!("a metrics recorder was already installed; EMF metrics are off");
-    }
-    crate::telemetry::describe();
-    publisher
-}
-
-/// JSON logs for a Lambda function (CloudWatch keeps one object a line); `RUST_LOG` filters.
-pub fn init_lambda_logging() {
-    use tracing_subscriber::util::SubscriberInitExt;
-    if lambda_log_subscriber(std::io::stdout).try_init().is_err() {
-        tracing::warn!("a log subscriber was already installed");
-    }
-}
-
-/// The Lambda functions' log format: one JSON object a line, each with the fields of the
-/// spans it is in (`spans`: the delivery's event, endpoint and delivery ids and attempt).
-pub fn lambda_log_subscriber<W>(writer: W) -> impl tracing::Subscriber + Send + Sync
-where
-    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
-{
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(filter)
-        .with_current_span(false)
-        .with_span_list(true)
-        .with_ansi(false)
-        .with_writer(writer)
-        .finish()
 }

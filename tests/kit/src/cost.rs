@@ -24,7 +24,8 @@ use tokio::{
 
 use hooklane::aws::{
     clients,
-    shape::{connect_with, provision, AwsShape},
+    local::provision,
+    shape::{connect_with, AwsShape},
 };
 use hooklane::{
     config::CoreConfig,
@@ -219,7 +220,12 @@ fn payload(i: usize) -> serde_json::Value {
 async fn setup(
     failures_per_id: u32,
     destinations: Destinations,
-) -> (AwsShape, Meter, hooklane::aws::shape::AwsSettings, Receiver) {
+) -> (
+    AwsShape,
+    Meter,
+    hooklane::aws::settings::AwsSettings,
+    Receiver,
+) {
     hooklane::testing::require_emulator();
     let mut core = CoreConfig::default();
     core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
@@ -282,7 +288,7 @@ fn event_type_for(destinations: Destinations, index: usize) -> String {
 struct Pipeline {
     shape: AwsShape,
     meter: Meter,
-    settings: hooklane::aws::shape::AwsSettings,
+    settings: hooklane::aws::settings::AwsSettings,
     receiver: Receiver,
     sqs: hooklane::aws::aws_sdk_sqs::Client,
     destinations: Destinations,

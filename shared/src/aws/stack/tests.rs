@@ -104,7 +104,7 @@ fn the_sender_is_given_the_stack_it_runs_in() {
 /// (`AwsSettings::from_vars`, as `from_env` in Lambda), with what that function needs.
 #[test]
 fn every_function_is_configured_by_its_template_environment() {
-    use crate::aws::shape::AwsSettings;
+    use crate::aws::settings::AwsSettings;
     let stack = stack();
     for function in Stack::functions().unwrap() {
         let mut vars: std::collections::HashMap<String, String> =

@@ -1,0 +1,72 @@
+//! The API's admin token: from an SSM SecureString parameter, a variable, or (outside Lambda)
+//! generated once and kept in the control table.
+
+use super::{clients, load_sdk_config, settings::AwsSettings, shape::AwsShape};
+
+const ADMIN_TOKEN_SETTING: &str = "admin_token";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminTokenError {
+    #[error(
+        "no admin token configured: set HOOKLANE_ADMIN_TOKEN_PARAMETER to the SSM parameter \
+         that holds it"
+    )]
+    NotConfigured,
+    #[error("cannot read the admin token from SSM parameter {parameter}: {message}")]
+    Parameter { parameter: String, message: String },
+    #[error("the admin token in SSM parameter {0} is empty")]
+    EmptyParameter(String),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// The API's admin token, read once when the function starts: from the SSM parameter
+/// `HOOKLANE_ADMIN_TOKEN_PARAMETER` (decrypted), else `HOOKLANE_ADMIN_TOKEN`. Outside Lambda
+/// (local runs against an emulator) a token can also be generated on first use and kept in
+/// the control table; a deployed function refuses to start without a configured one.
+pub async fn admin_token(
+    shape: &AwsShape,
+    settings: &AwsSettings,
+) -> Result<String, AdminTokenError> {
+    if let Some(parameter) = &settings.admin_token_parameter {
+        let ssm = clients::ssm(&load_sdk_config().await, None);
+        return admin_token_from_parameter(&ssm, parameter).await;
+    }
+    if let Some(token) = &settings.admin_token {
+        return Ok(token.clone());
+    }
+    if settings.in_lambda {
+        return Err(AdminTokenError::NotConfigured);
+    }
+    let generated = format!("hl_admin_{}", uuid::Uuid::new_v4().simple());
+    Ok(shape
+        .app
+        .store
+        .put_setting_if_absent(ADMIN_TOKEN_SETTING, &generated)
+        .await?)
+}
+
+async fn admin_token_from_parameter(
+    ssm: &aws_sdk_ssm::Client,
+    parameter: &str,
+) -> Result<String, AdminTokenError> {
+    let response = ssm
+        .get_parameter()
+        .name(parameter)
+        .with_decryption(true)
+        .send()
+        .await
+        .map_err(|e| AdminTokenError::Parameter {
+            parameter: parameter.to_owned(),
+            message: super::error_text(&e),
+        })?;
+    let token = response
+        .parameter
+        .and_then(|p| p.value)
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default();
+    if token.is_empty() {
+        return Err(AdminTokenError::EmptyParameter(parameter.to_owned()));
+    }
+    Ok(token)
+}

@@ -1,0 +1,402 @@
+//! `hooklane serve --backend aws`: the five Lambda functions' work in one local process,
+//! against the AWS APIs the SDK reaches (`AWS_ENDPOINT_URL`: moto_server or LocalStack; or
+//! real AWS). In place of the Lambda triggers it
+//! - serves the API router (the `api` function) on a local address;
+//! - polls the events table's DynamoDB stream and fans out outbox events (`fanout`);
+//! - long-polls the queue and attempts each message (`sender`), deleting the handled ones
+//!   and leaving failed ones to come back after the visibility timeout;
+//! - fires due one-time schedules of the retry group (an emulator stores schedules but
+//!   never fires them): their input goes to the queue with its group id, then the schedule
+//!   is deleted;
+//! - runs the sweeper and the health check on intervals.
+//!
+//! `HOOKLANE_LOCAL_TIME_SCALE` (default 1) runs retry timings that many times faster: the
+//! retry schedule's delays and SQS's 900 s delay ceiling are both divided by it, so a retry
+//! that waits 30 minutes still goes through the Scheduler, but fires within seconds. It is
+//! for tests and demos only; the Lambda functions ignore it.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    sync::Arc,
+    time::Duration,
+};
+
+use aws_sdk_dynamodbstreams::types::{AttributeValue, OperationType, ShardIteratorType};
+use base64::{engine::general_purpose::STANDARD, Engine};
+use futures_util::future::join_all;
+use serde_json::{Map, Value};
+use tokio::{sync::watch, task::JoinHandle};
+
+mod provision;
+mod queue_consumer;
+mod schedule_firer;
+mod stream_poller;
+#[cfg(test)]
+mod tests;
+
+pub use provision::{provision, provision_stack, stack_vars, ProvisionError};
+use queue_consumer::*;
+pub use schedule_firer::parse_at_expression;
+use schedule_firer::*;
+pub use stream_poller::image_json;
+use stream_poller::*;
+
+use super::{
+    admin_token::admin_token,
+    error_text,
+    handlers::{self, MessageOutcome},
+    load_sdk_config,
+    record::{as_function, RUNNER},
+    settings::{AwsSettings, SettingsError},
+    shape::{connect, AwsShape},
+};
+use crate::{
+    clock::Timestamp,
+    config::parse_duration,
+    domain::RetrySchedule,
+    queue::sqs::{schedule_due_hint, SchedulerTarget, SqsQueue, MAX_SQS_DELAY_SECONDS},
+};
+
+/// How the local runner runs, beyond the functions' own settings.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    pub listen: SocketAddr,
+    pub sweep_interval: Duration,
+    pub health_interval: Duration,
+    /// Concurrent queue consumers (each handles up to 10 messages at once).
+    pub sender_loops: usize,
+    /// See the module documentation; 1 is real time.
+    pub time_scale: f64,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            sweep_interval: Duration::from_secs(60),
+            health_interval: Duration::from_secs(60),
+            sender_loops: 2,
+            time_scale: 1.0,
+        }
+    }
+}
+
+fn invalid(variable: &'static str, message: impl Into<String>) -> SettingsError {
+    SettingsError {
+        variable,
+        message: message.into(),
+    }
+}
+
+impl LocalOptions {
+    /// `HOOKLANE_LISTEN`, `HOOKLANE_SWEEP_INTERVAL`, `HOOKLANE_HEALTH_INTERVAL`,
+    /// `HOOKLANE_WORKERS` (queue consumers) and `HOOKLANE_LOCAL_TIME_SCALE`.
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Self, SettingsError> {
+        let get = |name: &str| vars.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let mut options = Self::default();
+        if let Some(raw) = get("HOOKLANE_LISTEN") {
+            options.listen = raw.parse().map_err(|e| {
+                invalid(
+                    "HOOKLANE_LISTEN",
+                    format!("not an address like 127.0.0.1:8080: {e}"),
+                )
+            })?;
+        }
+        let duration = |name: &'static str, default: Duration| match get(name) {
+            Some(raw) => parse_duration(raw, name)
+                .map_err(|e| invalid(name, e.message))
+                .and_then(|d| {
+                    if d.is_zero() {
+                        Err(invalid(name, "must be above 0"))
+                    } else {
+                        Ok(d)
+                    }
+                }),
+            None => Ok(default),
+        };
+        options.sweep_interval = duration("HOOKLANE_SWEEP_INTERVAL", options.sweep_interval)?;
+        options.health_interval = duration("HOOKLANE_HEALTH_INTERVAL", options.health_interval)?;
+        if let Some(raw) = get("HOOKLANE_WORKERS") {
+            options.sender_loops = raw
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| invalid("HOOKLANE_WORKERS", "a whole number from 1 to 64"))?;
+        }
+        if let Some(raw) = get("HOOKLANE_LOCAL_TIME_SCALE") {
+            options.time_scale = raw
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && (1.0..=1_000_000.0).contains(s))
+                .ok_or_else(|| {
+                    invalid(
+                        "HOOKLANE_LOCAL_TIME_SCALE",
+                        "a number from 1 (real time) to 1000000",
+                    )
+                })?;
+        }
+        Ok(options)
+    }
+}
+
+/// Creates the stack `prefix` as the template defines it on the AWS endpoint in use
+/// (reusing what exists) and returns the variables that locate it, as the SAM template sets
+/// them for the functions.
+pub async fn provisioned_vars(
+    prefix: &str,
+) -> Result<Vec<(String, String)>, super::local::ProvisionError> {
+    let stack = super::stack::deploy(&load_sdk_config().await, prefix, &[]).await?;
+    super::local::stack_vars(&stack)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error(transparent)]
+    Connect(#[from] super::shape::ConnectError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    AdminToken(#[from] super::admin_token::AdminTokenError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("server error: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Where the API's admin token came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `HOOKLANE_ADMIN_TOKEN`.
+    Variable,
+    /// The SSM parameter named by `HOOKLANE_ADMIN_TOKEN_PARAMETER`.
+    Parameter(String),
+    /// Generated on first use and kept in this (control) table.
+    ControlTable(String),
+}
+
+/// The runner, started: the API is bound and the background loops are running.
+pub struct Local {
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    pub local_addr: SocketAddr,
+    pub admin_token: String,
+    pub token_source: TokenSource,
+}
+
+/// Divides the retry schedule's delays by `scale`.
+fn scaled_schedule(schedule: &RetrySchedule, scale: f64) -> RetrySchedule {
+    let delays = schedule
+        .delays()
+        .iter()
+        .map(|d| d.div_f64(scale).max(Duration::from_millis(1)))
+        .collect();
+    // Shorter delays of a valid schedule are valid.
+    RetrySchedule::new(delays).unwrap_or_else(|_| schedule.clone())
+}
+
+pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<Local, LocalError> {
+    let scale = options.time_scale;
+    if scale > 1.0 {
+        settings.core.retry.schedule = scaled_schedule(&settings.core.retry.schedule, scale);
+    }
+    let sdk = load_sdk_config().await;
+    let mut shape = connect(&settings).await?;
+    let scheduler = super::clients::scheduler(&sdk, None);
+    let sqs = super::clients::sqs(&sdk, None);
+    if scale > 1.0 {
+        let target = settings
+            .scheduler
+            .as_ref()
+            .map(|(group, role)| SchedulerTarget {
+                client: scheduler.clone(),
+                group: group.clone(),
+                role_arn: role.clone(),
+                dead_letter_arn: settings.schedule_dead_letter_arn.clone(),
+            });
+        let ceiling = Duration::from_secs_f64(MAX_SQS_DELAY_SECONDS as f64 / scale);
+        let queue = SqsQueue::new(
+            sqs.clone(),
+            &settings.queue_url,
+            &settings.queue_arn,
+            target,
+            shape.app.clock.clone(),
+        )
+        .with_max_delay(ceiling);
+        shape.app.queue = Arc::new(queue);
+    }
+
+    let token = as_function(API, admin_token(&shape, &settings)).await?;
+    let token_source = if let Some(parameter) = &settings.admin_token_parameter {
+        TokenSource::Parameter(parameter.clone())
+    } else if settings.admin_token.is_some() {
+        TokenSource::Variable
+    } else {
+        TokenSource::ControlTable(settings.tables.control.clone())
+    };
+    let router = as_function(API, handlers::api_router_with_token(&shape, token.clone()))
+        .await?
+        // Each request is the api function's work (axum runs it on a task of its own).
+        .layer(axum::middleware::from_fn(
+            |request: axum::extract::Request, next: axum::middleware::Next| {
+                as_function(API, next.run(request))
+            },
+        ));
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| LocalError::Listen {
+            addr: options.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| LocalError::Listen {
+        addr: options.listen,
+        source,
+    })?;
+
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let stream = StreamPoller {
+        shape: shape.clone(),
+        dynamodb: super::clients::dynamodb(&sdk, None),
+        streams: super::clients::dynamodbstreams(&sdk, None),
+        table: settings.tables.events.clone(),
+        checkpoints: settings.tables.control.clone(),
+    };
+    tasks.push(tokio::spawn(as_function(
+        FANOUT,
+        stream.run(stopped.clone()),
+    )));
+    for _ in 0..options.sender_loops {
+        let consumer = QueueConsumer {
+            shape: shape.clone(),
+            sqs: sqs.clone(),
+            queue_url: settings.queue_url.clone(),
+        };
+        tasks.push(tokio::spawn(as_function(
+            SENDER,
+            consumer.run(stopped.clone()),
+        )));
+    }
+    if let Some((group, _)) = &settings.scheduler {
+        let firer = ScheduleFirer {
+            scheduler: scheduler.clone(),
+            sqs: sqs.clone(),
+            group: group.clone(),
+            queue_url: settings.queue_url.clone(),
+            queue_arn: settings.queue_arn.clone(),
+        };
+        tasks.push(tokio::spawn(as_function(
+            RUNNER,
+            firer.run(stopped.clone()),
+        )));
+    }
+    let grace = settings.sweep_grace;
+    let sweeper = shape.clone();
+    tasks.push(tokio::spawn(every(
+        options.sweep_interval,
+        stopped.clone(),
+        move || {
+            let shape = sweeper.clone();
+            async move {
+                // EventBridge Scheduler invokes the function with the schedule's role.
+                super::record::note(
+                    "schedule:SweeperFunction",
+                    "lambda:InvokeFunction",
+                    "${SweeperFunction.Arn}",
+                );
+                if let Err(error) = as_function(SWEEPER, handlers::sweep(&shape, grace)).await {
+                    tracing::warn!(%error, "sweep failed; next interval tries again");
+                }
+            }
+        },
+    )));
+    let checker = shape.clone();
+    tasks.push(tokio::spawn(every(
+        options.health_interval,
+        stopped,
+        move || {
+            let shape = checker.clone();
+            async move {
+                super::record::note(
+                    "schedule:HealthFunction",
+                    "lambda:InvokeFunction",
+                    "${HealthFunction.Arn}",
+                );
+                if let Err(error) = as_function(HEALTH, handlers::check_health(&shape)).await {
+                    tracing::warn!(%error, "health check failed; next interval tries again");
+                }
+            }
+        },
+    )));
+    Ok(Local {
+        listener,
+        router,
+        stop,
+        tasks,
+        local_addr,
+        admin_token: token,
+        token_source,
+    })
+}
+
+impl Local {
+    /// Serves the API until `shutdown` completes, then stops the loops (letting the
+    /// attempts in flight finish).
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), LocalError> {
+        let served = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await;
+        tracing::info!("shutting down: finishing the work in hand");
+        let _ = self.stop.send(true);
+        let joined = tokio::time::timeout(Duration::from_secs(30), join_all(self.tasks)).await;
+        if joined.is_err() {
+            tracing::warn!("background work did not finish within 30 s; leaving it");
+        }
+        served.map_err(LocalError::Serve)
+    }
+}
+
+/// Sleeps `duration`; false when told to stop first.
+async fn pause(duration: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    if *stop.borrow() {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => true,
+        _ = stop.changed() => false,
+    }
+}
+
+/// Runs `work` now and then every `interval`, until told to stop.
+async fn every<F, Fut>(interval: Duration, mut stop: watch::Receiver<bool>, work: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        work().await;
+        if !pause(interval, &mut stop).await {
+            return;
+        }
+    }
+}
+
+// Whose work is whose, by the template's names: the function, or the role AWS acts with.
+const API: &str = "ApiFunction";
+const FANOUT: &str = "FanoutFunction";
+const SENDER: &str = "SenderFunction";
+const SWEEPER: &str = "SweeperFunction";
+const HEALTH: &str = "HealthFunction";
+const SCHEDULER_ROLE: &str = "SchedulerSendRole";
+
+const IDLE_POLL: Duration = Duration::from_millis(250);
+const ERROR_BACKOFF: Duration = Duration::from_secs(1);
+const SHARD_REFRESH: Duration = Duration::from_secs(10);
