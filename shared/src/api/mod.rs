@@ -2,12 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::{
-    extract::DefaultBodyLimit,
-    middleware,
-    routing::{get, post},
-    Router,
-};
+use axum::{extract::DefaultBodyLimit, middleware, routing::get, Extension, Router};
+use utoipa::OpenApi;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::{tokens::TokenKey, App};
 
@@ -31,76 +28,68 @@ pub struct ApiState {
     pub token_key: Arc<TokenKey>,
 }
 
+/// The route list, written once: each `routes!` registers its handlers with axum and their
+/// `#[utoipa::path]` annotations (which hold the paths) in the OpenAPI document, so the
+/// router and the document cannot disagree. Handlers on one path go in one `routes!`.
+fn v1_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(routes::create_account))
+        .routes(routes!(routes::get_account))
+        .routes(routes!(routes::create_endpoint, routes::list_endpoints))
+        .routes(routes!(
+            routes::get_endpoint,
+            routes::update_endpoint,
+            routes::delete_endpoint
+        ))
+        .routes(routes!(routes::enable_endpoint))
+        .routes(routes!(routes::disable_endpoint))
+        .routes(routes!(routes::rotate_secret))
+        .routes(routes!(routes::list_endpoint_deliveries))
+        .routes(routes!(routes::replay_endpoint))
+        .routes(routes!(routes::publish_event))
+        .routes(routes!(routes::get_event))
+        .routes(routes!(routes::list_deliveries))
+        .routes(routes!(routes::get_delivery))
+        .routes(routes!(routes::list_attempts))
+        .routes(routes!(routes::replay_delivery))
+        .routes(routes!(routes::list_replays))
+        .routes(routes!(routes::create_token))
+        .routes(routes!(routes::whoami))
+}
+
+/// The routes that need no token.
+fn meta_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(openapi::health))
+        .routes(routes!(openapi::openapi_json))
+}
+
+/// The OpenAPI document of the API, as `/openapi.json` serves it.
+pub fn document() -> utoipa::openapi::OpenApi {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(v1_routes())
+        .merge(meta_routes())
+        .into_openapi()
+}
+
 /// The whole API. Everything under `/v1` needs a bearer token; `/health`, `/openapi.json`
 /// and the static page under `/ui` do not.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.app.config.max_payload_bytes + 64 * 1024;
-    let v1 = Router::new()
-        .route("/accounts", post(routes::create_account))
-        .route("/accounts/{account}", get(routes::get_account))
-        .route(
-            "/accounts/{account}/endpoints",
-            post(routes::create_endpoint).get(routes::list_endpoints),
-        )
-        .route(
-            "/accounts/{account}/endpoints/{endpoint}",
-            get(routes::get_endpoint)
-                .patch(routes::update_endpoint)
-                .delete(routes::delete_endpoint),
-        )
-        .route(
-            "/accounts/{account}/endpoints/{endpoint}/enable",
-            post(routes::enable_endpoint),
-        )
-        .route(
-            "/accounts/{account}/endpoints/{endpoint}/disable",
-            post(routes::disable_endpoint),
-        )
-        .route(
-            "/accounts/{account}/endpoints/{endpoint}/secret/rotate",
-            post(routes::rotate_secret),
-        )
-        .route(
-            "/accounts/{account}/endpoints/{endpoint}/deliveries",
-            get(routes::list_endpoint_deliveries),
-        )
-        .route("/accounts/{account}/events", post(routes::publish_event))
-        .route("/accounts/{account}/events/{event}", get(routes::get_event))
-        .route(
-            "/accounts/{account}/deliveries",
-            get(routes::list_deliveries),
-        )
-        .route(
-            "/accounts/{account}/deliveries/{delivery}",
-            get(routes::get_delivery),
-        )
-        .route(
-            "/accounts/{account}/deliveries/{delivery}/attempts",
-            get(routes::list_attempts),
-        )
-        .route(
-            "/accounts/{account}/deliveries/{delivery}/replay",
-            post(routes::replay_delivery),
-        )
-        .route(
-            "/accounts/{account}/endpoints/{endpoint}/replay",
-            post(routes::replay_endpoint),
-        )
-        .route("/accounts/{account}/replays", get(routes::list_replays))
-        .route("/accounts/{account}/tokens", post(routes::create_token))
-        .route("/whoami", get(routes::whoami))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::authenticate,
-        ));
+    let authenticated = v1_routes().route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::authenticate,
+    ));
+    let (routes, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(authenticated)
+        .merge(meta_routes())
+        .split_for_parts();
     Router::new()
-        .route("/health", get(openapi::health))
-        .route("/openapi.json", get(openapi::openapi_json))
+        .merge(routes)
         .route("/ui", get(ui::index))
         .route("/ui/", get(ui::index))
         .route("/ui/app.js", get(ui::script))
         .route("/ui/app.css", get(ui::style))
-        .nest("/v1", v1)
         .fallback(|| async { ApiError::not_found("route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -111,5 +100,6 @@ pub fn router(state: ApiState) -> Router {
         })
         .layer(middleware::map_response(normalize::json_errors))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(Extension(Arc::new(document)))
         .with_state(state)
 }

@@ -1,5 +1,6 @@
-//! The OpenAPI 3 document of the API, generated from the handlers' annotations and served
-//! at `/openapi.json`. The types here exist only to describe parameters and lists.
+//! The OpenAPI 3 document's frame (info, security, shared schemas) and the meta routes. The
+//! paths come from the route list in `api::v1_routes`. The types here exist only to describe
+//! parameters and lists.
 
 #![allow(dead_code)] // fields of these types are read by the derive macros only
 
@@ -10,7 +11,6 @@ use utoipa::{
 
 use super::{
     error::Body as ErrorBody,
-    routes,
     views::{AttemptView, DeliveryView, EndpointView, ReplayView},
 };
 
@@ -20,31 +20,6 @@ use super::{
         title = "Hooklane API",
         description = "Webhook delivery: accounts, endpoints, events, the delivery log, replays and account tokens. \
                        Send `Authorization: Bearer <token>` with the admin token or an account token."
-    ),
-    paths(
-        health,
-        openapi_json,
-        routes::create_account,
-        routes::get_account,
-        routes::create_endpoint,
-        routes::list_endpoints,
-        routes::get_endpoint,
-        routes::update_endpoint,
-        routes::delete_endpoint,
-        routes::enable_endpoint,
-        routes::disable_endpoint,
-        routes::rotate_secret,
-        routes::replay_endpoint,
-        routes::list_endpoint_deliveries,
-        routes::publish_event,
-        routes::get_event,
-        routes::list_deliveries,
-        routes::get_delivery,
-        routes::list_attempts,
-        routes::replay_delivery,
-        routes::list_replays,
-        routes::create_token,
-        routes::whoami,
     ),
     components(schemas(
         ErrorBody,
@@ -81,11 +56,6 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The document as served.
-pub fn document() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
-}
-
 #[derive(Serialize, ToSchema)]
 pub struct Health {
     #[schema(example = "ok")]
@@ -104,8 +74,10 @@ pub async fn health() -> axum::Json<serde_json::Value> {
 /// This document; needs no token.
 #[utoipa::path(get, path = "/openapi.json", tag = "meta", security(()),
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
-pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(document())
+pub async fn openapi_json(
+    axum::Extension(document): axum::Extension<std::sync::Arc<utoipa::openapi::OpenApi>>,
+) -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(document.as_ref().clone())
 }
 
 /// Errors of routes that read: bad parameters, no access, nothing there.
