@@ -34,7 +34,6 @@ pub use size::item_size;
 
 use std::collections::{BTreeMap, HashMap};
 
-use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     error::{ProvideErrorMetadata, SdkError},
     operation::transact_write_items::TransactWriteItemsError,
@@ -46,7 +45,7 @@ use futures_util::StreamExt;
 use super::{
     AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
     PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
-    Store, StoreError, StoreResult, Unattempted,
+    StoreError, StoreResult, Unattempted,
 };
 use crate::{
     aws::error_text,
@@ -387,132 +386,4 @@ impl TransactionFailure {
     }
 }
 
-#[async_trait]
-impl Store for DynamoStore {
-    async fn create_account(&self, account: &Account) -> StoreResult<()> {
-        self.create_account(account).await
-    }
-    async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
-        self.get_account(id).await
-    }
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        self.create_endpoint(endpoint).await
-    }
-    async fn get_endpoint(
-        &self,
-        account: &AccountId,
-        id: &EndpointId,
-    ) -> StoreResult<Option<Endpoint>> {
-        self.get_endpoint(account, id).await
-    }
-    async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
-        self.list_endpoints(account).await
-    }
-    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        self.update_endpoint(endpoint).await
-    }
-    async fn delete_endpoint(
-        &self,
-        account: &AccountId,
-        id: &EndpointId,
-        now: Timestamp,
-    ) -> StoreResult<bool> {
-        self.delete_endpoint(account, id, now).await
-    }
-    async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome> {
-        self.publish(event, deliveries).await
-    }
-    async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
-        self.put_event(event).await
-    }
-    async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
-        self.add_deliveries(deliveries).await
-    }
-    async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>> {
-        self.get_event(account, id).await
-    }
-    async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
-        self.deliveries_of_event(event).await
-    }
-    async fn unfanned_events(
-        &self,
-        after: Option<Timestamp>,
-        created_before: Timestamp,
-        limit: u32,
-    ) -> StoreResult<super::UnfannedPage> {
-        self.unfanned_events(after, created_before, limit).await
-    }
-    async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
-        self.mark_fanned_out(events).await
-    }
-    async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
-        self.load_work(delivery).await
-    }
-    async fn move_unattempted(
-        &self,
-        delivery: &DeliveryId,
-        expected_attempts: u32,
-        change: &Unattempted,
-        now: Timestamp,
-    ) -> StoreResult<bool> {
-        self.move_unattempted(delivery, expected_attempts, change, now)
-            .await
-    }
-    async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
-        self.record_attempt(r).await
-    }
-    async fn pending_deliveries(
-        &self,
-        due_before: Timestamp,
-        after: Option<&DeliveryId>,
-        limit: u32,
-    ) -> StoreResult<Vec<PendingRef>> {
-        self.pending_deliveries(due_before, after, limit).await
-    }
-    async fn get_delivery(
-        &self,
-        account: &AccountId,
-        id: &DeliveryId,
-    ) -> StoreResult<Option<Delivery>> {
-        self.get_delivery(account, id).await
-    }
-    async fn list_deliveries(
-        &self,
-        account: &AccountId,
-        query: &DeliveryQuery,
-    ) -> StoreResult<Page<Delivery>> {
-        self.list_deliveries(account, query).await
-    }
-    async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
-        self.replay(request).await
-    }
-    async fn list_replays(
-        &self,
-        account: &AccountId,
-        after: Option<&ReplayId>,
-        limit: u32,
-    ) -> StoreResult<Page<Replay>> {
-        self.list_replays(account, after, limit).await
-    }
-    async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
-        self.list_attempts(delivery).await
-    }
-    async fn failing_endpoints(&self, failing_before: Timestamp) -> StoreResult<Vec<Endpoint>> {
-        self.failing_endpoints(failing_before).await
-    }
-    async fn disable_endpoint(&self, r: &DisableRequest) -> StoreResult<Option<DisableOutcome>> {
-        self.disable_endpoint(r).await
-    }
-    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
-        self.unsent_notifications(limit).await
-    }
-    async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
-        self.mark_notification_sent(id, now).await
-    }
-    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
-        self.get_setting(key).await
-    }
-    async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
-        self.put_setting_if_absent(key, value).await
-    }
-}
+super::delegate_store!(DynamoStore);
