@@ -4,15 +4,9 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use hooklane::{
     api::{self, ApiState},
-    http::{OutboundRequest, OutboundResponse, Transport},
-    notify::LogNotifier,
-    queue::embedded::EmbeddedQueue,
-    store::sqlite::SqliteStore,
     tokens::TokenKey,
-    App, CoreConfig, SystemClock,
 };
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -20,26 +14,8 @@ use tower::ServiceExt;
 
 const ADMIN: &str = "lambda-admin-token-0123456789";
 
-/// The API never sends webhooks itself.
-struct NoNetwork;
-
-#[async_trait]
-impl Transport for NoNetwork {
-    async fn post(&self, _request: OutboundRequest) -> OutboundResponse {
-        panic!("the API must not send webhooks")
-    }
-}
-
 fn router() -> axum::Router {
-    let app = App {
-        store: Arc::new(SqliteStore::in_memory().unwrap()),
-        queue: Arc::new(EmbeddedQueue::new()),
-        transport: Arc::new(NoNetwork),
-        notifier: Arc::new(LogNotifier),
-        clock: Arc::new(SystemClock),
-        config: Arc::new(CoreConfig::default()),
-        publish: hooklane::PublishMode::WithDeliveries,
-    };
+    let app = hooklane_testkit::app::api_only_app();
     api::router(ApiState {
         app,
         admin_token: ADMIN.into(),

@@ -9,12 +9,10 @@ use hooklane::{
     clock::from_millis,
     config::parse_duration,
     domain::{outcome::parse_retry_after, AccountId, EndpointUrl, EventType, RetrySchedule},
-    http::{AddressPolicy, OutboundRequest, OutboundResponse, Transport},
-    notify::LogNotifier,
-    queue::embedded::EmbeddedQueue,
+    http::AddressPolicy,
     signing::{self, SigningSecret},
-    store::{cursor::decode as decode_cursor, sqlite::SqliteStore},
-    App, CoreConfig, SystemClock,
+    store::cursor::decode as decode_cursor,
+    App,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -22,26 +20,8 @@ use tower::ServiceExt;
 
 const TOKEN: &str = "property-test-admin-token";
 
-/// Never used by these tests: nothing is dispatched.
-struct NoTransport;
-
-#[async_trait::async_trait]
-impl Transport for NoTransport {
-    async fn post(&self, _: OutboundRequest) -> OutboundResponse {
-        OutboundResponse::default()
-    }
-}
-
 fn app() -> App {
-    App {
-        store: Arc::new(SqliteStore::in_memory().expect("store")),
-        queue: Arc::new(EmbeddedQueue::new()),
-        transport: Arc::new(NoTransport),
-        notifier: Arc::new(LogNotifier),
-        clock: Arc::new(SystemClock),
-        config: Arc::new(CoreConfig::default()),
-        publish: hooklane::PublishMode::WithDeliveries,
-    }
+    hooklane_testkit::app::api_only_app()
 }
 
 fn runtime() -> tokio::runtime::Runtime {

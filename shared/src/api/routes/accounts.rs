@@ -1,0 +1,60 @@
+//! Accounts: create one (admin), read one.
+
+use super::*;
+use crate::service::accounts;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAccount {
+    /// Chosen by the caller, or generated.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$", example = "acme")]
+    id: Option<String>,
+    #[schema(min_length = 1, max_length = 200, example = "Acme Corp")]
+    name: String,
+    /// Told when an endpoint is disabled.
+    #[schema(format = "email", example = "ops@acme.example")]
+    owner_email: String,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts",
+    tag = "accounts",
+    summary = "Creates an account (admin only).",
+    request_body = CreateAccount,
+    responses((status = 201, description = "The account was created", body = AccountView), WriteErrors),
+)]
+pub async fn create_account(
+    State(state): State<ApiState>,
+    _admin: AdminOnly,
+    JsonBody(body): JsonBody<CreateAccount>,
+) -> ApiResult<Response> {
+    let account = accounts::create(
+        &state.app,
+        accounts::NewAccount {
+            id: body.id,
+            name: body.name,
+            owner_email: body.owner_email,
+        },
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(AccountView::from(&account))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}",
+    tag = "accounts",
+    summary = "Reads an account.",
+    params(AccountPath),
+    responses((status = 200, description = "The account", body = AccountView), ReadErrors),
+)]
+pub async fn get_account(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let account = accounts::get(&state.app, &account).await?;
+    Ok(Json(AccountView::from(&account)).into_response())
+}

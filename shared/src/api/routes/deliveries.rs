@@ -1,0 +1,219 @@
+//! The delivery log: an account's or an endpoint's deliveries a page at a time, one delivery, its attempts.
+
+use super::*;
+use crate::service::endpoints;
+
+pub(super) fn parse_time(field: &str, raw: &str) -> ApiResult<crate::clock::Timestamp> {
+    chrono::DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| {
+            ApiError::bad_request(
+                field,
+                format!("{field}: `{raw}` is not an RFC 3339 time like 2026-01-31T12:00:00Z"),
+            )
+        })
+}
+
+pub(super) fn parse_limit(raw: &str) -> ApiResult<u32> {
+    raw.parse::<u32>()
+        .ok()
+        .filter(|l| (1..=500).contains(l))
+        .ok_or_else(|| ApiError::bad_request("limit", "limit must be between 1 and 500"))
+}
+
+pub(super) fn unknown_parameter(name: &str) -> ApiError {
+    ApiError::bad_request(name.to_owned(), format!("unknown query parameter `{name}`"))
+}
+
+/// Reads the delivery-log filters, naming any parameter that does not fit.
+pub(super) fn delivery_query(
+    params: Vec<(String, String)>,
+    endpoint_allowed: bool,
+) -> ApiResult<DeliveryQuery> {
+    let mut query = DeliveryQuery {
+        limit: 50,
+        ..DeliveryQuery::default()
+    };
+    for (name, value) in params {
+        match name.as_str() {
+            "endpoint" if endpoint_allowed => {
+                query.endpoint_id = Some(
+                    endpoint_id(&value)
+                        .map_err(|_| ApiError::bad_request("endpoint", "not an endpoint id"))?,
+                )
+            }
+            "status" => {
+                query.status = Some(DeliveryStatus::parse(&value).ok_or_else(|| {
+                    ApiError::bad_request(
+                        "status",
+                        "status must be one of pending, delivered, failed, abandoned",
+                    )
+                })?)
+            }
+            "event_type" => {
+                query.event_type = Some(
+                    EventType::parse(&value)
+                        .map_err(|e| ApiError::bad_request("event_type", e.message))?
+                        .as_str()
+                        .to_owned(),
+                )
+            }
+            "since" => query.since = Some(parse_time("since", &value)?),
+            "until" => query.until = Some(parse_time("until", &value)?),
+            "status_code" => {
+                query.status_code = Some(
+                    value
+                        .parse::<u16>()
+                        .ok()
+                        .filter(|c| (100..=599).contains(c))
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                "status_code",
+                                "status_code must be an HTTP status between 100 and 599",
+                            )
+                        })?,
+                )
+            }
+            "cursor" => {
+                if cursor::decode(&value).is_none() {
+                    return Err(ApiError::bad_request(
+                        "cursor",
+                        "cursor is not one this API returned",
+                    ));
+                }
+                query.cursor = Some(value);
+            }
+            "limit" => query.limit = parse_limit(&value)?,
+            other => return Err(unknown_parameter(other)),
+        }
+    }
+    Ok(query)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/deliveries",
+    tag = "deliveries",
+    summary = "The account's delivery log.",
+    params(AccountPath, AccountDeliveryFilters),
+    responses((status = 200, description = "A page of deliveries, newest first", body = DeliveryList), ReadErrors),
+)]
+pub async fn list_deliveries(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let query = delivery_query(params, true)?;
+    if state
+        .app
+        .store
+        .get_account(&account)
+        .await
+        .map_err(crate::service::ServiceError::from)?
+        .is_none()
+    {
+        return Err(ApiError::not_found("account"));
+    }
+    deliveries_page(&state, &account, &query).await
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/deliveries",
+    tag = "deliveries",
+    summary = "One endpoint's delivery log.",
+    params(EndpointPath, DeliveryFilters),
+    responses((status = 200, description = "A page of deliveries, newest first", body = DeliveryList), ReadErrors),
+)]
+pub async fn list_endpoint_deliveries(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoints::get(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    let mut query = delivery_query(params, false)?;
+    query.endpoint_id = Some(endpoint.id);
+    deliveries_page(&state, &account, &query).await
+}
+
+pub(super) async fn deliveries_page(
+    state: &ApiState,
+    account: &AccountId,
+    query: &DeliveryQuery,
+) -> ApiResult<Response> {
+    let page = state
+        .app
+        .store
+        .list_deliveries(account, query)
+        .await
+        .map_err(crate::service::ServiceError::from)?;
+    Ok(Json(ListView {
+        data: page.items.iter().map(DeliveryView::from).collect(),
+        next_cursor: page.next_cursor,
+    })
+    .into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/deliveries/{delivery}",
+    tag = "deliveries",
+    summary = "Reads a delivery.",
+    params(DeliveryPath),
+    responses((status = 200, description = "The delivery", body = DeliveryView), ReadErrors),
+)]
+pub async fn get_delivery(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, delivery)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
+    let delivery = state
+        .app
+        .store
+        .get_delivery(&account, &delivery)
+        .await
+        .map_err(crate::service::ServiceError::from)?
+        .ok_or_else(|| ApiError::not_found("delivery"))?;
+    Ok(Json(DeliveryView::from(&delivery)).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/deliveries/{delivery}/attempts",
+    tag = "deliveries",
+    summary = "Attempt detail: status, latency, response headers and body, error, trigger.",
+    params(DeliveryPath),
+    responses((status = 200, description = "Every attempt of the delivery, oldest first", body = AttemptList), ReadErrors),
+)]
+pub async fn list_attempts(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, delivery)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
+    let store = &state.app.store;
+    if store
+        .get_delivery(&account, &delivery)
+        .await
+        .map_err(crate::service::ServiceError::from)?
+        .is_none()
+    {
+        return Err(ApiError::not_found("delivery"));
+    }
+    let attempts = store
+        .list_attempts(&delivery)
+        .await
+        .map_err(crate::service::ServiceError::from)?;
+    Ok(Json(ListView {
+        data: attempts.iter().map(AttemptView::from).collect(),
+        next_cursor: None,
+    })
+    .into_response())
+}

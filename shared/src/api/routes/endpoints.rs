@@ -1,0 +1,258 @@
+//! Endpoints: create, list, read, change, delete, enable, disable, rotate the secret.
+
+use super::*;
+use crate::service::endpoints;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEndpoint {
+    /// http or https; private and loopback addresses are refused unless allowed.
+    #[schema(
+        format = "uri",
+        max_length = 2048,
+        example = "https://hooks.acme.example/hooklane"
+    )]
+    url: String,
+    #[schema(max_length = 1000)]
+    description: Option<String>,
+    /// Event types or patterns (`invoice.*`); absent means every type.
+    #[schema(value_type = Option<Vec<EventTypePattern>>, min_items = 1, max_items = 100)]
+    event_types: Option<Vec<String>>,
+    /// Requests in flight at once (default 4).
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 1000)]
+    max_in_flight: Option<u32>,
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 100000)]
+    rate_limit_per_second: Option<u32>,
+    /// A `whsec_…` secret to use instead of a generated one.
+    #[schema(pattern = "^whsec_")]
+    secret: Option<String>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints",
+    tag = "endpoints",
+    summary = "Creates an endpoint.",
+    params(AccountPath),
+    request_body = CreateEndpoint,
+    responses((status = 201, description = "The endpoint was created; `secret` signs its webhooks", body = EndpointView), WriteErrors),
+)]
+pub async fn create_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+    JsonBody(body): JsonBody<CreateEndpoint>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoints::create(
+        &state.app,
+        &account,
+        endpoints::NewEndpoint {
+            url: body.url,
+            description: body.description,
+            event_types: body.event_types,
+            max_in_flight: body.max_in_flight,
+            rate_limit_per_second: body.rate_limit_per_second,
+            secret: body.secret,
+        },
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(EndpointView::from(&endpoint))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/endpoints",
+    tag = "endpoints",
+    summary = "Lists the account's endpoints.",
+    params(AccountPath),
+    responses((status = 200, description = "The account's endpoints", body = EndpointList), ReadErrors),
+)]
+pub async fn list_endpoints(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let list = endpoints::list(&state.app, &account).await?;
+    Ok(Json(ListView {
+        data: list.iter().map(EndpointView::from).collect(),
+        next_cursor: None,
+    })
+    .into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    tag = "endpoints",
+    summary = "Reads an endpoint.",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint", body = EndpointView), ReadErrors),
+)]
+pub async fn get_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoints::get(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    Ok(Json(EndpointView::from(&endpoint)).into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEndpoint {
+    #[schema(format = "uri", max_length = 2048)]
+    url: Option<String>,
+    #[schema(max_length = 1000)]
+    description: Option<String>,
+    /// `null` receives every event type again.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<Vec<EventTypePattern>>, min_items = 1, max_items = 100)]
+    event_types: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 1000)]
+    max_in_flight: Option<u32>,
+    /// `null` removes the rate limit.
+    #[serde(default, deserialize_with = "whole::double_option")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
+    rate_limit_per_second: Option<Option<u32>>,
+}
+
+#[utoipa::path(
+    patch,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    tag = "endpoints",
+    summary = "Changes an endpoint; absent fields stay, `null` clears an optional one.",
+    params(EndpointPath),
+    request_body = UpdateEndpoint,
+    responses((status = 200, description = "The endpoint as changed", body = EndpointView), WriteErrors),
+)]
+pub async fn update_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+    JsonBody(body): JsonBody<UpdateEndpoint>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoints::update(
+        &state.app,
+        &account,
+        &endpoint_id(&endpoint)?,
+        endpoints::EndpointChanges {
+            url: body.url,
+            description: body.description,
+            event_types: body.event_types,
+            max_in_flight: body.max_in_flight,
+            rate_limit_per_second: body.rate_limit_per_second,
+        },
+    )
+    .await?;
+    Ok(Json(EndpointView::from(&endpoint)).into_response())
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    tag = "endpoints",
+    summary = "Deletes an endpoint; its delivery history stays.",
+    params(EndpointPath),
+    responses((status = 204, description = "Deleted; its pending deliveries are abandoned"), ReadErrors),
+)]
+pub async fn delete_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    endpoints::delete(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/enable",
+    tag = "endpoints",
+    summary = "Enables an endpoint with a fresh health clock.",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint, active", body = EndpointView), ReadErrors),
+)]
+pub async fn enable_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoints::enable(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    Ok(Json(EndpointView::from(&endpoint)).into_response())
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/disable",
+    tag = "endpoints",
+    summary = "Disables an endpoint; its pending deliveries are abandoned.",
+    params(EndpointPath),
+    responses((status = 200, description = "The endpoint, disabled", body = EndpointView), ReadErrors),
+)]
+pub async fn disable_endpoint(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let endpoint = endpoints::disable(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    Ok(Json(EndpointView::from(&endpoint)).into_response())
+}
+
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// How long the old secret keeps signing (default 86400, at most 30 days).
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 0, maximum = 2592000)]
+    grace_period_seconds: Option<u64>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/secret/rotate",
+    tag = "endpoints",
+    summary = "Rotates the signing secret with a grace period (default 24 h) during which both secrets sign.",
+    params(EndpointPath),
+    request_body = Option<RotateSecret>,
+    responses((status = 200, description = "The endpoint with its new secret; the old one signs too until `retiring_secret_until`", body = EndpointView), WriteErrors),
+)]
+pub async fn rotate_secret(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, endpoint)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    // The body is optional: an empty POST (or `null`) rotates with the default grace period.
+    let text = body.trim_ascii();
+    let options: RotateSecret = if text.is_empty() || text == b"null" {
+        RotateSecret::default()
+    } else {
+        crate::api::json::parse_object(&body)?
+    };
+    let grace_secs = options.grace_period_seconds.unwrap_or(86_400);
+    if grace_secs > 30 * 86_400 {
+        return Err(ApiError::bad_request(
+            "grace_period_seconds",
+            "at most 30 days (2592000)",
+        ));
+    }
+    let endpoint = endpoints::rotate_secret(
+        &state.app,
+        &account,
+        &endpoint_id(&endpoint)?,
+        Duration::from_secs(grace_secs),
+    )
+    .await?;
+    Ok(Json(EndpointView::from(&endpoint)).into_response())
+}

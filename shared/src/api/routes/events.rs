@@ -1,0 +1,79 @@
+//! Events: publish one (idempotent on its id), read one.
+
+use super::*;
+use crate::service::publish;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishEvent {
+    /// Idempotency key: publishing the same id again returns the first event.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
+    id: Option<String>,
+    /// Dot-separated segments of letters, digits, `_` or `-`.
+    #[serde(rename = "type")]
+    #[schema(
+        pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+        max_length = 128,
+        example = "invoice.paid"
+    )]
+    event_type: String,
+    /// Any JSON; the whole webhook body is at most 256 KiB.
+    data: serde_json::Value,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/events",
+    tag = "events",
+    summary = "Publishes an event, idempotent on its id.",
+    params(AccountPath),
+    request_body = PublishEvent,
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), WriteErrors),
+)]
+pub async fn publish_event(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+    JsonBody(body): JsonBody<PublishEvent>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let published = publish::publish(
+        &state.app,
+        &account,
+        publish::NewEvent {
+            id: body.id,
+            event_type: body.event_type,
+            data: body.data,
+        },
+    )
+    .await?;
+    let status = if published.created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(EventView::new(&published.event, &published.deliveries)),
+    )
+        .into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/events/{event}",
+    tag = "events",
+    summary = "Reads an event and its deliveries.",
+    params(EventPath),
+    responses((status = 200, description = "The event and its deliveries", body = EventView), ReadErrors),
+)]
+pub async fn get_event(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, event)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let event = EventId::parse(&event).map_err(|_| ApiError::not_found("event"))?;
+    let (event, deliveries) = publish::get(&state.app, &account, &event).await?;
+    Ok(Json(EventView::new(&event, &deliveries)).into_response())
+}
