@@ -100,6 +100,25 @@ fn the_sender_is_given_the_stack_it_runs_in() {
     );
 }
 
+/// `HttpsOnly` reaches every function as `HOOKLANE_HTTPS_ONLY`, which the core's settings
+/// read on AWS as in the embedded shape: off by default, on when the deployer asks.
+#[test]
+fn the_https_only_parameter_reaches_every_function() {
+    use crate::aws::settings::AwsSettings;
+    for (parameters, expected) in [(&[][..], false), (&[("HttpsOnly", "true")][..], true)] {
+        let stack = Stack::new("st", "eu-west-1", "111122223333", parameters).unwrap();
+        for function in Stack::functions().unwrap() {
+            let vars = stack.function_env(function).unwrap().into_iter().collect();
+            let settings = AwsSettings::from_vars(&vars).unwrap();
+            assert_eq!(
+                settings.core.sender.policy.https_only(),
+                expected,
+                "{function} with {parameters:?}"
+            );
+        }
+    }
+}
+
 /// Each function's environment in the template configures it as its `main` reads it
 /// (`AwsSettings::from_vars`, as `from_env` in Lambda), with what that function needs.
 #[test]
