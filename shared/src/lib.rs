@@ -19,8 +19,24 @@ pub mod signing;
 pub mod slots;
 pub mod store;
 pub mod telemetry;
-#[cfg(any(test, feature = "contract"))]
-pub mod testing;
+
+// The test kit's contract suites and test support, compiled into this crate's own tests
+// (they cannot use the kit as a crate: it depends on this one). They name this crate
+// `hooklane::`, as everywhere else they are compiled. This crate's tests use part of them.
+#[cfg(test)]
+extern crate self as hooklane;
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/kit/src/contract.rs"]
+pub(crate) mod contract;
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/kit/src/replay_contract.rs"]
+pub(crate) mod replay_contract;
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/kit/src/testing.rs"]
+pub(crate) mod testing;
 pub mod tokens;
 
 pub use app::{App, PublishMode};

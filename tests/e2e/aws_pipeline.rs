@@ -22,9 +22,9 @@ use hooklane::{
         publish::{publish, NewEvent},
     },
     signing::{verify, SigningSecret},
-    testing::{emulated_shape, require_emulator, sent_mail_text},
 };
 use hooklane_testkit::farm::{Arrival, Behavior, Farm};
+use hooklane_testkit::testing::{emulated_shape, require_emulator, sent_mail_text};
 use serde_json::json;
 
 use crate::support::{Scratch, Server};
@@ -519,7 +519,7 @@ async fn the_sweeper_recovers_a_delivery_whose_message_was_lost() {
     .await
     .unwrap();
     assert_eq!(published.deliveries.len(), 1);
-    let received = hooklane::testing::receive_queued(&settings.queue_url, 1).await;
+    let received = hooklane_testkit::testing::receive_queued(&settings.queue_url, 1).await;
     assert_eq!(received.len(), 1, "the delivery's message");
     aws_sdk_sqs::Client::new(&load_sdk_config().await)
         .delete_message()
@@ -1019,7 +1019,9 @@ async fn dlq_redrive_moves_the_dead_letters_back_to_the_delivery_queue() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("moved 3 message(s)"), "{stdout}");
-    let moved = hooklane::testing::receive_queued(main, 1).await;
+    let moved = hooklane_testkit::testing::receive_queued(main, 1).await;
     assert_eq!(moved.len(), 3, "{moved:?}");
-    assert!(hooklane::testing::receive_queued(dead, 0).await.is_empty());
+    assert!(hooklane_testkit::testing::receive_queued(dead, 0)
+        .await
+        .is_empty());
 }

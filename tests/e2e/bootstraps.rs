@@ -31,9 +31,9 @@ use hooklane::{
         stack::Stack,
     },
     config::CoreConfig,
-    testing::require_emulator,
 };
 use hooklane_testkit::farm::Farm;
+use hooklane_testkit::testing::require_emulator;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, Mutex};
 

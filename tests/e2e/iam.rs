@@ -16,9 +16,9 @@ use std::{
 use hooklane::{
     aws::{aws_sdk_sesv2, aws_sdk_ssm, load_sdk_config, local, record::RUNNER, stack::Stack},
     config::CoreConfig,
-    testing::require_emulator,
 };
 use hooklane_testkit::farm::{Behavior, Farm};
+use hooklane_testkit::testing::require_emulator;
 use serde_json::{json, Value};
 
 use crate::{
@@ -80,7 +80,7 @@ fn read_requests(path: &Path, stack: &Stack) -> (BTreeSet<Request>, usize) {
 /// The translated template, once for all tests.
 fn translated() -> &'static Value {
     static TRANSLATED: OnceLock<Value> = OnceLock::new();
-    TRANSLATED.get_or_init(|| hooklane::testing::sam_translated(&[]))
+    TRANSLATED.get_or_init(|| hooklane_testkit::testing::sam_translated(&[]))
 }
 
 /// The roles of the translated template: name → {principal, policies: [{name, document}]},
@@ -102,7 +102,7 @@ fn roles(stack: &Stack) -> BTreeMap<String, Value> {
     let documents = DOCUMENTS.get_or_init(|| {
         let mut args = vec!["--managed-policies"];
         args.extend(managed.iter().map(String::as_str));
-        hooklane::testing::sam_translated(&args)
+        hooklane_testkit::testing::sam_translated(&args)
     });
     let mut roles = BTreeMap::new();
     for (name, resource) in resources

@@ -82,7 +82,7 @@ impl Server {
     /// (`AWS_*` passed through), with the test defaults plus `env`. Its AWS requests are
     /// recorded in the scratch directory, for `iam::assert_allowed`.
     pub async fn start_aws(scratch: &Scratch, args: &[&str], env: &[(String, String)]) -> Self {
-        hooklane::testing::require_emulator();
+        hooklane_testkit::testing::require_emulator();
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.splice(0..0, ["--backend".to_owned(), "aws".to_owned()]);
         let mut all: Vec<(String, String)> = std::env::vars()

@@ -18,7 +18,8 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    use hooklane::{aws::admin_token::AdminTokenError, domain::AccountId, testing::emulated_shape};
+    use hooklane::{aws::admin_token::AdminTokenError, domain::AccountId};
+    use hooklane_testkit::testing::emulated_shape;
 
     use super::*;
 
@@ -71,7 +72,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_publish_request_leaves_its_counts_in_the_emf_log() {
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let (mut settings, shape) = emulated_shape().await;
         settings.admin_token = Some("hl_admin_fixture".into());
         let router = flushing_metrics(api_router(&shape, &settings).await.unwrap(), metrics);

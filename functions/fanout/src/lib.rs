@@ -65,9 +65,8 @@ mod tests {
     use hooklane::{
         aws::aws_sdk_dynamodb::types::TransactWriteItem,
         domain::{AccountId, EventId, EventType},
-        store::contract,
-        testing::emulated_shape,
     };
+    use hooklane_testkit::{contract, testing::emulated_shape};
 
     use super::*;
 
@@ -76,7 +75,7 @@ mod tests {
     }
 
     async fn queued(settings: &hooklane::aws::settings::AwsSettings) -> usize {
-        hooklane::testing::receive_queued(&settings.queue_url, 0)
+        hooklane_testkit::testing::receive_queued(&settings.queue_url, 0)
             .await
             .len()
     }
@@ -116,7 +115,8 @@ mod tests {
             .await
             .unwrap();
 
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let response = metrics.flushed(handle(&shape, fixture())).await;
         assert!(response.batch_item_failures.is_empty(), "{response:?}");
         assert_eq!(
@@ -191,7 +191,8 @@ mod tests {
         let (mut settings, _) = emulated_shape().await;
         settings.tables = hooklane::store::dynamodb::TableNames::with_prefix("no-such-stack");
         let broken = hooklane::aws::shape::connect(&settings).await.unwrap();
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let response = metrics.flushed(handle(&broken, fixture())).await;
         let failed: Vec<_> = response
             .batch_item_failures
@@ -240,7 +241,8 @@ mod tests {
         image.remove("payload");
         let batch: Event = serde_json::from_value(batch).unwrap();
 
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let response = metrics.flushed(handle(&shape, batch)).await;
         assert!(response.batch_item_failures.is_empty(), "{response:?}");
         assert_eq!(

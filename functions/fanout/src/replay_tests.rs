@@ -20,7 +20,9 @@ use hooklane::{
     domain::{AccountId, Event, EventId, EventType},
     queue::sqs::DeliveryMessage,
     service::sender::{handle_message, Handled, Lanes},
-    store::contract,
+};
+use hooklane_testkit::{
+    contract,
     testing::{emulated_shape, receive_queued, slow_receiver},
 };
 use serde_json::{json, Value};

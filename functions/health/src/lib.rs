@@ -17,9 +17,9 @@ pub async fn handle(
 
 #[cfg(test)]
 mod tests {
-    use hooklane::{
-        domain::EndpointStatus,
-        store::contract,
+    use hooklane::domain::EndpointStatus;
+    use hooklane_testkit::{
+        contract,
         testing::{emulated_shape, sent_mail_text},
     };
 
@@ -76,7 +76,8 @@ mod tests {
 
     #[tokio::test]
     async fn disabling_an_endpoint_is_in_the_emf_log() {
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let (_, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store

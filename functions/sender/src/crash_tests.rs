@@ -28,7 +28,9 @@ use hooklane::{
         sender::slot_lease,
     },
     slots::SlotLeases,
-    store::contract,
+};
+use hooklane_testkit::{
+    contract,
     testing::{emulated_shape_with, receive_queued, slow_receiver, SlowReceiver},
 };
 

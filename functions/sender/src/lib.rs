@@ -46,7 +46,9 @@ mod tests {
             fan_out::fan_out,
             publish::{publish, NewEvent},
         },
-        store::contract,
+    };
+    use hooklane_testkit::{
+        contract,
         testing::{emulated_shape, slow_receiver},
     };
 
@@ -124,7 +126,8 @@ mod tests {
             );
         let batch: SqsEvent = serde_json::from_str(&fixture).unwrap();
 
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let response = metrics.flushed(handle(&shape, batch)).await;
         // A partial-batch response is a successful invocation: the function counts the item.
         assert_eq!(
@@ -194,7 +197,7 @@ mod tests {
             .await
             .unwrap();
         // Drain the fan-out's message, then hand the sender the delivery's message.
-        let _ = hooklane::testing::receive_queued(&settings.queue_url, 1).await;
+        let _ = hooklane_testkit::testing::receive_queued(&settings.queue_url, 1).await;
         let body = serde_json::to_string(&DeliveryMessage {
             delivery_id: delivery.id.to_string(),
             endpoint_id: delivery.endpoint_id.to_string(),
@@ -216,7 +219,7 @@ mod tests {
             Some(hooklane::service::deliver::EVENT_EXPIRED)
         );
         assert!(
-            hooklane::testing::receive_queued(&settings.queue_url, 0)
+            hooklane_testkit::testing::receive_queued(&settings.queue_url, 0)
                 .await
                 .is_empty(),
             "nothing queued again"
@@ -236,7 +239,8 @@ mod tests {
 
     #[tokio::test]
     async fn one_message_leaves_its_attempt_in_the_emf_log() {
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let (_, shape) = emulated_shape().await;
         let receiver = slow_receiver(Duration::from_millis(5)).await;
         let store = &shape.app.store;

@@ -19,7 +19,7 @@ pub async fn handle(
 mod tests {
     use std::time::Duration;
 
-    use hooklane::{store::contract, testing::emulated_shape};
+    use hooklane_testkit::{contract, testing::emulated_shape};
 
     use super::*;
 
@@ -51,7 +51,8 @@ mod tests {
             store.put_event(event).await.unwrap();
         }
 
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         metrics
             .flushed(handle(&shape, Duration::from_secs(300), scheduled()))
             .await
@@ -69,7 +70,7 @@ mod tests {
             ),
             Some(serde_json::json!(1))
         );
-        let queued = hooklane::testing::receive_queued(&settings.queue_url, 1).await;
+        let queued = hooklane_testkit::testing::receive_queued(&settings.queue_url, 1).await;
         assert_eq!(queued.len(), 1, "its delivery was queued");
         assert!(queued[0]
             .body()
@@ -162,7 +163,8 @@ mod tests {
         let event = contract::event("acme", "evt_lost", contract::t0());
         let delivery = contract::delivery(&event, &endpoint, contract::t0());
         store.publish(&event, &[delivery]).await.unwrap();
-        let (metrics, log, _recorder) = hooklane::testing::capture_lambda_metrics("hooklane-test");
+        let (metrics, log, _recorder) =
+            hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let result = metrics
             .flushed(handle(&shape, Duration::from_secs(300), scheduled()))
             .await

@@ -55,7 +55,7 @@ impl Notifier for SesNotifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::contract;
+    use crate::contract;
 
     #[tokio::test]
     async fn owner_mail_goes_out_through_ses() {

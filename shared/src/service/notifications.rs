@@ -34,11 +34,12 @@ mod tests {
     use crate::{
         clock::ManualClock,
         config::CoreConfig,
+        contract,
         domain::EmailAddress,
         http::HttpSender,
         notify::{Notifier, NotifyError},
         queue::embedded::EmbeddedQueue,
-        store::{contract, sqlite::SqliteStore, DisableRequest, Notification, Store},
+        store::{sqlite::SqliteStore, DisableRequest, Notification, Store},
         telemetry::{self, emf::EmfRecorder},
     };
 

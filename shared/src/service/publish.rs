@@ -159,9 +159,9 @@ pub async fn get(
 mod tests {
     use super::*;
     use crate::{
+        contract,
         domain::DeliveryStatus,
         service::fan_out::{delivery_id_for, fan_out},
-        store::contract,
         testing::{emulated_shape, receive_queued},
     };
 

@@ -711,6 +711,7 @@ mod tests {
     use crate::{
         clock::SystemClock,
         config::CoreConfig,
+        contract,
         domain::{DeliveryStatus, EndpointStatus},
         http::{AddressPolicy, HttpSender, SenderConfig},
         notify::LogNotifier,
@@ -720,7 +721,7 @@ mod tests {
         },
         service::publish::{publish, NewEvent},
         slots::dynamodb::{tests::slots, DynamoSlots},
-        store::{contract, dynamodb::tests::emulator_store, Store},
+        store::{dynamodb::tests::emulator_store, Store},
         testing::slow_receiver,
     };
 

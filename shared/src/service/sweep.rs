@@ -97,10 +97,11 @@ mod tests {
     use crate::{
         clock::{add, Clock, ManualClock},
         config::CoreConfig,
+        contract,
         http::HttpSender,
         notify::LogNotifier,
         queue::embedded::EmbeddedQueue,
-        store::{contract, sqlite::SqliteStore, Store},
+        store::{sqlite::SqliteStore, Store},
         telemetry::{self, emf::EmfRecorder},
     };
 

@@ -10,13 +10,9 @@ use crate::{
     },
 };
 
-#[cfg(any(test, feature = "contract"))]
-pub mod contract;
 pub mod cursor;
 #[cfg(feature = "aws")]
 pub mod dynamodb;
-#[cfg(test)]
-pub(crate) mod replay_contract;
 pub mod sqlite;
 
 #[derive(Debug, thiserror::Error)]

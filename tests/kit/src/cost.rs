@@ -16,7 +16,10 @@ use std::{
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
-use crate::meter::{table_layouts, Meter, Reading};
+use crate::{
+    contract,
+    meter::{table_layouts, Meter, Reading},
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -37,7 +40,6 @@ use hooklane::{
         publish::{publish, NewEvent},
         sender::{handle_batch, Lanes},
     },
-    store::contract,
 };
 
 /// DynamoDB Streams' default batch size for the fan-out trigger (the template's).
@@ -226,7 +228,7 @@ async fn setup(
     hooklane::aws::settings::AwsSettings,
     Receiver,
 ) {
-    hooklane::testing::require_emulator();
+    crate::testing::require_emulator();
     let mut core = CoreConfig::default();
     core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     // The first retry comes after ~1 s instead of 30 s.

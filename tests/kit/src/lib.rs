@@ -1,10 +1,18 @@
 //! Hooklane's test kit, kept out of the product crates: the fake endpoint farm that the
-//! end-to-end tests and `hooklane bench` send to, an API-only `App`, and (feature `aws`) the
-//! DynamoDB request meter with the cost-per-delivery measurement built on it.
+//! end-to-end tests and `hooklane bench` send to, the store contract suites and their
+//! fixtures, test support (the AWS shape on the emulator, a local receiver), an API-only
+//! `App`, and (feature `aws`) the DynamoDB request meter with the cost measurement.
+//!
+//! `contract`, `replay_contract` and `testing` are also compiled into the core crate's own
+//! unit tests (`#[path]` modules there): a crate's unit tests cannot use a crate that
+//! depends on it, and this way they are written once.
 
 pub mod app;
+pub mod contract;
 #[cfg(all(test, feature = "aws"))]
 mod cost;
 pub mod farm;
 #[cfg(feature = "aws")]
 pub mod meter;
+pub mod replay_contract;
+pub mod testing;

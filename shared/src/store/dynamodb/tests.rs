@@ -25,7 +25,7 @@ crate::store_contract_tests!(emulator_store);
 #[tokio::test]
 async fn replays_follow_the_store_contract() {
     let store = emulator_store().await;
-    crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    crate::replay_contract::replays_follow_the_contract(&store).await;
 }
 
 /// The audit record and the deliveries set back to pending are written together: when
@@ -33,11 +33,11 @@ async fn replays_follow_the_store_contract() {
 /// the api's once was), no delivery is left pending, unqueued and unaudited.
 #[tokio::test]
 async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
-    use crate::store::replay_contract::{attempt, endpoint, failed, publish, replay, status_of};
+    use crate::replay_contract::{attempt, endpoint, failed, publish, replay, status_of};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
     store
-        .create_account(&crate::store::contract::account("acme"))
+        .create_account(&crate::contract::account("acme"))
         .await
         .unwrap();
     let ep = endpoint(&account, "a", 4);
@@ -85,7 +85,7 @@ async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
 /// the last one stopped, and the watermark moves only once the window is done.
 #[tokio::test]
 async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
-    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use crate::contract::{account, delivery, endpoint, event, t0};
     let mut store = emulator_store().await;
     store.walk_budget = std::time::Duration::ZERO;
     store.create_account(&account("acme")).await.unwrap();
@@ -126,11 +126,11 @@ async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
 /// A replay larger than one transaction: its record counts every delivery written.
 #[tokio::test]
 async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
-    use crate::store::replay_contract::{attempt, endpoint, failed, publish, replay};
+    use crate::replay_contract::{attempt, endpoint, failed, publish, replay};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
     store
-        .create_account(&crate::store::contract::account("acme"))
+        .create_account(&crate::contract::account("acme"))
         .await
         .unwrap();
     let ep = endpoint(&account, "a", 4);
@@ -182,7 +182,7 @@ fn pending_shards_are_stable_and_spread() {
 
 #[tokio::test]
 async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() {
-    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use crate::contract::{account, delivery, endpoint, event, t0};
     let store = emulator_store().await;
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_half", t0());
@@ -244,7 +244,7 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
 
 #[tokio::test]
 async fn a_delivery_without_its_derived_id_is_refused() {
-    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use crate::contract::{account, delivery, endpoint, event, t0};
     let store = emulator_store().await;
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_a", t0());
@@ -285,7 +285,7 @@ async fn indexed_pending(store: &DynamoStore) -> Vec<String> {
 #[tokio::test]
 async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     use crate::clock::add;
-    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use crate::contract::{account, delivery, endpoint, event, t0};
     use std::time::Duration;
     let secs = Duration::from_secs;
     let store = emulator_store().await;
@@ -397,7 +397,7 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
 
 #[tokio::test]
 async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_once() {
-    use crate::store::contract::{account, delivery, endpoint, event};
+    use crate::contract::{account, delivery, endpoint, event};
     let mut store = emulator_store().await;
     store.late_fan_out = Some(LATE_FAN_OUT);
     store.create_account(&account("acme")).await.unwrap();
@@ -429,7 +429,7 @@ async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_onc
 #[tokio::test]
 async fn a_sparse_listing_returns_short_pages_that_continue_where_they_stopped() {
     use crate::clock::add;
-    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use crate::contract::{account, delivery, endpoint, event, t0};
     let mut store = emulator_store().await;
     store.list_examine_budget = 4;
     store.create_account(&account("acme")).await.unwrap();

@@ -4,6 +4,15 @@ use super::rows::*;
 use super::schema::*;
 use super::*;
 
+/// The store contract on an in-memory store.
+mod in_memory {
+    async fn store() -> super::SqliteStore {
+        super::SqliteStore::in_memory().unwrap()
+    }
+
+    crate::store_contract_tests!(store);
+}
+
 /// The contract checks again on a file, where reads take the reader connection and a
 /// thread checkpoints the WAL (the in-memory store the contract suite uses has neither).
 #[tokio::test]
@@ -16,7 +25,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
     macro_rules! on_fresh_files {
         ($($check:ident),* $(,)?) => {$(
             let store = SqliteStore::open(dir.join(concat!(stringify!($check), ".db"))).unwrap();
-            crate::store::contract::$check(&store).await;
+            crate::contract::$check(&store).await;
             drop(store);
         )*};
     }
@@ -35,7 +44,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         add_deliveries_adds_each_pair_once,
     );
     let store = SqliteStore::open(dir.join("replays.db")).unwrap();
-    crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    crate::replay_contract::replays_follow_the_contract(&store).await;
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -43,7 +52,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
 #[tokio::test]
 async fn replays_follow_the_store_contract() {
     let store = SqliteStore::in_memory().unwrap();
-    crate::store::replay_contract::replays_follow_the_contract(&store).await;
+    crate::replay_contract::replays_follow_the_contract(&store).await;
 }
 
 /// The deliveries table of the first release, before any column was added.
@@ -67,7 +76,7 @@ async fn poll_once<F: std::future::Future>(
 /// A store with one endpoint, which a first try has read (so the store keeps it), and
 /// a second event with its delivery, not yet published.
 async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Delivery) {
-    use crate::store::contract::{account, delivery, endpoint, event, t0};
+    use crate::contract::{account, delivery, endpoint, event, t0};
     let store = SqliteStore::in_memory().unwrap();
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_a", t0());

@@ -1,5 +1,6 @@
-//! Test support shared by this crate's tests and the Lambda crates' handler tests
-//! (feature `contract`): a local receiver and the AWS shape on the emulator.
+//! Test support for the core crate's tests, the Lambda crates' handler tests and the
+//! end-to-end tests: a local receiver, the AWS shape on the emulator, metrics capture, the
+//! template as SAM translates it. Written with `hooklane::` paths, like `contract`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -73,7 +74,7 @@ pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
                 }
                 a.lock().unwrap().push(Arrival {
                     at: SystemTime::now(),
-                    webhook_id: header_value(&seen, crate::signing::HEADER_ID),
+                    webhook_id: header_value(&seen, hooklane::signing::HEADER_ID),
                 });
                 let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
                 m.fetch_max(inside, Ordering::SeqCst);
@@ -109,10 +110,10 @@ pub fn require_emulator() {
 /// loopback receivers.
 #[cfg(feature = "aws")]
 pub async fn emulated_shape() -> (
-    crate::aws::settings::AwsSettings,
-    crate::aws::shape::AwsShape,
+    hooklane::aws::settings::AwsSettings,
+    hooklane::aws::shape::AwsShape,
 ) {
-    emulated_shape_with(crate::config::CoreConfig::default()).await
+    emulated_shape_with(hooklane::config::CoreConfig::default()).await
 }
 
 /// Up to ten messages from a queue on the emulator, waiting up to `wait_seconds` for the
@@ -121,8 +122,8 @@ pub async fn emulated_shape() -> (
 pub async fn receive_queued(
     queue_url: &str,
     wait_seconds: i32,
-) -> Vec<aws_sdk_sqs::types::Message> {
-    aws_sdk_sqs::Client::new(&crate::aws::load_sdk_config().await)
+) -> Vec<hooklane::aws::aws_sdk_sqs::types::Message> {
+    hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await)
         .receive_message()
         .queue_url(queue_url)
         .max_number_of_messages(10)
@@ -138,17 +139,19 @@ pub async fn receive_queued(
 /// leases run out within a test); loopback receivers are allowed whatever `core` says.
 #[cfg(feature = "aws")]
 pub async fn emulated_shape_with(
-    mut core: crate::config::CoreConfig,
+    mut core: hooklane::config::CoreConfig,
 ) -> (
-    crate::aws::settings::AwsSettings,
-    crate::aws::shape::AwsShape,
+    hooklane::aws::settings::AwsSettings,
+    hooklane::aws::shape::AwsShape,
 ) {
     require_emulator();
     core.sender.policy =
-        crate::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
+        hooklane::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let settings = crate::aws::local::provision(&prefix, core).await.unwrap();
-    let shape = crate::aws::shape::connect(&settings).await.unwrap();
+    let settings = hooklane::aws::local::provision(&prefix, core)
+        .await
+        .unwrap();
+    let shape = hooklane::aws::shape::connect(&settings).await.unwrap();
     (settings, shape)
 }
 
@@ -178,19 +181,19 @@ pub async fn sent_mail_text() -> String {
 pub fn capture_lambda_metrics(
     stack: &str,
 ) -> (
-    crate::telemetry::emf::EmfPublisher,
-    crate::telemetry::emf::LogCapture,
+    hooklane::telemetry::emf::EmfPublisher,
+    hooklane::telemetry::emf::LogCapture,
     metrics::LocalRecorderGuard<'static>,
 ) {
-    let capture = crate::telemetry::emf::LogCapture::default();
-    let publisher = crate::telemetry::emf::EmfPublisher::new(
-        crate::telemetry::lambda_recorder(stack),
+    let capture = hooklane::telemetry::emf::LogCapture::default();
+    let publisher = hooklane::telemetry::emf::EmfPublisher::new(
+        hooklane::telemetry::lambda_recorder(stack),
         capture.clone(),
     );
-    let recorder: &'static crate::telemetry::emf::EmfRecorder =
+    let recorder: &'static hooklane::telemetry::emf::EmfRecorder =
         Box::leak(Box::new(publisher.recorder().clone()));
     let guard = metrics::set_default_local_recorder(recorder);
-    crate::telemetry::describe();
+    hooklane::telemetry::describe();
     (publisher, capture, guard)
 }
 
@@ -203,7 +206,7 @@ pub fn sam_translated(args: &[&str]) -> serde_json::Value {
          aws-sam-translator from the test environment (scripts/test-env prints its python)",
     );
     let output = std::process::Command::new(python)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .current_dir(repository_root())
         .arg("tests/sam_translate.py")
         .args(args)
         .output()
@@ -214,4 +217,17 @@ pub fn sam_translated(args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("JSON from tests/sam_translate.py")
+}
+
+/// The repository's root (where `infra/template.yaml` is), from the crate being tested.
+fn repository_root() -> std::path::PathBuf {
+    let mut dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    while !dir.join("infra/template.yaml").exists() {
+        assert!(
+            dir.pop(),
+            "no infra/template.yaml above {}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+    }
+    dir
 }

@@ -1,7 +1,10 @@
 //! What every `Store` must do for replays, as a test any adapter can run:
-//! `replays_follow_the_contract(&store).await`.
+//! `replays_follow_the_contract(&store).await`. Written with `hooklane::` paths, like
+//! `contract`, so that the core crate's own tests compile it too.
 
-use crate::{
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
+
+use hooklane::{
     clock::{from_millis, Timestamp},
     domain::{
         Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
@@ -16,7 +19,7 @@ fn at(seconds: i64) -> Timestamp {
     from_millis(1_900_000_000_000 + seconds * 1000)
 }
 
-pub(crate) fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> Endpoint {
+pub fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> Endpoint {
     Endpoint {
         id: EndpointId::from_trusted(format!("ep_{name}")),
         account_id: account.clone(),
@@ -36,7 +39,7 @@ pub(crate) fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> E
 }
 
 /// Publishes an event at `second` to `endpoints`; returns its deliveries in that order.
-pub(crate) async fn publish(
+pub async fn publish(
     store: &dyn Store,
     account: &AccountId,
     second: i64,
@@ -60,7 +63,7 @@ pub(crate) async fn publish(
 }
 
 /// One attempt; `decision` decides what the delivery becomes.
-pub(crate) async fn attempt(
+pub async fn attempt(
     store: &dyn Store,
     delivery: &DeliveryId,
     endpoint: &EndpointId,
@@ -99,13 +102,13 @@ pub(crate) async fn attempt(
         .expect("record")
 }
 
-pub(crate) fn failed() -> Decision {
+pub fn failed() -> Decision {
     Decision::Failed {
         reason: "retry schedule exhausted".into(),
     }
 }
 
-pub(crate) fn replay(
+pub fn replay(
     account: &AccountId,
     scope: ReplayScope,
     filter: ReplayFilter,
@@ -123,7 +126,7 @@ pub(crate) fn replay(
     }
 }
 
-pub(crate) async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) -> Delivery {
+pub async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) -> Delivery {
     store
         .get_delivery(account, id)
         .await
@@ -131,7 +134,7 @@ pub(crate) async fn status_of(store: &dyn Store, account: &AccountId, id: &Deliv
         .expect("delivery")
 }
 
-pub(crate) async fn replays_follow_the_contract(store: &dyn Store) {
+pub async fn replays_follow_the_contract(store: &dyn Store) {
     let account = AccountId::from_trusted("acme".into());
     let other_account = AccountId::from_trusted("other".into());
     for id in [&account, &other_account] {

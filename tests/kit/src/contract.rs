@@ -1,16 +1,17 @@
 //! The store contract: what every `Store` adapter must do, as async checks over `&dyn Store`.
 //! `store_contract_tests!` turns them into one `#[tokio::test]` each for a given backend;
-//! SQLite runs them below, DynamoDB in `dynamodb::tests` (against the emulator).
+//! each store's tests run it (DynamoDB's against the emulator). Written with `hooklane::`
+//! paths: the core crate compiles this file into its own tests too (see its `lib.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
-use super::{
+use hooklane::store::{
     AttemptRecord, DeliveryQuery, DisableRequest, Notification, PublishOutcome, PutEventOutcome,
     RecordOutcome, Store, StoreError,
 };
-use crate::{
+use hooklane::{
     clock::{add, from_millis, Timestamp},
     domain::{
         Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
@@ -447,8 +448,9 @@ pub async fn list_deliveries_newest_first_with_filters_and_cursor(store: &dyn St
         f(&mut q);
         q
     };
-    let ids =
-        |page: &super::Page<Delivery>| page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
+    let ids = |page: &hooklane::store::Page<Delivery>| {
+        page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>()
+    };
     let all = store.list_deliveries(&acme, &query(&|_| {})).await.unwrap();
     let newest_first: Vec<DeliveryId> = made.iter().rev().map(|d| d.id.clone()).collect();
     assert_eq!(ids(&all), newest_first);
@@ -1271,7 +1273,7 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
 /// work until its new time; failed, it is final with the reason; either only from the
 /// state the caller saw.
 pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store) {
-    use super::Unattempted;
+    use hooklane::store::Unattempted;
     let (ep, ev, d) = seeded(store).await;
     let due = |at: Timestamp| async move {
         store
@@ -1408,17 +1410,8 @@ macro_rules! store_contract_tests {
             #[tokio::test]
             async fn $check() {
                 let store = $make().await;
-                $crate::store::contract::$check(&store).await;
+                $crate::contract::$check(&store).await;
             }
         )*
     };
-}
-
-#[cfg(test)]
-mod sqlite_contract {
-    async fn sqlite() -> crate::store::sqlite::SqliteStore {
-        crate::store::sqlite::SqliteStore::in_memory().unwrap()
-    }
-
-    crate::store_contract_tests!(sqlite);
 }
