@@ -170,6 +170,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let running = dispatcher::start(
         app.clone(),
         queue,
+        store.clone(),
         DispatcherConfig {
             workers: config.workers,
             sweep_interval: config.sweep_interval,

@@ -56,6 +56,14 @@ pub fn from_millis(millis: i64) -> Timestamp {
     DateTime::<Utc>::from_timestamp_millis(millis).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
+/// Subtracts a std duration from a timestamp, saturating instead of overflowing.
+pub fn sub(at: Timestamp, by: std::time::Duration) -> Timestamp {
+    chrono::Duration::from_std(by)
+        .ok()
+        .and_then(|d| at.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
 /// Adds a std duration to a timestamp, saturating instead of overflowing.
 pub fn add(at: Timestamp, by: std::time::Duration) -> Timestamp {
     chrono::Duration::from_std(by)

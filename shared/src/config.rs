@@ -9,12 +9,13 @@ use crate::{
 
 /// The engine's rules as settings, `(name in a config file, environment variable)`. Both
 /// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
-pub const CORE_SETTINGS: [(&str, &str); 5] = [
+pub const CORE_SETTINGS: [(&str, &str); 6] = [
     ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
     ("https_only", "HOOKLANE_HTTPS_ONLY"),
     ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
     ("disable_after", "HOOKLANE_DISABLE_AFTER"),
     ("operations_account", "HOOKLANE_OPERATIONS_ACCOUNT"),
+    ("retention", "HOOKLANE_RETENTION"),
 ];
 
 #[derive(Debug, Clone)]
@@ -30,6 +31,9 @@ pub struct CoreConfig {
     /// it there and then (embedded). Off on AWS: abandoning a whole backlog does not fit in
     /// a sender invocation, and the health function does it.
     pub disable_on_attempt: bool,
+    /// How long ended deliveries, their attempts and their events are kept. Pending work
+    /// is kept however old it is.
+    pub retention: Duration,
 }
 
 impl Default for CoreConfig {
@@ -41,6 +45,7 @@ impl Default for CoreConfig {
             operations_account: None,
             max_payload_bytes: 256 * 1024,
             disable_on_attempt: true,
+            retention: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -93,6 +98,15 @@ impl CoreConfig {
         }
         if let Some(raw) = get("HOOKLANE_DISABLE_AFTER") {
             self.disable_after = parse_duration(raw, "HOOKLANE_DISABLE_AFTER")?;
+        }
+        if let Some(raw) = get("HOOKLANE_RETENTION") {
+            self.retention = parse_duration(raw, "HOOKLANE_RETENTION")?;
+            if self.retention.is_zero() {
+                return Err(InvalidField::new(
+                    "HOOKLANE_RETENTION",
+                    "must be above 0 (it is how long ended deliveries are kept)",
+                ));
+            }
         }
         if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
             self.operations_account = Some(
@@ -151,6 +165,7 @@ mod tests {
             ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1"),
             ("HOOKLANE_DISABLE_AFTER", " 2h "),
             ("HOOKLANE_RETRY_SCHEDULE", ""),
+            ("HOOKLANE_RETENTION", "7d"),
         ]);
         let core = CoreConfig::default()
             .with_settings(|name| vars.get(name).copied())
@@ -158,6 +173,7 @@ mod tests {
         assert!(core.sender.policy.https_only());
         assert_eq!(core.sender.policy.allow_list().len(), 2);
         assert_eq!(core.disable_after, Duration::from_secs(7200));
+        assert_eq!(core.retention, Duration::from_secs(7 * 86_400));
         assert_eq!(
             core.retry.schedule,
             RetrySchedule::default(),
@@ -169,6 +185,8 @@ mod tests {
             ("HOOKLANE_DISABLE_AFTER", "soon"),
             ("HOOKLANE_RETRY_SCHEDULE", "x"),
             ("HOOKLANE_OPERATIONS_ACCOUNT", "not an id!"),
+            ("HOOKLANE_RETENTION", "0"),
+            ("HOOKLANE_RETENTION", "forever"),
         ] {
             let err = CoreConfig::default()
                 .with_settings(|name| (name == variable).then_some(bad))

@@ -1,5 +1,5 @@
-//! The embedded shape's engine room: worker slots over the in-memory lanes, plus the
-//! periodic sweeper, health check and notification sender.
+//! The embedded shape's engine room: worker slots over the in-memory lanes, the window's
+//! refill from the store, plus the periodic resync, health check and notification sender.
 
 use std::{
     sync::{
@@ -16,8 +16,12 @@ use tokio::{
 
 use crate::{
     domain::Trigger,
-    queue::embedded::EmbeddedQueue,
-    service::{deliver, health, notifications, sweep},
+    queue::{
+        embedded::EmbeddedQueue,
+        window::{self, PendingSource},
+    },
+    service::{deliver, health, notifications},
+    store::sqlite::{Purged, SqliteStore},
     telemetry, App,
 };
 
@@ -25,10 +29,12 @@ use crate::{
 pub struct DispatcherConfig {
     /// Global worker slots: requests in flight across all endpoints.
     pub workers: usize,
+    /// How often the queue's window pages the whole backlog in again (the backstop for a
+    /// delivery the window lost track of).
     pub sweep_interval: Duration,
-    /// A pending delivery this far past its time, and not queued, is picked up by the sweeper.
-    pub sweep_grace: Duration,
     pub health_interval: Duration,
+    /// How often what is past retention is removed (`HOOKLANE_RETENTION`).
+    pub purge_interval: Duration,
     pub notify_interval: Duration,
     /// How long shutdown waits for attempts in flight.
     pub drain_timeout: Duration,
@@ -39,8 +45,8 @@ impl Default for DispatcherConfig {
         Self {
             workers: 64,
             sweep_interval: Duration::from_secs(60),
-            sweep_grace: Duration::from_secs(30),
             health_interval: Duration::from_secs(60),
+            purge_interval: Duration::from_secs(60),
             notify_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(12),
         }
@@ -60,32 +66,55 @@ impl Running {
     }
 }
 
-/// Loads every pending delivery into the queue, then starts the workers and the periodic jobs.
+/// Starts the workers, the window's refill from the store and the periodic jobs. Nothing
+/// is loaded up front: the window pages the backlog in by due time, so start-up takes the
+/// same time whatever the backlog.
 pub async fn start(
     app: App,
     queue: Arc<EmbeddedQueue>,
+    store: Arc<SqliteStore>,
     config: DispatcherConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Running, crate::service::ServiceError> {
-    let far_future = crate::clock::add(app.clock.now(), Duration::from_secs(100 * 365 * 86_400));
-    let recovered = sweep::enqueue_pending(&app, far_future).await?;
-    if recovered > 0 {
-        tracing::info!(recovered, "pending deliveries picked up from the store");
-    }
-    let mut handles = vec![tokio::spawn(run_workers(
-        app.clone(),
-        queue,
-        config.clone(),
-        shutdown.clone(),
-    ))];
-    let grace = chrono::Duration::from_std(config.sweep_grace).unwrap_or_default();
+    queue.resync();
+    let mut handles = vec![
+        tokio::spawn(window::run(
+            Arc::clone(&queue),
+            Arc::clone(&store) as Arc<dyn PendingSource>,
+            Arc::clone(&app.clock),
+            shutdown.clone(),
+        )),
+        tokio::spawn(run_workers(
+            app.clone(),
+            Arc::clone(&queue),
+            config.clone(),
+            shutdown.clone(),
+        )),
+    ];
     handles.push(every(
         config.sweep_interval,
         shutdown.clone(),
         app.clone(),
-        move |app| async move {
-            let due_before = app.clock.now() - grace;
-            sweep::enqueue_pending(&app, due_before).await.map(|_| ())
+        move |_| {
+            queue.resync();
+            async { Ok(()) }
+        },
+    ));
+    let retention = app.config.retention;
+    handles.push(every(
+        config.purge_interval,
+        shutdown.clone(),
+        app.clone(),
+        move |app| {
+            let store = Arc::clone(&store);
+            async move {
+                let cutoff = crate::clock::sub(app.clock.now(), retention);
+                let purged = store.purge_before(cutoff, PURGE_PAUSE).await?;
+                if purged != Purged::default() {
+                    tracing::info!(?purged, "removed what is past retention");
+                }
+                Ok(())
+            }
         },
     ));
     handles.push(every(
@@ -102,6 +131,9 @@ pub async fn start(
     ));
     Ok(Running { handles })
 }
+
+/// Between two purge transactions: the store thread is free for attempts meanwhile.
+const PURGE_PAUSE: Duration = Duration::from_millis(5);
 
 fn every<F, Fut>(
     interval: Duration,

@@ -48,7 +48,7 @@ pub async fn connect_with(
     let store = Arc::new(DynamoStore::new(
         dynamodb.clone(),
         settings.tables.clone(),
-        Retention::default(),
+        Retention::from_core(&settings.core),
     ));
     let scheduler = settings
         .scheduler

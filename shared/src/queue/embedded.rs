@@ -1,14 +1,15 @@
-//! The embedded queue: in-memory lanes over the store's pending deliveries.
+//! The embedded queue: a bounded window of in-memory lanes over the store's pending deliveries.
 //!
 //! Due work sits in per-endpoint lanes; the dispatcher takes from lanes round-robin across
 //! accounts, then across an account's endpoints, and only from endpoints below their
-//! in-flight cap and with a rate-limit token. A saturated endpoint's backlog stays here and
-//! never holds a worker. The store stays the source of truth: on start and on every sweep,
-//! pending rows are enqueued again, and duplicates are ignored.
+//! in-flight cap and with a rate-limit token. A saturated endpoint's backlog never holds a
+//! worker. The store stays the source of truth and the window holds only part of it (see
+//! [`WindowLimits`]): what does not fit stays in the store, and `queue::window` pages it
+//! back in by due time as room frees up. Enqueueing a known delivery again is a no-op.
 
 use std::{
     cmp::Reverse,
-    collections::{BinaryHeap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque},
     sync::Mutex,
     time::Duration,
 };
@@ -74,18 +75,56 @@ struct AccountLane {
     listed: bool,
 }
 
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Timer {
-    due_ms: i64,
-    seq: u64,
+/// A pending delivery's place in due order: due time (ms), then id. The window's pages and
+/// its horizon are in this order.
+pub type DueKey = (i64, DeliveryId);
+
+fn due_key(item: &PendingRef) -> DueKey {
+    (to_millis(item.due), item.delivery_id.clone())
+}
+
+/// How much of the backlog the window keeps in memory. The rest stays in the store only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowLimits {
+    /// Deliveries not yet due, earliest first; later ones are dropped and paged in again.
+    pub waiting: usize,
+    /// Due deliveries across all lanes before each lane is held to `lane_floor`.
+    pub due: usize,
+    /// Due deliveries one lane holds at most.
+    pub lane: usize,
+    /// Due deliveries a lane may always hold, however full the window: a healthy endpoint
+    /// always has its next work in memory, behind no other endpoint's backlog.
+    pub lane_floor: usize,
+}
+
+impl Default for WindowLimits {
+    fn default() -> Self {
+        Self {
+            waiting: 50_000,
+            due: 100_000,
+            lane: 1_024,
+            lane_floor: 16,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Lanes {
+    limits: WindowLimits,
     /// Queued (waiting or due) or in flight; enqueueing these again is a no-op.
     known: HashSet<DeliveryId>,
-    timers: BinaryHeap<Reverse<Timer>>,
-    waiting: HashMap<u64, PendingRef>,
+    /// Not yet due, in due order.
+    waiting: BTreeMap<DueKey, PendingRef>,
+    /// `None`: every pending delivery not yet due is in `waiting`. `Some(k)`: those before
+    /// `k` are; from `k` on, some may be in the store only.
+    horizon: Option<DueKey>,
+    /// The lowest key dropped since the current page of the horizon was read.
+    dropped_since_read: Option<DueKey>,
+    /// Endpoints with due deliveries in the store only (their lane was full).
+    spilled: HashSet<EndpointId>,
+    /// Spilled endpoints whose lanes ran low, and the horizon: work for `queue::window`.
+    refill_wanted: bool,
+    due_total: usize,
     token_timers: BinaryHeap<Reverse<(i64, EndpointId)>>,
     endpoints: HashMap<EndpointId, EndpointLane>,
     /// Rate-limit buckets outlive lanes: a lane is dropped whenever it runs empty, and a
@@ -93,7 +132,6 @@ struct Lanes {
     buckets: HashMap<EndpointId, TokenBucket>,
     accounts: HashMap<AccountId, AccountLane>,
     ready_accounts: VecDeque<AccountId>,
-    seq: u64,
     in_flight_total: usize,
     /// Leases whose endpoint slot was given back before the lease completed.
     slot_released: HashSet<DeliveryId>,
@@ -115,25 +153,36 @@ impl Lanes {
         if !self.known.insert(item.delivery_id.clone()) {
             return;
         }
-        self.seq += 1;
-        let seq = self.seq;
-        self.timers.push(Reverse(Timer {
-            due_ms: to_millis(item.due),
-            seq,
-        }));
-        self.waiting.insert(seq, item);
+        self.waiting.insert(due_key(&item), item);
+        if self.waiting.len() > self.limits.waiting.max(1) {
+            if let Some((key, dropped)) = self.waiting.pop_last() {
+                self.known.remove(&dropped.delivery_id);
+                self.lower_horizon(key);
+            }
+        }
+    }
+
+    fn lower_horizon(&mut self, key: DueKey) {
+        let lower = |current: &mut Option<DueKey>| {
+            if current.as_ref().is_none_or(|c| key < *c) {
+                *current = Some(key.clone());
+            }
+        };
+        lower(&mut self.horizon);
+        lower(&mut self.dropped_since_read);
+        self.refill_wanted = true;
     }
 
     fn promote_due(&mut self, now_ms: i64) {
-        while let Some(Reverse(timer)) = self.timers.peek() {
-            if timer.due_ms > now_ms {
+        while let Some(entry) = self.waiting.first_entry() {
+            if entry.key().0 > now_ms {
                 break;
             }
-            let seq = timer.seq;
-            self.timers.pop();
-            if let Some(item) = self.waiting.remove(&seq) {
-                self.make_due(item, now_ms);
-            }
+            let item = entry.remove();
+            self.make_due(item, now_ms);
+        }
+        if self.needs_next_page(now_ms) {
+            self.refill_wanted = true;
         }
         while let Some(Reverse((at, _))) = self.token_timers.peek() {
             if *at > now_ms {
@@ -148,7 +197,40 @@ impl Lanes {
         }
     }
 
+    /// The store holds work the window should see next: the waiting list ran low, or
+    /// deliveries past the horizon are already due.
+    fn needs_next_page(&self, now_ms: i64) -> bool {
+        self.horizon
+            .as_ref()
+            .is_some_and(|(due, _)| self.waiting.len() < self.limits.waiting / 2 || *due <= now_ms)
+    }
+
+    /// How many due deliveries `lane` may hold now.
+    fn lane_room(&self, lane_len: usize) -> bool {
+        lane_len < self.limits.lane_floor
+            || (lane_len < self.limits.lane && self.due_total < self.limits.due)
+    }
+
+    /// A spilled lane this short asks for its work from the store.
+    fn low_mark(&self) -> usize {
+        if self.due_total < self.limits.due {
+            (self.limits.lane / 4).max(1)
+        } else {
+            (self.limits.lane_floor / 2).max(1)
+        }
+    }
+
     fn make_due(&mut self, item: PendingRef, now_ms: i64) {
+        let queued = self
+            .endpoints
+            .get(&item.endpoint_id)
+            .map_or(0, |l| l.due.len());
+        if !self.lane_room(queued) {
+            // The row stays pending in the store; the lane asks for it when it runs low.
+            self.known.remove(&item.delivery_id);
+            self.spilled.insert(item.endpoint_id.clone());
+            return;
+        }
         let lane = self
             .endpoints
             .entry(item.endpoint_id.clone())
@@ -175,6 +257,7 @@ impl Lanes {
         }
         let endpoint_id = item.endpoint_id.clone();
         lane.due.push_back(item);
+        self.due_total += 1;
         self.list_if_ready(&endpoint_id, now_ms);
     }
 
@@ -226,7 +309,12 @@ impl Lanes {
             let Some(lease) = lane.due.pop_front() else {
                 continue;
             };
+            self.due_total = self.due_total.saturating_sub(1);
+            let remaining = lane.due.len();
             lane.in_flight += 1;
+            if remaining < self.low_mark() && self.spilled.contains(&endpoint_id) {
+                self.refill_wanted = true;
+            }
             if let Some(bucket) = self.buckets.get_mut(&endpoint_id) {
                 bucket.take();
             }
@@ -264,7 +352,7 @@ impl Lanes {
     }
 
     fn next_wake_ms(&self) -> Option<i64> {
-        let timer = self.timers.peek().map(|Reverse(t)| t.due_ms);
+        let timer = self.waiting.first_key_value().map(|((due, _), _)| *due);
         let token = self.token_timers.peek().map(|Reverse((at, _))| *at);
         match (timer, token) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -278,21 +366,120 @@ impl Lanes {
 pub struct EmbeddedQueue {
     lanes: Mutex<Lanes>,
     wake: Notify,
+    /// Signalled when the window wants work paged in from the store (`queue::window`).
+    refill: Notify,
 }
 
 impl EmbeddedQueue {
     pub fn new() -> Self {
-        Self::default()
+        Self::with_limits(WindowLimits::default())
+    }
+
+    pub fn with_limits(limits: WindowLimits) -> Self {
+        Self {
+            lanes: Mutex::new(Lanes {
+                limits,
+                ..Lanes::default()
+            }),
+            ..Self::default()
+        }
     }
 
     fn with_lanes<T>(&self, f: impl FnOnce(&mut Lanes) -> T) -> T {
         let mut guard = match self.lanes.lock() {
             Ok(guard) => guard,
             // The lanes hold no invariant a panic mid-update could break badly enough to
-            // lose deliveries: the store and the sweeper are the backstop.
+            // lose deliveries: the store and the window's resync are the backstop.
             Err(poisoned) => poisoned.into_inner(),
         };
-        f(&mut guard)
+        let result = f(&mut guard);
+        if std::mem::take(&mut guard.refill_wanted) {
+            self.refill.notify_one();
+        }
+        result
+    }
+
+    pub fn limits(&self) -> WindowLimits {
+        self.with_lanes(|lanes| lanes.limits)
+    }
+
+    /// Forgets what the window knows of the store: every pending delivery is paged in again
+    /// from the earliest due (known ones are skipped). On start, and as the periodic backstop.
+    pub fn resync(&self) {
+        self.with_lanes(|lanes| {
+            lanes.horizon = Some((i64::MIN, DeliveryId::from_trusted(String::new())));
+            lanes.refill_wanted = true;
+        });
+    }
+
+    /// Waits until the window asks for work from the store.
+    pub async fn refill_requested(&self) {
+        self.refill.notified().await;
+    }
+
+    /// Spilled endpoints whose lanes ran low (at most `max`), each with how many of its
+    /// earliest due rows to read; they count as refilled from now on.
+    pub fn spilled_to_refill(&self, max: usize) -> Vec<(EndpointId, u32)> {
+        self.with_lanes(|lanes| {
+            let low = lanes.low_mark();
+            let ready: Vec<EndpointId> = lanes
+                .spilled
+                .iter()
+                .filter(|e| lanes.endpoints.get(*e).is_none_or(|l| l.due.len() < low))
+                .take(max)
+                .cloned()
+                .collect();
+            ready
+                .into_iter()
+                .map(|endpoint| {
+                    lanes.spilled.remove(&endpoint);
+                    let held = lanes
+                        .endpoints
+                        .get(&endpoint)
+                        .map_or(0, |l| l.due.len() + l.in_flight as usize);
+                    let limit = u32::try_from(lanes.limits.lane + held).unwrap_or(u32::MAX);
+                    (endpoint, limit)
+                })
+                .collect()
+        })
+    }
+
+    /// Marks an endpoint spilled again (its refill failed).
+    pub fn respill(&self, endpoint: EndpointId) {
+        self.with_lanes(|lanes| {
+            lanes.spilled.insert(endpoint);
+        });
+    }
+
+    /// Where the next page of the store's pending deliveries starts, if one is wanted now.
+    pub fn next_page_from(&self, now: Timestamp) -> Option<DueKey> {
+        let now_ms = to_millis(now);
+        self.with_lanes(|lanes| {
+            // What is due leaves the waiting list first: the page is then read for room
+            // that is really free, and due rows past the horizon come before waiting ones.
+            lanes.promote_due(now_ms);
+            if !lanes.needs_next_page(now_ms) {
+                return None;
+            }
+            lanes.dropped_since_read = None;
+            lanes.horizon.clone()
+        })
+    }
+
+    /// Adds a page read from [`EmbeddedQueue::next_page_from`]; `end` is the key of its last
+    /// row if the page was full (the store may hold more from there), `None` if it was not.
+    pub fn add_page(&self, items: Vec<PendingRef>, end: Option<DueKey>) {
+        self.with_lanes(|lanes| {
+            for item in items {
+                lanes.add(item);
+            }
+            let dropped = lanes.dropped_since_read.take();
+            lanes.horizon = match (end, dropped) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        });
+        self.wake.notify_one();
     }
 
     pub fn add(&self, items: Vec<PendingRef>) {
@@ -359,7 +546,7 @@ impl EmbeddedQueue {
     pub fn stats(&self) -> QueueStats {
         self.with_lanes(|lanes| QueueStats {
             waiting: lanes.waiting.len(),
-            due: lanes.endpoints.values().map(|l| l.due.len()).sum(),
+            due: lanes.due_total,
             in_flight: lanes.in_flight_total,
         })
     }
@@ -576,6 +763,85 @@ mod tests {
             }
         }
         assert_eq!(taken, 2);
+    }
+
+    fn tiny_window() -> EmbeddedQueue {
+        EmbeddedQueue::with_limits(WindowLimits {
+            waiting: 2,
+            due: 4,
+            lane: 2,
+            lane_floor: 1,
+        })
+    }
+
+    #[test]
+    fn a_delivery_pushed_out_of_the_waiting_list_is_read_again() {
+        let queue = tiny_window();
+        assert_eq!(queue.next_page_from(from_millis(0)), None, "all in memory");
+        queue.add(vec![
+            item("d3", "e", "a", 300, 4),
+            item("d1", "e", "a", 100, 4),
+            item("d2", "e", "a", 200, 4),
+        ]);
+        assert!(
+            !queue.is_known(&DeliveryId::from_trusted("d3".into())),
+            "latest pushed out"
+        );
+        assert_eq!(
+            queue.next_page_from(from_millis(0)),
+            None,
+            "the waiting list is full"
+        );
+        let from = queue
+            .next_page_from(from_millis(200))
+            .expect("the store has more");
+        assert_eq!(from, (300, DeliveryId::from_trusted("d3".into())));
+    }
+
+    #[test]
+    fn a_delivery_pushed_out_while_a_page_is_read_is_not_skipped() {
+        let queue = tiny_window();
+        queue.resync();
+        let from = queue.next_page_from(from_millis(0)).expect("a page");
+        assert_eq!(from.0, i64::MIN);
+        // While the page (rows due 500 and 600, a full page) is being read, two earlier
+        // deliveries arrive and push the one due at 400 out.
+        queue.add(vec![item("d4", "e4", "a", 400, 4)]);
+        queue.add(vec![
+            item("d1", "e1", "a", 100, 4),
+            item("d2", "e2", "a", 200, 4),
+        ]);
+        queue.add_page(
+            vec![item("d5", "e5", "a", 500, 4), item("d6", "e6", "a", 600, 4)],
+            Some((600, DeliveryId::from_trusted("d6".into()))),
+        );
+        let next = queue
+            .next_page_from(from_millis(1_000))
+            .expect("more to read");
+        assert!(
+            next <= (400, DeliveryId::from_trusted("d4".into())),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn a_full_lane_spills_and_asks_for_its_work_back_when_low() {
+        let queue = EmbeddedQueue::with_limits(WindowLimits {
+            waiting: 10,
+            ..tiny_window().limits()
+        });
+        queue.add(vec![item("d1", "e", "a", 0, 1), item("d2", "e", "a", 0, 1)]);
+        queue.add(vec![item("d3", "e", "a", 0, 1)]);
+        let first = queue.try_take(from_millis(0)).expect("d1");
+        assert!(queue.spilled_to_refill(8).is_empty(), "lane not low yet");
+        assert!(queue.try_take(from_millis(0)).is_none(), "cap 1");
+        queue.complete(&first, from_millis(0));
+        let second = queue.try_take(from_millis(0)).expect("d2");
+        assert_eq!(second.delivery_id.as_str(), "d2");
+        let wanted = queue.spilled_to_refill(8);
+        assert_eq!(wanted.len(), 1, "the lane ran low with rows in the store");
+        assert_eq!(wanted[0].0.as_str(), "e");
+        assert!(queue.spilled_to_refill(8).is_empty(), "asked once");
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@ use crate::store::PendingRef;
 pub mod embedded;
 #[cfg(feature = "aws")]
 pub mod sqs;
+pub mod window;
 
 #[derive(Debug, thiserror::Error)]
 #[error("queue failure: {0}")]

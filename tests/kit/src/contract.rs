@@ -73,7 +73,7 @@ pub fn delivery(event: &Event, endpoint: &Endpoint, at: Timestamp) -> Delivery {
     Delivery::new_pending(event, endpoint.id.clone(), at)
 }
 
-fn attempt_record(
+pub fn attempt_record(
     delivery: &Delivery,
     number: u32,
     decision: Decision,

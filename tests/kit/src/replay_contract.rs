@@ -15,7 +15,7 @@ use hooklane::{
     store::{AttemptRecord, DisableRequest, PendingRef, RecordOutcome, ReplayRequest, Store},
 };
 
-fn at(seconds: i64) -> Timestamp {
+pub fn at(seconds: i64) -> Timestamp {
     from_millis(1_900_000_000_000 + seconds * 1000)
 }
 

@@ -119,6 +119,32 @@ fn the_https_only_parameter_reaches_every_function() {
     }
 }
 
+/// `HOOKLANE_RETENTION` reaches every function from the `Retention` parameter, and every
+/// table that grows with traffic expires its items through TTL on the attribute the store
+/// writes. Accounts and endpoints are the platform's configuration, kept until deleted.
+#[test]
+fn the_retention_parameter_reaches_every_function_and_every_growing_table_expires() {
+    use crate::aws::settings::AwsSettings;
+    for (parameters, days) in [(&[][..], 30), (&[("Retention", "7d")][..], 7)] {
+        let stack = Stack::new("st", "eu-west-1", "111122223333", parameters).unwrap();
+        for function in Stack::functions().unwrap() {
+            let vars = stack.function_env(function).unwrap().into_iter().collect();
+            let settings = AwsSettings::from_vars(&vars).unwrap();
+            assert_eq!(
+                settings.core.retention,
+                std::time::Duration::from_secs(days * 86_400),
+                "{function} with {parameters:?}"
+            );
+        }
+    }
+    let names = crate::store::dynamodb::TableNames::with_prefix("st");
+    for table in TableDefinition::all(&stack()).unwrap() {
+        let configuration = [&names.accounts, &names.endpoints].contains(&&table.name);
+        let expected = (!configuration).then(|| "expires_at".to_owned());
+        assert_eq!(table.ttl_attribute, expected, "{}", table.name);
+    }
+}
+
 /// Each function's environment in the template configures it as its `main` reads it
 /// (`AwsSettings::from_vars`, as `from_env` in Lambda), with what that function needs.
 #[test]

@@ -57,9 +57,10 @@ impl DynamoStore {
                 .expression_attribute_values(":shard", s(pending_shard(id))),
             Unattempted::Fail(reason) => request
                 .update_expression(
-                    "SET #status = :failed, last_error = :reason, updated_at = :now \
+                    "SET #status = :failed, last_error = :reason, updated_at = :now, expires_at = :expires \
                      REMOVE next_try_at, pending_shard, due_key",
                 )
+                .expression_attribute_values(":expires", self.log_expiry(now))
                 .expression_attribute_values(":failed", s(DeliveryStatus::Failed.as_str()))
                 .expression_attribute_values(":reason", s(reason)),
         };
@@ -100,6 +101,7 @@ impl DynamoStore {
         ]);
         match next_try_at {
             Some(at) => {
+                removes.push("expires_at");
                 sets.push("next_try_at = :next");
                 sets.push("due_key = :due_key");
                 sets.push("pending_shard = :shard");
@@ -107,7 +109,12 @@ impl DynamoStore {
                 values.insert(":next".into(), n(to_millis(at)));
                 values.insert(":due_key".into(), s(time_key(at, delivery_id)));
             }
-            None => removes.extend(["next_try_at", "pending_shard", "due_key"]),
+            None => {
+                removes.extend(["next_try_at", "pending_shard", "due_key"]);
+                // Ended: the log row leaves through TTL once past retention.
+                sets.push("expires_at = :expires");
+                values.insert(":expires".into(), self.log_expiry(r.now));
+            }
         }
         match r.attempt.status_code {
             Some(code) => {

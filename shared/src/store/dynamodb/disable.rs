@@ -82,9 +82,10 @@ impl DynamoStore {
                     .table_name(&self.tables.deliveries)
                     .set_key(Some(stored_delivery_key(&item)?))
                     .update_expression(
-                        "SET #status = :abandoned, last_error = :reason, updated_at = :now \
-                     REMOVE next_try_at, pending_shard, due_key",
+                        "SET #status = :abandoned, last_error = :reason, updated_at = :now, \
+                         expires_at = :expires REMOVE next_try_at, pending_shard, due_key",
                     )
+                    .expression_attribute_values(":expires", self.log_expiry(now))
                     .condition_expression("#status = :pending")
                     .expression_attribute_names("#status", "status")
                     .expression_attribute_values(":abandoned", s("abandoned"))

@@ -136,19 +136,31 @@ impl TableNames {
     }
 }
 
-/// How long DynamoDB keeps events and attempts (through TTL) after they were written.
-/// Events must outlive the retry schedule of their deliveries.
+/// How long DynamoDB keeps items (through TTL): events and attempts from when they were
+/// written, delivery-log rows from when their delivery ended. Pending deliveries carry no
+/// expiry. Events must outlive the retry schedule of their deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub events: std::time::Duration,
     pub attempts: std::time::Duration,
+    pub deliveries: std::time::Duration,
 }
 
 impl Default for Retention {
     fn default() -> Self {
+        Self::from_core(&crate::config::CoreConfig::default())
+    }
+}
+
+impl Retention {
+    /// `HOOKLANE_RETENTION` for every table; an event is kept at least a day past the
+    /// retry schedule, so a delivery still being retried always finds it.
+    pub fn from_core(core: &crate::config::CoreConfig) -> Self {
+        let schedule = core.retry.schedule.total_span() + std::time::Duration::from_secs(86_400);
         Self {
-            events: std::time::Duration::from_secs(30 * 86_400),
-            attempts: std::time::Duration::from_secs(14 * 86_400),
+            events: core.retention.max(schedule),
+            attempts: core.retention,
+            deliveries: core.retention,
         }
     }
 }
@@ -169,6 +181,15 @@ pub struct DynamoStore {
 }
 
 impl DynamoStore {
+    /// A delivery-log row's TTL value for a delivery that ended at `now`: epoch seconds, the
+    /// only form DynamoDB's TTL reads (milliseconds would be a date thousands of years
+    /// ahead, and the row would never go).
+    pub(super) fn log_expiry(&self, now: Timestamp) -> AttributeValue {
+        let seconds = to_millis(now).div_euclid(1000)
+            + i64::try_from(self.retention.deliveries.as_secs()).unwrap_or(i64::MAX / 2);
+        AttributeValue::N(seconds.to_string())
+    }
+
     pub fn new(client: Client, tables: TableNames, retention: Retention) -> Self {
         Self {
             client,

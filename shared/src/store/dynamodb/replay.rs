@@ -17,7 +17,7 @@ impl DynamoStore {
             .update_expression(
                 "SET #status = :pending, next_try_at = :now, due_key = :due_key, pending_shard = :shard, \
                  schedule_start = attempts, client_errors = :zero, \
-                 next_trigger = :manual, updated_at = :now",
+                 next_trigger = :manual, updated_at = :now REMOVE expires_at",
             )
             .condition_expression("#status <> :pending")
             .expression_attribute_names("#status", "status")

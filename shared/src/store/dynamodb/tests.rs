@@ -508,3 +508,58 @@ async fn creating_the_tables_twice_is_harmless() {
     let store = emulator_store().await;
     create_tables(store.client(), store.tables()).await.unwrap();
 }
+
+/// DynamoDB's TTL reads a Number of epoch *seconds* (the emulator deletes nothing, so the
+/// test models the rule): an ended delivery carries `expires_at` at its end plus the
+/// retention, a pending one none, and a replay that makes it pending again takes it off.
+#[tokio::test]
+async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
+    use crate::replay_contract::{at, attempt, endpoint, failed, publish, replay};
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    store
+        .create_account(&crate::contract::account("acme"))
+        .await
+        .unwrap();
+    let ep = endpoint(&account, "a", 4);
+    store.create_endpoint(&ep).await.unwrap();
+    let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
+        .await
+        .remove(0);
+    let expires_at = || async {
+        let item = store
+            .client()
+            .get_item()
+            .table_name(&store.tables().deliveries)
+            .set_key(delivery_key(&delivery.id))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+        item.get("expires_at")
+            .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+    };
+    assert_eq!(expires_at().await, None, "pending when published");
+    let retry = Decision::RetryAt(at(60));
+    attempt(&store, &delivery.id, &ep.id, 2, retry).await;
+    assert_eq!(expires_at().await, None, "pending while retried");
+    attempt(&store, &delivery.id, &ep.id, 3, failed()).await;
+    let retention = Retention::default().deliveries.as_secs() as i64;
+    let ended_secs = to_millis(at(3)) / 1000;
+    assert_eq!(expires_at().await, Some(ended_secs + retention));
+    store
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Delivery(delivery.id.clone()),
+                ReplayFilter::single(),
+                4,
+            ),
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(expires_at().await, None, "pending again after a replay");
+}

@@ -178,25 +178,17 @@ impl SqliteStore {
         self.read(move |conn| {
             // Paging is by delivery id (unique) so a page boundary never skips rows.
             let mut stmt = conn
-                .prepare_cached(
-                    "SELECT d.id, d.endpoint_id, d.account_id, d.next_try_at, e.max_in_flight, e.rate_limit \
-                     FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
+                .prepare_cached(&format!(
+                    "SELECT {PENDING_COLUMNS} FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
                      WHERE d.status = 'pending' AND d.next_try_at <= ?1 AND d.id > ?2 AND e.status = 'active' \
-                     ORDER BY d.id LIMIT ?3",
-                )
+                     ORDER BY d.id LIMIT ?3"
+                ))
                 .map_err(backend)?;
             let rows = stmt
-                .query_map(params![to_millis(due_before), after.unwrap_or_default(), limit], |row| {
-                    let rate: Option<i64> = row.get(5)?;
-                    Ok(PendingRef {
-                        delivery_id: DeliveryId::from_trusted(row.get(0)?),
-                        endpoint_id: EndpointId::from_trusted(row.get(1)?),
-                        account_id: AccountId::from_trusted(row.get(2)?),
-                        due: from_millis(row.get(3)?),
-                        max_in_flight: u32_col(row, 4)?,
-                        rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
-                    })
-                })
+                .query_map(
+                    params![to_millis(due_before), after.unwrap_or_default(), limit],
+                    pending_from_row,
+                )
                 .map_err(backend)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
         })
@@ -298,6 +290,72 @@ impl SqliteStore {
                 .map_err(backend)?;
             let rows = stmt
                 .query_map(params![id.as_str()], attempt_from_row)
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+}
+
+/// The columns [`pending_from_row`] reads, over `deliveries d JOIN endpoints e`.
+const PENDING_COLUMNS: &str =
+    "d.id, d.endpoint_id, d.account_id, d.next_try_at, e.max_in_flight, e.rate_limit";
+
+fn pending_from_row(row: &Row<'_>) -> rusqlite::Result<PendingRef> {
+    let rate: Option<i64> = row.get(5)?;
+    Ok(PendingRef {
+        delivery_id: DeliveryId::from_trusted(row.get(0)?),
+        endpoint_id: EndpointId::from_trusted(row.get(1)?),
+        account_id: AccountId::from_trusted(row.get(2)?),
+        due: from_millis(row.get(3)?),
+        max_in_flight: u32_col(row, 4)?,
+        rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
+    })
+}
+
+/// The embedded queue's window pages its work from here, in due order, over the partial
+/// indexes of pending rows (`deliveries_pending`, `deliveries_pending_by_endpoint`).
+#[async_trait::async_trait]
+impl crate::queue::window::PendingSource for SqliteStore {
+    async fn pending_from(
+        &self,
+        from: &crate::queue::embedded::DueKey,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        let (due, id) = (from.0, from.1.as_str().to_owned());
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {PENDING_COLUMNS} FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
+                     WHERE d.status = 'pending' AND (d.next_try_at, d.id) >= (?1, ?2) AND e.status = 'active' \
+                     ORDER BY d.next_try_at, d.id LIMIT ?3"
+                ))
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![due, id, limit], pending_from_row)
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn pending_of_endpoint(
+        &self,
+        endpoint: &EndpointId,
+        due_before: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<PendingRef>> {
+        let endpoint = endpoint.as_str().to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {PENDING_COLUMNS} FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
+                     WHERE d.endpoint_id = ?1 AND d.status = 'pending' AND d.next_try_at <= ?2 \
+                     AND e.status = 'active' ORDER BY d.next_try_at, d.id LIMIT ?3"
+                ))
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![endpoint, to_millis(due_before), limit], pending_from_row)
                 .map_err(backend)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
         })

@@ -28,12 +28,14 @@ mod deliveries;
 mod events;
 mod fresh;
 mod replay;
+mod retention;
 mod rows;
 mod schema;
 #[cfg(test)]
 mod tests;
 mod worker;
 
+pub use retention::{Purged, SLICE_ROWS};
 use rows::*;
 use schema::*;
 use worker::*;
