@@ -302,3 +302,98 @@ async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() 
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every filter combination of the delivery log, with and without a cursor and a time
+/// window, searches an index keyed by its most selective filter and already in the log's
+/// order: no table scan, no sort. Printed, so a changed plan is visible in the test output.
+#[test]
+fn every_log_query_reads_an_index_in_order() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(SCHEMA).unwrap();
+    add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).unwrap();
+    let account = AccountId::from_trusted("acme".into());
+    let page_cursor = crate::store::cursor::encode(1_700_000_000_000, "dlv_x");
+    let mut checked = 0;
+    for mask in 0..16u8 {
+        for (cursor, window) in [(false, false), (true, false), (false, true), (true, true)] {
+            let query = DeliveryQuery {
+                endpoint_id: (mask & 1 != 0).then(|| EndpointId::from_trusted("ep_a".into())),
+                status: (mask & 2 != 0).then_some(DeliveryStatus::Failed),
+                event_type: (mask & 4 != 0).then(|| "invoice.paid".to_owned()),
+                status_code: (mask & 8 != 0).then_some(503),
+                since: window.then(|| crate::clock::from_millis(0)),
+                until: window.then(|| crate::clock::from_millis(1)),
+                cursor: cursor.then(|| page_cursor.clone()),
+                limit: 50,
+            };
+            let (sql, args) = super::deliveries::list_sql(&account, &query).unwrap();
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(rusqlite::params_from_iter(args), |row| {
+                    row.get::<_, String>(3)
+                })
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            let plan = plan.join("; ");
+            // The index that must be searched: the endpoint's when there is one (with its
+            // status), else the account's for the first of status, type and code.
+            let expected = match (mask & 1 != 0, mask & 2 != 0, mask & 4 != 0, mask & 8 != 0) {
+                (true, true, _, _) => "deliveries_by_endpoint_status",
+                (true, false, _, _) => "deliveries_by_endpoint",
+                (false, true, _, _) => "deliveries_by_account_status",
+                (false, false, true, _) => "deliveries_by_account_type",
+                (false, false, false, true) => "deliveries_by_account_code",
+                (false, false, false, false) => "deliveries_by_account",
+            };
+            println!("{query:?}\n    {plan}");
+            assert!(plan.starts_with("SEARCH deliveries USING INDEX "), "{plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
+            if cursor {
+                assert!(
+                    plan.contains("(created_at,id)<(?,?)"),
+                    "the cursor seeks: {plan}"
+                );
+            }
+            let used = plan
+                .trim_start_matches("SEARCH deliveries USING INDEX ")
+                .split(' ')
+                .next()
+                .unwrap();
+            assert_eq!(used, expected, "{query:?}: {plan}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 64);
+}
+
+/// The window's two reads search the partial indexes of pending rows in due order.
+#[test]
+fn the_window_reads_pending_rows_in_due_order_from_their_indexes() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(SCHEMA).unwrap();
+    for (sql, index) in [
+        (super::deliveries::pending_from_sql(), "deliveries_pending"),
+        (
+            super::deliveries::pending_of_endpoint_sql(),
+            "deliveries_pending_by_endpoint",
+        ),
+    ] {
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params![0, "x", 10], |row| row.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let plan = plan.join("; ");
+        println!("{index}: {plan}");
+        assert!(
+            plan.contains(&format!("SEARCH d USING INDEX {index} ")),
+            "{plan}"
+        );
+        assert!(!plan.contains("SCAN"), "{plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
+    }
+}
