@@ -209,6 +209,46 @@ async fn bad_input_is_refused_with_the_field_named() {
         );
     }
 
+    // A batch: empty, too long, or with one bad item names the item, and writes nothing
+    // (not even the valid items before the bad one).
+    let batch = "/v1/accounts/acme/events/batch";
+    expect_error(&server, batch, json!({"events": []}), 422, Some("events")).await;
+    let too_many: Vec<Value> = (0..101)
+        .map(|_| json!({"type": "a.b", "data": {}}))
+        .collect();
+    expect_error(
+        &server,
+        batch,
+        json!({ "events": too_many }),
+        422,
+        Some("events"),
+    )
+    .await;
+    let bad_type = json!({"events": [
+        {"id": "evt_batch_ok", "type": "a.b", "data": {}},
+        {"type": "not a type", "data": {}},
+    ]});
+    expect_error(&server, batch, bad_type, 422, Some("events[1].type")).await;
+    let repeated = json!({"events": [
+        {"id": "evt_batch_ok", "type": "a.b", "data": {}},
+        {"id": "evt_batch_ok", "type": "a.b", "data": {}},
+    ]});
+    expect_error(&server, batch, repeated, 422, Some("events[1].id")).await;
+    let big = "x".repeat(300 * 1024);
+    let oversize =
+        json!({"events": [{"type": "a.b", "data": {}}, {"type": "a.b", "data": {"big": big}}]});
+    expect_error(&server, batch, oversize, 413, Some("events[1]")).await;
+    expect_error(
+        &server,
+        batch,
+        json!({"events": [{"type": "a.b"}]}),
+        400,
+        Some("events[0].data"),
+    )
+    .await;
+    let (status, _) = server.get("/v1/accounts/acme/events/evt_batch_ok").await;
+    assert_eq!(status, 404, "nothing of a refused batch is written");
+
     // Nothing was half-written by any of the above.
     let (_, list) = server.get(endpoints).await;
     assert_eq!(list["data"].as_array().map(Vec::len), Some(0), "{list}");
@@ -273,5 +313,38 @@ async fn no_token_no_access_and_publish_is_idempotent() {
         server.deliveries("acme", "").await.len(),
         1,
         "a repeated id creates nothing"
+    );
+
+    // A batch answers each event in order; an id published before is returned, not made again.
+    let batch = json!({"events": [
+        {"id": "evt-42", "type": "a.b", "data": {"n": 3}},
+        {"id": "evt-43", "type": "a.b", "data": {"n": 4}},
+        {"type": "a.b", "data": {"n": 5}},
+    ]});
+    let (status, answer) = server
+        .post("/v1/accounts/acme/events/batch", batch.clone())
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let results = answer["results"].as_array().expect("results");
+    let created: Vec<bool> = results.iter().map(|r| r["created"] == true).collect();
+    assert_eq!(created, [false, true, true], "{answer}");
+    assert_eq!(results[0]["event"]["data"], json!({"n": 1}), "{answer}");
+    assert_eq!(results[1]["event"]["id"], "evt-43");
+    assert_eq!(
+        results[1]["event"]["deliveries"].as_array().map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(server.deliveries("acme", "").await.len(), 3);
+    let (_, again) = server.post("/v1/accounts/acme/events/batch", batch).await;
+    let created: Vec<bool> = again["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["created"] == true)
+        .collect();
+    assert_eq!(
+        created,
+        [false, false, true],
+        "only the item without an id is new: {again}"
     );
 }

@@ -101,6 +101,16 @@ impl From<ServiceError> for ApiError {
     fn from(error: ServiceError) -> Self {
         match error {
             ServiceError::Invalid(invalid) => invalid.into(),
+            ServiceError::InBatch { index, error } => {
+                let mut inner = Self::from(*error);
+                let at = format!("events[{index}]");
+                inner.field = Some(match inner.field.take() {
+                    Some(field) => format!("{at}.{field}"),
+                    None => at.clone(),
+                });
+                inner.message = format!("{at}: {}", inner.message);
+                inner
+            }
             ServiceError::NotFound(what) => Self::not_found(what),
             ServiceError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
             ServiceError::TooLarge(message) => {

@@ -47,6 +47,7 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::list_endpoint_deliveries))
         .routes(routes!(routes::replay_endpoint))
         .routes(routes!(routes::publish_event))
+        .routes(routes!(routes::publish_batch))
         .routes(routes!(routes::get_event))
         .routes(routes!(routes::list_deliveries))
         .routes(routes!(routes::get_delivery))

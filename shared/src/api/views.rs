@@ -302,3 +302,16 @@ impl<'a> From<&'a Replay> for ReplayView<'a> {
         }
     }
 }
+
+/// One item of a batch's answer, in the order of the request.
+#[derive(Serialize, ToSchema)]
+pub struct BatchResult<'a> {
+    /// False when an event with this id existed: it is returned and nothing was created.
+    pub created: bool,
+    pub event: EventView<'a>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct BatchView<'a> {
+    pub results: Vec<BatchResult<'a>>,
+}

@@ -30,6 +30,12 @@ pub enum ServiceError {
     Store(StoreError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// Item `index` of a batch is at fault; nothing of the batch was written.
+    #[error("events[{index}]: {error}")]
+    InBatch {
+        index: usize,
+        error: Box<ServiceError>,
+    },
 }
 
 impl From<StoreError> for ServiceError {

@@ -27,23 +27,9 @@ pub struct Published {
 /// creates and queues the deliveries listed here (their ids are derived from the event and
 /// the endpoint, so the fan-out gives them exactly these).
 pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> ServiceResult<Published> {
-    let id = match input.id.as_deref() {
-        Some(raw) => EventId::parse(raw)?,
-        None => EventId::generate(),
-    };
-    let event_type = EventType::parse(&input.event_type)?;
+    let event = new_event(app, account, input, app.clock.now())?;
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
-    }
-    let now = app.clock.now();
-    let event = Event::new(id, account.clone(), event_type, now, &input.data)
-        .map_err(|e| InvalidField::new("data", e.to_string()))?;
-    if event.payload.len() > app.config.max_payload_bytes {
-        return Err(ServiceError::TooLarge(format!(
-            "event body is {} bytes; the limit is {} bytes (send ids and let receivers fetch details)",
-            event.payload.len(),
-            app.config.max_payload_bytes
-        )));
     }
     let endpoints = app.store.list_endpoints(account).await?;
     match app.publish {
@@ -130,6 +116,147 @@ async fn through_stream(
             })
         }
     }
+}
+
+/// Events one batch holds at most.
+pub const MAX_BATCH: usize = 100;
+
+/// Publishes up to [`MAX_BATCH`] events of one account at once, each idempotent on its id;
+/// answered in order. Every item is checked before anything is written: one invalid item
+/// fails the whole batch with an error naming its index, and nothing is written.
+pub async fn publish_batch(
+    app: &App,
+    account: &AccountId,
+    inputs: Vec<NewEvent>,
+) -> ServiceResult<Vec<Published>> {
+    if inputs.is_empty() {
+        return Err(InvalidField::new("events", "a batch holds at least one event").into());
+    }
+    if inputs.len() > MAX_BATCH {
+        return Err(InvalidField::new(
+            "events",
+            format!(
+                "a batch holds at most {MAX_BATCH} events, not {}",
+                inputs.len()
+            ),
+        )
+        .into());
+    }
+    let now = app.clock.now();
+    let mut events = Vec::with_capacity(inputs.len());
+    let mut seen = std::collections::HashMap::new();
+    for (index, input) in inputs.into_iter().enumerate() {
+        let event = new_event(app, account, input, now).map_err(|error| ServiceError::InBatch {
+            index,
+            error: Box::new(error),
+        })?;
+        if let Some(first) = seen.insert(event.id.clone(), index) {
+            return Err(ServiceError::InBatch {
+                index,
+                error: Box::new(
+                    InvalidField::new("id", format!("repeats the id of events[{first}]")).into(),
+                ),
+            });
+        }
+        events.push(event);
+    }
+    if app.store.get_account(account).await?.is_none() {
+        return Err(ServiceError::NotFound("account"));
+    }
+    let endpoints = app.store.list_endpoints(account).await?;
+    let with_deliveries = app.publish == PublishMode::WithDeliveries;
+    let items: Vec<crate::store::BatchItem> = events
+        .iter()
+        .map(|event| {
+            let deliveries = with_deliveries.then(|| planned_deliveries(event, &endpoints));
+            (event.clone(), deliveries)
+        })
+        .collect();
+    let outcomes = app.store.publish_batch(&items).await?;
+    let mut published = Vec::with_capacity(items.len());
+    let mut queued = Vec::new();
+    for ((event, deliveries), outcome) in items.into_iter().zip(outcomes) {
+        published.push(match outcome {
+            PublishOutcome::Created => {
+                let deliveries = match deliveries {
+                    Some(deliveries) => {
+                        queued.extend(pending_refs(&event, &deliveries, &endpoints));
+                        crate::telemetry::published(deliveries.len());
+                        deliveries
+                    }
+                    None => {
+                        crate::telemetry::event_published();
+                        planned_deliveries(&event, &endpoints)
+                    }
+                };
+                Published {
+                    event,
+                    deliveries,
+                    created: true,
+                }
+            }
+            PublishOutcome::AlreadyExists { event, deliveries } => {
+                let deliveries = if deliveries.is_empty() && !with_deliveries {
+                    planned_deliveries(&event, &endpoints)
+                } else {
+                    deliveries
+                };
+                Published {
+                    event,
+                    deliveries,
+                    created: false,
+                }
+            }
+        });
+    }
+    if !queued.is_empty() {
+        // Committed; if the queue fails now, the store is still the source of truth.
+        if let Err(error) = app.queue.enqueue(queued).await {
+            tracing::error!(%error, "enqueue after a batch publish failed; the sweeper will retry");
+        }
+    }
+    Ok(published)
+}
+
+/// An event checked as `publish` checks it: id, type, size.
+fn new_event(
+    app: &App,
+    account: &AccountId,
+    input: NewEvent,
+    now: crate::clock::Timestamp,
+) -> ServiceResult<Event> {
+    let id = match input.id.as_deref() {
+        Some(raw) => EventId::parse(raw)?,
+        None => EventId::generate(),
+    };
+    let event_type = EventType::parse(&input.event_type)?;
+    let event = Event::new(id, account.clone(), event_type, now, &input.data)
+        .map_err(|e| InvalidField::new("data", e.to_string()))?;
+    if event.payload.len() > app.config.max_payload_bytes {
+        return Err(ServiceError::TooLarge(format!(
+            "event body is {} bytes; the limit is {} bytes (send ids and let receivers fetch details)",
+            event.payload.len(),
+            app.config.max_payload_bytes
+        )));
+    }
+    Ok(event)
+}
+
+fn pending_refs(event: &Event, deliveries: &[Delivery], endpoints: &[Endpoint]) -> Vec<PendingRef> {
+    deliveries
+        .iter()
+        .filter_map(|d| {
+            let endpoint = endpoints.iter().find(|e| e.id == d.endpoint_id)?;
+            Some(PendingRef {
+                delivery_id: d.id.clone(),
+                endpoint_id: endpoint.id.clone(),
+                account_id: event.account_id.clone(),
+                due: event.created_at,
+                max_in_flight: endpoint.max_in_flight,
+                rate_limit_per_second: endpoint.rate_limit_per_second,
+            })
+        })
+        .collect()
 }
 
 /// The deliveries the fan-out creates for `event` given the endpoints subscribed now.
@@ -244,5 +371,48 @@ mod tests {
         let mut returned: Vec<_> = again.deliveries.into_iter().map(|d| d.id).collect();
         returned.sort();
         assert_eq!(returned, expected, "the stored deliveries, nothing new");
+    }
+
+    #[tokio::test]
+    async fn on_the_aws_shape_a_batch_writes_its_events_alone_for_the_stream() {
+        let (settings, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&contract::account("acme"))
+            .await
+            .unwrap();
+        store
+            .create_endpoint(&contract::endpoint("acme", "ep_a", contract::t0()))
+            .await
+            .unwrap();
+        let account = AccountId::parse("acme").unwrap();
+        let inputs: Vec<NewEvent> = (0..3)
+            .map(|i| NewEvent {
+                id: Some(format!("evt_batch_{i}")),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({"i": i}),
+            })
+            .collect();
+        let published = publish_batch(&shape.app, &account, inputs.clone())
+            .await
+            .unwrap();
+        assert!(published
+            .iter()
+            .all(|p| p.created && p.deliveries.len() == 1));
+        for p in &published {
+            assert!(store
+                .deliveries_of_event(&p.event)
+                .await
+                .unwrap()
+                .is_empty());
+        }
+        assert_eq!(receive_queued(&settings.queue_url, 0).await.len(), 0);
+        assert_eq!(fan_out(&shape.app, &published[1].event).await.unwrap(), 1);
+        let again = publish_batch(&shape.app, &account, inputs).await.unwrap();
+        assert!(again.iter().all(|p| !p.created));
+        assert_eq!(
+            again[1].deliveries[0].id, published[1].deliveries[0].id,
+            "the fanned-out delivery is the one listed"
+        );
     }
 }

@@ -31,6 +31,9 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// One event of [`Store::publish_batch`]: with its deliveries, or alone (`None`).
+pub type BatchItem = (Event, Option<Vec<Delivery>>);
+
 /// Publishing an event id that already exists returns the first event and creates nothing.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PublishOutcome {
@@ -203,6 +206,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
+    /// Several publishes at once, each idempotent on its event id as [`Store::publish`] is,
+    /// and answered in order. An item with deliveries is written with them; one with `None`
+    /// is the event alone, as [`Store::put_event`] writes it (for a store's change stream to
+    /// fan out). One transaction on SQLite; on DynamoDB one per 100 items or 4 MB.
+    async fn publish_batch(&self, items: &[BatchItem]) -> StoreResult<Vec<PublishOutcome>>;
     /// Writes the event without deliveries, exactly as the outbox helper does, so that the
     /// store's change stream (where there is one) hands it to fan-out. Idempotent on the id.
     async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome>;
@@ -330,6 +338,12 @@ macro_rules! delegate_store {
                 deliveries: &[Delivery],
             ) -> StoreResult<PublishOutcome> {
                 <$store>::publish(self, event, deliveries).await
+            }
+            async fn publish_batch(
+                &self,
+                items: &[$crate::store::BatchItem],
+            ) -> StoreResult<Vec<PublishOutcome>> {
+                <$store>::publish_batch(self, items).await
             }
             async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
                 <$store>::put_event(self, event).await

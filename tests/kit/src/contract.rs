@@ -922,6 +922,64 @@ pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
     assert_eq!(due.len(), 2);
 }
 
+/// A batch answers each item in order: new events are written (with their deliveries, or
+/// alone), an id that exists returns the stored event and writes nothing; a second batch
+/// over the same ids creates nothing. More than a DynamoDB transaction holds is still one
+/// batch to the caller.
+pub async fn publish_batch_answers_each_item_once(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let earlier = event("acme", "evt_b0", t0());
+    store
+        .publish(&earlier, &[delivery(&earlier, &ep, t0())])
+        .await
+        .unwrap();
+    let later = add(t0(), secs(5));
+    let events: Vec<Event> = (0..130)
+        .map(|i| event("acme", &format!("evt_b{i}"), later))
+        .collect();
+    let items: Vec<hooklane::store::BatchItem> = events
+        .iter()
+        .enumerate()
+        .map(|(i, ev)| {
+            (
+                ev.clone(),
+                (i % 2 == 0).then(|| vec![delivery(ev, &ep, later)]),
+            )
+        })
+        .collect();
+    let outcomes = store.publish_batch(&items).await.unwrap();
+    assert_eq!(outcomes.len(), 130);
+    match &outcomes[0] {
+        PublishOutcome::AlreadyExists { event, deliveries } => {
+            assert_eq!(event, &earlier, "the stored event wins");
+            assert_eq!(deliveries.len(), 1);
+        }
+        other => panic!("evt_b0 existed: {other:?}"),
+    }
+    assert!(outcomes[1..].iter().all(|o| *o == PublishOutcome::Created));
+    for (i, ev) in events.iter().enumerate().skip(1) {
+        assert_eq!(
+            store
+                .get_event(&ev.account_id, &ev.id)
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(ev)
+        );
+        let written = store.deliveries_of_event(ev).await.unwrap().len();
+        assert_eq!(written, usize::from(i % 2 == 0), "evt_b{i}");
+    }
+    let again = store.publish_batch(&items).await.unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|o| matches!(o, PublishOutcome::AlreadyExists { .. })),
+        "a repeated batch creates nothing"
+    );
+}
+
 pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_a", t0());
@@ -1400,6 +1458,7 @@ macro_rules! store_contract_tests {
             delete_endpoint_abandons_pending_and_keeps_history,
             add_deliveries_adds_each_pair_once,
             put_event_writes_the_event_alone_once,
+            publish_batch_answers_each_item_once,
             load_work_sees_writes_made_after_the_publish,
             move_unattempted_changes_only_the_expected_state,
             published_events_are_never_left_unfanned,

@@ -1,9 +1,10 @@
-//! Events: publish one (idempotent on its id), read one.
+//! Events: publish one or a batch (each idempotent on its id), read one.
 
+use super::super::views::{BatchResult, BatchView};
 use super::*;
 use crate::service::publish;
 
-#[derive(Deserialize, ToSchema)]
+#[derive(Deserialize, ToSchema, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PublishEvent {
     /// Idempotency key: publishing the same id again returns the first event.
@@ -57,6 +58,51 @@ pub async fn publish_event(
         Json(EventView::new(&published.event, &published.deliveries)),
     )
         .into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishBatch {
+    /// 1 to 100 events, each as `POST /v1/accounts/{account}/events` takes it.
+    #[schema(min_items = 1, max_items = 100)]
+    events: Vec<PublishEvent>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/events/batch",
+    tag = "events",
+    summary = "Publishes up to 100 events at once, each idempotent on its id.",
+    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. On the embedded shape the batch is one transaction; on the AWS shape the events are written in one transaction per 100 events or 4 MB, and a retry of the same batch completes one that failed part-way.",
+    params(AccountPath),
+    request_body = PublishBatch,
+    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), WriteErrors),
+)]
+pub async fn publish_batch(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(account): Path<String>,
+    JsonBody(body): JsonBody<PublishBatch>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let inputs = body
+        .events
+        .into_iter()
+        .map(|e| publish::NewEvent {
+            id: e.id,
+            event_type: e.event_type,
+            data: e.data,
+        })
+        .collect();
+    let published = publish::publish_batch(&state.app, &account, inputs).await?;
+    let results = published
+        .iter()
+        .map(|p| BatchResult {
+            created: p.created,
+            event: EventView::new(&p.event, &p.deliveries),
+        })
+        .collect();
+    Ok((StatusCode::ACCEPTED, Json(BatchView { results })).into_response())
 }
 
 #[utoipa::path(

@@ -264,6 +264,91 @@ impl DynamoStore {
         Ok(PublishOutcome::Created)
     }
 
+    /// Events alone share transactions (at most 100 items and 4 MB each, DynamoDB's limits
+    /// for one `TransactWriteItems`); an event with deliveries is its own publish, as its
+    /// deliveries alone can fill a transaction.
+    pub(super) async fn publish_batch(
+        &self,
+        items: &[crate::store::BatchItem],
+    ) -> StoreResult<Vec<PublishOutcome>> {
+        let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; items.len()];
+        let mut chunk: Vec<(usize, Item)> = Vec::new();
+        let mut bytes = 0;
+        for (index, (event, deliveries)) in items.iter().enumerate() {
+            if let Some(deliveries) = deliveries {
+                outcomes[index] = Some(self.publish(event, deliveries).await?);
+                continue;
+            }
+            let item = self.event_item(event, false);
+            let size = item_size(&item);
+            if !chunk.is_empty()
+                && (chunk.len() == MAX_TRANSACTION_ITEMS || bytes + size > MAX_TRANSACTION_BYTES)
+            {
+                self.put_events_together(std::mem::take(&mut chunk), &mut outcomes)
+                    .await?;
+                bytes = 0;
+            }
+            bytes += size;
+            chunk.push((index, item));
+        }
+        if !chunk.is_empty() {
+            self.put_events_together(chunk, &mut outcomes).await?;
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| StoreError::Backend("a batch item was not written".into())))
+            .collect()
+    }
+
+    /// One transaction of conditional event puts. Those whose id exists are answered with
+    /// the stored event, and the transaction is tried again without them.
+    async fn put_events_together(
+        &self,
+        mut chunk: Vec<(usize, Item)>,
+        outcomes: &mut [Option<PublishOutcome>],
+    ) -> StoreResult<()> {
+        while !chunk.is_empty() {
+            let puts = chunk
+                .iter()
+                .map(|(_, item)| put_if_absent(&self.tables.events, item.clone(), "id"))
+                .collect::<StoreResult<Vec<_>>>()?;
+            match self.transact(puts).await {
+                Ok(()) => {
+                    for (index, _) in chunk.drain(..) {
+                        outcomes[index] = Some(PublishOutcome::Created);
+                    }
+                }
+                Err(TransactionFailure::Conditions(failed)) if !failed.is_empty() => {
+                    let mut position = 0;
+                    let mut existing = Vec::new();
+                    chunk.retain(|entry| {
+                        let keep = !failed.contains(&position);
+                        position += 1;
+                        if !keep {
+                            existing.push(entry.clone());
+                        }
+                        keep
+                    });
+                    for (index, item) in existing {
+                        let stored = self
+                            .get_event_item(&get_s(&item, "account_id")?, &get_s(&item, "id")?)
+                            .await?
+                            .ok_or_else(|| {
+                                StoreError::Backend("event vanished during publish".into())
+                            })?;
+                        let deliveries = self.deliveries_of_event(&stored).await?;
+                        outcomes[index] = Some(PublishOutcome::AlreadyExists {
+                            event: stored,
+                            deliveries,
+                        });
+                    }
+                }
+                Err(other) => return Err(other.into_store_error()),
+            }
+        }
+        Ok(())
+    }
+
     pub(super) async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
         let result = self
             .client

@@ -94,6 +94,9 @@ const WALK_BUDGET: std::time::Duration = std::time::Duration::from_secs(120);
 const DELETED_AT: &str = "deleted_at";
 /// DynamoDB's limit of items in one `TransactWriteItems`.
 const MAX_TRANSACTION_ITEMS: usize = 100;
+/// DynamoDB's limit on the items of one transaction together (4 MB), less a margin for
+/// what `item_size` does not count.
+const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 /// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
 const ABANDON_CONCURRENCY: usize = 16;
 /// DynamoDB's limit of keys in one `BatchGetItem`.

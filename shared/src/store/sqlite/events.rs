@@ -5,34 +5,40 @@ use super::worker::*;
 use super::*;
 
 impl SqliteStore {
-    pub(super) async fn insert_event_and_deliveries(
+    /// Every item in the one transaction of a store job: an event id that exists returns
+    /// the stored event and its deliveries and writes nothing for that item.
+    pub(super) async fn publish_batch(
         &self,
-        event: &Event,
-        deliveries: &[Delivery],
-    ) -> StoreResult<PublishOutcome> {
-        let published = Arc::new((event.clone(), deliveries.to_vec()));
+        items: &[crate::store::BatchItem],
+    ) -> StoreResult<Vec<PublishOutcome>> {
+        let published: Arc<Vec<(Event, Vec<Delivery>)>> = Arc::new(
+            items
+                .iter()
+                .map(|(event, deliveries)| (event.clone(), deliveries.clone().unwrap_or_default()))
+                .collect(),
+        );
         let (fresh, kept) = (Arc::clone(&self.fresh), Arc::clone(&published));
-        let remember = move |outcome: &StoreResult<PublishOutcome>| {
-            if let Ok(PublishOutcome::Created) = outcome {
-                fresh.remember_published(&kept.0, &kept.1);
+        let remember = move |outcome: &StoreResult<Vec<PublishOutcome>>| {
+            if let Ok(outcomes) = outcome {
+                for ((event, deliveries), outcome) in kept.iter().zip(outcomes) {
+                    if let PublishOutcome::Created = outcome {
+                        fresh.remember_published(event, deliveries);
+                    }
+                }
             }
         };
-        self.run_then(move |conn| {
-            let (event, deliveries) = (&published.0, &published.1);
-            let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            let existing = tx
-                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
-                .and_then(|mut s| s.query_row(params![event.account_id.as_str(), event.id.as_str()], event_from_row).optional())
-                .map_err(backend)?;
-            if let Some(existing) = existing {
-                let deliveries = deliveries_of_event(&tx, existing.account_id.as_str(), existing.id.as_str()).map_err(backend)?;
-                return Ok(PublishOutcome::AlreadyExists { event: existing, deliveries });
-            }
-            insert_event(&tx, event).map_err(backend)?;
-            insert_deliveries(&tx, deliveries).map_err(backend)?;
-            tx.commit().map_err(backend)?;
-            Ok(PublishOutcome::Created)
-        }, remember)
+        self.run_then(
+            move |conn| {
+                let tx = JobSavepoint::begin(conn).map_err(backend)?;
+                let outcomes = published
+                    .iter()
+                    .map(|(event, deliveries)| publish_one(&tx, event, deliveries))
+                    .collect::<StoreResult<Vec<_>>>()?;
+                tx.commit().map_err(backend)?;
+                Ok(outcomes)
+            },
+            remember,
+        )
         .await
     }
 
@@ -41,7 +47,10 @@ impl SqliteStore {
         event: &Event,
         deliveries: &[Delivery],
     ) -> StoreResult<PublishOutcome> {
-        self.insert_event_and_deliveries(event, deliveries).await
+        self.publish_batch(&[(event.clone(), Some(deliveries.to_vec()))])
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Backend("a publish of one event answered nothing".into()))
     }
 
     pub(super) async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
@@ -109,4 +118,28 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// One event and its deliveries inside the caller's transaction.
+fn publish_one(
+    conn: &Connection,
+    event: &Event,
+    deliveries: &[Delivery],
+) -> StoreResult<PublishOutcome> {
+    let existing = conn
+        .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
+        .and_then(|mut s| s.query_row(params![event.account_id.as_str(), event.id.as_str()], event_from_row).optional())
+        .map_err(backend)?;
+    if let Some(existing) = existing {
+        let deliveries =
+            deliveries_of_event(conn, existing.account_id.as_str(), existing.id.as_str())
+                .map_err(backend)?;
+        return Ok(PublishOutcome::AlreadyExists {
+            event: existing,
+            deliveries,
+        });
+    }
+    insert_event(conn, event).map_err(backend)?;
+    insert_deliveries(conn, deliveries).map_err(backend)?;
+    Ok(PublishOutcome::Created)
 }
