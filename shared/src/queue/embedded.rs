@@ -88,10 +88,11 @@ fn due_key(item: &PendingRef) -> DueKey {
 pub struct WindowLimits {
     /// Deliveries not yet due, earliest first; later ones are dropped and paged in again.
     pub waiting: usize,
-    /// Due deliveries across all lanes before each lane is held to `lane_floor`.
+    /// Due deliveries across all lanes; past this each lane is held to `lane_floor`. Below
+    /// it a lane takes all its due work (a busy healthy endpoint never waits on the store).
     pub due: usize,
-    /// Due deliveries one lane holds at most.
-    pub lane: usize,
+    /// Rows one read of a spilled lane's work brings back.
+    pub refill: usize,
     /// Due deliveries a lane may always hold, however full the window: a healthy endpoint
     /// always has its next work in memory, behind no other endpoint's backlog.
     pub lane_floor: usize,
@@ -102,7 +103,7 @@ impl Default for WindowLimits {
         Self {
             waiting: 50_000,
             due: 100_000,
-            lane: 1_024,
+            refill: 1_024,
             lane_floor: 16,
         }
     }
@@ -205,16 +206,15 @@ impl Lanes {
             .is_some_and(|(due, _)| self.waiting.len() < self.limits.waiting / 2 || *due <= now_ms)
     }
 
-    /// How many due deliveries `lane` may hold now.
+    /// Whether a lane holding `lane_len` due deliveries takes one more.
     fn lane_room(&self, lane_len: usize) -> bool {
-        lane_len < self.limits.lane_floor
-            || (lane_len < self.limits.lane && self.due_total < self.limits.due)
+        lane_len < self.limits.lane_floor || self.due_total < self.limits.due
     }
 
     /// A spilled lane this short asks for its work from the store.
     fn low_mark(&self) -> usize {
         if self.due_total < self.limits.due {
-            (self.limits.lane / 4).max(1)
+            (self.limits.refill / 2).max(1)
         } else {
             (self.limits.lane_floor / 2).max(1)
         }
@@ -437,7 +437,7 @@ impl EmbeddedQueue {
                         .endpoints
                         .get(&endpoint)
                         .map_or(0, |l| l.due.len() + l.in_flight as usize);
-                    let limit = u32::try_from(lanes.limits.lane + held).unwrap_or(u32::MAX);
+                    let limit = u32::try_from(lanes.limits.refill + held).unwrap_or(u32::MAX);
                     (endpoint, limit)
                 })
                 .collect()
@@ -768,8 +768,8 @@ mod tests {
     fn tiny_window() -> EmbeddedQueue {
         EmbeddedQueue::with_limits(WindowLimits {
             waiting: 2,
-            due: 4,
-            lane: 2,
+            due: 2,
+            refill: 2,
             lane_floor: 1,
         })
     }

@@ -186,7 +186,7 @@ mod tests {
     const SMALL: WindowLimits = WindowLimits {
         waiting: 20,
         due: 30,
-        lane: 10,
+        refill: 10,
         lane_floor: 3,
     };
 
@@ -287,7 +287,7 @@ mod tests {
         queue.resync();
         while refill(&queue, &store, from_millis(0)).await.unwrap() != Pass::default() {}
         let first: Vec<_> = std::iter::from_fn(|| queue.try_take(from_millis(0))).collect();
-        assert_eq!(first.len(), SMALL.lane, "one lane's worth in memory");
+        assert_eq!(first.len(), SMALL.due, "as much as the window holds");
         for lease in &first {
             store.finish(lease);
             queue.complete(lease, from_millis(0));
@@ -295,7 +295,7 @@ mod tests {
         let pass = refill(&queue, &store, from_millis(0)).await.unwrap();
         assert_eq!(pass.endpoints, 1, "{pass:?}");
         let next: Vec<_> = std::iter::from_fn(|| queue.try_take(from_millis(0))).collect();
-        assert_eq!(next.len(), SMALL.lane);
+        assert_eq!(next.len(), SMALL.refill, "one refill's rows");
         assert!(next.iter().all(|l| !first.contains(l)));
     }
 }

@@ -50,10 +50,10 @@ CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(next_try_at, id) WHE
 CREATE INDEX IF NOT EXISTS deliveries_pending_by_endpoint ON deliveries(endpoint_id, next_try_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries(endpoint_id, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS deliveries_by_account ON deliveries(account_id, created_at DESC, id DESC);
-CREATE INDEX IF NOT EXISTS deliveries_by_account_status ON deliveries(account_id, status, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS deliveries_by_account_type ON deliveries(account_id, event_type, created_at DESC, id DESC);
-CREATE INDEX IF NOT EXISTS deliveries_by_account_code ON deliveries(account_id, last_status, created_at DESC, id DESC);
-CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_status ON deliveries(endpoint_id, status, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS deliveries_by_account_failure ON deliveries(account_id, status, created_at DESC, id DESC) WHERE status IN ('failed', 'abandoned');
+CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_failure ON deliveries(endpoint_id, status, created_at DESC, id DESC) WHERE status IN ('failed', 'abandoned');
+CREATE INDEX IF NOT EXISTS deliveries_by_account_error_code ON deliveries(account_id, last_status, created_at DESC, id DESC) WHERE last_status >= 300;
 CREATE TABLE IF NOT EXISTS notifications (
   id TEXT PRIMARY KEY,
   account_id TEXT NOT NULL,
