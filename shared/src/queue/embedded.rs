@@ -437,7 +437,13 @@ impl EmbeddedQueue {
                         .endpoints
                         .get(&endpoint)
                         .map_or(0, |l| l.due.len() + l.in_flight as usize);
-                    let limit = u32::try_from(lanes.limits.refill + held).unwrap_or(u32::MAX);
+                    // A full window holds each lane to its floor: read no more than fits.
+                    let room = if lanes.due_total < lanes.limits.due {
+                        lanes.limits.refill
+                    } else {
+                        lanes.limits.lane_floor
+                    };
+                    let limit = u32::try_from(room + held).unwrap_or(u32::MAX);
                     (endpoint, limit)
                 })
                 .collect()
@@ -468,18 +474,28 @@ impl EmbeddedQueue {
 
     /// Adds a page read from [`EmbeddedQueue::next_page_from`]; `end` is the key of its last
     /// row if the page was full (the store may hold more from there), `None` if it was not.
-    pub fn add_page(&self, items: Vec<PendingRef>, end: Option<DueKey>) {
-        self.with_lanes(|lanes| {
+    /// Returns how many of its rows the window kept (new, and not dropped for want of room).
+    pub fn add_page(&self, items: Vec<PendingRef>, end: Option<DueKey>, now: Timestamp) -> usize {
+        let now_ms = to_millis(now);
+        let kept = self.with_lanes(|lanes| {
+            let ids: Vec<DeliveryId> = items
+                .iter()
+                .filter(|i| !lanes.known.contains(&i.delivery_id))
+                .map(|i| i.delivery_id.clone())
+                .collect();
             for item in items {
                 lanes.add(item);
             }
+            lanes.promote_due(now_ms);
             let dropped = lanes.dropped_since_read.take();
             lanes.horizon = match (end, dropped) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+            ids.iter().filter(|id| lanes.known.contains(*id)).count()
         });
         self.wake.notify_one();
+        kept
     }
 
     pub fn add(&self, items: Vec<PendingRef>) {
@@ -814,6 +830,7 @@ mod tests {
         queue.add_page(
             vec![item("d5", "e5", "a", 500, 4), item("d6", "e6", "a", 600, 4)],
             Some((600, DeliveryId::from_trusted("d6".into()))),
+            from_millis(0),
         );
         let next = queue
             .next_page_from(from_millis(1_000))

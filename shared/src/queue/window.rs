@@ -32,6 +32,9 @@ pub trait PendingSource: Send + Sync + 'static {
     ) -> StoreResult<Vec<PendingRef>>;
 }
 
+/// Rows of one page from the horizon: a read of this size takes the reader connection for
+/// milliseconds, not the API's reads for the length of a large page.
+const MAX_PAGE: usize = 5_000;
 /// Spilled endpoints refilled in one pass.
 const ENDPOINTS_PER_PASS: usize = 256;
 /// A pass runs at least this often, whether asked or not (a due horizon needs no signal).
@@ -44,6 +47,9 @@ const BUSY_PAUSE: Duration = Duration::from_millis(2);
 pub struct Pass {
     pub endpoints: usize,
     pub rows: usize,
+    /// Rows of the horizon's page the window kept. A page that keeps nothing (every lane it
+    /// reached is full: an outage) is not followed by the next at once.
+    pub kept: usize,
 }
 
 /// One pass: refills the spilled lanes that ran low, then reads the next page from the
@@ -68,7 +74,7 @@ pub async fn refill(
         }
     }
     if let Some(from) = queue.next_page_from(now) {
-        let page = u32::try_from(queue.limits().waiting / 2)
+        let page = u32::try_from((queue.limits().waiting / 2).min(MAX_PAGE))
             .unwrap_or(u32::MAX)
             .max(1);
         let rows = source.pending_from(&from, page).await?;
@@ -79,7 +85,7 @@ pub async fn refill(
             })
             .flatten();
         pass.rows += rows.len();
-        queue.add_page(rows, end);
+        pass.kept = queue.add_page(rows, end, now);
     }
     Ok(pass)
 }
@@ -93,8 +99,17 @@ pub async fn run(
 ) {
     loop {
         match refill(&queue, source.as_ref(), clock.now()).await {
-            Ok(pass) if pass.rows > 0 || pass.endpoints > 0 => {
+            Ok(pass) if pass.kept > 0 || pass.endpoints > 0 => {
                 tokio::time::sleep(BUSY_PAUSE).await;
+                continue;
+            }
+            // Read but kept nothing: the lanes it reached are full. Asking again at once
+            // would only read the same rows; wait a pass (the workers ask on every take).
+            Ok(pass) if pass.rows > 0 => {
+                tokio::select! {
+                    () = tokio::time::sleep(IDLE_PASS) => {}
+                    _ = shutdown.changed() => break,
+                }
                 continue;
             }
             Ok(_) => {}
