@@ -54,12 +54,23 @@ enum Command {
         /// Admin token of the Hooklane given with --url.
         #[arg(long, env = "HOOKLANE_ADMIN_TOKEN")]
         token: Option<String>,
-        /// Workloads to run, comma-separated: w1 (throughput), w2 (isolation), w3 (flaky), w4 (steady latency).
-        #[arg(long, default_value = "w1,w2,w3,w4")]
+        /// Workloads to run, comma-separated: w1 (throughput), w2 (isolation), w3 (flaky),
+        /// w4 (steady latency), w5 (outage).
+        #[arg(long, default_value = "w1,w2,w3,w4,w5")]
         workloads: String,
         /// Scaled-down sizes that finish in seconds.
         #[arg(long)]
         quick: bool,
+        /// W5: accounts whose endpoints all answer 503 (default 9; 2 with --quick).
+        #[arg(long, value_name = "N")]
+        outage_accounts: Option<usize>,
+        /// W5: endpoints per failing account (default 100; 10 with --quick).
+        #[arg(long, value_name = "N")]
+        outage_endpoints: Option<usize>,
+        /// W5: events, spread over the failing accounts, each to all of its endpoints
+        /// (default 9000; 40 with --quick).
+        #[arg(long, value_name = "N")]
+        outage_events: Option<usize>,
     },
     /// A local webhook receiver that prints (and, given the secret, verifies) what arrives.
     Receive {
@@ -252,7 +263,16 @@ fn main() -> ExitCode {
             token,
             workloads,
             quick,
-        } => run_bench(url, token, workloads, quick),
+            outage_accounts,
+            outage_endpoints,
+            outage_events,
+        } => run_bench(
+            url,
+            token,
+            workloads,
+            quick,
+            [outage_accounts, outage_endpoints, outage_events],
+        ),
         Command::Receive {
             listen,
             secret,
@@ -317,8 +337,19 @@ fn run_bench(
     token: Option<String>,
     workloads: String,
     quick: bool,
+    [accounts, endpoints, events]: [Option<usize>; 3],
 ) -> ExitCode {
     use hooklane_cli::bench;
+    let default = if quick {
+        bench::OutageSize::QUICK
+    } else {
+        bench::OutageSize::FULL
+    };
+    let outage = bench::OutageSize {
+        accounts: accounts.unwrap_or(default.accounts).max(1),
+        endpoints: endpoints.unwrap_or(default.endpoints).max(1),
+        events: events.unwrap_or(default.events),
+    };
     let workloads = match workloads
         .split(',')
         .map(bench::Workload::parse)
@@ -339,6 +370,7 @@ fn run_bench(
         token,
         workloads,
         quick,
+        outage,
     })) {
         Ok(_) => ExitCode::SUCCESS,
         Err(error) => {
@@ -349,7 +381,13 @@ fn run_bench(
 }
 
 #[cfg(not(feature = "bench"))]
-fn run_bench(_: Option<String>, _: Option<String>, _: String, _: bool) -> ExitCode {
+fn run_bench(
+    _: Option<String>,
+    _: Option<String>,
+    _: String,
+    _: bool,
+    _: [Option<usize>; 3],
+) -> ExitCode {
     eprintln!(
         "hooklane: bench: this build has no benchmarks; build it with \
          `cargo build --release -p hooklane-cli --features bench`"

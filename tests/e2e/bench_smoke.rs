@@ -1,4 +1,4 @@
-//! `hooklane bench --quick` keeps working: four workloads, nothing lost.
+//! `hooklane bench --quick` keeps working: five workloads, nothing lost.
 
 use serde_json::Value;
 
@@ -32,7 +32,8 @@ async fn bench_quick_runs_every_workload() {
             "W1 throughput",
             "W2 isolation",
             "W3 flaky",
-            "W4 steady latency"
+            "W4 steady latency",
+            "W5 outage"
         ]
     );
     for result in &results {
@@ -44,4 +45,27 @@ async fn bench_quick_runs_every_workload() {
     assert_eq!(results[1]["slow_peak_concurrency"], 4);
     assert_eq!(results[2]["delivered_share"], 1.0);
     assert!(results[0]["deliveries_per_s"].as_f64().unwrap_or(0.0) > 0.0);
+    // W5 prints every row of its table, each measured: a number, not null.
+    let outage = &results[4];
+    for row in [
+        "serve_rss_mb_peak",
+        "serve_rss_mb_after_publish",
+        "restart_to_health_s",
+        "restart_first_attempt_s",
+        "serve_rss_mb_after_restart",
+        "endpoint_log_first_page_p99_ms",
+        "filtered_log_first_page_p99_ms",
+        "cursor_page_p99_ms",
+        "publish_deliveries_per_s",
+        "publish_call_p99_ms",
+        "attempts_per_s_while_publishing",
+        "attempts_per_s_after_publishing",
+        "healthy_p99_ms",
+        "database_bytes_per_delivery",
+    ] {
+        assert!(outage[row].is_number(), "{row} in {outage}");
+    }
+    assert_eq!(outage["deliveries"], 400, "{outage}");
+    assert_eq!(outage["never_attempted"], 0, "{outage}");
+    assert_eq!(outage["duplicates"], 0, "{outage}");
 }

@@ -19,6 +19,9 @@ use tokio::{
 
 use hooklane_testkit::farm::{Behavior, Farm};
 
+mod outage;
+pub use outage::OutageSize;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("cannot start hooklane serve: {0}")]
@@ -27,7 +30,7 @@ pub enum BenchError {
     Farm(#[from] std::io::Error),
     #[error("API call failed: {0}")]
     Api(String),
-    #[error("unknown workload `{0}` (use w1, w2, w3, w4)")]
+    #[error("unknown workload `{0}` (use w1, w2, w3, w4, w5)")]
     Workload(String),
 }
 
@@ -37,6 +40,7 @@ pub enum Workload {
     Isolation,
     Flaky,
     SteadyLatency,
+    Outage,
 }
 
 impl Workload {
@@ -46,6 +50,7 @@ impl Workload {
             "w2" | "isolation" => Ok(Self::Isolation),
             "w3" | "flaky" => Ok(Self::Flaky),
             "w4" | "latency" => Ok(Self::SteadyLatency),
+            "w5" | "outage" => Ok(Self::Outage),
             other => Err(BenchError::Workload(other.to_owned())),
         }
     }
@@ -56,6 +61,7 @@ impl Workload {
             Self::Isolation,
             Self::Flaky,
             Self::SteadyLatency,
+            Self::Outage,
         ]
     }
 }
@@ -68,6 +74,8 @@ pub struct BenchOptions {
     pub workloads: Vec<Workload>,
     /// Scaled-down sizes that finish in seconds (the test suite's smoke run).
     pub quick: bool,
+    /// W5's size.
+    pub outage: OutageSize,
 }
 
 /// A Hooklane to benchmark: a child `serve` on a scratch database, or a given URL.
@@ -76,6 +84,7 @@ struct Target {
     token: String,
     child: Option<Child>,
     scratch: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl Target {
@@ -90,6 +99,7 @@ impl Target {
                 token,
                 child: None,
                 scratch: None,
+                env: Vec::new(),
             });
         }
         let scratch = std::env::temp_dir().join(format!(
@@ -98,20 +108,38 @@ impl Target {
             uuid_fragment()
         ));
         std::fs::create_dir_all(&scratch).map_err(|e| BenchError::Start(e.to_string()))?;
-        let token = format!("bench-token-{}", uuid_fragment());
+        let mut target = Self {
+            base: String::new(),
+            token: format!("bench-token-{}", uuid_fragment()),
+            child: None,
+            scratch: Some(scratch),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        target.spawn().await?;
+        Ok(target)
+    }
+
+    /// Starts `serve` on the scratch database and waits for its address.
+    async fn spawn(&mut self) -> Result<(), BenchError> {
+        let scratch = self.scratch.as_ref().ok_or_else(|| {
+            BenchError::Start("a Hooklane given with --url cannot be restarted".into())
+        })?;
         let exe = std::env::current_exe().map_err(|e| BenchError::Start(e.to_string()))?;
         let mut command = Command::new(exe);
         command
             .arg("serve")
             .env("HOOKLANE_LISTEN", "127.0.0.1:0")
             .env("HOOKLANE_DATABASE", scratch.join("bench.db"))
-            .env("HOOKLANE_ADMIN_TOKEN", &token)
+            .env("HOOKLANE_ADMIN_TOKEN", &self.token)
             .env("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
-        for (key, value) in env {
+        for (key, value) in &self.env {
             command.env(key, value);
         }
         let mut child = command
@@ -135,23 +163,56 @@ impl Target {
         .flatten()
         .ok_or_else(|| BenchError::Start("serve did not report its address".into()))?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Self {
-            base,
-            token,
-            child: Some(child),
-            scratch: Some(scratch),
-        })
+        self.base = base;
+        self.child = Some(child);
+        Ok(())
     }
 
     fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
     }
 
-    async fn stop(mut self) {
-        if let Some(child) = &mut self.child {
+    /// Kills `serve` with SIGKILL: a crash, with no shutdown work done.
+    async fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
+    }
+
+    /// Starts `serve` again on the same database; returns how long it took until
+    /// `/health` answered 200.
+    async fn restart(&mut self) -> Result<Duration, BenchError> {
+        let started = Instant::now();
+        self.spawn().await?;
+        let http = reqwest::Client::new();
+        let health = format!("{}/health", self.base);
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Ok(response) = http.get(&health).send().await {
+                if response.status().is_success() {
+                    return Ok(started.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Err(BenchError::Start(
+            "/health did not answer within 60 s of a restart".into(),
+        ))
+    }
+
+    /// Bytes of the database file and of its WAL, for a Hooklane started here.
+    fn database_bytes(&self) -> Option<(u64, u64)> {
+        let dir = self.scratch.as_ref()?;
+        let size = |name: &str| {
+            std::fs::metadata(dir.join(name))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        };
+        Some((size("bench.db"), size("bench.db-wal")))
+    }
+
+    async fn stop(mut self) {
+        self.crash().await;
         if let Some(dir) = &self.scratch {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -221,22 +282,49 @@ impl Api {
         serde_json::from_str(&text).map_err(|e| BenchError::Api(format!("{path}: {e}")))
     }
 
+    /// A GET and how long it took to answer, in milliseconds.
+    async fn get_timed(&self, path: &str) -> Result<(Value, f64), BenchError> {
+        let started = Instant::now();
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+        let took = started.elapsed().as_secs_f64() * 1000.0;
+        if !status.is_success() {
+            return Err(BenchError::Api(format!("{path}: {status} {text}")));
+        }
+        let value =
+            serde_json::from_str(&text).map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+        Ok((value, took))
+    }
+
     async fn setup(
         &self,
         account: &str,
         farm: &Farm,
         endpoints: &[String],
-    ) -> Result<(), BenchError> {
+    ) -> Result<Vec<String>, BenchError> {
         let body = json!({"id": account, "name": account, "owner_email": format!("bench@{account}.example")});
         self.post("/v1/accounts", body).await?;
+        let mut ids = Vec::with_capacity(endpoints.len());
         for name in endpoints {
-            self.post(
-                &format!("/v1/accounts/{account}/endpoints"),
-                json!({"url": farm.url(name)}),
-            )
-            .await?;
+            let created = self
+                .post(
+                    &format!("/v1/accounts/{account}/endpoints"),
+                    json!({"url": farm.url(name)}),
+                )
+                .await?;
+            ids.push(created["id"].as_str().unwrap_or_default().to_owned());
         }
-        Ok(())
+        Ok(ids)
     }
 }
 
@@ -561,6 +649,7 @@ pub async fn run(options: BenchOptions) -> Result<Vec<Value>, BenchError> {
             Workload::Isolation => isolation(&options).await?,
             Workload::Flaky => flaky(&options).await?,
             Workload::SteadyLatency => steady_latency(&options).await?,
+            Workload::Outage => outage::outage(&options).await?,
         };
         if let Some(fields) = result.as_object() {
             let line = fields

@@ -338,6 +338,12 @@ impl Farm {
         self.state.record_arrivals.store(record, Ordering::Relaxed);
     }
 
+    /// [`Farm::set_record_arrivals`] for one endpoint, whatever the farm-wide setting: a
+    /// benchmark keeps records of the few endpoints it times and counts the rest.
+    pub fn set_record_arrivals_of(&self, endpoint: &str, record: bool) {
+        lock(&self.state.endpoint(endpoint)).record = Some(record);
+    }
+
     /// Checks `cond` every ~20 ms until it holds (true) or `timeout` passes (false).
     pub async fn wait_until(&self, timeout: Duration, cond: impl Fn(&Farm) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
@@ -397,6 +403,8 @@ struct State {
 #[derive(Default)]
 struct Endpoint {
     behavior: Arc<Behavior>,
+    /// Overrides the farm-wide `record_arrivals` for this endpoint; kept across resets.
+    record: Option<bool>,
     /// Bumped by reset so that requests admitted before it don't touch the new counts.
     generation: u64,
     arrivals: Vec<Arrival>,
@@ -467,25 +475,25 @@ impl State {
         let routed_name = endpoint_name(&request.path).map(str::to_owned);
         let endpoint_handle = self.endpoint(routed_name.as_deref().unwrap_or(""));
         let webhook_id = header_value(&request.headers, "webhook-id").map(str::to_owned);
-        let mut arrival = self
-            .record_arrivals
-            .load(Ordering::Relaxed)
-            .then(|| Arrival {
-                endpoint: routed_name.clone().unwrap_or_default(),
-                received_at: SystemTime::now(),
-                instant: Instant::now(),
-                webhook_id: webhook_id.clone(),
-                webhook_timestamp: header_value(&request.headers, "webhook-timestamp")
-                    .map(str::to_owned),
-                webhook_signature: header_value(&request.headers, "webhook-signature")
-                    .map(str::to_owned),
-                method: request.method,
-                path: request.path,
-                headers: request.headers,
-                body: request.body,
-                status: 0,
-                connection_id,
-            });
+        let record = lock(&endpoint_handle)
+            .record
+            .unwrap_or_else(|| self.record_arrivals.load(Ordering::Relaxed));
+        let mut arrival = record.then(|| Arrival {
+            endpoint: routed_name.clone().unwrap_or_default(),
+            received_at: SystemTime::now(),
+            instant: Instant::now(),
+            webhook_id: webhook_id.clone(),
+            webhook_timestamp: header_value(&request.headers, "webhook-timestamp")
+                .map(str::to_owned),
+            webhook_signature: header_value(&request.headers, "webhook-signature")
+                .map(str::to_owned),
+            method: request.method,
+            path: request.path,
+            headers: request.headers,
+            body: request.body,
+            status: 0,
+            connection_id,
+        });
 
         let mut guard = lock(&endpoint_handle);
         let endpoint = &mut *guard;
@@ -1811,5 +1819,30 @@ mod tests {
         assert_eq!(farm.distinct_ids("bench"), 2);
         assert_eq!(farm.distinct_ids_succeeded("bench"), 2);
         assert!(farm.arrivals("bench").is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_endpoint_can_keep_records_while_the_rest_are_only_counted() {
+        let farm = Farm::start().await.unwrap();
+        farm.set_record_arrivals(false);
+        farm.set_record_arrivals_of("timed", true);
+        farm.set_record_arrivals_of("counted", false);
+        let client = client();
+        for endpoint in ["timed", "counted", "other"] {
+            post_webhook(&client, &farm.url(endpoint), "a").await;
+        }
+        assert!(farm.wait_until(PATIENCE, |f| f.total_arrivals() == 3).await);
+        assert_eq!(farm.arrivals("timed").len(), 1);
+        assert!(farm.arrivals("counted").is_empty());
+        assert!(farm.arrivals("other").is_empty());
+        farm.set_record_arrivals(true);
+        post_webhook(&client, &farm.url("counted"), "b").await;
+        post_webhook(&client, &farm.url("other"), "b").await;
+        assert!(farm.wait_until(PATIENCE, |f| f.total_arrivals() == 5).await);
+        assert!(
+            farm.arrivals("counted").is_empty(),
+            "the endpoint's own setting wins"
+        );
+        assert_eq!(farm.arrivals("other").len(), 1);
     }
 }
