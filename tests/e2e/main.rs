@@ -11,6 +11,7 @@ mod bootstraps;
 mod crash;
 mod delivery_log;
 mod delivery_rules;
+mod erasure;
 mod health;
 mod hostile;
 mod iam;

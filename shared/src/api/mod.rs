@@ -48,7 +48,7 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::replay_endpoint))
         .routes(routes!(routes::publish_event))
         .routes(routes!(routes::publish_batch))
-        .routes(routes!(routes::get_event))
+        .routes(routes!(routes::get_event, routes::erase_event))
         .routes(routes!(routes::list_deliveries))
         .routes(routes!(routes::get_delivery))
         .routes(routes!(routes::list_attempts))

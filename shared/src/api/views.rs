@@ -134,7 +134,12 @@ pub struct EventView<'a> {
     pub event_type: &'a str,
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    /// The event's `data`; null once erased.
     pub data: serde_json::Value,
+    /// When its content was erased on request; only present then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub erased_at: Option<Timestamp>,
     pub deliveries: Vec<DeliveryView<'a>>,
 }
 
@@ -145,6 +150,7 @@ impl<'a> EventView<'a> {
             event_type: event.event_type.as_str(),
             created_at: event.created_at,
             data: event.data(),
+            erased_at: event.erased_at,
             deliveries: deliveries.iter().map(DeliveryView::from).collect(),
         }
     }

@@ -43,6 +43,7 @@ pub fn event_from_image(image: &Value) -> Result<StreamedEvent, String> {
         event_type: EventType::parse(&string(image, "type")?).map_err(|e| e.to_string())?,
         created_at: from_millis(created_at),
         payload: string(image, "payload")?,
+        erased_at: None,
     }))
 }
 

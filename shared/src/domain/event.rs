@@ -8,6 +8,9 @@ use crate::clock::Timestamp;
 
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
+/// What `last_error` says of a delivery ended because its event was erased.
+pub const EVENT_ERASED: &str = "its event was erased on request; it cannot be sent";
+
 /// `segment(.segment)*`, each segment of letters, digits, `_` or `-`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(transparent)]
@@ -46,14 +49,19 @@ impl EventType {
     }
 }
 
-/// Something that happened. Immutable; `payload` holds the exact bytes every delivery sends.
+/// Something that happened. Immutable but for erasure; `payload` holds the exact bytes
+/// every delivery sends.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub id: EventId,
     pub account_id: AccountId,
     pub event_type: EventType,
     pub created_at: Timestamp,
+    /// Empty once the event is erased.
     pub payload: String,
+    /// When the payload was erased on request (`DELETE .../events/{event}`): the event and
+    /// its log stay, its content is gone and it can no longer be sent.
+    pub erased_at: Option<Timestamp>,
 }
 
 #[derive(Serialize)]
@@ -86,7 +94,23 @@ impl Event {
             event_type,
             created_at,
             payload,
+            erased_at: None,
         })
+    }
+
+    /// This event with its payload erased at `at` (or when it first was), to the
+    /// millisecond as the stores keep it.
+    pub fn erased(&self, at: Timestamp) -> Self {
+        let at = crate::clock::from_millis(crate::clock::to_millis(at));
+        Self {
+            payload: String::new(),
+            erased_at: Some(self.erased_at.unwrap_or(at)),
+            ..self.clone()
+        }
+    }
+
+    pub fn is_erased(&self) -> bool {
+        self.erased_at.is_some()
     }
 
     /// The `data` member of the payload, for showing the event back through the API.

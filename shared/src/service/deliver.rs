@@ -33,8 +33,9 @@ pub enum AttemptResult {
     },
     /// The attempt was sent, but someone else had already moved the delivery on.
     Stale,
-    /// Its event is past retention: the delivery ended `failed` without an attempt.
-    Expired,
+    /// Its event is past retention or erased: the delivery ended `failed` without an
+    /// attempt.
+    Unsendable,
 }
 
 impl AttemptResult {
@@ -43,7 +44,7 @@ impl AttemptResult {
         match self {
             Self::NotYetDue(next) => Some(next),
             Self::Attempted { retry, .. } => retry.as_ref(),
-            Self::Skipped | Self::Stale | Self::Expired => None,
+            Self::Skipped | Self::Stale | Self::Unsendable => None,
         }
     }
 }
@@ -92,8 +93,11 @@ pub async fn attempt_reporting_answer(
     };
     let now = app.clock.now();
     let Some(event) = work.event.as_ref() else {
-        return expired(app, &work, now).await;
+        return ended_unsent(app, &work, EVENT_EXPIRED, now).await;
     };
+    if event.is_erased() {
+        return ended_unsent(app, &work, crate::domain::event::EVENT_ERASED, now).await;
+    }
     if let Some(due) = work.delivery.next_try_at {
         if trigger == Trigger::Scheduled && due > crate::clock::add(now, EARLY_TOLERANCE) {
             return Ok(
@@ -201,11 +205,16 @@ pub async fn attempt_reporting_answer(
 pub const EVENT_EXPIRED: &str =
     "its event is past retention and no longer stored; it cannot be sent";
 
-/// A pending delivery whose event is gone ends `failed` at once, without an attempt: no
-/// retry can bring the event back.
-async fn expired(app: &App, work: &DeliveryWork, now: Timestamp) -> ServiceResult<AttemptResult> {
+/// A pending delivery whose event is gone (past retention) or erased ends `failed` at
+/// once, without an attempt, saying why: no retry can bring the event back.
+async fn ended_unsent(
+    app: &App,
+    work: &DeliveryWork,
+    reason: &str,
+    now: Timestamp,
+) -> ServiceResult<AttemptResult> {
     let delivery = &work.delivery;
-    let change = Unattempted::Fail(EVENT_EXPIRED.to_owned());
+    let change = Unattempted::Fail(reason.to_owned());
     if !app
         .store
         .move_unattempted(&delivery.id, delivery.attempts, &change, now)
@@ -213,9 +222,9 @@ async fn expired(app: &App, work: &DeliveryWork, now: Timestamp) -> ServiceResul
     {
         return Ok(AttemptResult::Stale);
     }
-    tracing::warn!(delivery.id = %delivery.id, event.id = %delivery.event_id, "event past retention; delivery failed");
+    tracing::warn!(delivery.id = %delivery.id, event.id = %delivery.event_id, reason, "event not sendable; delivery failed");
     crate::telemetry::completed(&delivery.account_id, "failed", 1);
-    Ok(AttemptResult::Expired)
+    Ok(AttemptResult::Unsendable)
 }
 
 fn classify(response: &OutboundResponse, now: Timestamp) -> AttemptOutcome {

@@ -282,6 +282,25 @@ pub async fn get(
     Ok((event, deliveries))
 }
 
+/// Erases an event's content on request (a customer's deletion request): see
+/// [`crate::store::Store::erase_event`]. Publishing its id again returns the erased event.
+pub async fn erase(
+    app: &App,
+    account: &AccountId,
+    id: &EventId,
+) -> ServiceResult<crate::store::Erasure> {
+    let erasure = app
+        .store
+        .erase_event(account, id, app.clock.now())
+        .await?
+        .ok_or(ServiceError::NotFound("event"))?;
+    if erasure.ended > 0 {
+        crate::telemetry::completed(account, "failed", u64::from(erasure.ended));
+    }
+    tracing::info!(account.id = %account, event.id = %id, ended = erasure.ended, "event erased");
+    Ok(erasure)
+}
+
 #[cfg(all(test, feature = "aws"))]
 mod tests {
     use super::*;

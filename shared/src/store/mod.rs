@@ -44,6 +44,18 @@ pub enum PublishOutcome {
     },
 }
 
+/// What erasing an event (`Store::erase_event`) left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Erasure {
+    /// The event as stored now: no payload, `erased_at` set.
+    pub event: Event,
+    /// Its deliveries; the ones that were pending have ended `failed`
+    /// ([`crate::domain::event::EVENT_ERASED`]).
+    pub deliveries: Vec<Delivery>,
+    /// How many deliveries the erasure ended.
+    pub ended: u32,
+}
+
 /// Writing an event alone (`Store::put_event`): an id that exists returns the stored
 /// event, and nothing is written.
 #[derive(Debug, Clone, PartialEq)]
@@ -233,6 +245,16 @@ pub trait Store: Send + Sync + 'static {
     async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()>;
     /// The deliveries of a stored event (its id and creation time are what is used).
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
+    /// Erases an event's content on request: the payload goes, and so do the response
+    /// bodies of the attempts to send it; the event, its deliveries and attempts stay in the
+    /// log, and deliveries still pending end `failed`. `None` if there is no such event.
+    /// Erasing again changes nothing (the first `erased_at` stays).
+    async fn erase_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+        now: Timestamp,
+    ) -> StoreResult<Option<Erasure>>;
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
@@ -371,6 +393,14 @@ macro_rules! delegate_store {
             }
             async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
                 <$store>::deliveries_of_event(self, event).await
+            }
+            async fn erase_event(
+                &self,
+                account: &AccountId,
+                id: &EventId,
+                now: Timestamp,
+            ) -> StoreResult<Option<$crate::store::Erasure>> {
+                <$store>::erase_event(self, account, id, now).await
             }
             async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
                 <$store>::load_work(self, delivery).await

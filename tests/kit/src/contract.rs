@@ -1437,6 +1437,134 @@ pub async fn published_events_are_never_left_unfanned(store: &dyn Store) {
         .is_empty());
 }
 
+/// Erasure takes the payload and the endpoints' answers, keeps the event and its log, ends
+/// what was pending, leaves other events alone, and is idempotent.
+pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let ep_a = endpoint("acme", "ep_a", t0());
+    let ep_b = endpoint("acme", "ep_b", t0());
+    store.create_endpoint(&ep_a).await.unwrap();
+    store.create_endpoint(&ep_b).await.unwrap();
+    let ev = event("acme", "evt_gone", t0());
+    let (sent, retrying) = (delivery(&ev, &ep_a, t0()), delivery(&ev, &ep_b, t0()));
+    store
+        .publish(&ev, &[sent.clone(), retrying.clone()])
+        .await
+        .unwrap();
+    let (other, other_delivery) = publish_one(store, &ep_a, "evt_kept").await;
+    // A delivered first try (kept inline on DynamoDB), a failed try then a retry pending.
+    let mut delivered = attempt_record(&sent, 1, Decision::Delivered, true, add(t0(), secs(1)));
+    delivered.attempt.response_body = "echo: {\"n\":\"evt_gone\"}".into();
+    store.record_attempt(&delivered).await.unwrap();
+    let failure = attempt_record(
+        &retrying,
+        1,
+        Decision::RetryAt(add(t0(), secs(60))),
+        false,
+        add(t0(), secs(1)),
+    );
+    store.record_attempt(&failure).await.unwrap();
+    let kept = attempt_record(
+        &other_delivery,
+        1,
+        Decision::Delivered,
+        true,
+        add(t0(), secs(1)),
+    );
+    store.record_attempt(&kept).await.unwrap();
+
+    let at = add(t0(), secs(5));
+    let erasure = store
+        .erase_event(&ev.account_id, &ev.id, at)
+        .await
+        .unwrap()
+        .expect("the event exists");
+    assert_eq!(erasure.event.erased_at, Some(at));
+    assert_eq!(erasure.event.payload, "");
+    assert_eq!(erasure.event.data(), serde_json::Value::Null);
+    assert_eq!(erasure.ended, 1, "the pending delivery ended");
+    let stored = store
+        .get_event(&ev.account_id, &ev.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, erasure.event);
+    assert_eq!(
+        (stored.id.clone(), stored.event_type.clone()),
+        (ev.id.clone(), ev.event_type.clone())
+    );
+
+    let deliveries = store.deliveries_of_event(&ev).await.unwrap();
+    assert_eq!(deliveries, erasure.deliveries);
+    assert_eq!(deliveries.len(), 2, "the log keeps both deliveries");
+    let ended = deliveries.iter().find(|d| d.id == retrying.id).unwrap();
+    assert_eq!(ended.status, DeliveryStatus::Failed);
+    assert_eq!(ended.next_try_at, None);
+    assert_eq!(
+        ended.last_error.as_deref(),
+        Some(hooklane::domain::event::EVENT_ERASED)
+    );
+    let done = deliveries.iter().find(|d| d.id == sent.id).unwrap();
+    assert_eq!(done.status, DeliveryStatus::Delivered);
+    for d in [&sent, &retrying] {
+        let attempts = store.list_attempts(&d.id).await.unwrap();
+        assert_eq!(attempts.len(), 1, "attempts stay in the log");
+        assert_eq!(attempts[0].response_body, "", "{}", d.id);
+        assert_eq!(
+            attempts[0].status_code,
+            if d.id == sent.id {
+                Some(200)
+            } else {
+                Some(500)
+            }
+        );
+    }
+    // Nothing of the ended delivery is due any more.
+    let due = store
+        .pending_deliveries(add(t0(), secs(3600)), None, 100)
+        .await
+        .unwrap();
+    assert!(due.iter().all(|p| p.delivery_id != retrying.id), "{due:?}");
+
+    // Another event keeps everything.
+    assert_eq!(
+        store.get_event(&other.account_id, &other.id).await.unwrap(),
+        Some(other.clone())
+    );
+    assert_eq!(
+        store.list_attempts(&other_delivery.id).await.unwrap(),
+        vec![kept.attempt]
+    );
+
+    // Again: nothing changes, the first time stays. Publishing the id again finds it erased.
+    let again = store
+        .erase_event(&ev.account_id, &ev.id, add(t0(), secs(9)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.event.erased_at, Some(at));
+    assert_eq!(again.ended, 0);
+    match store.publish(&ev, &[]).await.unwrap() {
+        PublishOutcome::AlreadyExists { event, .. } => assert_eq!(event.erased_at, Some(at)),
+        other => panic!("expected the erased event, got {other:?}"),
+    }
+    assert_eq!(
+        store
+            .erase_event(&ev.account_id, &EventId::parse("evt_none").unwrap(), at)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .erase_event(&AccountId::parse("other").unwrap(), &ev.id, at)
+            .await
+            .unwrap(),
+        None,
+        "another account's event of that id does not exist"
+    );
+}
+
 /// One `#[tokio::test]` per contract check, each on a fresh store from `$make().await`.
 #[macro_export]
 macro_rules! store_contract_tests {
@@ -1462,6 +1590,7 @@ macro_rules! store_contract_tests {
             load_work_sees_writes_made_after_the_publish,
             move_unattempted_changes_only_the_expected_state,
             published_events_are_never_left_unfanned,
+            erase_event_removes_the_content_and_keeps_the_log,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

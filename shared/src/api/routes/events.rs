@@ -123,3 +123,26 @@ pub async fn get_event(
     let (event, deliveries) = publish::get(&state.app, &account, &event).await?;
     Ok(Json(EventView::new(&event, &deliveries)).into_response())
 }
+
+#[utoipa::path(
+    delete,
+    path = "/v1/accounts/{account}/events/{event}",
+    tag = "events",
+    summary = "Erases an event's content, for a deletion request.",
+    description = "Removes the event's payload and the response bodies of the attempts to send it. \
+        The event, its deliveries and their attempts stay in the log, the event marked with `erased_at` \
+        and `data` null; deliveries still pending end `failed` and are never sent. Erasing again \
+        changes nothing; publishing the id again returns the erased event.",
+    params(EventPath),
+    responses((status = 200, description = "The event as it is now, with its deliveries", body = EventView), ReadErrors),
+)]
+pub async fn erase_event(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path((account, event)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let account = scoped(&principal, &account)?;
+    let event = EventId::parse(&event).map_err(|_| ApiError::not_found("event"))?;
+    let erasure = publish::erase(&state.app, &account, &event).await?;
+    Ok(Json(EventView::new(&erasure.event, &erasure.deliveries)).into_response())
+}

@@ -286,7 +286,9 @@ pub(super) fn event_from_item(item: &Item) -> StoreResult<Event> {
         account_id: AccountId::from_trusted(get_s(item, "account_id")?),
         event_type: EventType::from_trusted(get_s(item, "type")?),
         created_at: from_millis(get_n(item, "created_at")?),
-        payload: get_s(item, "payload")?,
+        // An erased event keeps its item without the payload.
+        payload: opt_s(item, "payload").unwrap_or_default(),
+        erased_at: opt_n::<i64>(item, "erased_at")?.map(from_millis),
     })
 }
 

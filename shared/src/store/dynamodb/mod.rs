@@ -17,6 +17,7 @@
 mod accounts;
 mod attempts;
 mod disable;
+mod erase;
 mod events;
 mod items;
 mod log;

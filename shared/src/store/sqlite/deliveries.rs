@@ -14,28 +14,48 @@ impl SqliteStore {
         }
         let generation = self.fresh.generation();
         let id = delivery.clone();
-        let work = self.read(move |conn| {
-            let Some(delivery) = conn
-                .prepare_cached(&format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1"))
-                .and_then(|mut s| s.query_row(params![id.as_str()], delivery_from_row).optional())
-                .map_err(backend)?
-            else {
-                return Ok(None);
-            };
-            let event = conn
-                .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
-                .and_then(|mut s| {
-                    s.query_row(params![delivery.account_id.as_str(), delivery.event_id.as_str()], event_from_row)
+        let work = self
+            .read(move |conn| {
+                let Some(delivery) = conn
+                    .prepare_cached(&format!(
+                        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1"
+                    ))
+                    .and_then(|mut s| {
+                        s.query_row(params![id.as_str()], delivery_from_row)
+                            .optional()
+                    })
+                    .map_err(backend)?
+                else {
+                    return Ok(None);
+                };
+                let event = conn
+                    .prepare_cached(&format!(
+                        "SELECT {EVENT_COLUMNS} FROM events WHERE account_id = ?1 AND id = ?2"
+                    ))
+                    .and_then(|mut s| {
+                        s.query_row(
+                            params![delivery.account_id.as_str(), delivery.event_id.as_str()],
+                            event_from_row,
+                        )
                         .optional()
-                })
-                .map_err(backend)?;
-            let endpoint = conn
-                .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1"))
-                .and_then(|mut s| s.query_row(params![delivery.endpoint_id.as_str()], endpoint_from_row).optional())
-                .map_err(backend)?;
-            Ok(Some(DeliveryWork { delivery, event, endpoint }))
-        })
-        .await?;
+                    })
+                    .map_err(backend)?;
+                let endpoint = conn
+                    .prepare_cached(&format!(
+                        "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1"
+                    ))
+                    .and_then(|mut s| {
+                        s.query_row(params![delivery.endpoint_id.as_str()], endpoint_from_row)
+                            .optional()
+                    })
+                    .map_err(backend)?;
+                Ok(Some(DeliveryWork {
+                    delivery,
+                    event,
+                    endpoint,
+                }))
+            })
+            .await?;
         if let Some(endpoint) = work.as_ref().and_then(|w| w.endpoint.as_ref()) {
             self.fresh.remember_endpoint(generation, endpoint);
         }
@@ -175,7 +195,7 @@ impl SqliteStore {
         limit: u32,
     ) -> StoreResult<Vec<PendingRef>> {
         let after = after.map(|a| a.as_str().to_owned());
-        self.read(move |conn| {
+        self.scan(move |conn| {
             // Paging is by delivery id (unique) so a page boundary never skips rows.
             let mut stmt = conn
                 .prepare_cached(&format!(
@@ -306,7 +326,7 @@ impl crate::queue::window::PendingSource for SqliteStore {
         limit: u32,
     ) -> StoreResult<Vec<PendingRef>> {
         let (due, id) = (from.0, from.1.as_str().to_owned());
-        self.read(move |conn| {
+        self.scan(move |conn| {
             let mut stmt = conn.prepare_cached(&pending_from_sql()).map_err(backend)?;
             let rows = stmt
                 .query_map(params![due, id, limit], pending_from_row)
@@ -323,7 +343,7 @@ impl crate::queue::window::PendingSource for SqliteStore {
         limit: u32,
     ) -> StoreResult<Vec<PendingRef>> {
         let endpoint = endpoint.as_str().to_owned();
-        self.read(move |conn| {
+        self.scan(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&pending_of_endpoint_sql())
                 .map_err(backend)?;

@@ -101,12 +101,63 @@ impl SqliteStore {
         let (account, id) = (account.clone(), id.clone());
         self.read(move |conn| {
             conn.query_row(
-                "SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2",
+                &format!("SELECT {EVENT_COLUMNS} FROM events WHERE account_id = ?1 AND id = ?2"),
                 params![account.as_str(), id.as_str()],
                 event_from_row,
             )
             .optional()
             .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn erase_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+        now: Timestamp,
+    ) -> StoreResult<Option<super::super::Erasure>> {
+        let (account, id) = (account.clone(), id.clone());
+        self.run(move |conn| {
+            let job = JobSavepoint::begin(conn).map_err(backend)?;
+            let keys = params![account.as_str(), id.as_str()];
+            let Some(event) = job
+                .prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE account_id = ?1 AND id = ?2"))
+                .and_then(|mut s| s.query_row(keys, event_from_row).optional())
+                .map_err(backend)?
+            else {
+                return Ok(None);
+            };
+            let event = event.erased(now);
+            let erased_at = event.erased_at.map(to_millis);
+            job.execute(
+                "UPDATE events SET payload = '', erased_at = ?3 WHERE account_id = ?1 AND id = ?2",
+                params![account.as_str(), id.as_str(), erased_at],
+            )
+            .map_err(backend)?;
+            let ended = job
+                .execute(
+                    "UPDATE deliveries SET status = 'failed', next_try_at = NULL, last_error = ?3, updated_at = ?4 \
+                     WHERE account_id = ?1 AND event_id = ?2 AND status = 'pending'",
+                    params![account.as_str(), id.as_str(), crate::domain::event::EVENT_ERASED, to_millis(now)],
+                )
+                .map_err(backend)?;
+            // The endpoints' answers may quote what they were sent.
+            job.execute(
+                "UPDATE attempts SET response_body = '', response_body_truncated = 0 \
+                 WHERE (delivery_created_at, delivery_id) IN \
+                   (SELECT created_at, id FROM deliveries WHERE account_id = ?1 AND event_id = ?2) \
+                 AND response_body != ''",
+                keys,
+            )
+            .map_err(backend)?;
+            let deliveries = deliveries_of_event(&job, account.as_str(), id.as_str()).map_err(backend)?;
+            job.commit().map_err(backend)?;
+            Ok(Some(super::super::Erasure {
+                event,
+                deliveries,
+                ended: u32::try_from(ended).unwrap_or(u32::MAX),
+            }))
         })
         .await
     }
@@ -127,8 +178,16 @@ fn publish_one(
     deliveries: &[Delivery],
 ) -> StoreResult<PublishOutcome> {
     let existing = conn
-        .prepare_cached("SELECT account_id, id, type, created_at, payload FROM events WHERE account_id = ?1 AND id = ?2")
-        .and_then(|mut s| s.query_row(params![event.account_id.as_str(), event.id.as_str()], event_from_row).optional())
+        .prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE account_id = ?1 AND id = ?2"
+        ))
+        .and_then(|mut s| {
+            s.query_row(
+                params![event.account_id.as_str(), event.id.as_str()],
+                event_from_row,
+            )
+            .optional()
+        })
         .map_err(backend)?;
     if let Some(existing) = existing {
         let deliveries =

@@ -49,6 +49,10 @@ pub struct SqliteStore {
     /// Where the hot reads go: a reader thread on its own connection for a file database
     /// (WAL lets it read while the store thread writes), the store thread in memory.
     reads: mpsc::Sender<Job>,
+    /// Where the dispatcher's scans go (window pages of up to thousands of rows, the
+    /// backlog count): a second reader, so that a log page or the work for the next
+    /// attempt never queues behind one.
+    scans: mpsc::Sender<Job>,
     // Held for the life of the store: a second `serve` on the same file is refused.
     _lock: Option<Arc<File>>,
     fresh: Arc<fresh::FreshWork>,
@@ -65,18 +69,23 @@ impl SqliteStore {
         };
         let conn = open()?;
         Self::init(conn, Some(lock), |conn, _| {
-            let reader = open()?;
-            reader
-                .busy_timeout(std::time::Duration::from_secs(5))
-                .map_err(backend)?;
-            reader
-                .pragma_update(None, "query_only", "ON")
-                .map_err(backend)?;
-            let (reads, queue) = mpsc::channel::<Job>();
-            std::thread::Builder::new()
-                .name("hooklane-sqlite-read".into())
-                .spawn(move || run_reads(reader, queue))
-                .map_err(|e| StoreError::Backend(format!("cannot start the reader thread: {e}")))?;
+            let reader = |name: &str| -> StoreResult<mpsc::Sender<Job>> {
+                let reader = open()?;
+                reader
+                    .busy_timeout(std::time::Duration::from_secs(5))
+                    .map_err(backend)?;
+                reader
+                    .pragma_update(None, "query_only", "ON")
+                    .map_err(backend)?;
+                let (reads, queue) = mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn(move || run_reads(reader, queue))
+                    .map_err(|e| StoreError::Backend(format!("cannot start {name}: {e}")))?;
+                Ok(reads)
+            };
+            let reads = reader("hooklane-sqlite-read")?;
+            let scans = reader("hooklane-sqlite-scan")?;
             let checkpointer = open()?;
             checkpointer
                 .pragma_update(None, "synchronous", "NORMAL")
@@ -90,14 +99,14 @@ impl SqliteStore {
                 .map_err(|e| {
                     StoreError::Backend(format!("cannot start the checkpoint thread: {e}"))
                 })?;
-            Ok((reads, Some(commits)))
+            Ok((reads, scans, Some(commits)))
         })
     }
 
     /// How many deliveries are pending and when the oldest of them was created: the
     /// backlog gauges of the embedded shape.
     pub async fn backlog(&self) -> StoreResult<(u64, Option<Timestamp>)> {
-        self.read(|conn| {
+        self.scan(|conn| {
             conn.query_row(
                 "SELECT COUNT(*), MIN(created_at) FROM deliveries WHERE status = 'pending'",
                 [],
@@ -144,9 +153,10 @@ impl SqliteStore {
             .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
+        add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
-        let (reads, commits) = helpers(&conn, &jobs)?;
+        let (reads, scans, commits) = helpers(&conn, &jobs)?;
         std::thread::Builder::new()
             .name("hooklane-sqlite".into())
             .spawn(move || run_jobs(conn, queue, commits))
@@ -154,6 +164,7 @@ impl SqliteStore {
         Ok(Self {
             jobs,
             reads,
+            scans,
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
         })
@@ -189,6 +200,15 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         Self::submit(&self.reads, work, |_| {}).await
+    }
+
+    /// Runs a read-only scan where scans go (see [`SqliteStore::scans`]).
+    async fn scan<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        Self::submit(&self.scans, work, |_| {}).await
     }
 
     /// Queues `work`; `after_commit` runs on the store thread once the batch has committed

@@ -158,6 +158,9 @@ pub(super) fn replay_from_row(row: &Row<'_>) -> rusqlite::Result<Replay> {
     })
 }
 
+/// The columns [`event_from_row`] reads.
+pub(super) const EVENT_COLUMNS: &str = "account_id, id, type, created_at, payload, erased_at";
+
 pub(super) fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Event> {
     Ok(Event {
         account_id: AccountId::from_trusted(row.get(0)?),
@@ -165,6 +168,7 @@ pub(super) fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Event> {
         event_type: EventType::from_trusted(row.get(2)?),
         created_at: from_millis(row.get(3)?),
         payload: row.get(4)?,
+        erased_at: row.get::<_, Option<i64>>(5)?.map(from_millis),
     })
 }
 

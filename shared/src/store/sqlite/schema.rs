@@ -28,6 +28,7 @@ CREATE INDEX IF NOT EXISTS endpoints_by_account ON endpoints(account_id, created
 CREATE INDEX IF NOT EXISTS endpoints_failing ON endpoints(failing_since) WHERE failing_since IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
   account_id TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, created_at INTEGER NOT NULL, payload TEXT NOT NULL,
+  erased_at INTEGER,
   PRIMARY KEY (account_id, id)
 );
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -144,6 +145,9 @@ pub(super) fn add_missing_columns(
 }
 
 /// Columns added after the first release, added to older database files on open.
+/// Columns added to `events` since its first layout.
+pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[("erased_at", "INTEGER")];
+
 pub(super) const ADDED_DELIVERY_COLUMNS: &[(&str, &str)] = &[
     ("schedule_start", "INTEGER NOT NULL DEFAULT 0"),
     ("next_trigger", "TEXT NOT NULL DEFAULT 'scheduled'"),

@@ -3,15 +3,19 @@
 use super::rows::*;
 use super::*;
 
-/// Where reads go and where the store thread signals its commits.
-pub(super) type Helpers = (mpsc::Sender<Job>, Option<mpsc::SyncSender<()>>);
+/// Where reads and scans go and where the store thread signals its commits.
+pub(super) type Helpers = (
+    mpsc::Sender<Job>,
+    mpsc::Sender<Job>,
+    Option<mpsc::SyncSender<()>>,
+);
 
 /// An in-memory database is private to its connection: reads share the store thread.
 pub(super) fn reads_on_the_store_thread(
     _: &Connection,
     jobs: &mpsc::Sender<Job>,
 ) -> StoreResult<Helpers> {
-    Ok((jobs.clone(), None))
+    Ok((jobs.clone(), jobs.clone(), None))
 }
 
 /// The most jobs one transaction groups.

@@ -1,0 +1,117 @@
+//! Erasure of an event's content on request: the payload, and the endpoints' answers to it.
+
+use super::items::*;
+use super::*;
+use crate::{domain::event::EVENT_ERASED, store::Erasure};
+
+impl DynamoStore {
+    /// The payload is removed first: from then on no attempt can send it (the sender
+    /// reads an event without one as erased). Pending deliveries are then ended one by one;
+    /// one that an attempt moves on meanwhile is ended by the sender when next taken.
+    pub(super) async fn erase_event(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+        now: Timestamp,
+    ) -> StoreResult<Option<Erasure>> {
+        let Some(stored) = self.get_event_item(account.as_str(), id.as_str()).await? else {
+            return Ok(None);
+        };
+        let event = stored.erased(now);
+        let erased_at = event.erased_at.map_or(to_millis(now), to_millis);
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(key2(
+                "account_id",
+                account.as_str(),
+                "id",
+                id.as_str(),
+            )))
+            .condition_expression("attribute_exists(id)")
+            .update_expression("SET erased_at = if_not_exists(erased_at, :at) REMOVE payload")
+            .expression_attribute_values(":at", n(erased_at))
+            .send()
+            .await;
+        if written(result)?.is_none() {
+            // Removed by retention between the read and the update.
+            return Ok(None);
+        }
+        let mut ended = 0;
+        for delivery in self.deliveries_of_event(&event).await? {
+            if delivery.status == DeliveryStatus::Pending {
+                let change = Unattempted::Fail(EVENT_ERASED.to_owned());
+                if self
+                    .move_unattempted(&delivery.id, delivery.attempts, &change, now)
+                    .await?
+                {
+                    ended += 1;
+                }
+            }
+            self.erase_responses(&delivery.id).await?;
+        }
+        let deliveries = self.deliveries_of_event(&event).await?;
+        Ok(Some(Erasure {
+            event,
+            deliveries,
+            ended,
+        }))
+    }
+
+    /// Empties the response bodies of a delivery's attempts: the first try kept on the
+    /// delivery item and the rows of the attempts table.
+    async fn erase_responses(&self, delivery: &DeliveryId) -> StoreResult<()> {
+        let Some(key) = delivery_key(delivery) else {
+            return Ok(());
+        };
+        let empty = || s("");
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.deliveries)
+            .set_key(Some(key))
+            .condition_expression("attribute_exists(first_try)")
+            .update_expression(
+                "SET first_try.response_body = :empty, first_try.response_body_truncated = :false",
+            )
+            .expression_attribute_values(":empty", empty())
+            .expression_attribute_values(":false", AttributeValue::Bool(false))
+            .send()
+            .await;
+        written(result)?;
+        let rows = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.attempts)
+                    .key_condition_expression("delivery_id = :d")
+                    .expression_attribute_values(":d", s(delivery.as_str()))
+                    .projection_expression("delivery_id, #number")
+                    .expression_attribute_names("#number", "number")
+                    .consistent_read(true),
+            )
+            .await?;
+        for row in rows {
+            let (Some(partition), Some(number)) = (row.get("delivery_id"), row.get("number"))
+            else {
+                continue;
+            };
+            let result = self
+                .client
+                .update_item()
+                .table_name(&self.tables.attempts)
+                .key("delivery_id", partition.clone())
+                .key("number", number.clone())
+                .condition_expression("attribute_exists(delivery_id)")
+                .update_expression("SET response_body = :empty, response_body_truncated = :false")
+                .expression_attribute_values(":empty", empty())
+                .expression_attribute_values(":false", AttributeValue::Bool(false))
+                .send()
+                .await;
+            // A row that expired meanwhile has nothing left to erase.
+            written(result)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,198 @@
+//! Erasure (`DELETE /v1/accounts/{account}/events/{event}`), on both shapes: the payload
+//! and the endpoints' answers go, the log stays, nothing more is sent, and the grants of
+//! the AWS template allow what it does.
+
+use std::time::Duration;
+
+use hooklane_testkit::farm::{Behavior, Farm};
+use hooklane_testkit::testing::require_emulator;
+use serde_json::{json, Value};
+
+use crate::support::{Scratch, Server};
+
+const SECRET: &str = "4111-1111-1111-1111";
+
+async fn attempts(server: &Server, account: &str, delivery: &str) -> Vec<Value> {
+    let (status, body) = server
+        .get(&format!(
+            "/v1/accounts/{account}/deliveries/{delivery}/attempts"
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["data"].as_array().cloned().unwrap_or_default()
+}
+
+fn delivery_to<'a>(event: &'a Value, endpoint: &str) -> &'a Value {
+    event["deliveries"]
+        .as_array()
+        .and_then(|all| all.iter().find(|d| d["endpoint_id"] == endpoint))
+        .unwrap_or_else(|| panic!("no delivery to {endpoint} in {event}"))
+}
+
+/// One endpoint takes the event (and echoes it), one keeps failing; the event is erased
+/// while its retry is pending.
+async fn erase_scenario(server: &Server, farm: &Farm) {
+    farm.configure("ok", Behavior::ok().with_body(format!("got {SECRET}")));
+    farm.configure(
+        "down",
+        Behavior::status(503).with_body(format!("no room for {SECRET}")),
+    );
+    server.create_account("acme").await;
+    let (ok, _) = server
+        .create_endpoint("acme", &farm.url("ok"), json!({}))
+        .await;
+    let (down, _) = server
+        .create_endpoint("acme", &farm.url("down"), json!({}))
+        .await;
+    let (status, published) = server
+        .post(
+            "/v1/accounts/acme/events",
+            json!({"id": "evt_card", "type": "card.added", "data": {"number": SECRET}}),
+        )
+        .await;
+    assert_eq!(status, 202, "{published}");
+    let kept = server
+        .publish("acme", "card.added", json!({"number": "kept"}))
+        .await;
+    let kept_id = kept["id"].as_str().expect("id").to_owned();
+    assert!(
+        farm.wait_until(Duration::from_secs(20), |f| f.success_count("ok") == 2
+            && f.distinct_ids("down") == 2)
+            .await,
+        "both events reached both endpoints once; serve log:\n{}",
+        server.log_text()
+    );
+    let down_delivery = delivery_to(&published, &down)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let ok_delivery = delivery_to(&published, &ok)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // The attempts are recorded (the farm counts them as they are answered).
+    assert!(
+        server
+            .eventually(Duration::from_secs(10), || async {
+                attempts(server, "acme", &down_delivery).await.len() == 1
+                    && attempts(server, "acme", &ok_delivery).await.len() == 1
+            })
+            .await,
+        "the first attempts were recorded"
+    );
+    assert!(
+        attempts(server, "acme", &ok_delivery).await[0]["response_body"]
+            .as_str()
+            .is_some_and(|b| b.contains(SECRET))
+    );
+
+    let (status, erased) = server
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/accounts/acme/events/evt_card",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{erased}");
+    let tries_of = |farm: &Farm| {
+        farm.arrivals("down")
+            .iter()
+            .filter(|a| a.webhook_id.as_deref() == Some("evt_card"))
+            .count()
+    };
+    let tries_at_erasure = tries_of(farm);
+    assert_eq!(erased["id"], "evt_card");
+    assert_eq!(erased["type"], "card.added");
+    assert_eq!(erased["data"], Value::Null, "{erased}");
+    let erased_at = erased["erased_at"].as_str().expect("erased_at").to_owned();
+    assert!(!erased.to_string().contains(SECRET), "{erased}");
+    assert_eq!(delivery_to(&erased, &ok)["status"], "delivered");
+    let ended = delivery_to(&erased, &down);
+    assert_eq!(ended["status"], "failed", "{erased}");
+    assert!(
+        ended["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("erased")),
+        "{ended}"
+    );
+
+    let (status, read) = server.get("/v1/accounts/acme/events/evt_card").await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read, erased, "a read shows what the erasure answered");
+    for delivery in [&ok_delivery, &down_delivery] {
+        let attempts = attempts(server, "acme", delivery).await;
+        assert_eq!(attempts.len(), 1, "the attempt stays in the log");
+        assert_eq!(attempts[0]["response_body"], "", "{attempts:?}");
+        assert!(attempts[0]["status_code"].is_u64());
+    }
+    let (_, kept_read) = server
+        .get(&format!("/v1/accounts/acme/events/{kept_id}"))
+        .await;
+    assert_eq!(
+        kept_read["data"]["number"], "kept",
+        "another event keeps its content"
+    );
+
+    // Its retry (due a second after the first try) is never sent; the kept event's are.
+    let kept_tries = |farm: &Farm| farm.arrival_count("down") - tries_of(farm);
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| kept_tries(f) >= 3)
+            .await,
+        "the kept event was retried"
+    );
+    assert_eq!(
+        tries_of(farm),
+        tries_at_erasure,
+        "the erased event was not sent again"
+    );
+
+    // Again: the same answer. Publishing the id again returns the erased event.
+    let (status, again) = server
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/accounts/acme/events/evt_card",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, again["erased_at"].as_str()),
+        (200, Some(erased_at.as_str()))
+    );
+    let (status, republished) = server
+        .post(
+            "/v1/accounts/acme/events",
+            json!({"id": "evt_card", "type": "card.added", "data": {"number": SECRET}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{republished}");
+    assert_eq!(republished["data"], Value::Null);
+    let (status, missing) = server
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/accounts/acme/events/evt_none",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(missing["error"]["code"], "not_found", "{missing}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasing_an_event_removes_its_content_and_keeps_its_log() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("erasure");
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1,1,1")]).await;
+    erase_scenario(&server, &farm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasing_an_event_on_the_aws_shape_removes_its_content_with_the_template_s_grants() {
+    require_emulator();
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("aws-erasure");
+    let prefix = crate::aws_pipeline::unique("erase");
+    let env = [("HOOKLANE_RETRY_SCHEDULE".to_owned(), "1,1,1".to_owned())];
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &env).await;
+    erase_scenario(&server, &farm).await;
+    crate::iam::assert_allowed(&server);
+}
