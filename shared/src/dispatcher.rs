@@ -29,6 +29,11 @@ use crate::{
 pub struct DispatcherConfig {
     /// Global worker slots: requests in flight across all endpoints.
     pub workers: usize,
+    /// Attempts answered whose record is still being written: while publishing keeps the
+    /// store thread busy, a record waits for its batch to commit, and a worker slot held
+    /// until then would leave the endpoints idle (64 slots over a 0.8 s commit made 73
+    /// attempts a second). Bounded, so that memory stays flat if the store stalls.
+    pub recording: usize,
     /// How often the queue's window pages the whole backlog in again (the backstop for a
     /// delivery the window lost track of).
     pub sweep_interval: Duration,
@@ -44,6 +49,7 @@ impl Default for DispatcherConfig {
     fn default() -> Self {
         Self {
             workers: 64,
+            recording: 4096,
             sweep_interval: Duration::from_secs(60),
             health_interval: Duration::from_secs(60),
             purge_interval: Duration::from_secs(60),
@@ -169,10 +175,15 @@ async fn run_workers(
 ) {
     let workers = config.workers.max(1);
     let slots = Arc::new(Semaphore::new(workers));
+    let recording = Arc::new(Semaphore::new(config.recording.max(workers)));
     loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
-                Ok(permit) => permit,
+        let (permit, record_permit) = tokio::select! {
+            permits = async {
+                let record = Arc::clone(&recording).acquire_owned().await?;
+                let slot = Arc::clone(&slots).acquire_owned().await?;
+                Ok::<_, tokio::sync::AcquireError>((slot, record))
+            } => match permits {
+                Ok(permits) => permits,
                 Err(_) => break,
             },
             _ = shutdown.changed() => break,
@@ -186,10 +197,16 @@ async fn run_workers(
         tokio::spawn(async move {
             telemetry::endpoint_in_flight(&lease.endpoint_id, 1.0);
             let slot_given_back = AtomicBool::new(false);
+            // Answered: the endpoint's slot and the worker slot are free for the next
+            // request while the record is written.
+            let permit = std::sync::Mutex::new(Some(permit));
             let give_back_slot = || {
                 if !slot_given_back.swap(true, Ordering::Relaxed) {
                     telemetry::endpoint_in_flight(&lease.endpoint_id, -1.0);
                     queue.release_slot(&lease, app.clock.now());
+                    if let Ok(mut permit) = permit.lock() {
+                        permit.take();
+                    }
                 }
             };
             let result = deliver::attempt_reporting_answer(
@@ -215,11 +232,12 @@ async fn run_workers(
                     queue.add(vec![again]);
                 }
             }
-            drop(permit);
+            drop(record_permit);
         });
     }
-    let all = u32::try_from(workers).unwrap_or(u32::MAX);
-    if tokio::time::timeout(config.drain_timeout, slots.acquire_many(all))
+    // Drained when every record is written: each attempt holds a recording permit to the end.
+    let all = u32::try_from(config.recording.max(workers)).unwrap_or(u32::MAX);
+    if tokio::time::timeout(config.drain_timeout, recording.acquire_many(all))
         .await
         .is_err()
     {

@@ -40,6 +40,9 @@ use rows::*;
 use schema::*;
 use worker::*;
 
+/// The store thread's page cache, in KiB (SQLite's negative `cache_size`).
+const STORE_CACHE_KIB: i64 = -16 * 1024;
+
 /// SQLite owned by one thread. Callers queue jobs; the thread runs whatever has queued up
 /// in one transaction (each job in its own savepoint) and answers after the commit, so a
 /// busy server pays one commit for many writes and no thread hand-off per call.
@@ -84,8 +87,8 @@ impl SqliteStore {
                     .map_err(|e| StoreError::Backend(format!("cannot start {name}: {e}")))?;
                 Ok(reads)
             };
-            let reads = reader("hooklane-sqlite-read")?;
-            let scans = reader("hooklane-sqlite-scan")?;
+            let reads = reader("sqlite-read")?;
+            let scans = reader("sqlite-scan")?;
             let checkpointer = open()?;
             checkpointer
                 .pragma_update(None, "synchronous", "NORMAL")
@@ -93,13 +96,15 @@ impl SqliteStore {
             conn.pragma_update(None, "wal_autocheckpoint", WAL_BACKSTOP_PAGES)
                 .map_err(backend)?;
             let (commits, committed) = mpsc::sync_channel(1);
+            let restart = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let wanted = Arc::clone(&restart);
             std::thread::Builder::new()
-                .name("hooklane-checkpoint".into())
-                .spawn(move || run_checkpoints(checkpointer, committed))
+                .name("sqlite-checkpoint".into())
+                .spawn(move || run_checkpoints(checkpointer, committed, &wanted))
                 .map_err(|e| {
                     StoreError::Backend(format!("cannot start the checkpoint thread: {e}"))
                 })?;
-            Ok((reads, scans, Some(commits)))
+            Ok((reads, scans, Some(Checkpoints { commits, restart })))
         })
     }
 
@@ -149,6 +154,11 @@ impl SqliteStore {
         // is the right place; it does not touch what the WAL makes durable.
         conn.pragma_update(None, "temp_store", "MEMORY")
             .map_err(backend)?;
+        // The pages an insert or an attempt touches are spread over the indexes' per-endpoint
+        // ranges (a few thousand hot leaves with a thousand endpoints): SQLite's default
+        // 2 MiB cache re-read them from the file for every batch.
+        conn.pragma_update(None, "cache_size", STORE_CACHE_KIB)
+            .map_err(backend)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
@@ -156,10 +166,10 @@ impl SqliteStore {
         add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
-        let (reads, scans, commits) = helpers(&conn, &jobs)?;
+        let (reads, scans, checkpoints) = helpers(&conn, &jobs)?;
         std::thread::Builder::new()
-            .name("hooklane-sqlite".into())
-            .spawn(move || run_jobs(conn, queue, commits))
+            .name("sqlite-store".into())
+            .spawn(move || run_jobs(conn, queue, checkpoints))
             .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
         Ok(Self {
             jobs,

@@ -3,12 +3,16 @@
 use super::rows::*;
 use super::*;
 
-/// Where reads and scans go and where the store thread signals its commits.
-pub(super) type Helpers = (
-    mpsc::Sender<Job>,
-    mpsc::Sender<Job>,
-    Option<mpsc::SyncSender<()>>,
-);
+/// Where reads and scans go, and the store thread's side of the checkpointer.
+pub(super) type Helpers = (mpsc::Sender<Job>, mpsc::Sender<Job>, Option<Checkpoints>);
+
+/// How the store thread and the checkpointer keep the WAL small.
+pub(super) struct Checkpoints {
+    /// Signalled after each commit (full means a checkpoint is already asked for).
+    pub(super) commits: mpsc::SyncSender<()>,
+    /// Set by the checkpointer when the WAL is past `WAL_RESTART_PAGES`.
+    pub(super) restart: Arc<std::sync::atomic::AtomicBool>,
+}
 
 /// An in-memory database is private to its connection: reads share the store thread.
 pub(super) fn reads_on_the_store_thread(
@@ -29,12 +33,48 @@ pub(super) type Job = Box<dyn FnOnce(&mut Connection) -> Reply + Send>;
 /// that copying pages and the fsyncs around it (a tenth of the store thread's time when it
 /// did them itself) do not hold up the jobs. A passive checkpoint never blocks the writer.
 /// Runs after commits, at most every `CHECKPOINT_PAUSE`; ends when the store thread does.
-pub(super) fn run_checkpoints(conn: Connection, commits: mpsc::Receiver<()>) {
+///
+/// A passive checkpoint never moves the WAL back to its start, though: that needs the whole
+/// WAL copied and no reader in it at the moment a write begins, which a server that writes
+/// and reads all the time never has, so the file grew by every page written (851 MB in the
+/// W5 outage) and the store thread's backstop checkpoint then ran after every commit. Past
+/// `WAL_RESTART_PAGES` the checkpointer asks the store thread, the only writer, for a
+/// RESTART checkpoint between two batches (see [`run_jobs`]).
+pub(super) fn run_checkpoints(
+    conn: Connection,
+    commits: mpsc::Receiver<()>,
+    restart: &std::sync::atomic::AtomicBool,
+) {
     while commits.recv().is_ok() {
-        if let Err(error) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(%error, "WAL checkpoint failed; the store thread checkpoints past the backstop");
+        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            row.get::<_, i64>(1)
+        }) {
+            Ok(pages) if pages > WAL_RESTART_PAGES => {
+                restart.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "WAL checkpoint failed; the store thread checkpoints past the backstop");
+            }
         }
         std::thread::sleep(CHECKPOINT_PAUSE);
+    }
+}
+
+/// WAL pages (4 KiB) past which the WAL is restarted: 32 MiB.
+pub(super) const WAL_RESTART_PAGES: i64 = 8192;
+
+/// The store thread's RESTART checkpoint: it copies what the checkpointer has not (little),
+/// waits for the readers of the moment to finish (milliseconds), and starts the WAL over.
+fn restart_wal(conn: &Connection) {
+    match conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| {
+        row.get::<_, i64>(0)
+    }) {
+        Ok(0) => {}
+        Ok(_) => {
+            tracing::debug!("WAL restart found readers busy; asked again after the next commits")
+        }
+        Err(error) => tracing::warn!(%error, "WAL restart checkpoint failed"),
     }
 }
 
@@ -74,7 +114,7 @@ pub(super) fn run_reads(mut conn: Connection, reads: mpsc::Receiver<Job>) {
 pub(super) fn run_jobs(
     mut conn: Connection,
     jobs: mpsc::Receiver<Job>,
-    commits: Option<mpsc::SyncSender<()>>,
+    checkpoints: Option<Checkpoints>,
 ) {
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
@@ -99,13 +139,21 @@ pub(super) fn run_jobs(
         if outcome.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
         }
-        if let (Ok(()), Some(commits)) = (&outcome, &commits) {
+        if let (Ok(()), Some(checkpoints)) = (&outcome, &checkpoints) {
             // Full means a checkpoint is already asked for.
-            let _ = commits.try_send(());
+            let _ = checkpoints.commits.try_send(());
         }
         let error = outcome.err();
         for reply in replies {
             reply(error.as_ref());
+        }
+        if let Some(checkpoints) = &checkpoints {
+            if checkpoints
+                .restart
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                restart_wal(&conn);
+            }
         }
     }
 }
