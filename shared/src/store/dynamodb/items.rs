@@ -281,14 +281,19 @@ pub(super) fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
 }
 
 pub(super) fn event_from_item(item: &Item) -> StoreResult<Event> {
+    // An erased event keeps its item without the payload; any other item needs one.
+    let erased_at = opt_n::<i64>(item, "erased_at")?.map(from_millis);
     Ok(Event {
         id: EventId::from_trusted(get_s(item, "id")?),
         account_id: AccountId::from_trusted(get_s(item, "account_id")?),
         event_type: EventType::from_trusted(get_s(item, "type")?),
         created_at: from_millis(get_n(item, "created_at")?),
-        // An erased event keeps its item without the payload.
-        payload: opt_s(item, "payload").unwrap_or_default(),
-        erased_at: opt_n::<i64>(item, "erased_at")?.map(from_millis),
+        payload: if erased_at.is_some() {
+            opt_s(item, "payload").unwrap_or_default()
+        } else {
+            get_s(item, "payload")?
+        },
+        erased_at,
     })
 }
 
