@@ -194,8 +194,39 @@ pub struct ReplayOutcome {
     pub queued: Vec<PendingRef>,
 }
 
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
+/// Declares the [`Store`] trait from one list of its methods, and `delegate_store!`, the
+/// `impl Store` of an adapter whose inherent methods of the same names and signatures do the
+/// work (so that an adapter keeps them in files by concern: `sqlite/`, `dynamodb/`). The
+/// leading `$` is handed to the inner macro, whose own parameters need one.
+macro_rules! store_port {
+    ($d:tt $($(#[$doc:meta])* async fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        #[async_trait]
+        pub trait Store: Send + Sync + 'static {
+            $($(#[$doc])* async fn $name(&self $(, $arg: $ty)*) -> $ret;)*
+        }
+
+        /// `impl Store for $store`, each method calling the store's own of that name.
+        macro_rules! delegate_store {
+            ($d store:ty) => {
+                // The signatures name the port's types as this module sees them.
+                const _: () = {
+                    #[allow(unused_imports)]
+                    use $crate::{clock::*, domain::*, store::*};
+
+                    #[async_trait::async_trait]
+                    impl Store for $d store {
+                        $(async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                            <$d store>::$name(self $(, $arg)*).await
+                        })*
+                    }
+                };
+            };
+        }
+        pub(crate) use delegate_store;
+    };
+}
+
+store_port! { $
     async fn create_account(&self, account: &Account) -> StoreResult<()>;
     async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>>;
 
@@ -316,168 +347,3 @@ pub trait Store: Send + Sync + 'static {
     /// Stores the value unless the key exists; returns the value now stored.
     async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String>;
 }
-
-/// `impl Store` for an adapter whose inherent methods of the same names and signatures do
-/// the work, so that an adapter keeps them in files by concern (`sqlite/`, `dynamodb/`).
-/// Written once for every store; the types it names must be in scope where it is used.
-macro_rules! delegate_store {
-    ($store:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::store::Store for $store {
-            async fn create_account(&self, account: &Account) -> StoreResult<()> {
-                <$store>::create_account(self, account).await
-            }
-            async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
-                <$store>::get_account(self, id).await
-            }
-            async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-                <$store>::create_endpoint(self, endpoint).await
-            }
-            async fn get_endpoint(
-                &self,
-                account: &AccountId,
-                id: &EndpointId,
-            ) -> StoreResult<Option<Endpoint>> {
-                <$store>::get_endpoint(self, account, id).await
-            }
-            async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
-                <$store>::list_endpoints(self, account).await
-            }
-            async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-                <$store>::update_endpoint(self, endpoint).await
-            }
-            async fn delete_endpoint(
-                &self,
-                account: &AccountId,
-                id: &EndpointId,
-                now: Timestamp,
-            ) -> StoreResult<bool> {
-                <$store>::delete_endpoint(self, account, id, now).await
-            }
-            async fn publish(
-                &self,
-                event: &Event,
-                deliveries: &[Delivery],
-            ) -> StoreResult<PublishOutcome> {
-                <$store>::publish(self, event, deliveries).await
-            }
-            async fn publish_batch(
-                &self,
-                items: &[$crate::store::BatchItem],
-            ) -> StoreResult<Vec<PublishOutcome>> {
-                <$store>::publish_batch(self, items).await
-            }
-            async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
-                <$store>::put_event(self, event).await
-            }
-            async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>> {
-                <$store>::add_deliveries(self, deliveries).await
-            }
-            async fn get_event(
-                &self,
-                account: &AccountId,
-                id: &EventId,
-            ) -> StoreResult<Option<Event>> {
-                <$store>::get_event(self, account, id).await
-            }
-            async fn unfanned_events(
-                &self,
-                after: Option<Timestamp>,
-                created_before: Timestamp,
-                limit: u32,
-            ) -> StoreResult<$crate::store::UnfannedPage> {
-                <$store>::unfanned_events(self, after, created_before, limit).await
-            }
-            async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
-                <$store>::mark_fanned_out(self, events).await
-            }
-            async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
-                <$store>::deliveries_of_event(self, event).await
-            }
-            async fn erase_event(
-                &self,
-                account: &AccountId,
-                id: &EventId,
-                now: Timestamp,
-            ) -> StoreResult<Option<$crate::store::Erasure>> {
-                <$store>::erase_event(self, account, id, now).await
-            }
-            async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>> {
-                <$store>::load_work(self, delivery).await
-            }
-            async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome> {
-                <$store>::record_attempt(self, record).await
-            }
-            async fn move_unattempted(
-                &self,
-                delivery: &DeliveryId,
-                expected_attempts: u32,
-                change: &Unattempted,
-                now: Timestamp,
-            ) -> StoreResult<bool> {
-                <$store>::move_unattempted(self, delivery, expected_attempts, change, now).await
-            }
-            async fn pending_deliveries(
-                &self,
-                due_before: Timestamp,
-                after: Option<&DeliveryId>,
-                limit: u32,
-            ) -> StoreResult<Vec<PendingRef>> {
-                <$store>::pending_deliveries(self, due_before, after, limit).await
-            }
-            async fn get_delivery(
-                &self,
-                account: &AccountId,
-                id: &DeliveryId,
-            ) -> StoreResult<Option<Delivery>> {
-                <$store>::get_delivery(self, account, id).await
-            }
-            async fn list_deliveries(
-                &self,
-                account: &AccountId,
-                query: &DeliveryQuery,
-            ) -> StoreResult<Page<Delivery>> {
-                <$store>::list_deliveries(self, account, query).await
-            }
-            async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
-                <$store>::list_attempts(self, delivery).await
-            }
-            async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
-                <$store>::replay(self, request).await
-            }
-            async fn list_replays(
-                &self,
-                account: &AccountId,
-                after: Option<&ReplayId>,
-                limit: u32,
-            ) -> StoreResult<Page<Replay>> {
-                <$store>::list_replays(self, account, after, limit).await
-            }
-            async fn failing_endpoints(
-                &self,
-                failing_before: Timestamp,
-            ) -> StoreResult<Vec<Endpoint>> {
-                <$store>::failing_endpoints(self, failing_before).await
-            }
-            async fn disable_endpoint(
-                &self,
-                request: &DisableRequest,
-            ) -> StoreResult<Option<DisableOutcome>> {
-                <$store>::disable_endpoint(self, request).await
-            }
-            async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
-                <$store>::unsent_notifications(self, limit).await
-            }
-            async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
-                <$store>::mark_notification_sent(self, id, now).await
-            }
-            async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
-                <$store>::get_setting(self, key).await
-            }
-            async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String> {
-                <$store>::put_setting_if_absent(self, key, value).await
-            }
-        }
-    };
-}
-pub(crate) use delegate_store;
