@@ -20,19 +20,16 @@ pub mod slots;
 pub mod store;
 pub mod telemetry;
 
-// The test kit's contract suites and test support, compiled into this crate's own tests
-// (they cannot use the kit as a crate: it depends on this one). They name this crate
-// `hooklane::`, as everywhere else they are compiled. This crate's tests use part of them.
+// The test kit's fixtures and test support, compiled into this crate's own unit tests (they
+// cannot use the kit as a crate: it depends on this one). They name this crate
+// `hooklane::`, as everywhere else they are compiled. The store contract suites run from
+// the integration tests (`tests/core/stores.rs`), which can use the kit.
 #[cfg(test)]
 extern crate self as hooklane;
 #[cfg(test)]
 #[allow(dead_code)]
-#[path = "../../tests/kit/src/contract.rs"]
-pub(crate) mod contract;
-#[cfg(test)]
-#[allow(dead_code)]
-#[path = "../../tests/kit/src/replay_contract.rs"]
-pub(crate) mod replay_contract;
+#[path = "../../tests/kit/src/fixtures.rs"]
+pub(crate) mod fixtures;
 #[cfg(test)]
 #[allow(dead_code)]
 #[path = "../../tests/kit/src/testing.rs"]

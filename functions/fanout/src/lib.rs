@@ -66,7 +66,7 @@ mod tests {
         aws::aws_sdk_dynamodb::types::TransactWriteItem,
         domain::{AccountId, EventId, EventType},
     };
-    use hooklane_testkit::{contract, testing::emulated_shape};
+    use hooklane_testkit::{fixtures, testing::emulated_shape};
 
     use super::*;
 
@@ -85,11 +85,11 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
         store
-            .create_endpoint(&contract::endpoint("acme", "ep_1", contract::t0()))
+            .create_endpoint(&fixtures::endpoint("acme", "ep_1", fixtures::t0()))
             .await
             .unwrap();
         // The platform writes the event through the outbox helper, in its own transaction;

@@ -22,7 +22,7 @@ use hooklane::{
     service::sender::{handle_message, Handled, Lanes},
 };
 use hooklane_testkit::{
-    contract,
+    fixtures,
     testing::{emulated_shape, receive_queued, slow_receiver},
 };
 use serde_json::{json, Value};
@@ -72,7 +72,7 @@ async fn outbox_batch(
             EventId::parse(id).unwrap(),
             AccountId::parse("acme").unwrap(),
             EventType::parse("invoice.paid").unwrap(),
-            contract::t0(),
+            fixtures::t0(),
             &json!({ "n": n }),
         )
         .unwrap();
@@ -119,11 +119,11 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
     let receiver = slow_receiver(Duration::from_millis(5)).await;
     let store = &shape.app.store;
     store
-        .create_account(&contract::account("acme"))
+        .create_account(&fixtures::account("acme"))
         .await
         .unwrap();
     for id in ENDPOINTS {
-        let mut endpoint = contract::endpoint("acme", id, contract::t0());
+        let mut endpoint = fixtures::endpoint("acme", id, fixtures::t0());
         endpoint.url = hooklane::domain::EndpointUrl::parse(&receiver.url).unwrap();
         store.create_endpoint(&endpoint).await.unwrap();
     }
@@ -267,12 +267,12 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
     let (settings, shape) = emulated_shape().await;
     let store = &shape.app.store;
     store
-        .create_account(&contract::account("acme"))
+        .create_account(&fixtures::account("acme"))
         .await
         .unwrap();
     for id in ENDPOINTS {
         store
-            .create_endpoint(&contract::endpoint("acme", id, contract::t0()))
+            .create_endpoint(&fixtures::endpoint("acme", id, fixtures::t0()))
             .await
             .unwrap();
     }
@@ -283,7 +283,7 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
         .iter()
         .map(|id| {
             let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
-            hooklane::domain::Delivery::new_pending(event, endpoint.clone(), contract::t0())
+            hooklane::domain::Delivery::new_pending(event, endpoint.clone(), fixtures::t0())
         })
         .collect();
     assert_eq!(store.add_deliveries(&written).await.unwrap().len(), 3);

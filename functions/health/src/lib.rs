@@ -19,7 +19,7 @@ pub async fn handle(
 mod tests {
     use hooklane::domain::EndpointStatus;
     use hooklane_testkit::{
-        contract,
+        fixtures,
         testing::{emulated_shape, sent_mail_text},
     };
 
@@ -40,13 +40,13 @@ mod tests {
         let shape = hooklane::aws::shape::connect(&settings).await.unwrap();
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut dying = contract::endpoint("acme", "ep_dying", contract::t0());
-        dying.failing_since = Some(contract::t0());
+        let mut dying = fixtures::endpoint("acme", "ep_dying", fixtures::t0());
+        dying.failing_since = Some(fixtures::t0());
         store.create_endpoint(&dying).await.unwrap();
-        let healthy = contract::endpoint("acme", "ep_fine", contract::t0());
+        let healthy = fixtures::endpoint("acme", "ep_fine", fixtures::t0());
         store.create_endpoint(&healthy).await.unwrap();
 
         let scheduled: serde_json::Value =
@@ -81,17 +81,17 @@ mod tests {
         let (_, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut dying = contract::endpoint("acme", "ep_dying", contract::t0());
-        dying.failing_since = Some(contract::t0());
+        let mut dying = fixtures::endpoint("acme", "ep_dying", fixtures::t0());
+        dying.failing_since = Some(fixtures::t0());
         store.create_endpoint(&dying).await.unwrap();
-        let event = contract::event("acme", "evt_stuck", contract::t0());
+        let event = fixtures::event("acme", "evt_stuck", fixtures::t0());
         store
             .publish(
                 &event,
-                &[contract::delivery(&event, &dying, contract::t0())],
+                &[fixtures::delivery(&event, &dying, fixtures::t0())],
             )
             .await
             .unwrap();

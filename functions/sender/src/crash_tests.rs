@@ -30,7 +30,7 @@ use hooklane::{
     slots::SlotLeases,
 };
 use hooklane_testkit::{
-    contract,
+    fixtures,
     testing::{emulated_shape_with, receive_queued, slow_receiver, SlowReceiver},
 };
 
@@ -81,10 +81,10 @@ async fn stack(receiver: &SlowReceiver) -> Stack {
         .unwrap();
     let store = &shape.app.store;
     store
-        .create_account(&contract::account("acme"))
+        .create_account(&fixtures::account("acme"))
         .await
         .unwrap();
-    let mut endpoint = contract::endpoint("acme", "ep_crash", contract::t0());
+    let mut endpoint = fixtures::endpoint("acme", "ep_crash", fixtures::t0());
     endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
     endpoint.max_in_flight = CAP;
     store.create_endpoint(&endpoint).await.unwrap();
@@ -369,7 +369,7 @@ async fn a_sender_dying_mid_batch(death: Death) {
             delivery_id: id.clone(),
             endpoint_id: stack.endpoint.clone(),
             account_id: stack.account.clone(),
-            due: contract::t0(),
+            due: fixtures::t0(),
             max_in_flight: CAP,
             rate_limit_per_second: None,
         })

@@ -48,7 +48,7 @@ mod tests {
         },
     };
     use hooklane_testkit::{
-        contract,
+        fixtures,
         testing::{emulated_shape, slow_receiver},
     };
 
@@ -60,10 +60,10 @@ mod tests {
         let receiver = slow_receiver(Duration::from_millis(5)).await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
         store.create_endpoint(&endpoint).await.unwrap();
         let event = |id: &str| NewEvent {
@@ -161,10 +161,10 @@ mod tests {
         let receiver = slow_receiver(Duration::from_millis(5)).await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
         store.create_endpoint(&endpoint).await.unwrap();
         let account = endpoint.account_id.clone();
@@ -245,10 +245,10 @@ mod tests {
         let receiver = slow_receiver(Duration::from_millis(5)).await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
         store.create_endpoint(&endpoint).await.unwrap();
         let account = endpoint.account_id.clone();
@@ -367,10 +367,10 @@ mod tests {
         drop(closed);
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         endpoint.url = EndpointUrl::parse(&url).unwrap();
         store.create_endpoint(&endpoint).await.unwrap();
         let published = publish(

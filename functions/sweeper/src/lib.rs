@@ -19,7 +19,7 @@ pub async fn handle(
 mod tests {
     use std::time::Duration;
 
-    use hooklane_testkit::{contract, testing::emulated_shape};
+    use hooklane_testkit::{fixtures, testing::emulated_shape};
 
     use super::*;
 
@@ -32,21 +32,21 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         store.create_endpoint(&endpoint).await.unwrap();
         // Accepted ten minutes ago; its stream record never reached fan-out (Lambda gave up
         // on the batch, or the local runner died). And one accepted just now, whose record
         // the stream is still to deliver.
         let now = shape.app.clock.now();
-        let lost = contract::event(
+        let lost = fixtures::event(
             "acme",
             "evt_lost_record",
             hooklane::clock::from_millis(hooklane::clock::to_millis(now) - 600_000),
         );
-        let fresh = contract::event("acme", "evt_fresh_record", now);
+        let fresh = fixtures::event("acme", "evt_fresh_record", now);
         for event in [&lost, &fresh] {
             store.put_event(event).await.unwrap();
         }
@@ -98,11 +98,11 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
         store
-            .create_endpoint(&contract::endpoint("acme", "ep_1", contract::t0()))
+            .create_endpoint(&fixtures::endpoint("acme", "ep_1", fixtures::t0()))
             .await
             .unwrap();
         // An endpoint item of another account that cannot be read.
@@ -120,8 +120,8 @@ mod tests {
         let now = shape.app.clock.now();
         let minutes_ago =
             |m: i64| hooklane::clock::from_millis(hooklane::clock::to_millis(now) - m * 60_000);
-        let stuck = contract::event("broken", "evt_stuck", minutes_ago(20));
-        let behind = contract::event("acme", "evt_behind", minutes_ago(10));
+        let stuck = fixtures::event("broken", "evt_stuck", minutes_ago(20));
+        let behind = fixtures::event("acme", "evt_behind", minutes_ago(10));
         for event in [&stuck, &behind] {
             store.put_event(event).await.unwrap();
         }
@@ -154,14 +154,14 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         store.create_endpoint(&endpoint).await.unwrap();
         // Published long ago; its queue message was lost.
-        let event = contract::event("acme", "evt_lost", contract::t0());
-        let delivery = contract::delivery(&event, &endpoint, contract::t0());
+        let event = fixtures::event("acme", "evt_lost", fixtures::t0());
+        let delivery = fixtures::delivery(&event, &endpoint, fixtures::t0());
         store.publish(&event, &[delivery]).await.unwrap();
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
@@ -182,7 +182,7 @@ mod tests {
             )
             .and_then(|v| v.as_f64())
             .unwrap();
-        let expected = (shape.app.clock.now() - contract::t0()).num_seconds() as f64;
+        let expected = (shape.app.clock.now() - fixtures::t0()).num_seconds() as f64;
         assert!(
             (overdue - expected).abs() < 60.0,
             "{overdue} s overdue, expected about {expected}"

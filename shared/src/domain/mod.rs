@@ -22,7 +22,7 @@ pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EventTypeFilter};
 pub use event::{Event, EventType};
 pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
 pub use outcome::{AttemptOutcome, Decision, DeliveryUpdate, RetryPolicy};
-pub use replay::{Replay, ReplayFilter, ReplayScope};
+pub use replay::{Replay, ReplayCandidate, ReplayFilter, ReplayScope};
 pub use schedule::RetrySchedule;
 
 /// Input that does not fit the domain, naming the field it came from.

@@ -97,6 +97,46 @@ pub struct Replay {
     pub more: bool,
 }
 
+/// A delivery as a replay's rule sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayCandidate<'a> {
+    pub delivery_id: &'a DeliveryId,
+    pub endpoint_id: &'a EndpointId,
+    pub account_id: &'a AccountId,
+    pub status: DeliveryStatus,
+    pub event_type: &'a EventType,
+    pub created_at: Timestamp,
+    /// A disabled or deleted endpoint gets nothing sent again until it is enabled.
+    pub endpoint_active: bool,
+    /// Its event is still stored: one removed by retention cannot be sent again.
+    pub event_kept: bool,
+}
+
+impl Replay {
+    /// Whether this replay sends the delivery again: the one rule of eligibility, which
+    /// every store applies to the deliveries of the scope it reads.
+    pub fn selects(&self, candidate: &ReplayCandidate<'_>) -> bool {
+        let filter = &self.filter;
+        let in_scope = match &self.scope {
+            ReplayScope::Delivery(id) => candidate.delivery_id == id,
+            ReplayScope::Endpoint(id) => candidate.endpoint_id == id,
+        };
+        in_scope
+            && *candidate.account_id == self.account_id
+            && candidate.endpoint_active
+            && candidate.event_kept
+            && candidate.status.is_final()
+            && filter.statuses.contains(&candidate.status)
+            && (filter.event_types.is_empty() || filter.event_types.contains(candidate.event_type))
+            && filter
+                .since
+                .is_none_or(|since| candidate.created_at >= since)
+            && filter
+                .until
+                .is_none_or(|until| candidate.created_at < until)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +169,101 @@ mod tests {
         )
         .unwrap();
         assert_eq!(deduped.statuses, vec![DeliveryStatus::Failed]);
+    }
+
+    #[test]
+    fn a_replay_selects_only_what_every_clause_allows() {
+        let account = AccountId::from_trusted("acme".into());
+        let other = AccountId::from_trusted("other".into());
+        let endpoint = EndpointId::from_trusted("ep_main".into());
+        let elsewhere = EndpointId::from_trusted("ep_other".into());
+        let delivery = DeliveryId::from_trusted("dlv_1".into());
+        let paid = EventType::parse("invoice.paid").unwrap();
+        let created = EventType::parse("user.created").unwrap();
+        let filter = ReplayFilter::bulk(
+            from_millis(10_000),
+            Some(from_millis(20_000)),
+            None,
+            vec![paid.clone()],
+        )
+        .unwrap();
+        let replay = Replay {
+            id: ReplayId::from_trusted("rpl_1".into()),
+            account_id: account.clone(),
+            actor: "admin".into(),
+            scope: ReplayScope::Endpoint(endpoint.clone()),
+            filter,
+            requested_at: from_millis(30_000),
+            count: 0,
+            more: false,
+        };
+        let eligible = ReplayCandidate {
+            delivery_id: &delivery,
+            endpoint_id: &endpoint,
+            account_id: &account,
+            status: DeliveryStatus::Failed,
+            event_type: &paid,
+            created_at: from_millis(10_000),
+            endpoint_active: true,
+            event_kept: true,
+        };
+        assert!(replay.selects(&eligible));
+        let refused = [
+            ReplayCandidate {
+                endpoint_id: &elsewhere,
+                ..eligible
+            },
+            ReplayCandidate {
+                account_id: &other,
+                ..eligible
+            },
+            ReplayCandidate {
+                status: DeliveryStatus::Pending,
+                ..eligible
+            },
+            ReplayCandidate {
+                status: DeliveryStatus::Delivered,
+                ..eligible
+            },
+            ReplayCandidate {
+                event_type: &created,
+                ..eligible
+            },
+            ReplayCandidate {
+                created_at: from_millis(9_999),
+                ..eligible
+            },
+            ReplayCandidate {
+                created_at: from_millis(20_000),
+                ..eligible
+            },
+            ReplayCandidate {
+                endpoint_active: false,
+                ..eligible
+            },
+            ReplayCandidate {
+                event_kept: false,
+                ..eligible
+            },
+        ];
+        for candidate in &refused {
+            assert!(!replay.selects(candidate), "{candidate:?}");
+        }
+        let single = Replay {
+            scope: ReplayScope::Delivery(delivery.clone()),
+            filter: ReplayFilter::single(),
+            ..replay
+        };
+        assert!(single.selects(&ReplayCandidate {
+            status: DeliveryStatus::Delivered,
+            created_at: from_millis(0),
+            event_type: &created,
+            ..eligible
+        }));
+        let another = DeliveryId::from_trusted("dlv_2".into());
+        assert!(!single.selects(&ReplayCandidate {
+            delivery_id: &another,
+            ..eligible
+        }));
     }
 }

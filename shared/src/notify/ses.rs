@@ -55,11 +55,11 @@ impl Notifier for SesNotifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract;
+    use crate::fixtures;
 
     #[tokio::test]
     async fn owner_mail_goes_out_through_ses() {
-        let _ = crate::store::dynamodb::tests::emulator_client().await;
+        let _ = crate::testing::emulator_client().await;
         let client = aws_sdk_sesv2::Client::new(&crate::aws::load_sdk_config().await);
         let from = format!("hooklane-{}@example.com", uuid::Uuid::new_v4().simple());
         client
@@ -76,7 +76,7 @@ mod tests {
             recipient: crate::domain::EmailAddress::parse("owner@example.com").unwrap(),
             subject: subject.clone(),
             body: "We disabled your endpoint.".into(),
-            created_at: contract::t0(),
+            created_at: fixtures::t0(),
         };
         notifier.send(&notification).await.unwrap();
         let sent = crate::testing::sent_mail_text().await;

@@ -253,7 +253,7 @@ pub(crate) mod tests {
 
     /// A fresh queue and schedule group on the local AWS emulator.
     pub(crate) async fn emulated_queue() -> Emulated {
-        let _ = crate::store::dynamodb::tests::emulator_client().await;
+        let _ = crate::testing::emulator_client().await;
         let config = crate::aws::load_sdk_config().await;
         let sqs = aws_sdk_sqs::Client::new(&config);
         let scheduler = aws_sdk_scheduler::Client::new(&config);

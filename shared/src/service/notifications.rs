@@ -34,8 +34,8 @@ mod tests {
     use crate::{
         clock::ManualClock,
         config::CoreConfig,
-        contract,
         domain::EmailAddress,
+        fixtures,
         http::HttpSender,
         notify::{Notifier, NotifyError},
         queue::embedded::EmbeddedQueue,
@@ -70,31 +70,31 @@ mod tests {
             queue: Arc::new(EmbeddedQueue::new()),
             transport: Arc::new(HttpSender::new(CoreConfig::default().sender).unwrap()),
             notifier: notifier.clone(),
-            clock: Arc::new(ManualClock::new(contract::t0())),
+            clock: Arc::new(ManualClock::new(fixtures::t0())),
             config: Arc::new(CoreConfig::default()),
             publish: crate::PublishMode::WithDeliveries,
         };
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = contract::endpoint("acme", "ep_1", contract::t0());
-        endpoint.failing_since = Some(contract::t0());
+        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
+        endpoint.failing_since = Some(fixtures::t0());
         store.create_endpoint(&endpoint).await.unwrap();
         store
             .disable_endpoint(&DisableRequest {
                 account_id: endpoint.account_id.clone(),
                 endpoint_id: endpoint.id.clone(),
                 reason: "failing for 3 days".into(),
-                now: contract::t0(),
-                expected_failing_since: Some(contract::t0()),
+                now: fixtures::t0(),
+                expected_failing_since: Some(fixtures::t0()),
                 notification: Some(Notification {
                     id: "ntf_1".into(),
                     account_id: endpoint.account_id.clone(),
                     recipient: EmailAddress::parse("owner@acme.example").unwrap(),
                     subject: "Webhook endpoint disabled".into(),
                     body: "…".into(),
-                    created_at: contract::t0(),
+                    created_at: fixtures::t0(),
                 }),
                 operational_event: None,
             })

@@ -305,8 +305,8 @@ pub async fn erase(
 mod tests {
     use super::*;
     use crate::{
-        contract,
         domain::DeliveryStatus,
+        fixtures,
         service::fan_out::{delivery_id_for, fan_out},
         testing::{emulated_shape, receive_queued},
     };
@@ -318,12 +318,12 @@ mod tests {
         assert_eq!(shape.app.publish, PublishMode::ThroughStream);
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
         for id in ["ep_a", "ep_b"] {
             store
-                .create_endpoint(&contract::endpoint("acme", id, contract::t0()))
+                .create_endpoint(&fixtures::endpoint("acme", id, fixtures::t0()))
                 .await
                 .unwrap();
         }
@@ -397,11 +397,11 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = &shape.app.store;
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
         store
-            .create_endpoint(&contract::endpoint("acme", "ep_a", contract::t0()))
+            .create_endpoint(&fixtures::endpoint("acme", "ep_a", fixtures::t0()))
             .await
             .unwrap();
         let account = AccountId::parse("acme").unwrap();

@@ -711,8 +711,8 @@ mod tests {
     use crate::{
         clock::SystemClock,
         config::CoreConfig,
-        contract,
         domain::{DeliveryStatus, EndpointStatus},
+        fixtures,
         http::{AddressPolicy, HttpSender, SenderConfig},
         notify::LogNotifier,
         queue::sqs::{
@@ -721,7 +721,8 @@ mod tests {
         },
         service::publish::{publish, NewEvent},
         slots::dynamodb::{tests::slots, DynamoSlots},
-        store::{dynamodb::tests::emulator_store, Store},
+        store::Store,
+        testing::emulator_store,
         testing::slow_receiver,
     };
 
@@ -738,10 +739,10 @@ mod tests {
             ..CoreConfig::default()
         };
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = contract::endpoint("acme", "ep_slow", chrono::Utc::now());
+        let mut endpoint = fixtures::endpoint("acme", "ep_slow", chrono::Utc::now());
         endpoint.url = crate::domain::EndpointUrl::parse(receiver_url).unwrap();
         endpoint.max_in_flight = cap;
         store.create_endpoint(&endpoint).await.unwrap();

@@ -97,7 +97,7 @@ mod tests {
     use crate::{
         clock::{add, Clock, ManualClock},
         config::CoreConfig,
-        contract,
+        fixtures,
         http::HttpSender,
         notify::LogNotifier,
         queue::embedded::EmbeddedQueue,
@@ -109,7 +109,7 @@ mod tests {
     async fn only_deliveries_overdue_past_the_grace_are_requeued_but_all_due_ones_are_measured() {
         let recorder = EmfRecorder::new("Hooklane", Vec::new());
         let _local = metrics::set_default_local_recorder(&recorder);
-        let now = add(contract::t0(), Duration::from_secs(3600));
+        let now = add(fixtures::t0(), Duration::from_secs(3600));
         let clock = Arc::new(ManualClock::new(now));
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         let queue = Arc::new(EmbeddedQueue::new());
@@ -123,20 +123,20 @@ mod tests {
             publish: crate::PublishMode::WithDeliveries,
         };
         store
-            .create_account(&contract::account("acme"))
+            .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let endpoint = contract::endpoint("acme", "ep_1", contract::t0());
+        let endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         store.create_endpoint(&endpoint).await.unwrap();
         let mut ids = Vec::new();
         // Due an hour ago, a minute ago, and in a minute.
         for (name, due) in [
-            ("evt_lost", contract::t0()),
+            ("evt_lost", fixtures::t0()),
             ("evt_recent", now - chrono::TimeDelta::minutes(1)),
             ("evt_future", now + chrono::TimeDelta::minutes(1)),
         ] {
-            let event = contract::event("acme", name, due);
-            let delivery = contract::delivery(&event, &endpoint, due);
+            let event = fixtures::event("acme", name, due);
+            let delivery = fixtures::delivery(&event, &endpoint, due);
             ids.push(delivery.id.clone());
             store.publish(&event, &[delivery]).await.unwrap();
         }
@@ -149,7 +149,7 @@ mod tests {
             SweepReport {
                 requeued: 1,
                 due: 2,
-                oldest_due: Some(contract::t0()),
+                oldest_due: Some(fixtures::t0()),
             }
         );
         assert!(queue.is_known(&ids[0]));

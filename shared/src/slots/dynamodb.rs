@@ -674,7 +674,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         clock::{ManualClock, SystemClock},
-        store::dynamodb::{create_tables, tests::emulator_client, TableNames},
+        store::dynamodb::{create_tables, TableNames},
+        testing::emulator_client,
         testing::slow_receiver,
     };
 

@@ -1,6 +1,5 @@
 //! The API router as the `api` Lambda serves it: requests are API Gateway events (HTTP API
 //! v2 and REST v1) turned into HTTP requests by `lambda_http`, as in the function.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
 
 use std::sync::Arc;
 

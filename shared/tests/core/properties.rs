@@ -1,5 +1,4 @@
 //! Property tests for everything parsed from outside: no panic, no 5xx, nothing half-written.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 

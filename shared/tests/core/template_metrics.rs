@@ -1,7 +1,6 @@
 //! The SAM template's alarms and dashboard read the metrics the Lambda functions emit: every
 //! metric they name exists in `telemetry`, and with the very dimensions the EMF documents
 //! carry (an alarm on a dimension set nobody emits never fires, and says nothing).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -3,7 +3,6 @@
 //! sources, schedules and Globals into plain resources), checked for what the emulator never
 //! enforces: IAM grants, what happens to stream records and schedules that keep failing,
 //! retention, protection of the tables, and which settings `sam build` and `sam deploy` share.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
 
 use std::{collections::BTreeSet, path::Path, process::Command, sync::OnceLock};
 

@@ -8,98 +8,21 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    AttemptRecord, DeliveryQuery, DisableRequest, Notification, PublishOutcome, PutEventOutcome,
-    RecordOutcome, Store, StoreError,
+    DeliveryQuery, DisableRequest, Notification, PublishOutcome, PutEventOutcome, RecordOutcome,
+    Store, StoreError,
 };
 use hooklane::{
-    clock::{add, from_millis, Timestamp},
+    clock::{add, Timestamp},
     domain::{
-        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
-        Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType,
-        EventTypeFilter, Trigger,
+        AccountId, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
+        EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
     },
-    signing::SigningSecret,
 };
 
-/// A fixed, millisecond-exact start so stored timestamps compare equal after a round trip.
-pub fn t0() -> Timestamp {
-    from_millis(1_700_000_000_000)
-}
+use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-pub fn account(id: &str) -> Account {
-    Account {
-        id: AccountId::parse(id).unwrap(),
-        name: format!("Account {id}"),
-        owner_email: EmailAddress::parse("owner@example.com").unwrap(),
-        created_at: t0(),
-    }
-}
-
-pub fn endpoint(account: &str, id: &str, created_at: Timestamp) -> Endpoint {
-    Endpoint {
-        id: EndpointId::parse(id).unwrap(),
-        account_id: AccountId::parse(account).unwrap(),
-        url: EndpointUrl::parse(&format!("https://{id}.example.com/hooks")).unwrap(),
-        description: String::new(),
-        secret: SigningSecret::generate(),
-        retiring_secret: None,
-        status: EndpointStatus::Active,
-        event_types: EventTypeFilter::all(),
-        max_in_flight: 4,
-        rate_limit_per_second: None,
-        failing_since: None,
-        disabled_reason: None,
-        created_at,
-        updated_at: created_at,
-    }
-}
-
-pub fn event(account: &str, id: &str, at: Timestamp) -> Event {
-    Event::new(
-        EventId::parse(id).unwrap(),
-        AccountId::parse(account).unwrap(),
-        EventType::parse("invoice.paid").unwrap(),
-        at,
-        &serde_json::json!({"n": id}),
-    )
-    .unwrap()
-}
-
-pub fn delivery(event: &Event, endpoint: &Endpoint, at: Timestamp) -> Delivery {
-    Delivery::new_pending(event, endpoint.id.clone(), at)
-}
-
-pub fn attempt_record(
-    delivery: &Delivery,
-    number: u32,
-    decision: Decision,
-    success: bool,
-    now: Timestamp,
-) -> AttemptRecord {
-    AttemptRecord {
-        attempt: Attempt {
-            delivery_id: delivery.id.clone(),
-            number,
-            trigger: Trigger::Scheduled,
-            started_at: now,
-            latency_ms: 12,
-            status_code: Some(if success { 200 } else { 500 }),
-            response_headers: vec![("x-test".into(), "1".into())],
-            response_body: "body".into(),
-            response_body_truncated: false,
-            error: (!success).then(|| "HTTP 500".to_owned()),
-        },
-        expected_attempts: number - 1,
-        decision,
-        client_error_count: 0,
-        endpoint_id: delivery.endpoint_id.clone(),
-        success,
-        now,
-    }
 }
 
 /// An account with one endpoint, and an event with one delivery to it.

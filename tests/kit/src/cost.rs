@@ -17,7 +17,7 @@ use std::{
 use aws_sdk_dynamodb::types::TransactWriteItem;
 
 use crate::{
-    contract,
+    fixtures,
     meter::{table_layouts, Meter, Reading},
 };
 use tokio::{
@@ -242,12 +242,12 @@ async fn setup(
     let receiver = receiver(failures_per_id).await;
     let store = &shape.app.store;
     store
-        .create_account(&contract::account("acme"))
+        .create_account(&fixtures::account("acme"))
         .await
         .unwrap();
     match destinations {
         Destinations::OneEndpoint => {
-            let mut endpoint = contract::endpoint("acme", "ep_cost", chrono::Utc::now());
+            let mut endpoint = fixtures::endpoint("acme", "ep_cost", chrono::Utc::now());
             endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
             // As many in flight as one SQS batch holds: no message waits for a slot.
             endpoint.max_in_flight = 10;
@@ -256,7 +256,7 @@ async fn setup(
         Destinations::TenEndpoints => {
             for lane in 0..SPREAD_LANES {
                 let mut endpoint =
-                    contract::endpoint("acme", &format!("ep_cost_{lane}"), chrono::Utc::now());
+                    fixtures::endpoint("acme", &format!("ep_cost_{lane}"), chrono::Utc::now());
                 endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
                 // The default cap (4), and only its own event type.
                 endpoint.event_types =

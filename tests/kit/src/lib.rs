@@ -3,15 +3,16 @@
 //! fixtures, test support (the AWS shape on the emulator, a local receiver), an API-only
 //! `App`, and (feature `aws`) the DynamoDB request meter with the cost measurement.
 //!
-//! `contract`, `replay_contract` and `testing` are also compiled into the core crate's own
-//! unit tests (`#[path]` modules there): a crate's unit tests cannot use a crate that
-//! depends on it, and this way they are written once.
+//! `fixtures` and `testing` are also compiled into the core crate's own unit tests (`#[path]`
+//! modules there): a crate's unit tests cannot use a crate that depends on it, and this way
+//! they are written once. The contract suites run from the core's integration tests.
 
 pub mod app;
 pub mod contract;
 #[cfg(all(test, feature = "aws"))]
 mod cost;
 pub mod farm;
+pub mod fixtures;
 #[cfg(feature = "aws")]
 pub mod meter;
 pub mod replay_contract;

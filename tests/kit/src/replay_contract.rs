@@ -1,138 +1,18 @@
 //! What every `Store` must do for replays, as a test any adapter can run:
-//! `replays_follow_the_contract(&store).await`. Written with `hooklane::` paths, like
-//! `contract`, so that the core crate's own tests compile it too.
+//! `replays_follow_the_contract(&store).await`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
 
 use hooklane::{
-    clock::{from_millis, Timestamp},
+    clock::Timestamp,
     domain::{
-        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
-        Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType,
-        EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+        Account, AccountId, Decision, DeliveryStatus, EmailAddress, Endpoint, EndpointId,
+        EventType, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
-    signing::SigningSecret,
-    store::{AttemptRecord, DisableRequest, PendingRef, RecordOutcome, ReplayRequest, Store},
+    store::{DisableRequest, PendingRef, ReplayRequest, Store},
 };
 
-pub fn at(seconds: i64) -> Timestamp {
-    from_millis(1_900_000_000_000 + seconds * 1000)
-}
-
-pub fn endpoint(account: &AccountId, name: &str, max_in_flight: u32) -> Endpoint {
-    Endpoint {
-        id: EndpointId::from_trusted(format!("ep_{name}")),
-        account_id: account.clone(),
-        url: EndpointUrl::parse(&format!("https://{name}.example/hook")).expect("url"),
-        description: String::new(),
-        secret: SigningSecret::generate(),
-        retiring_secret: None,
-        status: EndpointStatus::Active,
-        event_types: EventTypeFilter::parse(None).expect("filter"),
-        max_in_flight,
-        rate_limit_per_second: None,
-        failing_since: None,
-        disabled_reason: None,
-        created_at: at(0),
-        updated_at: at(0),
-    }
-}
-
-/// Publishes an event at `second` to `endpoints`; returns its deliveries in that order.
-pub async fn publish(
-    store: &dyn Store,
-    account: &AccountId,
-    second: i64,
-    event_type: &str,
-    endpoints: &[&Endpoint],
-) -> Vec<Delivery> {
-    let event = Event::new(
-        EventId::from_trusted(format!("evt_{second}")),
-        account.clone(),
-        EventType::parse(event_type).expect("type"),
-        at(second),
-        &serde_json::json!({"at": second}),
-    )
-    .expect("event");
-    let deliveries: Vec<Delivery> = endpoints
-        .iter()
-        .map(|e| Delivery::new_pending(&event, e.id.clone(), at(second)))
-        .collect();
-    store.publish(&event, &deliveries).await.expect("publish");
-    deliveries
-}
-
-/// One attempt; `decision` decides what the delivery becomes.
-pub async fn attempt(
-    store: &dyn Store,
-    delivery: &DeliveryId,
-    endpoint: &EndpointId,
-    second: i64,
-    decision: Decision,
-) -> RecordOutcome {
-    let current = store
-        .load_work(delivery)
-        .await
-        .expect("load")
-        .expect("work")
-        .delivery;
-    let success = decision == Decision::Delivered;
-    store
-        .record_attempt(&AttemptRecord {
-            attempt: Attempt {
-                delivery_id: delivery.clone(),
-                number: current.attempts + 1,
-                trigger: current.next_trigger,
-                started_at: at(second),
-                latency_ms: 5,
-                status_code: Some(if success { 200 } else { 500 }),
-                response_headers: vec![],
-                response_body: String::new(),
-                response_body_truncated: false,
-                error: (!success).then(|| "HTTP 500".to_owned()),
-            },
-            expected_attempts: current.attempts,
-            decision,
-            client_error_count: current.client_error_count + 1,
-            endpoint_id: endpoint.clone(),
-            success,
-            now: at(second),
-        })
-        .await
-        .expect("record")
-}
-
-pub fn failed() -> Decision {
-    Decision::Failed {
-        reason: "retry schedule exhausted".into(),
-    }
-}
-
-pub fn replay(
-    account: &AccountId,
-    scope: ReplayScope,
-    filter: ReplayFilter,
-    second: i64,
-) -> Replay {
-    Replay {
-        id: ReplayId::generate(),
-        account_id: account.clone(),
-        actor: "admin".into(),
-        scope,
-        filter,
-        requested_at: at(second),
-        count: 0,
-        more: false,
-    }
-}
-
-pub async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) -> Delivery {
-    store
-        .get_delivery(account, id)
-        .await
-        .expect("get")
-        .expect("delivery")
-}
+use crate::fixtures::{at, attempt, endpoint, failed, publish, replay, status_of};
 
 pub async fn replays_follow_the_contract(store: &dyn Store) {
     let account = AccountId::from_trusted("acme".into());
@@ -148,9 +28,12 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
             .await
             .expect("account");
     }
-    let main = endpoint(&account, "main", 7);
-    let second = endpoint(&account, "second", 4);
-    let closed = endpoint(&account, "closed", 4);
+    let main = Endpoint {
+        max_in_flight: 7,
+        ..endpoint("acme", "ep_main", at(0))
+    };
+    let second = endpoint("acme", "ep_second", at(0));
+    let closed = endpoint("acme", "ep_closed", at(0));
     for e in [&main, &second, &closed] {
         store.create_endpoint(e).await.expect("endpoint");
     }
@@ -159,11 +42,11 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
     let d20 = publish(store, &account, 20, "invoice.paid", &[&main]).await;
     let d30 = publish(store, &account, 30, "user.created", &[&main, &second]).await;
     let d40 = publish(store, &account, 40, "invoice.paid", &[&main, &closed]).await;
-    attempt(store, &d10[0].id, &main.id, 11, failed()).await;
-    attempt(store, &d10[1].id, &second.id, 11, failed()).await;
-    attempt(store, &d20[0].id, &main.id, 21, Decision::Delivered).await;
-    attempt(store, &d30[0].id, &main.id, 31, failed()).await;
-    attempt(store, &d30[1].id, &second.id, 31, failed()).await;
+    attempt(store, &d10[0].id, 11, failed()).await;
+    attempt(store, &d10[1].id, 11, failed()).await;
+    attempt(store, &d20[0].id, 21, Decision::Delivered).await;
+    attempt(store, &d30[0].id, 31, failed()).await;
+    attempt(store, &d30[1].id, 31, failed()).await;
     // closed: disabled while its delivery was pending, so that one is abandoned.
     store
         .disable_endpoint(&DisableRequest {
@@ -223,7 +106,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
         .any(|p| p.delivery_id == d30[0].id));
 
     // The manual attempt is recorded as such, and the next one is scheduled again.
-    attempt(store, &d30[0].id, &main.id, 51, Decision::RetryAt(at(80))).await;
+    attempt(store, &d30[0].id, 51, Decision::RetryAt(at(80))).await;
     let attempts = store.list_attempts(&d30[0].id).await.expect("attempts");
     assert_eq!(
         attempts
@@ -309,7 +192,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
 
     // The limit is honoured oldest first, and `more` says there is more.
     let everything = ReplayFilter::bulk(at(0), None, None, vec![]).expect("filter");
-    attempt(store, &d10[1].id, &second.id, 73, failed()).await;
+    attempt(store, &d10[1].id, 73, failed()).await;
     let outcome = store
         .replay(&ReplayRequest {
             replay: replay(

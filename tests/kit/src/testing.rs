@@ -106,6 +106,25 @@ pub fn require_emulator() {
     );
 }
 
+/// A DynamoDB client for the emulator; fails loudly without one.
+#[cfg(feature = "aws")]
+pub async fn emulator_client() -> hooklane::aws::aws_sdk_dynamodb::Client {
+    require_emulator();
+    hooklane::aws::aws_sdk_dynamodb::Client::new(&hooklane::aws::load_sdk_config().await)
+}
+
+/// A DynamoDB store on fresh tables of the emulator, so tests never see each other's items.
+/// The late-write rule is off: the fixtures' fixed times lie years back, where every
+/// delivery would be indexed as it is written and the sweeper's walk would go untested.
+#[cfg(feature = "aws")]
+pub async fn emulator_store() -> hooklane::store::dynamodb::DynamoStore {
+    use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention, TableNames};
+    let client = emulator_client().await;
+    let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
+    create_tables(&client, &tables).await.unwrap();
+    DynamoStore::new(client, tables, Retention::default()).without_late_write_rule()
+}
+
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to
 /// loopback receivers.
 #[cfg(feature = "aws")]

@@ -75,40 +75,33 @@ impl DynamoStore {
         let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
         let mut matched = Vec::new();
         for delivery in candidates {
-            let in_window = filter
-                .since
-                .is_none_or(|since| delivery.created_at >= since)
-                && filter.until.is_none_or(|until| delivery.created_at < until);
-            // An event past retention is gone (TTL): its deliveries cannot be sent again.
-            let event_kept =
-                crate::clock::add(delivery.created_at, self.retention.events) > replay.requested_at;
-            let wanted = delivery.account_id == replay.account_id
-                && event_kept
-                && delivery.status.is_final()
-                && filter.statuses.contains(&delivery.status)
-                && (filter.event_types.is_empty()
-                    || filter.event_types.contains(&delivery.event_type))
-                && in_window;
-            if !wanted {
-                continue;
-            }
             if !endpoints.contains_key(&delivery.endpoint_id) {
                 let endpoint = self
                     .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
                     .await?;
                 endpoints.insert(delivery.endpoint_id.clone(), endpoint);
             }
-            let Some(Some(endpoint)) = endpoints.get(&delivery.endpoint_id) else {
+            let endpoint = endpoints
+                .get(&delivery.endpoint_id)
+                .and_then(Option::as_ref);
+            let candidate = ReplayCandidate {
+                delivery_id: &delivery.id,
+                endpoint_id: &delivery.endpoint_id,
+                account_id: &delivery.account_id,
+                status: delivery.status,
+                event_type: &delivery.event_type,
+                created_at: delivery.created_at,
+                endpoint_active: endpoint.is_some_and(|e| e.status == EndpointStatus::Active),
+                // An event past retention is gone (TTL): its deliveries cannot be sent again.
+                event_kept: crate::clock::add(delivery.created_at, self.retention.events)
+                    > replay.requested_at,
+            };
+            let Some(endpoint) = endpoint.filter(|_| replay.selects(&candidate)) else {
                 continue;
             };
-            if endpoint.status != EndpointStatus::Active {
-                continue;
-            }
-            matched.push((
-                delivery,
-                endpoint.max_in_flight,
-                endpoint.rate_limit_per_second,
-            ));
+            let (max_in_flight, rate_limit) =
+                (endpoint.max_in_flight, endpoint.rate_limit_per_second);
+            matched.push((delivery, max_in_flight, rate_limit));
             if matched.len() > limit {
                 break;
             }

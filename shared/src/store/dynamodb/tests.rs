@@ -1,51 +1,29 @@
-//! The DynamoDB store against the emulator: the contract, and what only this store does.
+//! What only the DynamoDB store does, against the emulator (the store contract runs from
+//! the integration tests, `tests/core/stores.rs`).
 
 use super::items::*;
 use super::*;
 
-/// A client for the local AWS emulator that scripts/test starts. Fails loudly without it:
-/// a skipped AWS test would look like a passing one.
-pub async fn emulator_client() -> Client {
-    crate::testing::require_emulator();
-    Client::new(&crate::aws::load_sdk_config().await)
-}
-
-/// A store on fresh tables, so tests never see each other's items.
-pub async fn emulator_store() -> DynamoStore {
-    let client = emulator_client().await;
-    let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
-    create_tables(&client, &tables).await.unwrap();
-    let mut store = DynamoStore::new(client, tables, Retention::default());
-    store.late_fan_out = None;
-    store
-}
-
-crate::store_contract_tests!(emulator_store);
-
-#[tokio::test]
-async fn replays_follow_the_store_contract() {
-    let store = emulator_store().await;
-    crate::replay_contract::replays_follow_the_contract(&store).await;
-}
+use crate::testing::emulator_store;
 
 /// The audit record and the deliveries set back to pending are written together: when
 /// the record cannot be written (a role without write access to the attempts table, as
 /// the api's once was), no delivery is left pending, unqueued and unaudited.
 #[tokio::test]
 async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
-    use crate::replay_contract::{attempt, endpoint, failed, publish, replay, status_of};
+    use crate::fixtures::{at, attempt, endpoint, failed, publish, replay, status_of};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
     store
-        .create_account(&crate::contract::account("acme"))
+        .create_account(&crate::fixtures::account("acme"))
         .await
         .unwrap();
-    let ep = endpoint(&account, "a", 4);
+    let ep = endpoint("acme", "ep_a", at(0));
     store.create_endpoint(&ep).await.unwrap();
     let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
         .await
         .remove(0);
-    attempt(&store, &delivery.id, &ep.id, 2, failed()).await;
+    attempt(&store, &delivery.id, 2, failed()).await;
     let mut tables = store.tables().clone();
     tables.attempts = format!("{}-not-writable", tables.attempts);
     let refused = DynamoStore::new(store.client().clone(), tables, Retention::default());
@@ -85,7 +63,7 @@ async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
 /// the last one stopped, and the watermark moves only once the window is done.
 #[tokio::test]
 async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
-    use crate::contract::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
     let mut store = emulator_store().await;
     store.walk_budget = std::time::Duration::ZERO;
     store.create_account(&account("acme")).await.unwrap();
@@ -126,20 +104,20 @@ async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
 /// A replay larger than one transaction: its record counts every delivery written.
 #[tokio::test]
 async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
-    use crate::replay_contract::{attempt, endpoint, failed, publish, replay};
+    use crate::fixtures::{at, attempt, endpoint, failed, publish, replay};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
     store
-        .create_account(&crate::contract::account("acme"))
+        .create_account(&crate::fixtures::account("acme"))
         .await
         .unwrap();
-    let ep = endpoint(&account, "a", 4);
+    let ep = endpoint("acme", "ep_a", at(0));
     store.create_endpoint(&ep).await.unwrap();
     for second in 1..=150 {
         let delivery = publish(&store, &account, second, "invoice.paid", &[&ep])
             .await
             .remove(0);
-        attempt(&store, &delivery.id, &ep.id, second, failed()).await;
+        attempt(&store, &delivery.id, second, failed()).await;
     }
     let outcome = store
         .replay(&ReplayRequest {
@@ -182,7 +160,7 @@ fn pending_shards_are_stable_and_spread() {
 
 #[tokio::test]
 async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() {
-    use crate::contract::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
     let store = emulator_store().await;
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_half", t0());
@@ -244,7 +222,7 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
 
 #[tokio::test]
 async fn a_delivery_without_its_derived_id_is_refused() {
-    use crate::contract::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
     let store = emulator_store().await;
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_a", t0());
@@ -285,7 +263,7 @@ async fn indexed_pending(store: &DynamoStore) -> Vec<String> {
 #[tokio::test]
 async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     use crate::clock::add;
-    use crate::contract::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
     use std::time::Duration;
     let secs = Duration::from_secs;
     let store = emulator_store().await;
@@ -397,7 +375,7 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
 
 #[tokio::test]
 async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_once() {
-    use crate::contract::{account, delivery, endpoint, event};
+    use crate::fixtures::{account, delivery, endpoint, event};
     let mut store = emulator_store().await;
     store.late_fan_out = Some(LATE_FAN_OUT);
     store.create_account(&account("acme")).await.unwrap();
@@ -429,7 +407,7 @@ async fn a_delivery_written_long_after_its_event_enters_the_pending_index_at_onc
 #[tokio::test]
 async fn a_sparse_listing_returns_short_pages_that_continue_where_they_stopped() {
     use crate::clock::add;
-    use crate::contract::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
     let mut store = emulator_store().await;
     store.list_examine_budget = 4;
     store.create_account(&account("acme")).await.unwrap();
@@ -514,14 +492,14 @@ async fn creating_the_tables_twice_is_harmless() {
 /// retention, a pending one none, and a replay that makes it pending again takes it off.
 #[tokio::test]
 async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
-    use crate::replay_contract::{at, attempt, endpoint, failed, publish, replay};
+    use crate::fixtures::{at, attempt, endpoint, failed, publish, replay};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
     store
-        .create_account(&crate::contract::account("acme"))
+        .create_account(&crate::fixtures::account("acme"))
         .await
         .unwrap();
-    let ep = endpoint(&account, "a", 4);
+    let ep = endpoint("acme", "ep_a", at(0));
     store.create_endpoint(&ep).await.unwrap();
     let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
         .await
@@ -543,9 +521,9 @@ async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
     };
     assert_eq!(expires_at().await, None, "pending when published");
     let retry = Decision::RetryAt(at(60));
-    attempt(&store, &delivery.id, &ep.id, 2, retry).await;
+    attempt(&store, &delivery.id, 2, retry).await;
     assert_eq!(expires_at().await, None, "pending while retried");
-    attempt(&store, &delivery.id, &ep.id, 3, failed()).await;
+    attempt(&store, &delivery.id, 3, failed()).await;
     let retention = Retention::default().deliveries.as_secs() as i64;
     let ended_secs = to_millis(at(3)) / 1000;
     assert_eq!(expires_at().await, Some(ended_secs + retention));

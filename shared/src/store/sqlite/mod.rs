@@ -18,7 +18,8 @@ use crate::{
     domain::{
         endpoint::RetiringSecret, Account, AccountId, Attempt, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+        EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
+        ReplayScope, Trigger,
     },
     signing::SigningSecret,
 };

@@ -12,10 +12,12 @@ impl SqliteStore {
             let filter = &replay.filter;
             let now = to_millis(replay.requested_at);
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            // The scope and the window narrow the read through an index; which of those
+            // deliveries go back is `Replay::selects`, the rule every store applies.
             let mut sql = String::from(
-                "SELECT d.id, d.endpoint_id, e.max_in_flight, e.rate_limit FROM deliveries d \
-                 JOIN endpoints e ON e.id = d.endpoint_id \
-                 WHERE d.account_id = ? AND e.status = 'active'",
+                "SELECT d.id, d.endpoint_id, d.account_id, d.status, d.event_type, d.created_at, \
+                 e.status, e.max_in_flight, e.rate_limit FROM deliveries d \
+                 JOIN endpoints e ON e.id = d.endpoint_id WHERE d.account_id = ?",
             );
             let mut args: Vec<Value> = vec![Value::Text(replay.account_id.as_str().to_owned())];
             match &replay.scope {
@@ -28,9 +30,6 @@ impl SqliteStore {
                     args.push(Value::Text(id.as_str().to_owned()));
                 }
             }
-            let final_statuses: Vec<_> = filter.statuses.iter().filter(|s| s.is_final()).collect();
-            sql.push_str(&format!(" AND d.status IN ({})", vec!["?"; final_statuses.len()].join(", ")));
-            args.extend(final_statuses.iter().map(|s| Value::Text(s.as_str().to_owned())));
             if let Some(since) = filter.since {
                 sql.push_str(" AND d.created_at >= ?");
                 args.push(Value::Integer(to_millis(since)));
@@ -39,29 +38,53 @@ impl SqliteStore {
                 sql.push_str(" AND d.created_at < ?");
                 args.push(Value::Integer(to_millis(until)));
             }
-            if !filter.event_types.is_empty() {
-                sql.push_str(&format!(" AND d.event_type IN ({})", vec!["?"; filter.event_types.len()].join(", ")));
-                args.extend(filter.event_types.iter().map(|t| Value::Text(t.as_str().to_owned())));
-            }
-            sql.push_str(" ORDER BY d.created_at, d.id LIMIT ?");
-            args.push(Value::Integer(i64::from(request.limit) + 1));
-            let mut matched = {
+            sql.push_str(" ORDER BY d.created_at, d.id");
+            let mut matched = Vec::new();
+            {
                 let mut stmt = tx.prepare(&sql).map_err(backend)?;
                 let rows = stmt
                     .query_map(rusqlite::params_from_iter(args), |row| {
-                        let rate: Option<i64> = row.get(3)?;
-                        Ok(PendingRef {
+                        let status: String = row.get(3)?;
+                        let endpoint_status: String = row.get(6)?;
+                        let rate: Option<i64> = row.get(8)?;
+                        let work = PendingRef {
                             delivery_id: DeliveryId::from_trusted(row.get(0)?),
                             endpoint_id: EndpointId::from_trusted(row.get(1)?),
-                            account_id: replay.account_id.clone(),
+                            account_id: AccountId::from_trusted(row.get(2)?),
                             due: replay.requested_at,
-                            max_in_flight: u32_col(row, 2)?,
+                            max_in_flight: u32_col(row, 7)?,
                             rate_limit_per_second: rate.and_then(|v| u32::try_from(v).ok()),
-                        })
+                        };
+                        let status = DeliveryStatus::parse(&status)
+                            .ok_or_else(|| corrupt("delivery status", &status))?;
+                        let event_type = EventType::from_trusted(row.get(4)?);
+                        let created_at = from_millis(row.get(5)?);
+                        Ok((work, status, event_type, created_at, endpoint_status == "active"))
                     })
                     .map_err(backend)?;
-                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?
-            };
+                // Read one row at a time: the scan stops once the limit is passed.
+                for row in rows {
+                    let (work, status, event_type, created_at, endpoint_active) =
+                        row.map_err(backend)?;
+                    let candidate = ReplayCandidate {
+                        delivery_id: &work.delivery_id,
+                        endpoint_id: &work.endpoint_id,
+                        account_id: &work.account_id,
+                        status,
+                        event_type: &event_type,
+                        created_at,
+                        endpoint_active,
+                        // An event stays in the file while a delivery refers to it.
+                        event_kept: true,
+                    };
+                    if replay.selects(&candidate) {
+                        matched.push(work);
+                        if matched.len() > request.limit as usize {
+                            break;
+                        }
+                    }
+                }
+            }
             replay.more = matched.len() > request.limit as usize;
             matched.truncate(request.limit as usize);
             {

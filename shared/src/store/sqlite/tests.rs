@@ -1,60 +1,9 @@
-//! The SQLite store: the contract on a file, and what only this store does.
+//! What only the SQLite store does (the store contract runs from the integration tests,
+//! `tests/core/stores.rs`).
 
 use super::rows::*;
 use super::schema::*;
 use super::*;
-
-/// The store contract on an in-memory store.
-mod in_memory {
-    async fn store() -> super::SqliteStore {
-        super::SqliteStore::in_memory().unwrap()
-    }
-
-    crate::store_contract_tests!(store);
-}
-
-/// The contract checks again on a file, where reads take the reader connection and a
-/// thread checkpoints the WAL (the in-memory store the contract suite uses has neither).
-#[tokio::test]
-async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads() {
-    let dir = std::env::temp_dir().join(format!(
-        "hooklane-sqlite-file-contract-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    macro_rules! on_fresh_files {
-        ($($check:ident),* $(,)?) => {$(
-            let store = SqliteStore::open(dir.join(concat!(stringify!($check), ".db"))).unwrap();
-            crate::contract::$check(&store).await;
-            drop(store);
-        )*};
-    }
-    on_fresh_files!(
-        accounts_and_endpoints,
-        publish_is_idempotent_on_the_event_id,
-        record_attempt_applies_once_per_expected_state,
-        failed_is_final,
-        pending_deliveries_page_by_id_and_skip_inactive_endpoints,
-        list_deliveries_newest_first_with_filters_and_cursor,
-        failing_endpoints_are_the_active_ones_failing_long_enough,
-        disable_endpoint_is_conditional_and_complete,
-        notification_outbox,
-        settings_put_if_absent,
-        delete_endpoint_abandons_pending_and_keeps_history,
-        add_deliveries_adds_each_pair_once,
-        publish_batch_answers_each_item_once,
-    );
-    let store = SqliteStore::open(dir.join("replays.db")).unwrap();
-    crate::replay_contract::replays_follow_the_contract(&store).await;
-    drop(store);
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[tokio::test]
-async fn replays_follow_the_store_contract() {
-    let store = SqliteStore::in_memory().unwrap();
-    crate::replay_contract::replays_follow_the_contract(&store).await;
-}
 
 /// The deliveries table of the first release, before any column was added.
 const FIRST_RELEASE_DELIVERIES: &str =
@@ -77,7 +26,7 @@ async fn poll_once<F: std::future::Future>(
 /// A store with one endpoint, which a first try has read (so the store keeps it), and
 /// a second event with its delivery, not yet published.
 async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Delivery) {
-    use crate::contract::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
     let store = SqliteStore::in_memory().unwrap();
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_a", t0());
@@ -224,8 +173,8 @@ async fn an_older_file_gains_the_replay_columns() {
 /// and the file reuses the freed pages instead of growing.
 #[tokio::test]
 async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() {
-    use crate::contract::{account, attempt_record, delivery, endpoint, event, t0};
     use crate::domain::Decision;
+    use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
     let dir = std::env::temp_dir().join(format!("hooklane-retention-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = SqliteStore::open(dir.join("retention.db")).unwrap();

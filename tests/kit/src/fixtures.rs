@@ -1,0 +1,182 @@
+//! The test fixtures every store test builds from: accounts, endpoints, events, deliveries
+//! and attempts. Written with `hooklane::` paths: the core crate compiles this file into its
+//! own unit tests too (see its `lib.rs`), which cannot use this crate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
+
+use hooklane::{
+    clock::{from_millis, Timestamp},
+    domain::{
+        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, EmailAddress, Endpoint,
+        EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
+        Replay, ReplayFilter, ReplayId, ReplayScope, Trigger,
+    },
+    signing::SigningSecret,
+    store::{AttemptRecord, RecordOutcome, Store},
+};
+
+/// A fixed, millisecond-exact start so stored timestamps compare equal after a round trip.
+pub fn t0() -> Timestamp {
+    from_millis(1_700_000_000_000)
+}
+
+pub fn account(id: &str) -> Account {
+    Account {
+        id: AccountId::parse(id).unwrap(),
+        name: format!("Account {id}"),
+        owner_email: EmailAddress::parse("owner@example.com").unwrap(),
+        created_at: t0(),
+    }
+}
+
+pub fn endpoint(account: &str, id: &str, created_at: Timestamp) -> Endpoint {
+    Endpoint {
+        id: EndpointId::parse(id).unwrap(),
+        account_id: AccountId::parse(account).unwrap(),
+        url: EndpointUrl::parse(&format!("https://{id}.example.com/hooks")).unwrap(),
+        description: String::new(),
+        secret: SigningSecret::generate(),
+        retiring_secret: None,
+        status: EndpointStatus::Active,
+        event_types: EventTypeFilter::all(),
+        max_in_flight: 4,
+        rate_limit_per_second: None,
+        failing_since: None,
+        disabled_reason: None,
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+pub fn event(account: &str, id: &str, at: Timestamp) -> Event {
+    typed_event(account, id, "invoice.paid", at)
+}
+
+pub fn typed_event(account: &str, id: &str, event_type: &str, at: Timestamp) -> Event {
+    Event::new(
+        EventId::parse(id).unwrap(),
+        AccountId::parse(account).unwrap(),
+        EventType::parse(event_type).unwrap(),
+        at,
+        &serde_json::json!({"n": id}),
+    )
+    .unwrap()
+}
+
+pub fn delivery(event: &Event, endpoint: &Endpoint, at: Timestamp) -> Delivery {
+    Delivery::new_pending(event, endpoint.id.clone(), at)
+}
+
+pub fn attempt_record(
+    delivery: &Delivery,
+    number: u32,
+    decision: Decision,
+    success: bool,
+    now: Timestamp,
+) -> AttemptRecord {
+    AttemptRecord {
+        attempt: Attempt {
+            delivery_id: delivery.id.clone(),
+            number,
+            trigger: Trigger::Scheduled,
+            started_at: now,
+            latency_ms: 12,
+            status_code: Some(if success { 200 } else { 500 }),
+            response_headers: vec![("x-test".into(), "1".into())],
+            response_body: "body".into(),
+            response_body_truncated: false,
+            error: (!success).then(|| "HTTP 500".to_owned()),
+        },
+        expected_attempts: number - 1,
+        decision,
+        client_error_count: 0,
+        endpoint_id: delivery.endpoint_id.clone(),
+        success,
+        now,
+    }
+}
+
+/// Seconds after a second fixed start (later than `t0`), for tests that count in seconds.
+pub fn at(seconds: i64) -> Timestamp {
+    from_millis(1_900_000_000_000 + seconds * 1000)
+}
+
+/// Publishes an event at `second` to `endpoints`; returns its deliveries in that order.
+pub async fn publish(
+    store: &dyn Store,
+    account: &AccountId,
+    second: i64,
+    event_type: &str,
+    endpoints: &[&Endpoint],
+) -> Vec<Delivery> {
+    let event = typed_event(
+        account.as_str(),
+        &format!("evt_{second}"),
+        event_type,
+        at(second),
+    );
+    let deliveries: Vec<Delivery> = endpoints
+        .iter()
+        .map(|e| delivery(&event, e, at(second)))
+        .collect();
+    store.publish(&event, &deliveries).await.expect("publish");
+    deliveries
+}
+
+/// One attempt at `second` on the delivery as it stands; `decision` decides what it becomes.
+pub async fn attempt(
+    store: &dyn Store,
+    delivery: &DeliveryId,
+    second: i64,
+    decision: Decision,
+) -> RecordOutcome {
+    let current = store
+        .load_work(delivery)
+        .await
+        .expect("load")
+        .expect("work")
+        .delivery;
+    let success = decision == Decision::Delivered;
+    let mut record = attempt_record(
+        &current,
+        current.attempts + 1,
+        decision,
+        success,
+        at(second),
+    );
+    record.attempt.trigger = current.next_trigger;
+    record.client_error_count = current.client_error_count + 1;
+    store.record_attempt(&record).await.expect("record")
+}
+
+pub fn failed() -> Decision {
+    Decision::Failed {
+        reason: "retry schedule exhausted".into(),
+    }
+}
+
+pub fn replay(
+    account: &AccountId,
+    scope: ReplayScope,
+    filter: ReplayFilter,
+    second: i64,
+) -> Replay {
+    Replay {
+        id: ReplayId::generate(),
+        account_id: account.clone(),
+        actor: "admin".into(),
+        scope,
+        filter,
+        requested_at: at(second),
+        count: 0,
+        more: false,
+    }
+}
+
+pub async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) -> Delivery {
+    store
+        .get_delivery(account, id)
+        .await
+        .expect("get")
+        .expect("delivery")
+}
