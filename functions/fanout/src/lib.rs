@@ -62,11 +62,11 @@ mod replay_tests;
 
 #[cfg(test)]
 mod tests {
-    use hooklane::{
-        aws::aws_sdk_dynamodb::types::TransactWriteItem,
-        domain::{AccountId, EventId, EventType},
+    use hooklane::domain::{AccountId, EventId, EventType};
+    use hooklane_testkit::{
+        fixtures,
+        testing::{emulated_shape, stored_event_item, write_through_outbox},
     };
-    use hooklane_testkit::{fixtures, testing::emulated_shape};
 
     use super::*;
 
@@ -83,15 +83,8 @@ mod tests {
     #[tokio::test]
     async fn an_outbox_event_from_the_stream_gets_its_deliveries_once() {
         let (settings, shape) = emulated_shape().await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        store
-            .create_endpoint(&fixtures::endpoint("acme", "ep_1", fixtures::t0()))
-            .await
-            .unwrap();
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
         // The platform writes the event through the outbox helper, in its own transaction;
         // the stream record in the fixture is its image (same creation time).
         let outbox_event = hooklane::domain::Event::new(
@@ -102,18 +95,7 @@ mod tests {
             &serde_json::json!({"amount": 42}),
         )
         .unwrap();
-        shape
-            .store
-            .client()
-            .transact_write_items()
-            .transact_items(
-                TransactWriteItem::builder()
-                    .put(shape.store.outbox_put(&outbox_event).unwrap())
-                    .build(),
-            )
-            .send()
-            .await
-            .unwrap();
+        write_through_outbox(&shape, &outbox_event).await;
 
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
@@ -252,18 +234,7 @@ mod tests {
             ),
             Some(serde_json::json!(1))
         );
-        let item = shape
-            .store
-            .client()
-            .get_item()
-            .table_name(&settings.tables.events)
-            .key("account_id", s("acme"))
-            .key("id", s("evt_outbox_1"))
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
+        let item = stored_event_item(&shape.store, "acme", "evt_outbox_1").await;
         let reason = item.get("rejected").and_then(|v| v.as_s().ok()).cloned();
         assert!(
             reason.as_deref().is_some_and(|r| r.contains("payload")),

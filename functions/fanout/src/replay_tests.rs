@@ -11,19 +11,16 @@ use std::{
 
 use aws_lambda_events::event::dynamodb::Event as StreamBatch;
 use hooklane::{
-    aws::{
-        aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem},
-        aws_sdk_sqs,
-        settings::AwsSettings,
-        shape::AwsShape,
-    },
+    aws::{aws_sdk_dynamodb::types::AttributeValue, aws_sdk_sqs, shape::AwsShape},
     domain::{AccountId, Event, EventId, EventType},
     queue::sqs::DeliveryMessage,
     service::sender::{handle_message, Handled, Lanes},
 };
 use hooklane_testkit::{
     fixtures,
-    testing::{emulated_shape, receive_queued, slow_receiver},
+    testing::{
+        emulated_shape, receive_queued, slow_receiver, stored_event_item, write_through_outbox,
+    },
 };
 use serde_json::{json, Value};
 
@@ -59,7 +56,6 @@ fn image(item: &HashMap<String, AttributeValue>) -> Value {
 /// its new image.
 async fn outbox_batch(
     shape: &AwsShape,
-    settings: &AwsSettings,
     ids: &[&str],
     first_sequence: u64,
 ) -> (StreamBatch, Vec<Event>) {
@@ -76,31 +72,8 @@ async fn outbox_batch(
             &json!({ "n": n }),
         )
         .unwrap();
-        shape
-            .store
-            .client()
-            .transact_write_items()
-            .transact_items(
-                TransactWriteItem::builder()
-                    .put(shape.store.outbox_put(&event).unwrap())
-                    .build(),
-            )
-            .send()
-            .await
-            .unwrap();
-        let stored = shape
-            .store
-            .client()
-            .get_item()
-            .table_name(&settings.tables.events)
-            .key("account_id", AttributeValue::S("acme".into()))
-            .key("id", AttributeValue::S((*id).into()))
-            .consistent_read(true)
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
+        write_through_outbox(shape, &event).await;
+        let stored = stored_event_item(&shape.store, "acme", id).await;
         let mut record = template["Records"][0].clone();
         record["dynamodb"]["Keys"] = json!({ "account_id": {"S": "acme"}, "id": {"S": id} });
         record["dynamodb"]["NewImage"] = image(&stored);
@@ -117,20 +90,13 @@ async fn outbox_batch(
 async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_one_request_each() {
     let (settings, shape) = emulated_shape().await;
     let receiver = slow_receiver(Duration::from_millis(5)).await;
-    let store = &shape.app.store;
-    store
-        .create_account(&fixtures::account("acme"))
-        .await
-        .unwrap();
-    for id in ENDPOINTS {
-        let mut endpoint = fixtures::endpoint("acme", id, fixtures::t0());
-        endpoint.url = hooklane::domain::EndpointUrl::parse(&receiver.url).unwrap();
-        store.create_endpoint(&endpoint).await.unwrap();
-    }
+    let store = shape.app.store.as_ref();
+    let endpoints = ENDPOINTS.map(|id| fixtures::endpoint_sending_to("acme", id, &receiver.url));
+    fixtures::create_account_and_endpoints(store, "acme", &endpoints).await;
 
     // Lambda retries a batch after a crash: the same records again, one after the other.
     let (retried, retried_events) =
-        outbox_batch(&shape, &settings, &["evt_retried_1", "evt_retried_2"], 100).await;
+        outbox_batch(&shape, &["evt_retried_1", "evt_retried_2"], 100).await;
     for _ in 0..2 {
         let response = handle(&shape, retried.clone()).await;
         assert!(response.batch_item_failures.is_empty(), "{response:?}");
@@ -139,7 +105,6 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
     // first run).
     let (overlapping, overlapping_events) = outbox_batch(
         &shape,
-        &settings,
         &["evt_overlap_1", "evt_overlap_2", "evt_overlap_3"],
         200,
     )
@@ -265,18 +230,9 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
 #[tokio::test]
 async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
     let (settings, shape) = emulated_shape().await;
-    let store = &shape.app.store;
-    store
-        .create_account(&fixtures::account("acme"))
-        .await
-        .unwrap();
-    for id in ENDPOINTS {
-        store
-            .create_endpoint(&fixtures::endpoint("acme", id, fixtures::t0()))
-            .await
-            .unwrap();
-    }
-    let (batch, events) = outbox_batch(&shape, &settings, &["evt_half_done"], 300).await;
+    let store = shape.app.store.as_ref();
+    fixtures::account_with_endpoints(store, "acme", &ENDPOINTS).await;
+    let (batch, events) = outbox_batch(&shape, &["evt_half_done"], 300).await;
     let event = &events[0];
     // What fan_out had done when it died: the deliveries, with their one possible id each.
     let written: Vec<_> = ENDPOINTS

@@ -38,16 +38,10 @@ mod tests {
             .unwrap();
         settings.notification_from = Some(from);
         let shape = hooklane::aws::shape::connect(&settings).await.unwrap();
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let mut dying = fixtures::endpoint("acme", "ep_dying", fixtures::t0());
-        dying.failing_since = Some(fixtures::t0());
-        store.create_endpoint(&dying).await.unwrap();
+        let store = shape.app.store.as_ref();
+        let dying = failing_since_t0("ep_dying");
         let healthy = fixtures::endpoint("acme", "ep_fine", fixtures::t0());
-        store.create_endpoint(&healthy).await.unwrap();
+        fixtures::create_account_and_endpoints(store, "acme", [&dying, &healthy]).await;
 
         let scheduled: serde_json::Value =
             serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap();
@@ -79,14 +73,9 @@ mod tests {
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let (_, shape) = emulated_shape().await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let mut dying = fixtures::endpoint("acme", "ep_dying", fixtures::t0());
-        dying.failing_since = Some(fixtures::t0());
-        store.create_endpoint(&dying).await.unwrap();
+        let store = shape.app.store.as_ref();
+        let dying = failing_since_t0("ep_dying");
+        fixtures::create_account_and_endpoints(store, "acme", [&dying]).await;
         let event = fixtures::event("acme", "evt_stuck", fixtures::t0());
         store
             .publish(
@@ -122,6 +111,13 @@ mod tests {
             ),
             Some(serde_json::json!(1))
         );
+    }
+
+    /// An endpoint of acme that has been failing since `t0`, long enough to be disabled.
+    fn failing_since_t0(id: &str) -> hooklane::domain::Endpoint {
+        let mut endpoint = fixtures::endpoint("acme", id, fixtures::t0());
+        endpoint.failing_since = Some(fixtures::t0());
+        endpoint
     }
 
     fn uuid_like() -> String {

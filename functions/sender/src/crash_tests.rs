@@ -21,7 +21,7 @@ use hooklane::{
         shape::AwsShape,
     },
     config::CoreConfig,
-    domain::{AccountId, DeliveryId, DeliveryStatus, EndpointId, EndpointUrl},
+    domain::{AccountId, DeliveryId, DeliveryStatus, EndpointId},
     service::{
         fan_out::fan_out,
         publish::{publish, NewEvent},
@@ -79,15 +79,9 @@ async fn stack(receiver: &SlowReceiver) -> Stack {
         .send()
         .await
         .unwrap();
-    let store = &shape.app.store;
-    store
-        .create_account(&fixtures::account("acme"))
-        .await
-        .unwrap();
-    let mut endpoint = fixtures::endpoint("acme", "ep_crash", fixtures::t0());
-    endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
+    let mut endpoint = fixtures::endpoint_sending_to("acme", "ep_crash", &receiver.url);
     endpoint.max_in_flight = CAP;
-    store.create_endpoint(&endpoint).await.unwrap();
+    fixtures::create_account_and_endpoints(&*shape.app.store, "acme", [&endpoint]).await;
     let account = endpoint.account_id.clone();
     let mut deliveries = Vec::new();
     let mut event_ids = HashSet::new();

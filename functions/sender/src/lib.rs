@@ -40,48 +40,69 @@ mod tests {
     use std::{sync::atomic::Ordering, time::Duration};
 
     use hooklane::{
-        domain::{DeliveryStatus, EndpointUrl},
-        queue::sqs::DeliveryMessage,
+        domain::DeliveryStatus,
         service::{
             fan_out::fan_out,
-            publish::{publish, NewEvent},
+            publish::{publish, NewEvent, Published},
         },
     };
     use hooklane_testkit::{
         fixtures,
-        testing::{emulated_shape, slow_receiver},
+        testing::{delivery_message, emulated_shape, slow_receiver},
     };
 
     use super::*;
+
+    /// Account acme with its endpoint ep_1, which sends to `url`.
+    async fn acme_sending_to(shape: &AwsShape, url: &str) -> hooklane::domain::Endpoint {
+        let endpoint = fixtures::endpoint_sending_to("acme", "ep_1", url);
+        fixtures::create_account_and_endpoints(&*shape.app.store, "acme", [&endpoint]).await;
+        endpoint
+    }
+
+    /// The event `id` published to acme, then fanned out as the events table's stream does
+    /// (its delivery created and queued).
+    async fn publish_and_fan_out(shape: &AwsShape, id: &str, data: serde_json::Value) -> Published {
+        let account = hooklane::domain::AccountId::parse("acme").unwrap();
+        let new = NewEvent {
+            id: Some(id.into()),
+            event_type: "invoice.paid".into(),
+            data,
+        };
+        let published = publish(&shape.app, &account, new).await.unwrap();
+        fan_out(&shape.app, &published.event).await.unwrap();
+        published
+    }
+
+    /// The fixture batch with the given message bodies in place of its placeholders
+    /// (`{{DELIVERY_MESSAGE}}`, `{{UNREACHABLE_MESSAGE}}`), in that order.
+    fn fixture_batch(bodies: &[&str]) -> SqsEvent {
+        let placeholders = ["\"{{DELIVERY_MESSAGE}}\"", "\"{{UNREACHABLE_MESSAGE}}\""];
+        let fixture = placeholders.iter().zip(bodies).fold(
+            include_str!("../fixtures/sqs-batch.json").to_owned(),
+            |fixture, (placeholder, body)| {
+                fixture.replace(placeholder, &serde_json::to_string(body).unwrap())
+            },
+        );
+        serde_json::from_str(&fixture).unwrap()
+    }
+
+    /// The fixture batch's record of `message` alone.
+    fn batch_of_one(message: &str) -> SqsEvent {
+        let mut batch = fixture_batch(&[message]);
+        batch.records.retain(|r| r.body.as_deref() == Some(message));
+        batch
+    }
 
     #[tokio::test]
     async fn a_real_sqs_batch_reports_only_the_failed_item() {
         let (settings, shape) = emulated_shape().await;
         let receiver = slow_receiver(Duration::from_millis(5)).await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
-        endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
-        store.create_endpoint(&endpoint).await.unwrap();
-        let event = |id: &str| NewEvent {
-            id: Some(id.into()),
-            event_type: "invoice.paid".into(),
-            data: serde_json::json!({}),
-        };
+        let store = shape.app.store.as_ref();
+        let endpoint = acme_sending_to(&shape, &receiver.url).await;
         let account = endpoint.account_id.clone();
-        let good = publish(&shape.app, &account, event("evt_good"))
-            .await
-            .unwrap();
-        let broken = publish(&shape.app, &account, event("evt_broken"))
-            .await
-            .unwrap();
-        // What the events table's stream does with them: their deliveries, queued.
-        for published in [&good, &broken] {
-            fan_out(&shape.app, &published.event).await.unwrap();
-        }
+        let good = publish_and_fan_out(&shape, "evt_good", serde_json::json!({})).await;
+        let broken = publish_and_fan_out(&shape, "evt_broken", serde_json::json!({})).await;
         // The broken delivery's item cannot be read (its status is not a string): handling
         // it fails inside the sender.
         let broken_delivery = &broken.deliveries[0];
@@ -107,24 +128,10 @@ mod tests {
             .send()
             .await
             .unwrap();
-        let message = |d: &hooklane::domain::Delivery| {
-            serde_json::to_string(&DeliveryMessage {
-                delivery_id: d.id.to_string(),
-                endpoint_id: d.endpoint_id.to_string(),
-                account_id: d.account_id.to_string(),
-            })
-            .unwrap()
-        };
-        let fixture = include_str!("../fixtures/sqs-batch.json")
-            .replace(
-                "\"{{DELIVERY_MESSAGE}}\"",
-                &serde_json::to_string(&message(&good.deliveries[0])).unwrap(),
-            )
-            .replace(
-                "\"{{UNREACHABLE_MESSAGE}}\"",
-                &serde_json::to_string(&message(&broken.deliveries[0])).unwrap(),
-            );
-        let batch: SqsEvent = serde_json::from_str(&fixture).unwrap();
+        let batch = fixture_batch(&[
+            &delivery_message(&good.deliveries[0]),
+            &delivery_message(&broken.deliveries[0]),
+        ]);
 
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
@@ -159,27 +166,10 @@ mod tests {
     async fn a_delivery_whose_event_is_past_retention_ends_failed_and_cannot_be_replayed() {
         let (settings, shape) = emulated_shape().await;
         let receiver = slow_receiver(Duration::from_millis(5)).await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
-        endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
-        store.create_endpoint(&endpoint).await.unwrap();
+        let store = shape.app.store.as_ref();
+        let endpoint = acme_sending_to(&shape, &receiver.url).await;
         let account = endpoint.account_id.clone();
-        let published = publish(
-            &shape.app,
-            &account,
-            NewEvent {
-                id: Some("evt_expired".into()),
-                event_type: "invoice.paid".into(),
-                data: serde_json::json!({}),
-            },
-        )
-        .await
-        .unwrap();
-        fan_out(&shape.app, &published.event).await.unwrap();
+        let published = publish_and_fan_out(&shape, "evt_expired", serde_json::json!({})).await;
         let delivery = store
             .deliveries_of_event(&published.event)
             .await
@@ -198,12 +188,7 @@ mod tests {
             .unwrap();
         // Drain the fan-out's message, then hand the sender the delivery's message.
         let _ = hooklane_testkit::testing::receive_queued(&settings.queue_url, 1).await;
-        let body = serde_json::to_string(&DeliveryMessage {
-            delivery_id: delivery.id.to_string(),
-            endpoint_id: delivery.endpoint_id.to_string(),
-            account_id: delivery.account_id.to_string(),
-        })
-        .unwrap();
+        let body = delivery_message(&delivery);
         let outcomes =
             hooklane::aws::handlers::handle_queue_batch(&shape, &[("m-1", Some(&body))]).await;
         assert_eq!(outcomes, vec![MessageOutcome::Done], "handled, not retried");
@@ -243,46 +228,13 @@ mod tests {
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
         let (_, shape) = emulated_shape().await;
         let receiver = slow_receiver(Duration::from_millis(5)).await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
-        endpoint.url = EndpointUrl::parse(&receiver.url).unwrap();
-        store.create_endpoint(&endpoint).await.unwrap();
-        let account = endpoint.account_id.clone();
-        let published = publish(
-            &shape.app,
-            &account,
-            NewEvent {
-                id: Some("evt_metered".into()),
-                event_type: "invoice.paid".into(),
-                data: serde_json::json!({}),
-            },
-        )
-        .await
-        .unwrap();
+        acme_sending_to(&shape, &receiver.url).await;
         // The stream's fan-out creates the delivery.
-        fan_out(&shape.app, &published.event).await.unwrap();
+        let published = publish_and_fan_out(&shape, "evt_metered", serde_json::json!({})).await;
         // What publishing recorded is not this invocation's business.
         metrics.publish().unwrap();
         let before = log.documents().len();
-        let delivery = &published.deliveries[0];
-        let message = serde_json::to_string(&DeliveryMessage {
-            delivery_id: delivery.id.to_string(),
-            endpoint_id: delivery.endpoint_id.to_string(),
-            account_id: delivery.account_id.to_string(),
-        })
-        .unwrap();
-        let fixture = include_str!("../fixtures/sqs-batch.json").replace(
-            "\"{{DELIVERY_MESSAGE}}\"",
-            &serde_json::to_string(&message).unwrap(),
-        );
-        let mut batch: SqsEvent = serde_json::from_str(&fixture).unwrap();
-        batch
-            .records
-            .retain(|r| r.body.as_deref() == Some(message.as_str()));
+        let batch = batch_of_one(&delivery_message(&published.deliveries[0]));
         assert_eq!(batch.records.len(), 1);
 
         let response = metrics.flushed(handle(&shape, batch)).await;
@@ -365,42 +317,15 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/hook", closed.local_addr().unwrap());
         drop(closed);
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
-        endpoint.url = EndpointUrl::parse(&url).unwrap();
-        store.create_endpoint(&endpoint).await.unwrap();
-        let published = publish(
-            &shape.app,
-            &endpoint.account_id,
-            NewEvent {
-                id: Some("evt_logged".into()),
-                event_type: "invoice.paid".into(),
-                data: serde_json::json!({"card": "payload-marker-4242"}),
-            },
+        let endpoint = acme_sending_to(&shape, &url).await;
+        let published = publish_and_fan_out(
+            &shape,
+            "evt_logged",
+            serde_json::json!({"card": "payload-marker-4242"}),
         )
-        .await
-        .unwrap();
-        fan_out(&shape.app, &published.event).await.unwrap();
+        .await;
         let delivery = &published.deliveries[0];
-        let message = serde_json::to_string(&DeliveryMessage {
-            delivery_id: delivery.id.to_string(),
-            endpoint_id: delivery.endpoint_id.to_string(),
-            account_id: delivery.account_id.to_string(),
-        })
-        .unwrap();
-        let mut batch: SqsEvent =
-            serde_json::from_str(&include_str!("../fixtures/sqs-batch.json").replace(
-                "\"{{DELIVERY_MESSAGE}}\"",
-                &serde_json::to_string(&message).unwrap(),
-            ))
-            .unwrap();
-        batch
-            .records
-            .retain(|r| r.body.as_deref() == Some(message.as_str()));
+        let batch = batch_of_one(&delivery_message(delivery));
 
         let response = handle(&shape, batch).await;
         assert!(response.batch_item_failures.is_empty());

@@ -27,16 +27,21 @@ mod tests {
         serde_json::from_str(include_str!("../fixtures/scheduled-event.json")).unwrap()
     }
 
+    /// The ids of the events still waiting for fan-out, as of a minute after `now`.
+    async fn left_unfanned(
+        store: &dyn hooklane::store::Store,
+        now: hooklane::clock::Timestamp,
+    ) -> Vec<String> {
+        let cutoff = hooklane::clock::add(now, Duration::from_secs(60));
+        let page = store.unfanned_events(None, cutoff, 10).await.unwrap();
+        page.events.iter().map(|e| e.id.to_string()).collect()
+    }
+
     #[tokio::test]
     async fn an_event_whose_stream_record_was_lost_is_fanned_out_by_the_sweeper() {
         let (settings, shape) = emulated_shape().await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
-        store.create_endpoint(&endpoint).await.unwrap();
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
         // Accepted ten minutes ago; its stream record never reached fan-out (Lambda gave up
         // on the batch, or the local runner died). And one accepted just now, whose record
         // the stream is still to deliver.
@@ -78,16 +83,7 @@ mod tests {
             .contains(deliveries[0].id.as_str()));
 
         // Marked done: the next sweep leaves it alone.
-        let cutoff = hooklane::clock::add(now, Duration::from_secs(60));
-        let left = store
-            .unfanned_events(None, cutoff, 10)
-            .await
-            .unwrap()
-            .events;
-        assert_eq!(
-            left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
-            vec!["evt_fresh_record"]
-        );
+        assert_eq!(left_unfanned(store, now).await, vec!["evt_fresh_record"]);
     }
 
     /// An event the sweeper cannot fan out (its account's endpoints cannot be read) does
@@ -96,15 +92,8 @@ mod tests {
     async fn one_event_that_cannot_be_fanned_out_does_not_hold_back_the_others() {
         use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
         let (settings, shape) = emulated_shape().await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        store
-            .create_endpoint(&fixtures::endpoint("acme", "ep_1", fixtures::t0()))
-            .await
-            .unwrap();
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
         // An endpoint item of another account that cannot be read.
         shape
             .store
@@ -136,14 +125,8 @@ mod tests {
             1,
             "the event behind it was fanned out"
         );
-        let cutoff = hooklane::clock::add(now, Duration::from_secs(60));
-        let left = store
-            .unfanned_events(None, cutoff, 10)
-            .await
-            .unwrap()
-            .events;
         assert_eq!(
-            left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            left_unfanned(store, now).await,
             vec!["evt_stuck"],
             "the stuck one waits for the next run"
         );
@@ -152,16 +135,11 @@ mod tests {
     #[tokio::test]
     async fn a_scheduled_event_requeues_overdue_deliveries() {
         let (settings, shape) = emulated_shape().await;
-        let store = &shape.app.store;
-        store
-            .create_account(&fixtures::account("acme"))
-            .await
-            .unwrap();
-        let endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
-        store.create_endpoint(&endpoint).await.unwrap();
+        let store = shape.app.store.as_ref();
+        let endpoints = fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
         // Published long ago; its queue message was lost.
         let event = fixtures::event("acme", "evt_lost", fixtures::t0());
-        let delivery = fixtures::delivery(&event, &endpoint, fixtures::t0());
+        let delivery = fixtures::delivery(&event, &endpoints[0], fixtures::t0());
         store.publish(&event, &[delivery]).await.unwrap();
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");

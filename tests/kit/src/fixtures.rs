@@ -48,6 +48,41 @@ pub fn endpoint(account: &str, id: &str, created_at: Timestamp) -> Endpoint {
     }
 }
 
+/// [`endpoint`] created at `t0`, sending to `url` instead of its own example address.
+pub fn endpoint_sending_to(account: &str, id: &str, url: &str) -> Endpoint {
+    Endpoint {
+        url: EndpointUrl::parse(url).unwrap(),
+        ..endpoint(account, id, t0())
+    }
+}
+
+/// Stores the account `id` (as [`account`] makes it), then each of `endpoints`.
+pub async fn create_account_and_endpoints(
+    store: &dyn Store,
+    id: &str,
+    endpoints: impl IntoIterator<Item = &Endpoint>,
+) {
+    store.create_account(&account(id)).await.unwrap();
+    for endpoint in endpoints {
+        store.create_endpoint(endpoint).await.unwrap();
+    }
+}
+
+/// Stores the account `id` with an endpoint of each of `endpoint_ids` (as [`endpoint`]
+/// makes them, created at `t0`); returns the endpoints.
+pub async fn account_with_endpoints(
+    store: &dyn Store,
+    id: &str,
+    endpoint_ids: &[&str],
+) -> Vec<Endpoint> {
+    let endpoints: Vec<Endpoint> = endpoint_ids
+        .iter()
+        .map(|endpoint_id| endpoint(id, endpoint_id, t0()))
+        .collect();
+    create_account_and_endpoints(store, id, &endpoints).await;
+    endpoints
+}
+
 pub fn event(account: &str, id: &str, at: Timestamp) -> Event {
     typed_event(account, id, "invoice.paid", at)
 }

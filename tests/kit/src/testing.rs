@@ -154,6 +154,70 @@ pub async fn receive_queued(
         .unwrap_or_default()
 }
 
+/// The body of the queue message that names `delivery`, as fan-out and the sweeper send it.
+#[cfg(feature = "aws")]
+pub fn delivery_message(delivery: &hooklane::domain::Delivery) -> String {
+    serde_json::to_string(&hooklane::queue::sqs::DeliveryMessage {
+        delivery_id: delivery.id.to_string(),
+        endpoint_id: delivery.endpoint_id.to_string(),
+        account_id: delivery.account_id.to_string(),
+    })
+    .unwrap()
+}
+
+/// Writes `event` as the platform does: through the outbox helper, in its own transaction
+/// (here alone in it). The events table's stream then carries it to fan-out.
+#[cfg(feature = "aws")]
+pub async fn write_through_outbox(
+    shape: &hooklane::aws::shape::AwsShape,
+    event: &hooklane::domain::Event,
+) {
+    shape
+        .store
+        .client()
+        .transact_write_items()
+        .transact_items(
+            hooklane::aws::aws_sdk_dynamodb::types::TransactWriteItem::builder()
+                .put(shape.store.outbox_put(event).unwrap())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The item under `key` in `table`, read consistently; panics when there is none.
+#[cfg(feature = "aws")]
+pub async fn stored_item(
+    client: &hooklane::aws::aws_sdk_dynamodb::Client,
+    table: &str,
+    key: std::collections::HashMap<String, hooklane::aws::aws_sdk_dynamodb::types::AttributeValue>,
+) -> std::collections::HashMap<String, hooklane::aws::aws_sdk_dynamodb::types::AttributeValue> {
+    let read = client
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key))
+        .consistent_read(true)
+        .send()
+        .await;
+    read.unwrap()
+        .item
+        .unwrap_or_else(|| panic!("no such item in {table}"))
+}
+
+/// The item of the event `id` of `account` as `store`'s events table holds it.
+#[cfg(feature = "aws")]
+pub async fn stored_event_item(
+    store: &hooklane::store::dynamodb::DynamoStore,
+    account: &str,
+    id: &str,
+) -> std::collections::HashMap<String, hooklane::aws::aws_sdk_dynamodb::types::AttributeValue> {
+    use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
+    let key = [("account_id", account), ("id", id)]
+        .map(|(name, value)| (name.to_owned(), AttributeValue::S(value.to_owned())));
+    stored_item(store.client(), &store.tables().events, key.into()).await
+}
+
 /// [`emulated_shape`] with chosen settings (e.g. a short request deadline, so that slot
 /// leases run out within a test); loopback receivers are allowed whatever `core` says.
 #[cfg(feature = "aws")]
