@@ -80,12 +80,12 @@ pub async fn openapi_json(
     axum::Json(document.as_ref().clone())
 }
 
-/// Errors of routes that read: bad parameters, no access, nothing there.
+/// Errors of every route: bad input, no access, nothing there.
 #[derive(IntoResponses)]
 pub enum ReadErrors {
     #[response(
         status = 400,
-        description = "A parameter does not fit; `field` names it"
+        description = "A parameter, the JSON body or one of its fields does not fit; `field` names it"
     )]
     BadRequest(ErrorBody<'static>),
     #[response(status = 401, description = "Missing, invalid or expired token")]
@@ -103,25 +103,9 @@ pub enum ReadErrors {
     Unavailable(ErrorBody<'static>),
 }
 
-/// Errors of routes that take a JSON body, on top of [`ReadErrors`].
+/// What routes that take a JSON body answer besides [`ReadErrors`].
 #[derive(IntoResponses)]
-pub enum WriteErrors {
-    #[response(
-        status = 400,
-        description = "Malformed JSON, or a field of the wrong type; `field` names it"
-    )]
-    BadRequest(ErrorBody<'static>),
-    #[response(status = 401, description = "Missing, invalid or expired token")]
-    Unauthorized(ErrorBody<'static>),
-    #[response(status = 403, description = "The route needs the admin token")]
-    Forbidden(ErrorBody<'static>),
-    #[response(status = 404, description = "Not found, or not visible to this token")]
-    NotFound(ErrorBody<'static>),
-    #[response(
-        status = 409,
-        description = "The request conflicts with the current state"
-    )]
-    Conflict(ErrorBody<'static>),
+pub enum BodyErrors {
     #[response(
         status = 413,
         description = "The body or the event is larger than allowed (256 KiB)"
@@ -134,8 +118,6 @@ pub enum WriteErrors {
         description = "A field is well-formed but not acceptable; `field` names it"
     )]
     Unprocessable(ErrorBody<'static>),
-    #[response(status = 503, description = "Storage is unavailable; try again")]
-    Unavailable(ErrorBody<'static>),
 }
 
 #[derive(IntoParams)]
@@ -253,22 +235,13 @@ pub struct DeliveryFilters {
     limit: Option<u32>,
 }
 
-/// Delivery-log filters of the account's log: those of an endpoint's, plus the endpoint.
+/// The account's delivery log takes an endpoint's filters, plus the endpoint.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct AccountDeliveryFilters {
+pub struct EndpointFilter {
     /// Only this endpoint's deliveries.
     #[param(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     endpoint: Option<String>,
-    status: Option<DeliveryStatusName>,
-    event_type: Option<EventTypeName>,
-    since: Option<chrono::DateTime<chrono::Utc>>,
-    until: Option<chrono::DateTime<chrono::Utc>>,
-    #[param(minimum = 100, maximum = 599)]
-    status_code: Option<u16>,
-    cursor: Option<String>,
-    #[param(minimum = 1, maximum = 500)]
-    limit: Option<u32>,
 }
 
 #[derive(IntoParams)]

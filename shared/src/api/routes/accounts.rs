@@ -22,7 +22,7 @@ pub struct CreateAccount {
     tag = "accounts",
     summary = "Creates an account (admin only).",
     request_body = CreateAccount,
-    responses((status = 201, description = "The account was created", body = AccountView), WriteErrors),
+    responses((status = 201, description = "The account was created", body = AccountView), ReadErrors, BodyErrors),
 )]
 pub async fn create_account(
     State(state): State<ApiState>,
@@ -51,10 +51,8 @@ pub async fn create_account(
 )]
 pub async fn get_account(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let account = accounts::get(&state.app, &account).await?;
     Ok(Json(AccountView::from(&account)).into_response())
 }

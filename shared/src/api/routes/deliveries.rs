@@ -95,16 +95,14 @@ pub(super) fn delivery_query(
     path = "/v1/accounts/{account}/deliveries",
     tag = "deliveries",
     summary = "The account's delivery log.",
-    params(AccountPath, AccountDeliveryFilters),
+    params(AccountPath, EndpointFilter, DeliveryFilters),
     responses((status = 200, description = "A page of deliveries, newest first", body = DeliveryList), ReadErrors),
 )]
 pub async fn list_deliveries(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let query = delivery_query(params, true)?;
     if state
         .app
@@ -129,12 +127,10 @@ pub async fn list_deliveries(
 )]
 pub async fn list_endpoint_deliveries(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let endpoint = endpoints::get(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    let endpoint = endpoints::get(&state.app, &account, &endpoint).await?;
     let mut query = delivery_query(params, false)?;
     query.endpoint_id = Some(endpoint.id);
     deliveries_page(&state, &account, &query).await
@@ -168,11 +164,8 @@ pub(super) async fn deliveries_page(
 )]
 pub async fn get_delivery(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, delivery)): Path<(String, String)>,
+    ScopedId(account, delivery): ScopedId<DeliveryId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
     let delivery = state
         .app
         .store
@@ -193,11 +186,8 @@ pub async fn get_delivery(
 )]
 pub async fn list_attempts(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, delivery)): Path<(String, String)>,
+    ScopedId(account, delivery): ScopedId<DeliveryId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
     let store = &state.app.store;
     if store
         .get_delivery(&account, &delivery)

@@ -37,15 +37,13 @@ pub struct CreateEndpoint {
     summary = "Creates an endpoint.",
     params(AccountPath),
     request_body = CreateEndpoint,
-    responses((status = 201, description = "The endpoint was created; `secret` signs its webhooks", body = EndpointView), WriteErrors),
+    responses((status = 201, description = "The endpoint was created; `secret` signs its webhooks", body = EndpointView), ReadErrors, BodyErrors),
 )]
 pub async fn create_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
     JsonBody(body): JsonBody<CreateEndpoint>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let endpoint = endpoints::create(
         &state.app,
         &account,
@@ -72,10 +70,8 @@ pub async fn create_endpoint(
 )]
 pub async fn list_endpoints(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let list = endpoints::list(&state.app, &account).await?;
     Ok(Json(ListView {
         data: list.iter().map(EndpointView::from).collect(),
@@ -94,11 +90,9 @@ pub async fn list_endpoints(
 )]
 pub async fn get_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let endpoint = endpoints::get(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    let endpoint = endpoints::get(&state.app, &account, &endpoint).await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
@@ -129,19 +123,17 @@ pub struct UpdateEndpoint {
     summary = "Changes an endpoint; absent fields stay, `null` clears an optional one.",
     params(EndpointPath),
     request_body = UpdateEndpoint,
-    responses((status = 200, description = "The endpoint as changed", body = EndpointView), WriteErrors),
+    responses((status = 200, description = "The endpoint as changed", body = EndpointView), ReadErrors, BodyErrors),
 )]
 pub async fn update_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
     JsonBody(body): JsonBody<UpdateEndpoint>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let endpoint = endpoints::update(
         &state.app,
         &account,
-        &endpoint_id(&endpoint)?,
+        &endpoint,
         endpoints::EndpointChanges {
             url: body.url,
             description: body.description,
@@ -164,11 +156,9 @@ pub async fn update_endpoint(
 )]
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    endpoints::delete(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    endpoints::delete(&state.app, &account, &endpoint).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -182,11 +172,9 @@ pub async fn delete_endpoint(
 )]
 pub async fn enable_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let endpoint = endpoints::enable(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    let endpoint = endpoints::enable(&state.app, &account, &endpoint).await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
@@ -200,11 +188,9 @@ pub async fn enable_endpoint(
 )]
 pub async fn disable_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let endpoint = endpoints::disable(&state.app, &account, &endpoint_id(&endpoint)?).await?;
+    let endpoint = endpoints::disable(&state.app, &account, &endpoint).await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
@@ -224,15 +210,13 @@ pub struct RotateSecret {
     summary = "Rotates the signing secret with a grace period (default 24 h) during which both secrets sign.",
     params(EndpointPath),
     request_body = Option<RotateSecret>,
-    responses((status = 200, description = "The endpoint with its new secret; the old one signs too until `retiring_secret_until`", body = EndpointView), WriteErrors),
+    responses((status = 200, description = "The endpoint with its new secret; the old one signs too until `retiring_secret_until`", body = EndpointView), ReadErrors, BodyErrors),
 )]
 pub async fn rotate_secret(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     // The body is optional: an empty POST (or `null`) rotates with the default grace period.
     let text = body.trim_ascii();
     let options: RotateSecret = if text.is_empty() || text == b"null" {
@@ -250,7 +234,7 @@ pub async fn rotate_secret(
     let endpoint = endpoints::rotate_secret(
         &state.app,
         &account,
-        &endpoint_id(&endpoint)?,
+        &endpoint,
         Duration::from_secs(grace_secs),
     )
     .await?;

@@ -29,15 +29,13 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), WriteErrors),
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), ReadErrors, BodyErrors),
 )]
 pub async fn publish_event(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
     JsonBody(body): JsonBody<PublishEvent>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let published = publish::publish(
         &state.app,
         &account,
@@ -76,15 +74,13 @@ pub struct PublishBatch {
     description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. On the embedded shape the batch is one transaction; on the AWS shape the events are written in one transaction per 100 events or 4 MB, and a retry of the same batch completes one that failed part-way.",
     params(AccountPath),
     request_body = PublishBatch,
-    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), WriteErrors),
+    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), ReadErrors, BodyErrors),
 )]
 pub async fn publish_batch(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
     JsonBody(body): JsonBody<PublishBatch>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let inputs = body
         .events
         .into_iter()
@@ -115,11 +111,8 @@ pub async fn publish_batch(
 )]
 pub async fn get_event(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, event)): Path<(String, String)>,
+    ScopedId(account, event): ScopedId<EventId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let event = EventId::parse(&event).map_err(|_| ApiError::not_found("event"))?;
     let (event, deliveries) = publish::get(&state.app, &account, &event).await?;
     Ok(Json(EventView::new(&event, &deliveries)).into_response())
 }
@@ -138,11 +131,8 @@ pub async fn get_event(
 )]
 pub async fn erase_event(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path((account, event)): Path<(String, String)>,
+    ScopedId(account, event): ScopedId<EventId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let event = EventId::parse(&event).map_err(|_| ApiError::not_found("event"))?;
     let erasure = publish::erase(&state.app, &account, &event).await?;
     Ok(Json(EventView::new(&erasure.event, &erasure.deliveries)).into_response())
 }

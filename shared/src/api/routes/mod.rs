@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use axum::{
-    extract::{Path, Query, State},
+    extract::{FromRequestParts, Query, RawPathParams, State},
+    http::request::Parts,
     http::StatusCode,
     response::{IntoResponse, Response},
     Extension, Json,
@@ -17,9 +18,9 @@ use super::{
     error::{ApiError, ApiResult},
     json::{whole, JsonBody},
     openapi::{
-        AccountDeliveryFilters, AccountPath, AttemptList, DeliveryFilters, DeliveryList,
-        DeliveryPath, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
-        PageParams, ReadErrors, ReplayList, ReplayableStatus, WriteErrors,
+        AccountPath, AttemptList, BodyErrors, DeliveryFilters, DeliveryList, DeliveryPath,
+        EndpointFilter, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
+        PageParams, ReadErrors, ReplayList, ReplayableStatus,
     },
     views::{
         AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView, ReplayView,
@@ -49,19 +50,76 @@ pub use events::*;
 pub use replays::*;
 pub use tokens::*;
 
-fn account_id(raw: &str) -> ApiResult<AccountId> {
-    AccountId::parse(raw).map_err(|_| ApiError::not_found("account"))
-}
-
 fn endpoint_id(raw: &str) -> ApiResult<EndpointId> {
     EndpointId::parse(raw).map_err(|_| ApiError::not_found("endpoint"))
 }
 
-/// Resolves the account in the path and checks the caller may see it.
-fn scoped(principal: &Principal, raw: &str) -> ApiResult<AccountId> {
-    let account = account_id(raw)?;
-    principal.check(&account)?;
-    Ok(account)
+/// The `{account}` of the route's path, parsed and checked against the caller: an account
+/// the caller may not see answers 404, as one that does not exist.
+pub struct Scoped(pub AccountId);
+
+/// `{account}`, checked as [`Scoped`] is, and the route's other id (`{endpoint}`, `{event}`
+/// or `{delivery}`); a malformed id answers 404, as a missing one does.
+pub struct ScopedId<Id>(pub AccountId, pub Id);
+
+/// An id a route's path names after the account.
+pub trait PathId: Sized {
+    /// The path parameter, and what a 404 says is not found.
+    const NAME: &'static str;
+    fn from_path(raw: &str) -> Option<Self>;
+}
+
+macro_rules! path_ids {
+    ($($id:ty => $name:literal),* $(,)?) => {$(
+        impl PathId for $id {
+            const NAME: &'static str = $name;
+            fn from_path(raw: &str) -> Option<Self> {
+                <$id>::parse(raw).ok()
+            }
+        }
+    )*};
+}
+path_ids!(EndpointId => "endpoint", EventId => "event", DeliveryId => "delivery");
+
+/// The path parameter `name`, or a 404 naming it.
+fn path_param(params: &RawPathParams, name: &'static str) -> ApiResult<String> {
+    params
+        .iter()
+        .find(|(param, _)| *param == name)
+        .map(|(_, value)| value.to_owned())
+        .ok_or_else(|| ApiError::not_found(name))
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Scoped {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::not_found("account"))?;
+        let account = AccountId::parse(&path_param(&params, "account")?)
+            .map_err(|_| ApiError::not_found("account"))?;
+        parts
+            .extensions
+            .get::<Principal>()
+            .ok_or_else(|| ApiError::unauthorized("missing token"))?
+            .check(&account)?;
+        Ok(Self(account))
+    }
+}
+
+impl<S: Send + Sync, Id: PathId> FromRequestParts<S> for ScopedId<Id> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        let Scoped(account) = Scoped::from_request_parts(parts, state).await?;
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::not_found(Id::NAME))?;
+        let id = Id::from_path(&path_param(&params, Id::NAME)?)
+            .ok_or_else(|| ApiError::not_found(Id::NAME))?;
+        Ok(Self(account, id))
+    }
 }
 
 /// Distinguishes an absent field from an explicit `null` in PATCH bodies.

@@ -9,15 +9,13 @@ use crate::service::replay;
     tag = "replays",
     summary = "Sends a delivered, failed or abandoned delivery again; the retry schedule starts over.",
     params(DeliveryPath),
-    responses((status = 202, description = "The delivery is pending again, due now, for a manual attempt", body = ReplayView), WriteErrors),
+    responses((status = 202, description = "The delivery is pending again, due now, for a manual attempt", body = ReplayView), ReadErrors, BodyErrors),
 )]
 pub async fn replay_delivery(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
-    Path((account, delivery)): Path<(String, String)>,
+    ScopedId(account, delivery): ScopedId<DeliveryId>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let delivery = DeliveryId::parse(&delivery).map_err(|_| ApiError::not_found("delivery"))?;
     let replay =
         replay::replay_delivery(&state.app, &account, &delivery, principal.actor()).await?;
     Ok((StatusCode::ACCEPTED, Json(ReplayView::from(&replay))).into_response())
@@ -47,16 +45,14 @@ pub struct BulkReplay {
     summary = "Resends the endpoint's deliveries created since a time (failed and abandoned by default).",
     params(EndpointPath),
     request_body = BulkReplay,
-    responses((status = 202, description = "Matching deliveries are pending again for a manual attempt", body = ReplayView), WriteErrors),
+    responses((status = 202, description = "Matching deliveries are pending again for a manual attempt", body = ReplayView), ReadErrors, BodyErrors),
 )]
 pub async fn replay_endpoint(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
-    Path((account, endpoint)): Path<(String, String)>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
     JsonBody(body): JsonBody<BulkReplay>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
-    let endpoint = endpoint_id(&endpoint)?;
     let since = parse_time("since", &body.since)?;
     let until = body
         .until
@@ -109,11 +105,9 @@ pub async fn replay_endpoint(
 )]
 pub async fn list_replays(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let account = scoped(&principal, &account)?;
     let mut after = None;
     let mut limit = 50;
     for (name, value) in params {

@@ -19,15 +19,14 @@ pub struct CreateToken {
     summary = "Mints an expiring account token (admin only).",
     params(AccountPath),
     request_body = CreateToken,
-    responses((status = 201, description = "A token that reaches only this account", body = TokenView), WriteErrors),
+    responses((status = 201, description = "A token that reaches only this account", body = TokenView), ReadErrors, BodyErrors),
 )]
 pub async fn create_token(
     State(state): State<ApiState>,
     _admin: AdminOnly,
-    Path(account): Path<String>,
+    Scoped(account): Scoped,
     JsonBody(body): JsonBody<CreateToken>,
 ) -> ApiResult<Response> {
-    let account = account_id(&account)?;
     let ttl = body
         .ttl_seconds
         .map_or(tokens::DEFAULT_TTL, Duration::from_secs);
