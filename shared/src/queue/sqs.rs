@@ -304,6 +304,12 @@ pub(crate) mod tests {
         }
     }
 
+    /// The delivery a queued message is for.
+    fn delivery_of(message: &aws_sdk_sqs::types::Message) -> String {
+        let (delivery, _, _) = DeliveryMessage::parse(message.body().unwrap()).unwrap();
+        delivery.to_string()
+    }
+
     pub(crate) async fn receive(e: &Emulated, wait: i32) -> Vec<aws_sdk_sqs::types::Message> {
         e.sqs
             .receive_message()
@@ -358,13 +364,7 @@ pub(crate) mod tests {
         tokio::time::sleep(Duration::from_millis(2500)).await;
         let second = receive(&e, 2).await;
         assert_eq!(second.len(), 1);
-        assert_eq!(
-            DeliveryMessage::parse(second[0].body().unwrap())
-                .unwrap()
-                .0
-                .as_str(),
-            "dlv_soon"
-        );
+        assert_eq!(delivery_of(&second[0]), "dlv_soon");
     }
 
     #[tokio::test]
@@ -449,13 +449,7 @@ pub(crate) mod tests {
         assert!(names[0].starts_with("dlv_scheduled-"), "{names:?}");
         let queued = receive(&e, 0).await;
         assert_eq!(queued.len(), 1);
-        assert_eq!(
-            DeliveryMessage::parse(queued[0].body().unwrap())
-                .unwrap()
-                .0
-                .as_str(),
-            "dlv_queued"
-        );
+        assert_eq!(delivery_of(&queued[0]), "dlv_queued");
     }
 
     #[test]

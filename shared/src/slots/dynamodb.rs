@@ -14,6 +14,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     error::{ProvideErrorMetadata, SdkError},
+    operation::update_item::builders::UpdateItemFluentBuilder,
     types::AttributeValue,
     Client,
 };
@@ -43,6 +44,14 @@ impl DynamoSlots {
             table: table.into(),
             clock,
         }
+    }
+
+    /// An update of one control item.
+    fn update(&self, pk: &str) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_owned()))
     }
 
     async fn read(&self, pk: &str) -> Result<Option<HashMap<String, AttributeValue>>, SlotError> {
@@ -81,11 +90,7 @@ impl DynamoSlots {
                 .expression_attribute_values(":v", number(v)),
             None => request.condition_expression("attribute_not_exists(pk)"),
         };
-        match request.send().await {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(failure(e)),
-        }
+        applied(request.send().await)
     }
 }
 
@@ -111,10 +116,7 @@ impl DynamoSlots {
             .map(|n| format!("holders.#holder{n} = :expiry"))
             .collect();
         let mut request = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update(pk)
             // Bumping the version makes a concurrent pruning writer re-read.
             .update_expression(format!(
                 "SET {}, version = version + :one",
@@ -158,10 +160,7 @@ impl DynamoSlots {
             .map(|n| format!("attribute_exists(holders.#holder{n})"))
             .collect();
         let mut request = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(slots_key(endpoint)))
+            .update(&slots_key(endpoint))
             // Bumping the version makes a concurrent acquire re-read instead of writing
             // these holders back.
             .update_expression(format!(
@@ -173,11 +172,8 @@ impl DynamoSlots {
         for (n, holder) in holders.iter().enumerate() {
             request = request.expression_attribute_names(format!("#holder{n}"), *holder);
         }
-        match request.send().await {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(failure(e)),
-        }
+        // Nothing of this endpoint's is held any more: nothing to give back.
+        applied(request.send().await).map(drop)
     }
 }
 
@@ -194,10 +190,7 @@ impl DynamoSlots {
             .map(|n| format!("waiting.#w{n} = :w{n}"))
             .collect();
         let mut request = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update(pk)
             .update_expression(format!("SET {}", assignments.join(", ")))
             .condition_expression("attribute_exists(waiting) AND size(waiting) <= :room")
             .expression_attribute_values(":room", number(room))
@@ -233,21 +226,14 @@ impl DynamoSlots {
             .map(|(delivery, back_at)| (delivery.to_string(), number(to_millis(*back_at))))
             .collect();
         let created = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update(pk)
             .update_expression("SET waiting = :list")
             // Only beside live slot holders: a missing item is not created by a hint.
             .condition_expression("attribute_exists(pk) AND attribute_not_exists(waiting)")
             .expression_attribute_values(":list", AttributeValue::M(list))
             .send()
             .await;
-        match created {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(failure(e)),
-        }
+        applied(created).map(drop)
     }
 }
 
@@ -287,10 +273,7 @@ impl DynamoSlots {
             expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
         }
         let mut request = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("pk", AttributeValue::S(pk.to_owned()))
+            .update(pk)
             .update_expression(expression)
             .condition_expression("size(waiting) = :seen")
             .expression_attribute_values(":seen", number(listed.len()));
@@ -302,12 +285,8 @@ impl DynamoSlots {
         for (n, id) in stale.iter().enumerate() {
             request = request.expression_attribute_names(format!("#s{n}"), id.as_str());
         }
-        match request.send().await {
-            Ok(_) => Ok(()),
-            // Changed meanwhile: the hint is dropped, the messages come back all the same.
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(failure(e)),
-        }
+        // Changed meanwhile: the hint is dropped, the messages come back all the same.
+        applied(request.send().await).map(drop)
     }
 }
 
@@ -329,6 +308,19 @@ fn lease_millis(lease_for: Duration) -> i64 {
 
 fn failure<E: std::error::Error>(error: E) -> SlotError {
     SlotError(error_text(&error))
+}
+
+/// Whether a conditional write went through: `false` when its condition no longer held.
+fn applied<T, E, R>(result: Result<T, SdkError<E, R>>) -> Result<bool, SlotError>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug + 'static,
+{
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if is_condition_failed(&e) => Ok(false),
+        Err(e) => Err(failure(e)),
+    }
 }
 
 fn is_condition_failed<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -> bool {
@@ -597,10 +589,7 @@ impl SlotLeases for DynamoSlots {
                 .map(|n| format!("waiting.#r{n}"))
                 .collect();
             let mut request = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .key("pk", AttributeValue::S(pk.clone()))
+                .update(&pk)
                 .update_expression(format!("REMOVE {}", paths.join(", ")));
             if pick.is_some() {
                 // The pick is the last path: whoever removes it first has it.
@@ -680,10 +669,15 @@ pub(crate) mod tests {
     };
 
     pub(crate) async fn slots() -> DynamoSlots {
+        slots_on(Arc::new(SystemClock)).await
+    }
+
+    /// Slots on a fresh control table of the emulator, reading `clock`.
+    async fn slots_on(clock: Arc<dyn Clock>) -> DynamoSlots {
         let client = emulator_client().await;
         let tables = TableNames::with_prefix(&format!("s{}", uuid::Uuid::new_v4().simple()));
         create_tables(&client, &tables).await.unwrap();
-        DynamoSlots::new(client, tables.control, Arc::new(SystemClock))
+        DynamoSlots::new(client, tables.control, clock)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -880,10 +874,7 @@ pub(crate) mod tests {
         let clock = Arc::new(ManualClock::new(crate::clock::from_millis(
             1_700_000_000_000,
         )));
-        let client = emulator_client().await;
-        let tables = TableNames::with_prefix(&format!("s{}", uuid::Uuid::new_v4().simple()));
-        create_tables(&client, &tables).await.unwrap();
-        let slots = DynamoSlots::new(client, tables.control, clock.clone());
+        let slots = slots_on(clock.clone()).await;
         let endpoint = EndpointId::parse("ep_rated").unwrap();
         let mut allowed = 0;
         for _ in 0..5 {
@@ -914,10 +905,7 @@ pub(crate) mod tests {
         let clock = Arc::new(ManualClock::new(crate::clock::from_millis(
             1_700_000_000_000,
         )));
-        let client = emulator_client().await;
-        let tables = TableNames::with_prefix(&format!("s{}", uuid::Uuid::new_v4().simple()));
-        create_tables(&client, &tables).await.unwrap();
-        let slots = DynamoSlots::new(client, tables.control, clock.clone());
+        let slots = slots_on(clock.clone()).await;
         let endpoint = EndpointId::parse("ep_waits").unwrap();
         let now = clock.now();
         let at = |secs: i64| now + chrono::Duration::seconds(secs);

@@ -57,14 +57,7 @@ impl DynamoStore {
 
     pub(super) async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
         let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.endpoints)
-                    .key_condition_expression("account_id = :a")
-                    .expression_attribute_values(":a", s(account.as_str()))
-                    .consistent_read(true),
-            )
+            .query_all(self.partition_query(&self.tables.endpoints, "account_id", account.as_str()))
             .await?;
         let mut endpoints = items
             .iter()
@@ -103,12 +96,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.endpoints)
-            .set_key(Some(key2(
-                "account_id",
-                account.as_str(),
-                "id",
-                id.as_str(),
-            )))
+            .set_key(Some(account_key(account.as_str(), id.as_str())))
             .update_expression(
                 "SET #deleted = :now, updated_at = :now, #status = :disabled \
                  REMOVE secret, retiring_secret, retiring_until, failing_since, failing_shard",

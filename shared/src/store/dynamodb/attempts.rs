@@ -290,14 +290,11 @@ impl DynamoStore {
             .transpose()?
             .flatten();
         let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.attempts)
-                    .key_condition_expression("delivery_id = :d")
-                    .expression_attribute_values(":d", s(delivery.as_str()))
-                    .consistent_read(true),
-            )
+            .query_all(self.partition_query(
+                &self.tables.attempts,
+                "delivery_id",
+                delivery.as_str(),
+            ))
             .await?;
         let mut attempts = items
             .iter()

@@ -126,12 +126,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.endpoints)
-            .set_key(Some(key2(
-                "account_id",
-                account.as_str(),
-                "id",
-                endpoint.as_str(),
-            )))
+            .set_key(Some(account_key(account.as_str(), endpoint.as_str())))
             .update_expression("SET failing_shard = :failing")
             .condition_expression("failing_shard = :disabling")
             .expression_attribute_values(":failing", s(FAILING_SHARD))
@@ -154,7 +149,7 @@ impl DynamoStore {
         let Some(endpoint) = self.get_endpoint_item(account, &r.endpoint_id).await? else {
             return Ok(None);
         };
-        let key = key2("account_id", account.as_str(), "id", r.endpoint_id.as_str());
+        let key = account_key(account.as_str(), r.endpoint_id.as_str());
         match (r.success, endpoint.failing_since) {
             (true, None) => Ok(None),
             (false, Some(since)) => Ok(Some(since)),
@@ -258,10 +253,8 @@ impl DynamoStore {
         }
         let mut update = Update::builder()
             .table_name(&self.tables.endpoints)
-            .set_key(Some(key2(
-                "account_id",
+            .set_key(Some(account_key(
                 r.account_id.as_str(),
-                "id",
                 r.endpoint_id.as_str(),
             )))
             .update_expression(
@@ -313,18 +306,8 @@ impl DynamoStore {
             Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => return Ok(None),
             Err(other) => return Err(other.into_store_error()),
         }
-        // More operations endpoints than one transaction holds: the rest, each put
-        // conditional, so repeating them is harmless.
-        for chunk in later.chunks(MAX_TRANSACTION_ITEMS) {
-            let items = chunk
-                .iter()
-                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
-                .collect::<StoreResult<Vec<_>>>()?;
-            match self.transact(items).await {
-                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
-                Err(TransactionFailure::Other(e)) => return Err(e),
-            }
-        }
+        // More operations endpoints than one transaction holds: the rest.
+        self.put_deliveries_if_absent(&later).await?;
         // The endpoint is disabled (so its pending deliveries are inert: no sender takes
         // them and the sweeper skips them); abandon them now, one conditional write each.
         let abandoned = self

@@ -23,12 +23,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.events)
-            .set_key(Some(key2(
-                "account_id",
-                account.as_str(),
-                "id",
-                id.as_str(),
-            )))
+            .set_key(Some(account_key(account.as_str(), id.as_str())))
             .condition_expression("attribute_exists(id)")
             .update_expression("SET erased_at = if_not_exists(erased_at, :at) REMOVE payload")
             .expression_attribute_values(":at", n(erased_at))
@@ -82,14 +77,9 @@ impl DynamoStore {
         written(result)?;
         let rows = self
             .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.attempts)
-                    .key_condition_expression("delivery_id = :d")
-                    .expression_attribute_values(":d", s(delivery.as_str()))
+                self.partition_query(&self.tables.attempts, "delivery_id", delivery.as_str())
                     .projection_expression("delivery_id, #number")
-                    .expression_attribute_names("#number", "number")
-                    .consistent_read(true),
+                    .expression_attribute_names("#number", "number"),
             )
             .await?;
         for row in rows {

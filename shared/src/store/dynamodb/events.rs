@@ -54,6 +54,26 @@ impl DynamoStore {
         new_delivery_item(d, chrono::Utc::now(), self.late_fan_out)
     }
 
+    /// The deliveries of an event whose own write (with the first of them) is done, in
+    /// transactions as large as allowed, each put only if absent: writing them again, or
+    /// after a crash part-way, is harmless.
+    pub(super) async fn put_deliveries_if_absent(
+        &self,
+        deliveries: &[&Delivery],
+    ) -> StoreResult<()> {
+        for chunk in deliveries.chunks(MAX_TRANSACTION_ITEMS) {
+            let items = chunk
+                .iter()
+                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
+                .collect::<StoreResult<Vec<_>>>()?;
+            match self.transact(items).await {
+                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
+                Err(TransactionFailure::Other(e)) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// The safety net for new deliveries, which are not in the `pending` index (see
     /// `delivery_item`): reads the log partition of every endpoint from the persisted
     /// watermark (less `LATE_WRITE_MARGIN`) up to deliveries created at `until`, and brings
@@ -201,7 +221,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.events)
-            .set_key(Some(key2("account_id", account, "id", id)))
+            .set_key(Some(account_key(account, id)))
             .update_expression("SET rejected = :reason, fanned_out = :done REMOVE #shard")
             .condition_expression("attribute_exists(id)")
             .expression_attribute_names("#shard", UNFANNED_SHARD)
@@ -250,17 +270,8 @@ impl DynamoStore {
             }
             Err(other) => return Err(other.into_store_error()),
         }
-        let rest: Vec<&Delivery> = rest.collect();
-        for chunk in rest.chunks(MAX_TRANSACTION_ITEMS) {
-            let items = chunk
-                .iter()
-                .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
-                .collect::<StoreResult<Vec<_>>>()?;
-            match self.transact(items).await {
-                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
-                Err(TransactionFailure::Other(e)) => return Err(e),
-            }
-        }
+        self.put_deliveries_if_absent(&rest.collect::<Vec<_>>())
+            .await?;
         Ok(PublishOutcome::Created)
     }
 
@@ -468,7 +479,7 @@ impl DynamoStore {
             // Read from the table itself: the index is eventually consistent, and an event
             // marked done meanwhile is left alone.
             let Some(item) = self
-                .get(&self.tables.events, key2("account_id", &account, "id", &id))
+                .get(&self.tables.events, account_key(&account, &id))
                 .await?
             else {
                 continue;
@@ -500,10 +511,8 @@ impl DynamoStore {
                 self.client
                     .update_item()
                     .table_name(&self.tables.events)
-                    .set_key(Some(key2(
-                        "account_id",
+                    .set_key(Some(account_key(
                         event.account_id.as_str(),
-                        "id",
                         event.id.as_str(),
                     )))
                     .update_expression("SET fanned_out = :done REMOVE #shard")

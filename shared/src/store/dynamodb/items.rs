@@ -42,6 +42,11 @@ pub(super) fn key1(name: &str, value: &str) -> Item {
     Item::from([(name.to_owned(), s(value))])
 }
 
+/// The key of an item of the tables keyed by account, then id: endpoints and events.
+pub(super) fn account_key(account: &str, id: &str) -> Item {
+    key2("account_id", account, "id", id)
+}
+
 pub(super) fn key2(name: &str, value: &str, sort_name: &str, sort_value: &str) -> Item {
     Item::from([
         (name.to_owned(), s(value)),

@@ -235,6 +235,22 @@ impl DynamoStore {
     }
 
     /// Every item of a query, following pages.
+    /// A strongly consistent query of one partition: `key = value`.
+    fn partition_query(
+        &self,
+        table: &str,
+        key: &str,
+        value: &str,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(table)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", key)
+            .expression_attribute_values(":pk", s(value))
+            .consistent_read(true)
+    }
+
     async fn query_all(
         &self,
         request: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
@@ -293,7 +309,7 @@ impl DynamoStore {
     ) -> StoreResult<Option<Endpoint>> {
         self.get(
             &self.tables.endpoints,
-            key2("account_id", account.as_str(), "id", id.as_str()),
+            account_key(account.as_str(), id.as_str()),
         )
         .await?
         .filter(|item| !is_tombstone(item))
@@ -306,13 +322,8 @@ impl DynamoStore {
     async fn endpoint_ids_ever(&self, account: &AccountId) -> StoreResult<Vec<EndpointId>> {
         let items = self
             .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.endpoints)
-                    .key_condition_expression("account_id = :a")
-                    .expression_attribute_values(":a", s(account.as_str()))
-                    .projection_expression("id")
-                    .consistent_read(true),
+                self.partition_query(&self.tables.endpoints, "account_id", account.as_str())
+                    .projection_expression("id"),
             )
             .await?;
         items
@@ -322,7 +333,7 @@ impl DynamoStore {
     }
 
     async fn get_event_item(&self, account: &str, id: &str) -> StoreResult<Option<Event>> {
-        self.get(&self.tables.events, key2("account_id", account, "id", id))
+        self.get(&self.tables.events, account_key(account, id))
             .await?
             .map(|item| event_from_item(&item))
             .transpose()

@@ -177,7 +177,7 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
         .client()
         .update_item()
         .table_name(&store.tables().endpoints)
-        .set_key(Some(key2("account_id", "acme", "id", "ep_half")))
+        .set_key(Some(account_key("acme", "ep_half")))
         .update_expression(
             "SET #status = :disabled, disabled_reason = :reason, failing_since = :since, \
              failing_shard = :disabling",
@@ -205,10 +205,7 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
         );
     }
     let item = store
-        .get(
-            &store.tables().endpoints,
-            key2("account_id", "acme", "id", "ep_half"),
-        )
+        .get(&store.tables().endpoints, account_key("acme", "ep_half"))
         .await
         .unwrap()
         .unwrap();

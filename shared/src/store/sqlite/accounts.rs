@@ -50,26 +50,9 @@ impl SqliteStore {
     pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
         let e = endpoint.clone();
         self.run(move |conn| {
-            let event_types = e.event_types.patterns().map(|p| serde_json::to_string(p).unwrap_or_default());
             conn.execute(
                 &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
-                params![
-                    e.id.as_str(),
-                    e.account_id.as_str(),
-                    e.url.as_str(),
-                    e.description,
-                    e.secret.expose(),
-                    e.retiring_secret.as_ref().map(|r| r.secret.expose()),
-                    e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
-                    e.status.as_str(),
-                    event_types,
-                    e.max_in_flight,
-                    e.rate_limit_per_second,
-                    opt_millis(e.failing_since),
-                    e.disabled_reason,
-                    to_millis(e.created_at),
-                    to_millis(e.updated_at),
-                ],
+                endpoint_row(&e),
             )
             .map_err(|err| {
                 if is_unique_violation(&err) {
@@ -118,28 +101,13 @@ impl SqliteStore {
     pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
         let e = endpoint.clone();
         self.run(move |conn| {
-            let event_types = e.event_types.patterns().map(|p| serde_json::to_string(p).unwrap_or_default());
+            // The values an insert binds; `?14`, the creation time, is left as it is.
             let changed = conn
                 .execute(
                     "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
                      status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
-                     disabled_reason = ?13, updated_at = ?14 WHERE id = ?1 AND account_id = ?2",
-                    params![
-                        e.id.as_str(),
-                        e.account_id.as_str(),
-                        e.url.as_str(),
-                        e.description,
-                        e.secret.expose(),
-                        e.retiring_secret.as_ref().map(|r| r.secret.expose()),
-                        e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
-                        e.status.as_str(),
-                        event_types,
-                        e.max_in_flight,
-                        e.rate_limit_per_second,
-                        opt_millis(e.failing_since),
-                        e.disabled_reason,
-                        to_millis(e.updated_at),
-                    ],
+                     disabled_reason = ?13, updated_at = ?15 WHERE id = ?1 AND account_id = ?2",
+                    endpoint_row(&e),
                 )
                 .map_err(backend)?;
             if changed == 0 {

@@ -8,6 +8,31 @@ pub(super) const ATTEMPT_COLUMNS: &str =
 
 pub(super) const ENDPOINT_COLUMNS: &str = "id, account_id, url, description, secret, retiring_secret, retiring_until, status, \
      event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at";
+/// An endpoint's values for `ENDPOINT_COLUMNS`, in that order (`?1` to `?15`).
+pub(super) fn endpoint_row(e: &Endpoint) -> impl rusqlite::Params + '_ {
+    let event_types = e
+        .event_types
+        .patterns()
+        .map(|p| serde_json::to_string(p).unwrap_or_default());
+    (
+        e.id.as_str(),
+        e.account_id.as_str(),
+        e.url.as_str(),
+        e.description.as_str(),
+        e.secret.expose(),
+        e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+        e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
+        e.status.as_str(),
+        event_types,
+        e.max_in_flight,
+        e.rate_limit_per_second,
+        opt_millis(e.failing_since),
+        e.disabled_reason.as_deref(),
+        to_millis(e.created_at),
+        to_millis(e.updated_at),
+    )
+}
+
 pub(super) const DELIVERY_COLUMNS: &str =
     "id, account_id, event_id, endpoint_id, event_type, status, attempts, next_try_at, \
      last_status, last_error, client_errors, created_at, updated_at, schedule_start, next_trigger";
