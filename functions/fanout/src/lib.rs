@@ -84,7 +84,7 @@ mod tests {
     async fn an_outbox_event_from_the_stream_gets_its_deliveries_once() {
         let (settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
         // The platform writes the event through the outbox helper, in its own transaction;
         // the stream record in the fixture is its image (same creation time).
         let outbox_event = hooklane::domain::Event::new(

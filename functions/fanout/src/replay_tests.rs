@@ -231,7 +231,7 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
 async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
     let (settings, shape) = emulated_shape().await;
     let store = shape.app.store.as_ref();
-    fixtures::account_with_endpoints(store, "acme", &ENDPOINTS).await;
+    fixtures::account_with_endpoints(store, "acme", ENDPOINTS).await;
     let (batch, events) = outbox_batch(&shape, &["evt_half_done"], 300).await;
     let event = &events[0];
     // What fan_out had done when it died: the deliveries, with their one possible id each.

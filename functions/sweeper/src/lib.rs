@@ -41,7 +41,7 @@ mod tests {
     async fn an_event_whose_stream_record_was_lost_is_fanned_out_by_the_sweeper() {
         let (settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
         // Accepted ten minutes ago; its stream record never reached fan-out (Lambda gave up
         // on the batch, or the local runner died). And one accepted just now, whose record
         // the stream is still to deliver.
@@ -93,7 +93,7 @@ mod tests {
         use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
         let (settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
         // An endpoint item of another account that cannot be read.
         shape
             .store
@@ -136,10 +136,10 @@ mod tests {
     async fn a_scheduled_event_requeues_overdue_deliveries() {
         let (settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
-        let endpoints = fixtures::account_with_endpoints(store, "acme", &["ep_1"]).await;
+        let [endpoint] = fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
         // Published long ago; its queue message was lost.
         let event = fixtures::event("acme", "evt_lost", fixtures::t0());
-        let delivery = fixtures::delivery(&event, &endpoints[0], fixtures::t0());
+        let delivery = fixtures::delivery(&event, &endpoint, fixtures::t0());
         store.publish(&event, &[delivery]).await.unwrap();
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    DeliveryQuery, DisableRequest, Notification, PublishOutcome, PutEventOutcome, RecordOutcome,
-    Store, StoreError,
+    DeliveryQuery, DisableRequest, Notification, PendingRef, PublishOutcome, PutEventOutcome,
+    RecordOutcome, Store, StoreError,
 };
 use hooklane::{
     clock::{add, Timestamp},
@@ -19,7 +19,10 @@ use hooklane::{
     },
 };
 
-use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
+use crate::fixtures::{
+    account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
+    publish_one, t0,
+};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -27,13 +30,41 @@ fn secs(n: u64) -> Duration {
 
 /// An account with one endpoint, and an event with one delivery to it.
 async fn seeded(store: &dyn Store) -> (Endpoint, Event, Delivery) {
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
-    let ev = event("acme", "evt_1", t0());
-    let d = delivery(&ev, &ep, t0());
-    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+    let [ep] = account_with_endpoints(store, "acme", ["ep_a"]).await;
+    let (ev, d) = publish_one(store, &ep, "evt_1").await;
     (ep, ev, d)
+}
+
+/// The delivery as the store holds it now; it must exist.
+async fn stored(store: &dyn Store, d: &Delivery) -> Delivery {
+    store
+        .get_delivery(&d.account_id, &d.id)
+        .await
+        .unwrap()
+        .expect("the delivery is stored")
+}
+
+/// The endpoint as the store holds it now; it must exist.
+async fn stored_endpoint(store: &dyn Store, ep: &Endpoint) -> Endpoint {
+    store
+        .get_endpoint(&ep.account_id, &ep.id)
+        .await
+        .unwrap()
+        .expect("the endpoint is stored")
+}
+
+/// The first `limit` deliveries due at `at`, in id order.
+async fn due_work(store: &dyn Store, at: Timestamp, limit: u32) -> Vec<PendingRef> {
+    store.pending_deliveries(at, None, limit).await.unwrap()
+}
+
+/// A failed first attempt at `failed_at`, retried at 60 s: the endpoint starts failing then.
+async fn fail_first_attempt(store: &dyn Store, d: &Delivery, failed_at: Timestamp) {
+    let retry = Decision::RetryAt(add(t0(), secs(60)));
+    store
+        .record_attempt(&attempt_record(d, 1, retry, false, failed_at))
+        .await
+        .unwrap();
 }
 
 pub async fn accounts_and_endpoints(store: &dyn Store) {
@@ -92,11 +123,7 @@ pub async fn accounts_and_endpoints(store: &dyn Store) {
 }
 
 pub async fn publish_is_idempotent_on_the_event_id(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let a = endpoint("acme", "ep_a", t0());
-    let b = endpoint("acme", "ep_b", t0());
-    store.create_endpoint(&a).await.unwrap();
-    store.create_endpoint(&b).await.unwrap();
+    let [a, b] = account_with_endpoints(store, "acme", ["ep_a", "ep_b"]).await;
     let ev = event("acme", "evt_1", t0());
     let first = vec![delivery(&ev, &a, t0()), delivery(&ev, &b, t0())];
     assert_eq!(
@@ -162,11 +189,7 @@ pub async fn record_attempt_applies_once_per_expected_state(store: &dyn Store) {
         RecordOutcome::Stale,
         "the same attempt number twice"
     );
-    let after = store
-        .get_delivery(&d.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let after = stored(store, &d).await;
     assert_eq!(after.status, DeliveryStatus::Pending);
     assert_eq!(after.attempts, 1);
     assert_eq!(after.next_try_at, Some(retry_at));
@@ -201,11 +224,7 @@ pub async fn record_attempt_applies_once_per_expected_state(store: &dyn Store) {
         RecordOutcome::Stale,
         "a delivered delivery never leaves its final state"
     );
-    let done = store
-        .get_delivery(&d.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let done = stored(store, &d).await;
     assert_eq!(done.status, DeliveryStatus::Delivered);
     assert_eq!(done.attempts, 3);
     assert_eq!(done.next_try_at, None);
@@ -216,15 +235,7 @@ pub async fn record_attempt_applies_once_per_expected_state(store: &dyn Store) {
         vec![1, 2, 3]
     );
     assert_eq!(attempts[0], first.attempt, "attempts round-trip");
-    assert_eq!(
-        store
-            .get_endpoint(&ep.account_id, &ep.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .failing_since,
-        None
-    );
+    assert_eq!(stored_endpoint(store, &ep).await.failing_since, None);
     let unknown = attempt_record(
         &delivery(&event("acme", "evt_unknown", t0()), &ep, t0()),
         1,
@@ -253,17 +264,11 @@ pub async fn failed_is_final(store: &dyn Store) {
         store.record_attempt(&failed).await.unwrap(),
         RecordOutcome::Recorded { .. }
     ));
-    let stored = store
-        .get_delivery(&d.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = stored(store, &d).await;
     assert_eq!(stored.status, DeliveryStatus::Failed);
     assert_eq!(stored.last_error.as_deref(), Some("HTTP 500 (gone)"));
-    assert!(store
-        .pending_deliveries(add(t0(), secs(86_400)), None, 10)
+    assert!(due_work(store, add(t0(), secs(86_400)), 10)
         .await
-        .unwrap()
         .is_empty());
 }
 
@@ -315,10 +320,7 @@ pub async fn pending_deliveries_page_by_id_and_skip_inactive_endpoints(store: &d
     let mut expected: Vec<DeliveryId> = due.iter().map(|d| d.id.clone()).collect();
     expected.sort();
     assert_eq!(seen, expected, "every due delivery once, in id order");
-    let early = store
-        .pending_deliveries(add(t0(), secs(60)), None, 100)
-        .await
-        .unwrap();
+    let early = due_work(store, add(t0(), secs(60)), 100).await;
     assert_eq!(
         early.len(),
         3,
@@ -476,16 +478,7 @@ pub async fn list_deliveries_newest_first_with_filters_and_cursor(store: &dyn St
 pub async fn failing_endpoints_are_the_active_ones_failing_long_enough(store: &dyn Store) {
     let (ep, _, d) = seeded(store).await;
     let failed_at = add(t0(), secs(10));
-    store
-        .record_attempt(&attempt_record(
-            &d,
-            1,
-            Decision::RetryAt(add(t0(), secs(60))),
-            false,
-            failed_at,
-        ))
-        .await
-        .unwrap();
+    fail_first_attempt(store, &d, failed_at).await;
     assert!(store
         .failing_endpoints(add(t0(), secs(9)))
         .await
@@ -539,16 +532,7 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         .await
         .unwrap();
     let failed_at = add(t0(), secs(10));
-    store
-        .record_attempt(&attempt_record(
-            &d,
-            1,
-            Decision::RetryAt(add(t0(), secs(60))),
-            false,
-            failed_at,
-        ))
-        .await
-        .unwrap();
+    fail_first_attempt(store, &d, failed_at).await;
 
     // The operations account hears about it.
     store.create_account(&account("ops")).await.unwrap();
@@ -577,33 +561,20 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         None
     );
     assert_eq!(
-        store
-            .get_endpoint(&ep.account_id, &ep.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
+        stored_endpoint(store, &ep).await.status,
         EndpointStatus::Active
     );
 
     let request = disable_request(&ep, Some(failed_at), ops.clone());
     let outcome = store.disable_endpoint(&request).await.unwrap().unwrap();
     assert_eq!(outcome.abandoned, 1);
-    let stored = store
-        .get_endpoint(&ep.account_id, &ep.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = stored_endpoint(store, &ep).await;
     assert_eq!(stored.status, EndpointStatus::Disabled);
     assert_eq!(
         stored.disabled_reason.as_deref(),
         Some("failing for 3 days")
     );
-    let abandoned = store
-        .get_delivery(&d.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let abandoned = self::stored(store, &d).await;
     assert_eq!(abandoned.status, DeliveryStatus::Abandoned);
     assert_eq!(abandoned.next_try_at, None);
     assert_eq!(
@@ -611,12 +582,7 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         Some("abandoned: failing for 3 days")
     );
     assert_eq!(
-        store
-            .get_delivery(&d2.account_id, &d2.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
+        self::stored(store, &d2).await.status,
         DeliveryStatus::Delivered
     );
     let unsent = store.unsent_notifications(10).await.unwrap();
@@ -641,10 +607,8 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         None,
         "only once"
     );
-    assert!(store
-        .pending_deliveries(add(t0(), secs(86_400 * 10)), None, 10)
+    assert!(due_work(store, add(t0(), secs(86_400 * 10)), 10)
         .await
-        .unwrap()
         .iter()
         .all(|r| r.endpoint_id != ep.id));
 }
@@ -652,27 +616,10 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
 /// More work than one DynamoDB transaction holds (100 items): every pending delivery of
 /// the disabled endpoint is abandoned, and every operations endpoint gets its delivery.
 pub async fn disable_endpoint_handles_more_than_a_transaction_holds(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_many", t0());
-    store.create_endpoint(&ep).await.unwrap();
-    let mut pending = Vec::new();
-    for i in 0..230 {
-        let ev = event("acme", &format!("evt_{i:03}"), t0());
-        let d = delivery(&ev, &ep, t0());
-        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
-        pending.push(d);
-    }
+    let [ep] = account_with_endpoints(store, "acme", ["ep_many"]).await;
+    let pending = publish_each(store, &ep, 230).await;
     let failed_at = add(t0(), secs(10));
-    store
-        .record_attempt(&attempt_record(
-            &pending[0],
-            1,
-            Decision::RetryAt(add(t0(), secs(60))),
-            false,
-            failed_at,
-        ))
-        .await
-        .unwrap();
+    fail_first_attempt(store, &pending[0], failed_at).await;
     store.create_account(&account("ops")).await.unwrap();
     let mut op_event = event("ops", "evt_op_many", t0());
     op_event.event_type = EventType::parse("endpoint.disabled").unwrap();
@@ -690,17 +637,11 @@ pub async fn disable_endpoint_handles_more_than_a_transaction_holds(store: &dyn 
     let outcome = store.disable_endpoint(&request).await.unwrap().unwrap();
     assert_eq!(outcome.abandoned, 230);
     for d in &pending {
-        let stored = store
-            .get_delivery(&d.account_id, &d.id)
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = stored(store, d).await;
         assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
     }
-    assert!(store
-        .pending_deliveries(add(t0(), secs(86_400 * 365)), None, 1000)
+    assert!(due_work(store, add(t0(), secs(86_400 * 365)), 1000)
         .await
-        .unwrap()
         .iter()
         .all(|p| p.endpoint_id != ep.id));
     let stored_ops = store.deliveries_of_event(&op_event).await.unwrap();
@@ -763,11 +704,7 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
         store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
         None
     );
-    let kept = store
-        .get_delivery(&d.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let kept = stored(store, &d).await;
     assert_eq!(kept.status, DeliveryStatus::Abandoned);
     assert_eq!(kept.last_error.as_deref(), Some("endpoint deleted"));
     let work = store.load_work(&d.id).await.unwrap().unwrap();
@@ -802,19 +739,13 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
         store.create_endpoint(&ep).await,
         Err(StoreError::Conflict { .. })
     ));
-    assert!(store
-        .pending_deliveries(add(t0(), secs(86_400)), None, 10)
+    assert!(due_work(store, add(t0(), secs(86_400)), 10)
         .await
-        .unwrap()
         .is_empty());
 }
 
 pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let a = endpoint("acme", "ep_a", t0());
-    let b = endpoint("acme", "ep_b", t0());
-    store.create_endpoint(&a).await.unwrap();
-    store.create_endpoint(&b).await.unwrap();
+    let [a, b] = account_with_endpoints(store, "acme", ["ep_a", "ep_b"]).await;
     let ev = event("acme", "evt_outbox", t0());
     assert_eq!(
         store.publish(&ev, &[]).await.unwrap(),
@@ -838,11 +769,7 @@ pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
         .unwrap()
         .is_empty());
     assert_eq!(store.deliveries_of_event(&ev).await.unwrap().len(), 2);
-    let due = store
-        .pending_deliveries(add(t0(), secs(1)), None, 10)
-        .await
-        .unwrap();
-    assert_eq!(due.len(), 2);
+    assert_eq!(due_work(store, add(t0(), secs(1)), 10).await.len(), 2);
 }
 
 /// A batch answers each item in order: new events are written (with their deliveries, or
@@ -850,9 +777,7 @@ pub async fn add_deliveries_adds_each_pair_once(store: &dyn Store) {
 /// over the same ids creates nothing. More than a DynamoDB transaction holds (100) is still one
 /// batch to the caller.
 pub async fn publish_batch_answers_each_item_once(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = account_with_endpoints(store, "acme", ["ep_a"]).await;
     let earlier = event("acme", "evt_b0", t0());
     store
         .publish(&earlier, &[delivery(&earlier, &ep, t0())])
@@ -904,9 +829,7 @@ pub async fn publish_batch_answers_each_item_once(store: &dyn Store) {
 }
 
 pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = account_with_endpoints(store, "acme", ["ep_a"]).await;
     let ev = event("acme", "evt_alone", t0());
     assert_eq!(
         store.put_event(&ev).await.unwrap(),
@@ -920,10 +843,8 @@ pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
         store.deliveries_of_event(&ev).await.unwrap().is_empty(),
         "no delivery is written with the event"
     );
-    assert!(store
-        .pending_deliveries(add(t0(), secs(86_400)), None, 10)
+    assert!(due_work(store, add(t0(), secs(86_400)), 10)
         .await
-        .unwrap()
         .is_empty());
 
     let again = event("acme", "evt_alone", add(t0(), secs(9)));
@@ -958,15 +879,7 @@ pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
 /// Paging through filtered listings returns every match once, in order, whatever the page
 /// size, across endpoints (a deleted one's history included) and same-millisecond ties.
 pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let endpoints = [
-        endpoint("acme", "ep_a", t0()),
-        endpoint("acme", "ep_b", t0()),
-        endpoint("acme", "ep_c", t0()),
-    ];
-    for e in &endpoints {
-        store.create_endpoint(e).await.unwrap();
-    }
+    let endpoints = account_with_endpoints(store, "acme", ["ep_a", "ep_b", "ep_c"]).await;
     let mut made = Vec::new();
     for i in 0..18u64 {
         // Pairs of events share a millisecond: ties are ordered by id.
@@ -1121,21 +1034,11 @@ pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
         vec![delivered.attempt.clone()]
     );
     assert_eq!(
-        store
-            .get_delivery(&first_try.account_id, &first_try.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
+        stored(store, &first_try).await.status,
         DeliveryStatus::Delivered
     );
 
-    let ev2 = event("acme", "evt_2", t0());
-    let retried = delivery(&ev2, &ep, t0());
-    store
-        .publish(&ev2, std::slice::from_ref(&retried))
-        .await
-        .unwrap();
+    let (_, retried) = publish_one(store, &ep, "evt_2").await;
     let failure = attempt_record(
         &retried,
         1,
@@ -1151,12 +1054,7 @@ pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
         vec![failure.attempt, success.attempt]
     );
 
-    let ev3 = event("acme", "evt_3", t0());
-    let big = delivery(&ev3, &ep, t0());
-    store
-        .publish(&ev3, std::slice::from_ref(&big))
-        .await
-        .unwrap();
+    let (_, big) = publish_one(store, &ep, "evt_3").await;
     let mut large = attempt_record(&big, 1, Decision::Delivered, true, add(t0(), secs(2)));
     large.attempt.response_body = "x".repeat(4000);
     store.record_attempt(&large).await.unwrap();
@@ -1171,13 +1069,6 @@ pub async fn list_attempts_returns_every_attempt_in_order(store: &dyn Store) {
             .unwrap(),
         vec![]
     );
-}
-
-async fn publish_one(store: &dyn Store, endpoint: &Endpoint, event_id: &str) -> (Event, Delivery) {
-    let ev = event(endpoint.account_id.as_str(), event_id, t0());
-    let d = delivery(&ev, endpoint, t0());
-    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
-    (ev, d)
 }
 
 /// A delivery's work, read after a publish, reflects every write made since: an endpoint
@@ -1213,11 +1104,7 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
 
     let (_, d3) = publish_one(store, &ep, "evt_3").await;
     let failed_at = add(t0(), secs(2));
-    let retry = Decision::RetryAt(add(t0(), secs(60)));
-    store
-        .record_attempt(&attempt_record(&d1, 1, retry, false, failed_at))
-        .await
-        .unwrap();
+    fail_first_attempt(store, &d1, failed_at).await;
     let endpoint = store
         .load_work(&d3.id)
         .await
@@ -1255,17 +1142,15 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
 /// state the caller saw.
 pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store) {
     use hooklane::store::Unattempted;
-    let (ep, ev, d) = seeded(store).await;
-    let due = |at: Timestamp| async move {
-        store
-            .pending_deliveries(at, None, 10)
+    let (ep, _, d) = seeded(store).await;
+    let due_ids = |at: Timestamp| async move {
+        due_work(store, at, 10)
             .await
-            .unwrap()
             .into_iter()
             .map(|r| r.delivery_id)
             .collect::<Vec<_>>()
     };
-    assert_eq!(due(add(t0(), secs(1))).await, vec![d.id.clone()]);
+    assert_eq!(due_ids(add(t0(), secs(1))).await, vec![d.id.clone()]);
 
     let until = add(t0(), secs(600));
     let defer = Unattempted::Defer(until);
@@ -1281,15 +1166,11 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
         .await
         .unwrap());
     assert!(
-        due(add(t0(), secs(599))).await.is_empty(),
+        due_ids(add(t0(), secs(599))).await.is_empty(),
         "a deferred delivery is not due before its new time"
     );
-    assert_eq!(due(add(t0(), secs(601))).await, vec![d.id.clone()]);
-    let stored = store
-        .get_delivery(&ev.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    assert_eq!(due_ids(add(t0(), secs(601))).await, vec![d.id.clone()]);
+    let stored = self::stored(store, &d).await;
     assert_eq!(
         (stored.status, stored.attempts),
         (DeliveryStatus::Pending, 0)
@@ -1297,17 +1178,13 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
 
     let fail = Unattempted::Fail("the event is past retention".into());
     assert!(store.move_unattempted(&d.id, 0, &fail, t0()).await.unwrap());
-    let stored = store
-        .get_delivery(&ev.account_id, &d.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = self::stored(store, &d).await;
     assert_eq!(stored.status, DeliveryStatus::Failed);
     assert_eq!(
         stored.last_error.as_deref(),
         Some("the event is past retention")
     );
-    assert!(due(add(t0(), secs(86_400))).await.is_empty());
+    assert!(due_ids(add(t0(), secs(86_400))).await.is_empty());
     assert!(
         !store
             .move_unattempted(&d.id, 0, &defer, t0())
@@ -1327,47 +1204,33 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
 /// unfanned, and marking events fanned out (again) is harmless.
 pub async fn published_events_are_never_left_unfanned(store: &dyn Store) {
     let (_, ev, d) = seeded(store).await;
-    let later = add(t0(), secs(86_400));
-    let page = store.unfanned_events(None, later, 100).await.unwrap();
+    let unfanned = || async {
+        let later = add(t0(), secs(86_400));
+        store.unfanned_events(None, later, 100).await.unwrap()
+    };
+    let fanned_out = |ev: Event| async move {
+        store
+            .mark_fanned_out(std::slice::from_ref(&ev))
+            .await
+            .unwrap();
+    };
+    let page = unfanned().await;
     assert!(page.events.is_empty(), "{page:?}");
-    store
-        .mark_fanned_out(std::slice::from_ref(&ev))
-        .await
-        .unwrap();
-    store
-        .mark_fanned_out(std::slice::from_ref(&ev))
-        .await
-        .unwrap();
-    assert!(store
-        .unfanned_events(None, later, 100)
-        .await
-        .unwrap()
-        .events
-        .is_empty());
+    fanned_out(ev.clone()).await;
+    fanned_out(ev.clone()).await;
+    assert!(unfanned().await.events.is_empty());
     assert_eq!(store.deliveries_of_event(&ev).await.unwrap(), vec![d]);
     // An event stored alone and then fanned out is not listed either.
     let alone = event("acme", "evt_alone", t0());
     store.put_event(&alone).await.unwrap();
-    store
-        .mark_fanned_out(std::slice::from_ref(&alone))
-        .await
-        .unwrap();
-    assert!(store
-        .unfanned_events(None, later, 100)
-        .await
-        .unwrap()
-        .events
-        .is_empty());
+    fanned_out(alone).await;
+    assert!(unfanned().await.events.is_empty());
 }
 
 /// Erasure takes the payload and the endpoints' answers, keeps the event and its log, ends
 /// what was pending, leaves other events alone, and is idempotent.
 pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store) {
-    store.create_account(&account("acme")).await.unwrap();
-    let ep_a = endpoint("acme", "ep_a", t0());
-    let ep_b = endpoint("acme", "ep_b", t0());
-    store.create_endpoint(&ep_a).await.unwrap();
-    store.create_endpoint(&ep_b).await.unwrap();
+    let [ep_a, ep_b] = account_with_endpoints(store, "acme", ["ep_a", "ep_b"]).await;
     let ev = event("acme", "evt_gone", t0());
     let (sent, retrying) = (delivery(&ev, &ep_a, t0()), delivery(&ev, &ep_b, t0()));
     store
@@ -1443,10 +1306,7 @@ pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store
         );
     }
     // Nothing of the ended delivery is due any more.
-    let due = store
-        .pending_deliveries(add(t0(), secs(3600)), None, 100)
-        .await
-        .unwrap();
+    let due = due_work(store, add(t0(), secs(3600)), 100).await;
     assert!(due.iter().all(|p| p.delivery_id != retrying.id), "{due:?}");
 
     // Another event keeps everything.

@@ -70,15 +70,12 @@ pub async fn create_account_and_endpoints(
 
 /// Stores the account `id` with an endpoint of each of `endpoint_ids` (as [`endpoint`]
 /// makes them, created at `t0`); returns the endpoints.
-pub async fn account_with_endpoints(
+pub async fn account_with_endpoints<const N: usize>(
     store: &dyn Store,
     id: &str,
-    endpoint_ids: &[&str],
-) -> Vec<Endpoint> {
-    let endpoints: Vec<Endpoint> = endpoint_ids
-        .iter()
-        .map(|endpoint_id| endpoint(id, endpoint_id, t0()))
-        .collect();
+    endpoint_ids: [&str; N],
+) -> [Endpoint; N] {
+    let endpoints = endpoint_ids.map(|endpoint_id| endpoint(id, endpoint_id, t0()));
     create_account_and_endpoints(store, id, &endpoints).await;
     endpoints
 }
@@ -155,6 +152,30 @@ pub async fn publish(
         .map(|e| delivery(&event, e, at(second)))
         .collect();
     store.publish(&event, &deliveries).await.expect("publish");
+    deliveries
+}
+
+/// Publishes the event `event_id` of `endpoint`'s account at `t0`, with one delivery: to
+/// `endpoint`.
+pub async fn publish_one(
+    store: &dyn Store,
+    endpoint: &Endpoint,
+    event_id: &str,
+) -> (Event, Delivery) {
+    let ev = event(endpoint.account_id.as_str(), event_id, t0());
+    let d = delivery(&ev, endpoint, t0());
+    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+    (ev, d)
+}
+
+/// Publishes `count` events (`evt_000`, `evt_001`, …) as [`publish_one`] does; returns their
+/// deliveries in that order.
+pub async fn publish_each(store: &dyn Store, endpoint: &Endpoint, count: usize) -> Vec<Delivery> {
+    let mut deliveries = Vec::with_capacity(count);
+    for i in 0..count {
+        let (_, d) = publish_one(store, endpoint, &format!("evt_{i:03}")).await;
+        deliveries.push(d);
+    }
     deliveries
 }
 

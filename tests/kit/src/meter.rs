@@ -250,18 +250,12 @@ impl Meter {
         }
         if let Some(update) = input.downcast_ref::<UpdateItemInput>() {
             let table = update.table_name().unwrap_or_default();
-            let kind = WriteKind::Update {
-                key: update.key().cloned().unwrap_or_default(),
-                expression: update.update_expression().unwrap_or_default().to_owned(),
-                names: update
-                    .expression_attribute_names()
-                    .cloned()
-                    .unwrap_or_default(),
-                values: update
-                    .expression_attribute_values()
-                    .cloned()
-                    .unwrap_or_default(),
-            };
+            let kind = WriteKind::update(
+                update.key().cloned().unwrap_or_default(),
+                update.update_expression().unwrap_or_default(),
+                update.expression_attribute_names(),
+                update.expression_attribute_values(),
+            );
             return Plan::Writes {
                 writes: vec![state.write(table, kind)],
                 transactional: false,
@@ -299,18 +293,12 @@ impl Meter {
                     writes.push(state.write(put.table_name(), WriteKind::Put(put.item().clone())));
                 }
                 if let Some(update) = item.update() {
-                    let kind = WriteKind::Update {
-                        key: update.key().clone(),
-                        expression: update.update_expression().to_owned(),
-                        names: update
-                            .expression_attribute_names()
-                            .cloned()
-                            .unwrap_or_default(),
-                        values: update
-                            .expression_attribute_values()
-                            .cloned()
-                            .unwrap_or_default(),
-                    };
+                    let kind = WriteKind::update(
+                        update.key().clone(),
+                        update.update_expression(),
+                        update.expression_attribute_names(),
+                        update.expression_attribute_values(),
+                    );
                     writes.push(state.write(update.table_name(), kind));
                 }
                 if let Some(delete) = item.delete() {
@@ -570,6 +558,24 @@ enum WriteKind {
     },
     Delete(Item),
     Check(Item),
+}
+
+impl WriteKind {
+    /// An update of the item at `key` by `expression`, with the names and values it uses
+    /// (none given: none), as an `UpdateItem` request or a transaction's update carries them.
+    fn update(
+        key: Item,
+        expression: &str,
+        names: Option<&HashMap<String, String>>,
+        values: Option<&Item>,
+    ) -> Self {
+        WriteKind::Update {
+            key,
+            expression: expression.to_owned(),
+            names: names.cloned().unwrap_or_default(),
+            values: values.cloned().unwrap_or_default(),
+        }
+    }
 }
 
 /// One item write, with the item before (as last seen) and after it.

@@ -6,13 +6,46 @@
 use hooklane::{
     clock::Timestamp,
     domain::{
-        Account, AccountId, Decision, DeliveryStatus, EmailAddress, Endpoint, EndpointId,
-        EventType, ReplayFilter, ReplayId, ReplayScope, Trigger,
+        Account, AccountId, Decision, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
+        EndpointId, EventType, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
-    store::{DisableRequest, PendingRef, ReplayRequest, Store},
+    store::{DisableRequest, PendingRef, ReplayOutcome, ReplayRequest, Store},
 };
 
 use crate::fixtures::{at, attempt, endpoint, failed, publish, replay, status_of};
+
+/// Replays what `filter` picks of the endpoint's deliveries, requested at `second`, up to
+/// `limit` of them.
+async fn replay_endpoint(
+    store: &dyn Store,
+    account: &AccountId,
+    endpoint: &EndpointId,
+    filter: ReplayFilter,
+    second: i64,
+    limit: u32,
+) -> ReplayOutcome {
+    let scope = ReplayScope::Endpoint(endpoint.clone());
+    let replay = replay(account, scope, filter, second);
+    store
+        .replay(&ReplayRequest { replay, limit })
+        .await
+        .expect("replay")
+}
+
+/// Replays the one delivery, requested at `second`.
+async fn replay_delivery(
+    store: &dyn Store,
+    account: &AccountId,
+    delivery: &DeliveryId,
+    second: i64,
+) -> ReplayOutcome {
+    let scope = ReplayScope::Delivery(delivery.clone());
+    let replay = replay(account, scope, ReplayFilter::single(), second);
+    store
+        .replay(&ReplayRequest { replay, limit: 1 })
+        .await
+        .expect("replay")
+}
 
 pub async fn replays_follow_the_contract(store: &dyn Store) {
     let account = AccountId::from_trusted("acme".into());
@@ -68,13 +101,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
 
     // Bulk on main since 15: failed ones only (the delivered and the pending stay).
     let bulk = ReplayFilter::bulk(at(15), None, None, vec![]).expect("filter");
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(&account, ReplayScope::Endpoint(main.id.clone()), bulk, 50),
-            limit: 100,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_endpoint(store, &account, &main.id, bulk, 50, 100).await;
     assert_eq!((outcome.replay.count, outcome.replay.more), (1, false));
     assert_eq!(
         outcome.queued,
@@ -130,18 +157,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
         vec![EventType::parse("invoice.paid").expect("type")],
     )
     .expect("filter");
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Endpoint(main.id.clone()),
-                filter.clone(),
-                60,
-            ),
-            limit: 100,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_endpoint(store, &account, &main.id, filter.clone(), 60, 100).await;
     let mut queued: Vec<_> = outcome.queued.iter().map(|p| &p.delivery_id).collect();
     queued.sort();
     let mut expected = vec![&d10[0].id, &d20[0].id];
@@ -149,92 +165,35 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
     assert_eq!(queued, expected);
 
     // A single delivery: any final status, but not on a disabled endpoint.
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Delivery(d40[1].id.clone()),
-                ReplayFilter::single(),
-                70,
-            ),
-            limit: 1,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_delivery(store, &account, &d40[1].id, 70).await;
     assert_eq!(outcome.replay.count, 0, "the endpoint is disabled");
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Delivery(d10[1].id.clone()),
-                ReplayFilter::single(),
-                71,
-            ),
-            limit: 1,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_delivery(store, &account, &d10[1].id, 71).await;
     assert_eq!(outcome.replay.count, 1);
     // Already pending now: a second request touches nothing.
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Delivery(d10[1].id.clone()),
-                ReplayFilter::single(),
-                72,
-            ),
-            limit: 1,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_delivery(store, &account, &d10[1].id, 72).await;
     assert_eq!(outcome.replay.count, 0);
 
     // The limit is honoured oldest first, and `more` says there is more.
     let everything = ReplayFilter::bulk(at(0), None, None, vec![]).expect("filter");
     attempt(store, &d10[1].id, 73, failed()).await;
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Endpoint(second.id.clone()),
-                everything.clone(),
-                80,
-            ),
-            limit: 1,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_endpoint(store, &account, &second.id, everything.clone(), 80, 1).await;
     assert_eq!((outcome.replay.count, outcome.replay.more), (1, true));
     assert_eq!(outcome.queued[0].delivery_id, d10[1].id);
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Endpoint(second.id.clone()),
-                everything,
-                81,
-            ),
-            limit: 1,
-        })
-        .await
-        .expect("replay");
+    let outcome = replay_endpoint(store, &account, &second.id, everything, 81, 1).await;
     assert_eq!((outcome.replay.count, outcome.replay.more), (1, false));
     assert_eq!(outcome.queued[0].delivery_id, d30[1].id);
 
     // The audit trail: every request, newest first, paged, this account's only.
-    store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &other_account,
-                ReplayScope::Endpoint(EndpointId::from_trusted("ep_none".into())),
-                ReplayFilter::single(),
-                90,
-            ),
-            limit: 10,
-        })
-        .await
-        .expect("replay of another account");
+    let nowhere = EndpointId::from_trusted("ep_none".into());
+    replay_endpoint(
+        store,
+        &other_account,
+        &nowhere,
+        ReplayFilter::single(),
+        90,
+        10,
+    )
+    .await;
     let mut all = Vec::new();
     let mut after = None;
     loop {
