@@ -30,7 +30,11 @@ impl DynamoStore {
                 id.as_str(),
             )))
             .condition_expression("attribute_exists(id)")
-            .update_expression("SET erased_at = if_not_exists(erased_at, :at) REMOVE payload")
+            // An outbox writer's `data` goes with the payload (`data` is a reserved word).
+            .update_expression(
+                "SET erased_at = if_not_exists(erased_at, :at) REMOVE payload, #data",
+            )
+            .expression_attribute_names("#data", "data")
             .expression_attribute_values(":at", n(erased_at))
             .send()
             .await;
