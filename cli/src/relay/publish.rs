@@ -153,7 +153,8 @@ impl Publisher {
             .http
             .post(&url)
             .bearer_auth(&self.token)
-            .json(&serde_json::json!({ "events": events }))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::json!({ "events": events }).to_string())
             .send()
             .await
         {
