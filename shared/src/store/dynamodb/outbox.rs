@@ -10,9 +10,6 @@ use crate::{
 };
 use aws_sdk_dynamodb::types::AttributeValue;
 
-/// The version of the item contract docs/OUTBOX.md describes.
-pub const OUTBOX_CONTRACT_VERSION: u32 = 1;
-
 /// `created_at` bounds, in milliseconds: 2001-09-09 to 2286-11-20. A time in seconds (ten
 /// digits) or in microseconds (sixteen) is a mistake, and falls outside.
 const CREATED_AT_MIN: i64 = 1_000_000_000_000;
@@ -160,6 +157,24 @@ pub fn read_outbox_item(item: &impl Attributes) -> Result<OutboxItem, String> {
         Some(other) => return Err(wrong_type("expires_at", other, "a number (N)")),
     }
     let created_at = from_millis(created_at);
+    // Erased on request before its fan-out (the sweeper reads the item as it is now): its
+    // content is gone, as for any erased event.
+    if let Some(erased) = item.attr("erased_at") {
+        let Attr::N(at) = erased else {
+            return Err(wrong_type("erased_at", erased, "a number (N)"));
+        };
+        let at = at
+            .parse::<i64>()
+            .map_err(|_| format!("`erased_at` {at} is not a whole number"))?;
+        return Ok(OutboxItem::New(Event {
+            id,
+            account_id,
+            event_type,
+            created_at,
+            payload: String::new(),
+            erased_at: Some(from_millis(at)),
+        }));
+    }
     let event = match (item.attr("data"), item.attr("payload")) {
         (Some(_), Some(_)) => {
             return Err("an item has `data` or `payload` (Hooklane's own), not both".into())
@@ -247,6 +262,13 @@ mod tests {
         let mut done = good();
         done["fanned_out"] = json!({"BOOL": true});
         assert_eq!(read_outbox_item(&done), Ok(OutboxItem::AlreadyFannedOut));
+        let mut erased = good();
+        erased.as_object_mut().unwrap().remove("data");
+        erased["erased_at"] = json!({"N": "1767225700000"});
+        let Ok(OutboxItem::New(event)) = read_outbox_item(&erased) else {
+            panic!("an erased item is still an event");
+        };
+        assert!(event.is_erased() && event.payload.is_empty());
         let mut optional = good();
         optional["fanned_out"] = json!({"BOOL": false});
         optional["expires_at"] = json!({"N": "1769817600"});
