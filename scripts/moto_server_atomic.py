@@ -1,10 +1,16 @@
-"""moto_server with DynamoDB's atomicity.
+"""moto_server with DynamoDB's atomicity, and streams that survive a cancelled transaction.
 
 DynamoDB applies each request to an item atomically: a conditional write's check and its
 write cannot interleave with another request's. moto's threaded server lets them (a
 condition is evaluated, another thread writes, then the first writes too), which shows up as
 an endpoint's slot cap exceeded under load. One lock around every DynamoDB request restores
 the guarantee the code relies on. Other services stay concurrent (SQS long polls).
+
+A cancelled TransactWriteItems (a condition failed) makes moto put back a copy of each table
+it touched, stream shard included: a reader's shard iterator keeps reading the old shard and
+never sees a later write (AWS streams go on). The rollback here keeps each table's shard,
+without the records of the writes it undid; stream reads take the same lock, so none sees
+those records in between.
 
 Usage: python moto_server_atomic.py [moto_server options]
 """
@@ -13,7 +19,9 @@ import sys
 import threading
 
 from moto import server
+from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.responses import DynamoHandler
+from moto.dynamodbstreams.responses import DynamoDBStreamsHandler
 
 _DYNAMODB = threading.Lock()
 _call_action = DynamoHandler.call_action
@@ -25,6 +33,40 @@ def _one_at_a_time(self):
 
 
 DynamoHandler.call_action = _one_at_a_time
+_call_streams_action = DynamoDBStreamsHandler.call_action
+
+
+def _streams_one_at_a_time(self):
+    with _DYNAMODB:
+        return _call_streams_action(self)
+
+
+DynamoDBStreamsHandler.call_action = _streams_one_at_a_time
+
+_transact_write_items = DynamoDBBackend.transact_write_items
+
+
+def _transact_keeping_streams(self, transact_items):
+    shards = {}
+    for item in transact_items:
+        _, action = next(iter(item.items()))
+        name = action.get("TableName")
+        table = self.tables.get(name) if name else None
+        if table is not None and table.stream_shard is not None:
+            shards[name] = (table.stream_shard, len(table.stream_shard.items))
+    try:
+        return _transact_write_items(self, transact_items)
+    except Exception:
+        for name, (shard, records) in shards.items():
+            del shard.items[records:]
+            restored = self.tables.get(name)
+            if restored is not None and restored.stream_shard is not shard:
+                restored.stream_shard = shard
+                shard.table = restored
+        raise
+
+
+DynamoDBBackend.transact_write_items = _transact_keeping_streams
 
 if __name__ == "__main__":
     server.main(sys.argv[1:])

@@ -16,7 +16,7 @@ use hooklane_cli::{
 #[command(
     name = "hooklane",
     version,
-    about = "Reliable outbound webhooks: serve, receive, verify"
+    about = "Reliable outbound webhooks: serve, receive, verify, relay"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -82,6 +82,32 @@ enum Command {
         /// Answer every webhook with this status (e.g. 500 to watch retries).
         #[arg(long, default_value_t = 200)]
         status: u16,
+    },
+    /// Publish the rows of your own outbox table (PostgreSQL or SQLite, written in your
+    /// business transactions) to Hooklane, then mark them sent (docs/OUTBOX.md; needs a binary
+    /// built with `--features relay`).
+    Relay {
+        /// The database: postgres://user:password@host:port/db or sqlite:///path/to/file.db.
+        #[arg(long, env = "HOOKLANE_RELAY_SOURCE", hide_env_values = true)]
+        source: String,
+        /// The Hooklane API, e.g. http://127.0.0.1:8080.
+        #[arg(long, env = "HOOKLANE_RELAY_URL")]
+        url: String,
+        /// An admin token (or an account token, for that account's rows only).
+        #[arg(long, env = "HOOKLANE_RELAY_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The outbox table (schema.table allowed).
+        #[arg(long, default_value = "hooklane_outbox")]
+        table: String,
+        /// The PostgreSQL channel the table's trigger notifies.
+        #[arg(long, default_value = "hooklane_outbox")]
+        channel: String,
+        /// How often the table is read without a notification (SQLite: the poll interval).
+        #[arg(long, default_value = "1s")]
+        poll_interval: String,
+        /// Rows read and published at a time.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
     },
     /// The AWS shape's dead-letter queue (needs a binary built with `--features aws`).
     Dlq {
@@ -295,6 +321,23 @@ fn main() -> ExitCode {
             }
         }
         Command::Dlq { action } => dlq(action),
+        Command::Relay {
+            source,
+            url,
+            token,
+            table,
+            channel,
+            poll_interval,
+            batch,
+        } => relay(RelayArgs {
+            source,
+            url,
+            token,
+            table,
+            channel,
+            poll_interval,
+            batch,
+        }),
         Command::Verify {
             secret,
             webhook_id,
@@ -328,6 +371,67 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `hooklane relay`'s options as given.
+#[cfg_attr(not(feature = "relay"), allow(dead_code))]
+struct RelayArgs {
+    source: String,
+    url: String,
+    token: String,
+    table: String,
+    channel: String,
+    poll_interval: String,
+    batch: usize,
+}
+
+#[cfg(feature = "relay")]
+fn relay(args: RelayArgs) -> ExitCode {
+    init_logging(match std::env::var("HOOKLANE_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    });
+    let poll_interval = match hooklane::config::parse_duration(&args.poll_interval, "poll-interval")
+    {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => {
+            eprintln!("hooklane: relay: --poll-interval must be above zero");
+            return ExitCode::from(2);
+        }
+        Err(error) => {
+            eprintln!("hooklane: relay: --poll-interval {}", error.message);
+            return ExitCode::from(2);
+        }
+    };
+    let options = hooklane_cli::relay::RelayOptions {
+        source: args.source,
+        url: args.url,
+        token: args.token,
+        table: args.table,
+        channel: args.channel,
+        poll_interval,
+        batch: args.batch,
+    };
+    let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(hooklane_cli::relay::run(options, serve::shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hooklane: relay: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "relay"))]
+fn relay(_args: RelayArgs) -> ExitCode {
+    eprintln!(
+        "hooklane: relay: this binary was built without the relay; build it with \
+         `cargo build --release -p hooklane-cli --features relay`"
+    );
+    ExitCode::from(2)
 }
 
 /// `hooklane bench`: built with the `bench` feature, which brings the test kit's farm.

@@ -78,7 +78,7 @@ const METRIC_BUCKETS: [f64; 17] = [
     3600.0, 86_400.0,
 ];
 
-fn install_metrics() -> Result<PrometheusHandle, ServeError> {
+pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&METRIC_BUCKETS)
         .map_err(|e| ServeError::Startup(format!("metrics: {e}")))?
@@ -89,7 +89,7 @@ fn install_metrics() -> Result<PrometheusHandle, ServeError> {
 }
 
 /// `GET /metrics`: Prometheus text, behind the admin token like the rest of the API.
-fn metrics_route(handle: PrometheusHandle, admin_token: Arc<str>) -> Router {
+pub(crate) fn metrics_route(handle: PrometheusHandle, admin_token: Arc<str>) -> Router {
     Router::new().route(
         "/metrics",
         get(move |headers: HeaderMap| {

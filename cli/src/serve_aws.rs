@@ -22,9 +22,13 @@ pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> 
         AwsSettings::from_vars(&vars).map_err(|e| format!("configuration error: {e}"))?;
     let options =
         LocalOptions::from_vars(&vars).map_err(|e| format!("configuration error: {e}"))?;
+    // The functions' metrics (EMF on Lambda) as Prometheus text at /metrics, as `serve` has.
+    let metrics = crate::serve::install_metrics().map_err(|e| e.to_string())?;
     let running = local::start(settings, options)
         .await
         .map_err(|e| e.to_string())?;
+    let admin_token: std::sync::Arc<str> = running.admin_token.as_str().into();
+    let running = running.with_routes(crate::serve::metrics_route(metrics, admin_token));
     match &running.token_source {
         TokenSource::Variable => println!("admin token: from HOOKLANE_ADMIN_TOKEN"),
         TokenSource::Parameter(name) => println!("admin token: from SSM parameter {name}"),

@@ -43,7 +43,7 @@ impl Default for CoreConfig {
             disable_after: Duration::from_secs(3 * 86_400),
             sender: SenderConfig::default(),
             operations_account: None,
-            max_payload_bytes: 256 * 1024,
+            max_payload_bytes: crate::domain::event::MAX_PAYLOAD_BYTES,
             disable_on_attempt: true,
             retention: Duration::from_secs(30 * 86_400),
         }

@@ -17,6 +17,8 @@ mod hostile;
 mod iam;
 mod isolation;
 mod metrics;
+mod outbox;
+mod relay;
 mod replay;
 mod retries;
 mod schema;

@@ -39,11 +39,15 @@ const SNIPPET_FILES: [&str; 5] = [
 // ---------------------------------------------------------------------------------------------
 // The page and the files cannot drift.
 
+/// The code block languages of docs/VERIFYING.md's snippets.
+const LANGUAGES: [&str; 6] = ["python", "js", "javascript", "go", "ruby", "rust"];
+
 /// The page with the code block after every `<!-- snippet: FILE -->` marker replaced by FILE.
-/// Errors name markers without a file or a code block, and code blocks in a snippet language
+/// Errors name markers without a file or a code block, and code blocks in one of `languages`
 /// that have no marker (untested code on the page).
-fn synced_page(
+pub(crate) fn synced_page(
     page: &str,
+    languages: &[&str],
     read: impl Fn(&str) -> std::io::Result<String>,
 ) -> Result<String, String> {
     let lines: Vec<&str> = page.split_inclusive('\n').collect();
@@ -75,7 +79,7 @@ fn synced_page(
             i = end + 1;
         } else if let Some(info) = trimmed.strip_prefix("```") {
             let language = info.split_whitespace().next().unwrap_or("");
-            if ["python", "js", "javascript", "go", "ruby", "rust"].contains(&language) {
+            if languages.contains(&language) {
                 return Err(format!(
                     "a {language} code block without a `{MARKER_START}FILE -->` marker: \
                      every snippet on the page must be a tested file"
@@ -105,7 +109,7 @@ fn verifying_md_shows_exactly_the_tested_snippet_files() {
             "docs/{PAGE} must show docs/{file} exactly once"
         );
     }
-    let synced = synced_page(&page, |file| {
+    let synced = synced_page(&page, &LANGUAGES, |file| {
         std::fs::read_to_string(Path::new(DOCS).join(file))
     })
     .unwrap_or_else(|e| panic!("docs/{PAGE}: {e}"));
@@ -150,13 +154,13 @@ fn the_example_webhook_on_the_page_is_signed_with_the_example_secret() {
 fn the_page_check_catches_drift() {
     let page = "# t\n\n<!-- snippet: a.py -->\n```python\nprint(1)\n```\n\n```sh\nls\n```\n";
     let read = |_: &str| Ok("print(1)\n".to_owned());
-    assert_eq!(synced_page(page, read).as_deref(), Ok(page));
+    assert_eq!(synced_page(page, &LANGUAGES, read).as_deref(), Ok(page));
     let changed = |_: &str| Ok("print(2)\n".to_owned());
-    assert_ne!(synced_page(page, changed).as_deref(), Ok(page));
+    assert_ne!(synced_page(page, &LANGUAGES, changed).as_deref(), Ok(page));
     let untested = "```go\nfunc main() {}\n```\n";
-    assert!(synced_page(untested, read).is_err());
+    assert!(synced_page(untested, &LANGUAGES, read).is_err());
     let unmarked = "<!-- snippet: a.py -->\n\ntext\n";
-    assert!(synced_page(unmarked, read).is_err());
+    assert!(synced_page(unmarked, &LANGUAGES, read).is_err());
 }
 
 // ---------------------------------------------------------------------------------------------

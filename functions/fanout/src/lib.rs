@@ -198,7 +198,7 @@ mod tests {
         use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
         let (settings, shape) = emulated_shape().await;
         let s = |v: &str| AttributeValue::S(v.to_owned());
-        // Written by hand through the outbox without the payload. (A creation time of the
+        // Written by hand through the outbox without its `data`. (A creation time of the
         // wrong type never gets this far on AWS: it is a key of the `unfanned` index, so
         // DynamoDB refuses the write, and the platform's transaction with it.)
         shape
@@ -237,14 +237,16 @@ mod tests {
         let item = stored_event_item(&shape.store, "acme", "evt_outbox_1").await;
         let reason = item.get("rejected").and_then(|v| v.as_s().ok()).cloned();
         assert!(
-            reason.as_deref().is_some_and(|r| r.contains("payload")),
+            reason
+                .as_deref()
+                .is_some_and(|r| r.contains("missing `data`")),
             "the item says why it was rejected: {reason:?}"
         );
         assert!(
             !item.contains_key("unfanned_shard"),
             "it left the sweeper's index"
         );
-        // Reading it names the field instead of passing for an outage.
+        // Reading it says it was rejected, and why, instead of passing for an outage.
         let read = shape
             .app
             .store
@@ -254,7 +256,7 @@ mod tests {
             )
             .await;
         assert!(
-            matches!(&read, Err(hooklane::store::StoreError::Corrupt(m)) if m.contains("payload")),
+            matches!(&read, Err(hooklane::store::StoreError::Corrupt(m)) if m.contains("rejected") && m.contains("missing `data`")),
             "{read:?}"
         );
     }

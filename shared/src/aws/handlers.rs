@@ -94,6 +94,23 @@ pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize,
         created = outcome.created,
         "fanned out"
     );
+    // Those past a failed event come again with the retry, and are rejected then.
+    let settled = outcome.failed.unwrap_or(events.len());
+    for event in outcome
+        .unknown_account
+        .iter()
+        .filter(|&&p| p < settled)
+        .filter_map(|&p| events.get(p))
+    {
+        let reason = crate::domain::event::unknown_account(&event.account_id);
+        if let Err(failure) = shape
+            .store
+            .reject_event(event.account_id.as_str(), event.id.as_str(), &reason)
+            .await
+        {
+            tracing::warn!(event.id = %event.id, error = %failure, "rejected event not marked; the sweeper rejects it");
+        }
+    }
     match (outcome.failed, outcome.error) {
         (Some(failed), Some(error)) => {
             let position = positions.get(failed).copied().unwrap_or(0);

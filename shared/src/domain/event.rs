@@ -8,8 +8,18 @@ use crate::clock::Timestamp;
 
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 
+/// The largest webhook body (the whole `{"id","type","created","data"}` JSON) an event may
+/// have: what a publish accepts and what an outbox item may make.
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
 /// What `last_error` says of a delivery ended because its event was erased.
 pub const EVENT_ERASED: &str = "its event was erased on request; it cannot be sent";
+
+/// Why an event written straight to the store (the outbox) of an account that does not
+/// exist is rejected.
+pub fn unknown_account(account: &AccountId) -> String {
+    format!("account `{account}` does not exist (create it through the API first)")
+}
 
 /// `segment(.segment)*`, each segment of letters, digits, `_` or `-`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -98,6 +108,41 @@ impl Event {
         })
     }
 
+    /// The event an outbox writer describes with its `data` as JSON text: the body is
+    /// `{"id","type","created","data"}` like [`Event::new`]'s, with `data` inserted as
+    /// written (less surrounding whitespace), so the bytes signed are the writer's. For
+    /// compact `data` the body is byte for byte what a publish of the same event makes.
+    pub fn from_data_text(
+        id: EventId,
+        account_id: AccountId,
+        event_type: EventType,
+        created_at: Timestamp,
+        data: &str,
+    ) -> Result<Self, InvalidField> {
+        if let Err(error) = serde_json::from_str::<serde::de::IgnoredAny>(data) {
+            return Err(InvalidField::new(
+                "data",
+                format!("is not JSON text: {error}"),
+            ));
+        }
+        let data = data.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+        let quoted = |text: &str| serde_json::Value::from(text).to_string();
+        let payload = format!(
+            "{{\"id\":{},\"type\":{},\"created\":{},\"data\":{data}}}",
+            quoted(id.as_str()),
+            quoted(event_type.as_str()),
+            quoted(&created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        );
+        Ok(Self {
+            id,
+            account_id,
+            event_type,
+            created_at,
+            payload,
+            erased_at: None,
+        })
+    }
+
     /// This event with its payload erased at `at` (or when it first was), to the
     /// millisecond as the stores keep it.
     pub fn erased(&self, at: Timestamp) -> Self {
@@ -145,6 +190,46 @@ mod tests {
             assert!(EventType::parse(bad).is_err(), "{bad}");
         }
         assert!(EventType::parse(&"a".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn an_outbox_body_keeps_the_data_text_and_matches_a_publish_when_compact() {
+        let at = from_millis(1_614_265_330_123);
+        let parts = || {
+            (
+                EventId::parse("evt_1").unwrap(),
+                AccountId::parse("acme").unwrap(),
+                EventType::parse("invoice.paid").unwrap(),
+            )
+        };
+        let (id, account, kind) = parts();
+        let published = Event::new(
+            id,
+            account,
+            kind,
+            at,
+            &serde_json::json!({"amount": 42, "note": "ü \"q\""}),
+        )
+        .unwrap();
+        let (id, account, kind) = parts();
+        let compact = r#"{"amount":42,"note":"ü \"q\""}"#;
+        let outbox = Event::from_data_text(id, account, kind, at, compact).unwrap();
+        assert_eq!(outbox.payload, published.payload);
+        let (id, account, kind) = parts();
+        let spaced = Event::from_data_text(id, account, kind, at, " {\"a\": 1.50}\n").unwrap();
+        assert!(
+            spaced.payload.ends_with(r#""data":{"a": 1.50}}"#),
+            "{}",
+            spaced.payload
+        );
+        assert_eq!(spaced.data(), serde_json::json!({"a": 1.5}));
+        for bad in ["", "{", "NaN", "{'a': 1}", "1 2"] {
+            let (id, account, kind) = parts();
+            assert!(
+                Event::from_data_text(id, account, kind, at, bad).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub async fn fan_out(app: &App, event: &Event) -> ServiceResult<usize> {
 pub struct BatchOutcome {
     /// Deliveries created.
     pub created: usize,
+    /// The positions of events whose account does not exist (written to the store directly,
+    /// through the outbox): they get no deliveries and are not marked fanned out; the caller
+    /// records them as rejected.
+    pub unknown_account: Vec<usize>,
     /// The first event (by position) whose fan-out failed, and why; the events before it
     /// are done and their deliveries queued.
     pub failed: Option<usize>,
@@ -113,15 +117,29 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     // Each account's endpoints, read once for the batch; the batch ends before the first
     // event whose account's endpoints cannot be read.
     let mut endpoints_of: HashMap<AccountId, Vec<Endpoint>> = HashMap::new();
+    let mut unknown: std::collections::HashSet<AccountId> = Default::default();
     let mut failure: Option<(usize, ServiceError)> = None;
     let mut readable = events.len();
     for (position, event) in events.iter().enumerate() {
-        if endpoints_of.contains_key(&event.account_id) {
+        if endpoints_of.contains_key(&event.account_id) || unknown.contains(&event.account_id) {
             continue;
         }
-        match app.store.list_endpoints(&event.account_id).await {
-            Ok(endpoints) => {
+        // An account with endpoints exists; only one without is looked up (an outbox write
+        // may name an account that does not exist).
+        let listed = match app.store.list_endpoints(&event.account_id).await {
+            Ok(endpoints) if endpoints.is_empty() => app
+                .store
+                .get_account(&event.account_id)
+                .await
+                .map(|account| account.map(|_| endpoints)),
+            other => other.map(Some),
+        };
+        match listed {
+            Ok(Some(endpoints)) => {
                 endpoints_of.insert(event.account_id.clone(), endpoints);
+            }
+            Ok(None) => {
+                unknown.insert(event.account_id.clone());
             }
             Err(error) => {
                 failure = Some((position, error.into()));
@@ -130,6 +148,12 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
             }
         }
     }
+    let unknown_account: Vec<usize> = events[..readable]
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| unknown.contains(&e.account_id))
+        .map(|(position, _)| position)
+        .collect();
     let mut refs: Vec<PendingRef> = Vec::new();
     let mut created = 0;
     let pending: Vec<_> = events[..readable]
@@ -161,6 +185,7 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
         if let Err(error) = app.queue.enqueue(refs).await {
             return BatchOutcome {
                 created,
+                unknown_account,
                 failed: Some(0),
                 error: Some(error.into()),
             };
@@ -172,14 +197,19 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     };
     // The events before the failed one are done: out of the sweeper's `unfanned` list. If
     // this fails, the sweeper fans them out again later, which changes nothing.
-    let done = &events[..failed.unwrap_or(events.len())];
+    let done: Vec<Event> = events[..failed.unwrap_or(events.len())]
+        .iter()
+        .filter(|e| !unknown.contains(&e.account_id))
+        .cloned()
+        .collect();
     if !done.is_empty() {
-        if let Err(error) = app.store.mark_fanned_out(done).await {
+        if let Err(error) = app.store.mark_fanned_out(&done).await {
             tracing::warn!(%error, events = done.len(), "fan-out done but not marked; the sweeper will look again");
         }
     }
     BatchOutcome {
         created,
+        unknown_account,
         failed,
         error,
     }

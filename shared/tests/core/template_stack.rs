@@ -499,6 +499,20 @@ fn fanout_may_mark_its_events_fanned_out_and_nothing_more() {
     }
 }
 
+/// An outbox event of an account that does not exist is rejected, so both readers of new
+/// events may look accounts up.
+#[test]
+fn fanout_and_the_sweeper_may_look_up_an_events_account() {
+    for function in ["FanoutFunction", "SweeperFunction"] {
+        assert_allows(
+            function,
+            "dynamodb:GetItem",
+            &table("AccountsTable"),
+            "AccountsTable",
+        );
+    }
+}
+
 #[test]
 fn the_sweeper_may_find_and_recover_unfanned_events() {
     assert_allows(

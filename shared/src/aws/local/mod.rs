@@ -345,6 +345,12 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
 }
 
 impl Local {
+    /// Serves these routes beside the API's (the binary's `/metrics`).
+    pub fn with_routes(mut self, routes: axum::Router) -> Self {
+        self.router = self.router.merge(routes);
+        self
+    }
+
     /// Serves the API until `shutdown` completes, then stops the loops (letting the
     /// attempts in flight finish).
     pub async fn run_until(

@@ -25,7 +25,11 @@ impl DynamoStore {
             .table_name(&self.tables.events)
             .set_key(Some(account_key(account.as_str(), id.as_str())))
             .condition_expression("attribute_exists(id)")
-            .update_expression("SET erased_at = if_not_exists(erased_at, :at) REMOVE payload")
+            // An outbox writer's `data` goes with the payload (`data` is a reserved word).
+            .update_expression(
+                "SET erased_at = if_not_exists(erased_at, :at) REMOVE payload, #data",
+            )
+            .expression_attribute_names("#data", "data")
             .expression_attribute_values(":at", n(erased_at))
             .send()
             .await;

@@ -30,9 +30,14 @@ impl DynamoStore {
             .map_err(build_error)
     }
 
+    /// The TTL (epoch seconds) of an event created at `created_at`.
+    fn event_expiry(&self, created_at: Timestamp) -> i64 {
+        to_millis(created_at) / 1000
+            + i64::try_from(self.retention.events.as_secs()).unwrap_or(i64::MAX / 2)
+    }
+
     pub(super) fn event_item(&self, event: &Event, fanned_out: bool) -> Item {
-        let expires = to_millis(event.created_at) / 1000
-            + i64::try_from(self.retention.events.as_secs()).unwrap_or(i64::MAX / 2);
+        let expires = self.event_expiry(event.created_at);
         let mut item = Item::new();
         item.insert("account_id".into(), s(event.account_id.as_str()));
         item.insert("id".into(), s(event.id.as_str()));
@@ -222,11 +227,16 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.tables.events)
             .set_key(Some(account_key(account, id)))
-            .update_expression("SET rejected = :reason, fanned_out = :done REMOVE #shard")
+            // Kept for the events' retention, like any event, for the operator to list.
+            .update_expression(
+                "SET rejected = :reason, fanned_out = :done, \
+                 expires_at = if_not_exists(expires_at, :expires) REMOVE #shard",
+            )
             .condition_expression("attribute_exists(id)")
             .expression_attribute_names("#shard", UNFANNED_SHARD)
             .expression_attribute_values(":reason", s(reason))
             .expression_attribute_values(":done", AttributeValue::Bool(true))
+            .expression_attribute_values(":expires", n(self.event_expiry(chrono::Utc::now())))
             .send()
             .await;
         written(update)?;
@@ -487,17 +497,21 @@ impl DynamoStore {
             if !item.contains_key(UNFANNED_SHARD) {
                 continue;
             }
-            // Checked as the stream's reader checks an image: fields present, ids valid.
-            let checked = event_from_item(&item)
-                .map_err(|e| e.to_string())
-                .and_then(|event| {
-                    AccountId::parse(event.account_id.as_str()).map_err(|e| e.to_string())?;
-                    EventId::parse(event.id.as_str()).map_err(|e| e.to_string())?;
-                    EventType::parse(event.event_type.as_str()).map_err(|e| e.to_string())?;
-                    Ok(event)
-                });
+            // Checked as the stream's reader checks an image (docs/OUTBOX.md's contract),
+            // and fan-out's own check, that the account exists.
+            let checked = match super::outbox::read_outbox_item(&item) {
+                Ok(super::outbox::OutboxItem::New(event)) => {
+                    match self.get_account(&event.account_id).await? {
+                        Some(_) => Ok(Some(event)),
+                        None => Err(crate::domain::event::unknown_account(&event.account_id)),
+                    }
+                }
+                Ok(super::outbox::OutboxItem::AlreadyFannedOut) => Ok(None),
+                Err(reason) => Err(reason),
+            };
             match checked {
-                Ok(event) => events.push(event),
+                Ok(Some(event)) => events.push(event),
+                Ok(None) => {}
                 Err(reason) => self.reject_event(&account, &id, &reason).await?,
             }
         }
@@ -515,10 +529,15 @@ impl DynamoStore {
                         event.account_id.as_str(),
                         event.id.as_str(),
                     )))
-                    .update_expression("SET fanned_out = :done REMOVE #shard")
+                    // An outbox writer may leave the TTL out: it gets the retention's.
+                    .update_expression(
+                        "SET fanned_out = :done, expires_at = if_not_exists(expires_at, :expires) \
+                         REMOVE #shard",
+                    )
                     .condition_expression("attribute_exists(#shard)")
                     .expression_attribute_names("#shard", UNFANNED_SHARD)
                     .expression_attribute_values(":done", AttributeValue::Bool(true))
+                    .expression_attribute_values(":expires", n(self.event_expiry(event.created_at)))
             })
             .collect();
         let results: Vec<_> = futures_util::stream::iter(updates)

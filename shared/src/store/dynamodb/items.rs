@@ -286,20 +286,29 @@ pub(super) fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
 }
 
 pub(super) fn event_from_item(item: &Item) -> StoreResult<Event> {
-    // An erased event keeps its item without the payload; any other item needs one.
+    if let Some(reason) = opt_s(item, "rejected") {
+        return Err(StoreError::Corrupt(format!(
+            "the event item was rejected by fan-out and has no deliveries: {reason}"
+        )));
+    }
+    // An erased event keeps its item without the payload; any other item needs one, or the
+    // `data` an outbox writer gives instead (docs/OUTBOX.md), which makes the same body on
+    // every read.
     let erased_at = opt_n::<i64>(item, "erased_at")?.map(from_millis);
-    Ok(Event {
+    let mut event = Event {
         id: EventId::from_trusted(get_s(item, "id")?),
         account_id: AccountId::from_trusted(get_s(item, "account_id")?),
         event_type: EventType::from_trusted(get_s(item, "type")?),
         created_at: from_millis(get_n(item, "created_at")?),
-        payload: if erased_at.is_some() {
-            opt_s(item, "payload").unwrap_or_default()
-        } else {
-            get_s(item, "payload")?
-        },
+        payload: String::new(),
         erased_at,
-    })
+    };
+    event.payload = match opt_s(item, "payload") {
+        Some(payload) => payload,
+        None if erased_at.is_some() => String::new(),
+        None => super::outbox::payload_from_data(item, &event).ok_or_else(|| corrupt("payload"))?,
+    };
+    Ok(event)
 }
 
 /// A new delivery's item, as written now.

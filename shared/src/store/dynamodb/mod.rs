@@ -21,6 +21,7 @@ mod erase;
 mod events;
 mod items;
 mod log;
+pub mod outbox;
 mod replay;
 mod schema;
 mod size;

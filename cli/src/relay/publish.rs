@@ -1,0 +1,255 @@
+//! Publishing outbox rows through the batch route, one request per account and size, and
+//! sorting the answers into published, refused for good (the row is marked) and try again.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{OutboxRow, RelayError};
+
+/// Events one batch request holds at most (the API's limit).
+const MAX_EVENTS: usize = 100;
+/// Request bodies stay under the API's limit (the largest event body plus 64 KiB).
+const MAX_BODY_BYTES: usize = 192 * 1024;
+
+/// What publishing a set of rows came to.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Row ids Hooklane has an event for now (new, or there already).
+    pub published: Vec<String>,
+    /// How many of those were there already (a row published again after a crash).
+    pub existing: usize,
+    /// Rows Hooklane refused for good, with its reason: never retried by themselves.
+    pub refused: Vec<(String, String)>,
+    /// Set when the API could not be reached or failed: the rows not listed above stay
+    /// unsent and are read again.
+    pub error: Option<RelayError>,
+}
+
+/// A client of the batch publish route.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+/// How the API answered one batch.
+enum Answer {
+    /// One result per event, in order: was it created by this request?
+    Published(Vec<bool>),
+    /// The event at this index is refused, for this reason; nothing was written.
+    RefusedAt(usize, String),
+    /// Every event of the batch is refused for this reason (the account does not exist).
+    RefusedAll(String),
+    /// The request is too large for the API: smaller batches may pass.
+    TooLarge(String),
+    Retry(RelayError),
+}
+
+impl Publisher {
+    pub fn new(base: &str, token: &str) -> Result<Self, RelayError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| RelayError::Options(format!("HTTP client: {e}")))?;
+        let base = base.trim_end_matches('/');
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(RelayError::Options(format!(
+                "--url {base:?} must start with http:// or https://"
+            )));
+        }
+        Ok(Self {
+            http,
+            base: base.to_owned(),
+            token: token.to_owned(),
+        })
+    }
+
+    /// Publishes `rows` (in order within each account), each idempotent on its id.
+    pub async fn publish(&self, rows: &[OutboxRow]) -> Outcome {
+        let mut outcome = Outcome::default();
+        let mut accounts: Vec<&str> = Vec::new();
+        for row in rows {
+            if !accounts.contains(&row.account_id.as_str()) {
+                accounts.push(&row.account_id);
+            }
+        }
+        for account in accounts {
+            let mut pending: Vec<&OutboxRow> =
+                rows.iter().filter(|r| r.account_id == account).collect();
+            while !pending.is_empty() {
+                let take = batch_len(&pending);
+                let batch: Vec<&OutboxRow> = pending.drain(..take).collect();
+                if let Err(error) = self.publish_batch(account, batch, &mut outcome).await {
+                    outcome.error = Some(error);
+                    return outcome;
+                }
+            }
+        }
+        outcome
+    }
+
+    /// One batch, split or trimmed until the API takes it or refuses each row.
+    async fn publish_batch(
+        &self,
+        account: &str,
+        mut batch: Vec<&OutboxRow>,
+        outcome: &mut Outcome,
+    ) -> Result<(), RelayError> {
+        let mut queue: Vec<Vec<&OutboxRow>> = Vec::new();
+        loop {
+            if batch.is_empty() {
+                match queue.pop() {
+                    Some(next) => batch = next,
+                    None => return Ok(()),
+                }
+                continue;
+            }
+            match self.send(account, &batch).await {
+                Answer::Published(created) => {
+                    for (row, created) in batch.iter().zip(created) {
+                        outcome.published.push(row.id.clone());
+                        if !created {
+                            outcome.existing += 1;
+                        }
+                    }
+                    batch.clear();
+                }
+                Answer::RefusedAt(index, reason) if index < batch.len() => {
+                    let row = batch.remove(index);
+                    outcome.refused.push((row.id.clone(), reason));
+                }
+                Answer::RefusedAt(_, reason) | Answer::RefusedAll(reason) => {
+                    for row in batch.drain(..) {
+                        outcome.refused.push((row.id.clone(), reason.clone()));
+                    }
+                }
+                Answer::TooLarge(reason) if batch.len() == 1 => {
+                    outcome.refused.push((batch[0].id.clone(), reason));
+                    batch.clear();
+                }
+                Answer::TooLarge(_) => {
+                    let second = batch.split_off(batch.len() / 2);
+                    queue.push(second);
+                }
+                Answer::Retry(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn send(&self, account: &str, batch: &[&OutboxRow]) -> Answer {
+        let mut events = Vec::with_capacity(batch.len());
+        for (index, row) in batch.iter().enumerate() {
+            // The API reads `data` as a JSON value too; a row whose data is not JSON is
+            // refused here, without sending the rest.
+            let Ok(data) = serde_json::from_str::<Value>(&row.data) else {
+                return Answer::RefusedAt(index, "its data is not JSON".into());
+            };
+            events.push(serde_json::json!({"id": row.id, "type": row.event_type, "data": data}));
+        }
+        let url = format!("{}/v1/accounts/{account}/events/batch", self.base);
+        let response = match self
+            .http
+            .post(&url)
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::json!({ "events": events }).to_string())
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => return Answer::Retry(RelayError::Api(format!("POST {url}: {error}"))),
+        };
+        let status = response.status().as_u16();
+        let body: Value = match response.text().await {
+            Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            Err(error) => return Answer::Retry(RelayError::Api(format!("POST {url}: {error}"))),
+        };
+        let message = body["error"]["message"]
+            .as_str()
+            .map_or_else(|| body.to_string(), str::to_owned);
+        match status {
+            200..=299 => match body["results"].as_array() {
+                Some(results) if results.len() == batch.len() => Answer::Published(
+                    results
+                        .iter()
+                        .map(|r| r["created"].as_bool().unwrap_or(true))
+                        .collect(),
+                ),
+                _ => Answer::Retry(RelayError::Api(format!(
+                    "unexpected answer to a batch of {}: {body}",
+                    batch.len()
+                ))),
+            },
+            404 => Answer::RefusedAll(format!(
+                "account `{account}` not found (HTTP 404; with an account token, the token may \
+                 only publish for its own account)"
+            )),
+            413 => Answer::TooLarge(format!("HTTP 413: {message}")),
+            400 | 422 => match refused_index(&body) {
+                Some(index) => Answer::RefusedAt(index, format!("HTTP {status}: {message}")),
+                None => Answer::RefusedAll(format!("HTTP {status}: {message}")),
+            },
+            // 401, 403 (the token), 408, 429, 5xx: nothing is wrong with the rows.
+            _ => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
+        }
+    }
+}
+
+/// The index of `events[3].type` in an error's `field`.
+fn refused_index(body: &Value) -> Option<usize> {
+    let field = body["error"]["field"].as_str()?;
+    let rest = field.strip_prefix("events[")?;
+    rest[..rest.find(']')?].parse().ok()
+}
+
+/// How many of `rows` go in the next request: at most [`MAX_EVENTS`], and under
+/// [`MAX_BODY_BYTES`] (at least one).
+fn batch_len(rows: &[&OutboxRow]) -> usize {
+    let mut bytes = 0;
+    let mut count = 0;
+    for row in rows.iter().take(MAX_EVENTS) {
+        let size = row.data.len() + row.id.len() + row.event_type.len() + 40;
+        if count > 0 && bytes + size > MAX_BODY_BYTES {
+            break;
+        }
+        bytes += size;
+        count += 1;
+    }
+    count.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, size: usize) -> OutboxRow {
+        OutboxRow {
+            id: id.into(),
+            account_id: "acme".into(),
+            event_type: "order.placed".into(),
+            data: format!("\"{}\"", "x".repeat(size)),
+        }
+    }
+
+    #[test]
+    fn batches_stay_under_the_apis_limits() {
+        let small: Vec<OutboxRow> = (0..150).map(|n| row(&n.to_string(), 10)).collect();
+        let refs: Vec<&OutboxRow> = small.iter().collect();
+        assert_eq!(batch_len(&refs), MAX_EVENTS);
+        let big: Vec<OutboxRow> = (0..5).map(|n| row(&n.to_string(), 100_000)).collect();
+        let refs: Vec<&OutboxRow> = big.iter().collect();
+        assert_eq!(batch_len(&refs), 1);
+        let huge = [row("h", 1_000_000)];
+        assert_eq!(batch_len(&huge.iter().collect::<Vec<_>>()), 1);
+    }
+
+    #[test]
+    fn the_refused_event_is_found_by_its_field() {
+        let body =
+            serde_json::json!({"error": {"code": "invalid_field", "field": "events[12].type"}});
+        assert_eq!(refused_index(&body), Some(12));
+        assert_eq!(refused_index(&serde_json::json!({"error": {}})), None);
+    }
+}
