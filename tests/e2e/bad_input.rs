@@ -21,134 +21,95 @@ async fn bad_input_is_refused_with_the_field_named() {
     let scratch = Scratch::new("input");
     let server = Server::start(&scratch, &[]).await;
     server.create_account("acme").await;
+    let accounts = "/v1/accounts";
     let endpoints = "/v1/accounts/acme/endpoints";
     let events = "/v1/accounts/acme/events";
+    let url = "http://127.0.0.1:9/x";
 
-    expect_error(
-        &server,
-        "/v1/accounts",
-        json!({"name": "x"}),
-        400,
-        Some("owner_email"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/v1/accounts",
-        json!({"name": "x", "owner_email": "nope"}),
-        422,
-        Some("owner_email"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/v1/accounts",
-        json!({"id": "bad id", "name": "x", "owner_email": "a@b.co"}),
-        422,
-        Some("id"),
-    )
-    .await;
-    expect_error(
-        &server,
-        "/v1/accounts",
-        json!({"id": "acme", "name": "x", "owner_email": "a@b.co"}),
-        409,
-        None,
-    )
-    .await;
-
-    expect_error(&server, endpoints, json!({}), 400, Some("url")).await;
-    expect_error(&server, endpoints, json!({"url": 42}), 400, Some("url")).await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "not a url"}),
-        422,
-        Some("url"),
-    )
-    .await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "ftp://example.com/x"}),
-        422,
-        Some("url"),
-    )
-    .await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "http://127.0.0.1:9/x", "colour": "red"}),
-        400,
-        Some("colour"),
-    )
-    .await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "http://127.0.0.1:9/x", "max_in_flight": -1}),
-        400,
-        Some("max_in_flight"),
-    )
-    .await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "http://127.0.0.1:9/x", "max_in_flight": 0}),
-        422,
-        Some("max_in_flight"),
-    )
-    .await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "http://127.0.0.1:9/x", "event_types": "invoice.paid"}),
-        400,
-        Some("event_types"),
-    )
-    .await;
-    expect_error(
-        &server,
-        endpoints,
-        json!({"url": "http://127.0.0.1:9/x", "event_types": ["bad type"]}),
-        422,
-        Some("event_types"),
-    )
-    .await;
-
-    expect_error(&server, events, json!({"data": {}}), 400, Some("type")).await;
-    expect_error(
-        &server,
-        events,
-        json!({"type": "invoice.paid"}),
-        400,
-        Some("data"),
-    )
-    .await;
-    expect_error(
-        &server,
-        events,
-        json!({"type": "invoice..paid", "data": {}}),
-        422,
-        Some("type"),
-    )
-    .await;
-    expect_error(
-        &server,
-        events,
-        json!({"type": ["x"], "data": {}}),
-        400,
-        Some("type"),
-    )
-    .await;
-    expect_error(
-        &server,
-        events,
-        json!({"id": "has spaces", "type": "a.b", "data": {}}),
-        422,
-        Some("id"),
-    )
-    .await;
+    // What is refused: the status, and the field the error names.
+    let refused = [
+        (accounts, json!({"name": "x"}), 400, Some("owner_email")),
+        (
+            accounts,
+            json!({"name": "x", "owner_email": "nope"}),
+            422,
+            Some("owner_email"),
+        ),
+        (
+            accounts,
+            json!({"id": "bad id", "name": "x", "owner_email": "a@b.co"}),
+            422,
+            Some("id"),
+        ),
+        (
+            accounts,
+            json!({"id": "acme", "name": "x", "owner_email": "a@b.co"}),
+            409,
+            None,
+        ),
+        (endpoints, json!({}), 400, Some("url")),
+        (endpoints, json!({"url": 42}), 400, Some("url")),
+        (endpoints, json!({"url": "not a url"}), 422, Some("url")),
+        (
+            endpoints,
+            json!({"url": "ftp://example.com/x"}),
+            422,
+            Some("url"),
+        ),
+        (
+            endpoints,
+            json!({"url": url, "colour": "red"}),
+            400,
+            Some("colour"),
+        ),
+        (
+            endpoints,
+            json!({"url": url, "max_in_flight": -1}),
+            400,
+            Some("max_in_flight"),
+        ),
+        (
+            endpoints,
+            json!({"url": url, "max_in_flight": 0}),
+            422,
+            Some("max_in_flight"),
+        ),
+        (
+            endpoints,
+            json!({"url": url, "event_types": "invoice.paid"}),
+            400,
+            Some("event_types"),
+        ),
+        (
+            endpoints,
+            json!({"url": url, "event_types": ["bad type"]}),
+            422,
+            Some("event_types"),
+        ),
+        (events, json!({"data": {}}), 400, Some("type")),
+        (events, json!({"type": "invoice.paid"}), 400, Some("data")),
+        (
+            events,
+            json!({"type": "invoice..paid", "data": {}}),
+            422,
+            Some("type"),
+        ),
+        (
+            events,
+            json!({"type": ["x"], "data": {}}),
+            400,
+            Some("type"),
+        ),
+        (
+            events,
+            json!({"id": "has spaces", "type": "a.b", "data": {}}),
+            422,
+            Some("id"),
+        ),
+    ];
+    for (path, body, status, field) in refused {
+        expect_error(&server, path, body, status, field).await;
+    }
     let big = "x".repeat(300 * 1024);
     let (status, body) = server
         .post(events, json!({"type": "a.b", "data": {"blob": big}}))
@@ -165,26 +126,20 @@ async fn bad_input_is_refused_with_the_field_named() {
     );
     let (status, body) = server.raw_post(endpoints, "text/plain", "{}").await;
     assert_eq!(status, 415, "{body}");
-    let (status, body) = server.get("/v1/accounts/acme/deliveries?status=lost").await;
-    assert_eq!(
-        (status, body["error"]["field"].as_str()),
-        (400, Some("status")),
-        "{body}"
-    );
-    let (status, body) = server.get("/v1/accounts/acme/deliveries?limit=0").await;
-    assert_eq!(
-        (status, body["error"]["field"].as_str()),
-        (400, Some("limit")),
-        "{body}"
-    );
-    let (status, body) = server
-        .get("/v1/accounts/acme/deliveries?cursor=garbage")
-        .await;
-    assert_eq!(
-        (status, body["error"]["field"].as_str()),
-        (400, Some("cursor")),
-        "{body}"
-    );
+    for (query, field) in [
+        ("status=lost", "status"),
+        ("limit=0", "limit"),
+        ("cursor=garbage", "cursor"),
+    ] {
+        let (status, body) = server
+            .get(&format!("/v1/accounts/acme/deliveries?{query}"))
+            .await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{body}"
+        );
+    }
     let (status, body) = server.get("/v1/accounts/nobody/endpoints").await;
     assert_eq!(status, 404, "{body}");
     let (status, _) = server
@@ -213,17 +168,8 @@ async fn bad_input_is_refused_with_the_field_named() {
     // (not even the valid items before the bad one).
     let batch = "/v1/accounts/acme/events/batch";
     expect_error(&server, batch, json!({"events": []}), 422, Some("events")).await;
-    let too_many: Vec<Value> = (0..101)
-        .map(|_| json!({"type": "a.b", "data": {}}))
-        .collect();
-    expect_error(
-        &server,
-        batch,
-        json!({ "events": too_many }),
-        422,
-        Some("events"),
-    )
-    .await;
+    let too_many = json!({ "events": vec![json!({"type": "a.b", "data": {}}); 101] });
+    expect_error(&server, batch, too_many, 422, Some("events")).await;
     let bad_type = json!({"events": [
         {"id": "evt_batch_ok", "type": "a.b", "data": {}},
         {"type": "not a type", "data": {}},
@@ -238,14 +184,8 @@ async fn bad_input_is_refused_with_the_field_named() {
     let oversize =
         json!({"events": [{"type": "a.b", "data": {}}, {"type": "a.b", "data": {"big": big}}]});
     expect_error(&server, batch, oversize, 413, Some("events[1]")).await;
-    expect_error(
-        &server,
-        batch,
-        json!({"events": [{"type": "a.b"}]}),
-        400,
-        Some("events[0].data"),
-    )
-    .await;
+    let no_data = json!({"events": [{"type": "a.b"}]});
+    expect_error(&server, batch, no_data, 400, Some("events[0].data")).await;
     let (status, _) = server.get("/v1/accounts/acme/events/evt_batch_ok").await;
     assert_eq!(status, 404, "nothing of a refused batch is written");
 

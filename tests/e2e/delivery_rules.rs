@@ -27,9 +27,7 @@ async fn three_client_errors_fail_early_and_other_4xx_keep_retrying() {
         .await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let settled = server
-        .eventually(Duration::from_secs(20), || async {
-            server.deliveries("acme", "&status=failed").await.len() == 2
-        })
+        .failed_within(Duration::from_secs(20), "acme", 2)
         .await;
     assert!(settled, "deliveries did not fail");
     assert_eq!(
@@ -71,9 +69,7 @@ async fn redirects_are_failures_and_never_followed() {
         .await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let failed = server
-        .eventually(Duration::from_secs(15), || async {
-            server.deliveries("acme", "&status=failed").await.len() == 1
-        })
+        .failed_within(Duration::from_secs(15), "acme", 1)
         .await;
     assert!(failed, "a redirecting endpoint must end failed");
     assert_eq!(

@@ -28,6 +28,19 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// The text of `/metrics`, asked for with the admin token.
+async fn scrape(client: &reqwest::Client, server: &Server) -> String {
+    client
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_what_the_farm_received() {
     let farm = Farm::start().await.expect("farm");
@@ -71,15 +84,7 @@ async fn metrics_match_what_the_farm_received() {
         .await
         .expect("scrape");
     assert_eq!(unauthorized.status(), 401);
-    let text = client
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let text = scrape(&client, &server).await;
     let farm_successes = ["m-ok", "m-flaky", "m-gone"]
         .iter()
         .map(|n| farm.success_count(n))
@@ -167,15 +172,7 @@ async fn metrics_match_what_the_farm_received() {
     );
     // The backlog gauges are refreshed every 2 s.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let text = client
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let text = scrape(&client, &server).await;
     assert!(text.contains("hooklane_pending_deliveries 0"), "{text}");
     assert!(
         text.contains("hooklane_oldest_pending_age_seconds 0"),

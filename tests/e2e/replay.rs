@@ -48,6 +48,16 @@ async fn triggers(server: &Server, account: &str, id: &str) -> Vec<(u64, String,
         .collect()
 }
 
+/// Asks for the delivery `id` of acme to be sent again; the answer's status and body.
+async fn replay_of(server: &Server, id: &str) -> (u16, Value) {
+    server
+        .post(
+            &format!("/v1/accounts/acme/deliveries/{id}/replay"),
+            json!({}),
+        )
+        .await
+}
+
 fn first_delivery(event: &Value) -> String {
     event["deliveries"][0]["id"]
         .as_str()
@@ -87,12 +97,7 @@ async fn single_replay_is_a_manual_attempt_that_restarts_the_schedule() {
 
     // Still failing: the manual attempt fails, and the schedule starts over with a
     // scheduled retry instead of failing at once (attempt numbers keep counting).
-    let (status, replay) = server
-        .post(
-            &format!("/v1/accounts/acme/deliveries/{id}/replay"),
-            json!({}),
-        )
-        .await;
+    let (status, replay) = replay_of(&server, &id).await;
     assert_eq!(status, 202, "{replay}");
     assert_eq!(
         (&replay["count"], &replay["actor"], &replay["scope"]),
@@ -113,12 +118,7 @@ async fn single_replay_is_a_manual_attempt_that_restarts_the_schedule() {
 
     // The endpoint recovers; the replay delivers.
     farm.configure("down", Behavior::ok());
-    let (status, replay) = server
-        .post(
-            &format!("/v1/accounts/acme/deliveries/{id}/replay"),
-            json!({}),
-        )
-        .await;
+    let (status, replay) = replay_of(&server, &id).await;
     assert_eq!(status, 202, "{replay}");
     let delivered = wait_for(&server, "acme", &id, "delivered").await;
     assert_eq!(delivered["attempts"], 5);
@@ -134,12 +134,7 @@ async fn single_replay_is_a_manual_attempt_that_restarts_the_schedule() {
         .all(|a| a.webhook_id.as_deref() == event["id"].as_str()));
 
     // A delivered delivery can be sent again too (the customer lost it).
-    let (status, _) = server
-        .post(
-            &format!("/v1/accounts/acme/deliveries/{id}/replay"),
-            json!({}),
-        )
-        .await;
+    let (status, _) = replay_of(&server, &id).await;
     assert_eq!(status, 202);
     wait_for(&server, "acme", &id, "delivered").await;
     assert!(
@@ -149,15 +144,7 @@ async fn single_replay_is_a_manual_attempt_that_restarts_the_schedule() {
 
     // A pending delivery is still being tried: 409, and nothing is audited.
     let hanging = server.publish("acme", "user.created", json!({})).await;
-    let (status, body) = server
-        .post(
-            &format!(
-                "/v1/accounts/acme/deliveries/{}/replay",
-                first_delivery(&hanging)
-            ),
-            json!({}),
-        )
-        .await;
+    let (status, body) = replay_of(&server, &first_delivery(&hanging)).await;
     assert_eq!(status, 409, "{body}");
     // A disabled endpoint must be enabled first.
     let (status, _) = server
@@ -167,16 +154,9 @@ async fn single_replay_is_a_manual_attempt_that_restarts_the_schedule() {
         )
         .await;
     assert_eq!(status, 200);
-    let (status, body) = server
-        .post(
-            &format!("/v1/accounts/acme/deliveries/{id}/replay"),
-            json!({}),
-        )
-        .await;
+    let (status, body) = replay_of(&server, &id).await;
     assert_eq!(status, 409, "{body}");
-    let (status, body) = server
-        .post("/v1/accounts/acme/deliveries/dlv_unknown/replay", json!({}))
-        .await;
+    let (status, body) = replay_of(&server, "dlv_unknown").await;
     assert_eq!(status, 404, "{body}");
 
     let (status, audit) = server.get("/v1/accounts/acme/replays").await;

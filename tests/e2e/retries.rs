@@ -91,9 +91,7 @@ async fn past_the_schedule_the_delivery_fails() {
         .await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let failed = server
-        .eventually(Duration::from_secs(15), || async {
-            server.deliveries("acme", "&status=failed").await.len() == 1
-        })
+        .failed_within(Duration::from_secs(15), "acme", 1)
         .await;
     assert!(failed, "delivery did not fail after the schedule");
     assert_eq!(

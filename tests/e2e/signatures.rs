@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use hooklane_testkit::farm::Farm;
+use hooklane_testkit::farm::{Arrival, Farm};
 use serde_json::json;
 
 use crate::support::{test_python, Scratch, Server};
@@ -17,16 +17,56 @@ assert payload["id"] == msg_id, payload
 print("verified", payload["type"])
 "#;
 
+/// A secret no endpoint has.
+const WRONG_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// `serve` (in a scratch directory named `name`) with the account acme and its one endpoint,
+/// the farm's `receiver`.
+struct Acme {
+    server: Server,
+    scratch: Scratch,
+    farm: Farm,
+    endpoint: String,
+    secret: String,
+}
+
+async fn acme_sending_to_the_farm(name: &str) -> Acme {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new(name);
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (endpoint, secret) = server
+        .create_endpoint("acme", &farm.url("receiver"), json!({}))
+        .await;
+    Acme {
+        server,
+        scratch,
+        farm,
+        endpoint,
+        secret,
+    }
+}
+
+/// Waits until the receiver has taken `count` deliveries; the last of them.
+async fn delivery_number(farm: &Farm, count: usize) -> Arrival {
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == count)
+            .await
+    );
+    farm.arrivals("receiver").remove(count - 1)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_standardwebhooks_verifies_a_real_delivery() {
     let python = test_python();
-    let farm = Farm::start().await.expect("farm");
-    let scratch = Scratch::new("signatures");
-    let server = Server::start(&scratch, &[]).await;
-    server.create_account("acme").await;
-    let (_, secret) = server
-        .create_endpoint("acme", &farm.url("receiver"), json!({}))
-        .await;
+    let Acme {
+        server,
+        scratch,
+        farm,
+        secret,
+        ..
+    } = acme_sending_to_the_farm("signatures").await;
     let event = server
         .publish(
             "acme",
@@ -34,12 +74,7 @@ async fn python_standardwebhooks_verifies_a_real_delivery() {
             json!({"amount": 4200, "currency": "EUR", "note": "ünïcode ✓"}),
         )
         .await;
-    assert!(
-        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
-            == 1)
-            .await
-    );
-    let arrival = farm.arrivals("receiver").remove(0);
+    let arrival = delivery_number(&farm, 1).await;
     assert_eq!(arrival.webhook_id.as_deref(), event["id"].as_str());
     assert_eq!(arrival.header("content-type"), Some("application/json"));
     assert!(
@@ -51,20 +86,7 @@ async fn python_standardwebhooks_verifies_a_real_delivery() {
         arrival.header("user-agent")
     );
     let body_path = scratch.path().join("body.json");
-    std::fs::write(&body_path, &arrival.body).expect("write body");
-    let run = |secret: &str| {
-        std::process::Command::new(&python)
-            .arg("-c")
-            .arg(PYTHON_VERIFY)
-            .arg(secret)
-            .arg(arrival.webhook_id.as_deref().unwrap_or(""))
-            .arg(arrival.webhook_timestamp.as_deref().unwrap_or(""))
-            .arg(arrival.webhook_signature.as_deref().unwrap_or(""))
-            .arg(&body_path)
-            .output()
-            .expect("run python")
-    };
-    let output = run(&secret);
+    let output = python_verify(&python, &secret, &arrival, &body_path);
     assert!(
         output.status.success(),
         "standardwebhooks rejected the delivery: {}{}",
@@ -73,31 +95,24 @@ async fn python_standardwebhooks_verifies_a_real_delivery() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("verified invoice.paid"));
     // The same check with the wrong secret must fail, or the test proves nothing.
-    let wrong = run("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
     assert!(
-        !wrong.status.success(),
+        !python_verifies(&python, WRONG_SECRET, &arrival, &body_path),
         "standardwebhooks accepted a wrong secret"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooklane_verify_command_checks_a_real_delivery() {
-    let farm = Farm::start().await.expect("farm");
-    let scratch = Scratch::new("verify-cmd");
-    let server = Server::start(&scratch, &[]).await;
-    server.create_account("acme").await;
-    let (_, secret) = server
-        .create_endpoint("acme", &farm.url("receiver"), json!({}))
-        .await;
+    let Acme {
+        server,
+        farm,
+        secret,
+        ..
+    } = acme_sending_to_the_farm("verify-cmd").await;
     server
         .publish("acme", "user.created", json!({"user": "u_1"}))
         .await;
-    assert!(
-        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
-            == 1)
-            .await
-    );
-    let arrival = farm.arrivals("receiver").remove(0);
+    let arrival = delivery_number(&farm, 1).await;
     let verify = |body: Vec<u8>| {
         let arrival = arrival.clone();
         let secret = secret.clone();
@@ -142,14 +157,16 @@ async fn hooklane_verify_command_checks_a_real_delivery() {
     assert!(message.contains("raw bytes"), "{message}");
 }
 
-fn python_verifies(
+/// Python's standardwebhooks verifying `arrival` with `secret` (its body written to
+/// `body_path` first).
+fn python_verify(
     python: &std::path::Path,
     secret: &str,
-    arrival: &hooklane_testkit::farm::Arrival,
+    arrival: &Arrival,
     body_path: &std::path::Path,
-) -> bool {
+) -> std::process::Output {
     std::fs::write(body_path, &arrival.body).expect("write body");
-    let output = std::process::Command::new(python)
+    std::process::Command::new(python)
         .arg("-c")
         .arg(PYTHON_VERIFY)
         .arg(secret)
@@ -158,20 +175,30 @@ fn python_verifies(
         .arg(arrival.webhook_signature.as_deref().unwrap_or(""))
         .arg(body_path)
         .output()
-        .expect("run python");
-    output.status.success()
+        .expect("run python")
+}
+
+fn python_verifies(
+    python: &std::path::Path,
+    secret: &str,
+    arrival: &Arrival,
+    body_path: &std::path::Path,
+) -> bool {
+    python_verify(python, secret, arrival, body_path)
+        .status
+        .success()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
     let python = test_python();
-    let farm = Farm::start().await.expect("farm");
-    let scratch = Scratch::new("rotation");
-    let server = Server::start(&scratch, &[]).await;
-    server.create_account("acme").await;
-    let (endpoint, old_secret) = server
-        .create_endpoint("acme", &farm.url("receiver"), json!({}))
-        .await;
+    let Acme {
+        server,
+        scratch,
+        farm,
+        endpoint,
+        secret: old_secret,
+    } = acme_sending_to_the_farm("rotation").await;
     let rotate = format!("/v1/accounts/acme/endpoints/{endpoint}/secret/rotate");
     let (status, rotated) = server
         .post(&rotate, json!({"grace_period_seconds": 3600}))
@@ -184,12 +211,7 @@ async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
     server
         .publish("acme", "invoice.paid", json!({"n": 1}))
         .await;
-    assert!(
-        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
-            == 1)
-            .await
-    );
-    let arrival = farm.arrivals("receiver").remove(0);
+    let arrival = delivery_number(&farm, 1).await;
     let signature = arrival.webhook_signature.clone().unwrap_or_default();
     assert_eq!(signature.split(' ').count(), 2, "{signature}");
     let body_path = scratch.path().join("body.json");
@@ -202,12 +224,7 @@ async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
         "new secret"
     );
     assert!(
-        !python_verifies(
-            &python,
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-            &arrival,
-            &body_path
-        ),
+        !python_verifies(&python, WRONG_SECRET, &arrival, &body_path),
         "a wrong secret verified"
     );
 
@@ -220,12 +237,7 @@ async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
     server
         .publish("acme", "invoice.paid", json!({"n": 2}))
         .await;
-    assert!(
-        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
-            == 2)
-            .await
-    );
-    let arrival = farm.arrivals("receiver").remove(1);
+    let arrival = delivery_number(&farm, 2).await;
     assert!(python_verifies(&python, &newest, &arrival, &body_path));
     assert!(!python_verifies(&python, &new_secret, &arrival, &body_path));
 }

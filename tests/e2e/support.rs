@@ -7,10 +7,7 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
 
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 
@@ -291,6 +288,14 @@ impl Server {
         }
     }
 
+    /// Whether `count` of the account's deliveries have failed within `timeout`.
+    pub async fn failed_within(&self, timeout: Duration, account: &str, count: usize) -> bool {
+        self.eventually(timeout, || async {
+            self.deliveries(account, "&status=failed").await.len() == count
+        })
+        .await
+    }
+
     /// Polls `probe` until it returns true or `timeout` passes.
     pub async fn eventually<F, Fut>(&self, timeout: Duration, mut probe: F) -> bool
     where
@@ -347,26 +352,14 @@ async fn spawn(
         .spawn()
         .map_err(|e| format!("spawn hooklane: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let base = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(url) = line.strip_prefix("hooklane listening on ") {
-                return Some(url.trim().to_owned());
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
-    .ok_or_else(|| {
-        format!(
-            "hooklane serve did not start; log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        )
-    })?;
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let base = hooklane_testkit::testing::serve_address(stdout)
+        .await
+        .ok_or_else(|| {
+            format!(
+                "hooklane serve did not start; log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        })?;
     Ok((child, base))
 }
 

@@ -12,10 +12,7 @@ use std::{
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
 
 use hooklane_testkit::farm::{Behavior, Farm};
 
@@ -149,20 +146,9 @@ impl Target {
             .stdout
             .take()
             .ok_or_else(|| BenchError::Start("no stdout".into()))?;
-        let mut lines = BufReader::new(stdout).lines();
-        let base = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(url) = line.strip_prefix("hooklane listening on ") {
-                    return Some(url.trim().to_owned());
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| BenchError::Start("serve did not report its address".into()))?;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let base = hooklane_testkit::testing::serve_address(stdout)
+            .await
+            .ok_or_else(|| BenchError::Start("serve did not report its address".into()))?;
         self.base = base;
         self.child = Some(child);
         Ok(())
@@ -219,6 +205,14 @@ impl Target {
     }
 }
 
+/// The JSON of a successful answer to `path`; an error with the status and text otherwise.
+fn json_answer(path: &str, status: reqwest::StatusCode, text: &str) -> Result<Value, BenchError> {
+    if !status.is_success() {
+        return Err(BenchError::Api(format!("{path}: {status} {text}")));
+    }
+    serde_json::from_str(text).map_err(|e| BenchError::Api(format!("{path}: {e}")))
+}
+
 fn uuid_fragment() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -261,49 +255,40 @@ impl Api {
         }
     }
 
-    async fn post(&self, path: &str, body: Value) -> Result<Value, BenchError> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+    /// Sends `request` (to `path`) with the token; the answer's status and text.
+    async fn send(
+        &self,
+        path: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, String), BenchError> {
+        let failed = |e: reqwest::Error| BenchError::Api(format!("{path}: {e}"));
+        let response = request
             .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .body(body.to_string())
             .send()
             .await
-            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+            .map_err(failed)?;
         let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
-        if !status.is_success() {
-            return Err(BenchError::Api(format!("{path}: {status} {text}")));
-        }
-        serde_json::from_str(&text).map_err(|e| BenchError::Api(format!("{path}: {e}")))
+        let text = response.text().await.map_err(failed)?;
+        Ok((status, text))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, BenchError> {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        let (status, text) = self.send(path, request).await?;
+        json_answer(path, status, &text)
     }
 
     /// A GET and how long it took to answer, in milliseconds.
     async fn get_timed(&self, path: &str) -> Result<(Value, f64), BenchError> {
         let started = Instant::now();
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
+        let request = self.http.get(format!("{}{path}", self.base));
+        let (status, text) = self.send(path, request).await?;
         let took = started.elapsed().as_secs_f64() * 1000.0;
-        if !status.is_success() {
-            return Err(BenchError::Api(format!("{path}: {status} {text}")));
-        }
-        let value =
-            serde_json::from_str(&text).map_err(|e| BenchError::Api(format!("{path}: {e}")))?;
-        Ok((value, took))
+        Ok((json_answer(path, status, &text)?, took))
     }
 
     async fn setup(
@@ -325,6 +310,24 @@ impl Api {
             ids.push(created["id"].as_str().unwrap_or_default().to_owned());
         }
         Ok(ids)
+    }
+
+    /// Publishes the bench event `id` (data `{"i": i}`) to the account, its call's start
+    /// noted on `clock`.
+    async fn publish_bench_event(
+        &self,
+        clock: &PublishClock,
+        account: &str,
+        id: String,
+        i: usize,
+    ) -> Result<(), BenchError> {
+        clock.start(&id);
+        self.post(
+            &format!("/v1/accounts/{account}/events"),
+            json!({"id": id, "type": "bench.event", "data": {"i": i}}),
+        )
+        .await
+        .map(|_| ())
     }
 }
 
@@ -361,16 +364,7 @@ async fn publish_many(
 ) -> Result<Duration, BenchError> {
     let started = Instant::now();
     let results: Vec<Result<(), BenchError>> = futures_util::stream::iter(0..events)
-        .map(|i| async move {
-            let id = format!("{prefix}-{i}");
-            clock.start(&id);
-            api.post(
-                &format!("/v1/accounts/{account}/events"),
-                json!({"id": id, "type": "bench.event", "data": {"i": i}}),
-            )
-            .await
-            .map(|_| ())
-        })
+        .map(|i| api.publish_bench_event(clock, account, format!("{prefix}-{i}"), i))
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
@@ -596,13 +590,7 @@ async fn steady_latency(options: &BenchOptions) -> Result<Value, BenchError> {
         let (api, clock, account) = (Arc::clone(&api), clock.clone(), account.clone());
         calls.push(tokio::spawn(async move {
             let id = format!("{account}-{i}");
-            clock.start(&id);
-            api.post(
-                &format!("/v1/accounts/{account}/events"),
-                json!({"id": id, "type": "bench.event", "data": {"i": i}}),
-            )
-            .await
-            .map(|_| ())
+            api.publish_bench_event(&clock, &account, id, i).await
         }));
     }
     for call in calls {

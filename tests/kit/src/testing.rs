@@ -13,7 +13,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader},
     net::TcpListener,
 };
 
@@ -94,6 +94,30 @@ pub async fn slow_receiver(delay: Duration) -> SlowReceiver {
         served,
         arrivals,
     }
+}
+
+/// The address a starting `hooklane serve` reports on its standard output (`hooklane
+/// listening on <url>`), waited for up to 30 s; `None` when the output ends first or it takes
+/// longer. Once it is found, the rest of the output is read and dropped in the background, so
+/// that the process never blocks on a full pipe.
+pub async fn serve_address<R>(stdout: R) -> Option<String>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    let mut lines = BufReader::new(stdout).lines();
+    let base = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(url) = line.strip_prefix("hooklane listening on ") {
+                return Some(url.trim().to_owned());
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()?;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Some(base)
 }
 
 /// Panics with how to get one when no AWS emulator is configured: a skipped AWS test would
