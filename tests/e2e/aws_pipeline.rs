@@ -62,6 +62,34 @@ pub(crate) fn unique(name: &str) -> String {
     format!("{name}-{:x}-{nanos:x}", std::process::id())
 }
 
+/// Creates `name`, a table of the platform's own (its orders), keyed by a string `id`.
+pub(crate) async fn create_orders_table(
+    client: &hooklane::aws::aws_sdk_dynamodb::Client,
+    name: &str,
+) {
+    client
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
 /// Checks the arrival's signature with the core's verifier and the endpoint's secret.
 fn assert_signed(arrival: &Arrival, secret: &str) {
     let secret = SigningSecret::parse(secret).expect("endpoint secret");
@@ -175,27 +203,7 @@ async fn an_event_written_through_the_outbox_in_a_business_transaction_arrives()
     // The platform's own table and write, in one transaction with the event.
     let dynamodb = shape.store.client();
     let orders = format!("{}-orders", stack_env(&settings)[0].1);
-    dynamodb
-        .create_table()
-        .table_name(&orders)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    create_orders_table(dynamodb, &orders).await;
     let event = Event::new(
         EventId::parse("evt_order_1").unwrap(),
         AccountId::parse("acme").unwrap(),

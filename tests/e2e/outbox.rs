@@ -12,10 +12,7 @@ use std::{
 };
 
 use hooklane::{
-    aws::aws_sdk_dynamodb::types::{
-        AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-        ScalarAttributeType,
-    },
+    aws::aws_sdk_dynamodb::types::AttributeValue,
     signing::{verify, SigningSecret},
 };
 use hooklane_testkit::farm::{Arrival, Farm};
@@ -23,14 +20,13 @@ use hooklane_testkit::testing::emulated_shape;
 use serde_json::{json, Value};
 
 use crate::{
-    aws_pipeline::{stack_env, unique},
-    snippets::synced_page,
+    aws_pipeline::{create_orders_table, stack_env, unique},
+    snippets::assert_page_shows_exactly,
     support::{test_python, Scratch, Server},
 };
 
 const DOCS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs");
 const PAGE: &str = "OUTBOX.md";
-const BLESS: &str = "HOOKLANE_BLESS_DOCS";
 const FILES: [&str; 6] = [
     "outbox/place_order.py",
     "outbox/place_order.mjs",
@@ -45,28 +41,7 @@ const HELPER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/outbox_w
 
 #[test]
 fn outbox_md_shows_exactly_the_tested_files() {
-    let page_path = Path::new(DOCS).join(PAGE);
-    let page = std::fs::read_to_string(&page_path).expect("read docs/OUTBOX.md");
-    for file in FILES {
-        assert_eq!(
-            page.matches(&format!("<!-- snippet: {file} -->")).count(),
-            1,
-            "docs/{PAGE} must show docs/{file} exactly once"
-        );
-    }
-    let synced = synced_page(&page, &LANGUAGES, |file| {
-        std::fs::read_to_string(Path::new(DOCS).join(file))
-    })
-    .unwrap_or_else(|e| panic!("docs/{PAGE}: {e}"));
-    if synced != page && std::env::var(BLESS).as_deref() == Ok("1") {
-        std::fs::write(&page_path, &synced).expect("rewrite the page");
-        return;
-    }
-    assert!(
-        synced == page,
-        "docs/{PAGE} differs from the files under docs/outbox/ (edit the files, then run this \
-         test with {BLESS}=1 to copy them into the page)"
-    );
+    assert_page_shows_exactly(PAGE, &FILES, &LANGUAGES, "outbox");
 }
 
 /// DynamoDB refuses a write whose value for an index's key attribute has another type than
@@ -131,27 +106,7 @@ async fn stack(name: &str) -> Stack {
         .await;
     let client = shape.store.client().clone();
     let orders = unique("orders");
-    client
-        .create_table()
-        .table_name(&orders)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    create_orders_table(&client, &orders).await;
     Stack {
         server,
         farm,

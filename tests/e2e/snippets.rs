@@ -98,30 +98,43 @@ pub(crate) fn synced_page(
     Ok(out)
 }
 
-#[test]
-fn verifying_md_shows_exactly_the_tested_snippet_files() {
-    let page_path = Path::new(DOCS).join(PAGE);
-    let page = std::fs::read_to_string(&page_path).expect("read docs/VERIFYING.md");
-    for file in SNIPPET_FILES {
+/// docs/`page` shows each of `files` (under docs/) exactly once, and its code blocks in
+/// `languages` are those files byte for byte. With `HOOKLANE_BLESS_DOCS=1`, a page that
+/// differs is rewritten from the files instead (`folder` names where they are).
+pub(crate) fn assert_page_shows_exactly(
+    page_name: &str,
+    files: &[&str],
+    languages: &[&str],
+    folder: &str,
+) {
+    let page_path = Path::new(DOCS).join(page_name);
+    let page = std::fs::read_to_string(&page_path)
+        .unwrap_or_else(|e| panic!("read docs/{page_name}: {e}"));
+    for file in files {
         assert_eq!(
             page.matches(&format!("{MARKER_START}{file} -->")).count(),
             1,
-            "docs/{PAGE} must show docs/{file} exactly once"
+            "docs/{page_name} must show docs/{file} exactly once"
         );
     }
-    let synced = synced_page(&page, &LANGUAGES, |file| {
+    let synced = synced_page(&page, languages, |file| {
         std::fs::read_to_string(Path::new(DOCS).join(file))
     })
-    .unwrap_or_else(|e| panic!("docs/{PAGE}: {e}"));
+    .unwrap_or_else(|e| panic!("docs/{page_name}: {e}"));
     if synced != page && std::env::var(BLESS).as_deref() == Ok("1") {
         std::fs::write(&page_path, &synced).expect("rewrite the page");
         return;
     }
     assert!(
         synced == page,
-        "docs/{PAGE} differs from the files under docs/verifying/ (edit the files, then run this \
-         test with {BLESS}=1 to copy them into the page)"
+        "docs/{page_name} differs from the files under docs/{folder}/ (edit the files, then run \
+         this test with {BLESS}=1 to copy them into the page)"
     );
+}
+
+#[test]
+fn verifying_md_shows_exactly_the_tested_snippet_files() {
+    assert_page_shows_exactly(PAGE, &SNIPPET_FILES, &LANGUAGES, "verifying");
 }
 
 /// The example request on the page is really signed with the example secret it names.
