@@ -261,7 +261,8 @@ pub struct EndpointList {
 #[derive(ToSchema)]
 pub struct DeliveryList {
     data: Vec<DeliveryView<'static>>,
-    /// Present when there is another page.
+    /// Present when there is more to read. A page reads at most 2,000 deliveries, so under a
+    /// filter that few match it can hold fewer than `limit`, or none, and still continue.
     next_cursor: Option<String>,
 }
 

@@ -142,6 +142,29 @@ pub struct DeliveryQuery {
     pub limit: u32,
 }
 
+impl DeliveryQuery {
+    /// Whether a delivery is one this query lists, by its filters (the window and the
+    /// cursor are bounds that each store reads through an index).
+    pub fn matches(&self, delivery: &Delivery) -> bool {
+        self.endpoint_id
+            .as_ref()
+            .is_none_or(|e| *e == delivery.endpoint_id)
+            && self.status.is_none_or(|s| s == delivery.status)
+            && self
+                .event_type
+                .as_deref()
+                .is_none_or(|t| t == delivery.event_type.as_str())
+            && self
+                .status_code
+                .is_none_or(|c| delivery.last_status == Some(c))
+    }
+}
+
+/// Deliveries a log page reads at most: a filter that matches few of them answers a short
+/// page (perhaps empty) with a cursor that continues after the last one read, so that every
+/// call costs bounded reads however sparse the filter is.
+pub const LIST_EXAMINE_BUDGET: usize = 2_000;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page<T> {
     pub items: Vec<T>,

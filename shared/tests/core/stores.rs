@@ -66,4 +66,72 @@ mod dynamodb {
         hooklane_testkit::replay_contract::replays_follow_the_contract(&emulator_store().await)
             .await;
     }
+
+    #[tokio::test]
+    async fn a_sparse_filter_answers_short_pages_that_continue_where_they_stopped() {
+        let store = emulator_store().await.with_list_examine_budget(4);
+        super::sparse_pages_continue_where_they_stopped(&store).await;
+    }
+}
+
+#[tokio::test]
+async fn a_sparse_filter_answers_short_pages_that_continue_where_they_stopped() {
+    let store = hooklane::store::sqlite::SqliteStore::in_memory()
+        .unwrap()
+        .with_list_examine_budget(4);
+    sparse_pages_continue_where_they_stopped(&store).await;
+}
+
+/// With 4 rows read per page at most, a filter two of thirteen deliveries match (delivered,
+/// which neither store indexes) is answered in short pages, some empty, each with a cursor
+/// that continues after the last row read, until every match has been listed once.
+async fn sparse_pages_continue_where_they_stopped(store: &dyn hooklane::store::Store) {
+    use hooklane::{
+        clock::add,
+        domain::{AccountId, Decision, DeliveryStatus},
+        store::DeliveryQuery,
+    };
+    use hooklane_testkit::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let mut made = Vec::new();
+    for i in 0..13u64 {
+        let at = add(t0(), std::time::Duration::from_secs(i));
+        let ev = event("acme", &format!("evt_{i:02}"), at);
+        let d = delivery(&ev, &ep, at);
+        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+        made.push(d);
+    }
+    for d in [&made[6], &made[0]] {
+        let record = attempt_record(d, 1, Decision::Delivered, true, t0());
+        store.record_attempt(&record).await.unwrap();
+    }
+    let acme = AccountId::parse("acme").unwrap();
+    let mut cursor = None;
+    let mut pages = Vec::new();
+    for _ in 0..20 {
+        let query = DeliveryQuery {
+            status: Some(DeliveryStatus::Delivered),
+            limit: 3,
+            cursor: cursor.clone(),
+            ..Default::default()
+        };
+        let page = store.list_deliveries(&acme, &query).await.unwrap();
+        pages.push(page.items.iter().map(|d| d.id.clone()).collect::<Vec<_>>());
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert!(pages.len() > 1, "the budget cut the listing: {pages:?}");
+    assert!(
+        pages.iter().any(Vec::is_empty),
+        "a page can be empty and go on"
+    );
+    assert_eq!(
+        pages.concat(),
+        vec![made[6].id.clone(), made[0].id.clone()],
+        "every match once, newest first"
+    );
 }

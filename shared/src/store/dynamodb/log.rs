@@ -214,11 +214,7 @@ impl DynamoStore {
             examined += batch.len();
             for delivery in batch {
                 last_examined = Some((delivery.created_at, delivery.id.clone()));
-                let wanted = query.status.is_none_or(|s| s == delivery.status)
-                    && query
-                        .status_code
-                        .is_none_or(|c| delivery.last_status == Some(c));
-                if wanted {
+                if query.matches(&delivery) {
                     found.push(delivery);
                     if found.len() > limit {
                         break;

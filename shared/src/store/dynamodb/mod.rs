@@ -104,8 +104,6 @@ const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
 const ABANDON_CONCURRENCY: usize = 16;
 /// DynamoDB's limit of keys in one `BatchGetItem`.
 const BATCH_GET_ITEMS: usize = 100;
-/// Index entries one `list_deliveries` call examines at most before it returns a short page.
-const LIST_EXAMINE_BUDGET: usize = 2_000;
 /// A first try that delivers is kept on the delivery item when its detail is at most this
 /// big: a delivery item (~0.5 KB) plus this stays within the 1 KB a write unit covers (and
 /// a bigger one would cost the update what the attempts row saves).
@@ -176,7 +174,7 @@ pub struct DynamoStore {
     client: Client,
     tables: TableNames,
     retention: Retention,
-    /// `LIST_EXAMINE_BUDGET`, smaller in tests.
+    /// `store::LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
     /// `WALK_BUDGET`, smaller in tests.
     walk_budget: std::time::Duration,
@@ -194,6 +192,13 @@ impl DynamoStore {
         self
     }
 
+    /// With another bound on the deliveries one log page reads (`store::LIST_EXAMINE_BUDGET`):
+    /// tests make short pages with a few rows.
+    pub fn with_list_examine_budget(mut self, budget: usize) -> Self {
+        self.list_examine_budget = budget.max(1);
+        self
+    }
+
     /// A delivery-log row's TTL value for a delivery that ended at `now`: epoch seconds, the
     /// only form DynamoDB's TTL reads (milliseconds would be a date thousands of years
     /// ahead, and the row would never go).
@@ -208,7 +213,7 @@ impl DynamoStore {
             client,
             tables,
             retention,
-            list_examine_budget: LIST_EXAMINE_BUDGET,
+            list_examine_budget: super::LIST_EXAMINE_BUDGET,
             walk_budget: WALK_BUDGET,
             late_fan_out: Some(LATE_FAN_OUT),
         }

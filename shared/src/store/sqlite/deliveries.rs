@@ -241,23 +241,47 @@ impl SqliteStore {
         query: &DeliveryQuery,
     ) -> StoreResult<Page<Delivery>> {
         let (account, query) = (account.clone(), query.clone());
+        let budget = self.list_examine_budget;
         self.read(move |conn| {
             let (sql, args) = list_sql(&account, &query)?;
-            let limit = query.limit.clamp(1, 500);
+            let limit = query.limit.clamp(1, 500) as usize;
             let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-            let mut items = stmt
+            let rows = stmt
                 .query_map(rusqlite::params_from_iter(args), delivery_from_row)
-                .map_err(backend)?
-                .collect::<rusqlite::Result<Vec<_>>>()
                 .map_err(backend)?;
-            let next_cursor = if items.len() > limit as usize {
-                items.truncate(limit as usize);
-                items
-                    .last()
-                    .map(|d| crate::store::cursor::encode(to_millis(d.created_at), d.id.as_str()))
+            // The index's own terms narrow the read; the other filters are tried on each
+            // row, at most `budget` of them.
+            let mut items = Vec::new();
+            let mut last_read = None;
+            let mut read = 0;
+            let mut cut_short = false;
+            for row in rows {
+                let delivery = row.map_err(backend)?;
+                read += 1;
+                let position = (delivery.created_at, delivery.id.clone());
+                if query.matches(&delivery) {
+                    items.push(delivery);
+                    if items.len() > limit {
+                        break;
+                    }
+                }
+                last_read = Some(position);
+                if read >= budget {
+                    cut_short = true;
+                    break;
+                }
+            }
+            let next_cursor = if items.len() > limit {
+                items.truncate(limit);
+                items.last().map(|d| (d.created_at, d.id.clone()))
+            } else if cut_short {
+                // A short page: the next one continues after the last row read.
+                last_read
             } else {
                 None
             };
+            let next_cursor = next_cursor
+                .map(|(at, id)| crate::store::cursor::encode(to_millis(at), id.as_str()));
             Ok(Page { items, next_cursor })
         })
         .await
@@ -393,21 +417,32 @@ pub(super) fn list_sql(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries INDEXED BY {index} WHERE account_id = ?{implied}"
     );
     let mut args: Vec<Value> = vec![Value::Text(account.as_str().to_owned())];
+    // The chosen index's key terms (the index is read in order only with its second column
+    // fixed); the rest of the filter is `DeliveryQuery::matches`, tried on each row read
+    // (see `list_deliveries`).
     if let Some(endpoint) = &query.endpoint_id {
         sql.push_str(" AND endpoint_id = ?");
         args.push(Value::Text(endpoint.as_str().to_owned()));
     }
-    if let Some(status) = query.status {
-        sql.push_str(" AND status = ?");
-        args.push(Value::Text(status.as_str().to_owned()));
-    }
-    if let Some(event_type) = &query.event_type {
-        sql.push_str(" AND event_type = ?");
-        args.push(Value::Text(event_type.clone()));
-    }
-    if let Some(code) = query.status_code {
-        sql.push_str(" AND last_status = ?");
-        args.push(Value::Integer(i64::from(code)));
+    match (index, failure, &query.event_type, error_code) {
+        (
+            "deliveries_by_endpoint_failure" | "deliveries_by_account_failure",
+            Some(status),
+            _,
+            _,
+        ) => {
+            sql.push_str(" AND status = ?");
+            args.push(Value::Text(status.as_str().to_owned()));
+        }
+        ("deliveries_by_account_type", _, Some(event_type), _) => {
+            sql.push_str(" AND event_type = ?");
+            args.push(Value::Text(event_type.clone()));
+        }
+        ("deliveries_by_account_error_code", _, _, Some(code)) => {
+            sql.push_str(" AND last_status = ?");
+            args.push(Value::Integer(i64::from(code)));
+        }
+        _ => {}
     }
     // The window and the cursor are bounds on the index's (created_at, id), written as row
     // values so that the index seeks to them: `created_at < until` is `(created_at, id) <
@@ -430,8 +465,6 @@ pub(super) fn list_sql(
         args.push(Value::Integer(created));
         args.push(Value::Text(id));
     }
-    let limit = query.limit.clamp(1, 500);
-    sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
-    args.push(Value::Integer(i64::from(limit) + 1));
+    sql.push_str(" ORDER BY created_at DESC, id DESC");
     Ok((sql, args))
 }

@@ -60,6 +60,8 @@ pub struct SqliteStore {
     // Held for the life of the store: a second `serve` on the same file is refused.
     _lock: Option<Arc<File>>,
     fresh: Arc<fresh::FreshWork>,
+    /// `store::LIST_EXAMINE_BUDGET`, smaller in tests.
+    list_examine_budget: usize,
 }
 
 impl SqliteStore {
@@ -133,6 +135,13 @@ impl SqliteStore {
         Self::init(conn, None, reads_on_the_store_thread)
     }
 
+    /// With another bound on the deliveries one log page reads (`store::LIST_EXAMINE_BUDGET`):
+    /// tests make short pages with a few rows.
+    pub fn with_list_examine_budget(mut self, budget: usize) -> Self {
+        self.list_examine_budget = budget.max(1);
+        self
+    }
+
     /// Sets the connection up and starts the store thread; `helpers` starts the reader and
     /// checkpoint threads of a file database and returns where reads go (given the store
     /// thread's queue) and where to signal commits.
@@ -178,6 +187,7 @@ impl SqliteStore {
             scans,
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
+            list_examine_budget: super::LIST_EXAMINE_BUDGET,
         })
     }
 
