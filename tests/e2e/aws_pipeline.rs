@@ -387,9 +387,7 @@ async fn a_retry_longer_than_sqs_allows_goes_through_a_schedule() {
     );
     let server = Server::start_aws(&scratch, &[], &env).await;
     server.create_account("acme").await;
-    server
-        .create_endpoint("acme", &farm.url("later"), json!({}))
-        .await;
+    server.farm_endpoints("acme", &farm, ["later"]).await;
     let event = server.publish("acme", "invoice.paid", json!({})).await;
     let event_id = event["id"].as_str().unwrap().to_owned();
 

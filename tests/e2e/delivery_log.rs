@@ -30,12 +30,7 @@ async fn the_log_pages_newest_first_and_filters() {
     let scratch = Scratch::new("delivery-log");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1")]).await;
     server.create_account("acme").await;
-    let (ok, _) = server
-        .create_endpoint("acme", &farm.url("ok"), json!({}))
-        .await;
-    let (gone, _) = server
-        .create_endpoint("acme", &farm.url("gone"), json!({}))
-        .await;
+    let [ok, gone] = server.farm_endpoints("acme", &farm, ["ok", "gone"]).await;
     let mut cut = None;
     for (n, event_type) in ["a.x", "a.x", "a.x", "b.y", "b.y"].iter().enumerate() {
         if n == 3 {

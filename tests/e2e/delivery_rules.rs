@@ -19,11 +19,8 @@ async fn three_client_errors_fail_early_and_other_4xx_keep_retrying() {
     )
     .await;
     server.create_account("acme").await;
-    let (gone, _) = server
-        .create_endpoint("acme", &farm.url("gone"), json!({}))
-        .await;
-    let (unprocessable, _) = server
-        .create_endpoint("acme", &farm.url("unprocessable"), json!({}))
+    let [gone, unprocessable] = server
+        .farm_endpoints("acme", &farm, ["gone", "unprocessable"])
         .await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let settled = server
@@ -64,9 +61,7 @@ async fn redirects_are_failures_and_never_followed() {
     let scratch = Scratch::new("3xx");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "0.2,0.2")]).await;
     server.create_account("acme").await;
-    server
-        .create_endpoint("acme", &farm.url("moved"), json!({}))
-        .await;
+    server.farm_endpoints("acme", &farm, ["moved"]).await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let failed = server
         .failed_within(Duration::from_secs(15), "acme", 1)
@@ -108,14 +103,8 @@ async fn a_dripping_body_is_cut_at_the_ten_second_deadline() {
     let scratch = Scratch::new("deadline");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "600")]).await;
     server.create_account("acme").await;
-    let (drip, _) = server
-        .create_endpoint("acme", &farm.url("drip"), json!({}))
-        .await;
-    let (huge, _) = server
-        .create_endpoint("acme", &farm.url("huge"), json!({}))
-        .await;
-    let (fine, _) = server
-        .create_endpoint("acme", &farm.url("fine"), json!({}))
+    let [drip, huge, fine] = server
+        .farm_endpoints("acme", &farm, ["drip", "huge", "fine"])
         .await;
     server.publish("acme", "invoice.paid", json!({})).await;
     // The healthy endpoint is not held up by the other two.

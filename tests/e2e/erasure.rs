@@ -38,12 +38,7 @@ async fn erase_scenario(server: &Server, farm: &Farm) {
         Behavior::status(503).with_body(format!("no room for {SECRET}")),
     );
     server.create_account("acme").await;
-    let (ok, _) = server
-        .create_endpoint("acme", &farm.url("ok"), json!({}))
-        .await;
-    let (down, _) = server
-        .create_endpoint("acme", &farm.url("down"), json!({}))
-        .await;
+    let [ok, down] = server.farm_endpoints("acme", farm, ["ok", "down"]).await;
     let (status, published) = server
         .post(
             "/v1/accounts/acme/events",

@@ -33,9 +33,7 @@ async fn failing_past_the_threshold_disables_abandons_and_notifies() {
         )
         .await;
     server.create_account("acme").await;
-    let (dead, _) = server
-        .create_endpoint("acme", &farm.url("dead"), json!({}))
-        .await;
+    let [dead] = server.farm_endpoints("acme", &farm, ["dead"]).await;
     for i in 0..3 {
         server
             .publish("acme", "invoice.paid", json!({"i": i}))
@@ -128,9 +126,7 @@ async fn a_success_before_the_threshold_clears_the_clock() {
     )
     .await;
     server.create_account("acme").await;
-    let (wobbly, _) = server
-        .create_endpoint("acme", &farm.url("wobbly"), json!({}))
-        .await;
+    let [wobbly] = server.farm_endpoints("acme", &farm, ["wobbly"]).await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let path = format!("/v1/accounts/acme/endpoints/{wobbly}");
     let failing = server

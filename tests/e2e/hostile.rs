@@ -286,9 +286,7 @@ async fn an_address_refused_at_send_time_is_a_clear_failed_attempt() {
     let scratch = Scratch::new("ssrf-send");
     let mut server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "600")]).await;
     server.create_account("acme").await;
-    server
-        .create_endpoint("acme", &farm.url("inside"), json!({}))
-        .await;
+    server.farm_endpoints("acme", &farm, ["inside"]).await;
     // The operator removes the allow-list: the same endpoint now points at a refused address.
     server.restart_with(&[("HOOKLANE_ALLOW_CIDRS", "")]).await;
     server.publish("acme", "invoice.paid", json!({})).await;

@@ -488,14 +488,8 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
     );
     let server = Server::start_aws(&scratch, &[], &env).await;
     server.create_account("acme").await;
-    let (ok, _) = server
-        .create_endpoint("acme", &farm.url("ok"), json!({}))
-        .await;
-    server
-        .create_endpoint("acme", &farm.url("later"), json!({}))
-        .await;
-    let (down, _) = server
-        .create_endpoint("acme", &farm.url("down"), json!({}))
+    let [ok, _, down] = server
+        .farm_endpoints("acme", &farm, ["ok", "later", "down"])
         .await;
     let event = server
         .publish("acme", "invoice.paid", json!({"amount": 7}))

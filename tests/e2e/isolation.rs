@@ -14,9 +14,7 @@ async fn slow_endpoint_does_not_block_others() {
     let scratch = Scratch::new("isolation");
     let server = Server::start(&scratch, &[("HOOKLANE_WORKERS", "20")]).await;
     server.create_account("acme").await;
-    server
-        .create_endpoint("acme", &farm.url("slow"), json!({}))
-        .await;
+    server.farm_endpoints("acme", &farm, ["slow"]).await;
     let healthy: Vec<String> = (0..50).map(|i| format!("ok{i}")).collect();
     for name in &healthy {
         server
@@ -89,9 +87,7 @@ async fn one_accounts_backlog_does_not_starve_anothers_fresh_event() {
             .create_endpoint("big", &farm.url(&name), json!({"max_in_flight": 8}))
             .await;
     }
-    server
-        .create_endpoint("small", &farm.url("small"), json!({}))
-        .await;
+    server.farm_endpoints("small", &farm, ["small"]).await;
     for i in 0..150 {
         server.publish("big", "sync.batch", json!({"i": i})).await;
     }

@@ -54,14 +54,8 @@ async fn metrics_match_what_the_farm_received() {
     )
     .await;
     server.create_account("acme").await;
-    let (ok_id, _) = server
-        .create_endpoint("acme", &farm.url("m-ok"), json!({}))
-        .await;
-    server
-        .create_endpoint("acme", &farm.url("m-flaky"), json!({}))
-        .await;
-    server
-        .create_endpoint("acme", &farm.url("m-gone"), json!({}))
+    let [ok_id, _, _] = server
+        .farm_endpoints("acme", &farm, ["m-ok", "m-flaky", "m-gone"])
         .await;
     for i in 0..10 {
         server

@@ -183,11 +183,8 @@ async fn bulk_replay_resends_what_matches_since_t_and_is_audited() {
     let scratch = Scratch::new("replay-bulk");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1")]).await;
     server.create_account("acme").await;
-    let (main, _) = server
-        .create_endpoint("acme", &farm.url("main"), json!({}))
-        .await;
-    let (other, _) = server
-        .create_endpoint("acme", &farm.url("other"), json!({}))
+    let [main, other] = server
+        .farm_endpoints("acme", &farm, ["main", "other"])
         .await;
 
     let before_all = chrono::Utc::now();

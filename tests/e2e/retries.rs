@@ -15,9 +15,7 @@ async fn endpoint_recovering_after_n_failures_gets_attempt_n_plus_one() {
     // Scaled-down schedule: 1 s, 2 s, 3 s, 4 s (each drawn from [d/2, d]).
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1,2,3,4")]).await;
     server.create_account("acme").await;
-    server
-        .create_endpoint("acme", &farm.url("flaky"), json!({}))
-        .await;
+    server.farm_endpoints("acme", &farm, ["flaky"]).await;
     let event = server
         .publish("acme", "invoice.paid", json!({"n": 1}))
         .await;
@@ -86,9 +84,7 @@ async fn past_the_schedule_the_delivery_fails() {
     let scratch = Scratch::new("exhausted");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "0.2,0.2")]).await;
     server.create_account("acme").await;
-    server
-        .create_endpoint("acme", &farm.url("down"), json!({}))
-        .await;
+    server.farm_endpoints("acme", &farm, ["down"]).await;
     server.publish("acme", "invoice.paid", json!({})).await;
     let failed = server
         .failed_within(Duration::from_secs(15), "acme", 1)

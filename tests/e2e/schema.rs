@@ -27,14 +27,8 @@ async fn schemathesis_finds_no_server_error_and_no_mismatch_with_the_document() 
 
     // Real objects for the generated requests to reach, beside the random ids that 404.
     server.create_account("acme").await;
-    let (up, _) = server
-        .create_endpoint("acme", &farm.url("up"), json!({}))
-        .await;
-    let (down, _) = server
-        .create_endpoint("acme", &farm.url("down"), json!({}))
-        .await;
-    let (gone, _) = server
-        .create_endpoint("acme", &farm.url("gone"), json!({}))
+    let [up, down, gone] = server
+        .farm_endpoints("acme", &farm, ["up", "down", "gone"])
         .await;
     let gone = format!("/v1/accounts/acme/endpoints/{gone}");
     let (status, _) = server.request(reqwest::Method::DELETE, &gone, None).await;

@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use hooklane_testkit::farm::Farm;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
@@ -256,6 +257,24 @@ impl Server {
             created["id"].as_str().expect("endpoint id").to_owned(),
             created["secret"].as_str().expect("secret").to_owned(),
         )
+    }
+
+    /// Creates an endpoint of the account (no options) for each of the farm's `names`;
+    /// returns their ids in that order.
+    pub async fn farm_endpoints<const N: usize>(
+        &self,
+        account: &str,
+        farm: &Farm,
+        names: [&str; N],
+    ) -> [String; N] {
+        let mut ids = Vec::with_capacity(N);
+        for name in names {
+            let (id, _) = self
+                .create_endpoint(account, &farm.url(name), json!({}))
+                .await;
+            ids.push(id);
+        }
+        ids.try_into().expect("one id per name")
     }
 
     pub async fn publish(&self, account: &str, event_type: &str, data: Value) -> Value {

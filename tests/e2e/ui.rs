@@ -45,11 +45,8 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
     let scratch = Scratch::new("ui");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1")]).await;
     server.create_account("acme").await;
-    let (shop, _) = server
-        .create_endpoint("acme", &farm.url("shop"), json!({}))
-        .await;
-    server
-        .create_endpoint("acme", &farm.url("books"), json!({}))
+    let [shop, _] = server
+        .farm_endpoints("acme", &farm, ["shop", "books"])
         .await;
     let mut failing = Vec::new();
     let mut delivered = None;
