@@ -94,7 +94,12 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
         fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
-        // An endpoint item of another account that cannot be read.
+        // Another account, which exists (an unknown one is rejected before its endpoints
+        // are read), with an endpoint item that cannot be read.
+        store
+            .create_account(&fixtures::account("broken"))
+            .await
+            .unwrap();
         shape
             .store
             .client()

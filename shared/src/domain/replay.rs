@@ -7,7 +7,7 @@ use super::{
     ids::{AccountId, DeliveryId, EndpointId, ReplayId},
     InvalidField,
 };
-use crate::clock::Timestamp;
+use crate::clock::{to_millis, Timestamp};
 
 /// What a replay was asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,12 +128,14 @@ impl Replay {
             && candidate.status.is_final()
             && filter.statuses.contains(&candidate.status)
             && (filter.event_types.is_empty() || filter.event_types.contains(candidate.event_type))
+            // In milliseconds, as the stores keep times: a `since` taken a fraction of a
+            // millisecond before a publish still covers it.
             && filter
                 .since
-                .is_none_or(|since| candidate.created_at >= since)
+                .is_none_or(|since| to_millis(candidate.created_at) >= to_millis(since))
             && filter
                 .until
-                .is_none_or(|until| candidate.created_at < until)
+                .is_none_or(|until| to_millis(candidate.created_at) < to_millis(until))
     }
 }
 
@@ -249,6 +251,15 @@ mod tests {
         for candidate in &refused {
             assert!(!replay.selects(candidate), "{candidate:?}");
         }
+        // A `since` a fraction of a millisecond into the delivery's millisecond covers it.
+        let within_the_millisecond = Replay {
+            filter: ReplayFilter {
+                since: Some(from_millis(10_000) + chrono::Duration::microseconds(500)),
+                ..replay.filter.clone()
+            },
+            ..replay.clone()
+        };
+        assert!(within_the_millisecond.selects(&eligible));
         let single = Replay {
             scope: ReplayScope::Delivery(delivery.clone()),
             filter: ReplayFilter::single(),
