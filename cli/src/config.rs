@@ -239,13 +239,7 @@ impl ServeConfig {
 mod tests {
     use super::*;
     use hooklane::domain::RetrySchedule;
-
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use hooklane_testkit::fixtures::environment;
 
     #[test]
     fn defaults() {
@@ -269,7 +263,7 @@ mod tests {
         .unwrap();
         let config = ServeConfig::load(
             Some(&file),
-            &vars(&[
+            &environment(&[
                 ("HOOKLANE_WORKERS", "20"),
                 ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1"),
             ]),
@@ -287,17 +281,23 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_variable() {
-        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_WORKERS", "lots")])).unwrap_err();
+        let err =
+            ServeConfig::load(None, &environment(&[("HOOKLANE_WORKERS", "lots")])).unwrap_err();
         assert!(err.to_string().starts_with("HOOKLANE_WORKERS"), "{err}");
-        let err =
-            ServeConfig::load(None, &vars(&[("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99")])).unwrap_err();
+        let err = ServeConfig::load(
+            None,
+            &environment(&[("HOOKLANE_ALLOW_CIDRS", "10.0.0.0/99")]),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("HOOKLANE_ALLOW_CIDRS"), "{err}");
-        let err =
-            ServeConfig::load(None, &vars(&[("HOOKLANE_DISABLE_AFTER", "soon")])).unwrap_err();
+        let err = ServeConfig::load(None, &environment(&[("HOOKLANE_DISABLE_AFTER", "soon")]))
+            .unwrap_err();
         assert!(err.to_string().contains("HOOKLANE_DISABLE_AFTER"), "{err}");
-        let err = ServeConfig::load(None, &vars(&[("HOOKLANE_HTTPS_ONLY", "yes")])).unwrap_err();
+        let err =
+            ServeConfig::load(None, &environment(&[("HOOKLANE_HTTPS_ONLY", "yes")])).unwrap_err();
         assert!(err.to_string().starts_with("HOOKLANE_HTTPS_ONLY"), "{err}");
-        let config = ServeConfig::load(None, &vars(&[("HOOKLANE_HTTPS_ONLY", "1")])).unwrap();
+        let config =
+            ServeConfig::load(None, &environment(&[("HOOKLANE_HTTPS_ONLY", "1")])).unwrap();
         assert!(config.core.sender.policy.https_only());
     }
 }

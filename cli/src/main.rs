@@ -86,29 +86,7 @@ enum Command {
     /// Publish the rows of your own outbox table (PostgreSQL or SQLite, written in your
     /// business transactions) to Hooklane, then mark them sent (docs/OUTBOX.md; needs a binary
     /// built with `--features relay`).
-    Relay {
-        /// The database: postgres://user:password@host:port/db or sqlite:///path/to/file.db.
-        #[arg(long, env = "HOOKLANE_RELAY_SOURCE", hide_env_values = true)]
-        source: String,
-        /// The Hooklane API, e.g. http://127.0.0.1:8080.
-        #[arg(long, env = "HOOKLANE_RELAY_URL")]
-        url: String,
-        /// An admin token (or an account token, for that account's rows only).
-        #[arg(long, env = "HOOKLANE_RELAY_TOKEN", hide_env_values = true)]
-        token: String,
-        /// The outbox table (schema.table allowed).
-        #[arg(long, default_value = "hooklane_outbox")]
-        table: String,
-        /// The PostgreSQL channel the table's trigger notifies.
-        #[arg(long, default_value = "hooklane_outbox")]
-        channel: String,
-        /// How often the table is read without a notification (SQLite: the poll interval).
-        #[arg(long, default_value = "1s")]
-        poll_interval: String,
-        /// Rows read and published at a time.
-        #[arg(long, default_value_t = 100)]
-        batch: usize,
-    },
+    Relay(RelayArgs),
     /// The AWS shape's dead-letter queue (needs a binary built with `--features aws`).
     Dlq {
         #[command(subcommand)]
@@ -321,23 +299,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Dlq { action } => dlq(action),
-        Command::Relay {
-            source,
-            url,
-            token,
-            table,
-            channel,
-            poll_interval,
-            batch,
-        } => relay(RelayArgs {
-            source,
-            url,
-            token,
-            table,
-            channel,
-            poll_interval,
-            batch,
-        }),
+        Command::Relay(args) => relay(args),
         Command::Verify {
             secret,
             webhook_id,
@@ -375,13 +337,28 @@ fn main() -> ExitCode {
 
 /// `hooklane relay`'s options as given.
 #[cfg_attr(not(feature = "relay"), allow(dead_code))]
+#[derive(clap::Args)]
 struct RelayArgs {
+    /// The database: postgres://user:password@host:port/db or sqlite:///path/to/file.db.
+    #[arg(long, env = "HOOKLANE_RELAY_SOURCE", hide_env_values = true)]
     source: String,
+    /// The Hooklane API, e.g. http://127.0.0.1:8080.
+    #[arg(long, env = "HOOKLANE_RELAY_URL")]
     url: String,
+    /// An admin token (or an account token, for that account's rows only).
+    #[arg(long, env = "HOOKLANE_RELAY_TOKEN", hide_env_values = true)]
     token: String,
+    /// The outbox table (schema.table allowed).
+    #[arg(long, default_value = "hooklane_outbox")]
     table: String,
+    /// The PostgreSQL channel the table's trigger notifies.
+    #[arg(long, default_value = "hooklane_outbox")]
     channel: String,
+    /// How often the table is read without a notification (SQLite: the poll interval).
+    #[arg(long, default_value = "1s")]
     poll_interval: String,
+    /// Rows read and published at a time.
+    #[arg(long, default_value_t = 100)]
     batch: usize,
 }
 

@@ -109,13 +109,7 @@ impl AwsSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::fixtures::environment;
 
     #[test]
     fn settings_from_the_template_variables() {
@@ -124,7 +118,7 @@ mod tests {
             ("HOOKLANE_QUEUE_URL", "https://sqs/q"),
             ("HOOKLANE_QUEUE_ARN", "arn:aws:sqs:us-east-1:1:q"),
         ];
-        let settings = AwsSettings::from_vars(&vars(&base)).unwrap();
+        let settings = AwsSettings::from_vars(&environment(&base)).unwrap();
         assert_eq!(settings.tables.deliveries, "hooklane-delivery-log");
         assert!(settings.scheduler.is_none());
         assert!(
@@ -141,7 +135,7 @@ mod tests {
             ("HOOKLANE_SCHEDULE_DLQ_ARN", "arn:aws:sqs:us-east-1:1:dlq"),
             ("HOOKLANE_HTTPS_ONLY", "true"),
         ]);
-        let settings = AwsSettings::from_vars(&vars(&more)).unwrap();
+        let settings = AwsSettings::from_vars(&environment(&more)).unwrap();
         assert!(
             settings.core.sender.policy.https_only(),
             "HOOKLANE_HTTPS_ONLY holds on AWS as in the embedded shape"
@@ -156,11 +150,11 @@ mod tests {
             settings.core.retry.schedule.delays(),
             &[Duration::from_secs(60), Duration::from_secs(1801)]
         );
-        let err = AwsSettings::from_vars(&vars(&base[..2])).unwrap_err();
+        let err = AwsSettings::from_vars(&environment(&base[..2])).unwrap_err();
         assert_eq!(err.variable, "HOOKLANE_QUEUE_ARN");
         let mut half = base.to_vec();
         half.push(("HOOKLANE_SCHEDULE_GROUP", "g"));
-        assert!(AwsSettings::from_vars(&vars(&half)).is_err());
+        assert!(AwsSettings::from_vars(&environment(&half)).is_err());
     }
 
     #[test]
@@ -170,7 +164,7 @@ mod tests {
             ("HOOKLANE_QUEUE_URL", "https://sqs/q"),
             ("HOOKLANE_QUEUE_ARN", "arn:aws:sqs:us-east-1:1:q"),
         ];
-        let local = AwsSettings::from_vars(&vars(&base)).unwrap();
+        let local = AwsSettings::from_vars(&environment(&base)).unwrap();
         assert!(!local.in_lambda);
         assert_eq!(local.admin_token_parameter, None);
         let mut deployed = base.to_vec();
@@ -178,7 +172,7 @@ mod tests {
             ("HOOKLANE_ADMIN_TOKEN_PARAMETER", "/hooklane/admin-token"),
             ("AWS_LAMBDA_FUNCTION_NAME", "hooklane-ApiFunction-1"),
         ]);
-        let deployed = AwsSettings::from_vars(&vars(&deployed)).unwrap();
+        let deployed = AwsSettings::from_vars(&environment(&deployed)).unwrap();
         assert!(deployed.in_lambda);
         assert_eq!(
             deployed.admin_token_parameter.as_deref(),
@@ -189,7 +183,7 @@ mod tests {
             ("HOOKLANE_ADMIN_TOKEN_PARAMETER", "/hooklane/admin-token"),
             ("HOOKLANE_ADMIN_TOKEN", "hl_admin_x"),
         ]);
-        let err = AwsSettings::from_vars(&vars(&both)).unwrap_err();
+        let err = AwsSettings::from_vars(&environment(&both)).unwrap_err();
         assert_eq!(err.variable, "HOOKLANE_ADMIN_TOKEN_PARAMETER");
     }
 }

@@ -42,6 +42,25 @@ impl DeliveryStatus {
     }
 }
 
+/// The deliveries of `event` to those of `endpoints` that receive its type, created at
+/// `now`, each beside its endpoint: who gets an event, decided in one place.
+pub fn deliveries_to<'a>(
+    event: &crate::domain::Event,
+    endpoints: &'a [crate::domain::Endpoint],
+    now: Timestamp,
+) -> Vec<(&'a crate::domain::Endpoint, Delivery)> {
+    endpoints
+        .iter()
+        .filter(|endpoint| endpoint.receives(&event.event_type))
+        .map(|endpoint| {
+            (
+                endpoint,
+                Delivery::new_pending(event, endpoint.id.clone(), now),
+            )
+        })
+        .collect()
+}
+
 /// One (event, endpoint) pair: the source of truth for whether that event reached that endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Delivery {

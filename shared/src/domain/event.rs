@@ -98,14 +98,26 @@ impl Event {
             created: created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             data,
         })?;
-        Ok(Self {
+        Ok(Self::unerased(
+            id, account_id, event_type, created_at, payload,
+        ))
+    }
+
+    fn unerased(
+        id: EventId,
+        account_id: AccountId,
+        event_type: EventType,
+        created_at: Timestamp,
+        payload: String,
+    ) -> Self {
+        Self {
             id,
             account_id,
             event_type,
             created_at,
             payload,
             erased_at: None,
-        })
+        }
     }
 
     /// The event an outbox writer describes with its `data` as JSON text: the body is
@@ -133,14 +145,9 @@ impl Event {
             quoted(event_type.as_str()),
             quoted(&created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
         );
-        Ok(Self {
-            id,
-            account_id,
-            event_type,
-            created_at,
-            payload,
-            erased_at: None,
-        })
+        Ok(Self::unerased(
+            id, account_id, event_type, created_at, payload,
+        ))
     }
 
     /// This event with its payload erased at `at` (or when it first was), to the

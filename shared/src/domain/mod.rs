@@ -15,8 +15,8 @@ pub mod schedule;
 pub use account::{Account, EmailAddress};
 pub use attempt::{Attempt, Trigger};
 pub use delivery::{
-    delivery_log_partition, delivery_log_position, delivery_log_prefix, delivery_log_time,
-    Delivery, DeliveryStatus,
+    deliveries_to, delivery_log_partition, delivery_log_position, delivery_log_prefix,
+    delivery_log_time, Delivery, DeliveryStatus,
 };
 pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EventTypeFilter};
 pub use event::{Event, EventType};

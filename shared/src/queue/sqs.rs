@@ -304,6 +304,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// The names of the schedules in the emulated group.
+    async fn schedule_names(e: &Emulated) -> Vec<String> {
+        let listed = e
+            .scheduler
+            .list_schedules()
+            .group_name(&e.group)
+            .send()
+            .await
+            .unwrap();
+        listed
+            .schedules()
+            .iter()
+            .filter_map(|s| s.name().map(str::to_owned))
+            .collect()
+    }
+
     /// The delivery a queued message is for.
     fn delivery_of(message: &aws_sdk_sqs::types::Message) -> String {
         let (delivery, _, _) = DeliveryMessage::parse(message.body().unwrap()).unwrap();
@@ -375,15 +391,8 @@ pub(crate) mod tests {
         e.queue.enqueue(vec![item.clone()]).await.unwrap();
         e.queue.enqueue(vec![item.clone()]).await.unwrap();
         assert!(receive(&e, 0).await.is_empty(), "nothing in the queue yet");
-        let listed = e
-            .scheduler
-            .list_schedules()
-            .group_name(&e.group)
-            .send()
-            .await
-            .unwrap();
         assert_eq!(
-            listed.schedules().len(),
+            schedule_names(&e).await.len(),
             1,
             "scheduling twice made one schedule"
         );
@@ -437,14 +446,7 @@ pub(crate) mod tests {
             ])
             .await
             .unwrap();
-        let listed = e
-            .scheduler
-            .list_schedules()
-            .group_name(&e.group)
-            .send()
-            .await
-            .unwrap();
-        let names: Vec<_> = listed.schedules().iter().filter_map(|s| s.name()).collect();
+        let names = schedule_names(&e).await;
         assert_eq!(names.len(), 1, "{names:?}");
         assert!(names[0].starts_with("dlv_scheduled-"), "{names:?}");
         let queued = receive(&e, 0).await;

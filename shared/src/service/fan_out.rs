@@ -10,7 +10,9 @@ use futures_util::{stream, StreamExt};
 
 use super::{ServiceError, ServiceResult};
 use crate::{
-    domain::{AccountId, Delivery, DeliveryId, DeliveryStatus, Endpoint, EndpointId, Event},
+    domain::{
+        deliveries_to, AccountId, Delivery, DeliveryId, DeliveryStatus, Endpoint, EndpointId, Event,
+    },
     store::PendingRef,
     App,
 };
@@ -222,14 +224,8 @@ async fn fan_out_one(
     now: crate::clock::Timestamp,
     endpoints: &[Endpoint],
 ) -> ServiceResult<(usize, Vec<PendingRef>)> {
-    let receivers: Vec<&Endpoint> = endpoints
-        .iter()
-        .filter(|e| e.receives(&event.event_type))
-        .collect();
-    let deliveries: Vec<Delivery> = receivers
-        .iter()
-        .map(|endpoint| Delivery::new_pending(event, endpoint.id.clone(), now))
-        .collect();
+    let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) =
+        deliveries_to(event, endpoints, now).into_iter().unzip();
     let added = app.store.add_deliveries(&deliveries).await?;
     crate::telemetry::fanned_out(added.len());
     let mut to_queue: Vec<Delivery> = added.clone();
@@ -246,14 +242,7 @@ async fn fan_out_one(
         .iter()
         .filter_map(|d| {
             let endpoint = receivers.iter().find(|e| e.id == d.endpoint_id)?;
-            Some(PendingRef {
-                delivery_id: d.id.clone(),
-                endpoint_id: endpoint.id.clone(),
-                account_id: d.account_id.clone(),
-                due: d.next_try_at.unwrap_or(now),
-                max_in_flight: endpoint.max_in_flight,
-                rate_limit_per_second: endpoint.rate_limit_per_second,
-            })
+            Some(PendingRef::new(d, endpoint, d.next_try_at.unwrap_or(now)))
         })
         .collect();
     Ok((added.len(), refs))

@@ -33,12 +33,9 @@ mod tests {
     use super::*;
     use crate::{
         clock::ManualClock,
-        config::CoreConfig,
         domain::EmailAddress,
         fixtures,
-        http::HttpSender,
         notify::{Notifier, NotifyError},
-        queue::embedded::EmbeddedQueue,
         store::{sqlite::SqliteStore, DisableRequest, Notification, Store},
         telemetry::{self, emf::EmfRecorder},
     };
@@ -66,13 +63,8 @@ mod tests {
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         let notifier = Arc::new(Refusing(AtomicBool::new(true)));
         let app = App {
-            store: store.clone(),
-            queue: Arc::new(EmbeddedQueue::new()),
-            transport: Arc::new(HttpSender::new(CoreConfig::default().sender).unwrap()),
             notifier: notifier.clone(),
-            clock: Arc::new(ManualClock::new(fixtures::t0())),
-            config: Arc::new(CoreConfig::default()),
-            publish: crate::PublishMode::WithDeliveries,
+            ..fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())))
         };
         store
             .create_account(&fixtures::account("acme"))

@@ -1,6 +1,8 @@
 use super::{ServiceError, ServiceResult};
 use crate::{
-    domain::{AccountId, Delivery, Endpoint, Event, EventId, EventType, InvalidField},
+    domain::{
+        deliveries_to, AccountId, Delivery, Endpoint, Event, EventId, EventType, InvalidField,
+    },
     store::{PendingRef, PublishOutcome, PutEventOutcome},
     App, PublishMode,
 };
@@ -44,14 +46,8 @@ async fn with_deliveries(
     endpoints: &[Endpoint],
 ) -> ServiceResult<Published> {
     let now = event.created_at;
-    let receivers: Vec<&Endpoint> = endpoints
-        .iter()
-        .filter(|e| e.receives(&event.event_type))
-        .collect();
-    let deliveries: Vec<Delivery> = receivers
-        .iter()
-        .map(|e| Delivery::new_pending(&event, e.id.clone(), now))
-        .collect();
+    let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) =
+        deliveries_to(&event, endpoints, now).into_iter().unzip();
     match app.store.publish(&event, &deliveries).await? {
         PublishOutcome::AlreadyExists { event, deliveries } => Ok(Published {
             event,
@@ -62,14 +58,7 @@ async fn with_deliveries(
             let refs = deliveries
                 .iter()
                 .zip(&receivers)
-                .map(|(d, e)| PendingRef {
-                    delivery_id: d.id.clone(),
-                    endpoint_id: e.id.clone(),
-                    account_id: event.account_id.clone(),
-                    due: now,
-                    max_in_flight: e.max_in_flight,
-                    rate_limit_per_second: e.rate_limit_per_second,
-                })
+                .map(|(d, e)| PendingRef::new(d, e, now))
                 .collect();
             crate::telemetry::published(deliveries.len());
             // The event is committed; if the queue fails now, the sweeper picks the rows up.
@@ -261,10 +250,9 @@ fn pending_refs(event: &Event, deliveries: &[Delivery], endpoints: &[Endpoint]) 
 
 /// The deliveries the fan-out creates for `event` given the endpoints subscribed now.
 fn planned_deliveries(event: &Event, endpoints: &[Endpoint]) -> Vec<Delivery> {
-    endpoints
-        .iter()
-        .filter(|e| e.receives(&event.event_type))
-        .map(|endpoint| Delivery::new_pending(event, endpoint.id.clone(), event.created_at))
+    deliveries_to(event, endpoints, event.created_at)
+        .into_iter()
+        .map(|(_, delivery)| delivery)
         .collect()
 }
 

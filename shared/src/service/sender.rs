@@ -226,7 +226,7 @@ async fn handle_endpoint_group(
                     // Early (a retry's message that SQS could not hold long enough, or a
                     // repeat of a deferred one): back to the queue for its time, no slot.
                     Some(due) if due > add(now, EARLY) => {
-                        let result = AttemptResult::NotYetDue(pending_for(&d, &endpoint, due));
+                        let result = AttemptResult::NotYetDue(PendingRef::new(&d, &endpoint, due));
                         outcomes[n] = Some(follow_up(app, result).await);
                     }
                     _ => ready.push((n, d)),
@@ -597,17 +597,6 @@ async fn keep_from_sweeper(
 /// A message this much before its delivery's time is early, not due.
 const EARLY: Duration = Duration::from_millis(500);
 
-fn pending_for(delivery: &Delivery, endpoint: &Endpoint, due: Timestamp) -> PendingRef {
-    PendingRef {
-        delivery_id: delivery.id.clone(),
-        endpoint_id: endpoint.id.clone(),
-        account_id: endpoint.account_id.clone(),
-        due,
-        max_in_flight: endpoint.max_in_flight,
-        rate_limit_per_second: endpoint.rate_limit_per_second,
-    }
-}
-
 /// What one message of a batch queued, held back to be sent with the rest of the batch.
 #[derive(Default)]
 struct Held {
@@ -697,7 +686,7 @@ async fn requeue(
         return Ok(Handled::Skipped);
     }
     app.queue
-        .enqueue(vec![pending_for(delivery, endpoint, due)])
+        .enqueue(vec![PendingRef::new(delivery, endpoint, due)])
         .await?;
     tracing::debug!(delivery.id = %delivery.id, endpoint.id = %endpoint.id, ?busy, ?after, "endpoint busy; re-queued");
     Ok(Handled::Requeued { after, busy })
@@ -772,6 +761,24 @@ mod tests {
         let messages = receive(e, 1).await;
         assert_eq!(messages.len(), 1, "{messages:?}");
         DeliveryMessage::parse(messages[0].body().unwrap()).unwrap()
+    }
+
+    /// Publishes an `invoice.paid` of this id to `acme` and takes its delivery's message
+    /// off the queue, as the sender's trigger would hand it over.
+    async fn publish_and_receive(
+        app: &App,
+        e: &Emulated,
+        id: &str,
+    ) -> (DeliveryId, EndpointId, AccountId) {
+        let new = NewEvent {
+            id: Some(id.into()),
+            event_type: "invoice.paid".into(),
+            data: serde_json::json!({}),
+        };
+        publish(app, &AccountId::parse("acme").unwrap(), new)
+            .await
+            .unwrap();
+        next_message(e).await
     }
 
     #[tokio::test]
@@ -879,14 +886,7 @@ mod tests {
     async fn copies_of_a_delivery_get_one_attempt_and_a_stale_copy_takes_no_slot() {
         let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
         let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
-        let account = AccountId::parse("acme").unwrap();
-        let new = NewEvent {
-            id: Some("evt_copies".into()),
-            event_type: "invoice.paid".into(),
-            data: serde_json::json!({}),
-        };
-        publish(&app, &account, new).await.unwrap();
-        let message = next_message(&emulated).await;
+        let message = publish_and_receive(&app, &emulated, "evt_copies").await;
         let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
         // SQS handed out the same delivery three times in one batch.
         let handled = handle_batch(
@@ -997,14 +997,7 @@ mod tests {
     async fn a_message_waits_for_the_slot_of_a_holder_whose_hold_is_over() {
         let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
         let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
-        let account = AccountId::parse("acme").unwrap();
-        let new = NewEvent {
-            id: Some("evt_next".into()),
-            event_type: "invoice.paid".into(),
-            data: serde_json::json!({}),
-        };
-        publish(&app, &account, new).await.unwrap();
-        let (delivery, endpoint, _) = next_message(&emulated).await;
+        let (delivery, endpoint, account) = publish_and_receive(&app, &emulated, "evt_next").await;
         // A holder past its hold (its lease ends sooner than a hold's last attempt would),
         // finishing an attempt: it gives the slot back a second from now.
         let held = slots
@@ -1034,14 +1027,8 @@ mod tests {
     async fn a_delivery_waiting_for_a_busy_endpoint_is_not_taken_for_lost_by_the_sweeper() {
         let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
         let (app, emulated, slots) = aws_app(&receiver.url, 1).await;
-        let account = AccountId::parse("acme").unwrap();
-        let new = NewEvent {
-            id: Some("evt_waiting".into()),
-            event_type: "invoice.paid".into(),
-            data: serde_json::json!({}),
-        };
-        publish(&app, &account, new).await.unwrap();
-        let (delivery, endpoint, account_id) = next_message(&emulated).await;
+        let (delivery, endpoint, account) =
+            publish_and_receive(&app, &emulated, "evt_waiting").await;
         let held = slots
             .acquire(&endpoint, 1, std::time::Duration::from_secs(60))
             .await
@@ -1049,7 +1036,7 @@ mod tests {
         assert!(held.is_some());
         let grace = std::time::Duration::from_secs(5);
         let lanes = lanes_of(&slots, grace);
-        let handled = handle_message(&app, lanes, &delivery, &endpoint, &account_id)
+        let handled = handle_message(&app, lanes, &delivery, &endpoint, &account)
             .await
             .unwrap();
         assert!(

@@ -96,10 +96,7 @@ mod tests {
     use super::*;
     use crate::{
         clock::{add, Clock, ManualClock},
-        config::CoreConfig,
         fixtures,
-        http::HttpSender,
-        notify::LogNotifier,
         queue::embedded::EmbeddedQueue,
         store::{sqlite::SqliteStore, Store},
         telemetry::{self, emf::EmfRecorder},
@@ -114,13 +111,8 @@ mod tests {
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         let queue = Arc::new(EmbeddedQueue::new());
         let app = App {
-            store: store.clone(),
             queue: queue.clone(),
-            transport: Arc::new(HttpSender::new(CoreConfig::default().sender).unwrap()),
-            notifier: Arc::new(LogNotifier),
-            clock: clock.clone(),
-            config: Arc::new(CoreConfig::default()),
-            publish: crate::PublishMode::WithDeliveries,
+            ..fixtures::app_on(store.clone(), clock.clone())
         };
         store
             .create_account(&fixtures::account("acme"))

@@ -129,6 +129,20 @@ pub struct PendingRef {
     pub rate_limit_per_second: Option<u32>,
 }
 
+impl PendingRef {
+    /// `delivery`, to `endpoint` (whose lane limits it carries), due at `due`.
+    pub fn new(delivery: &Delivery, endpoint: &Endpoint, due: Timestamp) -> Self {
+        Self {
+            delivery_id: delivery.id.clone(),
+            endpoint_id: endpoint.id.clone(),
+            account_id: endpoint.account_id.clone(),
+            due,
+            max_in_flight: endpoint.max_in_flight,
+            rate_limit_per_second: endpoint.rate_limit_per_second,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryQuery {
     pub endpoint_id: Option<EndpointId>,

@@ -6,10 +6,8 @@ use std::sync::Arc;
 
 use hooklane::{
     http::{OutboundRequest, OutboundResponse, Transport},
-    notify::LogNotifier,
-    queue::embedded::EmbeddedQueue,
     store::sqlite::SqliteStore,
-    App, CoreConfig, PublishMode, SystemClock,
+    App, SystemClock,
 };
 
 /// A transport for an `App` that nothing dispatches from: a webhook sent is a failed test.
@@ -25,12 +23,10 @@ impl Transport for NoNetwork {
 /// The App behind an API-only test, on a fresh in-memory store.
 pub fn api_only_app() -> App {
     App {
-        store: Arc::new(SqliteStore::in_memory().expect("an in-memory SQLite store opens")),
-        queue: Arc::new(EmbeddedQueue::new()),
         transport: Arc::new(NoNetwork),
-        notifier: Arc::new(LogNotifier),
-        clock: Arc::new(SystemClock),
-        config: Arc::new(CoreConfig::default()),
-        publish: PublishMode::WithDeliveries,
+        ..crate::fixtures::app_on(
+            Arc::new(SqliteStore::in_memory().expect("an in-memory SQLite store opens")),
+            Arc::new(SystemClock),
+        )
     }
 }

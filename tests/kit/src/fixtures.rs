@@ -236,3 +236,30 @@ pub async fn status_of(store: &dyn Store, account: &AccountId, id: &DeliveryId) 
         .expect("get")
         .expect("delivery")
 }
+
+/// An environment of `(name, value)` pairs, as the settings parsers read one.
+pub fn environment(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+/// The embedded shape's `App` over `store`, reading `clock`: the in-process queue, a real
+/// HTTP sender, mail to the log, default rules. Tests change a part with `App { …, ..app }`.
+pub fn app_on(
+    store: std::sync::Arc<dyn Store>,
+    clock: std::sync::Arc<dyn hooklane::Clock>,
+) -> hooklane::App {
+    use std::sync::Arc;
+    let config = hooklane::CoreConfig::default();
+    hooklane::App {
+        store,
+        queue: Arc::new(hooklane::queue::embedded::EmbeddedQueue::new()),
+        transport: Arc::new(hooklane::http::HttpSender::new(config.sender.clone()).unwrap()),
+        notifier: Arc::new(hooklane::notify::LogNotifier),
+        clock,
+        config: Arc::new(config),
+        publish: hooklane::PublishMode::WithDeliveries,
+    }
+}

@@ -296,43 +296,20 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         )));
     }
     let grace = settings.sweep_grace;
-    let sweeper = shape.clone();
-    tasks.push(tokio::spawn(every(
+    tasks.push(scheduled(
+        SWEEPER,
         options.sweep_interval,
         stopped.clone(),
-        move || {
-            let shape = sweeper.clone();
-            async move {
-                // EventBridge Scheduler invokes the function with the schedule's role.
-                super::record::note(
-                    "schedule:SweeperFunction",
-                    "lambda:InvokeFunction",
-                    "${SweeperFunction.Arn}",
-                );
-                if let Err(error) = as_function(SWEEPER, handlers::sweep(&shape, grace)).await {
-                    tracing::warn!(%error, "sweep failed; next interval tries again");
-                }
-            }
-        },
-    )));
-    let checker = shape.clone();
-    tasks.push(tokio::spawn(every(
+        shape.clone(),
+        move |shape| async move { handlers::sweep(&shape, grace).await },
+    ));
+    tasks.push(scheduled(
+        HEALTH,
         options.health_interval,
         stopped,
-        move || {
-            let shape = checker.clone();
-            async move {
-                super::record::note(
-                    "schedule:HealthFunction",
-                    "lambda:InvokeFunction",
-                    "${HealthFunction.Arn}",
-                );
-                if let Err(error) = as_function(HEALTH, handlers::check_health(&shape)).await {
-                    tracing::warn!(%error, "health check failed; next interval tries again");
-                }
-            }
-        },
-    )));
+        shape.clone(),
+        |shape| async move { handlers::check_health(&shape).await },
+    ));
     Ok(Local {
         listener,
         router,
@@ -382,6 +359,35 @@ async fn pause(duration: Duration, stop: &mut watch::Receiver<bool>) -> bool {
 }
 
 /// Runs `work` now and then every `interval`, until told to stop.
+/// Runs `handler` every `interval` as the template's schedule invokes the function
+/// `function` (recorded as the schedule's role invoking it, for the permission check).
+fn scheduled<F, Fut, T, E>(
+    function: &'static str,
+    interval: Duration,
+    stop: watch::Receiver<bool>,
+    shape: AwsShape,
+    handler: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(AwsShape) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<T, E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    tokio::spawn(every(interval, stop, move || {
+        let work = handler(shape.clone());
+        async move {
+            super::record::note(
+                &format!("schedule:{function}"),
+                "lambda:InvokeFunction",
+                &format!("${{{function}.Arn}}"),
+            );
+            if let Err(error) = as_function(function, work).await {
+                tracing::warn!(%error, function, "scheduled run failed; the next interval tries again");
+            }
+        }
+    }))
+}
+
 async fn every<F, Fut>(interval: Duration, mut stop: watch::Receiver<bool>, work: F)
 where
     F: Fn() -> Fut,

@@ -11,15 +11,10 @@ use crate::testing::emulator_store;
 /// the api's once was), no delivery is left pending, unqueued and unaudited.
 #[tokio::test]
 async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
-    use crate::fixtures::{at, attempt, endpoint, failed, publish, replay, status_of};
+    use crate::fixtures::{attempt, failed, publish, replay, status_of};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
-    store
-        .create_account(&crate::fixtures::account("acme"))
-        .await
-        .unwrap();
-    let ep = endpoint("acme", "ep_a", at(0));
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
         .await
         .remove(0);
@@ -104,15 +99,10 @@ async fn a_walk_longer_than_one_run_is_finished_by_the_next() {
 /// A replay larger than one transaction: its record counts every delivery written.
 #[tokio::test]
 async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
-    use crate::fixtures::{at, attempt, endpoint, failed, publish, replay};
+    use crate::fixtures::{attempt, failed, publish, replay};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
-    store
-        .create_account(&crate::fixtures::account("acme"))
-        .await
-        .unwrap();
-    let ep = endpoint("acme", "ep_a", at(0));
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     for second in 1..=150 {
         let delivery = publish(&store, &account, second, "invoice.paid", &[&ep])
             .await
@@ -412,15 +402,10 @@ async fn creating_the_tables_twice_is_harmless() {
 /// retention, a pending one none, and a replay that makes it pending again takes it off.
 #[tokio::test]
 async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
-    use crate::fixtures::{at, attempt, endpoint, failed, publish, replay};
+    use crate::fixtures::{at, attempt, failed, publish, replay};
     let store = emulator_store().await;
     let account = AccountId::from_trusted("acme".into());
-    store
-        .create_account(&crate::fixtures::account("acme"))
-        .await
-        .unwrap();
-    let ep = endpoint("acme", "ep_a", at(0));
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
         .await
         .remove(0);
