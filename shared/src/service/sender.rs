@@ -765,6 +765,14 @@ mod tests {
 
     /// Publishes an `invoice.paid` of this id to `acme` and takes its delivery's message
     /// off the queue, as the sender's trigger would hand it over.
+    async fn stored(app: &App, account: &AccountId, delivery: &DeliveryId) -> Delivery {
+        app.store
+            .get_delivery(account, delivery)
+            .await
+            .unwrap()
+            .expect("the delivery is stored")
+    }
+
     async fn publish_and_receive(
         app: &App,
         e: &Emulated,
@@ -809,12 +817,7 @@ mod tests {
             "{handled:?}"
         );
         assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
-        let stored = app
-            .store
-            .get_delivery(&account, &delivery)
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = stored(&app, &account, &delivery).await;
         assert_eq!(stored.status, DeliveryStatus::Delivered);
         // The slot came back: a cap-1 endpoint is free again.
         let token = slots
@@ -852,12 +855,7 @@ mod tests {
         assert_eq!(busy, Busy::AllSlotsHeld);
         assert!((REQUEUE_MIN..=REQUEUE_MAX).contains(&after));
         assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
-        let stored = app
-            .store
-            .get_delivery(&account, &delivery)
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = stored(&app, &account, &delivery).await;
         assert_eq!(
             (stored.status, stored.attempts),
             (DeliveryStatus::Pending, 0)
@@ -1049,12 +1047,7 @@ mod tests {
             ),
             "{handled:?}"
         );
-        let stored = app
-            .store
-            .get_delivery(&account, &delivery)
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = stored(&app, &account, &delivery).await;
         let expected = stored
             .queued_until
             .expect("the delivery says when its message is back");

@@ -6,18 +6,24 @@ use super::*;
 
 use crate::testing::emulator_store;
 
+/// Account `acme` with one endpoint and one delivery to it, published at second 1.
+async fn one_delivery(store: &DynamoStore) -> (AccountId, Delivery) {
+    let account = AccountId::from_trusted("acme".into());
+    let [ep] = crate::fixtures::account_with_endpoints(store, "acme", ["ep_a"]).await;
+    let delivery = crate::fixtures::publish(store, &account, 1, "invoice.paid", &[&ep])
+        .await
+        .remove(0);
+    (account, delivery)
+}
+
 /// The audit record and the deliveries set back to pending are written together: when
 /// the record cannot be written (a role without write access to the attempts table, as
 /// the api's once was), no delivery is left pending, unqueued and unaudited.
 #[tokio::test]
 async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
-    use crate::fixtures::{attempt, failed, publish, replay, status_of};
+    use crate::fixtures::{attempt, failed, replay, status_of};
     let store = emulator_store().await;
-    let account = AccountId::from_trusted("acme".into());
-    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
-    let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
-        .await
-        .remove(0);
+    let (account, delivery) = one_delivery(&store).await;
     attempt(&store, &delivery.id, 2, failed()).await;
     let mut tables = store.tables().clone();
     tables.attempts = format!("{}-not-writable", tables.attempts);
@@ -150,11 +156,9 @@ fn pending_shards_are_stable_and_spread() {
 
 #[tokio::test]
 async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() {
-    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{delivery, event, t0};
     let store = emulator_store().await;
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_half", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_half"]).await;
     let mut pending = Vec::new();
     for i in 0..120 {
         let ev = event("acme", &format!("evt_{i:03}"), t0());
@@ -183,11 +187,7 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
     let now = crate::clock::add(t0(), std::time::Duration::from_secs(4 * 86_400));
     assert!(store.failing_endpoints(now).await.unwrap().is_empty());
     for d in &pending {
-        let stored = store
-            .get_delivery(&d.account_id, &d.id)
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = crate::fixtures::status_of(&store, &d.account_id, &d.id).await;
         assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
         assert_eq!(
             stored.last_error.as_deref(),
@@ -209,11 +209,9 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
 
 #[tokio::test]
 async fn a_delivery_without_its_derived_id_is_refused() {
-    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{delivery, event, t0};
     let store = emulator_store().await;
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     let ev = event("acme", "evt_1", t0());
     let mut stray = delivery(&ev, &ep, t0());
     stray.id = DeliveryId::generate();
@@ -250,13 +248,11 @@ async fn indexed_pending(store: &DynamoStore) -> Vec<String> {
 #[tokio::test]
 async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     use crate::clock::add;
-    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    use crate::fixtures::{delivery, event, t0};
     use std::time::Duration;
     let secs = Duration::from_secs;
     let store = emulator_store().await;
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     let publish = |name: &'static str, at: Timestamp| {
         let store = store.clone();
         let ep = ep.clone();
@@ -342,11 +338,7 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
         .await
         .unwrap());
     for d in [&lost, &retried, &late, &unseen] {
-        let stored = store
-            .get_delivery(&d.account_id, &d.id)
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = crate::fixtures::status_of(&store, &d.account_id, &d.id).await;
         assert_eq!(stored.status, DeliveryStatus::Abandoned, "{}", d.id);
     }
     assert_eq!(
@@ -402,13 +394,9 @@ async fn creating_the_tables_twice_is_harmless() {
 /// retention, a pending one none, and a replay that makes it pending again takes it off.
 #[tokio::test]
 async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
-    use crate::fixtures::{at, attempt, failed, publish, replay};
+    use crate::fixtures::{at, attempt, failed, replay};
     let store = emulator_store().await;
-    let account = AccountId::from_trusted("acme".into());
-    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
-    let delivery = publish(&store, &account, 1, "invoice.paid", &[&ep])
-        .await
-        .remove(0);
+    let (account, delivery) = one_delivery(&store).await;
     let expires_at = || async {
         let item = store
             .client()
