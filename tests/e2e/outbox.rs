@@ -443,12 +443,13 @@ async fn malformed_outbox_items_are_rejected_listed_and_counted_and_never_block_
                 .server
                 .get(&format!("/v1/accounts/acme/events/{id}"))
                 .await;
-            assert_eq!(status, 500, "{body}");
+            assert_eq!(status, 422, "{body}");
+            assert_eq!(body["error"]["code"], "event_rejected", "{body}");
             assert!(
                 body["error"]["message"]
                     .as_str()
-                    .is_some_and(|m| m.contains("rejected")),
-                "GET names the rejection: {body}"
+                    .is_some_and(|m| m.contains(recorded)),
+                "GET names the rejection's reason: {body}"
             );
         }
     }

@@ -256,7 +256,7 @@ mod tests {
             )
             .await;
         assert!(
-            matches!(&read, Err(hooklane::store::StoreError::Corrupt(m)) if m.contains("rejected") && m.contains("missing `data`")),
+            matches!(&read, Err(hooklane::store::StoreError::Rejected(m)) if m.contains("missing `data`")),
             "{read:?}"
         );
     }

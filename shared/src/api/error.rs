@@ -117,6 +117,12 @@ impl From<ServiceError> for ApiError {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
             }
             ServiceError::Store(StoreError::NotFound(what)) => Self::not_found(what),
+            // The platform wrote it malformed; reading it again will not change that.
+            ServiceError::Store(rejected @ StoreError::Rejected(_)) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "event_rejected",
+                rejected.to_string(),
+            ),
             // Not an outage: retrying will not help, and the message names the field (an
             // item written by hand, through the outbox, without it).
             ServiceError::Store(StoreError::Corrupt(message)) => {

@@ -27,6 +27,10 @@ pub enum StoreError {
     Backend(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// An event item written through the outbox that fan-out refused (docs/OUTBOX.md): it
+    /// exists, has no deliveries, and never will; the reason names the attribute and rule.
+    #[error("the event item was rejected by fan-out and has no deliveries: {0}")]
+    Rejected(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -107,7 +107,7 @@ pub async fn publish_batch(
     tag = "events",
     summary = "Reads an event and its deliveries.",
     params(EventPath),
-    responses((status = 200, description = "The event and its deliveries", body = EventView), ReadErrors),
+    responses((status = 200, description = "The event and its deliveries", body = EventView), (status = 422, description = "An event item written through the outbox that fan-out rejected (docs/OUTBOX.md); the message gives the reason", body = crate::api::error::Body), ReadErrors),
 )]
 pub async fn get_event(
     State(state): State<ApiState>,

@@ -287,9 +287,7 @@ pub(super) fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
 
 pub(super) fn event_from_item(item: &Item) -> StoreResult<Event> {
     if let Some(reason) = opt_s(item, "rejected") {
-        return Err(StoreError::Corrupt(format!(
-            "the event item was rejected by fan-out and has no deliveries: {reason}"
-        )));
+        return Err(StoreError::Rejected(reason));
     }
     // An erased event keeps its item without the payload; any other item needs one, or the
     // `data` an outbox writer gives instead (docs/OUTBOX.md), which makes the same body on
