@@ -39,9 +39,12 @@ struct FileConfig {
     log_format: Option<String>,
     smtp_url: Option<String>,
     smtp_from: Option<String>,
+    max_payload: Option<String>,
+    publish_rate: Option<String>,
+    publish_burst: Option<String>,
 }
 
-pub const SETTINGS: [&str; 14] = [
+pub const SETTINGS: [&str; 17] = [
     "listen",
     "database",
     "admin_token",
@@ -56,6 +59,9 @@ pub const SETTINGS: [&str; 14] = [
     "log_format",
     "smtp_url",
     "smtp_from",
+    "max_payload",
+    "publish_rate",
+    "publish_burst",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +146,9 @@ impl ServeConfig {
                 ("log_format", parsed.log_format),
                 ("smtp_url", parsed.smtp_url),
                 ("smtp_from", parsed.smtp_from),
+                ("max_payload", parsed.max_payload),
+                ("publish_rate", parsed.publish_rate),
+                ("publish_burst", parsed.publish_burst),
             ] {
                 if let Some(value) = value {
                     settings.insert(name, value);
@@ -299,5 +308,21 @@ mod tests {
         let config =
             ServeConfig::load(None, &environment(&[("HOOKLANE_HTTPS_ONLY", "1")])).unwrap();
         assert!(config.core.sender.policy.https_only());
+        let err =
+            ServeConfig::load(None, &environment(&[("HOOKLANE_PUBLISH_RATE", "x")])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("HOOKLANE_PUBLISH_RATE"),
+            "{err}"
+        );
+        let config = ServeConfig::load(
+            None,
+            &environment(&[
+                ("HOOKLANE_PUBLISH_RATE", "5"),
+                ("HOOKLANE_MAX_PAYLOAD", "1MiB"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.core.max_payload_bytes, 1 << 20);
+        assert_eq!(config.core.publish_rate.map(|r| r.burst), Some(5));
     }
 }

@@ -16,6 +16,7 @@ use hooklane::{
     api::{self, ApiState},
     dispatcher::{self, DispatcherConfig},
     http::HttpSender,
+    limits::MemoryBuckets,
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
     service::tokens,
@@ -189,10 +190,12 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         .await
         .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
     let admin_token: Arc<str> = token.into();
+    let publish_limits = Arc::new(MemoryBuckets::new(app.clock.clone()));
     let router = api::router(ApiState {
         app,
         admin_token: admin_token.clone(),
         token_key: Arc::new(token_key),
+        publish_limits,
     })
     .merge(metrics_route(metrics, admin_token));
     let listener = tokio::net::TcpListener::bind(config.listen)

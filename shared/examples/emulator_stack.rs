@@ -44,6 +44,7 @@ async fn main() -> Result<(), Failure> {
             id: Some("acme".into()),
             name: "Acme".into(),
             owner_email: "owner@example.com".into(),
+            ..NewAccount::default()
         },
     )
     .await?;

@@ -3,20 +3,26 @@
 use std::time::Duration;
 
 use crate::{
-    domain::{AccountId, InvalidField, RetryPolicy, RetrySchedule},
+    domain::{rate::PublishRate, AccountId, InvalidField, RetryPolicy, RetrySchedule},
     http::{AddressPolicy, SenderConfig},
 };
 
 /// The engine's rules as settings, `(name in a config file, environment variable)`. Both
 /// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
-pub const CORE_SETTINGS: [(&str, &str); 6] = [
+pub const CORE_SETTINGS: [(&str, &str); 9] = [
     ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
     ("https_only", "HOOKLANE_HTTPS_ONLY"),
     ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
     ("disable_after", "HOOKLANE_DISABLE_AFTER"),
     ("operations_account", "HOOKLANE_OPERATIONS_ACCOUNT"),
     ("retention", "HOOKLANE_RETENTION"),
+    ("max_payload", "HOOKLANE_MAX_PAYLOAD"),
+    ("publish_rate", "HOOKLANE_PUBLISH_RATE"),
+    ("publish_burst", "HOOKLANE_PUBLISH_BURST"),
 ];
+
+/// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
+pub const MAX_PAYLOAD_CEILING: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -26,7 +32,12 @@ pub struct CoreConfig {
     pub sender: SenderConfig,
     /// The account whose endpoints receive operational events such as `endpoint.disabled`.
     pub operations_account: Option<AccountId>,
+    /// The largest webhook body an event may have (`HOOKLANE_MAX_PAYLOAD`); request bodies
+    /// are cut off a little above it ([`CoreConfig::body_limit`]).
     pub max_payload_bytes: usize,
+    /// The publish rate limit of accounts without their own (`HOOKLANE_PUBLISH_RATE`,
+    /// `HOOKLANE_PUBLISH_BURST`); none by default.
+    pub publish_rate: Option<PublishRate>,
     /// An attempt that finds its endpoint failing for longer than `disable_after` disables
     /// it there and then (embedded). Off on AWS: abandoning a whole backlog does not fit in
     /// a sender invocation, and the health function does it.
@@ -44,6 +55,7 @@ impl Default for CoreConfig {
             sender: SenderConfig::default(),
             operations_account: None,
             max_payload_bytes: crate::domain::event::MAX_PAYLOAD_BYTES,
+            publish_rate: None,
             disable_on_attempt: true,
             retention: Duration::from_secs(30 * 86_400),
         }
@@ -53,6 +65,19 @@ impl Default for CoreConfig {
 impl CoreConfig {
     pub fn address_policy(&self) -> &AddressPolicy {
         &self.sender.policy
+    }
+
+    /// The largest request body a publish may send: the webhook body limit plus room for
+    /// the event's id and type and for whitespace the compact body drops.
+    pub fn body_limit(&self) -> usize {
+        self.max_payload_bytes + 16 * 1024
+    }
+
+    /// The largest body of a batch publish: [`MAX_BATCH`](crate::service::publish::MAX_BATCH)
+    /// events at most, together within 4 MiB (what one DynamoDB transaction holds), and
+    /// never less than what one event may be.
+    pub fn batch_body_limit(&self) -> usize {
+        (4 * 1024 * 1024).max(self.body_limit())
     }
 
     /// This configuration with the [`CORE_SETTINGS`] that `get` has (asked by variable
@@ -108,6 +133,32 @@ impl CoreConfig {
                 ));
             }
         }
+        if let Some(raw) = get("HOOKLANE_MAX_PAYLOAD") {
+            self.max_payload_bytes = parse_size(raw, "HOOKLANE_MAX_PAYLOAD")?;
+            if !(1024..=MAX_PAYLOAD_CEILING).contains(&self.max_payload_bytes) {
+                return Err(InvalidField::new(
+                    "HOOKLANE_MAX_PAYLOAD",
+                    format!("must be from 1KiB to {}MiB", MAX_PAYLOAD_CEILING >> 20),
+                ));
+            }
+        }
+        let burst = get("HOOKLANE_PUBLISH_BURST")
+            .map(|raw| parse_count(raw, "HOOKLANE_PUBLISH_BURST"))
+            .transpose()?;
+        match get("HOOKLANE_PUBLISH_RATE") {
+            Some(raw) => {
+                let per_second = parse_count(raw, "HOOKLANE_PUBLISH_RATE")?;
+                let rate = PublishRate::new(per_second, burst, "HOOKLANE_PUBLISH_RATE")?;
+                self.publish_rate = Some(rate);
+            }
+            None if burst.is_some() => {
+                return Err(InvalidField::new(
+                    "HOOKLANE_PUBLISH_BURST",
+                    "is set without HOOKLANE_PUBLISH_RATE",
+                ))
+            }
+            None => {}
+        }
         if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
             self.operations_account = Some(
                 AccountId::parse(raw)
@@ -116,6 +167,38 @@ impl CoreConfig {
         }
         Ok(self)
     }
+}
+
+/// Parses a whole number of events (a rate or a burst).
+fn parse_count(raw: &str, field: &'static str) -> Result<u32, InvalidField> {
+    raw.trim()
+        .strip_suffix("/s")
+        .unwrap_or(raw.trim())
+        .parse()
+        .map_err(|_| InvalidField::new(field, format!("`{raw}` is not a whole number of events")))
+}
+
+/// Parses a size: a number of bytes, or with `KiB` or `MiB` after it.
+pub fn parse_size(raw: &str, field: &'static str) -> Result<usize, InvalidField> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (number, unit) = raw.split_at(split);
+    let unit = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        other => {
+            return Err(InvalidField::new(
+                field,
+                format!("unknown unit `{other}` (use bytes, KiB or MiB, as in 256KiB)"),
+            ))
+        }
+    };
+    number
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| InvalidField::new(field, format!("`{raw}` is not a size like 256KiB")))
 }
 
 /// Parses `3d`, `12h`, `30m`, `45s`, `500ms` or a plain number of seconds.
@@ -166,6 +249,9 @@ mod tests {
             ("HOOKLANE_DISABLE_AFTER", " 2h "),
             ("HOOKLANE_RETRY_SCHEDULE", ""),
             ("HOOKLANE_RETENTION", "7d"),
+            ("HOOKLANE_MAX_PAYLOAD", "64KiB"),
+            ("HOOKLANE_PUBLISH_RATE", "50"),
+            ("HOOKLANE_PUBLISH_BURST", "200"),
         ]);
         let core = CoreConfig::default()
             .with_settings(|name| vars.get(name).copied())
@@ -174,6 +260,20 @@ mod tests {
         assert_eq!(core.sender.policy.allow_list().len(), 2);
         assert_eq!(core.disable_after, Duration::from_secs(7200));
         assert_eq!(core.retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(core.max_payload_bytes, 64 * 1024);
+        assert_eq!(
+            core.publish_rate,
+            Some(PublishRate {
+                per_second: 50,
+                burst: 200
+            })
+        );
+        let defaults = CoreConfig::default().with_settings(|_| None).unwrap();
+        assert_eq!(defaults.max_payload_bytes, 256 * 1024);
+        assert_eq!(
+            defaults.publish_rate, None,
+            "no publish limit unless configured"
+        );
         assert_eq!(
             core.retry.schedule,
             RetrySchedule::default(),
@@ -187,6 +287,13 @@ mod tests {
             ("HOOKLANE_OPERATIONS_ACCOUNT", "not an id!"),
             ("HOOKLANE_RETENTION", "0"),
             ("HOOKLANE_RETENTION", "forever"),
+            ("HOOKLANE_MAX_PAYLOAD", "lots"),
+            ("HOOKLANE_MAX_PAYLOAD", "1GiB"),
+            ("HOOKLANE_MAX_PAYLOAD", "100"),
+            ("HOOKLANE_MAX_PAYLOAD", "64MiB"),
+            ("HOOKLANE_PUBLISH_RATE", "fast"),
+            ("HOOKLANE_PUBLISH_RATE", "0"),
+            ("HOOKLANE_PUBLISH_BURST", "10"),
         ] {
             let err = CoreConfig::default()
                 .with_settings(|name| (name == variable).then_some(bad))

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dispatcher;
 pub mod domain;
 pub mod http;
+pub mod limits;
 pub mod notify;
 pub mod queue;
 pub mod service;

@@ -478,6 +478,7 @@ async fn set_up_acme(shape: &AwsShape, url: String) -> AccountId {
             id: Some("acme".into()),
             name: "Acme".into(),
             owner_email: "owner@acme.example".into(),
+            ..NewAccount::default()
         },
     )
     .await

@@ -16,6 +16,7 @@ mod health;
 mod hostile;
 mod iam;
 mod isolation;
+mod limits;
 mod metrics;
 mod outbox;
 mod relay;

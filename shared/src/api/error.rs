@@ -14,6 +14,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
+    /// Whole seconds for a `Retry-After` header (429).
+    pub retry_after: Option<u64>,
 }
 
 /// The one error shape of the API.
@@ -41,6 +43,7 @@ impl ApiError {
             code,
             message: message.into(),
             field: None,
+            retry_after: None,
         }
     }
 
@@ -82,6 +85,11 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("Bearer"),
             );
         }
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
         response
     }
 }
@@ -115,6 +123,23 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
             ServiceError::TooLarge(message) => {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+            }
+            ServiceError::RateLimited {
+                per_second,
+                burst,
+                retry_after,
+            } => {
+                // Whole seconds, rounded up: a client that waits as told finds a token.
+                let seconds = retry_after.as_millis().div_ceil(1000).max(1);
+                let mut error = Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!(
+                        "this account may publish {per_second} events/s (bursts of {burst}); retry in {seconds} s"
+                    ),
+                );
+                error.retry_after = Some(u64::try_from(seconds).unwrap_or(u64::MAX));
+                error
             }
             ServiceError::Store(StoreError::NotFound(what)) => Self::not_found(what),
             // The platform wrote it malformed; reading it again will not change that.

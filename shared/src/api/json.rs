@@ -3,13 +3,56 @@
 use axum::{
     body::Bytes,
     extract::{FromRequest, Request},
-    http::{header::CONTENT_TYPE, StatusCode},
+    http::{
+        header::{CONTENT_LENGTH, CONTENT_TYPE},
+        StatusCode,
+    },
 };
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
 pub struct JsonBody<T>(pub T);
+
+/// The most bytes a request's body may have, set per request by [`limit_body`].
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+/// The 413 answer, naming the limit.
+pub fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the request body is larger than the limit of {limit} bytes"),
+    )
+}
+
+/// Sets the request's [`BodyLimit`] (a batch publish's, or every other route's) and refuses
+/// a request whose `Content-Length` is over it before a byte of the body is read. A body
+/// without a length (chunked) is cut off by [`JsonBody`] at the first byte past the limit.
+pub async fn limit_body(
+    axum::extract::State(state): axum::extract::State<super::ApiState>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let config = &state.app.config;
+    let limit = if request.uri().path().ends_with("/events/batch") {
+        config.batch_body_limit()
+    } else {
+        config.body_limit()
+    };
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return axum::response::IntoResponse::into_response(too_large(limit));
+    }
+    request.extensions_mut().insert(BodyLimit(limit));
+    next.run(request).await
+}
 
 impl<S, T> FromRequest<S> for JsonBody<T>
 where
@@ -41,23 +84,29 @@ where
                 "send a JSON body with `Content-Type: application/json`",
             ));
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "payload_too_large",
-                        "request body is too large",
-                    )
-                } else {
+        let bytes = match request.extensions().get::<BodyLimit>().copied() {
+            // Read chunk by chunk, stopping at the first byte past the limit.
+            Some(BodyLimit(limit)) => Limited::new(request.into_body(), limit)
+                .collect()
+                .await
+                .map(|body| body.to_bytes())
+                .map_err(|error| {
+                    if error.is::<LengthLimitError>() {
+                        too_large(limit)
+                    } else {
+                        ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", error.to_string())
+                    }
+                })?,
+            None => Bytes::from_request(request, state)
+                .await
+                .map_err(|rejection| {
                     ApiError::new(
                         StatusCode::BAD_REQUEST,
                         "invalid_body",
                         rejection.body_text(),
                     )
-                }
-            })?;
+                })?,
+        };
         parse_object(&bytes).map(JsonBody)
     }
 }
@@ -135,6 +184,10 @@ pub mod whole {
         value
             .and_then(|v| T::try_from(v).ok())
             .ok_or_else(|| E::custom(format!("expected a whole number in range, got {number}")))
+    }
+
+    pub fn required<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
+        convert(&serde_json::Number::deserialize(d)?)
     }
 
     pub fn option<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {

@@ -6,7 +6,7 @@ use axum::{extract::DefaultBodyLimit, middleware, routing::get, Extension, Route
 use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::{tokens::TokenKey, App};
+use crate::{limits::PublishBuckets, tokens::TokenKey, App};
 
 pub mod auth;
 pub mod error;
@@ -26,6 +26,8 @@ pub struct ApiState {
     pub admin_token: Arc<str>,
     /// Signs and verifies account tokens.
     pub token_key: Arc<TokenKey>,
+    /// The accounts' publish rate buckets.
+    pub publish_limits: Arc<dyn PublishBuckets>,
 }
 
 /// The route list, written once: each `routes!` registers its handlers with axum and their
@@ -34,7 +36,7 @@ pub struct ApiState {
 fn v1_routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
         .routes(routes!(routes::create_account))
-        .routes(routes!(routes::get_account))
+        .routes(routes!(routes::get_account, routes::update_account))
         .routes(routes!(routes::create_endpoint, routes::list_endpoints))
         .routes(routes!(
             routes::get_endpoint,
@@ -76,7 +78,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
 /// The whole API. Everything under `/v1` needs a bearer token; `/health`, `/openapi.json`
 /// and the static page under `/ui` do not.
 pub fn router(state: ApiState) -> Router {
-    let body_limit = state.app.config.max_payload_bytes + 64 * 1024;
+    // The extractors other than `JsonBody` (which reads `json::BodyLimit`) stop here.
+    let body_limit = state.app.config.batch_body_limit();
     let authenticated = v1_routes().route_layer(middleware::from_fn_with_state(
         state.clone(),
         auth::authenticate,
@@ -100,6 +103,10 @@ pub fn router(state: ApiState) -> Router {
             )
         })
         .layer(middleware::map_response(normalize::json_errors))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            json::limit_body,
+        ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(Extension(Arc::new(document)))
         .with_state(state)

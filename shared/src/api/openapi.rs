@@ -108,7 +108,7 @@ pub enum ReadErrors {
 pub enum BodyErrors {
     #[response(
         status = 413,
-        description = "The body or the event is larger than allowed (256 KiB)"
+        description = "The request body is over its limit (the message names it; a `Content-Length` over it is refused before the body is read), or an event's webhook body is over `HOOKLANE_MAX_PAYLOAD` (256 KiB by default). A request body may be 16 KiB more than `HOOKLANE_MAX_PAYLOAD`; a batch's, 4 MiB"
     )]
     TooLarge(ErrorBody<'static>),
     #[response(status = 415, description = "The body is not `application/json`")]
@@ -118,6 +118,17 @@ pub enum BodyErrors {
         description = "A field is well-formed but not acceptable; `field` names it"
     )]
     Unprocessable(ErrorBody<'static>),
+}
+
+/// What the publish routes answer besides [`ReadErrors`] and [`BodyErrors`].
+#[derive(IntoResponses)]
+pub enum PublishErrors {
+    #[response(
+        status = 429,
+        description = "The account's publish rate limit is used up (its own, or the configured default; a batch takes one token per event). Nothing was written",
+        headers(("Retry-After" = u64, description = "Whole seconds until the publish would be accepted"))
+    )]
+    TooManyRequests(ErrorBody<'static>),
 }
 
 #[derive(IntoParams)]

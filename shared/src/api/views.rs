@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     clock::Timestamp,
-    domain::{Account, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope},
+    domain::{rate::PublishRate, Account, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope},
     service::tokens::MintedToken,
 };
 
@@ -23,6 +23,17 @@ pub struct AccountView<'a> {
     pub owner_email: &'a str,
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    /// The account's own publish rate limit; `null` when the configured default applies.
+    #[schema(value_type = Option<PublishRateView>)]
+    pub publish_rate_limit: Option<PublishRate>,
+}
+
+/// A publish rate limit: `per_second` events a second on average, bursts of up to `burst`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PublishRateView {
+    per_second: u32,
+    burst: u32,
 }
 
 impl<'a> From<&'a Account> for AccountView<'a> {
@@ -32,6 +43,7 @@ impl<'a> From<&'a Account> for AccountView<'a> {
             name: &a.name,
             owner_email: a.owner_email.as_str(),
             created_at: a.created_at,
+            publish_rate_limit: a.publish_rate_limit,
         }
     }
 }

@@ -61,6 +61,8 @@ fn router_for(shape: &AwsShape, admin_token: String, token_key: TokenKey) -> axu
         app: shape.app.clone(),
         admin_token: admin_token.into(),
         token_key: Arc::new(token_key),
+        // The control table's buckets: every api function instance takes from the same one.
+        publish_limits: shape.slots.clone(),
     })
 }
 

@@ -21,6 +21,9 @@ fn invalid(variable: &'static str, message: impl Into<String>) -> SettingsError 
     }
 }
 
+/// The largest `HOOKLANE_MAX_PAYLOAD` on AWS.
+pub const MAX_AWS_PAYLOAD: usize = 350 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct AwsSettings {
     pub tables: TableNames,
@@ -64,6 +67,16 @@ impl AwsSettings {
         }
         .with_settings(|name| vars.get(name).map(String::as_str))
         .map_err(|e| invalid(e.field, e.message))?;
+        // An event is one DynamoDB item, which holds 400 KB with its other attributes.
+        if core.max_payload_bytes > MAX_AWS_PAYLOAD {
+            return Err(invalid(
+                "HOOKLANE_MAX_PAYLOAD",
+                format!(
+                    "is at most {}KiB on AWS (a DynamoDB item holds 400 KB)",
+                    MAX_AWS_PAYLOAD >> 10
+                ),
+            ));
+        }
         let sweep_grace = match get("HOOKLANE_SWEEP_GRACE") {
             Some(raw) => parse_duration(raw, "HOOKLANE_SWEEP_GRACE")
                 .map_err(|e| invalid("HOOKLANE_SWEEP_GRACE", e.message))?,
@@ -152,6 +165,18 @@ mod tests {
         );
         let err = AwsSettings::from_vars(&environment(&base[..2])).unwrap_err();
         assert_eq!(err.variable, "HOOKLANE_QUEUE_ARN");
+        let mut big = base.to_vec();
+        big.push(("HOOKLANE_MAX_PAYLOAD", "1MiB"));
+        let err = AwsSettings::from_vars(&environment(&big)).unwrap_err();
+        assert_eq!(err.variable, "HOOKLANE_MAX_PAYLOAD");
+        let mut limited = base.to_vec();
+        limited.extend([
+            ("HOOKLANE_MAX_PAYLOAD", "128KiB"),
+            ("HOOKLANE_PUBLISH_RATE", "20"),
+        ]);
+        let settings = AwsSettings::from_vars(&environment(&limited)).unwrap();
+        assert_eq!(settings.core.max_payload_bytes, 128 * 1024);
+        assert_eq!(settings.core.publish_rate.map(|r| r.per_second), Some(20));
         let mut half = base.to_vec();
         half.push(("HOOKLANE_SCHEDULE_GROUP", "g"));
         assert!(AwsSettings::from_vars(&environment(&half)).is_err());

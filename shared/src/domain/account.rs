@@ -48,6 +48,8 @@ pub struct Account {
     pub name: String,
     pub owner_email: EmailAddress,
     pub created_at: Timestamp,
+    /// This account's publish rate limit, instead of the configured default.
+    pub publish_rate_limit: Option<super::rate::PublishRate>,
 }
 
 pub const MAX_NAME_LEN: usize = 200;

@@ -1,6 +1,6 @@
 use super::{ServiceError, ServiceResult};
 use crate::{
-    domain::{account, Account, AccountId, EmailAddress},
+    domain::{account, rate::PublishRate, Account, AccountId, EmailAddress},
     App,
 };
 
@@ -9,6 +9,31 @@ pub struct NewAccount {
     pub id: Option<String>,
     pub name: String,
     pub owner_email: String,
+    pub publish_rate_limit: Option<PublishRate>,
+}
+
+/// A change to an account; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct AccountChange {
+    pub name: Option<String>,
+    pub owner_email: Option<String>,
+    /// `Some(None)` removes the account's own limit (the default applies again).
+    pub publish_rate_limit: Option<Option<PublishRate>>,
+}
+
+pub async fn update(app: &App, id: &AccountId, change: AccountChange) -> ServiceResult<Account> {
+    let mut account = get(app, id).await?;
+    if let Some(name) = change.name {
+        account.name = account::parse_name(&name)?;
+    }
+    if let Some(email) = change.owner_email {
+        account.owner_email = EmailAddress::parse(&email)?;
+    }
+    if let Some(limit) = change.publish_rate_limit {
+        account.publish_rate_limit = limit;
+    }
+    app.store.update_account(&account).await?;
+    Ok(account)
 }
 
 pub async fn create(app: &App, input: NewAccount) -> ServiceResult<Account> {
@@ -21,6 +46,7 @@ pub async fn create(app: &App, input: NewAccount) -> ServiceResult<Account> {
         name: account::parse_name(&input.name)?,
         owner_email: EmailAddress::parse(&input.owner_email)?,
         created_at: app.clock.now(),
+        publish_rate_limit: input.publish_rate_limit,
     };
     app.store.create_account(&account).await?;
     Ok(account)

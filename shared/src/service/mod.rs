@@ -26,6 +26,13 @@ pub enum ServiceError {
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
+    /// The account's publish rate limit is used up; a token is back after `retry_after`.
+    #[error("publish rate limit of {per_second} events/s (bursts of {burst}) reached")]
+    RateLimited {
+        per_second: u32,
+        burst: u32,
+        retry_after: std::time::Duration,
+    },
     #[error(transparent)]
     Store(StoreError),
     #[error(transparent)]

@@ -1,8 +1,10 @@
 use super::{ServiceError, ServiceResult};
 use crate::{
     domain::{
-        deliveries_to, AccountId, Delivery, Endpoint, Event, EventId, EventType, InvalidField,
+        deliveries_to, Account, AccountId, Delivery, Endpoint, Event, EventId, EventType,
+        InvalidField,
     },
+    limits::{PublishBuckets, Unlimited},
     store::{PendingRef, PublishOutcome, PutEventOutcome},
     App, PublishMode,
 };
@@ -29,10 +31,21 @@ pub struct Published {
 /// creates and queues the deliveries listed here (their ids are derived from the event and
 /// the endpoint, so the fan-out gives them exactly these).
 pub async fn publish(app: &App, account: &AccountId, input: NewEvent) -> ServiceResult<Published> {
+    publish_limited(app, &Unlimited, account, input).await
+}
+
+/// [`publish`] within the account's publish rate limit: `RateLimited` when it is used up.
+pub async fn publish_limited(
+    app: &App,
+    limits: &dyn PublishBuckets,
+    account: &AccountId,
+    input: NewEvent,
+) -> ServiceResult<Published> {
     let event = new_event(app, account, input, app.clock.now())?;
-    if app.store.get_account(account).await?.is_none() {
+    let Some(stored) = app.store.get_account(account).await? else {
         return Err(ServiceError::NotFound("account"));
-    }
+    };
+    take_publish_tokens(app, limits, &stored, 1).await?;
     let endpoints = app.store.list_endpoints(account).await?;
     match app.publish {
         PublishMode::WithDeliveries => with_deliveries(app, event, &endpoints).await,
@@ -118,6 +131,16 @@ pub async fn publish_batch(
     account: &AccountId,
     inputs: Vec<NewEvent>,
 ) -> ServiceResult<Vec<Published>> {
+    publish_batch_limited(app, &Unlimited, account, inputs).await
+}
+
+/// [`publish_batch`] within the account's publish rate limit, each event taking a token.
+pub async fn publish_batch_limited(
+    app: &App,
+    limits: &dyn PublishBuckets,
+    account: &AccountId,
+    inputs: Vec<NewEvent>,
+) -> ServiceResult<Vec<Published>> {
     if inputs.is_empty() {
         return Err(InvalidField::new("events", "a batch holds at least one event").into());
     }
@@ -149,9 +172,17 @@ pub async fn publish_batch(
         }
         events.push(event);
     }
-    if app.store.get_account(account).await?.is_none() {
+    let Some(stored) = app.store.get_account(account).await? else {
         return Err(ServiceError::NotFound("account"));
-    }
+    };
+    // One token per event: a batch counts as its events do.
+    take_publish_tokens(
+        app,
+        limits,
+        &stored,
+        u32::try_from(events.len()).unwrap_or(u32::MAX),
+    )
+    .await?;
     let endpoints = app.store.list_endpoints(account).await?;
     let with_deliveries = app.publish == PublishMode::WithDeliveries;
     let items: Vec<crate::store::BatchItem> = events
@@ -205,6 +236,33 @@ pub async fn publish_batch(
         }
     }
     Ok(published)
+}
+
+/// Takes `n` tokens of the account's publish limit (its own, or the configured default);
+/// `RateLimited` when they are not there. A bucket that cannot be read lets the publish
+/// through: the limit protects the service, and refusing every publish while the control
+/// table is unreachable would be the outage it is meant to prevent.
+async fn take_publish_tokens(
+    app: &App,
+    limits: &dyn PublishBuckets,
+    account: &Account,
+    n: u32,
+) -> ServiceResult<()> {
+    let Some(rate) = account.publish_rate_limit.or(app.config.publish_rate) else {
+        return Ok(());
+    };
+    match limits.take(&account.id, rate, n).await {
+        Ok(None) => Ok(()),
+        Ok(Some(retry_after)) => Err(ServiceError::RateLimited {
+            per_second: rate.per_second,
+            burst: rate.burst,
+            retry_after,
+        }),
+        Err(error) => {
+            tracing::warn!(account = %account.id, %error, "publish rate bucket unavailable; publish let through");
+            Ok(())
+        }
+    }
 }
 
 /// An event checked as `publish` checks it: id, type, size.

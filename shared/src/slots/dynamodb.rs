@@ -8,6 +8,7 @@
 //!   re-queued message comes back (epoch ms): deliveries that found every slot held, for a
 //!   holder with time left to take meanwhile (at most `WAITING_MAX`, a hint only).
 //! - `rate#{endpoint}`: `tokens` (in thousandths) and `refilled_at` (epoch ms).
+//! - `publish#{account}`: the account's publish bucket, the same two attributes.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -24,7 +25,11 @@ use super::{RateLimiter, SlotError, SlotLeases, SlotToken, WAITING_MAX};
 use crate::{
     aws::error_text,
     clock::{from_millis, to_millis, Clock, Timestamp},
-    domain::{rate::TokenBucket, DeliveryId, EndpointId},
+    domain::{
+        rate::{PublishRate, TokenBucket},
+        AccountId, DeliveryId, EndpointId,
+    },
+    limits::{LimitError, PublishBuckets},
 };
 
 /// Tries of one acquire when other senders change the same item at the same moment.
@@ -653,6 +658,57 @@ impl RateLimiter for DynamoSlots {
     }
 }
 
+#[async_trait]
+impl PublishBuckets for DynamoSlots {
+    async fn take(
+        &self,
+        account: &AccountId,
+        rate: PublishRate,
+        n: u32,
+    ) -> Result<Option<Duration>, LimitError> {
+        let pk = format!("publish#{account}");
+        let failed = |e: SlotError| LimitError(e.0);
+        for try_number in 0..CONTENDED_TRIES {
+            let item = self.read(&pk).await.map_err(failed)?;
+            let now = to_millis(self.clock.now());
+            let (version, stored) = match &item {
+                Some(item) => (
+                    read_number::<u64>(item, "version"),
+                    read_number(item, "tokens")
+                        .zip(read_number(item, "refilled_at"))
+                        .map(|(milli_tokens, refilled_at_ms)| TokenBucket {
+                            milli_tokens,
+                            refilled_at_ms,
+                        }),
+                ),
+                None => (None, None),
+            };
+            let bucket = match crate::limits::decide(stored, rate, n, now) {
+                Ok(bucket) => bucket,
+                Err(wait) => return Ok(Some(wait)),
+            };
+            let written = self
+                .write_if_version(
+                    &pk,
+                    version,
+                    vec![
+                        ("tokens", number(bucket.milli_tokens)),
+                        ("refilled_at", number(bucket.refilled_at_ms)),
+                    ],
+                )
+                .await
+                .map_err(failed)?;
+            if written {
+                return Ok(None);
+            }
+            back_off(try_number).await;
+        }
+        // Every try lost to another publish of the same account at the same moment: the
+        // bucket is contended, which only a busy account sees.
+        Ok(Some(Duration::from_secs(1)))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use std::sync::{
@@ -894,6 +950,31 @@ pub(crate) mod tests {
             slots.try_take(&other, 1).await.unwrap(),
             "buckets are per endpoint"
         );
+    }
+
+    #[tokio::test]
+    async fn the_publish_bucket_holds_the_burst_per_account() {
+        let clock = Arc::new(ManualClock::new(crate::clock::from_millis(
+            1_700_000_000_000,
+        )));
+        let slots = slots_on(clock.clone()).await;
+        let rate = PublishRate::new(2, Some(4), "x").unwrap();
+        let acme = AccountId::parse("acme").unwrap();
+        let mut allowed = 0;
+        let mut wait = None;
+        for _ in 0..6 {
+            match slots.take(&acme, rate, 1).await.unwrap() {
+                None => allowed += 1,
+                Some(w) => wait = Some(w),
+            }
+        }
+        assert_eq!(allowed, 4, "a full bucket holds the burst");
+        assert_eq!(wait, Some(Duration::from_millis(500)));
+        let other = AccountId::parse("other").unwrap();
+        assert_eq!(slots.take(&other, rate, 1).await.unwrap(), None);
+        clock.advance(Duration::from_millis(500));
+        assert_eq!(slots.take(&acme, rate, 1).await.unwrap(), None);
+        assert!(slots.take(&acme, rate, 1).await.unwrap().is_some());
     }
 
     fn delivery(n: usize) -> DeliveryId {

@@ -270,6 +270,8 @@ macro_rules! store_port {
 store_port! { $
     async fn create_account(&self, account: &Account) -> StoreResult<()>;
     async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>>;
+    /// Rewrites an existing account (its id stays); `NotFound` when there is none.
+    async fn update_account(&self, account: &Account) -> StoreResult<()>;
 
     async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
     async fn get_endpoint(

@@ -19,6 +19,7 @@ fn router() -> axum::Router {
         app,
         admin_token: ADMIN.into(),
         token_key: Arc::new(TokenKey::generate()),
+        publish_limits: Arc::new(hooklane::limits::Unlimited),
     })
 }
 

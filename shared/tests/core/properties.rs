@@ -66,6 +66,7 @@ async fn seeded() -> (App, axum::Router) {
         app: app.clone(),
         admin_token: TOKEN.into(),
         token_key: Arc::new(hooklane::tokens::TokenKey::generate()),
+        publish_limits: Arc::new(hooklane::limits::Unlimited),
     });
     let account = br#"{"id":"acme","name":"Acme","owner_email":"o@acme.example"}"#.to_vec();
     let (status, _) = call(&router, "POST", "/v1/accounts", Some(account), Some(TOKEN)).await;

@@ -13,6 +13,7 @@ use hooklane::store::{
 };
 use hooklane::{
     clock::{add, Timestamp},
+    domain::rate::PublishRate,
     domain::{
         AccountId, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
         EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
@@ -85,6 +86,27 @@ pub async fn accounts_and_endpoints(store: &dyn Store) {
             .unwrap(),
         None
     );
+    // An account's own publish limit is kept, changed and removed.
+    let mut limited = acme.clone();
+    limited.publish_rate_limit = Some(PublishRate {
+        per_second: 5,
+        burst: 20,
+    });
+    limited.name = "Acme Renamed".into();
+    store.update_account(&limited).await.unwrap();
+    assert_eq!(
+        store.get_account(&acme.id).await.unwrap(),
+        Some(limited.clone())
+    );
+    store.update_account(&acme).await.unwrap();
+    assert_eq!(
+        store.get_account(&acme.id).await.unwrap(),
+        Some(acme.clone())
+    );
+    assert!(matches!(
+        store.update_account(&account("nobody")).await,
+        Err(StoreError::NotFound(_))
+    ));
 
     let second = endpoint("acme", "ep_b", add(t0(), secs(1)));
     let mut first = endpoint("acme", "ep_a", t0());

@@ -26,6 +26,7 @@ pub fn account(id: &str) -> Account {
         name: format!("Account {id}"),
         owner_email: EmailAddress::parse("owner@example.com").unwrap(),
         created_at: t0(),
+        publish_rate_limit: None,
     }
 }
 

@@ -57,6 +57,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
                 name: id.to_string(),
                 owner_email: EmailAddress::from_trusted(format!("ops@{id}.example")),
                 created_at: at(0),
+                publish_rate_limit: None,
             })
             .await
             .expect("account");

@@ -1,7 +1,7 @@
-//! Accounts: create one (admin), read one.
+//! Accounts: create one (admin), read one, change one (admin).
 
 use super::*;
-use crate::service::accounts;
+use crate::{domain::rate::PublishRate, service::accounts};
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -14,6 +14,27 @@ pub struct CreateAccount {
     /// Told when an endpoint is disabled.
     #[schema(format = "email", example = "ops@acme.example")]
     owner_email: String,
+    /// This account's own publish rate limit; without one, the configured default applies.
+    publish_rate_limit: Option<PublishRateLimit>,
+}
+
+/// A publish rate limit: `per_second` events a second on average, bursts of up to `burst`.
+#[derive(Deserialize, ToSchema, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRateLimit {
+    #[serde(deserialize_with = "whole::required")]
+    #[schema(minimum = 1, maximum = 1000000, example = 50)]
+    per_second: u32,
+    /// `per_second` when absent.
+    #[serde(default, deserialize_with = "whole::option")]
+    #[schema(minimum = 1, maximum = 1000000, example = 200)]
+    burst: Option<u32>,
+}
+
+impl PublishRateLimit {
+    fn checked(self) -> Result<PublishRate, crate::domain::InvalidField> {
+        PublishRate::new(self.per_second, self.burst, "publish_rate_limit")
+    }
 }
 
 #[utoipa::path(
@@ -35,6 +56,10 @@ pub async fn create_account(
             id: body.id,
             name: body.name,
             owner_email: body.owner_email,
+            publish_rate_limit: body
+                .publish_rate_limit
+                .map(PublishRateLimit::checked)
+                .transpose()?,
         },
     )
     .await?;
@@ -54,5 +79,50 @@ pub async fn get_account(
     Scoped(account): Scoped,
 ) -> ApiResult<Response> {
     let account = accounts::get(&state.app, &account).await?;
+    Ok(Json(AccountView::from(&account)).into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateAccount {
+    #[schema(min_length = 1, max_length = 200)]
+    name: Option<String>,
+    #[schema(format = "email")]
+    owner_email: Option<String>,
+    /// `null` removes the account's own limit: the configured default applies again.
+    #[serde(default, deserialize_with = "double_option")]
+    publish_rate_limit: Option<Option<PublishRateLimit>>,
+}
+
+#[utoipa::path(
+    patch,
+    path = "/v1/accounts/{account}",
+    tag = "accounts",
+    summary = "Changes an account (admin only); absent fields stay, `null` clears an optional one.",
+    params(AccountPath),
+    request_body = UpdateAccount,
+    responses((status = 200, description = "The account as changed", body = AccountView), ReadErrors, BodyErrors),
+)]
+pub async fn update_account(
+    State(state): State<ApiState>,
+    _admin: AdminOnly,
+    Scoped(account): Scoped,
+    JsonBody(body): JsonBody<UpdateAccount>,
+) -> ApiResult<Response> {
+    let publish_rate_limit = match body.publish_rate_limit {
+        Some(Some(limit)) => Some(Some(limit.checked()?)),
+        Some(None) => Some(None),
+        None => None,
+    };
+    let account = accounts::update(
+        &state.app,
+        &account,
+        accounts::AccountChange {
+            name: body.name,
+            owner_email: body.owner_email,
+            publish_rate_limit,
+        },
+    )
+    .await?;
     Ok(Json(AccountView::from(&account)).into_response())
 }

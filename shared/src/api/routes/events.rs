@@ -29,15 +29,16 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), ReadErrors, BodyErrors),
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), ReadErrors, BodyErrors, PublishErrors),
 )]
 pub async fn publish_event(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
     JsonBody(body): JsonBody<PublishEvent>,
 ) -> ApiResult<Response> {
-    let published = publish::publish(
+    let published = publish::publish_limited(
         &state.app,
+        state.publish_limits.as_ref(),
         &account,
         publish::NewEvent {
             id: body.id,
@@ -74,7 +75,7 @@ pub struct PublishBatch {
     description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. On the embedded shape the batch is one transaction; on the AWS shape the events are written in one transaction per 100 events or 4 MB, and a retry of the same batch completes one that failed part-way.",
     params(AccountPath),
     request_body = PublishBatch,
-    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), ReadErrors, BodyErrors),
+    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), ReadErrors, BodyErrors, PublishErrors),
 )]
 pub async fn publish_batch(
     State(state): State<ApiState>,
@@ -90,7 +91,9 @@ pub async fn publish_batch(
             data: e.data,
         })
         .collect();
-    let published = publish::publish_batch(&state.app, &account, inputs).await?;
+    let published =
+        publish::publish_batch_limited(&state.app, state.publish_limits.as_ref(), &account, inputs)
+            .await?;
     let results = published
         .iter()
         .map(|p| BatchResult {

@@ -20,7 +20,7 @@ use super::{
     openapi::{
         AccountPath, AttemptList, BodyErrors, DeliveryFilters, DeliveryList, DeliveryPath,
         EndpointFilter, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
-        PageParams, ReadErrors, ReplayList, ReplayableStatus,
+        PageParams, PublishErrors, ReadErrors, ReplayList, ReplayableStatus,
     },
     views::{
         AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView, ReplayView,

@@ -119,6 +119,39 @@ fn the_https_only_parameter_reaches_every_function() {
     }
 }
 
+/// The publish limits reach the api function from the template's parameters: none and
+/// 256 KiB by default.
+#[test]
+fn the_publish_limit_parameters_reach_the_api_function() {
+    use crate::aws::settings::AwsSettings;
+    for (parameters, rate, payload) in [
+        (&[][..], None, 256 * 1024),
+        (
+            &[
+                ("PublishRate", "50"),
+                ("PublishBurst", "80"),
+                ("MaxPayload", "128KiB"),
+            ][..],
+            Some((50, 80)),
+            128 * 1024,
+        ),
+    ] {
+        let stack = Stack::new("st", "eu-west-1", "111122223333", parameters).unwrap();
+        let vars = stack
+            .function_env("ApiFunction")
+            .unwrap()
+            .into_iter()
+            .collect();
+        let settings = AwsSettings::from_vars(&vars).unwrap();
+        assert_eq!(
+            settings.core.publish_rate.map(|r| (r.per_second, r.burst)),
+            rate,
+            "{parameters:?}"
+        );
+        assert_eq!(settings.core.max_payload_bytes, payload, "{parameters:?}");
+    }
+}
+
 /// `HOOKLANE_RETENTION` reaches every function from the `Retention` parameter, and every
 /// table that grows with traffic expires its items through TTL on the attribute the store
 /// writes. Accounts and endpoints are the platform's configuration, kept until deleted.

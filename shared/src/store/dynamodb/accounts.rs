@@ -28,6 +28,20 @@ impl DynamoStore {
             .transpose()
     }
 
+    pub(super) async fn update_account(&self, account: &Account) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.accounts)
+            .set_item(Some(account_item(account)))
+            .condition_expression("attribute_exists(id)")
+            .send()
+            .await;
+        written(result)?
+            .map(|_| ())
+            .ok_or(StoreError::NotFound("account"))
+    }
+
     pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
         let result = self
             .client

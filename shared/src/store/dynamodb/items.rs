@@ -183,12 +183,17 @@ pub(super) fn walk_state(watermark: Option<i64>, walking: Option<(Timestamp, &st
 }
 
 pub(super) fn account_item(account: &Account) -> Item {
-    Item::from([
+    let mut item = Item::from([
         ("id".into(), s(account.id.as_str())),
         ("name".into(), s(&account.name)),
         ("owner_email".into(), s(account.owner_email.as_str())),
         ("created_at".into(), n(to_millis(account.created_at))),
-    ])
+    ]);
+    if let Some(rate) = account.publish_rate_limit {
+        item.insert("publish_rate".into(), n(rate.per_second));
+        item.insert("publish_burst".into(), n(rate.burst));
+    }
+    item
 }
 
 pub(super) fn account_from_item(item: &Item) -> StoreResult<Account> {
@@ -197,6 +202,15 @@ pub(super) fn account_from_item(item: &Item) -> StoreResult<Account> {
         name: get_s(item, "name")?,
         owner_email: EmailAddress::from_trusted(get_s(item, "owner_email")?),
         created_at: from_millis(get_n(item, "created_at")?),
+        publish_rate_limit: match (
+            opt_n::<u32>(item, "publish_rate")?,
+            opt_n::<u32>(item, "publish_burst")?,
+        ) {
+            (Some(per_second), Some(burst)) => {
+                Some(crate::domain::rate::PublishRate { per_second, burst })
+            }
+            _ => None,
+        },
     })
 }
 

@@ -9,12 +9,15 @@ impl SqliteStore {
         let account = account.clone();
         self.run(move |conn| {
             conn.execute(
-                "INSERT INTO accounts (id, name, owner_email, created_at) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO accounts (id, name, owner_email, created_at, publish_rate, publish_burst) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
                     account.id.as_str(),
                     account.name,
                     account.owner_email.as_str(),
-                    to_millis(account.created_at)
+                    to_millis(account.created_at),
+                    account.publish_rate_limit.map(|r| r.per_second),
+                    account.publish_rate_limit.map(|r| r.burst),
                 ],
             )
             .map_err(|e| {
@@ -36,13 +39,37 @@ impl SqliteStore {
         let id = id.clone();
         self.read(move |conn| {
             conn.prepare_cached(
-                "SELECT id, name, owner_email, created_at FROM accounts WHERE id = ?1",
+                "SELECT id, name, owner_email, created_at, publish_rate, publish_burst FROM accounts WHERE id = ?1",
             )
             .and_then(|mut s| {
                 s.query_row(params![id.as_str()], account_from_row)
                     .optional()
             })
             .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn update_account(&self, account: &Account) -> StoreResult<()> {
+        let account = account.clone();
+        self.run(move |conn| {
+            let changed = conn
+                .execute(
+                    "UPDATE accounts SET name = ?2, owner_email = ?3, publish_rate = ?4, publish_burst = ?5 \
+                     WHERE id = ?1",
+                    params![
+                        account.id.as_str(),
+                        account.name,
+                        account.owner_email.as_str(),
+                        account.publish_rate_limit.map(|r| r.per_second),
+                        account.publish_rate_limit.map(|r| r.burst),
+                    ],
+                )
+                .map_err(backend)?;
+            if changed == 0 {
+                return Err(StoreError::NotFound("account"));
+            }
+            Ok(())
         })
         .await
     }

@@ -174,6 +174,7 @@ impl SqliteStore {
         conn.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
+        add_missing_columns(&conn, "accounts", ADDED_ACCOUNT_COLUMNS).map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (reads, scans, checkpoints) = helpers(&conn, &jobs)?;

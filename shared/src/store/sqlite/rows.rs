@@ -74,6 +74,12 @@ pub(super) fn account_from_row(row: &Row<'_>) -> rusqlite::Result<Account> {
         name: row.get(1)?,
         owner_email: EmailAddress::from_trusted(row.get(2)?),
         created_at: from_millis(row.get(3)?),
+        publish_rate_limit: match (row.get::<_, Option<u32>>(4)?, row.get::<_, Option<u32>>(5)?) {
+            (Some(per_second), Some(burst)) => {
+                Some(crate::domain::rate::PublishRate { per_second, burst })
+            }
+            _ => None,
+        },
     })
 }
 

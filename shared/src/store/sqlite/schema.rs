@@ -5,7 +5,8 @@ use super::*;
 pub(super) const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS accounts (
-  id TEXT PRIMARY KEY, name TEXT NOT NULL, owner_email TEXT NOT NULL, created_at INTEGER NOT NULL
+  id TEXT PRIMARY KEY, name TEXT NOT NULL, owner_email TEXT NOT NULL, created_at INTEGER NOT NULL,
+  publish_rate INTEGER, publish_burst INTEGER
 );
 CREATE TABLE IF NOT EXISTS endpoints (
   id TEXT PRIMARY KEY,
@@ -146,6 +147,9 @@ pub(super) fn add_missing_columns(
 
 /// Columns added after the first release, added to older database files on open.
 /// Columns added to `events` since its first layout.
+pub(super) const ADDED_ACCOUNT_COLUMNS: &[(&str, &str)] =
+    &[("publish_rate", "INTEGER"), ("publish_burst", "INTEGER")];
+
 pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[("erased_at", "INTEGER")];
 
 pub(super) const ADDED_DELIVERY_COLUMNS: &[(&str, &str)] = &[

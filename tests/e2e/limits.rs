@@ -1,0 +1,326 @@
+//! Publish limits: one account's publish storm is throttled (429 + Retry-After) while another
+//! account's publishes all go through, on both shapes; oversize bodies refused unread.
+
+use std::time::{Duration, Instant};
+
+use hooklane_testkit::testing::emulated_shape;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::aws_pipeline::{stack_env, with};
+use crate::support::{Scratch, Server, ADMIN_TOKEN};
+
+/// What a storm of publishes got back.
+#[derive(Debug, Default)]
+struct Tally {
+    accepted: usize,
+    throttled: usize,
+    other: Vec<(u16, String)>,
+    retry_after: Vec<u64>,
+}
+
+/// `count` publishes for `account` from `parallel` clients at once, spread over `bases`
+/// (several servers share the account's bucket on AWS), each client pausing `pause` between two.
+async fn storm(
+    bases: &[String],
+    account: &str,
+    count: usize,
+    parallel: usize,
+    pause: Duration,
+) -> Tally {
+    let http = reqwest::Client::new();
+    let mut clients = Vec::new();
+    for client in 0..parallel {
+        let http = http.clone();
+        let bases = bases.to_vec();
+        let account = account.to_owned();
+        clients.push(tokio::spawn(async move {
+            let mut tally = Tally::default();
+            for n in (client..count).step_by(parallel) {
+                let base = &bases[n % bases.len()];
+                let response = http
+                    .post(format!("{base}/v1/accounts/{account}/events"))
+                    .bearer_auth(ADMIN_TOKEN)
+                    .json(&json!({"type": "storm.tick", "data": {"n": n}}))
+                    .send()
+                    .await
+                    .expect("publish");
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                match status {
+                    202 => tally.accepted += 1,
+                    429 => {
+                        assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+                        tally.throttled += 1;
+                        tally
+                            .retry_after
+                            .push(retry_after.expect("a 429 carries Retry-After in seconds"));
+                    }
+                    other => tally.other.push((other, body.to_string())),
+                }
+                tokio::time::sleep(pause).await;
+            }
+            tally
+        }));
+    }
+    let mut total = Tally::default();
+    for client in clients {
+        let tally = client.await.expect("client");
+        total.accepted += tally.accepted;
+        total.throttled += tally.throttled;
+        total.other.extend(tally.other);
+        total.retry_after.extend(tally.retry_after);
+    }
+    total
+}
+
+/// The storm on `bases`: `noisy` (its own limit of 5/s, bursts of 10) floods while `quiet`
+/// (the default of 100/s) publishes steadily; returns the noisy account's tally.
+async fn storm_while_quiet_publishes(bases: &[String], admin: &Server, shape: &str) {
+    admin.create_account("noisy").await;
+    admin.create_account("quiet").await;
+    let (status, body) = admin
+        .request(
+            reqwest::Method::PATCH,
+            "/v1/accounts/noisy",
+            Some(json!({"publish_rate_limit": {"per_second": 5, "burst": 10}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["publish_rate_limit"],
+        json!({"per_second": 5, "burst": 10})
+    );
+    let started = Instant::now();
+    let (noisy, quiet) = tokio::join!(
+        storm(bases, "noisy", 200, 8, Duration::from_millis(20)),
+        storm(bases, "quiet", 40, 2, Duration::from_millis(50)),
+    );
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "{shape} publish storm over {elapsed:.1} s: noisy (5/s, bursts of 10) {} accepted, {} throttled \
+         (Retry-After {:?}..{:?} s); quiet {} accepted, {} throttled, {} other",
+        noisy.accepted,
+        noisy.throttled,
+        noisy.retry_after.iter().min(),
+        noisy.retry_after.iter().max(),
+        quiet.accepted,
+        quiet.throttled,
+        quiet.other.len()
+    );
+    assert!(noisy.other.is_empty(), "{:?}", noisy.other);
+    assert_eq!(
+        (quiet.accepted, quiet.throttled, quiet.other.len()),
+        (40, 0, 0),
+        "the other account's publishes all succeed: {:?}",
+        quiet.other
+    );
+    // A burst of 10, then 5 a second (plus one for rounding at the edges).
+    let allowed = 10 + (5.0 * elapsed).ceil() as usize + 1;
+    assert!(
+        (10..=allowed).contains(&noisy.accepted),
+        "{} accepted in {elapsed:.1} s; at most {allowed} allowed",
+        noisy.accepted
+    );
+    assert!(noisy.throttled >= 200 - allowed);
+    assert!(
+        noisy.retry_after.iter().all(|s| (1..=2).contains(s)),
+        "a token comes back every 200 ms: Retry-After is 1 s (rounded up), {:?}",
+        noisy.retry_after
+    );
+    // Waiting as told gets through.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tally = storm(bases, "noisy", 1, 1, Duration::ZERO).await;
+    assert_eq!(tally.accepted, 1, "{tally:?}");
+}
+
+#[tokio::test]
+async fn a_publish_storm_throttles_only_its_own_account() {
+    let scratch = Scratch::new("limits-storm");
+    let server = Server::start(
+        &scratch,
+        &[
+            ("HOOKLANE_PUBLISH_RATE", "100"),
+            ("HOOKLANE_PUBLISH_BURST", "100"),
+        ],
+    )
+    .await;
+    storm_while_quiet_publishes(std::slice::from_ref(&server.base), &server, "embedded").await;
+
+    // A batch counts as its events: 100 at once take the burst of the default.
+    let batch = json!({"events": vec![json!({"type": "a.b", "data": {}}); 100]});
+    let (status, body) = server
+        .post("/v1/accounts/quiet/events/batch", batch.clone())
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = server.post("/v1/accounts/quiet/events/batch", batch).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (429, &json!("rate_limited")),
+        "{body}"
+    );
+    // `null` gives the account the default back.
+    let (status, body) = server
+        .request(
+            reqwest::Method::PATCH,
+            "/v1/accounts/noisy",
+            Some(json!({"publish_rate_limit": null})),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["publish_rate_limit"]),
+        (200, &Value::Null),
+        "{body}"
+    );
+    let (status, body) = server
+        .request(
+            reqwest::Method::PATCH,
+            "/v1/accounts/noisy",
+            Some(json!({"publish_rate_limit": {"per_second": 0}})),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["field"]),
+        (422, &json!("publish_rate_limit")),
+        "{body}"
+    );
+}
+
+/// On AWS the bucket is an item of the control table: two API processes share one limit.
+#[tokio::test]
+async fn on_aws_the_limit_holds_across_api_processes() {
+    let (settings, _shape) = emulated_shape().await;
+    let env = with(stack_env(&settings), &[("HOOKLANE_PUBLISH_RATE", "100")]);
+    let scratch = Scratch::new("limits-aws-a");
+    let first = Server::start_aws(&scratch, &[], &env).await;
+    let scratch_b = Scratch::new("limits-aws-b");
+    let second = Server::start_aws(&scratch_b, &[], &env).await;
+    let bases = [first.base.clone(), second.base.clone()];
+    storm_while_quiet_publishes(&bases, &first, "aws (2 api processes)").await;
+}
+
+/// Sends `head` then `body` on a raw connection and reads the answer, without finishing
+/// the body if the server answers first.
+async fn raw_exchange(base: &str, head: String, chunks: &[Vec<u8>]) -> (u16, String) {
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("head");
+    for chunk in chunks {
+        // The server may close once it has answered: later writes may fail.
+        if stream.write_all(chunk).await.is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buffer[..n]);
+                    if String::from_utf8_lossy(&answer).contains("\"error\"")
+                        && answer.ends_with(b"}")
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "no answer while the body was unfinished: the server waited for the rest"
+    );
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test]
+async fn oversize_bodies_are_refused_before_they_are_read_whole() {
+    let scratch = Scratch::new("limits-size");
+    let server = Server::start(&scratch, &[("HOOKLANE_MAX_PAYLOAD", "64KiB")]).await;
+    server.create_account("acme").await;
+    let limit = 64 * 1024 + 16 * 1024;
+    let path = "/v1/accounts/acme/events";
+
+    // A Content-Length over the limit: answered 413 before a byte of the body is sent.
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        100 * 1024 * 1024
+    );
+    let (status, text) = raw_exchange(&server.base, head, &[]).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains("payload_too_large") && text.contains(&format!("{limit} bytes")),
+        "{text}"
+    );
+
+    // A chunked body with no length: cut off past the limit, while the client is still
+    // sending (the final chunk is never sent).
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    let opening = br#"{"type":"a.b","data":{"blob":""#;
+    let mut chunks = vec![[
+        format!("{:x}\r\n", opening.len()).as_bytes(),
+        opening,
+        b"\r\n",
+    ]
+    .concat()];
+    let piece = vec![b'x'; 16 * 1024];
+    for _ in 0..8 {
+        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        chunk.extend_from_slice(&piece);
+        chunk.extend_from_slice(b"\r\n");
+        chunks.push(chunk);
+    }
+    let (status, text) = raw_exchange(&server.base, head, &chunks).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains(&format!("{limit} bytes")), "{text}");
+
+    // Under the limit is fine; an event over HOOKLANE_MAX_PAYLOAD is refused by its size.
+    let (status, body) = server
+        .post(
+            path,
+            json!({"type": "a.b", "data": {"blob": "x".repeat(60 * 1024)}}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = server
+        .post(
+            path,
+            json!({"type": "a.b", "data": {"blob": "x".repeat(70 * 1024)}}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (413, &json!("payload_too_large")),
+        "{body}"
+    );
+
+    // A batch may carry more than one event's worth: 8 events of 60 KiB go through.
+    let events = vec![json!({"type": "a.b", "data": {"blob": "x".repeat(60 * 1024)}}); 8];
+    let (status, body) = server
+        .post(
+            "/v1/accounts/acme/events/batch",
+            json!({ "events": events }),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+}
