@@ -3,28 +3,28 @@
 use std::sync::Arc;
 
 use axum::{
-    http::{
-        header::{AUTHORIZATION, CONTENT_TYPE},
-        HeaderMap,
-    },
+    http::{header::CONTENT_TYPE, HeaderMap},
     response::IntoResponse,
     routing::get,
     Router,
 };
-use hooklane::api::ApiError;
+use hooklane::api::{auth::bearer, ApiError};
 use hooklane::{
     api::{self, ApiState},
     dispatcher::{self, DispatcherConfig},
+    domain::Scope,
     http::HttpSender,
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
-    service::tokens,
+    service::{
+        access::{Access, AdminToken},
+        tokens,
+    },
     store::{sqlite::SqliteStore, Store, StoreError},
     App, PublishMode, SystemClock,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rand::RngCore;
-use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;
@@ -88,22 +88,29 @@ pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
     Ok(handle)
 }
 
-/// `GET /metrics`: Prometheus text, behind the admin token like the rest of the API.
-pub(crate) fn metrics_route(handle: PrometheusHandle, admin_token: Arc<str>) -> Router {
+/// How long `serve` may use what it read of a credential. Revocations go through this
+/// process, which forgets what it read at once; the bound holds whatever the path.
+const CREDENTIAL_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `GET /metrics`: Prometheus text, for the admin token or a key with the `admin` scope.
+pub(crate) fn metrics_route(handle: PrometheusHandle, access: Arc<Access>) -> Router {
     Router::new().route(
         "/metrics",
         get(move |headers: HeaderMap| {
             let handle = handle.clone();
-            let admin_token = Arc::clone(&admin_token);
+            let access = Arc::clone(&access);
             async move {
-                let presented = headers
-                    .get(AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .unwrap_or("");
-                if !bool::from(presented.trim().as_bytes().ct_eq(admin_token.as_bytes())) {
-                    return ApiError::unauthorized("the admin token is required for /metrics")
-                        .into_response();
+                let allowed = match bearer(&headers) {
+                    Ok(credential) => match access.authenticate(credential).await {
+                        Ok(principal) => principal
+                            .authorize(Some(Scope::Admin), None)
+                            .map_err(ApiError::from),
+                        Err(error) => Err(ApiError::from(error)),
+                    },
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = allowed {
+                    return error.into_response();
                 }
                 (
                     [(CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -188,13 +195,17 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let token_key = tokens::signing_key(app.store.as_ref())
         .await
         .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
-    let admin_token: Arc<str> = token.into();
+    let access = Arc::new(Access::new(
+        &app,
+        token_key,
+        AdminToken::fixed(&token),
+        CREDENTIAL_CACHE,
+    ));
     let router = api::router(ApiState {
         app,
-        admin_token: admin_token.clone(),
-        token_key: Arc::new(token_key),
+        access: Arc::clone(&access),
     })
-    .merge(metrics_route(metrics, admin_token));
+    .merge(metrics_route(metrics, access));
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen {

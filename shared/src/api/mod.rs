@@ -6,7 +6,7 @@ use axum::{extract::DefaultBodyLimit, middleware, routing::get, Extension, Route
 use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::{tokens::TokenKey, App};
+use crate::{service::access::Access, App};
 
 pub mod auth;
 pub mod error;
@@ -23,9 +23,20 @@ pub use error::{ApiError, ApiResult};
 #[derive(Clone)]
 pub struct ApiState {
     pub app: App,
-    pub admin_token: Arc<str>,
-    /// Signs and verifies account tokens.
-    pub token_key: Arc<TokenKey>,
+    /// Checks credentials; holds the key that signs account tokens.
+    pub access: Arc<Access>,
+}
+
+impl ApiState {
+    pub fn new(
+        app: App,
+        token_key: crate::tokens::TokenKey,
+        admin: crate::service::access::AdminToken,
+        cache_ttl: std::time::Duration,
+    ) -> Self {
+        let access = Arc::new(Access::new(&app, token_key, admin, cache_ttl));
+        Self { app, access }
+    }
 }
 
 /// The route list, written once: each `routes!` registers its handlers with axum and their
@@ -56,6 +67,8 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::list_replays))
         .routes(routes!(routes::create_token))
         .routes(routes!(routes::whoami))
+        .routes(routes!(routes::create_key, routes::list_keys))
+        .routes(routes!(routes::revoke_key))
 }
 
 /// The routes that need no token.
@@ -77,8 +90,9 @@ pub fn document() -> utoipa::openapi::OpenApi {
 /// and the static page under `/ui` do not.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.app.config.max_payload_bytes + 64 * 1024;
+    let scopes = Arc::new(auth::RouteScopes::from_document(&document()));
     let authenticated = v1_routes().route_layer(middleware::from_fn_with_state(
-        state.clone(),
+        (state.clone(), scopes),
         auth::authenticate,
     ));
     let (routes, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use crate::{
     clock::Timestamp,
     domain::{
-        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
-        Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
+        Account, AccountId, ApiKey, ApiKeyId, Attempt, Decision, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
     },
 };
 
@@ -383,6 +383,15 @@ store_port! { $
 
     async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>>;
     async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()>;
+
+    /// Stores a new API key; a key of the same id is a conflict.
+    async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()>;
+    async fn get_api_key(&self, id: &ApiKeyId) -> StoreResult<Option<ApiKey>>;
+    /// Every API key, revoked ones included, newest first.
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>>;
+    /// Marks the key revoked at `at` (a key revoked before keeps its first time); the key
+    /// as stored now, `None` if there is no such key.
+    async fn revoke_api_key(&self, id: &ApiKeyId, at: Timestamp) -> StoreResult<Option<ApiKey>>;
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
     /// Stores the value unless the key exists; returns the value now stored.

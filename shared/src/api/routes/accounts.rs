@@ -19,14 +19,14 @@ pub struct CreateAccount {
 #[utoipa::path(
     post,
     path = "/v1/accounts",
+    security(("bearer" = ["accounts:write"])),
     tag = "accounts",
-    summary = "Creates an account (admin only).",
+    summary = "Creates an account.",
     request_body = CreateAccount,
     responses((status = 201, description = "The account was created", body = AccountView), ReadErrors, BodyErrors),
 )]
 pub async fn create_account(
     State(state): State<ApiState>,
-    _admin: AdminOnly,
     JsonBody(body): JsonBody<CreateAccount>,
 ) -> ApiResult<Response> {
     let account = accounts::create(
@@ -44,6 +44,7 @@ pub async fn create_account(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}",
+    security(("bearer" = ["accounts:read"])),
     tag = "accounts",
     summary = "Reads an account.",
     params(AccountPath),

@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 use utoipa::ToSchema;
 
 use super::{
-    auth::{AdminOnly, Principal},
+    auth::Principal,
     error::{ApiError, ApiResult},
     json::{whole, JsonBody},
     openapi::{
@@ -40,6 +40,7 @@ mod accounts;
 mod deliveries;
 mod endpoints;
 mod events;
+mod keys;
 mod replays;
 mod tokens;
 
@@ -47,6 +48,7 @@ pub use accounts::*;
 pub use deliveries::*;
 pub use endpoints::*;
 pub use events::*;
+pub use keys::*;
 pub use replays::*;
 pub use tokens::*;
 
@@ -99,11 +101,14 @@ impl<S: Send + Sync> FromRequestParts<S> for Scoped {
             .map_err(|_| ApiError::not_found("account"))?;
         let account = AccountId::parse(&path_param(&params, "account")?)
             .map_err(|_| ApiError::not_found("account"))?;
-        parts
+        // `auth::authenticate` checked it already; a handler mounted without it fails closed.
+        let principal = parts
             .extensions
             .get::<Principal>()
-            .ok_or_else(|| ApiError::unauthorized("missing token"))?
-            .check(&account)?;
+            .ok_or_else(|| ApiError::unauthorized("missing token"))?;
+        if !principal.reaches(&account) {
+            return Err(ApiError::not_found("account"));
+        }
         Ok(Self(account))
     }
 }

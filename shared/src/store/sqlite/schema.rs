@@ -80,6 +80,17 @@ CREATE TABLE IF NOT EXISTS replays (
   more INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS replays_by_account ON replays(account_id, id DESC);
+CREATE TABLE IF NOT EXISTS api_keys (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  scopes TEXT NOT NULL,
+  accounts TEXT,
+  secret_sha256 TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  created_by TEXT NOT NULL,
+  expires_at INTEGER,
+  revoked_at INTEGER
+);
 "#;
 
 pub(super) const ATTEMPTS_TABLE: &str = r#"
