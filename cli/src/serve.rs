@@ -17,14 +17,13 @@ use hooklane::{
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
     service::{
-        access::{Access, AdminToken},
+        access::{new_admin_token, sha256_hex, Access, AdminToken, ADMIN_TOKEN_DIGEST_SETTING},
         tokens,
     },
     store::{sqlite::SqliteStore, Store, StoreError},
     App, PublishMode, SystemClock,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use rand::RngCore;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;
@@ -42,35 +41,55 @@ pub enum ServeError {
     },
 }
 
-const ADMIN_TOKEN_SETTING: &str = "admin_token";
+/// Where files from before digests kept a generated admin token, in plain text.
+const PLAIN_ADMIN_TOKEN_SETTING: &str = "admin_token";
 
-/// The admin token: configured, or generated once and kept in the database.
-async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<String, ServeError> {
+/// The admin token: configured (fixed for the process), or kept in the database as a digest,
+/// generated and printed once on the first start, and replaced by `POST /v1/admin-token`
+/// without a restart.
+async fn admin_token(
+    store: &dyn Store,
+    configured: Option<&str>,
+) -> Result<AdminToken, ServeError> {
     if let Some(token) = configured {
         if token.len() < 16 {
             return Err(ServeError::Startup(
                 "HOOKLANE_ADMIN_TOKEN must be at least 16 characters".into(),
             ));
         }
-        return Ok(token.to_owned());
+        return Ok(AdminToken::fixed(token));
     }
-    if let Some(token) = store.get_setting(ADMIN_TOKEN_SETTING).await? {
-        return Ok(token);
+    if store
+        .get_setting(ADMIN_TOKEN_DIGEST_SETTING)
+        .await?
+        .is_some()
+    {
+        return Ok(AdminToken::Stored);
     }
-    let mut bytes = [0u8; 24];
-    rand::rng().fill_bytes(&mut bytes);
-    let generated: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let token = format!("hl_admin_{generated}");
+    // A file from before digests: its token goes on working, kept only as a digest now.
+    if let Some(token) = store
+        .get_setting(PLAIN_ADMIN_TOKEN_SETTING)
+        .await?
+        .filter(|t| !t.is_empty())
+    {
+        store
+            .put_setting_if_absent(ADMIN_TOKEN_DIGEST_SETTING, &sha256_hex(&token))
+            .await?;
+        store.put_setting(PLAIN_ADMIN_TOKEN_SETTING, "").await?;
+        return Ok(AdminToken::Stored);
+    }
+    let token = new_admin_token();
+    let digest = sha256_hex(&token);
     let stored = store
-        .put_setting_if_absent(ADMIN_TOKEN_SETTING, &token)
+        .put_setting_if_absent(ADMIN_TOKEN_DIGEST_SETTING, &digest)
         .await?;
-    if stored == token {
+    if stored == digest {
         // Printed once, on the start that created it.
         println!(
-            "admin token (shown once; also set HOOKLANE_ADMIN_TOKEN to choose your own): {token}"
+            "admin token (shown once; POST /v1/admin-token replaces it; or set HOOKLANE_ADMIN_TOKEN to choose your own): {token}"
         );
     }
-    Ok(stored)
+    Ok(AdminToken::Stored)
 }
 
 const METRIC_BUCKETS: [f64; 17] = [
@@ -155,7 +174,7 @@ fn spawn_backlog_gauges(
 pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let metrics = install_metrics()?;
     let store = Arc::new(SqliteStore::open(&config.database)?);
-    let token = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
+    let admin = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
     let sender = HttpSender::new(config.core.sender.clone())
         .map_err(|e| ServeError::Startup(e.to_string()))?;
     let notifier: Arc<dyn Notifier> = match &config.smtp {
@@ -196,9 +215,10 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         .await
         .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
     let access = Arc::new(Access::new(
-        &app,
+        Arc::clone(&app.store),
+        Arc::clone(&app.clock),
         token_key,
-        AdminToken::fixed(&token),
+        admin,
         CREDENTIAL_CACHE,
     ));
     let router = api::router(ApiState {

@@ -1,10 +1,10 @@
 //! Access control: every route against every kind of credential (none, the admin token,
 //! scoped API keys with the right scope, the wrong one, limited to another account,
 //! expired, revoked, tampered; account tokens of the account, of another one, expired,
-//! tampered), in both shapes; nothing but health, the OpenAPI document and the static page
-//! answers without a credential.
+//! revoked, tampered), in both shapes; nothing but health, the OpenAPI document and the
+//! static page answers without a credential. Revocation's latency, admin-token rotation.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -143,6 +143,7 @@ enum Kind {
     RevokedKey,
     TamperedKey,
     ExpiredToken,
+    RevokedToken,
     TamperedToken,
 }
 
@@ -155,9 +156,8 @@ fn expected(kind: Kind, scope: Option<&str>, under_account: bool) -> Result<(), 
         Some(scope) => under_account && ACCOUNT_TOKEN_SCOPES.contains(&scope),
     };
     match kind {
-        NoCredential | ExpiredKey | RevokedKey | TamperedKey | ExpiredToken | TamperedToken => {
-            Err(401)
-        }
+        NoCredential | ExpiredKey | RevokedKey | TamperedKey | ExpiredToken | RevokedToken
+        | TamperedToken => Err(401),
         AdminToken | AdminKey | RightScope => Ok(()),
         WrongScope => scope.map_or(Ok(()), |_| Err(403)),
         OtherAccountKey | OtherAccountToken if under_account => Err(404),
@@ -193,12 +193,16 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         .expect("delivery")
         .to_owned();
     let (_, victim) = key(server, &["deliveries:read"], None, None).await;
+    let revoked = mint(server, "gamma", 600).await;
+    let revoked_token = revoked["token"].as_str().expect("token").to_owned();
+    let revoked_token_id = revoked["token_id"].as_str().expect("token id").to_owned();
     let ids = [
         ("account", "gamma"),
         ("endpoint", endpoint.as_str()),
         ("event", event_id.as_str()),
         ("delivery", delivery.as_str()),
         ("key", victim.as_str()),
+        ("token", revoked_token_id.as_str()),
     ];
 
     let soon = (chrono::Utc::now() + chrono::Duration::seconds(2)).to_rfc3339();
@@ -239,6 +243,9 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
             .collect();
         wrong.insert(scope, key(server, &others, None, None).await.0);
     }
+    let path = format!("/v1/accounts/gamma/tokens/{revoked_token_id}");
+    let (status, body) = server.request(reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(status, 204, "{body}");
     let tampered_key = tampered(&right["deliveries:read"]);
     let tampered_token = tampered(&token);
     tokio::time::sleep(Duration::from_millis(2100)).await;
@@ -262,6 +269,7 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         RevokedKey,
         TamperedKey,
         ExpiredToken,
+        RevokedToken,
         TamperedToken,
         WrongScope,
         OtherAccountKey,
@@ -289,6 +297,7 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
                 RevokedKey => Some(revoked_key.clone()),
                 TamperedKey => Some(tampered_key.clone()),
                 ExpiredToken => Some(expired_token.clone()),
+                RevokedToken => Some(revoked_token.clone()),
                 TamperedToken => Some(tampered_token.clone()),
             };
             let (status, body) = call(server, method, &path, credential.as_deref()).await;
@@ -451,4 +460,184 @@ fn base64_url(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// Sends a request with `credential` until it is refused with 401; how long after `since`.
+async fn refused_after(server: &Server, credential: &str, path: &str, since: Instant) -> Duration {
+    loop {
+        let (status, body) = call(server, "GET", path, Some(credential)).await;
+        if status == 401 {
+            assert_eq!(
+                body["error"]["message"], "credential has been revoked",
+                "{body}"
+            );
+            return since.elapsed();
+        }
+        assert_eq!(status, 200, "before the revocation takes: {body}");
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "still accepted 10 s after its revocation"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Revokes a key, a token and then all of an account's tokens, each while it is in use, and
+/// measures how long after the revoking request was sent the credential is refused.
+async fn revocation_latency(server: &Server, shape: &str) -> Duration {
+    server.create_account("acme").await;
+    let probe = "/v1/accounts/acme";
+    let (key_credential, key_id) = key(server, &["accounts:read"], Some(&["acme"]), None).await;
+    let token = mint(server, "acme", 600).await;
+    let (first, first_id) = (
+        token["token"].as_str().expect("token").to_owned(),
+        token["token_id"].as_str().expect("id").to_owned(),
+    );
+    let second = mint(server, "acme", 600).await["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    for credential in [&key_credential, &first, &second] {
+        // In use, so that whatever can be cached is.
+        let (status, body) = call(server, "GET", probe, Some(credential)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut worst = Duration::ZERO;
+    let revocations = [
+        ("key", format!("/v1/keys/{key_id}"), key_credential.clone()),
+        (
+            "token",
+            format!("/v1/accounts/acme/tokens/{first_id}"),
+            first.clone(),
+        ),
+        (
+            "token (all of its account's)",
+            "/v1/accounts/acme/tokens".to_owned(),
+            second.clone(),
+        ),
+    ];
+    for (what, path, credential) in revocations {
+        let sent = Instant::now();
+        let (status, body) = server.request(reqwest::Method::DELETE, &path, None).await;
+        assert!(status == 200 || status == 204, "{path}: {status} {body}");
+        let latency = refused_after(server, &credential, probe, sent).await;
+        println!("revocation ({shape}): a revoked {what} is refused {latency:?} after the revoking request was sent");
+        worst = worst.max(latency);
+    }
+    // A token minted after the account's revocation works.
+    let fresh = mint(server, "acme", 600).await["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let (status, body) = call(server, "GET", probe, Some(&fresh)).await;
+    assert_eq!(status, 200, "a token minted afterwards: {body}");
+    // A token id of the wrong form, or an account that does not exist: 404.
+    let (status, _) = server
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/accounts/acme/tokens/tok_nope",
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = server
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/accounts/nobody/tokens/{first_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_credentials_are_refused_within_a_second() {
+    let scratch = Scratch::new("revocation");
+    let server = Server::start(&scratch, &[]).await;
+    let worst = revocation_latency(&server, "embedded").await;
+    assert!(worst < Duration::from_secs(1), "{worst:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_shape_refuses_revoked_credentials_within_its_bound() {
+    let scratch = Scratch::new("aws-revocation");
+    let prefix = crate::aws_pipeline::unique("revoke");
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &[]).await;
+    // One process here, which forgets what it read at once. Other api instances keep a read
+    // for at most LAMBDA_CREDENTIAL_CACHE (5 s), which service::access's tests model.
+    let worst = revocation_latency(&server, "aws, the revoking instance").await;
+    assert!(worst < Duration::from_secs(1), "{worst:?}");
+    crate::iam::assert_allowed(&server);
+}
+
+async fn rotate_admin_token(server: &Server, token: &str) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/admin-token", server.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("rotate");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Without a configured admin token, `serve` keeps it (as a digest) and replaces it on
+/// request: the old one is refused at once, the new one works, also after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_rotates_without_a_restart() {
+    let scratch = Scratch::new("admin-rotation");
+    let mut server = Server::start(&scratch, &[("HOOKLANE_ADMIN_TOKEN", "")]).await;
+    let printed = server
+        .startup_output()
+        .iter()
+        .filter(|line| line.starts_with("admin token"))
+        .find_map(|line| {
+            line.rsplit_once(": ")
+                .map(|(_, token)| token.trim().to_owned())
+        })
+        .expect("the generated admin token is printed once");
+    assert!(printed.starts_with("hl_admin_"), "{printed}");
+    let (status, body) = call(&server, "GET", "/v1/whoami", Some(&printed)).await;
+    assert_eq!(
+        (status, body["kind"].as_str()),
+        (200, Some("admin")),
+        "{body}"
+    );
+    let (status, body) = rotate_admin_token(&server, &printed).await;
+    assert_eq!(status, 201, "{body}");
+    let new = body["token"].as_str().expect("the new token").to_owned();
+    let (status, body) = call(&server, "GET", "/v1/whoami", Some(&printed)).await;
+    assert_eq!(status, 401, "the old token, at once: {body}");
+    let (status, _) = call(&server, "GET", "/v1/whoami", Some(&new)).await;
+    assert_eq!(status, 200);
+    server.kill9().await;
+    server.restart().await;
+    assert!(
+        server
+            .startup_output()
+            .iter()
+            .all(|l| !l.starts_with("admin token")),
+        "printed once only"
+    );
+    let (status, _) = call(&server, "GET", "/v1/whoami", Some(&new)).await;
+    assert_eq!(status, 200, "the new token after a restart");
+    let (status, _) = call(&server, "GET", "/v1/whoami", Some(&printed)).await;
+    assert_eq!(status, 401);
+    let mut file = std::fs::read(&server.database).unwrap_or_default();
+    let mut wal = server.database.clone().into_os_string();
+    wal.push("-wal");
+    file.extend(std::fs::read(wal).unwrap_or_default());
+    for token in [&printed, &new] {
+        assert!(
+            !file.windows(token.len()).any(|w| w == token.as_bytes()),
+            "the token is kept only as a digest"
+        );
+    }
+
+    // A configured token is the operator's to change.
+    let configured = Scratch::new("admin-configured");
+    let server = Server::start(&configured, &[]).await;
+    let (status, body) = rotate_admin_token(&server, ADMIN_TOKEN).await;
+    assert_eq!(status, 409, "{body}");
 }

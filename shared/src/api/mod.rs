@@ -34,7 +34,13 @@ impl ApiState {
         admin: crate::service::access::AdminToken,
         cache_ttl: std::time::Duration,
     ) -> Self {
-        let access = Arc::new(Access::new(&app, token_key, admin, cache_ttl));
+        let access = Arc::new(Access::new(
+            Arc::clone(&app.store),
+            Arc::clone(&app.clock),
+            token_key,
+            admin,
+            cache_ttl,
+        ));
         Self { app, access }
     }
 }
@@ -65,7 +71,9 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::list_attempts))
         .routes(routes!(routes::replay_delivery))
         .routes(routes!(routes::list_replays))
-        .routes(routes!(routes::create_token))
+        .routes(routes!(routes::create_token, routes::revoke_tokens))
+        .routes(routes!(routes::revoke_token))
+        .routes(routes!(routes::rotate_admin_token))
         .routes(routes!(routes::whoami))
         .routes(routes!(routes::create_key, routes::list_keys))
         .routes(routes!(routes::revoke_key))

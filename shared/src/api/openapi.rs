@@ -320,3 +320,13 @@ pub struct KeyPath {
 pub struct KeyList {
     data: Vec<KeyView<'static>>,
 }
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TokenPath {
+    #[param(example = "acme")]
+    account: String,
+    /// The `token_id` the token was minted with.
+    #[param(example = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
+    token: String,
+}

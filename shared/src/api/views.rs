@@ -412,3 +412,18 @@ pub struct BatchResult<'a> {
 pub struct BatchView<'a> {
     pub results: Vec<BatchResult<'a>>,
 }
+
+/// Up to when an account's tokens are revoked.
+#[derive(Serialize, ToSchema)]
+pub struct TokensRevokedView<'a> {
+    pub account_id: &'a str,
+    /// Tokens issued at or before this time are refused.
+    #[schema(value_type = String, format = DateTime)]
+    pub tokens_revoked_before: Timestamp,
+}
+
+/// A new admin token; shown only here.
+#[derive(Serialize, ToSchema)]
+pub struct AdminTokenView<'a> {
+    pub token: &'a str,
+}

@@ -29,7 +29,7 @@ use crate::{
 
 /// How long an api function instance may go on accepting a credential after it was revoked
 /// through another instance: what it read of the credential is kept this long.
-pub const CREDENTIAL_CACHE: std::time::Duration = std::time::Duration::from_secs(5);
+pub const CREDENTIAL_CACHE: std::time::Duration = crate::service::access::LAMBDA_CREDENTIAL_CACHE;
 
 /// The API function's router: the admin token and the token signing key are loaded once,
 /// side by side (they are independent reads: SSM or the control table, and the control
@@ -66,7 +66,8 @@ pub fn api_state(shape: &AwsShape, admin_token: &str, token_key: TokenKey) -> Ap
     ApiState {
         app: shape.app.clone(),
         access: Arc::new(Access::new(
-            &shape.app,
+            Arc::clone(&shape.app.store),
+            Arc::clone(&shape.app.clock),
             token_key,
             AdminToken::fixed(admin_token),
             CREDENTIAL_CACHE,

@@ -767,6 +767,104 @@ pub async fn api_keys_are_kept_listed_and_revoked(store: &dyn Store) {
     );
 }
 
+/// Account tokens revoked one by one (the first time stays, per account) and all of an
+/// account's up to a time (only ever moved forward); settings replaced.
+pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
+    use hooklane::store::TokenRevocation;
+    let acme = AccountId::parse("acme").unwrap();
+    let beta = AccountId::parse("beta").unwrap();
+    let token = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f";
+    let other = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e70";
+    assert_eq!(
+        store.token_revocation(&acme, token).await.unwrap(),
+        TokenRevocation::default()
+    );
+    store
+        .revoke_token(&acme, token, add(t0(), secs(10)))
+        .await
+        .unwrap();
+    store
+        .revoke_token(&acme, token, add(t0(), secs(20)))
+        .await
+        .unwrap();
+    let revoked = store.token_revocation(&acme, token).await.unwrap();
+    assert_eq!(
+        revoked.revoked_at,
+        Some(add(t0(), secs(10))),
+        "the first time stays"
+    );
+    assert_eq!(revoked.account_tokens_before, None);
+    assert!(revoked.revokes(Some(t0())));
+    assert_eq!(
+        store.token_revocation(&acme, other).await.unwrap(),
+        TokenRevocation::default(),
+        "another token is untouched"
+    );
+    assert_eq!(
+        store.token_revocation(&beta, token).await.unwrap(),
+        TokenRevocation::default(),
+        "the same id under another account is another token"
+    );
+
+    store
+        .revoke_account_tokens(&acme, add(t0(), secs(100)))
+        .await
+        .unwrap();
+    store
+        .revoke_account_tokens(&acme, add(t0(), secs(50)))
+        .await
+        .unwrap();
+    let all = store.token_revocation(&acme, other).await.unwrap();
+    assert_eq!(all.revoked_at, None);
+    assert_eq!(
+        all.account_tokens_before,
+        Some(add(t0(), secs(100))),
+        "an earlier time does not move it back"
+    );
+    assert!(all.revokes(Some(add(t0(), secs(100)))));
+    assert!(
+        all.revokes(None),
+        "a token that does not say when it was issued"
+    );
+    assert!(
+        !all.revokes(Some(add(t0(), secs(101)))),
+        "a token issued afterwards"
+    );
+    store
+        .revoke_account_tokens(&acme, add(t0(), secs(200)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .token_revocation(&acme, other)
+            .await
+            .unwrap()
+            .account_tokens_before,
+        Some(add(t0(), secs(200)))
+    );
+    assert_eq!(
+        store.token_revocation(&beta, other).await.unwrap(),
+        TokenRevocation::default()
+    );
+
+    store
+        .put_setting("admin_token_sha256", "one")
+        .await
+        .unwrap();
+    store
+        .put_setting("admin_token_sha256", "two")
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_setting("admin_token_sha256")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("two")
+    );
+}
+
 pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Store) {
     let (ep, ev, d) = seeded(store).await;
     assert!(store
@@ -1452,6 +1550,7 @@ macro_rules! store_contract_tests {
             published_events_are_never_left_unfanned,
             erase_event_removes_the_content_and_keeps_the_log,
             api_keys_are_kept_listed_and_revoked,
+            token_revocations_are_kept_per_account,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

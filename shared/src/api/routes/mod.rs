@@ -20,11 +20,11 @@ use super::{
     openapi::{
         AccountPath, AttemptList, BodyErrors, DeliveryFilters, DeliveryList, DeliveryPath,
         EndpointFilter, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
-        PageParams, ReadErrors, ReplayList, ReplayableStatus,
+        PageParams, ReadErrors, ReplayList, ReplayableStatus, TokenPath,
     },
     views::{
-        AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView, ReplayView,
-        TokenView, WhoamiView,
+        AccountView, AdminTokenView, AttemptView, DeliveryView, EndpointView, EventView, ListView,
+        ReplayView, TokenView, TokensRevokedView, WhoamiView,
     },
     ApiState,
 };

@@ -1,9 +1,21 @@
 //! Scoped API keys: one control-table item each (`pk = apikey#<id>`), read by key on every
-//! request that presents one; listed through the sparse `listed` index.
+//! request that presents one; listed through the sparse `listed` index. Revoked account
+//! tokens: `pk = revoked#<account>#<token id>`, expiring (TTL) once no token of that id can
+//! be valid any more, and `revoked#<account>#*`, "every token issued up to `revoked_at`".
 
 use super::items::*;
 use super::*;
-use crate::domain::{access::Scope, ApiKey, ApiKeyId};
+use crate::{
+    domain::{access::Scope, ApiKey, ApiKeyId},
+    store::TokenRevocation,
+};
+
+/// How long a revoked token's record is kept: longer than any token lives (90 days).
+const TOKEN_RECORD_KEPT: std::time::Duration = std::time::Duration::from_secs(91 * 86_400);
+
+fn revoked_pk(account: &AccountId, token_id: &str) -> String {
+    format!("revoked#{account}#{token_id}")
+}
 
 /// The sparse index that lists control items by kind, and its partition for API keys.
 const LISTED: &str = "listed";
@@ -140,5 +152,69 @@ impl DynamoStore {
             .and_then(|out| out.attributes)
             .map(|item| api_key_from_item(&item))
             .transpose()
+    }
+
+    pub(super) async fn revoke_token(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+        at: Timestamp,
+    ) -> StoreResult<()> {
+        let expires = crate::clock::add(at, TOKEN_RECORD_KEPT).timestamp();
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.control)
+            .item("pk", s(revoked_pk(account, token_id)))
+            .item("revoked_at", n(to_millis(at)))
+            .item("expires_at", n(expires))
+            // The first revocation's time stays.
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        written(result)?;
+        Ok(())
+    }
+
+    pub(super) async fn revoke_account_tokens(
+        &self,
+        account: &AccountId,
+        before: Timestamp,
+    ) -> StoreResult<()> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", s(revoked_pk(account, "*")))
+            .update_expression("SET revoked_at = :at")
+            // Only forward: a slower request with an earlier time does not undo a later one.
+            .condition_expression("attribute_not_exists(revoked_at) OR revoked_at < :at")
+            .expression_attribute_values(":at", n(to_millis(before)))
+            .send()
+            .await;
+        written(result)?;
+        Ok(())
+    }
+
+    pub(super) async fn token_revocation(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+    ) -> StoreResult<TokenRevocation> {
+        let control = &self.tables.control;
+        let (token, every) = tokio::try_join!(
+            self.get(control, key1("pk", &revoked_pk(account, token_id))),
+            self.get(control, key1("pk", &revoked_pk(account, "*"))),
+        )?;
+        let at = |item: Option<Item>| -> StoreResult<Option<Timestamp>> {
+            Ok(item
+                .map(|item| get_n::<i64>(&item, "revoked_at"))
+                .transpose()?
+                .map(from_millis))
+        };
+        Ok(TokenRevocation {
+            revoked_at: at(token)?,
+            account_tokens_before: at(every)?,
+        })
     }
 }

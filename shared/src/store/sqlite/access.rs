@@ -1,8 +1,15 @@
-//! Scoped API keys.
+//! Scoped API keys, and revoked account tokens (`token_revocations`: one row per revoked
+//! token, and the row `*` of an account for "every token issued up to then").
 
 use super::rows::*;
 use super::*;
-use crate::domain::{access::Scope, ApiKey, ApiKeyId};
+use crate::{
+    domain::{access::Scope, ApiKey, ApiKeyId},
+    store::TokenRevocation,
+};
+
+/// The `token_id` of an account's "every token up to" row: no token id is `*`.
+const EVERY_TOKEN: &str = "*";
 
 const KEY_COLUMNS: &str =
     "id, name, scopes, accounts, secret_sha256, created_at, created_by, expires_at, revoked_at";
@@ -112,6 +119,74 @@ impl SqliteStore {
             )
             .map_err(backend)?;
             get_key(conn, id.as_str())
+        })
+        .await
+    }
+
+    pub(super) async fn revoke_token(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+        at: Timestamp,
+    ) -> StoreResult<()> {
+        let (account, token_id) = (account.clone(), token_id.to_owned());
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT OR IGNORE INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3)",
+                params![account.as_str(), token_id, to_millis(at)],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn revoke_account_tokens(
+        &self,
+        account: &AccountId,
+        before: Timestamp,
+    ) -> StoreResult<()> {
+        let account = account.clone();
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (account_id, token_id) DO UPDATE SET revoked_at = MAX(revoked_at, excluded.revoked_at)",
+                params![account.as_str(), EVERY_TOKEN, to_millis(before)],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn token_revocation(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+    ) -> StoreResult<TokenRevocation> {
+        let (account, token_id) = (account.clone(), token_id.to_owned());
+        self.read(move |conn| {
+            let mut revocation = TokenRevocation::default();
+            let mut statement = conn
+                .prepare_cached(
+                    "SELECT token_id, revoked_at FROM token_revocations \
+                     WHERE account_id = ?1 AND token_id IN (?2, ?3)",
+                )
+                .map_err(backend)?;
+            let rows = statement
+                .query_map(params![account.as_str(), token_id, EVERY_TOKEN], |row| {
+                    Ok((row.get::<_, String>(0)?, from_millis(row.get(1)?)))
+                })
+                .map_err(backend)?;
+            for row in rows {
+                let (id, at) = row.map_err(backend)?;
+                if id == EVERY_TOKEN {
+                    revocation.account_tokens_before = Some(at);
+                } else {
+                    revocation.revoked_at = Some(at);
+                }
+            }
+            Ok(revocation)
         })
         .await
     }

@@ -91,6 +91,12 @@ CREATE TABLE IF NOT EXISTS api_keys (
   expires_at INTEGER,
   revoked_at INTEGER
 );
+CREATE TABLE IF NOT EXISTS token_revocations (
+  account_id TEXT NOT NULL,
+  token_id TEXT NOT NULL,
+  revoked_at INTEGER NOT NULL,
+  PRIMARY KEY (account_id, token_id)
+) WITHOUT ROWID;
 "#;
 
 pub(super) const ATTEMPTS_TABLE: &str = r#"
