@@ -202,7 +202,7 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         ("event", event_id.as_str()),
         ("delivery", delivery.as_str()),
         ("key", victim.as_str()),
-        ("token", revoked_token_id.as_str()),
+        ("token_id", revoked_token_id.as_str()),
     ];
 
     let soon = (chrono::Utc::now() + chrono::Duration::seconds(2)).to_rfc3339();
@@ -564,8 +564,9 @@ async fn the_aws_shape_refuses_revoked_credentials_within_its_bound() {
     let scratch = Scratch::new("aws-revocation");
     let prefix = crate::aws_pipeline::unique("revoke");
     let server = Server::start_aws(&scratch, &["--provision", &prefix], &[]).await;
-    // One process here, which forgets what it read at once. Other api instances keep a read
-    // for at most LAMBDA_CREDENTIAL_CACHE (5 s), which service::access's tests model.
+    // One api instance here, the revoking one, which forgets what it read at once. Other
+    // instances keep a read for at most LAMBDA_CREDENTIAL_CACHE (5 s), which
+    // service::access's tests model with a manual clock.
     let worst = revocation_latency(&server, "aws, the revoking instance").await;
     assert!(worst < Duration::from_secs(1), "{worst:?}");
     crate::iam::assert_allowed(&server);

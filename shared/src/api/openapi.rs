@@ -328,5 +328,5 @@ pub struct TokenPath {
     account: String,
     /// The `token_id` the token was minted with.
     #[param(example = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
-    token: String,
+    token_id: String,
 }

@@ -68,6 +68,8 @@ pub struct ScopedId<Id>(pub AccountId, pub Id);
 pub trait PathId: Sized {
     /// The path parameter, and what a 404 says is not found.
     const NAME: &'static str;
+    /// What a 404 calls it, when not its parameter's name.
+    const WHAT: &'static str = Self::NAME;
     fn from_path(raw: &str) -> Option<Self>;
 }
 
@@ -120,9 +122,11 @@ impl<S: Send + Sync, Id: PathId> FromRequestParts<S> for ScopedId<Id> {
         let Scoped(account) = Scoped::from_request_parts(parts, state).await?;
         let params = RawPathParams::from_request_parts(parts, state)
             .await
-            .map_err(|_| ApiError::not_found(Id::NAME))?;
-        let id = Id::from_path(&path_param(&params, Id::NAME)?)
-            .ok_or_else(|| ApiError::not_found(Id::NAME))?;
+            .map_err(|_| ApiError::not_found(Id::WHAT))?;
+        let id = Id::from_path(
+            &path_param(&params, Id::NAME).map_err(|_| ApiError::not_found(Id::WHAT))?,
+        )
+        .ok_or_else(|| ApiError::not_found(Id::WHAT))?;
         Ok(Self(account, id))
     }
 }

@@ -51,7 +51,9 @@ pub async fn whoami(Extension(principal): Extension<Principal>) -> ApiResult<Res
 pub struct TokenId(String);
 
 impl PathId for TokenId {
-    const NAME: &'static str = "token";
+    // Named as the field of `POST …/tokens` that gives it, not `token` (the credential).
+    const NAME: &'static str = "token_id";
+    const WHAT: &'static str = "token";
     fn from_path(raw: &str) -> Option<Self> {
         tokens::is_token_id(raw).then(|| Self(raw.to_owned()))
     }
@@ -59,7 +61,7 @@ impl PathId for TokenId {
 
 #[utoipa::path(
     delete,
-    path = "/v1/accounts/{account}/tokens/{token}",
+    path = "/v1/accounts/{account}/tokens/{token_id}",
     security(("bearer" = ["tokens:write"])),
     tag = "access",
     summary = "Revokes one account token (or portal link) by its id: it is refused from then on.",
