@@ -24,6 +24,7 @@ use crate::{
     signing::SigningSecret,
 };
 
+mod access;
 mod accounts;
 mod deliveries;
 mod events;
