@@ -1,4 +1,4 @@
-//! The `hooklane` binary's parts: configuration, `serve`, `receive`, `verify`, `relay`
+//! The `hooklane` binary's parts: configuration, `serve`, `receive`, `relay`
 //! (feature `relay`) and `bench` (feature `bench`, on the test kit's endpoint farm).
 
 #[cfg(feature = "bench")]
@@ -10,4 +10,3 @@ pub mod relay;
 pub mod serve;
 #[cfg(feature = "aws")]
 pub mod serve_aws;
-pub mod verify;

@@ -7,9 +7,10 @@ use std::{io::Read, path::PathBuf, process::ExitCode};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
+use hooklane::signing::{SecretError, SigningSecret};
 use hooklane_cli::{
     config::{LogFormat, ServeConfig},
-    receive, serve, verify,
+    receive, serve,
 };
 
 #[derive(Parser)]
@@ -77,8 +78,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: std::net::SocketAddr,
         /// The endpoint's secret (whsec_...), to verify signatures; repeatable.
-        #[arg(long)]
-        secret: Vec<String>,
+        #[arg(long, value_parser = secret_arg)]
+        secret: Vec<SigningSecret>,
         /// Answer every webhook with this status (e.g. 500 to watch retries).
         #[arg(long, default_value_t = 200)]
         status: u16,
@@ -95,8 +96,8 @@ enum Command {
     /// Verify a webhook you received: the raw body on stdin, the three headers as flags.
     Verify {
         /// The endpoint's secret (whsec_...); give it twice during a rotation.
-        #[arg(long, required = true)]
-        secret: Vec<String>,
+        #[arg(long, required = true, value_parser = secret_arg)]
+        secret: Vec<SigningSecret>,
         #[arg(long = "id")]
         webhook_id: String,
         #[arg(long = "timestamp")]
@@ -313,8 +314,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let now = chrono::Utc::now().timestamp();
-            match verify::verify(
-                &secret,
+            let secrets: Vec<&SigningSecret> = secret.iter().collect();
+            match hooklane::signing::verify(
+                &secrets,
                 &webhook_id,
                 &webhook_timestamp,
                 &webhook_signature,
@@ -327,12 +329,17 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(error) => {
-                    println!("{error}");
+                    println!("invalid: {error}");
                     ExitCode::FAILURE
                 }
             }
         }
     }
+}
+
+/// A `--secret` flag, parsed once: a malformed secret is refused with the arguments.
+fn secret_arg(raw: &str) -> Result<SigningSecret, SecretError> {
+    SigningSecret::parse(raw.trim())
 }
 
 /// `hooklane relay`'s options as given.

@@ -2,6 +2,8 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
+use hooklane::signing::SigningSecret;
+
 use axum::{
     body::Bytes,
     extract::State,
@@ -12,13 +14,13 @@ use axum::{
 #[derive(Debug, Clone)]
 pub struct ReceiveOptions {
     pub listen: SocketAddr,
-    pub secrets: Vec<String>,
+    pub secrets: Vec<SigningSecret>,
     /// Answer with this status instead of 200, to watch retries happen.
     pub status: u16,
 }
 
 struct Receiver {
-    secrets: Vec<String>,
+    secrets: Vec<SigningSecret>,
     status: StatusCode,
 }
 
@@ -42,8 +44,9 @@ async fn receive(
         "not checked (start with --secret whsec_… to verify)".to_owned()
     } else {
         let now = chrono::Utc::now().timestamp();
-        match crate::verify::verify(
-            &receiver.secrets,
+        let secrets: Vec<&SigningSecret> = receiver.secrets.iter().collect();
+        match hooklane::signing::verify(
+            &secrets,
             id,
             timestamp,
             signature,
@@ -52,7 +55,7 @@ async fn receive(
             hooklane::signing::DEFAULT_TOLERANCE_SECS,
         ) {
             Ok(()) => "valid".to_owned(),
-            Err(error) => error.to_string(),
+            Err(error) => format!("invalid: {error}"),
         }
     };
     println!(

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     clock::Timestamp,
-    domain::{access::ACCOUNT_TOKEN_SCOPES, Scope},
+    domain::Scope,
     domain::{
         rate::PublishRate, Account, ApiKey, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope,
     },
@@ -294,7 +294,11 @@ impl<'a> From<&'a Principal> for WhoamiView<'a> {
                 account_id: Some(account_id.as_str()),
                 token_id: Some(token_id),
                 expires_at: Some(*expires_at),
-                scopes: ACCOUNT_TOKEN_SCOPES.iter().map(|s| s.as_str()).collect(),
+                scopes: Scope::ALL
+                    .into_iter()
+                    .filter(|s| s.of_account_tokens())
+                    .map(Scope::as_str)
+                    .collect(),
                 ..none
             },
         }

@@ -52,6 +52,12 @@ impl Scope {
     pub fn parse(raw: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|s| s.as_str() == raw)
     }
+
+    /// Whether an account token holds this scope on its own account: everything a customer
+    /// does with their webhooks, nothing that mints credentials or changes account settings.
+    pub fn of_account_tokens(self) -> bool {
+        !matches!(self, Self::AccountsWrite | Self::TokensWrite | Self::Admin)
+    }
 }
 
 impl fmt::Display for Scope {
@@ -59,18 +65,6 @@ impl fmt::Display for Scope {
         f.write_str(self.as_str())
     }
 }
-
-/// What an account token may do on its own account: everything a customer does with their
-/// webhooks, nothing that mints credentials or reaches other accounts.
-pub const ACCOUNT_TOKEN_SCOPES: [Scope; 7] = [
-    Scope::AccountsRead,
-    Scope::EndpointsRead,
-    Scope::EndpointsWrite,
-    Scope::EventsPublish,
-    Scope::EventsErase,
-    Scope::DeliveriesRead,
-    Scope::DeliveriesReplay,
-];
 
 /// A key's id (`key_…`), the public half of the key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -178,7 +172,7 @@ pub enum Principal {
         scopes: Vec<Scope>,
         accounts: Option<Vec<AccountId>>,
     },
-    /// The holder of an account token: one account, [`ACCOUNT_TOKEN_SCOPES`].
+    /// The holder of an account token: one account, the scopes of [`Scope::of_account_tokens`].
     Account {
         account_id: AccountId,
         token_id: String,
@@ -224,7 +218,7 @@ impl Principal {
         match self {
             Self::Admin => true,
             Self::Key { scopes, .. } => scopes.contains(&Scope::Admin) || scopes.contains(&scope),
-            Self::Account { .. } => ACCOUNT_TOKEN_SCOPES.contains(&scope),
+            Self::Account { .. } => scope.of_account_tokens(),
         }
     }
 

@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq;
 use crate::{
     clock::{Clock, Timestamp},
     domain::{AccountId, ApiKey, ApiKeyId, Principal},
-    store::{Store, StoreError, TokenRevocation},
+    store::{Store, StoreError, TokenRef, TokenRevocation},
     tokens::{TokenError, TokenKey, TOKEN_PREFIX},
 };
 
@@ -235,7 +235,11 @@ impl Access {
         if let Some(Entry::Token(revocation)) = self.cached(&name, now) {
             return Ok(revocation);
         }
-        let revocation = self.store.token_revocation(account, token_id).await?;
+        let token = TokenRef {
+            account: account.clone(),
+            token_id: token_id.to_owned(),
+        };
+        let revocation = self.store.token_revocation(&token).await?;
         self.remember(name, now, Entry::Token(revocation));
         Ok(revocation)
     }
@@ -408,7 +412,13 @@ mod tests {
         let now = world.clock.now();
         world
             .store
-            .revoke_token(&world.acme, token_id, now)
+            .revoke_token(
+                &TokenRef {
+                    account: world.acme.clone(),
+                    token_id: token_id.to_owned(),
+                },
+                now,
+            )
             .await
             .unwrap();
         revoking.forget_account_tokens(&world.acme);

@@ -12,7 +12,7 @@ use crate::{
     },
     http::{OutboundRequest, OutboundResponse},
     signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
-    store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, Unattempted},
+    store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, Unattempted, UnattemptedMove},
     App,
 };
 
@@ -214,12 +214,8 @@ async fn ended_unsent(
     now: Timestamp,
 ) -> ServiceResult<AttemptResult> {
     let delivery = &work.delivery;
-    let change = Unattempted::Fail(reason.to_owned());
-    if !app
-        .store
-        .move_unattempted(&delivery.id, delivery.attempts, &change, now)
-        .await?
-    {
+    let change = UnattemptedMove::of(delivery, Unattempted::Fail(reason.to_owned()), now);
+    if !app.store.move_unattempted(&change).await? {
         return Ok(AttemptResult::Stale);
     }
     tracing::warn!(delivery.id = %delivery.id, event.id = %delivery.event_id, reason, "event not sendable; delivery failed");

@@ -9,7 +9,7 @@ use crate::{
     },
     http::SsrfError,
     signing::SigningSecret,
-    store::DisableRequest,
+    store::{DisableRequest, EndpointDeletion},
     App,
 };
 
@@ -138,7 +138,11 @@ pub async fn update(
 pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<()> {
     if app
         .store
-        .delete_endpoint(account, id, app.clock.now())
+        .delete_endpoint(&EndpointDeletion {
+            account_id: account.clone(),
+            endpoint_id: id.clone(),
+            at: app.clock.now(),
+        })
         .await?
     {
         Ok(())

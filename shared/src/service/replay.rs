@@ -7,7 +7,7 @@ use crate::{
         AccountId, DeliveryId, DeliveryStatus, EndpointId, EndpointStatus, Replay, ReplayFilter,
         ReplayId, ReplayScope,
     },
-    store::{Page, ReplayRequest},
+    store::{Page, PageAfter, ReplayRequest},
     App,
 };
 
@@ -135,5 +135,9 @@ pub async fn list(
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
     }
-    Ok(app.store.list_replays(account, after, limit).await?)
+    let page = PageAfter {
+        after: after.cloned(),
+        limit,
+    };
+    Ok(app.store.list_replays(account, &page).await?)
 }

@@ -35,7 +35,7 @@ use crate::{
     },
     queue::{Queue, QueueError},
     slots::{lease_for, RateLimiter, SlotError, SlotLeases, WAITING_MAX},
-    store::{PendingRef, StoreError, Unattempted},
+    store::{PendingRef, StoreError, Unattempted, UnattemptedMove},
     App,
 };
 
@@ -586,10 +586,10 @@ async fn keep_from_sweeper(
     if add(expected, lanes.sweep_grace) > add(until, REQUEUE_MAX) {
         return Ok(true);
     }
-    let change = Unattempted::Defer(until);
+    let change = UnattemptedMove::of(delivery, Unattempted::Defer(until), app.clock.now());
     Ok(app
         .store
-        .move_unattempted(&delivery.id, delivery.attempts, &change, app.clock.now())
+        .move_unattempted(&change)
         .await
         .map_err(ServiceError::from)?)
 }

@@ -1,29 +1,58 @@
+//! The sweep: pending deliveries handed to the queue again, after a restart or a lost message.
+
 use super::ServiceResult;
-use crate::{clock::Timestamp, App};
+use crate::{
+    clock::Timestamp,
+    domain::DeliveryId,
+    store::{PageAfter, PendingRef},
+    App,
+};
 
 const PAGE: u32 = 1000;
+
+/// The pending deliveries due at or before a time, page by page in id order.
+struct PendingPages {
+    due_before: Timestamp,
+    page: PageAfter<DeliveryId>,
+    done: bool,
+}
+
+impl PendingPages {
+    fn new(due_before: Timestamp) -> Self {
+        Self {
+            due_before,
+            page: PageAfter {
+                after: None,
+                limit: PAGE,
+            },
+            done: false,
+        }
+    }
+
+    /// The next page; `None` once a short page has been handed out.
+    async fn next(&mut self, app: &App) -> ServiceResult<Option<Vec<PendingRef>>> {
+        if self.done {
+            return Ok(None);
+        }
+        let page = app
+            .store
+            .pending_deliveries(self.due_before, &self.page)
+            .await?;
+        self.done = page.len() < self.page.limit as usize;
+        self.page.after = page.last().map(|last| last.delivery_id.clone());
+        Ok(self.page.after.is_some().then_some(page))
+    }
+}
 
 /// Hands every pending delivery due at or before `due_before` to the queue again. The
 /// queue ignores the ones it already holds, so this is how a lost message or a restart
 /// never loses a delivery. Returns how many were handed over.
 pub async fn enqueue_pending(app: &App, due_before: Timestamp) -> ServiceResult<usize> {
-    let mut after = None;
+    let mut pages = PendingPages::new(due_before);
     let mut total = 0;
-    loop {
-        let page = app
-            .store
-            .pending_deliveries(due_before, after.as_ref(), PAGE)
-            .await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        after = Some(last.delivery_id.clone());
+    while let Some(page) = pages.next(app).await? {
         total += page.len();
-        let full = page.len() == PAGE as usize;
         app.queue.enqueue(page).await?;
-        if !full {
-            break;
-        }
     }
     Ok(total)
 }
@@ -52,17 +81,8 @@ pub async fn sweep_overdue(
         due: 0,
         oldest_due: None,
     };
-    let mut after = None;
-    loop {
-        let page = app
-            .store
-            .pending_deliveries(now, after.as_ref(), PAGE)
-            .await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        after = Some(last.delivery_id.clone());
-        let full = page.len() == PAGE as usize;
+    let mut pages = PendingPages::new(now);
+    while let Some(page) = pages.next(app).await? {
         report.due += page.len();
         for pending in &page {
             report.oldest_due = Some(match report.oldest_due {
@@ -74,9 +94,6 @@ pub async fn sweep_overdue(
         report.requeued += overdue.len();
         if !overdue.is_empty() {
             app.queue.enqueue(overdue).await?;
-        }
-        if !full {
-            break;
         }
     }
     crate::telemetry::due_backlog(

@@ -4,7 +4,7 @@ use super::{access::Access, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
     domain::{AccountId, InvalidField},
-    store::Store,
+    store::{Store, TokenRef},
     tokens::{new_token_id, TokenKey},
     App,
 };
@@ -91,7 +91,13 @@ pub async fn revoke(
         return Err(ServiceError::NotFound("account"));
     }
     app.store
-        .revoke_token(account, token_id, app.clock.now())
+        .revoke_token(
+            &TokenRef {
+                account: account.clone(),
+                token_id: token_id.to_owned(),
+            },
+            app.clock.now(),
+        )
         .await?;
     access.forget_account_tokens(account);
     Ok(())

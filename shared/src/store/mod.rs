@@ -122,6 +122,51 @@ pub enum Unattempted {
     Fail(String),
 }
 
+/// Moving a delivery on without an attempt, only if it is still pending with
+/// `expected_attempts` (the attempts it had when it was seen).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnattemptedMove {
+    pub delivery: DeliveryId,
+    pub expected_attempts: u32,
+    pub change: Unattempted,
+    pub at: Timestamp,
+}
+
+impl UnattemptedMove {
+    /// Moves `delivery` on from the state it was read in.
+    pub fn of(delivery: &Delivery, change: Unattempted, at: Timestamp) -> Self {
+        Self {
+            delivery: delivery.id.clone(),
+            expected_attempts: delivery.attempts,
+            change,
+            at,
+        }
+    }
+}
+
+/// Deleting an endpoint (`Store::delete_endpoint`).
+#[derive(Debug, Clone)]
+pub struct EndpointDeletion {
+    pub account_id: AccountId,
+    pub endpoint_id: EndpointId,
+    pub at: Timestamp,
+}
+
+/// One page of a list: at most `limit` items after `after`, the last item of the previous
+/// page.
+#[derive(Debug, Clone)]
+pub struct PageAfter<Id> {
+    pub after: Option<Id>,
+    pub limit: u32,
+}
+
+/// One account token, by its account and id (tokens themselves are not stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRef {
+    pub account: AccountId,
+    pub token_id: String,
+}
+
 /// A pending delivery as the dispatcher needs it: what, for whom, when, and the lane limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingRef {
@@ -302,12 +347,7 @@ store_port! { $
     /// Replaces the mutable fields of an existing endpoint.
     async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
     /// Deletes the endpoint and abandons its pending deliveries; the history stays.
-    async fn delete_endpoint(
-        &self,
-        account: &AccountId,
-        id: &EndpointId,
-        now: Timestamp,
-    ) -> StoreResult<bool>;
+    async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool>;
 
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
@@ -353,19 +393,12 @@ store_port! { $
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
     /// Changes a delivery that is still pending with `expected_attempts` without recording
     /// an attempt. `false` (nothing written) when it moved on meanwhile or does not exist.
-    async fn move_unattempted(
-        &self,
-        delivery: &DeliveryId,
-        expected_attempts: u32,
-        change: &Unattempted,
-        now: Timestamp,
-    ) -> StoreResult<bool>;
+    async fn move_unattempted(&self, request: &UnattemptedMove) -> StoreResult<bool>;
     /// Pending deliveries in due order, due at or before `due_before`, after `after` (paging).
     async fn pending_deliveries(
         &self,
         due_before: Timestamp,
-        after: Option<&DeliveryId>,
-        limit: u32,
+        page: &PageAfter<DeliveryId>,
     ) -> StoreResult<Vec<PendingRef>>;
 
     async fn get_delivery(
@@ -390,8 +423,7 @@ store_port! { $
     async fn list_replays(
         &self,
         account: &AccountId,
-        after: Option<&ReplayId>,
-        limit: u32,
+        page: &PageAfter<ReplayId>,
     ) -> StoreResult<Page<Replay>>;
 
     /// Active endpoints whose `failing_since` is at or before `failing_before`.
@@ -417,15 +449,13 @@ store_port! { $
     /// Revokes one token of the account (the first revocation's time stays). Tokens are not
     /// stored, so any id can be revoked; the record may go once no token of that id can
     /// still be valid (90 days, the longest lifetime).
-    async fn revoke_token(&self, account: &AccountId, token_id: &str, at: Timestamp)
-        -> StoreResult<()>;
+    async fn revoke_token(&self, token: &TokenRef, at: Timestamp) -> StoreResult<()>;
     /// Revokes every token of the account issued at or before `before`; an earlier time
     /// than one already recorded changes nothing.
     async fn revoke_account_tokens(&self, account: &AccountId, before: Timestamp)
         -> StoreResult<()>;
     /// What is revoked of the account's token `token_id`, read strongly consistently.
-    async fn token_revocation(&self, account: &AccountId, token_id: &str)
-        -> StoreResult<TokenRevocation>;
+    async fn token_revocation(&self, token: &TokenRef) -> StoreResult<TokenRevocation>;
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
     /// Stores the value, replacing any.

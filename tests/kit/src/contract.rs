@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    DeliveryQuery, DisableRequest, Notification, PendingRef, PublishOutcome, PutEventOutcome,
-    RecordOutcome, Store, StoreError,
+    DeliveryQuery, DisableRequest, EndpointDeletion, Notification, PageAfter, PendingRef,
+    PublishOutcome, PutEventOutcome, RecordOutcome, Store, StoreError, TokenRef, Unattempted,
+    UnattemptedMove,
 };
 use hooklane::{
     clock::{add, Timestamp},
@@ -27,6 +28,29 @@ use crate::fixtures::{
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
+}
+
+fn token_ref(account: &AccountId, token_id: &str) -> TokenRef {
+    TokenRef {
+        account: account.clone(),
+        token_id: token_id.to_owned(),
+    }
+}
+
+fn deletion(ep: &Endpoint, at: Timestamp) -> EndpointDeletion {
+    EndpointDeletion {
+        account_id: ep.account_id.clone(),
+        endpoint_id: ep.id.clone(),
+        at,
+    }
+}
+
+/// Moves `d` on at t0 as if it had been read with `attempts` attempts.
+fn seen(d: &Delivery, attempts: u32, change: &Unattempted) -> UnattemptedMove {
+    UnattemptedMove {
+        expected_attempts: attempts,
+        ..UnattemptedMove::of(d, change.clone(), t0())
+    }
 }
 
 /// An account with one endpoint, and an event with one delivery to it.
@@ -56,7 +80,10 @@ async fn stored_endpoint(store: &dyn Store, ep: &Endpoint) -> Endpoint {
 
 /// The first `limit` deliveries due at `at`, in id order.
 async fn due_work(store: &dyn Store, at: Timestamp, limit: u32) -> Vec<PendingRef> {
-    store.pending_deliveries(at, None, limit).await.unwrap()
+    store
+        .pending_deliveries(at, &PageAfter { after: None, limit })
+        .await
+        .unwrap()
 }
 
 /// A failed first attempt at `failed_at`, retried at 60 s: the endpoint starts failing then.
@@ -324,7 +351,13 @@ pub async fn pending_deliveries_page_by_id_and_skip_inactive_endpoints(store: &d
     let mut after: Option<DeliveryId> = None;
     loop {
         let page = store
-            .pending_deliveries(cutoff, after.as_ref(), 3)
+            .pending_deliveries(
+                cutoff,
+                &PageAfter {
+                    after: after.clone(),
+                    limit: 3,
+                },
+            )
             .await
             .unwrap();
         assert!(page.len() <= 3);
@@ -798,18 +831,24 @@ pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
     let token = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f";
     let other = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e70";
     assert_eq!(
-        store.token_revocation(&acme, token).await.unwrap(),
+        store
+            .token_revocation(&token_ref(&acme, token))
+            .await
+            .unwrap(),
         TokenRevocation::default()
     );
     store
-        .revoke_token(&acme, token, add(t0(), secs(10)))
+        .revoke_token(&token_ref(&acme, token), add(t0(), secs(10)))
         .await
         .unwrap();
     store
-        .revoke_token(&acme, token, add(t0(), secs(20)))
+        .revoke_token(&token_ref(&acme, token), add(t0(), secs(20)))
         .await
         .unwrap();
-    let revoked = store.token_revocation(&acme, token).await.unwrap();
+    let revoked = store
+        .token_revocation(&token_ref(&acme, token))
+        .await
+        .unwrap();
     assert_eq!(
         revoked.revoked_at,
         Some(add(t0(), secs(10))),
@@ -818,12 +857,18 @@ pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
     assert_eq!(revoked.account_tokens_before, None);
     assert!(revoked.revokes(Some(t0())));
     assert_eq!(
-        store.token_revocation(&acme, other).await.unwrap(),
+        store
+            .token_revocation(&token_ref(&acme, other))
+            .await
+            .unwrap(),
         TokenRevocation::default(),
         "another token is untouched"
     );
     assert_eq!(
-        store.token_revocation(&beta, token).await.unwrap(),
+        store
+            .token_revocation(&token_ref(&beta, token))
+            .await
+            .unwrap(),
         TokenRevocation::default(),
         "the same id under another account is another token"
     );
@@ -836,7 +881,10 @@ pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
         .revoke_account_tokens(&acme, add(t0(), secs(50)))
         .await
         .unwrap();
-    let all = store.token_revocation(&acme, other).await.unwrap();
+    let all = store
+        .token_revocation(&token_ref(&acme, other))
+        .await
+        .unwrap();
     assert_eq!(all.revoked_at, None);
     assert_eq!(
         all.account_tokens_before,
@@ -858,14 +906,17 @@ pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
         .unwrap();
     assert_eq!(
         store
-            .token_revocation(&acme, other)
+            .token_revocation(&token_ref(&acme, other))
             .await
             .unwrap()
             .account_tokens_before,
         Some(add(t0(), secs(200)))
     );
     assert_eq!(
-        store.token_revocation(&beta, other).await.unwrap(),
+        store
+            .token_revocation(&token_ref(&beta, other))
+            .await
+            .unwrap(),
         TokenRevocation::default()
     );
 
@@ -890,11 +941,11 @@ pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
 pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Store) {
     let (ep, ev, d) = seeded(store).await;
     assert!(store
-        .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(5)))
+        .delete_endpoint(&deletion(&ep, add(t0(), secs(5))))
         .await
         .unwrap());
     assert!(!store
-        .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(6)))
+        .delete_endpoint(&deletion(&ep, add(t0(), secs(6))))
         .await
         .unwrap());
     assert_eq!(
@@ -1104,11 +1155,7 @@ pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Stor
             .unwrap();
     }
     assert!(store
-        .delete_endpoint(
-            &endpoints[2].account_id,
-            &endpoints[2].id,
-            add(t0(), secs(40))
-        )
+        .delete_endpoint(&deletion(&endpoints[2], add(t0(), secs(40))))
         .await
         .unwrap());
 
@@ -1338,7 +1385,6 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
 /// work until its new time; failed, it is final with the reason; either only from the
 /// state the caller saw.
 pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store) {
-    use hooklane::store::Unattempted;
     let (ep, _, d) = seeded(store).await;
     let due_ids = |at: Timestamp| async move {
         due_work(store, at, 10)
@@ -1352,16 +1398,10 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
     let until = add(t0(), secs(600));
     let defer = Unattempted::Defer(until);
     assert!(
-        !store
-            .move_unattempted(&d.id, 1, &defer, t0())
-            .await
-            .unwrap(),
+        !store.move_unattempted(&seen(&d, 1, &defer)).await.unwrap(),
         "another attempt count: someone moved it on"
     );
-    assert!(store
-        .move_unattempted(&d.id, 0, &defer, t0())
-        .await
-        .unwrap());
+    assert!(store.move_unattempted(&seen(&d, 0, &defer)).await.unwrap());
     assert!(
         due_ids(add(t0(), secs(599))).await.is_empty(),
         "a deferred delivery is not due before its new time"
@@ -1374,7 +1414,7 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
     );
 
     let fail = Unattempted::Fail("the event is past retention".into());
-    assert!(store.move_unattempted(&d.id, 0, &fail, t0()).await.unwrap());
+    assert!(store.move_unattempted(&seen(&d, 0, &fail)).await.unwrap());
     let stored = self::stored(store, &d).await;
     assert_eq!(stored.status, DeliveryStatus::Failed);
     assert_eq!(
@@ -1383,15 +1423,17 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
     );
     assert!(due_ids(add(t0(), secs(86_400))).await.is_empty());
     assert!(
-        !store
-            .move_unattempted(&d.id, 0, &defer, t0())
-            .await
-            .unwrap(),
+        !store.move_unattempted(&seen(&d, 0, &defer)).await.unwrap(),
         "failed is final"
     );
     let unknown = DeliveryId::parse("dlv_unknown").unwrap();
     assert!(!store
-        .move_unattempted(&unknown, 0, &defer, t0())
+        .move_unattempted(&UnattemptedMove {
+            delivery: unknown.clone(),
+            expected_attempts: 0,
+            change: defer.clone(),
+            at: t0()
+        })
         .await
         .unwrap());
     assert_eq!(ep.id, stored.endpoint_id);

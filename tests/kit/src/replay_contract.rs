@@ -127,7 +127,13 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
         assert_eq!(d.next_trigger, Trigger::Scheduled, "{untouched}");
     }
     assert!(store
-        .pending_deliveries(at(50), None, 100)
+        .pending_deliveries(
+            at(50),
+            &hooklane::store::PageAfter {
+                after: None,
+                limit: 100
+            }
+        )
         .await
         .expect("pending")
         .iter()
@@ -199,7 +205,13 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
     let mut after = None;
     loop {
         let page = store
-            .list_replays(&account, after.as_ref(), 3)
+            .list_replays(
+                &account,
+                &hooklane::store::PageAfter {
+                    after: after.clone(),
+                    limit: 3,
+                },
+            )
             .await
             .expect("list");
         all.extend(page.items);

@@ -169,14 +169,23 @@ pub async fn get_delivery(
     State(state): State<ApiState>,
     ScopedId(account, delivery): ScopedId<DeliveryId>,
 ) -> ApiResult<Response> {
-    let delivery = state
+    let delivery = existing_delivery(&state, &account, &delivery).await?;
+    Ok(Json(DeliveryView::from(&delivery)).into_response())
+}
+
+/// The account's delivery of that id, or 404.
+async fn existing_delivery(
+    state: &ApiState,
+    account: &AccountId,
+    id: &DeliveryId,
+) -> ApiResult<Delivery> {
+    state
         .app
         .store
-        .get_delivery(&account, &delivery)
+        .get_delivery(account, id)
         .await
         .map_err(crate::service::ServiceError::from)?
-        .ok_or_else(|| ApiError::not_found("delivery"))?;
-    Ok(Json(DeliveryView::from(&delivery)).into_response())
+        .ok_or_else(|| ApiError::not_found("delivery"))
 }
 
 #[utoipa::path(
@@ -192,16 +201,10 @@ pub async fn list_attempts(
     State(state): State<ApiState>,
     ScopedId(account, delivery): ScopedId<DeliveryId>,
 ) -> ApiResult<Response> {
-    let store = &state.app.store;
-    if store
-        .get_delivery(&account, &delivery)
-        .await
-        .map_err(crate::service::ServiceError::from)?
-        .is_none()
-    {
-        return Err(ApiError::not_found("delivery"));
-    }
-    let attempts = store
+    existing_delivery(&state, &account, &delivery).await?;
+    let attempts = state
+        .app
+        .store
         .list_attempts(&delivery)
         .await
         .map_err(crate::service::ServiceError::from)?;

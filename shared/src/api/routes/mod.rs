@@ -30,8 +30,8 @@ use super::{
 };
 use crate::{
     domain::{
-        AccountId, DeliveryId, DeliveryStatus, EndpointId, EventId, EventType, ReplayFilter,
-        ReplayId,
+        AccountId, Delivery, DeliveryId, DeliveryStatus, EndpointId, EventId, EventType,
+        ReplayFilter, ReplayId,
     },
     store::{cursor, DeliveryQuery},
 };

@@ -7,7 +7,7 @@ use super::items::*;
 use super::*;
 use crate::{
     domain::{access::Scope, ApiKey, ApiKeyId},
-    store::TokenRevocation,
+    store::{TokenRef, TokenRevocation},
 };
 
 /// How long a revoked token's record is kept: longer than any token lives (90 days).
@@ -154,18 +154,13 @@ impl DynamoStore {
             .transpose()
     }
 
-    pub(super) async fn revoke_token(
-        &self,
-        account: &AccountId,
-        token_id: &str,
-        at: Timestamp,
-    ) -> StoreResult<()> {
+    pub(super) async fn revoke_token(&self, token: &TokenRef, at: Timestamp) -> StoreResult<()> {
         let expires = crate::clock::add(at, TOKEN_RECORD_KEPT).timestamp();
         let result = self
             .client
             .put_item()
             .table_name(&self.tables.control)
-            .item("pk", s(revoked_pk(account, token_id)))
+            .item("pk", s(revoked_pk(&token.account, &token.token_id)))
             .item("revoked_at", n(to_millis(at)))
             .item("expires_at", n(expires))
             // The first revocation's time stays.
@@ -196,15 +191,14 @@ impl DynamoStore {
         Ok(())
     }
 
-    pub(super) async fn token_revocation(
-        &self,
-        account: &AccountId,
-        token_id: &str,
-    ) -> StoreResult<TokenRevocation> {
+    pub(super) async fn token_revocation(&self, token: &TokenRef) -> StoreResult<TokenRevocation> {
         let control = &self.tables.control;
         let (token, every) = tokio::try_join!(
-            self.get(control, key1("pk", &revoked_pk(account, token_id))),
-            self.get(control, key1("pk", &revoked_pk(account, "*"))),
+            self.get(
+                control,
+                key1("pk", &revoked_pk(&token.account, &token.token_id))
+            ),
+            self.get(control, key1("pk", &revoked_pk(&token.account, "*"))),
         )?;
         let at = |item: Option<Item>| -> StoreResult<Option<Timestamp>> {
             Ok(item

@@ -97,12 +97,8 @@ impl DynamoStore {
             .ok_or(StoreError::NotFound("endpoint"))
     }
 
-    pub(super) async fn delete_endpoint(
-        &self,
-        account: &AccountId,
-        id: &EndpointId,
-        now: Timestamp,
-    ) -> StoreResult<bool> {
+    pub(super) async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool> {
+        let (account, id, now) = (&deletion.account_id, &deletion.endpoint_id, deletion.at);
         // A tombstone rather than a delete: the account's deliveries are found through its
         // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret,
         // leaves the `failing` index and reads as absent everywhere.

@@ -24,13 +24,14 @@ impl DynamoStore {
         }))
     }
 
-    pub(super) async fn move_unattempted(
-        &self,
-        delivery: &DeliveryId,
-        expected_attempts: u32,
-        change: &Unattempted,
-        now: Timestamp,
-    ) -> StoreResult<bool> {
+    pub(super) async fn move_unattempted(&self, request: &UnattemptedMove) -> StoreResult<bool> {
+        let UnattemptedMove {
+            delivery,
+            expected_attempts,
+            change,
+            at: now,
+        } = request;
+        let (expected_attempts, now) = (*expected_attempts, *now);
         let Some(key) = delivery_key(delivery) else {
             return Ok(false);
         };
@@ -198,9 +199,9 @@ impl DynamoStore {
     pub(super) async fn pending_deliveries(
         &self,
         due_before: Timestamp,
-        after: Option<&DeliveryId>,
-        limit: u32,
+        page: &PageAfter<DeliveryId>,
     ) -> StoreResult<Vec<PendingRef>> {
+        let (after, limit) = (page.after.as_ref(), page.limit);
         // The index is ordered by due time within each shard, but the port pages by
         // delivery id: gather every due entry, then order and cut by id. Due-but-unsent
         // entries are few in practice (the sweeper looks only past a grace period).

@@ -42,7 +42,7 @@ impl DynamoStore {
             if delivery.status == DeliveryStatus::Pending {
                 let change = Unattempted::Fail(EVENT_ERASED.to_owned());
                 if self
-                    .move_unattempted(&delivery.id, delivery.attempts, &change, now)
+                    .move_unattempted(&UnattemptedMove::of(&delivery, change, now))
                     .await?
                 {
                     ended += 1;

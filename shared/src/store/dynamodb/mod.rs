@@ -46,9 +46,9 @@ use aws_sdk_dynamodb::{
 use futures_util::StreamExt;
 
 use super::{
-    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
-    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
-    StoreError, StoreResult, Unattempted,
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, EndpointDeletion,
+    Notification, Page, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
+    ReplayOutcome, ReplayRequest, StoreError, StoreResult, Unattempted, UnattemptedMove,
 };
 use crate::{
     aws::error_text,

@@ -206,10 +206,9 @@ impl DynamoStore {
     pub(super) async fn list_replays(
         &self,
         account: &AccountId,
-        after: Option<&ReplayId>,
-        limit: u32,
+        page: &PageAfter<ReplayId>,
     ) -> StoreResult<Page<Replay>> {
-        let limit = limit.clamp(1, 500) as usize;
+        let limit = page.limit.clamp(1, 500) as usize;
         let items = self
             .query_all(
                 self.client
@@ -226,7 +225,7 @@ impl DynamoStore {
             .collect::<StoreResult<Vec<_>>>()?;
         // Replay ids are time-ordered: newest first, then strictly older than the cursor.
         replays.sort_by(|a, b| b.id.cmp(&a.id));
-        if let Some(after) = after {
+        if let Some(after) = &page.after {
             replays.retain(|r| r.id < *after);
         }
         let next_cursor = if replays.len() > limit {

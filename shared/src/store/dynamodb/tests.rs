@@ -45,7 +45,13 @@ async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
         DeliveryStatus::Failed
     );
     assert!(store
-        .list_replays(&account, None, 10)
+        .list_replays(
+            &account,
+            &PageAfter {
+                after: None,
+                limit: 10
+            }
+        )
         .await
         .unwrap()
         .items
@@ -140,7 +146,17 @@ async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
         ),
         (150, 150, false)
     );
-    let listed = store.list_replays(&account, None, 10).await.unwrap().items;
+    let listed = store
+        .list_replays(
+            &account,
+            &PageAfter {
+                after: None,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap()
+        .items;
     assert_eq!(listed.len(), 1);
     assert_eq!((listed[0].count, listed[0].more), (150, false));
 }
@@ -307,7 +323,13 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
 
     // The sweep finds the lost one (and the retry once it is due).
     let swept = store
-        .pending_deliveries(add(t0(), secs(10)), None, 100)
+        .pending_deliveries(
+            add(t0(), secs(10)),
+            &PageAfter {
+                after: None,
+                limit: 100,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -322,7 +344,13 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     // within the margin: still found.
     let late = publish("evt_late", add(t0(), secs(5))).await;
     let swept = store
-        .pending_deliveries(add(t0(), secs(100)), None, 100)
+        .pending_deliveries(
+            add(t0(), secs(100)),
+            &PageAfter {
+                after: None,
+                limit: 100,
+            },
+        )
         .await
         .unwrap();
     let mut ids: Vec<&DeliveryId> = swept.iter().map(|r| &r.delivery_id).collect();
@@ -334,7 +362,11 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     // Deleting the endpoint abandons a new delivery the walk has not seen yet.
     let unseen = publish("evt_unseen", add(t0(), secs(200))).await;
     assert!(store
-        .delete_endpoint(&ep.account_id, &ep.id, add(t0(), secs(300)))
+        .delete_endpoint(&EndpointDeletion {
+            account_id: ep.account_id.clone(),
+            endpoint_id: ep.id.clone(),
+            at: add(t0(), secs(300)),
+        })
         .await
         .unwrap());
     for d in [&lost, &retried, &late, &unseen] {

@@ -5,7 +5,7 @@ use super::rows::*;
 use super::*;
 use crate::{
     domain::{access::Scope, ApiKey, ApiKeyId},
-    store::TokenRevocation,
+    store::{TokenRef, TokenRevocation},
 };
 
 /// The `token_id` of an account's "every token up to" row: no token id is `*`.
@@ -123,13 +123,8 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn revoke_token(
-        &self,
-        account: &AccountId,
-        token_id: &str,
-        at: Timestamp,
-    ) -> StoreResult<()> {
-        let (account, token_id) = (account.clone(), token_id.to_owned());
+    pub(super) async fn revoke_token(&self, token: &TokenRef, at: Timestamp) -> StoreResult<()> {
+        let TokenRef { account, token_id } = token.clone();
         self.run(move |conn| {
             conn.execute(
                 "INSERT OR IGNORE INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3)",
@@ -159,12 +154,8 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn token_revocation(
-        &self,
-        account: &AccountId,
-        token_id: &str,
-    ) -> StoreResult<TokenRevocation> {
-        let (account, token_id) = (account.clone(), token_id.to_owned());
+    pub(super) async fn token_revocation(&self, token: &TokenRef) -> StoreResult<TokenRevocation> {
+        let TokenRef { account, token_id } = token.clone();
         self.read(move |conn| {
             let mut revocation = TokenRevocation::default();
             let mut statement = conn

@@ -145,13 +145,12 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn delete_endpoint(
-        &self,
-        account: &AccountId,
-        id: &EndpointId,
-        now: Timestamp,
-    ) -> StoreResult<bool> {
-        let (account, id) = (account.clone(), id.clone());
+    pub(super) async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool> {
+        let EndpointDeletion {
+            account_id: account,
+            endpoint_id: id,
+            at: now,
+        } = deletion.clone();
         self.run(move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
             let deleted = tx

@@ -62,15 +62,14 @@ impl SqliteStore {
         Ok(work)
     }
 
-    pub(super) async fn move_unattempted(
-        &self,
-        delivery: &DeliveryId,
-        expected_attempts: u32,
-        change: &Unattempted,
-        now: Timestamp,
-    ) -> StoreResult<bool> {
-        let (id, change) = (delivery.clone(), change.clone());
-        let (fresh, moved) = (Arc::clone(&self.fresh), delivery.clone());
+    pub(super) async fn move_unattempted(&self, request: &UnattemptedMove) -> StoreResult<bool> {
+        let UnattemptedMove {
+            delivery: id,
+            expected_attempts,
+            change,
+            at: now,
+        } = request.clone();
+        let (fresh, moved) = (Arc::clone(&self.fresh), id.clone());
         self.run_then(
             move |conn| {
                 let changed = match change {
@@ -191,10 +190,10 @@ impl SqliteStore {
     pub(super) async fn pending_deliveries(
         &self,
         due_before: Timestamp,
-        after: Option<&DeliveryId>,
-        limit: u32,
+        page: &PageAfter<DeliveryId>,
     ) -> StoreResult<Vec<PendingRef>> {
-        let after = after.map(|a| a.as_str().to_owned());
+        let after = page.after.as_ref().map(|a| a.as_str().to_owned());
+        let limit = page.limit;
         self.scan(move |conn| {
             // Paging is by delivery id (unique) so a page boundary never skips rows.
             let mut stmt = conn

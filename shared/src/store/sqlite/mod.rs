@@ -9,9 +9,9 @@ use std::{
 use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
 
 use super::{
-    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, Notification, Page,
-    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest,
-    StoreError, StoreResult, Unattempted,
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, EndpointDeletion,
+    Notification, Page, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
+    ReplayOutcome, ReplayRequest, StoreError, StoreResult, Unattempted, UnattemptedMove,
 };
 use crate::{
     clock::{from_millis, to_millis, Timestamp},

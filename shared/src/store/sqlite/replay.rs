@@ -139,13 +139,12 @@ impl SqliteStore {
     pub(super) async fn list_replays(
         &self,
         account: &AccountId,
-        after: Option<&ReplayId>,
-        limit: u32,
+        page: &PageAfter<ReplayId>,
     ) -> StoreResult<Page<Replay>> {
         let account = account.clone();
-        let after = after.map(|a| a.as_str().to_owned());
+        let after = page.after.as_ref().map(|a| a.as_str().to_owned());
+        let limit = page.limit.clamp(1, 500);
         self.run(move |conn| {
-            let limit = limit.clamp(1, 500);
             // Replay ids are time-ordered, so id order is request order.
             let mut stmt = conn
                 .prepare_cached(
