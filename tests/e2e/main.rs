@@ -25,4 +25,5 @@ mod retries;
 mod schema;
 mod signatures;
 mod snippets;
+mod test_events;
 mod ui;

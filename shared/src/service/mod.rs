@@ -14,6 +14,7 @@ pub mod replay;
 #[cfg(feature = "aws")]
 pub mod sender;
 pub mod sweep;
+pub mod test_events;
 pub mod tokens;
 
 use crate::{domain::InvalidField, queue::QueueError, store::StoreError};

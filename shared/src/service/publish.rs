@@ -58,9 +58,19 @@ async fn with_deliveries(
     event: Event,
     endpoints: &[Endpoint],
 ) -> ServiceResult<Published> {
+    let chosen = deliveries_to(&event, endpoints, event.created_at);
+    write_with_deliveries(app, event, chosen).await
+}
+
+/// Writes the event and these deliveries in one transaction, idempotent on the event's id,
+/// then queues the deliveries.
+pub(super) async fn write_with_deliveries(
+    app: &App,
+    event: Event,
+    chosen: Vec<(&Endpoint, Delivery)>,
+) -> ServiceResult<Published> {
     let now = event.created_at;
-    let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) =
-        deliveries_to(&event, endpoints, now).into_iter().unzip();
+    let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) = chosen.into_iter().unzip();
     match app.store.publish(&event, &deliveries).await? {
         PublishOutcome::AlreadyExists { event, deliveries } => Ok(Published {
             event,
@@ -242,7 +252,7 @@ pub async fn publish_batch_limited(
 /// `RateLimited` when they are not there. A bucket that cannot be read lets the publish
 /// through: the limit protects the service, and refusing every publish while the control
 /// table is unreachable would be the outage it is meant to prevent.
-async fn take_publish_tokens(
+pub(super) async fn take_publish_tokens(
     app: &App,
     limits: &dyn PublishBuckets,
     account: &Account,

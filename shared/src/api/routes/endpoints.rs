@@ -248,3 +248,31 @@ pub async fn rotate_secret(
     .await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
+
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{account}/endpoints/{endpoint}/test",
+    security(("bearer" = ["endpoints:write"])),
+    tag = "endpoints",
+    summary = "Sends a signed `hooklane.test` event to this endpoint only.",
+    description = "The event goes to this endpoint whatever its event-type filter, through the normal path: it is in the delivery log, attempted, retried and replayable like any other, and takes one token of the account's publish rate limit. A disabled endpoint answers 409.",
+    params(EndpointPath),
+    responses((status = 202, description = "The test event and its one pending delivery", body = EventView), ReadErrors, PublishErrors),
+)]
+pub async fn send_test_event(
+    State(state): State<ApiState>,
+    ScopedId(account, endpoint): ScopedId<EndpointId>,
+) -> ApiResult<Response> {
+    let published = crate::service::test_events::send(
+        &state.app,
+        state.publish_limits.as_ref(),
+        &account,
+        &endpoint,
+    )
+    .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(EventView::new(&published.event, &published.deliveries)),
+    )
+        .into_response())
+}
