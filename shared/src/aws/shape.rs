@@ -12,8 +12,12 @@ use crate::{
     http::HttpSender,
     notify::{ses::SesNotifier, LogNotifier, Notifier},
     queue::sqs::{SchedulerTarget, SqsQueue},
+    secrets::{generate_key, key_id, parse_key, SecretsCipher},
     slots::dynamodb::DynamoSlots,
-    store::dynamodb::{DynamoStore, Retention},
+    store::{
+        dynamodb::{DynamoStore, Retention},
+        Store,
+    },
     App, PublishMode,
 };
 
@@ -29,8 +33,51 @@ pub struct AwsShape {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot build the outbound HTTP client: {0}")]
+#[error("{0}")]
 pub struct ConnectError(String);
+
+/// Where a local run without `HOOKLANE_SECRETS_KEY` keeps its generated key.
+const SECRETS_KEY_SETTING: &str = "secrets_key";
+
+/// The cipher of endpoint secrets: `HOOKLANE_SECRETS_KEY` (and `_PREVIOUS`). A deployed
+/// function refuses to start without it. A local run against an emulator generates a key
+/// once and keeps it in the control table, which protects nothing against a copy of that
+/// table: it only lets a local stack restart and still read its secrets.
+async fn secrets_cipher(
+    settings: &AwsSettings,
+    dynamodb: &aws_sdk_dynamodb::Client,
+) -> Result<SecretsCipher, ConnectError> {
+    let invalid = |e: crate::domain::InvalidField| ConnectError(e.to_string());
+    if let Some(cipher) = settings.core.secrets.cipher_or(None) {
+        return cipher.map_err(invalid);
+    }
+    if settings.in_lambda {
+        return Err(ConnectError(
+            "HOOKLANE_SECRETS_KEY is not set: endpoint signing secrets are encrypted with it \
+             (the stack's SecretsKey parameter)"
+                .into(),
+        ));
+    }
+    let bootstrap = DynamoStore::new(
+        dynamodb.clone(),
+        settings.tables.clone(),
+        Retention::from_core(&settings.core),
+        SecretsCipher::ephemeral().map_err(|e| ConnectError(e.to_string()))?,
+    );
+    let generated = generate_key().map_err(|e| ConnectError(e.to_string()))?;
+    let stored = bootstrap
+        .put_setting_if_absent(SECRETS_KEY_SETTING, &generated)
+        .await
+        .map_err(|e| ConnectError(format!("cannot keep the generated secrets key: {e}")))?;
+    let key = parse_key(&stored, "HOOKLANE_SECRETS_KEY").map_err(invalid)?;
+    tracing::warn!(
+        key_id = %key_id(&key),
+        "HOOKLANE_SECRETS_KEY is not set: endpoint secrets are encrypted with a key generated \
+         into the control table, which a copy of that table holds; set HOOKLANE_SECRETS_KEY \
+         for anything but a local run"
+    );
+    SecretsCipher::new(&key, None).map_err(invalid)
+}
 
 /// Builds the clients once (a Lambda's `main` calls this before the first event).
 pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
@@ -49,6 +96,7 @@ pub async fn connect_with(
         dynamodb.clone(),
         settings.tables.clone(),
         Retention::from_core(&settings.core),
+        secrets_cipher(settings, &dynamodb).await?,
     ));
     let scheduler = settings
         .scheduler
@@ -70,8 +118,8 @@ pub async fn connect_with(
         Some(from) => Arc::new(SesNotifier::new(clients::sesv2(&sdk, extra), from)),
         None => Arc::new(LogNotifier),
     };
-    let transport =
-        HttpSender::new(settings.core.sender.clone()).map_err(|e| ConnectError(e.to_string()))?;
+    let transport = HttpSender::new(settings.core.sender.clone())
+        .map_err(|e| ConnectError(format!("cannot build the outbound HTTP client: {e}")))?;
     let slots = Arc::new(DynamoSlots::new(
         dynamodb,
         settings.tables.control.clone(),

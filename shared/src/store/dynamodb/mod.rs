@@ -59,6 +59,7 @@ use crate::{
         EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
         ReplayScope, Trigger,
     },
+    secrets::SecretsCipher,
     signing::SigningSecret,
 };
 
@@ -182,6 +183,8 @@ pub struct DynamoStore {
     /// the past (every delivery would be indexed as it is written, and the walk would go
     /// untested).
     late_fan_out: Option<std::time::Duration>,
+    /// Seals endpoint signing secrets as they are written and opens them as they are read.
+    secrets: SecretsCipher,
 }
 
 impl DynamoStore {
@@ -208,8 +211,15 @@ impl DynamoStore {
         AttributeValue::N(seconds.to_string())
     }
 
-    pub fn new(client: Client, tables: TableNames, retention: Retention) -> Self {
+    /// A store on `tables`; endpoint secrets are sealed with `secrets`.
+    pub fn new(
+        client: Client,
+        tables: TableNames,
+        retention: Retention,
+        secrets: SecretsCipher,
+    ) -> Self {
         Self {
+            secrets,
             client,
             tables,
             retention,
@@ -319,7 +329,7 @@ impl DynamoStore {
         )
         .await?
         .filter(|item| !is_tombstone(item))
-        .map(|item| endpoint_from_item(&item))
+        .map(|item| endpoint_from_item(&item, &self.secrets))
         .transpose()
     }
 

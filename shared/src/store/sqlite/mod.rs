@@ -21,6 +21,7 @@ use crate::{
         EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
         ReplayScope, Trigger,
     },
+    secrets::SecretsCipher,
     signing::SigningSecret,
 };
 
@@ -62,11 +63,14 @@ pub struct SqliteStore {
     fresh: Arc<fresh::FreshWork>,
     /// `store::LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
+    /// Seals endpoint signing secrets as they are written and opens them as they are read.
+    secrets: SecretsCipher,
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file, refusing if another process has it open.
-    pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+    /// Opens (creating if needed) the database file, refusing if another process has it
+    /// open. Endpoint secrets are sealed with `secrets`.
+    pub fn open(path: impl AsRef<Path>, secrets: SecretsCipher) -> StoreResult<Self> {
         let path = path.as_ref();
         let lock = acquire_lock(path)?;
         let open = || {
@@ -74,7 +78,7 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))
         };
         let conn = open()?;
-        Self::init(conn, Some(lock), |conn, _| {
+        Self::init(conn, Some(lock), secrets, |conn, _| {
             let reader = |name: &str| -> StoreResult<mpsc::Sender<Job>> {
                 let reader = open()?;
                 reader
@@ -129,10 +133,58 @@ impl SqliteStore {
         .await
     }
 
-    /// A private in-memory database, for tests.
+    /// A private in-memory database, for tests: its secrets are sealed with a key that
+    /// lives as long as the process, as the database does.
     pub fn in_memory() -> StoreResult<Self> {
         let conn = Connection::open_in_memory().map_err(backend)?;
-        Self::init(conn, None, reads_on_the_store_thread)
+        let secrets = SecretsCipher::ephemeral().map_err(|e| StoreError::Backend(e.to_string()))?;
+        Self::init(conn, None, secrets, reads_on_the_store_thread)
+    }
+
+    /// Seals again every endpoint secret that is plaintext (written before encryption) or
+    /// sealed under a key other than the current one; returns how many endpoints changed.
+    /// A secret under a key the cipher does not have is an error naming the key id, and
+    /// nothing changes.
+    pub async fn reseal_secrets(&self) -> StoreResult<usize> {
+        let cipher = self.secrets.clone();
+        self.run(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let rows: Vec<(String, String, String, Option<String>)> = {
+                let mut stmt = tx
+                    .prepare("SELECT id, account_id, secret, retiring_secret FROM endpoints")
+                    .map_err(backend)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(backend)?
+            };
+            let mut changed = 0;
+            for (id, account, secret, retiring) in rows {
+                if !cipher.needs_reseal(&secret)
+                    && !retiring.as_deref().is_some_and(|r| cipher.needs_reseal(r))
+                {
+                    continue;
+                }
+                let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
+                let reseal = |stored: &str| {
+                    cipher
+                        .open(stored, &account, &id)
+                        .and_then(|plain| cipher.seal(&plain, &account, &id))
+                        .map_err(|e| StoreError::Corrupt(format!("endpoint {id}: {e}")))
+                };
+                let secret = reseal(&secret)?;
+                let retiring = retiring.as_deref().map(reseal).transpose()?;
+                tx.execute(
+                    "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
+                    params![id.as_str(), account.as_str(), secret, retiring],
+                )
+                .map_err(backend)?;
+                changed += 1;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(changed)
+        })
+        .await
     }
 
     /// With another bound on the deliveries one log page reads (`store::LIST_EXAMINE_BUDGET`):
@@ -148,6 +200,7 @@ impl SqliteStore {
     fn init(
         conn: Connection,
         lock: Option<File>,
+        secrets: SecretsCipher,
         helpers: impl FnOnce(&Connection, &mpsc::Sender<Job>) -> StoreResult<Helpers>,
     ) -> StoreResult<Self> {
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -189,6 +242,7 @@ impl SqliteStore {
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
             list_examine_budget: super::LIST_EXAMINE_BUDGET,
+            secrets,
         })
     }
 
