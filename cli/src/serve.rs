@@ -3,30 +3,29 @@
 use std::sync::Arc;
 
 use axum::{
-    http::{
-        header::{AUTHORIZATION, CONTENT_TYPE},
-        HeaderMap,
-    },
+    http::{header::CONTENT_TYPE, HeaderMap},
     response::IntoResponse,
     routing::get,
     Router,
 };
-use hooklane::api::ApiError;
+use hooklane::api::{auth::bearer, ApiError};
 use hooklane::{
     api::{self, ApiState},
     dispatcher::{self, DispatcherConfig},
+    domain::Scope,
     http::HttpSender,
     limits::MemoryBuckets,
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
     secrets::{generate_key, parse_key, SecretsCipher},
-    service::tokens,
+    service::{
+        access::{new_admin_token, sha256_hex, Access, AdminToken, ADMIN_TOKEN_DIGEST_SETTING},
+        tokens,
+    },
     store::{sqlite::SqliteStore, Store, StoreError},
     App, PublishMode, SystemClock,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use rand::RngCore;
-use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;
@@ -44,35 +43,55 @@ pub enum ServeError {
     },
 }
 
-const ADMIN_TOKEN_SETTING: &str = "admin_token";
+/// Where files from before digests kept a generated admin token, in plain text.
+const PLAIN_ADMIN_TOKEN_SETTING: &str = "admin_token";
 
-/// The admin token: configured, or generated once and kept in the database.
-async fn admin_token(store: &dyn Store, configured: Option<&str>) -> Result<String, ServeError> {
+/// The admin token: configured (fixed for the process), or kept in the database as a digest,
+/// generated and printed once on the first start, and replaced by `POST /v1/admin-token`
+/// without a restart.
+async fn admin_token(
+    store: &dyn Store,
+    configured: Option<&str>,
+) -> Result<AdminToken, ServeError> {
     if let Some(token) = configured {
         if token.len() < 16 {
             return Err(ServeError::Startup(
                 "HOOKLANE_ADMIN_TOKEN must be at least 16 characters".into(),
             ));
         }
-        return Ok(token.to_owned());
+        return Ok(AdminToken::fixed(token));
     }
-    if let Some(token) = store.get_setting(ADMIN_TOKEN_SETTING).await? {
-        return Ok(token);
+    if store
+        .get_setting(ADMIN_TOKEN_DIGEST_SETTING)
+        .await?
+        .is_some()
+    {
+        return Ok(AdminToken::Stored);
     }
-    let mut bytes = [0u8; 24];
-    rand::rng().fill_bytes(&mut bytes);
-    let generated: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let token = format!("hl_admin_{generated}");
+    // A file from before digests: its token goes on working, kept only as a digest now.
+    if let Some(token) = store
+        .get_setting(PLAIN_ADMIN_TOKEN_SETTING)
+        .await?
+        .filter(|t| !t.is_empty())
+    {
+        store
+            .put_setting_if_absent(ADMIN_TOKEN_DIGEST_SETTING, &sha256_hex(&token))
+            .await?;
+        store.put_setting(PLAIN_ADMIN_TOKEN_SETTING, "").await?;
+        return Ok(AdminToken::Stored);
+    }
+    let token = new_admin_token();
+    let digest = sha256_hex(&token);
     let stored = store
-        .put_setting_if_absent(ADMIN_TOKEN_SETTING, &token)
+        .put_setting_if_absent(ADMIN_TOKEN_DIGEST_SETTING, &digest)
         .await?;
-    if stored == token {
+    if stored == digest {
         // Printed once, on the start that created it.
         println!(
-            "admin token (shown once; also set HOOKLANE_ADMIN_TOKEN to choose your own): {token}"
+            "admin token (shown once; POST /v1/admin-token replaces it; or set HOOKLANE_ADMIN_TOKEN to choose your own): {token}"
         );
     }
-    Ok(stored)
+    Ok(AdminToken::Stored)
 }
 
 /// The key file of an embedded shape without `HOOKLANE_SECRETS_KEY`: beside the database,
@@ -141,22 +160,29 @@ pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
     Ok(handle)
 }
 
-/// `GET /metrics`: Prometheus text, behind the admin token like the rest of the API.
-pub(crate) fn metrics_route(handle: PrometheusHandle, admin_token: Arc<str>) -> Router {
+/// How long `serve` may use what it read of a credential. Revocations go through this
+/// process, which forgets what it read at once; the bound holds whatever the path.
+const CREDENTIAL_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `GET /metrics`: Prometheus text, for the admin token or a key with the `admin` scope.
+pub(crate) fn metrics_route(handle: PrometheusHandle, access: Arc<Access>) -> Router {
     Router::new().route(
         "/metrics",
         get(move |headers: HeaderMap| {
             let handle = handle.clone();
-            let admin_token = Arc::clone(&admin_token);
+            let access = Arc::clone(&access);
             async move {
-                let presented = headers
-                    .get(AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .unwrap_or("");
-                if !bool::from(presented.trim().as_bytes().ct_eq(admin_token.as_bytes())) {
-                    return ApiError::unauthorized("the admin token is required for /metrics")
-                        .into_response();
+                let allowed = match bearer(&headers) {
+                    Ok(credential) => match access.authenticate(credential).await {
+                        Ok(principal) => principal
+                            .authorize(Some(Scope::Admin), None)
+                            .map_err(ApiError::from),
+                        Err(error) => Err(ApiError::from(error)),
+                    },
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = allowed {
+                    return error.into_response();
                 }
                 (
                     [(CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -208,7 +234,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         resealed,
         "endpoint secrets are encrypted at rest"
     );
-    let token = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
+    let admin = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
     let sender = HttpSender::new(config.core.sender.clone())
         .map_err(|e| ServeError::Startup(e.to_string()))?;
     let notifier: Arc<dyn Notifier> = match &config.smtp {
@@ -248,15 +274,20 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let token_key = tokens::signing_key(app.store.as_ref())
         .await
         .map_err(|e| ServeError::Startup(format!("cannot load the token signing key: {e}")))?;
-    let admin_token: Arc<str> = token.into();
+    let access = Arc::new(Access::new(
+        Arc::clone(&app.store),
+        Arc::clone(&app.clock),
+        token_key,
+        admin,
+        CREDENTIAL_CACHE,
+    ));
     let publish_limits = Arc::new(MemoryBuckets::new(app.clock.clone()));
     let router = api::router(ApiState {
         app,
-        admin_token: admin_token.clone(),
-        token_key: Arc::new(token_key),
+        access: Arc::clone(&access),
         publish_limits,
     })
-    .merge(metrics_route(metrics, admin_token));
+    .merge(metrics_route(metrics, access));
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen {

@@ -27,8 +27,8 @@ pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> 
     let running = local::start(settings, options)
         .await
         .map_err(|e| e.to_string())?;
-    let admin_token: std::sync::Arc<str> = running.admin_token.as_str().into();
-    let running = running.with_routes(crate::serve::metrics_route(metrics, admin_token));
+    let access = std::sync::Arc::clone(&running.access);
+    let running = running.with_routes(crate::serve::metrics_route(metrics, access));
     match &running.token_source {
         TokenSource::Variable => println!("admin token: from HOOKLANE_ADMIN_TOKEN"),
         TokenSource::Parameter(name) => println!("admin token: from SSM parameter {name}"),

@@ -1,6 +1,7 @@
 //! Account-scoped API tokens: `hl_acct_<claims>.<mac>`, signed with a server key, so a
-//! token is verified without a lookup. Claims and MAC are URL-safe base64; the claims are
-//! JSON `{"a": account, "j": token id, "e": expiry in unix seconds}`.
+//! token is verified without a lookup (whether it was revoked is the caller's lookup). Claims
+//! and MAC are URL-safe base64; the claims are JSON `{"a": account, "j": token id, "e": expiry
+//! in unix seconds, "i": issue time in unix milliseconds}` (tokens from before `i` have none).
 
 use std::fmt;
 
@@ -49,6 +50,8 @@ pub struct AccountClaims {
     pub account_id: AccountId,
     pub token_id: String,
     pub expires_at: Timestamp,
+    /// `None` for a token minted before tokens carried it.
+    pub issued_at: Option<Timestamp>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -56,6 +59,8 @@ struct WireClaims {
     a: String,
     j: String,
     e: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    i: Option<i64>,
 }
 
 impl TokenKey {
@@ -90,12 +95,19 @@ impl TokenKey {
         mac
     }
 
-    /// A new token for `account`, valid until `expires_at`.
-    pub fn mint(&self, account: &AccountId, token_id: &str, expires_at: Timestamp) -> String {
+    /// A new token for `account`, issued at `issued_at`, valid until `expires_at`.
+    pub fn mint(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+        issued_at: Timestamp,
+        expires_at: Timestamp,
+    ) -> String {
         let claims = WireClaims {
             a: account.as_str().to_owned(),
             j: token_id.to_owned(),
             e: expires_at.timestamp(),
+            i: Some(issued_at.timestamp_millis()),
         };
         // Serialising three plain fields cannot fail.
         let json = serde_json::to_vec(&claims).unwrap_or_default();
@@ -106,7 +118,7 @@ impl TokenKey {
         format!("{TOKEN_PREFIX}{encoded}.{signature}")
     }
 
-    /// Checks the signature (in constant time) and the expiry.
+    /// Checks the signature (in constant time) and the expiry, not revocation.
     pub fn verify(&self, token: &str, now: Timestamp) -> Result<AccountClaims, TokenError> {
         let body = token
             .strip_prefix(TOKEN_PREFIX)
@@ -134,6 +146,7 @@ impl TokenKey {
             account_id,
             token_id: claims.j,
             expires_at,
+            issued_at: claims.i.map(crate::clock::from_millis),
         })
     }
 }
@@ -157,11 +170,12 @@ mod tests {
         let key = TokenKey::generate();
         let now = from_millis(1_800_000_000_000);
         let expires = from_millis(1_800_000_600_000);
-        let token = key.mint(&account("acme:eu"), "tok_1", expires);
+        let token = key.mint(&account("acme:eu"), "tok_1", now, expires);
         let claims = key.verify(&token, now).unwrap();
         assert_eq!(claims.account_id, account("acme:eu"));
         assert_eq!(claims.token_id, "tok_1");
         assert_eq!(claims.expires_at, expires);
+        assert_eq!(claims.issued_at, Some(now));
         assert_eq!(key.verify(&token, expires), Err(TokenError::Expired));
     }
 
@@ -169,7 +183,12 @@ mod tests {
     fn tampering_or_another_key_is_refused() {
         let key = TokenKey::generate();
         let now = from_millis(1_800_000_000_000);
-        let token = key.mint(&account("acme"), "tok_1", from_millis(1_900_000_000_000));
+        let token = key.mint(
+            &account("acme"),
+            "tok_1",
+            now,
+            from_millis(1_900_000_000_000),
+        );
         let (claims, signature) = token.split_once('.').unwrap();
         // Another account's claims under acme's signature.
         let forged_claims = URL_SAFE_NO_PAD.encode(br#"{"a":"evil","j":"tok_1","e":1900000000}"#);
@@ -191,7 +210,7 @@ mod tests {
         let key = TokenKey::generate();
         let again = TokenKey::from_hex(&key.to_hex()).unwrap();
         let now = from_millis(0);
-        let token = key.mint(&account("a"), "t", from_millis(60_000));
+        let token = key.mint(&account("a"), "t", now, from_millis(60_000));
         assert!(again.verify(&token, now).is_ok());
         assert!(TokenKey::from_hex("zz").is_err());
     }

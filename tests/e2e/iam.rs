@@ -662,6 +662,26 @@ async fn every_route(server: &Server, endpoint: &str, delivery: &str) {
         let (status, answer) = server.request(method.clone(), &path, body).await;
         assert!(status < 300, "{method} {path}: {status} {answer}");
     }
+    // A scoped key: made, listed, used (its item is read), revoked.
+    let (status, key) = server
+        .post(
+            "/v1/keys",
+            json!({"name": "iam", "scopes": ["accounts:read"], "accounts": ["acme"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{key}");
+    let (status, list) = server.get("/v1/keys").await;
+    assert_eq!(status, 200, "{list}");
+    let used = reqwest::Client::new()
+        .get(format!("{}/v1/accounts/acme", server.base))
+        .bearer_auth(key["secret"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(used.status().as_u16(), 200);
+    let path = format!("/v1/keys/{}", key["id"].as_str().unwrap());
+    let (status, revoked) = server.request(Method::DELETE, &path, None).await;
+    assert_eq!(status, 200, "{revoked}");
 }
 
 /// Waits until the event's two healthy deliveries show as delivered.

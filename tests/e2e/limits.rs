@@ -265,6 +265,11 @@ async fn oversize_bodies_are_refused_before_they_are_read_whole() {
     );
     let (status, text) = raw_exchange(&server.base, head, &[]).await;
     assert_eq!(status, 413, "{text}");
+    // The unread body makes the connection unusable: a client must not reuse it.
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
     assert!(
         text.contains("payload_too_large") && text.contains(&format!("{limit} bytes")),
         "{text}"
@@ -292,6 +297,10 @@ async fn oversize_bodies_are_refused_before_they_are_read_whole() {
     }
     let (status, text) = raw_exchange(&server.base, head, &chunks).await;
     assert_eq!(status, 413, "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
     assert!(text.contains(&format!("{limit} bytes")), "{text}");
 
     // Under the limit is fine; an event over HOOKLANE_MAX_PAYLOAD is refused by its size.

@@ -46,6 +46,14 @@ async fn schemathesis_finds_no_server_error_and_no_mismatch_with_the_document() 
             deliveries.push(delivery["id"].as_str().expect("id").to_owned());
         }
     }
+    let (status, key) = server
+        .post(
+            "/v1/keys",
+            json!({"name": "schemathesis", "scopes": ["deliveries:read"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{key}");
+    let keys = vec![key["id"].as_str().expect("id").to_owned()];
     let quoted = |values: &[String]| {
         values
             .iter()
@@ -63,18 +71,22 @@ values = [{endpoints}]
 values = [{events}]
 [dictionaries.deliveries]
 values = [{deliveries}]
+[dictionaries.keys]
+values = [{keys}]
 
 [parameters]
 "path.account" = {{ dictionary = "accounts", probability = 0.8 }}
 "path.endpoint" = {{ dictionary = "endpoints", probability = 0.6 }}
 "path.event" = {{ dictionary = "events", probability = 0.6 }}
 "path.delivery" = {{ dictionary = "deliveries", probability = 0.6 }}
+"path.key" = {{ dictionary = "keys", probability = 0.6 }}
 "query.endpoint" = {{ dictionary = "endpoints", probability = 0.5 }}
 
 "#,
         endpoints = quoted(&[up, down]),
         events = quoted(&events),
         deliveries = quoted(&deliveries),
+        keys = quoted(&keys),
     );
     let config_path = scratch.path().join("schemathesis.toml");
     std::fs::write(&config_path, config).expect("write config");

@@ -55,6 +55,8 @@ pub struct Server {
     args: Vec<String>,
     env: Vec<(String, String)>,
     http: reqwest::Client,
+    /// What the last start printed before it listened.
+    startup: Vec<String>,
 }
 
 impl Server {
@@ -107,12 +109,13 @@ impl Server {
         args: Vec<String>,
         env: Vec<(String, String)>,
     ) -> Self {
-        let (child, base) = spawn(&database, &log, &args, &env)
+        let (child, base, startup) = spawn(&database, &log, &args, &env)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         Self {
             child,
             base,
+            startup,
             database,
             log,
             args,
@@ -152,11 +155,17 @@ impl Server {
 
     /// Starts a new process on the same database and settings.
     pub async fn restart(&mut self) {
-        let (child, base) = spawn(&self.database, &self.log, &self.args, &self.env)
+        let (child, base, startup) = spawn(&self.database, &self.log, &self.args, &self.env)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         self.child = child;
         self.base = base;
+        self.startup = startup;
+    }
+
+    /// The lines the last start printed on stdout before it listened.
+    pub fn startup_output(&self) -> &[String] {
+        &self.startup
     }
 
     /// The last value `serve` was given for a variable.
@@ -343,7 +352,7 @@ async fn spawn(
     log: &Path,
     args: &[String],
     env: &[(String, String)],
-) -> Result<(Child, String), String> {
+) -> Result<(Child, String, Vec<String>), String> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -371,7 +380,7 @@ async fn spawn(
         .spawn()
         .map_err(|e| format!("spawn hooklane: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
-    let base = hooklane_testkit::testing::serve_address(stdout)
+    let (base, startup) = hooklane_testkit::testing::serve_startup(stdout)
         .await
         .ok_or_else(|| {
             format!(
@@ -379,7 +388,7 @@ async fn spawn(
                 std::fs::read_to_string(log).unwrap_or_default()
             )
         })?;
-    Ok((child, base))
+    Ok((child, base, startup))
 }
 
 /// The Python interpreter of the test venv (with `standardwebhooks`), set up by scripts/test.

@@ -48,10 +48,28 @@ pub async fn limit_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
-        return axum::response::IntoResponse::into_response(too_large(limit));
+        return closing(axum::response::IntoResponse::into_response(too_large(
+            limit,
+        )));
     }
     request.extensions_mut().insert(BodyLimit(limit));
-    next.run(request).await
+    let response = next.run(request).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        closing(response)
+    } else {
+        response
+    }
+}
+
+/// Marks a 413 `Connection: close`. The rest of its body may still be on the way, so the
+/// connection cannot carry another request: without the header a client puts it back in
+/// its pool, and its next request there meets the server closing it.
+fn closing(mut response: axum::response::Response) -> axum::response::Response {
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 impl<S, T> FromRequest<S> for JsonBody<T>

@@ -6,7 +6,7 @@ use axum::{extract::DefaultBodyLimit, middleware, routing::get, Extension, Route
 use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use crate::{limits::PublishBuckets, tokens::TokenKey, App};
+use crate::{limits::PublishBuckets, service::access::Access, App};
 
 pub mod auth;
 pub mod error;
@@ -23,11 +23,33 @@ pub use error::{ApiError, ApiResult};
 #[derive(Clone)]
 pub struct ApiState {
     pub app: App,
-    pub admin_token: Arc<str>,
-    /// Signs and verifies account tokens.
-    pub token_key: Arc<TokenKey>,
+    /// Checks credentials; holds the key that signs account tokens.
+    pub access: Arc<Access>,
     /// The accounts' publish rate buckets.
     pub publish_limits: Arc<dyn PublishBuckets>,
+}
+
+impl ApiState {
+    pub fn new(
+        app: App,
+        token_key: crate::tokens::TokenKey,
+        admin: crate::service::access::AdminToken,
+        cache_ttl: std::time::Duration,
+        publish_limits: Arc<dyn PublishBuckets>,
+    ) -> Self {
+        let access = Arc::new(Access::new(
+            Arc::clone(&app.store),
+            Arc::clone(&app.clock),
+            token_key,
+            admin,
+            cache_ttl,
+        ));
+        Self {
+            app,
+            access,
+            publish_limits,
+        }
+    }
 }
 
 /// The route list, written once: each `routes!` registers its handlers with axum and their
@@ -56,8 +78,12 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::list_attempts))
         .routes(routes!(routes::replay_delivery))
         .routes(routes!(routes::list_replays))
-        .routes(routes!(routes::create_token))
+        .routes(routes!(routes::create_token, routes::revoke_tokens))
+        .routes(routes!(routes::revoke_token))
+        .routes(routes!(routes::rotate_admin_token))
         .routes(routes!(routes::whoami))
+        .routes(routes!(routes::create_key, routes::list_keys))
+        .routes(routes!(routes::revoke_key))
 }
 
 /// The routes that need no token.
@@ -80,8 +106,9 @@ pub fn document() -> utoipa::openapi::OpenApi {
 pub fn router(state: ApiState) -> Router {
     // The extractors other than `JsonBody` (which reads `json::BodyLimit`) stop here.
     let body_limit = state.app.config.batch_body_limit();
+    let scopes = Arc::new(auth::RouteScopes::from_document(&document()));
     let authenticated = v1_routes().route_layer(middleware::from_fn_with_state(
-        state.clone(),
+        (state.clone(), scopes),
         auth::authenticate,
     ));
     let (routes, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())

@@ -11,15 +11,16 @@ use utoipa::{
 
 use super::{
     error::Body as ErrorBody,
-    views::{AttemptView, DeliveryView, EndpointView, ReplayView},
+    views::{AttemptView, DeliveryView, EndpointView, KeyView, ReplayView},
 };
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "Hooklane API",
-        description = "Webhook delivery: accounts, endpoints, events, the delivery log, replays and account tokens. \
-                       Send `Authorization: Bearer <token>` with the admin token or an account token."
+        description = "Webhook delivery: accounts, endpoints, events, the delivery log, replays, account tokens and API keys. \
+                       Send `Authorization: Bearer <credential>`: the admin token, a scoped API key or an account token. \
+                       Each operation names the one scope it needs in its `security` (none: any credential will do)."
     ),
     components(schemas(
         ErrorBody,
@@ -29,6 +30,7 @@ use super::{
         ReplayScopeName,
         ReplayableStatus,
         PrincipalKind,
+        ScopeName,
         EventTypeName,
         EventTypePattern,
     )),
@@ -48,7 +50,8 @@ impl Modify for BearerAuth {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "The admin token, or an account token from POST /v1/accounts/{account}/tokens",
+                        "The admin token, an API key from POST /v1/keys holding the scope an operation names, \
+                         or an account token from POST /v1/accounts/{account}/tokens",
                     ))
                     .build(),
             ),
@@ -90,7 +93,10 @@ pub enum ReadErrors {
     BadRequest(ErrorBody<'static>),
     #[response(status = 401, description = "Missing, invalid or expired token")]
     Unauthorized(ErrorBody<'static>),
-    #[response(status = 403, description = "The route needs the admin token")]
+    #[response(
+        status = 403,
+        description = "The credential lacks the scope the route needs"
+    )]
     Forbidden(ErrorBody<'static>),
     #[response(status = 404, description = "Not found, or not visible to this token")]
     NotFound(ErrorBody<'static>),
@@ -214,7 +220,33 @@ pub enum ReplayScopeName {
 #[schema(rename_all = "snake_case")]
 pub enum PrincipalKind {
     Admin,
+    Key,
     Account,
+}
+
+/// A scope a key can hold; every route needs one (see each operation's `security`).
+#[derive(ToSchema)]
+pub enum ScopeName {
+    #[schema(rename = "accounts:read")]
+    AccountsRead,
+    #[schema(rename = "accounts:write")]
+    AccountsWrite,
+    #[schema(rename = "tokens:write")]
+    TokensWrite,
+    #[schema(rename = "endpoints:read")]
+    EndpointsRead,
+    #[schema(rename = "endpoints:write")]
+    EndpointsWrite,
+    #[schema(rename = "events:publish")]
+    EventsPublish,
+    #[schema(rename = "events:erase")]
+    EventsErase,
+    #[schema(rename = "deliveries:read")]
+    DeliveriesRead,
+    #[schema(rename = "deliveries:replay")]
+    DeliveriesReplay,
+    #[schema(rename = "admin")]
+    Admin,
 }
 
 /// The statuses a bulk replay can resend.
@@ -286,4 +318,26 @@ pub struct AttemptList {
 pub struct ReplayList {
     data: Vec<ReplayView<'static>>,
     next_cursor: Option<String>,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct KeyPath {
+    #[param(example = "key_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
+    key: String,
+}
+
+#[derive(ToSchema)]
+pub struct KeyList {
+    data: Vec<KeyView<'static>>,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TokenPath {
+    #[param(example = "acme")]
+    account: String,
+    /// The `token_id` the token was minted with.
+    #[param(example = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
+    token_id: String,
 }

@@ -7,13 +7,16 @@ use super::{
     auth::Principal,
     openapi::{
         DeliveryStatusName, EndpointStatusName, PrincipalKind, ReplayScopeName, ReplayableStatus,
-        TriggerName,
+        ScopeName, TriggerName,
     },
 };
 use crate::{
     clock::Timestamp,
-    domain::{rate::PublishRate, Account, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope},
-    service::tokens::MintedToken,
+    domain::{access::ACCOUNT_TOKEN_SCOPES, Scope},
+    domain::{
+        rate::PublishRate, Account, ApiKey, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope,
+    },
+    service::{keys::MintedKey, tokens::MintedToken},
 };
 
 #[derive(Serialize, ToSchema)]
@@ -235,6 +238,7 @@ impl<'a> From<&'a MintedToken> for TokenView<'a> {
 pub struct WhoamiView<'a> {
     #[schema(value_type = PrincipalKind)]
     pub kind: &'static str,
+    /// An account token's account.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -242,16 +246,44 @@ pub struct WhoamiView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub expires_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<&'a str>,
+    /// What the credential may do.
+    #[schema(value_type = Vec<ScopeName>)]
+    pub scopes: Vec<&'static str>,
+    /// A key limited to some accounts: those.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accounts: Option<Vec<&'a str>>,
 }
 
 impl<'a> From<&'a Principal> for WhoamiView<'a> {
     fn from(p: &'a Principal) -> Self {
+        let none = Self {
+            kind: "admin",
+            account_id: None,
+            token_id: None,
+            expires_at: None,
+            key_id: None,
+            scopes: Vec::new(),
+            accounts: None,
+        };
         match p {
             Principal::Admin => Self {
-                kind: "admin",
-                account_id: None,
-                token_id: None,
-                expires_at: None,
+                scopes: vec![Scope::Admin.as_str()],
+                ..none
+            },
+            Principal::Key {
+                key_id,
+                scopes,
+                accounts,
+            } => Self {
+                kind: "key",
+                key_id: Some(key_id.as_str()),
+                scopes: scopes.iter().map(|s| s.as_str()).collect(),
+                accounts: accounts
+                    .as_ref()
+                    .map(|ids| ids.iter().map(|a| a.as_str()).collect()),
+                ..none
             },
             Principal::Account {
                 account_id,
@@ -262,7 +294,68 @@ impl<'a> From<&'a Principal> for WhoamiView<'a> {
                 account_id: Some(account_id.as_str()),
                 token_id: Some(token_id),
                 expires_at: Some(*expires_at),
+                scopes: ACCOUNT_TOKEN_SCOPES.iter().map(|s| s.as_str()).collect(),
+                ..none
             },
+        }
+    }
+}
+
+/// A scoped API key; its secret is never shown again.
+#[derive(Serialize, ToSchema)]
+pub struct KeyView<'a> {
+    #[schema(example = "key_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
+    pub id: &'a str,
+    pub name: &'a str,
+    #[schema(value_type = Vec<ScopeName>)]
+    pub scopes: Vec<&'static str>,
+    /// The accounts it is limited to; null for every account.
+    #[schema(required = true)]
+    pub accounts: Option<Vec<&'a str>>,
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+    /// Who made it: `admin` or `key:<key id>`.
+    pub created_by: &'a str,
+    #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    pub expires_at: Option<Timestamp>,
+    #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    pub revoked_at: Option<Timestamp>,
+}
+
+impl<'a> From<&'a ApiKey> for KeyView<'a> {
+    fn from(k: &'a ApiKey) -> Self {
+        Self {
+            id: k.id.as_str(),
+            name: &k.name,
+            scopes: k.scopes.iter().map(|s| s.as_str()).collect(),
+            accounts: k
+                .accounts
+                .as_ref()
+                .map(|ids| ids.iter().map(|a| a.as_str()).collect()),
+            created_at: k.created_at,
+            created_by: &k.created_by,
+            expires_at: k.expires_at,
+            revoked_at: k.revoked_at,
+        }
+    }
+}
+
+/// A key just made, with its bearer credential: shown only here.
+#[derive(Serialize, ToSchema)]
+pub struct NewKeyView<'a> {
+    #[serde(flatten)]
+    pub details: KeyView<'a>,
+    /// The key itself, sent as `Authorization: Bearer <secret>`. Kept only as a digest:
+    /// copy it now.
+    #[schema(example = "hl_key_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f.x7Q…")]
+    pub secret: &'a str,
+}
+
+impl<'a> From<&'a MintedKey> for NewKeyView<'a> {
+    fn from(m: &'a MintedKey) -> Self {
+        Self {
+            details: KeyView::from(&m.key),
+            secret: &m.credential,
         }
     }
 }
@@ -332,4 +425,19 @@ pub struct BatchResult<'a> {
 #[derive(Serialize, ToSchema)]
 pub struct BatchView<'a> {
     pub results: Vec<BatchResult<'a>>,
+}
+
+/// Up to when an account's tokens are revoked.
+#[derive(Serialize, ToSchema)]
+pub struct TokensRevokedView<'a> {
+    pub account_id: &'a str,
+    /// Tokens issued at or before this time are refused.
+    #[schema(value_type = String, format = DateTime)]
+    pub tokens_revoked_before: Timestamp,
+}
+
+/// A new admin token; shown only here.
+#[derive(Serialize, ToSchema)]
+pub struct AdminTokenView<'a> {
+    pub token: &'a str,
 }

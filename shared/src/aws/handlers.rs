@@ -16,6 +16,7 @@ use crate::{
     api::{router, ApiState},
     queue::sqs::DeliveryMessage,
     service::{
+        access::{Access, AdminToken},
         fan_out::{fan_out_batch, recover_unfanned},
         health, notifications,
         sender::{handle_batch, Lanes},
@@ -25,6 +26,10 @@ use crate::{
     store::StoreError,
     tokens::TokenKey,
 };
+
+/// How long an api function instance may go on accepting a credential after it was revoked
+/// through another instance: what it read of the credential is kept this long.
+pub const CREDENTIAL_CACHE: std::time::Duration = crate::service::access::LAMBDA_CREDENTIAL_CACHE;
 
 /// The API function's router: the admin token and the token signing key are loaded once,
 /// side by side (they are independent reads: SSM or the control table, and the control
@@ -38,16 +43,16 @@ pub async fn api_router(
             .await
             .map_err(AdminTokenError::from)
     })?;
-    Ok(router_for(shape, token, token_key))
+    Ok(router(api_state(shape, &token, token_key)))
 }
 
-/// The router for an admin token the caller already has.
-pub async fn api_router_with_token(
+/// The API's state for an admin token the caller already has.
+pub async fn api_state_with_token(
     shape: &AwsShape,
-    admin_token: String,
-) -> Result<axum::Router, StoreError> {
+    admin_token: &str,
+) -> Result<ApiState, StoreError> {
     let token_key = token_signing_key(shape).await?;
-    Ok(router_for(shape, admin_token, token_key))
+    Ok(api_state(shape, admin_token, token_key))
 }
 
 async fn token_signing_key(shape: &AwsShape) -> Result<TokenKey, StoreError> {
@@ -56,14 +61,20 @@ async fn token_signing_key(shape: &AwsShape) -> Result<TokenKey, StoreError> {
         .map_err(|e| StoreError::Backend(format!("cannot load the token signing key: {e}")))
 }
 
-fn router_for(shape: &AwsShape, admin_token: String, token_key: TokenKey) -> axum::Router {
-    router(ApiState {
+/// The API's state: the app and who may use it.
+pub fn api_state(shape: &AwsShape, admin_token: &str, token_key: TokenKey) -> ApiState {
+    ApiState {
         app: shape.app.clone(),
-        admin_token: admin_token.into(),
-        token_key: Arc::new(token_key),
+        access: Arc::new(Access::new(
+            Arc::clone(&shape.app.store),
+            Arc::clone(&shape.app.clock),
+            token_key,
+            AdminToken::fixed(admin_token),
+            CREDENTIAL_CACHE,
+        )),
         // The control table's buckets: every api function instance takes from the same one.
         publish_limits: shape.slots.clone(),
-    })
+    }
 }
 
 /// Fan-out of a batch of events-table stream records' new images (in DynamoDB JSON), in

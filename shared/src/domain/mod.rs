@@ -1,5 +1,6 @@
 //! The pure domain: no I/O, no clocks, no randomness that the caller does not pass in.
 
+pub mod access;
 pub mod account;
 pub mod attempt;
 pub mod delivery;
@@ -12,6 +13,7 @@ pub mod rate;
 pub mod replay;
 pub mod schedule;
 
+pub use access::{ApiKey, ApiKeyId, Denied, Principal, Scope};
 pub use account::{Account, EmailAddress};
 pub use attempt::{Attempt, Trigger};
 pub use delivery::{

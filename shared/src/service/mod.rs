@@ -1,11 +1,13 @@
 //! Use-cases, each a function over [`App`](crate::App): the same code behind the embedded
 //! binary and the Lambda functions.
 
+pub mod access;
 pub mod accounts;
 pub mod deliver;
 pub mod endpoints;
 pub mod fan_out;
 pub mod health;
+pub mod keys;
 pub mod notifications;
 pub mod publish;
 pub mod replay;

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::{ServiceError, ServiceResult};
+use super::{access::Access, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
     domain::{AccountId, InvalidField},
@@ -62,9 +62,53 @@ pub async fn mint(
         chrono::DateTime::from_timestamp(expires_at.timestamp(), 0).unwrap_or(expires_at);
     let token_id = new_token_id();
     Ok(MintedToken {
-        token: key.mint(account, &token_id, expires_at),
+        token: key.mint(account, &token_id, app.clock.now(), expires_at),
         token_id,
         account_id: account.clone(),
         expires_at,
     })
+}
+
+/// Whether `raw` is a token id as [`new_token_id`] makes them (`tok_` and 32 hex digits).
+pub fn is_token_id(raw: &str) -> bool {
+    raw.strip_prefix("tok_").is_some_and(|hex| {
+        hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// Revokes one token of the account: this process refuses it from now on, others within
+/// their cache's time (`Access`). Portal links, being account tokens, are revoked the same way.
+pub async fn revoke(
+    app: &App,
+    access: &Access,
+    account: &AccountId,
+    token_id: &str,
+) -> ServiceResult<()> {
+    if !is_token_id(token_id) {
+        return Err(ServiceError::NotFound("token"));
+    }
+    if app.store.get_account(account).await?.is_none() {
+        return Err(ServiceError::NotFound("account"));
+    }
+    app.store
+        .revoke_token(account, token_id, app.clock.now())
+        .await?;
+    access.forget_account_tokens(account);
+    Ok(())
+}
+
+/// Revokes every token of the account issued until now; tokens minted afterwards work.
+/// Returns the time up to which tokens are revoked.
+pub async fn revoke_all(
+    app: &App,
+    access: &Access,
+    account: &AccountId,
+) -> ServiceResult<Timestamp> {
+    if app.store.get_account(account).await?.is_none() {
+        return Err(ServiceError::NotFound("account"));
+    }
+    let now = app.clock.now();
+    app.store.revoke_account_tokens(account, now).await?;
+    access.forget_account_tokens(account);
+    Ok(now)
 }

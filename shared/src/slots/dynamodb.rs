@@ -74,6 +74,20 @@ impl DynamoSlots {
 
     /// Writes `fields` over the item if its version is still `version` (`None`: absent).
     /// False when someone else changed it first.
+    /// Stores a token bucket (an endpoint's rate or an account's publishes) over `version`.
+    async fn write_bucket(
+        &self,
+        pk: &str,
+        version: Option<u64>,
+        bucket: TokenBucket,
+    ) -> Result<bool, SlotError> {
+        let fields = vec![
+            ("tokens", number(bucket.milli_tokens)),
+            ("refilled_at", number(bucket.refilled_at_ms)),
+        ];
+        self.write_if_version(pk, version, fields).await
+    }
+
     async fn write_if_version(
         &self,
         pk: &str,
@@ -639,16 +653,7 @@ impl RateLimiter for DynamoSlots {
                 return Ok(false);
             }
             let bucket = bucket.taken();
-            let written = self
-                .write_if_version(
-                    &pk,
-                    version,
-                    vec![
-                        ("tokens", number(bucket.milli_tokens)),
-                        ("refilled_at", number(bucket.refilled_at_ms)),
-                    ],
-                )
-                .await?;
+            let written = self.write_bucket(&pk, version, bucket).await?;
             if written {
                 return Ok(true);
             }
@@ -688,14 +693,7 @@ impl PublishBuckets for DynamoSlots {
                 Err(wait) => return Ok(Some(wait)),
             };
             let written = self
-                .write_if_version(
-                    &pk,
-                    version,
-                    vec![
-                        ("tokens", number(bucket.milli_tokens)),
-                        ("refilled_at", number(bucket.refilled_at_ms)),
-                    ],
-                )
+                .write_bucket(&pk, version, bucket)
                 .await
                 .map_err(failed)?;
             if written {

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use crate::{
     clock::Timestamp,
     domain::{
-        Account, AccountId, Attempt, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress,
-        Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
+        Account, AccountId, ApiKey, ApiKeyId, Attempt, Decision, Delivery, DeliveryId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
     },
 };
 
@@ -235,6 +235,25 @@ pub struct ReplayOutcome {
     pub queued: Vec<PendingRef>,
 }
 
+/// What is revoked of one account token (`Store::token_revocation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenRevocation {
+    /// When the token itself was revoked.
+    pub revoked_at: Option<Timestamp>,
+    /// Every token of its account issued at or before this time is revoked.
+    pub account_tokens_before: Option<Timestamp>,
+}
+
+impl TokenRevocation {
+    /// Whether a token issued at `issued_at` (`None`: before tokens said) is revoked.
+    pub fn revokes(&self, issued_at: Option<Timestamp>) -> bool {
+        self.revoked_at.is_some()
+            || self
+                .account_tokens_before
+                .is_some_and(|before| issued_at.is_none_or(|issued| issued <= before))
+    }
+}
+
 /// Declares the [`Store`] trait from one list of its methods, and `delegate_store!`, the
 /// `impl Store` of an adapter whose inherent methods of the same names and signatures do the
 /// work (so that an adapter keeps them in files by concern: `sqlite/`, `dynamodb/`). The
@@ -386,7 +405,31 @@ store_port! { $
     async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>>;
     async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()>;
 
+    /// Stores a new API key; a key of the same id is a conflict.
+    async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()>;
+    async fn get_api_key(&self, id: &ApiKeyId) -> StoreResult<Option<ApiKey>>;
+    /// Every API key, revoked ones included, newest first.
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>>;
+    /// Marks the key revoked at `at` (a key revoked before keeps its first time); the key
+    /// as stored now, `None` if there is no such key.
+    async fn revoke_api_key(&self, id: &ApiKeyId, at: Timestamp) -> StoreResult<Option<ApiKey>>;
+
+    /// Revokes one token of the account (the first revocation's time stays). Tokens are not
+    /// stored, so any id can be revoked; the record may go once no token of that id can
+    /// still be valid (90 days, the longest lifetime).
+    async fn revoke_token(&self, account: &AccountId, token_id: &str, at: Timestamp)
+        -> StoreResult<()>;
+    /// Revokes every token of the account issued at or before `before`; an earlier time
+    /// than one already recorded changes nothing.
+    async fn revoke_account_tokens(&self, account: &AccountId, before: Timestamp)
+        -> StoreResult<()>;
+    /// What is revoked of the account's token `token_id`, read strongly consistently.
+    async fn token_revocation(&self, account: &AccountId, token_id: &str)
+        -> StoreResult<TokenRevocation>;
+
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
+    /// Stores the value, replacing any.
+    async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()>;
     /// Stores the value unless the key exists; returns the value now stored.
     async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String>;
 }

@@ -1,10 +1,11 @@
 //! The API router as the `api` Lambda serves it: requests are API Gateway events (HTTP API
 //! v2 and REST v1) turned into HTTP requests by `lambda_http`, as in the function.
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use hooklane::{
     api::{self, ApiState},
+    service::access::AdminToken,
     tokens::TokenKey,
 };
 use http_body_util::BodyExt;
@@ -15,12 +16,13 @@ const ADMIN: &str = "lambda-admin-token-0123456789";
 
 fn router() -> axum::Router {
     let app = hooklane_testkit::app::api_only_app();
-    api::router(ApiState {
+    api::router(ApiState::new(
         app,
-        admin_token: ADMIN.into(),
-        token_key: Arc::new(TokenKey::generate()),
-        publish_limits: Arc::new(hooklane::limits::Unlimited),
-    })
+        TokenKey::generate(),
+        AdminToken::fixed(ADMIN),
+        Duration::ZERO,
+        std::sync::Arc::new(hooklane::limits::Unlimited),
+    ))
 }
 
 /// An HTTP API (v2) event on the `$default` stage.

@@ -1,7 +1,5 @@
 //! Property tests for everything parsed from outside: no panic, no 5xx, nothing half-written.
 
-use std::sync::Arc;
-
 use axum::{body::Body, http::Request};
 use hooklane::{
     api::{self, ApiState},
@@ -62,12 +60,13 @@ async fn call(
 /// A router with account `acme` and one endpoint.
 async fn seeded() -> (App, axum::Router) {
     let app = app();
-    let router = api::router(ApiState {
-        app: app.clone(),
-        admin_token: TOKEN.into(),
-        token_key: Arc::new(hooklane::tokens::TokenKey::generate()),
-        publish_limits: Arc::new(hooklane::limits::Unlimited),
-    });
+    let router = api::router(ApiState::new(
+        app.clone(),
+        hooklane::tokens::TokenKey::generate(),
+        hooklane::service::access::AdminToken::fixed(TOKEN),
+        std::time::Duration::ZERO,
+        std::sync::Arc::new(hooklane::limits::Unlimited),
+    ));
     let account = br#"{"id":"acme","name":"Acme","owner_email":"o@acme.example"}"#.to_vec();
     let (status, _) = call(&router, "POST", "/v1/accounts", Some(account), Some(TOKEN)).await;
     assert_eq!(status, 201);

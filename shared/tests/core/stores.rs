@@ -48,6 +48,8 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         delete_endpoint_abandons_pending_and_keeps_history,
         add_deliveries_adds_each_pair_once,
         publish_batch_answers_each_item_once,
+        api_keys_are_kept_listed_and_revoked,
+        token_revocations_are_kept_per_account,
     );
     let store = SqliteStore::open(dir.join("replays.db"), test_secrets(None)).unwrap();
     hooklane_testkit::replay_contract::replays_follow_the_contract(&store).await;

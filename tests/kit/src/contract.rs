@@ -738,6 +738,181 @@ pub async fn settings_put_if_absent(store: &dyn Store) {
     );
 }
 
+/// API keys: kept as given (scopes, accounts, digest, times), found by id, listed newest
+/// first, revoked once (the first revocation's time stays).
+pub async fn api_keys_are_kept_listed_and_revoked(store: &dyn Store) {
+    use hooklane::domain::{ApiKey, ApiKeyId, Scope};
+    let key = |n: u64, scopes: Vec<Scope>, accounts: Option<Vec<&str>>| ApiKey {
+        id: ApiKeyId::generate(),
+        name: format!("key {n}"),
+        scopes,
+        accounts: accounts.map(|ids| {
+            ids.into_iter()
+                .map(|id| AccountId::parse(id).unwrap())
+                .collect()
+        }),
+        secret_sha256: format!("{n:064x}"),
+        created_at: add(t0(), secs(n)),
+        created_by: "admin".into(),
+        expires_at: (n == 2).then(|| add(t0(), secs(86_400))),
+        revoked_at: None,
+    };
+    let publisher = key(1, vec![Scope::EventsPublish], None);
+    let reader = key(
+        2,
+        vec![Scope::EndpointsRead, Scope::DeliveriesRead],
+        Some(vec!["acme", "beta:eu"]),
+    );
+    assert_eq!(store.get_api_key(&publisher.id).await.unwrap(), None);
+    assert!(store.list_api_keys().await.unwrap().is_empty());
+    store.create_api_key(&publisher).await.unwrap();
+    store.create_api_key(&reader).await.unwrap();
+    assert!(matches!(
+        store.create_api_key(&publisher).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(
+        store.get_api_key(&reader.id).await.unwrap(),
+        Some(reader.clone())
+    );
+    assert_eq!(
+        store.list_api_keys().await.unwrap(),
+        vec![reader.clone(), publisher.clone()],
+        "newest first"
+    );
+
+    let revoked = store
+        .revoke_api_key(&publisher.id, add(t0(), secs(60)))
+        .await
+        .unwrap()
+        .expect("the key exists");
+    assert_eq!(revoked.revoked_at, Some(add(t0(), secs(60))));
+    let again = store
+        .revoke_api_key(&publisher.id, add(t0(), secs(90)))
+        .await
+        .unwrap()
+        .expect("the key exists");
+    assert_eq!(
+        again.revoked_at,
+        Some(add(t0(), secs(60))),
+        "the first time stays"
+    );
+    assert_eq!(
+        store.get_api_key(&publisher.id).await.unwrap(),
+        Some(revoked.clone())
+    );
+    assert_eq!(
+        store.get_api_key(&reader.id).await.unwrap(),
+        Some(reader.clone()),
+        "another key is untouched"
+    );
+    assert_eq!(
+        store
+            .revoke_api_key(&ApiKeyId::generate(), t0())
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// Account tokens revoked one by one (the first time stays, per account) and all of an
+/// account's up to a time (only ever moved forward); settings replaced.
+pub async fn token_revocations_are_kept_per_account(store: &dyn Store) {
+    use hooklane::store::TokenRevocation;
+    let acme = AccountId::parse("acme").unwrap();
+    let beta = AccountId::parse("beta").unwrap();
+    let token = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f";
+    let other = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e70";
+    assert_eq!(
+        store.token_revocation(&acme, token).await.unwrap(),
+        TokenRevocation::default()
+    );
+    store
+        .revoke_token(&acme, token, add(t0(), secs(10)))
+        .await
+        .unwrap();
+    store
+        .revoke_token(&acme, token, add(t0(), secs(20)))
+        .await
+        .unwrap();
+    let revoked = store.token_revocation(&acme, token).await.unwrap();
+    assert_eq!(
+        revoked.revoked_at,
+        Some(add(t0(), secs(10))),
+        "the first time stays"
+    );
+    assert_eq!(revoked.account_tokens_before, None);
+    assert!(revoked.revokes(Some(t0())));
+    assert_eq!(
+        store.token_revocation(&acme, other).await.unwrap(),
+        TokenRevocation::default(),
+        "another token is untouched"
+    );
+    assert_eq!(
+        store.token_revocation(&beta, token).await.unwrap(),
+        TokenRevocation::default(),
+        "the same id under another account is another token"
+    );
+
+    store
+        .revoke_account_tokens(&acme, add(t0(), secs(100)))
+        .await
+        .unwrap();
+    store
+        .revoke_account_tokens(&acme, add(t0(), secs(50)))
+        .await
+        .unwrap();
+    let all = store.token_revocation(&acme, other).await.unwrap();
+    assert_eq!(all.revoked_at, None);
+    assert_eq!(
+        all.account_tokens_before,
+        Some(add(t0(), secs(100))),
+        "an earlier time does not move it back"
+    );
+    assert!(all.revokes(Some(add(t0(), secs(100)))));
+    assert!(
+        all.revokes(None),
+        "a token that does not say when it was issued"
+    );
+    assert!(
+        !all.revokes(Some(add(t0(), secs(101)))),
+        "a token issued afterwards"
+    );
+    store
+        .revoke_account_tokens(&acme, add(t0(), secs(200)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .token_revocation(&acme, other)
+            .await
+            .unwrap()
+            .account_tokens_before,
+        Some(add(t0(), secs(200)))
+    );
+    assert_eq!(
+        store.token_revocation(&beta, other).await.unwrap(),
+        TokenRevocation::default()
+    );
+
+    store
+        .put_setting("admin_token_sha256", "one")
+        .await
+        .unwrap();
+    store
+        .put_setting("admin_token_sha256", "two")
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_setting("admin_token_sha256")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("two")
+    );
+}
+
 pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Store) {
     let (ep, ev, d) = seeded(store).await;
     assert!(store
@@ -1423,6 +1598,8 @@ macro_rules! store_contract_tests {
             move_unattempted_changes_only_the_expected_state,
             published_events_are_never_left_unfanned,
             erase_event_removes_the_content_and_keeps_the_log,
+            api_keys_are_kept_listed_and_revoked,
+            token_revocations_are_kept_per_account,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

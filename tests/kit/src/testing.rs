@@ -104,12 +104,22 @@ pub async fn serve_address<R>(stdout: R) -> Option<String>
 where
     R: AsyncRead + Unpin + Send + 'static,
 {
+    serve_startup(stdout).await.map(|(base, _)| base)
+}
+
+/// [`serve_address`], and the lines printed before it (e.g. a generated admin token).
+pub async fn serve_startup<R>(stdout: R) -> Option<(String, Vec<String>)>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
     let mut lines = BufReader::new(stdout).lines();
+    let mut before = Vec::new();
     let base = tokio::time::timeout(Duration::from_secs(30), async {
         while let Ok(Some(line)) = lines.next_line().await {
             if let Some(url) = line.strip_prefix("hooklane listening on ") {
                 return Some(url.trim().to_owned());
             }
+            before.push(line);
         }
         None
     })
@@ -117,7 +127,7 @@ where
     .ok()
     .flatten()?;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Some(base)
+    Some((base, before))
 }
 
 /// Panics with how to get one when no AWS emulator is configured: a skipped AWS test would

@@ -40,14 +40,14 @@ impl PublishRateLimit {
 #[utoipa::path(
     post,
     path = "/v1/accounts",
+    security(("bearer" = ["accounts:write"])),
     tag = "accounts",
-    summary = "Creates an account (admin only).",
+    summary = "Creates an account.",
     request_body = CreateAccount,
     responses((status = 201, description = "The account was created", body = AccountView), ReadErrors, BodyErrors),
 )]
 pub async fn create_account(
     State(state): State<ApiState>,
-    _admin: AdminOnly,
     JsonBody(body): JsonBody<CreateAccount>,
 ) -> ApiResult<Response> {
     let account = accounts::create(
@@ -69,6 +69,7 @@ pub async fn create_account(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}",
+    security(("bearer" = ["accounts:read"])),
     tag = "accounts",
     summary = "Reads an account.",
     params(AccountPath),
@@ -97,15 +98,16 @@ pub struct UpdateAccount {
 #[utoipa::path(
     patch,
     path = "/v1/accounts/{account}",
+    // Not an account token's: the publish rate limit is the platform's to set.
+    security(("bearer" = ["accounts:write"])),
     tag = "accounts",
-    summary = "Changes an account (admin only); absent fields stay, `null` clears an optional one.",
+    summary = "Changes an account; absent fields stay, `null` clears an optional one.",
     params(AccountPath),
     request_body = UpdateAccount,
     responses((status = 200, description = "The account as changed", body = AccountView), ReadErrors, BodyErrors),
 )]
 pub async fn update_account(
     State(state): State<ApiState>,
-    _admin: AdminOnly,
     Scoped(account): Scoped,
     JsonBody(body): JsonBody<UpdateAccount>,
 ) -> ApiResult<Response> {

@@ -93,6 +93,7 @@ pub(super) fn delivery_query(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/deliveries",
+    security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "The account's delivery log.",
     params(AccountPath, EndpointFilter, DeliveryFilters),
@@ -120,6 +121,7 @@ pub async fn list_deliveries(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/endpoints/{endpoint}/deliveries",
+    security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "One endpoint's delivery log.",
     params(EndpointPath, DeliveryFilters),
@@ -157,6 +159,7 @@ pub(super) async fn deliveries_page(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/deliveries/{delivery}",
+    security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "Reads a delivery.",
     params(DeliveryPath),
@@ -179,6 +182,7 @@ pub async fn get_delivery(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/deliveries/{delivery}/attempts",
+    security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "Attempt detail: status, latency, response headers and body, error, trigger.",
     params(DeliveryPath),

@@ -33,6 +33,7 @@ pub struct CreateEndpoint {
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/endpoints",
+    security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Creates an endpoint.",
     params(AccountPath),
@@ -63,6 +64,7 @@ pub async fn create_endpoint(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/endpoints",
+    security(("bearer" = ["endpoints:read"])),
     tag = "endpoints",
     summary = "Lists the account's endpoints.",
     params(AccountPath),
@@ -83,6 +85,7 @@ pub async fn list_endpoints(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    security(("bearer" = ["endpoints:read"])),
     tag = "endpoints",
     summary = "Reads an endpoint.",
     params(EndpointPath),
@@ -119,6 +122,7 @@ pub struct UpdateEndpoint {
 #[utoipa::path(
     patch,
     path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Changes an endpoint; absent fields stay, `null` clears an optional one.",
     params(EndpointPath),
@@ -149,6 +153,7 @@ pub async fn update_endpoint(
 #[utoipa::path(
     delete,
     path = "/v1/accounts/{account}/endpoints/{endpoint}",
+    security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Deletes an endpoint; its delivery history stays.",
     params(EndpointPath),
@@ -165,6 +170,7 @@ pub async fn delete_endpoint(
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/endpoints/{endpoint}/enable",
+    security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Enables an endpoint with a fresh health clock.",
     params(EndpointPath),
@@ -181,6 +187,7 @@ pub async fn enable_endpoint(
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/endpoints/{endpoint}/disable",
+    security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Disables an endpoint; its pending deliveries are abandoned.",
     params(EndpointPath),
@@ -206,6 +213,7 @@ pub struct RotateSecret {
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/endpoints/{endpoint}/secret/rotate",
+    security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Rotates the signing secret with a grace period (default 24 h) during which both secrets sign.",
     params(EndpointPath),

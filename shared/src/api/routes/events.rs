@@ -25,6 +25,7 @@ pub struct PublishEvent {
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/events",
+    security(("bearer" = ["events:publish"])),
     tag = "events",
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
@@ -70,6 +71,7 @@ pub struct PublishBatch {
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/events/batch",
+    security(("bearer" = ["events:publish"])),
     tag = "events",
     summary = "Publishes up to 100 events at once, each idempotent on its id.",
     description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. On the embedded shape the batch is one transaction; on the AWS shape the events are written in one transaction per 100 events or 4 MB, and a retry of the same batch completes one that failed part-way.",
@@ -107,6 +109,7 @@ pub async fn publish_batch(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/events/{event}",
+    security(("bearer" = ["deliveries:read"])),
     tag = "events",
     summary = "Reads an event and its deliveries.",
     params(EventPath),
@@ -123,6 +126,7 @@ pub async fn get_event(
 #[utoipa::path(
     delete,
     path = "/v1/accounts/{account}/events/{event}",
+    security(("bearer" = ["events:erase"])),
     tag = "events",
     summary = "Erases an event's content, for a deletion request.",
     description = "Removes the event's payload and the response bodies of the attempts to send it. \

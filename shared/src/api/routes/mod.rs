@@ -14,17 +14,17 @@ use serde::{Deserialize, Deserializer};
 use utoipa::ToSchema;
 
 use super::{
-    auth::{AdminOnly, Principal},
+    auth::Principal,
     error::{ApiError, ApiResult},
     json::{whole, JsonBody},
     openapi::{
         AccountPath, AttemptList, BodyErrors, DeliveryFilters, DeliveryList, DeliveryPath,
         EndpointFilter, EndpointList, EndpointPath, EventPath, EventTypeName, EventTypePattern,
-        PageParams, PublishErrors, ReadErrors, ReplayList, ReplayableStatus,
+        PageParams, PublishErrors, ReadErrors, ReplayList, ReplayableStatus, TokenPath,
     },
     views::{
-        AccountView, AttemptView, DeliveryView, EndpointView, EventView, ListView, ReplayView,
-        TokenView, WhoamiView,
+        AccountView, AdminTokenView, AttemptView, DeliveryView, EndpointView, EventView, ListView,
+        ReplayView, TokenView, TokensRevokedView, WhoamiView,
     },
     ApiState,
 };
@@ -40,6 +40,7 @@ mod accounts;
 mod deliveries;
 mod endpoints;
 mod events;
+mod keys;
 mod replays;
 mod tokens;
 
@@ -47,6 +48,7 @@ pub use accounts::*;
 pub use deliveries::*;
 pub use endpoints::*;
 pub use events::*;
+pub use keys::*;
 pub use replays::*;
 pub use tokens::*;
 
@@ -66,6 +68,8 @@ pub struct ScopedId<Id>(pub AccountId, pub Id);
 pub trait PathId: Sized {
     /// The path parameter, and what a 404 says is not found.
     const NAME: &'static str;
+    /// What a 404 calls it, when not its parameter's name.
+    const WHAT: &'static str = Self::NAME;
     fn from_path(raw: &str) -> Option<Self>;
 }
 
@@ -99,11 +103,14 @@ impl<S: Send + Sync> FromRequestParts<S> for Scoped {
             .map_err(|_| ApiError::not_found("account"))?;
         let account = AccountId::parse(&path_param(&params, "account")?)
             .map_err(|_| ApiError::not_found("account"))?;
-        parts
+        // `auth::authenticate` checked it already; a handler mounted without it fails closed.
+        let principal = parts
             .extensions
             .get::<Principal>()
-            .ok_or_else(|| ApiError::unauthorized("missing token"))?
-            .check(&account)?;
+            .ok_or_else(|| ApiError::unauthorized("missing token"))?;
+        if !principal.reaches(&account) {
+            return Err(ApiError::not_found("account"));
+        }
         Ok(Self(account))
     }
 }
@@ -115,9 +122,11 @@ impl<S: Send + Sync, Id: PathId> FromRequestParts<S> for ScopedId<Id> {
         let Scoped(account) = Scoped::from_request_parts(parts, state).await?;
         let params = RawPathParams::from_request_parts(parts, state)
             .await
-            .map_err(|_| ApiError::not_found(Id::NAME))?;
-        let id = Id::from_path(&path_param(&params, Id::NAME)?)
-            .ok_or_else(|| ApiError::not_found(Id::NAME))?;
+            .map_err(|_| ApiError::not_found(Id::WHAT))?;
+        let id = Id::from_path(
+            &path_param(&params, Id::NAME).map_err(|_| ApiError::not_found(Id::WHAT))?,
+        )
+        .ok_or_else(|| ApiError::not_found(Id::WHAT))?;
         Ok(Self(account, id))
     }
 }

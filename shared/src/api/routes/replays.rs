@@ -6,6 +6,7 @@ use crate::service::replay;
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/deliveries/{delivery}/replay",
+    security(("bearer" = ["deliveries:replay"])),
     tag = "replays",
     summary = "Sends a delivered, failed or abandoned delivery again; the retry schedule starts over.",
     params(DeliveryPath),
@@ -41,6 +42,7 @@ pub struct BulkReplay {
 #[utoipa::path(
     post,
     path = "/v1/accounts/{account}/endpoints/{endpoint}/replay",
+    security(("bearer" = ["deliveries:replay"])),
     tag = "replays",
     summary = "Resends the endpoint's deliveries created since a time (failed and abandoned by default).",
     params(EndpointPath),
@@ -98,6 +100,7 @@ pub async fn replay_endpoint(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{account}/replays",
+    security(("bearer" = ["deliveries:read"])),
     tag = "replays",
     summary = "The replay audit trail: who, when, filters, how many.",
     params(AccountPath, PageParams),

@@ -187,6 +187,8 @@ pub struct Local {
     pub local_addr: SocketAddr,
     pub admin_token: String,
     pub token_source: TokenSource,
+    /// Checks credentials, as the API does (for routes served beside it).
+    pub access: Arc<crate::service::access::Access>,
 }
 
 /// Divides the retry schedule's delays by `scale`.
@@ -239,8 +241,9 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
     } else {
         TokenSource::ControlTable(settings.tables.control.clone())
     };
-    let router = as_function(API, handlers::api_router_with_token(&shape, token.clone()))
-        .await?
+    let state = as_function(API, handlers::api_state_with_token(&shape, &token)).await?;
+    let access = Arc::clone(&state.access);
+    let router = crate::api::router(state)
         // Each request is the api function's work (axum runs it on a task of its own).
         .layer(axum::middleware::from_fn(
             |request: axum::extract::Request, next: axum::middleware::Next| {
@@ -318,6 +321,7 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         local_addr,
         admin_token: token,
         token_source,
+        access,
     })
 }
 

@@ -195,4 +195,16 @@ impl DynamoStore {
             .await?
             .ok_or_else(|| StoreError::Backend(format!("setting {key} vanished")))
     }
+
+    pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
+        self.client
+            .put_item()
+            .table_name(&self.tables.control)
+            .item("pk", s(format!("setting#{key}")))
+            .item("value", s(value))
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(())
+    }
 }

@@ -315,4 +315,17 @@ impl SqliteStore {
         })
         .await
     }
+
+    pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO settings (key, value) VALUES (?1, ?2)",
+                params![key, value],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
 }

@@ -25,6 +25,7 @@ use crate::{
     signing::SigningSecret,
 };
 
+mod access;
 mod accounts;
 mod deliveries;
 mod events;

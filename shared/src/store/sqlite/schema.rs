@@ -81,6 +81,23 @@ CREATE TABLE IF NOT EXISTS replays (
   more INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS replays_by_account ON replays(account_id, id DESC);
+CREATE TABLE IF NOT EXISTS api_keys (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  scopes TEXT NOT NULL,
+  accounts TEXT,
+  secret_sha256 TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  created_by TEXT NOT NULL,
+  expires_at INTEGER,
+  revoked_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS token_revocations (
+  account_id TEXT NOT NULL,
+  token_id TEXT NOT NULL,
+  revoked_at INTEGER NOT NULL,
+  PRIMARY KEY (account_id, token_id)
+) WITHOUT ROWID;
 "#;
 
 pub(super) const ATTEMPTS_TABLE: &str = r#"

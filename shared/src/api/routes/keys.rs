@@ -1,0 +1,100 @@
+//! Scoped API keys: make one (its secret shown once), list them, revoke one.
+
+use axum::extract::Path;
+
+use super::deliveries::parse_time;
+use super::*;
+use crate::{
+    api::{
+        openapi::{KeyList, KeyPath, ScopeName},
+        views::{KeyView, NewKeyView},
+    },
+    domain::ApiKeyId,
+    service::keys,
+};
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKey {
+    /// What the key is for, for people reading the list.
+    #[schema(min_length = 1, max_length = 200, example = "billing backend")]
+    name: String,
+    /// What it may do; `admin` is everything.
+    #[schema(value_type = Vec<ScopeName>, min_items = 1, example = json!(["events:publish"]))]
+    scopes: Vec<String>,
+    /// Only these accounts (1 to 100, each existing); left out, every account. An `admin`
+    /// key cannot be limited.
+    #[schema(min_items = 1, max_items = 100)]
+    accounts: Option<Vec<String>>,
+    /// When it stops working (RFC 3339, in the future); left out, never.
+    #[schema(format = DateTime)]
+    expires_at: Option<String>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/keys",
+    security(("bearer" = ["admin"])),
+    tag = "access",
+    summary = "Makes a scoped API key; its secret is in this answer only.",
+    request_body = CreateKey,
+    responses((status = 201, description = "The key, with its `secret`, shown this once", body = NewKeyView), ReadErrors, BodyErrors),
+)]
+pub async fn create_key(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    JsonBody(body): JsonBody<CreateKey>,
+) -> ApiResult<Response> {
+    let expires_at = body
+        .expires_at
+        .as_deref()
+        .map(|raw| parse_time("expires_at", raw))
+        .transpose()?;
+    let minted = keys::create(
+        &state.app,
+        keys::NewKey {
+            name: body.name,
+            scopes: body.scopes,
+            accounts: body.accounts,
+            expires_at,
+        },
+        principal.actor(),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(NewKeyView::from(&minted))).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/keys",
+    security(("bearer" = ["admin"])),
+    tag = "access",
+    summary = "Lists the API keys, revoked ones included, newest first (no secrets).",
+    responses((status = 200, description = "Every key", body = KeyList), ReadErrors),
+)]
+pub async fn list_keys(State(state): State<ApiState>) -> ApiResult<Response> {
+    let keys = keys::list(&state.app).await?;
+    Ok(Json(ListView {
+        data: keys.iter().map(KeyView::from).collect(),
+        next_cursor: None,
+    })
+    .into_response())
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{key}",
+    security(("bearer" = ["admin"])),
+    tag = "access",
+    summary = "Revokes an API key: it is refused from then on (revoking again changes nothing).",
+    params(KeyPath),
+    responses((status = 200, description = "The key, with `revoked_at`", body = KeyView), ReadErrors),
+)]
+pub async fn revoke_key(
+    State(state): State<ApiState>,
+    Path(raw): Path<String>,
+) -> ApiResult<Response> {
+    let id = ApiKeyId::parse(&raw).ok_or_else(|| ApiError::not_found("key"))?;
+    let key = keys::revoke(&state.app, &state.access, &id).await?;
+    Ok(Json(KeyView::from(&key)).into_response())
+}

@@ -1,0 +1,220 @@
+//! Scoped API keys: one control-table item each (`pk = apikey#<id>`), read by key on every
+//! request that presents one; listed through the sparse `listed` index. Revoked account
+//! tokens: `pk = revoked#<account>#<token id>`, expiring (TTL) once no token of that id can
+//! be valid any more, and `revoked#<account>#*`, "every token issued up to `revoked_at`".
+
+use super::items::*;
+use super::*;
+use crate::{
+    domain::{access::Scope, ApiKey, ApiKeyId},
+    store::TokenRevocation,
+};
+
+/// How long a revoked token's record is kept: longer than any token lives (90 days).
+const TOKEN_RECORD_KEPT: std::time::Duration = std::time::Duration::from_secs(91 * 86_400);
+
+fn revoked_pk(account: &AccountId, token_id: &str) -> String {
+    format!("revoked#{account}#{token_id}")
+}
+
+/// The sparse index that lists control items by kind, and its partition for API keys.
+const LISTED: &str = "listed";
+const API_KEYS: &str = "apikeys";
+
+fn key_pk(id: &ApiKeyId) -> String {
+    format!("apikey#{id}")
+}
+
+fn api_key_item(key: &ApiKey) -> Item {
+    let mut item = Item::from([
+        ("pk".to_owned(), s(key_pk(&key.id))),
+        ("list".to_owned(), s(API_KEYS)),
+        ("list_key".to_owned(), s(key.id.as_str())),
+        ("id".to_owned(), s(key.id.as_str())),
+        ("name".to_owned(), s(&key.name)),
+        (
+            "scopes".to_owned(),
+            AttributeValue::Ss(key.scopes.iter().map(|s| s.as_str().to_owned()).collect()),
+        ),
+        ("secret_sha256".to_owned(), s(&key.secret_sha256)),
+        ("created_at".to_owned(), n(to_millis(key.created_at))),
+        ("created_by".to_owned(), s(&key.created_by)),
+    ]);
+    if let Some(accounts) = &key.accounts {
+        item.insert(
+            "accounts".to_owned(),
+            AttributeValue::Ss(accounts.iter().map(|a| a.as_str().to_owned()).collect()),
+        );
+    }
+    // Not `expires_at`: that is the table's TTL attribute, and an expired key stays listed.
+    if let Some(at) = key.expires_at {
+        item.insert("key_expires_at".to_owned(), n(to_millis(at)));
+    }
+    if let Some(at) = key.revoked_at {
+        item.insert("revoked_at".to_owned(), n(to_millis(at)));
+    }
+    item
+}
+
+fn string_set(item: &Item, name: &str) -> StoreResult<Option<Vec<String>>> {
+    match item.get(name) {
+        Some(AttributeValue::Ss(values)) => Ok(Some(values.clone())),
+        None => Ok(None),
+        Some(_) => Err(corrupt(name)),
+    }
+}
+
+fn api_key_from_item(item: &Item) -> StoreResult<ApiKey> {
+    let mut scopes = string_set(item, "scopes")?
+        .ok_or_else(|| corrupt("scopes"))?
+        .iter()
+        .map(|name| Scope::parse(name).ok_or_else(|| corrupt("scopes")))
+        .collect::<StoreResult<Vec<_>>>()?;
+    scopes.sort();
+    let accounts = string_set(item, "accounts")?.map(|ids| {
+        let mut ids: Vec<AccountId> = ids.into_iter().map(AccountId::from_trusted).collect();
+        ids.sort();
+        ids
+    });
+    Ok(ApiKey {
+        id: ApiKeyId::from_trusted(get_s(item, "id")?),
+        name: get_s(item, "name")?,
+        scopes,
+        accounts,
+        secret_sha256: get_s(item, "secret_sha256")?,
+        created_at: from_millis(get_n(item, "created_at")?),
+        created_by: get_s(item, "created_by")?,
+        expires_at: opt_n(item, "key_expires_at")?.map(from_millis),
+        revoked_at: opt_n(item, "revoked_at")?.map(from_millis),
+    })
+}
+
+impl DynamoStore {
+    pub(super) async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.control)
+            .set_item(Some(api_key_item(key)))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        written(result)?
+            .map(|_| ())
+            .ok_or_else(|| StoreError::Conflict {
+                entity: "api key",
+                id: key.id.to_string(),
+            })
+    }
+
+    pub(super) async fn get_api_key(&self, id: &ApiKeyId) -> StoreResult<Option<ApiKey>> {
+        self.get(&self.tables.control, key1("pk", &key_pk(id)))
+            .await?
+            .map(|item| api_key_from_item(&item))
+            .transpose()
+    }
+
+    /// Through a global secondary index, so eventually consistent: a key created a moment
+    /// ago may be missing from the list for a moment (authentication reads the item itself).
+    pub(super) async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
+        let items = self
+            .query_all(
+                self.client
+                    .query()
+                    .table_name(&self.tables.control)
+                    .index_name(LISTED)
+                    .key_condition_expression("#list = :list")
+                    .expression_attribute_names("#list", "list")
+                    .expression_attribute_values(":list", s(API_KEYS))
+                    .scan_index_forward(false),
+            )
+            .await?;
+        items.iter().map(api_key_from_item).collect()
+    }
+
+    pub(super) async fn revoke_api_key(
+        &self,
+        id: &ApiKeyId,
+        at: Timestamp,
+    ) -> StoreResult<Option<ApiKey>> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", s(key_pk(id)))
+            .update_expression("SET revoked_at = if_not_exists(revoked_at, :at)")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":at", n(to_millis(at)))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        written(result)?
+            .and_then(|out| out.attributes)
+            .map(|item| api_key_from_item(&item))
+            .transpose()
+    }
+
+    pub(super) async fn revoke_token(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+        at: Timestamp,
+    ) -> StoreResult<()> {
+        let expires = crate::clock::add(at, TOKEN_RECORD_KEPT).timestamp();
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.tables.control)
+            .item("pk", s(revoked_pk(account, token_id)))
+            .item("revoked_at", n(to_millis(at)))
+            .item("expires_at", n(expires))
+            // The first revocation's time stays.
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        written(result)?;
+        Ok(())
+    }
+
+    pub(super) async fn revoke_account_tokens(
+        &self,
+        account: &AccountId,
+        before: Timestamp,
+    ) -> StoreResult<()> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", s(revoked_pk(account, "*")))
+            .update_expression("SET revoked_at = :at")
+            // Only forward: a slower request with an earlier time does not undo a later one.
+            .condition_expression("attribute_not_exists(revoked_at) OR revoked_at < :at")
+            .expression_attribute_values(":at", n(to_millis(before)))
+            .send()
+            .await;
+        written(result)?;
+        Ok(())
+    }
+
+    pub(super) async fn token_revocation(
+        &self,
+        account: &AccountId,
+        token_id: &str,
+    ) -> StoreResult<TokenRevocation> {
+        let control = &self.tables.control;
+        let (token, every) = tokio::try_join!(
+            self.get(control, key1("pk", &revoked_pk(account, token_id))),
+            self.get(control, key1("pk", &revoked_pk(account, "*"))),
+        )?;
+        let at = |item: Option<Item>| -> StoreResult<Option<Timestamp>> {
+            Ok(item
+                .map(|item| get_n::<i64>(&item, "revoked_at"))
+                .transpose()?
+                .map(from_millis))
+        };
+        Ok(TokenRevocation {
+            revoked_at: at(token)?,
+            account_tokens_before: at(every)?,
+        })
+    }
+}
