@@ -16,7 +16,10 @@ use ring::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::domain::{AccountId, EndpointId, InvalidField};
+use crate::{
+    domain::{AccountId, EndpointId, InvalidField},
+    signing::SigningSecret,
+};
 
 const PREFIX: &str = "enc:";
 const V1: &str = "enc:v1:";
@@ -34,6 +37,11 @@ pub enum SecretsError {
     Malformed(&'static str),
     #[error("the system random source failed")]
     Random,
+    #[error(
+        "this process holds no secrets key (HOOKLANE_SECRETS_KEY): it cannot seal or open \
+         endpoint signing secrets"
+    )]
+    Withheld,
 }
 
 /// A 32-byte key and its id.
@@ -261,6 +269,58 @@ impl SecretsCipher {
 
     fn keys(&self) -> impl Iterator<Item = &Key> {
         std::iter::once(&self.inner.current).chain(self.inner.previous.as_ref())
+    }
+}
+
+/// What a store does with endpoint signing secrets: seals and opens them with the
+/// operator's keys, or withholds them. A process that neither signs nor writes an endpoint
+/// (on AWS: the fan-out, sweeper and health functions) is given no key: the endpoints it
+/// reads carry [`SigningSecret::withheld`], and writing an endpoint is refused.
+#[derive(Clone, Debug)]
+pub enum SecretsAccess {
+    Keys(SecretsCipher),
+    Withheld,
+}
+
+impl From<SecretsCipher> for SecretsAccess {
+    fn from(cipher: SecretsCipher) -> Self {
+        Self::Keys(cipher)
+    }
+}
+
+impl SecretsAccess {
+    /// [`SecretsCipher::seal`]; [`SecretsError::Withheld`] without a key.
+    pub fn seal(
+        &self,
+        secret: &SigningSecret,
+        account: &AccountId,
+        endpoint: &EndpointId,
+    ) -> Result<String, SecretsError> {
+        match self {
+            Self::Keys(cipher) if !secret.is_withheld() => {
+                cipher.seal(&secret.expose(), account, endpoint)
+            }
+            _ => Err(SecretsError::Withheld),
+        }
+    }
+
+    /// The signing secret in a stored value ([`SecretsCipher::open`]), or
+    /// [`SigningSecret::withheld`] without a key. `Err` carries the reason as text.
+    pub fn open(
+        &self,
+        stored: &str,
+        account: &AccountId,
+        endpoint: &EndpointId,
+    ) -> Result<SigningSecret, String> {
+        match self {
+            Self::Keys(cipher) => {
+                let plain = cipher
+                    .open(stored, account, endpoint)
+                    .map_err(|e| e.to_string())?;
+                SigningSecret::parse(&plain).map_err(|e| e.to_string())
+            }
+            Self::Withheld => Ok(SigningSecret::withheld()),
+        }
     }
 }
 

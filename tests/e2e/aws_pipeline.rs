@@ -39,8 +39,6 @@ pub(crate) fn stack_env(settings: &AwsSettings) -> Vec<(String, String)> {
         ("HOOKLANE_QUEUE_ARN", settings.queue_arn.clone()),
         ("HOOKLANE_SCHEDULE_GROUP", group),
         ("HOOKLANE_SCHEDULER_ROLE_ARN", role),
-        // The template's SecretsKey parameter: a deployed stack always has one.
-        ("HOOKLANE_SECRETS_KEY", "5e".repeat(32)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

@@ -12,12 +12,9 @@ use crate::{
     http::HttpSender,
     notify::{ses::SesNotifier, LogNotifier, Notifier},
     queue::sqs::{SchedulerTarget, SqsQueue},
-    secrets::{generate_key, key_id, parse_key, SecretsCipher},
+    secrets::SecretsAccess,
     slots::dynamodb::DynamoSlots,
-    store::{
-        dynamodb::{DynamoStore, Retention},
-        Store,
-    },
+    store::dynamodb::{DynamoStore, Retention},
     App, PublishMode,
 };
 
@@ -36,50 +33,44 @@ pub struct AwsShape {
 #[error("{0}")]
 pub struct ConnectError(String);
 
-/// Where a local run without `HOOKLANE_SECRETS_KEY` keeps its generated key.
-const SECRETS_KEY_SETTING: &str = "secrets_key";
-
-/// The cipher of endpoint secrets: `HOOKLANE_SECRETS_KEY` (and `_PREVIOUS`). A deployed
-/// function refuses to start without it. A local run against an emulator generates a key
-/// once and keeps it in the control table, which protects nothing against a copy of that
-/// table: it only lets a local stack restart and still read its secrets.
-async fn secrets_cipher(
-    settings: &AwsSettings,
-    dynamodb: &aws_sdk_dynamodb::Client,
-) -> Result<SecretsCipher, ConnectError> {
-    let invalid = |e: crate::domain::InvalidField| ConnectError(e.to_string());
-    if let Some(cipher) = settings.core.secrets.cipher_or(None) {
-        return cipher.map_err(invalid);
-    }
-    if settings.in_lambda {
-        return Err(ConnectError(
-            "HOOKLANE_SECRETS_KEY is not set: endpoint signing secrets are encrypted with it \
-             (the stack's SecretsKey parameter)"
-                .into(),
-        ));
-    }
-    let bootstrap = DynamoStore::new(
-        dynamodb.clone(),
-        settings.tables.clone(),
-        Retention::from_core(&settings.core),
-        SecretsCipher::ephemeral().map_err(|e| ConnectError(e.to_string()))?,
-    );
-    let generated = generate_key().map_err(|e| ConnectError(e.to_string()))?;
-    let stored = bootstrap
-        .put_setting_if_absent(SECRETS_KEY_SETTING, &generated)
-        .await
-        .map_err(|e| ConnectError(format!("cannot keep the generated secrets key: {e}")))?;
-    let key = parse_key(&stored, "HOOKLANE_SECRETS_KEY").map_err(invalid)?;
-    tracing::warn!(
-        key_id = %key_id(&key),
-        "HOOKLANE_SECRETS_KEY is not set: endpoint secrets are encrypted with a key generated \
-         into the control table, which a copy of that table holds; set HOOKLANE_SECRETS_KEY \
-         for anything but a local run"
-    );
-    SecretsCipher::new(&key, None).map_err(invalid)
+/// What a function does with endpoint signing secrets: the API (which creates endpoints and
+/// shows their secrets) and the sender (which signs) need the key; the others read
+/// endpoints without their secrets and are not given it (`infra/template.yaml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretsUse {
+    /// `HOOKLANE_SECRETS_KEY` must be set: without it the function refuses to start.
+    Needed,
+    /// No key is read, even if one is set: endpoints come without their secrets.
+    Withheld,
 }
 
-/// Builds the clients once (a Lambda's `main` calls this before the first event).
+/// The store's access to endpoint secrets. The key is the operator's: on AWS it is never
+/// generated or stored by Hooklane.
+fn secrets_access(settings: &AwsSettings, use_: SecretsUse) -> Result<SecretsAccess, ConnectError> {
+    if use_ == SecretsUse::Withheld {
+        return Ok(SecretsAccess::Withheld);
+    }
+    match settings.core.secrets.cipher_or(None) {
+        Some(cipher) => {
+            let cipher = cipher.map_err(|e| ConnectError(e.to_string()))?;
+            tracing::info!(
+                key_id = cipher.key_id(),
+                previous_key_id = cipher.previous_key_id(),
+                "endpoint secrets are encrypted at rest"
+            );
+            Ok(SecretsAccess::Keys(cipher))
+        }
+        None => Err(ConnectError(
+            "HOOKLANE_SECRETS_KEY is not set: endpoint signing secrets are encrypted at rest \
+             with it (32 bytes as 64 hex digits or base64, e.g. `openssl rand -hex 32`; on a \
+             stack, the SecretsKey parameter). See docs/OPERATIONS.md, \"Secrets at rest\""
+                .into(),
+        )),
+    }
+}
+
+/// Builds the clients once (a Lambda's `main` calls this before the first event), with the
+/// secrets key (`HOOKLANE_SECRETS_KEY` is required).
 pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
     connect_with(settings, None).await
 }
@@ -89,6 +80,15 @@ pub async fn connect_with(
     settings: &AwsSettings,
     extra: Option<&SharedInterceptor>,
 ) -> Result<AwsShape, ConnectError> {
+    connect_using(settings, extra, SecretsUse::Needed).await
+}
+
+/// [`connect`], for a function that `use_`s endpoint secrets as said.
+pub async fn connect_using(
+    settings: &AwsSettings,
+    extra: Option<&SharedInterceptor>,
+    use_: SecretsUse,
+) -> Result<AwsShape, ConnectError> {
     let sdk = load_sdk_config().await;
     let clock = Arc::new(SystemClock);
     let dynamodb = clients::dynamodb(&sdk, extra);
@@ -96,7 +96,7 @@ pub async fn connect_with(
         dynamodb.clone(),
         settings.tables.clone(),
         Retention::from_core(&settings.core),
-        secrets_cipher(settings, &dynamodb).await?,
+        secrets_access(settings, use_)?,
     ));
     let scheduler = settings
         .scheduler

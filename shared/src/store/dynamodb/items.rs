@@ -214,12 +214,12 @@ pub(super) fn account_from_item(item: &Item) -> StoreResult<Account> {
     })
 }
 
-/// An endpoint's item, its signing secrets sealed by `cipher`.
-pub(super) fn endpoint_item(e: &Endpoint, cipher: &SecretsCipher) -> StoreResult<Item> {
+/// An endpoint's item, its signing secrets sealed by `secrets` (refused without a key).
+pub(super) fn endpoint_item(e: &Endpoint, secrets: &SecretsAccess) -> StoreResult<Item> {
     let seal = |secret: &SigningSecret| {
-        cipher
-            .seal(&secret.expose(), &e.account_id, &e.id)
-            .map_err(|err| StoreError::Backend(err.to_string()))
+        secrets
+            .seal(secret, &e.account_id, &e.id)
+            .map_err(|err| StoreError::Backend(format!("endpoint {}: {err}", e.id)))
     };
     let mut item = Item::from([
         ("account_id".into(), s(e.account_id.as_str())),
@@ -261,14 +261,14 @@ pub(super) fn is_tombstone(item: &Item) -> bool {
     item.contains_key(DELETED_AT)
 }
 
-pub(super) fn endpoint_from_item(item: &Item, cipher: &SecretsCipher) -> StoreResult<Endpoint> {
+/// An endpoint from its item, its signing secrets opened by `secrets` (or withheld).
+pub(super) fn endpoint_from_item(item: &Item, secrets: &SecretsAccess) -> StoreResult<Endpoint> {
     let id = EndpointId::from_trusted(get_s(item, "id")?);
     let account_id = AccountId::from_trusted(get_s(item, "account_id")?);
     let open = |what: &str, stored: &str| {
-        let plain = cipher
+        secrets
             .open(stored, &account_id, &id)
-            .map_err(|e| StoreError::Corrupt(format!("endpoint {id} {what}: {e}")))?;
-        SigningSecret::parse(&plain).map_err(|_| corrupt(what))
+            .map_err(|e| StoreError::Corrupt(format!("endpoint {id} {what}: {e}")))
     };
     let url = get_s(item, "url")?;
     let secret = get_s(item, "secret")?;
