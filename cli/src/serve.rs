@@ -228,7 +228,17 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let metrics = install_metrics()?;
     let secrets = secrets_cipher(&config)?;
     let store = Arc::new(SqliteStore::open(&config.database, secrets.clone())?);
-    let resealed = store.reseal_secrets().await?;
+    let resealed = store.reseal_secrets().await.map_err(|e| {
+        ServeError::Startup(format!(
+            "endpoint signing secrets in {} do not open with the configured key (key id {}): \
+             {e}; give the key that sealed them as HOOKLANE_SECRETS_KEY (during a rotation, \
+             as HOOKLANE_SECRETS_KEY_PREVIOUS) or restore {} (docs/OPERATIONS.md, \
+             \"Secrets at rest\")",
+            config.database.display(),
+            secrets.key_id(),
+            secrets_key_file(&config.database).display(),
+        ))
+    })?;
     tracing::info!(
         key_id = secrets.key_id(),
         resealed,

@@ -133,6 +133,12 @@ async fn the_sqlite_file_holds_no_secret_and_a_rotation_reseals_under_the_new_ke
     let store = SqliteStore::open(&path, cipher(&NEW, None)).unwrap();
     let refused = secrets_of(&store, &b).await.unwrap_err();
     assert!(refused.contains("another endpoint"), "{refused}");
+    // The start's re-seal opens every secret, those under the current key too: it refuses.
+    let refused = store.reseal_secrets().await.unwrap_err().to_string();
+    assert!(
+        refused.contains("endpoint ep_b") && refused.contains("another endpoint"),
+        "{refused}"
+    );
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -201,6 +207,67 @@ async fn a_raw_dynamodb_item_holds_no_secret_and_does_not_open_on_another_endpoi
     );
     assert_eq!(secrets_of(&rotated, &a).await.unwrap(), bodies(&a));
     assert_eq!(secrets_of(&rotated, &b).await.unwrap(), bodies(&b));
+    // A write under the rotated keys seals under the new one (the lazy re-seal).
+    rotated.update_endpoint(&b).await.unwrap();
+    let item = raw_item("ep_b").await;
+    assert!(item["secret"]
+        .as_s()
+        .unwrap()
+        .starts_with(&format!("enc:v1:{}:", key_id(&NEW))));
+
+    // A store withholding secrets (a function without the key) reads endpoints without
+    // them and writes none.
+    let withheld = DynamoStore::new(
+        client.clone(),
+        tables.clone(),
+        Retention::default(),
+        hooklane::secrets::SecretsAccess::Withheld,
+    );
+    let listed = withheld.list_endpoints(&a.account_id).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|e| e.secret.is_withheld()
+        && e.retiring_secret
+            .as_ref()
+            .is_none_or(|r| r.secret.is_withheld())));
+    let refused = withheld.update_endpoint(&listed[0]).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("holds no secrets key"),
+        "{refused}"
+    );
+    let refused = withheld.update_endpoint(&a).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("holds no secrets key"),
+        "{refused}"
+    );
+    // Nor does it send: a delivery it loads is left pending, never sent unsigned.
+    let event = hooklane_testkit::fixtures::event("acme", "evt_1", t0());
+    let delivery = hooklane_testkit::fixtures::delivery(&event, &a, t0());
+    store
+        .publish(&event, std::slice::from_ref(&delivery))
+        .await
+        .unwrap();
+    let app = hooklane_testkit::fixtures::app_on(
+        std::sync::Arc::new(withheld),
+        std::sync::Arc::new(hooklane::SystemClock),
+    );
+    let refused = hooklane::service::deliver::attempt(
+        &app,
+        &delivery.id,
+        hooklane::domain::Trigger::Scheduled,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("holds no secrets key"),
+        "{refused}"
+    );
+    let stored = store
+        .get_delivery(&delivery.account_id, &delivery.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, hooklane::domain::DeliveryStatus::Pending);
+    assert_eq!(stored.attempts, 0);
 
     // ep_a's sealed secret copied onto ep_b's item does not open there.
     client

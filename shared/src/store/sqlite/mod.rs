@@ -142,10 +142,11 @@ impl SqliteStore {
         Self::init(conn, None, secrets, reads_on_the_store_thread)
     }
 
-    /// Seals again every endpoint secret that is plaintext (written before encryption) or
-    /// sealed under a key other than the current one; returns how many endpoints changed.
-    /// A secret under a key the cipher does not have is an error naming the key id, and
-    /// nothing changes.
+    /// Opens every endpoint secret and seals again those that are plaintext (written before
+    /// encryption) or sealed under a key other than the current one, in one transaction;
+    /// returns how many endpoints changed. A secret that does not open (under a key the
+    /// cipher does not have, altered, or moved from another endpoint) is an error naming
+    /// the endpoint and the reason, and nothing changes.
     pub async fn reseal_secrets(&self) -> StoreResult<usize> {
         let cipher = self.secrets.clone();
         self.run(move |conn| {
@@ -161,20 +162,27 @@ impl SqliteStore {
             };
             let mut changed = 0;
             for (id, account, secret, retiring) in rows {
+                let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
+                // Every value is opened, re-sealed or not: a start with the wrong key fails
+                // here, before serving, rather than at the endpoint's next delivery.
+                let open = |stored: &str| {
+                    cipher.open(stored, &account, &id).map_err(|e| {
+                        StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+                    })
+                };
+                let opened = (open(&secret)?, retiring.as_deref().map(open).transpose()?);
                 if !cipher.needs_reseal(&secret)
                     && !retiring.as_deref().is_some_and(|r| cipher.needs_reseal(r))
                 {
                     continue;
                 }
-                let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
-                let reseal = |stored: &str| {
+                let seal = |plain: &str| {
                     cipher
-                        .open(stored, &account, &id)
-                        .and_then(|plain| cipher.seal(&plain, &account, &id))
-                        .map_err(|e| StoreError::Corrupt(format!("endpoint {id}: {e}")))
+                        .seal(plain, &account, &id)
+                        .map_err(|e| StoreError::Backend(e.to_string()))
                 };
-                let secret = reseal(&secret)?;
-                let retiring = retiring.as_deref().map(reseal).transpose()?;
+                let secret = seal(&opened.0)?;
+                let retiring = opened.1.as_deref().map(seal).transpose()?;
                 tx.execute(
                     "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
                     params![id.as_str(), account.as_str(), secret, retiring],
