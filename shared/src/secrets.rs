@@ -305,19 +305,18 @@ impl SecretsAccess {
     }
 
     /// The signing secret in a stored value ([`SecretsCipher::open`]), or
-    /// [`SigningSecret::withheld`] without a key. `Err` carries the reason as text.
+    /// [`SigningSecret::withheld`] without a key.
     pub fn open(
         &self,
         stored: &str,
         account: &AccountId,
         endpoint: &EndpointId,
-    ) -> Result<SigningSecret, String> {
+    ) -> Result<SigningSecret, SecretsError> {
         match self {
             Self::Keys(cipher) => {
-                let plain = cipher
-                    .open(stored, account, endpoint)
-                    .map_err(|e| e.to_string())?;
-                SigningSecret::parse(&plain).map_err(|e| e.to_string())
+                let plain = cipher.open(stored, account, endpoint)?;
+                SigningSecret::parse(&plain)
+                    .map_err(|_| SecretsError::Malformed("not a whsec_ signing secret"))
             }
             Self::Withheld => Ok(SigningSecret::withheld()),
         }
