@@ -42,9 +42,12 @@ struct FileConfig {
     max_payload: Option<String>,
     publish_rate: Option<String>,
     publish_burst: Option<String>,
+    retention: Option<String>,
+    secrets_key: Option<String>,
+    secrets_key_previous: Option<String>,
 }
 
-pub const SETTINGS: [&str; 17] = [
+pub const SETTINGS: [&str; 20] = [
     "listen",
     "database",
     "admin_token",
@@ -62,6 +65,9 @@ pub const SETTINGS: [&str; 17] = [
     "max_payload",
     "publish_rate",
     "publish_burst",
+    "retention",
+    "secrets_key",
+    "secrets_key_previous",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +155,9 @@ impl ServeConfig {
                 ("max_payload", parsed.max_payload),
                 ("publish_rate", parsed.publish_rate),
                 ("publish_burst", parsed.publish_burst),
+                ("retention", parsed.retention),
+                ("secrets_key", parsed.secrets_key),
+                ("secrets_key_previous", parsed.secrets_key_previous),
             ] {
                 if let Some(value) = value {
                     settings.insert(name, value);
@@ -324,5 +333,39 @@ mod tests {
         .unwrap();
         assert_eq!(config.core.max_payload_bytes, 1 << 20);
         assert_eq!(config.core.publish_rate.map(|r| r.burst), Some(5));
+    }
+
+    /// Every core setting can be given to `serve`, in the file and in the environment.
+    #[test]
+    fn serve_reads_every_core_setting() {
+        for (name, variable) in CORE_SETTINGS {
+            assert!(SETTINGS.contains(&name), "{name} is not read by serve");
+            assert_eq!(variable, format!("HOOKLANE_{}", name.to_ascii_uppercase()));
+        }
+    }
+
+    #[test]
+    fn the_secrets_keys_come_from_the_file_or_the_environment() {
+        let (current, previous) = ("ab".repeat(32), "cd".repeat(32));
+        let config = ServeConfig::load(
+            None,
+            &environment(&[
+                ("HOOKLANE_SECRETS_KEY", &current),
+                ("HOOKLANE_SECRETS_KEY_PREVIOUS", &previous),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.core.secrets.current, Some([0xab; 32]));
+        assert_eq!(config.core.secrets.previous, Some([0xcd; 32]));
+        let dir = std::env::temp_dir().join(format!("hooklane-config-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("hooklane.toml");
+        std::fs::write(&file, format!("secrets_key = \"{current}\"\n")).unwrap();
+        let config = ServeConfig::load(Some(&file), &HashMap::new()).unwrap();
+        assert_eq!(config.core.secrets.current, Some([0xab; 32]));
+        let err = ServeConfig::load(None, &environment(&[("HOOKLANE_SECRETS_KEY", "short")]))
+            .unwrap_err();
+        assert!(err.to_string().starts_with("HOOKLANE_SECRETS_KEY"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -93,6 +93,11 @@ enum Command {
         #[command(subcommand)]
         action: DlqAction,
     },
+    /// Endpoint signing secrets at rest on AWS (needs a binary built with `--features aws`).
+    Secrets {
+        #[command(subcommand)]
+        action: SecretsAction,
+    },
     /// Verify a webhook you received: the raw body on stdin, the three headers as flags.
     Verify {
         /// The endpoint's secret (whsec_...); give it twice during a rotation.
@@ -108,6 +113,15 @@ enum Command {
         #[arg(long, default_value_t = hooklane::signing::DEFAULT_TOLERANCE_SECS)]
         tolerance: i64,
     },
+}
+
+#[derive(Subcommand)]
+enum SecretsAction {
+    /// After a key rotation (SecretsKey new, SecretsKeyPrevious old): seal every endpoint
+    /// secret of the stack's endpoints table that is still under the previous key under the
+    /// new one. Reads HOOKLANE_TABLE_PREFIX (the stack name), HOOKLANE_SECRETS_KEY and
+    /// HOOKLANE_SECRETS_KEY_PREVIOUS. The embedded shape does this at every start.
+    Reseal,
 }
 
 #[derive(Subcommand)]
@@ -191,6 +205,86 @@ fn dlq(action: DlqAction) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+#[cfg(feature = "aws")]
+fn secrets(action: SecretsAction) -> ExitCode {
+    use hooklane::store::dynamodb::{DynamoStore, Retention, TableNames};
+    let SecretsAction::Reseal = action;
+    let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let Some(prefix) = vars
+        .get("HOOKLANE_TABLE_PREFIX")
+        .filter(|p| !p.trim().is_empty())
+    else {
+        eprintln!("hooklane: secrets reseal: set HOOKLANE_TABLE_PREFIX to the stack's name");
+        return ExitCode::from(2);
+    };
+    let core = match hooklane::config::CoreConfig::default()
+        .with_settings(|name| vars.get(name).map(String::as_str))
+    {
+        Ok(core) => core,
+        Err(error) => {
+            eprintln!("hooklane: configuration error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let cipher = match core.secrets.cipher_or(None) {
+        Some(Ok(cipher)) => cipher,
+        Some(Err(error)) => {
+            eprintln!("hooklane: configuration error: {error}");
+            return ExitCode::from(2);
+        }
+        None => {
+            eprintln!(
+                "hooklane: secrets reseal: set HOOKLANE_SECRETS_KEY (the new key) and \
+                 HOOKLANE_SECRETS_KEY_PREVIOUS (the old one)"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let key_id = cipher.key_id().to_owned();
+    let report = runtime.block_on(async {
+        let client =
+            hooklane::aws::aws_sdk_dynamodb::Client::new(&hooklane::aws::load_sdk_config().await);
+        DynamoStore::new(
+            client,
+            TableNames::with_prefix(prefix),
+            Retention::default(),
+            cipher,
+        )
+        .reseal_secrets()
+        .await
+    });
+    match report {
+        Ok(report) => {
+            println!(
+                "examined {} endpoint(s); re-sealed {} under key {key_id}; {} changed meanwhile",
+                report.examined, report.resealed, report.changed_meanwhile
+            );
+            if report.changed_meanwhile > 0 {
+                println!("run it again to check the endpoints that changed meanwhile");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("hooklane: secrets reseal: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "aws"))]
+fn secrets(_action: SecretsAction) -> ExitCode {
+    eprintln!(
+        "hooklane: this binary was built without the AWS backend; build it with \
+         `cargo build --release -p hooklane-cli --features aws` (the embedded shape re-seals \
+         its secrets at every start)"
+    );
+    ExitCode::from(2)
 }
 
 #[cfg(not(feature = "aws"))]
@@ -300,6 +394,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Dlq { action } => dlq(action),
+        Command::Secrets { action } => secrets(action),
         Command::Relay(args) => relay(args),
         Command::Verify {
             secret,

@@ -17,6 +17,7 @@ use hooklane::{
     limits::MemoryBuckets,
     notify::{smtp::SmtpNotifier, LogNotifier, Notifier},
     queue::embedded::EmbeddedQueue,
+    secrets::{generate_key, parse_key, SecretsCipher},
     service::{
         access::{new_admin_token, sha256_hex, Access, AdminToken, ADMIN_TOKEN_DIGEST_SETTING},
         tokens,
@@ -91,6 +92,57 @@ async fn admin_token(
         );
     }
     Ok(AdminToken::Stored)
+}
+
+/// The key file of an embedded shape without `HOOKLANE_SECRETS_KEY`: beside the database,
+/// named after it.
+pub fn secrets_key_file(database: &std::path::Path) -> std::path::PathBuf {
+    let mut name = database.file_name().unwrap_or_default().to_os_string();
+    name.push(".secrets-key");
+    database.with_file_name(name)
+}
+
+/// The cipher of endpoint secrets: `HOOKLANE_SECRETS_KEY` (and `_PREVIOUS`), else the key
+/// in the file beside the database, generated (readable by its owner only) on the first
+/// start without one.
+fn secrets_cipher(config: &ServeConfig) -> Result<SecretsCipher, ServeError> {
+    let invalid = |e: hooklane::domain::InvalidField| ServeError::Startup(e.to_string());
+    if let Some(cipher) = config.core.secrets.cipher_or(None) {
+        return cipher.map_err(invalid);
+    }
+    let path = secrets_key_file(&config.database);
+    let file_error = |e: std::io::Error| {
+        ServeError::Startup(format!("secrets key file {}: {e}", path.display()))
+    };
+    let raw = match std::fs::read_to_string(&path) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let generated = generate_key().map_err(|e| ServeError::Startup(e.to_string()))?;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut file = options.open(&path).map_err(file_error)?;
+            std::io::Write::write_all(&mut file, format!("{generated}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(file_error)?;
+            tracing::info!(
+                path = %path.display(),
+                "generated the key that encrypts endpoint secrets; keep it with the database \
+                 (without it their secrets are lost) or set HOOKLANE_SECRETS_KEY"
+            );
+            generated
+        }
+        Err(e) => return Err(file_error(e)),
+    };
+    let key = parse_key(&raw, "HOOKLANE_SECRETS_KEY").map_err(|e| {
+        ServeError::Startup(format!(
+            "secrets key file {}: {}",
+            path.display(),
+            e.message
+        ))
+    })?;
+    SecretsCipher::new(&key, None).map_err(invalid)
 }
 
 const METRIC_BUCKETS: [f64; 17] = [
@@ -174,7 +226,24 @@ fn spawn_backlog_gauges(
 
 pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     let metrics = install_metrics()?;
-    let store = Arc::new(SqliteStore::open(&config.database)?);
+    let secrets = secrets_cipher(&config)?;
+    let store = Arc::new(SqliteStore::open(&config.database, secrets.clone())?);
+    let resealed = store.reseal_secrets().await.map_err(|e| {
+        ServeError::Startup(format!(
+            "endpoint signing secrets in {} do not open with the configured key (key id {}): \
+             {e}; give the key that sealed them as HOOKLANE_SECRETS_KEY (during a rotation, \
+             as HOOKLANE_SECRETS_KEY_PREVIOUS) or restore {} (docs/OPERATIONS.md, \
+             \"Secrets at rest\")",
+            config.database.display(),
+            secrets.key_id(),
+            secrets_key_file(&config.database).display(),
+        ))
+    })?;
+    tracing::info!(
+        key_id = secrets.key_id(),
+        resealed,
+        "endpoint secrets are encrypted at rest"
+    );
     let admin = admin_token(store.as_ref(), config.admin_token.as_deref()).await?;
     let sender = HttpSender::new(config.core.sender.clone())
         .map_err(|e| ServeError::Startup(e.to_string()))?;

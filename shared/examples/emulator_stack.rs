@@ -17,6 +17,7 @@ use hooklane::{
     config::CoreConfig,
     http::AddressPolicy,
     queue::sqs::DeliveryMessage,
+    secrets::{generate_key, parse_key},
     service::{
         accounts::{self, NewAccount},
         endpoints::{self, NewEndpoint},
@@ -36,6 +37,9 @@ async fn main() -> Result<(), Failure> {
     let deliveries: usize = deliveries.parse()?;
     let mut core = CoreConfig::default();
     core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse()?], false);
+    // The stack's SecretsKey: a fresh key for this run, handed to the functions below.
+    let secrets_key = generate_key()?;
+    core.secrets.current = Some(parse_key(&secrets_key, "HOOKLANE_SECRETS_KEY")?);
     let settings = provision(prefix, core).await?;
     let shape = connect(&settings).await?;
     let account = accounts::create(
@@ -84,6 +88,7 @@ async fn main() -> Result<(), Failure> {
         env.insert(name.into(), serde_json::Value::String(value.into()));
     };
     set("HOOKLANE_TABLE_PREFIX", prefix);
+    set("HOOKLANE_SECRETS_KEY", &secrets_key);
     // As deployed: the api function reads its admin token from an SSM SecureString.
     let token_parameter = format!("/{prefix}/admin-token");
     aws_sdk_ssm::Client::new(&load_sdk_config().await)

@@ -5,11 +5,12 @@ use std::time::Duration;
 use crate::{
     domain::{rate::PublishRate, AccountId, InvalidField, RetryPolicy, RetrySchedule},
     http::{AddressPolicy, SenderConfig},
+    secrets::{parse_key, SecretsKeys},
 };
 
 /// The engine's rules as settings, `(name in a config file, environment variable)`. Both
 /// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
-pub const CORE_SETTINGS: [(&str, &str); 9] = [
+pub const CORE_SETTINGS: [(&str, &str); 11] = [
     ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
     ("https_only", "HOOKLANE_HTTPS_ONLY"),
     ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
@@ -19,6 +20,8 @@ pub const CORE_SETTINGS: [(&str, &str); 9] = [
     ("max_payload", "HOOKLANE_MAX_PAYLOAD"),
     ("publish_rate", "HOOKLANE_PUBLISH_RATE"),
     ("publish_burst", "HOOKLANE_PUBLISH_BURST"),
+    ("secrets_key", "HOOKLANE_SECRETS_KEY"),
+    ("secrets_key_previous", "HOOKLANE_SECRETS_KEY_PREVIOUS"),
 ];
 
 /// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
@@ -45,6 +48,9 @@ pub struct CoreConfig {
     /// How long ended deliveries, their attempts and their events are kept. Pending work
     /// is kept however old it is.
     pub retention: Duration,
+    /// The keys endpoint signing secrets are sealed with at rest (`HOOKLANE_SECRETS_KEY`,
+    /// `HOOKLANE_SECRETS_KEY_PREVIOUS`; see [`crate::secrets`]).
+    pub secrets: SecretsKeys,
 }
 
 impl Default for CoreConfig {
@@ -58,6 +64,7 @@ impl Default for CoreConfig {
             publish_rate: None,
             disable_on_attempt: true,
             retention: Duration::from_secs(30 * 86_400),
+            secrets: SecretsKeys::default(),
         }
     }
 }
@@ -159,6 +166,19 @@ impl CoreConfig {
             }
             None => {}
         }
+        if let Some(raw) = get("HOOKLANE_SECRETS_KEY") {
+            self.secrets.current = Some(parse_key(raw, "HOOKLANE_SECRETS_KEY")?);
+        }
+        if let Some(raw) = get("HOOKLANE_SECRETS_KEY_PREVIOUS") {
+            let previous = parse_key(raw, "HOOKLANE_SECRETS_KEY_PREVIOUS")?;
+            if self.secrets.current.is_none() {
+                return Err(InvalidField::new(
+                    "HOOKLANE_SECRETS_KEY_PREVIOUS",
+                    "is set without HOOKLANE_SECRETS_KEY (the key that replaces it)",
+                ));
+            }
+            self.secrets.previous = Some(previous);
+        }
         if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
             self.operations_account = Some(
                 AccountId::parse(raw)
@@ -243,6 +263,8 @@ mod tests {
 
     #[test]
     fn the_core_settings_parse_once_for_both_shapes() {
+        let key = "ab".repeat(32);
+        let previous = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=".to_string();
         let vars = std::collections::HashMap::from([
             ("HOOKLANE_HTTPS_ONLY", "true"),
             ("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8, ::1"),
@@ -252,6 +274,8 @@ mod tests {
             ("HOOKLANE_MAX_PAYLOAD", "64KiB"),
             ("HOOKLANE_PUBLISH_RATE", "50"),
             ("HOOKLANE_PUBLISH_BURST", "200"),
+            ("HOOKLANE_SECRETS_KEY", key.as_str()),
+            ("HOOKLANE_SECRETS_KEY_PREVIOUS", previous.as_str()),
         ]);
         let core = CoreConfig::default()
             .with_settings(|name| vars.get(name).copied())
@@ -261,6 +285,9 @@ mod tests {
         assert_eq!(core.disable_after, Duration::from_secs(7200));
         assert_eq!(core.retention, Duration::from_secs(7 * 86_400));
         assert_eq!(core.max_payload_bytes, 64 * 1024);
+        assert_eq!(core.secrets.current, Some([0xab; 32]));
+        assert_eq!(core.secrets.previous, Some([1; 32]));
+        assert!(!format!("{core:?}").contains(&key), "no key in Debug");
         assert_eq!(
             core.publish_rate,
             Some(PublishRate {
@@ -294,6 +321,10 @@ mod tests {
             ("HOOKLANE_PUBLISH_RATE", "fast"),
             ("HOOKLANE_PUBLISH_RATE", "0"),
             ("HOOKLANE_PUBLISH_BURST", "10"),
+            ("HOOKLANE_SECRETS_KEY", "letmein"),
+            ("HOOKLANE_SECRETS_KEY", "abab"),
+            ("HOOKLANE_SECRETS_KEY_PREVIOUS", "letmein"),
+            ("HOOKLANE_SECRETS_KEY_PREVIOUS", key.as_str()),
         ] {
             let err = CoreConfig::default()
                 .with_settings(|name| (name == variable).then_some(bad))

@@ -15,6 +15,7 @@ pub mod http;
 pub mod limits;
 pub mod notify;
 pub mod queue;
+pub mod secrets;
 pub mod service;
 pub mod signing;
 pub mod slots;

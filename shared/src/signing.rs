@@ -53,6 +53,19 @@ impl SigningSecret {
         Ok(Self { key })
     }
 
+    /// The stand-in for a secret a process was not given the key to open (see
+    /// [`crate::secrets::SecretsAccess::Withheld`]). Nothing is sent signed with it (the
+    /// sender refuses an endpoint whose secret is withheld) and it is never stored (sealing
+    /// it is refused).
+    pub fn withheld() -> Self {
+        Self { key: Vec::new() }
+    }
+
+    /// Whether this is [`SigningSecret::withheld`]; a parsed or generated secret never is.
+    pub fn is_withheld(&self) -> bool {
+        self.key.is_empty()
+    }
+
     /// The `whsec_…` form, for the endpoint's owner and for storage.
     pub fn expose(&self) -> String {
         format!("{SECRET_PREFIX}{}", STANDARD.encode(&self.key))

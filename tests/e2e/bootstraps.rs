@@ -310,6 +310,11 @@ async fn the_five_bootstraps_run_on_the_template_environment_behind_a_runtime_ap
         .parameters
         .insert("AdminTokenParameterName".into(), parameter);
     stack.parameters.insert("NotificationFrom".into(), from);
+    // The key of endpoint secrets (only the api and the sender get it); the same key as the
+    // other end-to-end stacks'.
+    stack
+        .parameters
+        .insert("SecretsKey".into(), "5e".repeat(32));
 
     let farm = Farm::start().await.expect("farm");
     let scratch = Scratch::new("bootstraps");

@@ -23,6 +23,7 @@ mod relay;
 mod replay;
 mod retries;
 mod schema;
+mod secrets;
 mod signatures;
 mod snippets;
 mod test_events;

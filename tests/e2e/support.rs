@@ -79,7 +79,8 @@ impl Server {
     }
 
     /// Starts `serve --backend aws` plus `args` against the AWS emulator of the tests
-    /// (`AWS_*` passed through), with the test defaults plus `env`. Its AWS requests are
+    /// (`AWS_*` passed through), with the test defaults (the secrets key among them) plus
+    /// `env`. Its AWS requests are
     /// recorded in the scratch directory, for `iam::assert_allowed`.
     pub async fn start_aws(scratch: &Scratch, args: &[&str], env: &[(String, String)]) -> Self {
         hooklane_testkit::testing::require_emulator();
@@ -92,6 +93,15 @@ impl Server {
         all.push((
             "HOOKLANE_AWS_REQUEST_LOG".to_owned(),
             record.display().to_string(),
+        ));
+        // The operator's key of endpoint secrets (the stack's SecretsKey): the AWS shape has
+        // none unless given one. The tests' AWS shapes in-process use the same key.
+        all.push((
+            "HOOKLANE_SECRETS_KEY".to_owned(),
+            hooklane_testkit::testing::TEST_SECRETS_KEY
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
         ));
         all.extend(env.iter().cloned());
         Self::spawn_with(

@@ -4,7 +4,7 @@ use lambda_http::{run, Error};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let started = hooklane::aws::lambda::start().await?;
+    let started = hooklane::aws::lambda::start(hooklane::aws::shape::SecretsUse::Needed).await?;
     let router = hooklane_api::api_router(&started.shape, &started.settings).await?;
     run(hooklane_api::flushing_metrics(
         router,

@@ -8,7 +8,7 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let started = hooklane::aws::lambda::start().await?;
+    let started = hooklane::aws::lambda::start(hooklane::aws::shape::SecretsUse::Withheld).await?;
     run(service_fn(|event: LambdaEvent<_>| async move {
         let work = hooklane_fanout::handle(&started.shape, event.payload);
         Ok::<_, Error>(started.invoke(work).await)

@@ -5,7 +5,7 @@ use std::future::Future;
 
 use super::{
     settings::{AwsSettings, SettingsError},
-    shape::{connect, AwsShape, ConnectError},
+    shape::{connect_using, AwsShape, ConnectError, SecretsUse},
 };
 use crate::telemetry::emf::EmfPublisher;
 
@@ -24,12 +24,14 @@ pub enum StartError {
     Connect(#[from] ConnectError),
 }
 
-/// Starts a function. What it builds lives as long as the process, which is the function's
-/// (the runtime's handler closures need `'static` borrows of it).
-pub async fn start() -> Result<&'static Started, StartError> {
+/// Starts a function that `secrets` endpoint signing secrets as said (the API and the
+/// sender need the key; the others are not given it). What it builds lives as long as the
+/// process, which is the function's (the runtime's handler closures need `'static`
+/// borrows of it).
+pub async fn start(secrets: SecretsUse) -> Result<&'static Started, StartError> {
     let metrics = init_lambda_telemetry();
     let settings = AwsSettings::from_env()?;
-    let shape = connect(&settings).await?;
+    let shape = connect_using(&settings, None, secrets).await?;
     Ok(Box::leak(Box::new(Started {
         settings,
         shape,

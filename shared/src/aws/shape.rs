@@ -12,6 +12,7 @@ use crate::{
     http::HttpSender,
     notify::{ses::SesNotifier, LogNotifier, Notifier},
     queue::sqs::{SchedulerTarget, SqsQueue},
+    secrets::SecretsAccess,
     slots::dynamodb::DynamoSlots,
     store::dynamodb::{DynamoStore, Retention},
     App, PublishMode,
@@ -29,10 +30,47 @@ pub struct AwsShape {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot build the outbound HTTP client: {0}")]
+#[error("{0}")]
 pub struct ConnectError(String);
 
-/// Builds the clients once (a Lambda's `main` calls this before the first event).
+/// What a function does with endpoint signing secrets: the API (which creates endpoints and
+/// shows their secrets) and the sender (which signs) need the key; the others read
+/// endpoints without their secrets and are not given it (`infra/template.yaml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretsUse {
+    /// `HOOKLANE_SECRETS_KEY` must be set: without it the function refuses to start.
+    Needed,
+    /// No key is read, even if one is set: endpoints come without their secrets.
+    Withheld,
+}
+
+/// The store's access to endpoint secrets. The key is the operator's: on AWS it is never
+/// generated or stored by Hooklane.
+fn secrets_access(settings: &AwsSettings, use_: SecretsUse) -> Result<SecretsAccess, ConnectError> {
+    if use_ == SecretsUse::Withheld {
+        return Ok(SecretsAccess::Withheld);
+    }
+    match settings.core.secrets.cipher_or(None) {
+        Some(cipher) => {
+            let cipher = cipher.map_err(|e| ConnectError(e.to_string()))?;
+            tracing::info!(
+                key_id = cipher.key_id(),
+                previous_key_id = cipher.previous_key_id(),
+                "endpoint secrets are encrypted at rest"
+            );
+            Ok(SecretsAccess::Keys(cipher))
+        }
+        None => Err(ConnectError(
+            "HOOKLANE_SECRETS_KEY is not set: endpoint signing secrets are encrypted at rest \
+             with it (32 bytes as 64 hex digits or base64, e.g. `openssl rand -hex 32`; on a \
+             stack, the SecretsKey parameter). See docs/OPERATIONS.md, \"Secrets at rest\""
+                .into(),
+        )),
+    }
+}
+
+/// Builds the clients once (a Lambda's `main` calls this before the first event), with the
+/// secrets key (`HOOKLANE_SECRETS_KEY` is required).
 pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
     connect_with(settings, None).await
 }
@@ -42,6 +80,15 @@ pub async fn connect_with(
     settings: &AwsSettings,
     extra: Option<&SharedInterceptor>,
 ) -> Result<AwsShape, ConnectError> {
+    connect_using(settings, extra, SecretsUse::Needed).await
+}
+
+/// [`connect`], for a function that `use_`s endpoint secrets as said.
+pub async fn connect_using(
+    settings: &AwsSettings,
+    extra: Option<&SharedInterceptor>,
+    use_: SecretsUse,
+) -> Result<AwsShape, ConnectError> {
     let sdk = load_sdk_config().await;
     let clock = Arc::new(SystemClock);
     let dynamodb = clients::dynamodb(&sdk, extra);
@@ -49,6 +96,7 @@ pub async fn connect_with(
         dynamodb.clone(),
         settings.tables.clone(),
         Retention::from_core(&settings.core),
+        secrets_access(settings, use_)?,
     ));
     let scheduler = settings
         .scheduler
@@ -70,8 +118,8 @@ pub async fn connect_with(
         Some(from) => Arc::new(SesNotifier::new(clients::sesv2(&sdk, extra), from)),
         None => Arc::new(LogNotifier),
     };
-    let transport =
-        HttpSender::new(settings.core.sender.clone()).map_err(|e| ConnectError(e.to_string()))?;
+    let transport = HttpSender::new(settings.core.sender.clone())
+        .map_err(|e| ConnectError(format!("cannot build the outbound HTTP client: {e}")))?;
     let slots = Arc::new(DynamoSlots::new(
         dynamodb,
         settings.tables.control.clone(),

@@ -91,6 +91,14 @@ pub async fn attempt_reporting_answer(
     else {
         return Ok(AttemptResult::Skipped);
     };
+    if endpoint.secret.is_withheld() {
+        // A store without the secrets key read this endpoint: sending unsigned is never an
+        // option, and the delivery stays pending for a process that holds the key.
+        return Err(crate::store::StoreError::Backend(
+            crate::secrets::SecretsError::Withheld.to_string(),
+        )
+        .into());
+    }
     let now = app.clock.now();
     let Some(event) = work.event.as_ref() else {
         return ended_unsent(app, &work, EVENT_EXPIRED, now).await;

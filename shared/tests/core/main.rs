@@ -5,6 +5,7 @@
 
 mod api_gateway;
 mod properties;
+mod secrets_at_rest;
 mod stores;
 mod template_metrics;
 mod template_stack;

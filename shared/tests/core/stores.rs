@@ -21,6 +21,7 @@ mod sqlite_in_memory {
 async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads() {
     use hooklane::store::sqlite::SqliteStore;
     use hooklane_testkit::contract::*;
+    use hooklane_testkit::testing::test_secrets;
     let dir = std::env::temp_dir().join(format!(
         "hooklane-sqlite-file-contract-{}",
         std::process::id()
@@ -28,7 +29,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
     std::fs::create_dir_all(&dir).unwrap();
     macro_rules! on_fresh_files {
         ($($check:ident),* $(,)?) => {$(
-            let store = SqliteStore::open(dir.join(concat!(stringify!($check), ".db"))).unwrap();
+            let store = SqliteStore::open(dir.join(concat!(stringify!($check), ".db")), test_secrets(None)).unwrap();
             $check(&store).await;
             drop(store);
         )*};
@@ -50,7 +51,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         api_keys_are_kept_listed_and_revoked,
         token_revocations_are_kept_per_account,
     );
-    let store = SqliteStore::open(dir.join("replays.db")).unwrap();
+    let store = SqliteStore::open(dir.join("replays.db"), test_secrets(None)).unwrap();
     hooklane_testkit::replay_contract::replays_follow_the_contract(&store).await;
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();

@@ -95,6 +95,32 @@ async fn fail_first_attempt(store: &dyn Store, d: &Delivery, failed_at: Timestam
         .unwrap();
 }
 
+/// Signing secrets, the current and the retiring one, read back as they were written
+/// (both stores seal them at rest), through every endpoint read.
+pub async fn endpoint_secrets_round_trip(store: &dyn Store) {
+    let [mut ep] = account_with_endpoints(store, "acme", ["ep_s"]).await;
+    let stored = stored_endpoint(store, &ep).await;
+    assert_eq!(stored.secret.expose(), ep.secret.expose());
+    let old = std::mem::replace(&mut ep.secret, hooklane::signing::SigningSecret::generate());
+    ep.retiring_secret = Some(hooklane::domain::endpoint::RetiringSecret {
+        secret: old,
+        until: add(t0(), secs(86_400)),
+    });
+    store.update_endpoint(&ep).await.unwrap();
+    let exposed = |e: &Endpoint| {
+        (
+            e.secret.expose(),
+            e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+        )
+    };
+    assert_eq!(exposed(&stored_endpoint(store, &ep).await), exposed(&ep));
+    let listed = store.list_endpoints(&ep.account_id).await.unwrap();
+    assert_eq!(
+        listed.iter().map(exposed).collect::<Vec<_>>(),
+        [exposed(&ep)]
+    );
+}
+
 pub async fn accounts_and_endpoints(store: &dyn Store) {
     let acme = account("acme");
     store.create_account(&acme).await.unwrap();
@@ -1593,6 +1619,7 @@ macro_rules! store_contract_tests {
     ($make:path) => {
         $crate::store_contract_tests!(@each $make;
             accounts_and_endpoints,
+            endpoint_secrets_round_trip,
             publish_is_idempotent_on_the_event_id,
             record_attempt_applies_once_per_expected_state,
             list_attempts_returns_every_attempt_in_order,

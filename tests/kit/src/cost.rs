@@ -233,6 +233,7 @@ async fn setup(
     core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     // The first retry comes after ~1 s instead of 30 s.
     core.retry.schedule = RetrySchedule::new(vec![Duration::from_secs(1)]).unwrap();
+    core.secrets.current = Some(crate::testing::TEST_SECRETS_KEY);
     let prefix = format!("c{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let settings = provision(&prefix, core).await.unwrap();
     let meter = Meter::new(table_layouts(&settings.tables));

@@ -147,6 +147,14 @@ pub async fn emulator_client() -> hooklane::aws::aws_sdk_dynamodb::Client {
     hooklane::aws::aws_sdk_dynamodb::Client::new(&hooklane::aws::load_sdk_config().await)
 }
 
+/// The key the tests' stores seal endpoint secrets with.
+pub const TEST_SECRETS_KEY: [u8; 32] = [0x5e; 32];
+
+/// A cipher of [`TEST_SECRETS_KEY`] (and `previous`, if given).
+pub fn test_secrets(previous: Option<&[u8; 32]>) -> hooklane::secrets::SecretsCipher {
+    hooklane::secrets::SecretsCipher::new(&TEST_SECRETS_KEY, previous).unwrap()
+}
+
 /// A DynamoDB store on fresh tables of the emulator, so tests never see each other's items.
 /// The late-write rule is off: the fixtures' fixed times lie years back, where every
 /// delivery would be indexed as it is written and the sweeper's walk would go untested.
@@ -156,7 +164,8 @@ pub async fn emulator_store() -> hooklane::store::dynamodb::DynamoStore {
     let client = emulator_client().await;
     let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
     create_tables(&client, &tables).await.unwrap();
-    DynamoStore::new(client, tables, Retention::default()).without_late_write_rule()
+    DynamoStore::new(client, tables, Retention::default(), test_secrets(None))
+        .without_late_write_rule()
 }
 
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to
@@ -264,6 +273,8 @@ pub async fn emulated_shape_with(
     require_emulator();
     core.sender.policy =
         hooklane::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
+    // The stack's SecretsKey parameter, which `stack_env` of the end-to-end tests also gives.
+    core.secrets.current.get_or_insert(TEST_SECRETS_KEY);
     let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let settings = hooklane::aws::local::provision(&prefix, core)
         .await

@@ -473,3 +473,88 @@ async fn the_provisioned_stack_is_the_template_field_by_field() {
     // Provisioning again reuses all of it.
     deploy(&sdk, &name, &[]).await.unwrap();
 }
+
+/// The secrets key (and the previous one, during a rotation) reaches only the functions
+/// that seal or open endpoint signing secrets, the api and the sender, each of which starts
+/// with `SecretsUse::Needed`; the others start with `SecretsUse::Withheld` and have no key.
+/// The parameters never echo.
+#[test]
+fn the_secrets_key_reaches_only_the_api_and_the_sender() {
+    use crate::aws::settings::AwsSettings;
+    let (key, previous) = ("ab".repeat(32), "cd".repeat(32));
+    let stack = Stack::new(
+        "st",
+        "eu-west-1",
+        "111122223333",
+        &[("SecretsKey", &key), ("SecretsKeyPrevious", &previous)],
+    )
+    .unwrap();
+    let mains = [
+        (
+            "ApiFunction",
+            include_str!("../../../../functions/api/src/main.rs"),
+        ),
+        (
+            "FanoutFunction",
+            include_str!("../../../../functions/fanout/src/main.rs"),
+        ),
+        (
+            "SenderFunction",
+            include_str!("../../../../functions/sender/src/main.rs"),
+        ),
+        (
+            "SweeperFunction",
+            include_str!("../../../../functions/sweeper/src/main.rs"),
+        ),
+        (
+            "HealthFunction",
+            include_str!("../../../../functions/health/src/main.rs"),
+        ),
+    ];
+    let mut functions = Stack::functions().unwrap();
+    functions.sort_unstable();
+    let mut named: Vec<_> = mains.iter().map(|(f, _)| *f).collect();
+    named.sort_unstable();
+    assert_eq!(functions, named, "every function's main is checked");
+    let mut keyed = Vec::new();
+    for (function, main) in mains {
+        let vars: std::collections::HashMap<String, String> =
+            stack.function_env(function).unwrap().into_iter().collect();
+        let settings = AwsSettings::from_vars(&vars).unwrap();
+        let has_key = vars.contains_key("HOOKLANE_SECRETS_KEY");
+        assert_eq!(
+            has_key,
+            vars.contains_key("HOOKLANE_SECRETS_KEY_PREVIOUS"),
+            "{function}"
+        );
+        if has_key {
+            keyed.push(function);
+            assert_eq!(
+                settings.core.secrets.current,
+                Some([0xab; 32]),
+                "{function}"
+            );
+            assert_eq!(
+                settings.core.secrets.previous,
+                Some([0xcd; 32]),
+                "{function}"
+            );
+        } else {
+            assert_eq!(settings.core.secrets, Default::default(), "{function}");
+        }
+        let needed = main.contains("SecretsUse::Needed");
+        assert_ne!(needed, main.contains("SecretsUse::Withheld"), "{function}");
+        assert_eq!(
+            needed, has_key,
+            "{function}: its main and its environment agree"
+        );
+    }
+    assert_eq!(keyed, ["ApiFunction", "SenderFunction"]);
+    for parameter in ["SecretsKey", "SecretsKeyPrevious"] {
+        assert_eq!(
+            super::template().unwrap()["Parameters"][parameter]["NoEcho"],
+            json!(true),
+            "{parameter}"
+        );
+    }
+}

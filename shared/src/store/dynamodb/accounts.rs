@@ -47,7 +47,7 @@ impl DynamoStore {
             .client
             .put_item()
             .table_name(&self.tables.endpoints)
-            .set_item(Some(endpoint_item(endpoint)))
+            .set_item(Some(endpoint_item(endpoint, &self.secrets)?))
             // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
             .condition_expression("attribute_not_exists(id) OR attribute_exists(#deleted)")
             .expression_attribute_names("#deleted", DELETED_AT)
@@ -76,7 +76,7 @@ impl DynamoStore {
         let mut endpoints = items
             .iter()
             .filter(|item| !is_tombstone(item))
-            .map(endpoint_from_item)
+            .map(|item| endpoint_from_item(item, &self.secrets))
             .collect::<StoreResult<Vec<_>>>()?;
         endpoints.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(endpoints)
@@ -87,7 +87,7 @@ impl DynamoStore {
             .client
             .put_item()
             .table_name(&self.tables.endpoints)
-            .set_item(Some(endpoint_item(endpoint)))
+            .set_item(Some(endpoint_item(endpoint, &self.secrets)?))
             .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
             .expression_attribute_names("#deleted", DELETED_AT)
             .send()

@@ -214,7 +214,7 @@ impl DynamoStore {
             .await?;
         let active = items
             .iter()
-            .map(endpoint_from_item)
+            .map(|item| endpoint_from_item(item, &self.secrets))
             .collect::<StoreResult<Vec<_>>>()?;
         // Endpoints whose disabling did not finish (see `finish_disabling`): finish it now.
         let unfinished = self
@@ -228,7 +228,7 @@ impl DynamoStore {
             )
             .await?;
         for item in &unfinished {
-            let endpoint = endpoint_from_item(item)?;
+            let endpoint = endpoint_from_item(item, &self.secrets)?;
             let reason = endpoint
                 .disabled_reason
                 .clone()

@@ -214,20 +214,26 @@ pub(super) fn account_from_item(item: &Item) -> StoreResult<Account> {
     })
 }
 
-pub(super) fn endpoint_item(e: &Endpoint) -> Item {
+/// An endpoint's item, its signing secrets sealed by `secrets` (refused without a key).
+pub(super) fn endpoint_item(e: &Endpoint, secrets: &SecretsAccess) -> StoreResult<Item> {
+    let seal = |secret: &SigningSecret| {
+        secrets
+            .seal(secret, &e.account_id, &e.id)
+            .map_err(|err| StoreError::Backend(format!("endpoint {}: {err}", e.id)))
+    };
     let mut item = Item::from([
         ("account_id".into(), s(e.account_id.as_str())),
         ("id".into(), s(e.id.as_str())),
         ("url".into(), s(e.url.as_str())),
         ("description".into(), s(&e.description)),
-        ("secret".into(), s(e.secret.expose())),
+        ("secret".into(), s(seal(&e.secret)?)),
         ("status".into(), s(e.status.as_str())),
         ("max_in_flight".into(), n(e.max_in_flight)),
         ("created_at".into(), n(to_millis(e.created_at))),
         ("updated_at".into(), n(to_millis(e.updated_at))),
     ]);
     if let Some(retiring) = &e.retiring_secret {
-        item.insert("retiring_secret".into(), s(retiring.secret.expose()));
+        item.insert("retiring_secret".into(), s(seal(&retiring.secret)?));
         item.insert("retiring_until".into(), n(to_millis(retiring.until)));
     }
     if let Some(patterns) = e.event_types.patterns() {
@@ -246,7 +252,7 @@ pub(super) fn endpoint_item(e: &Endpoint) -> Item {
     if let Some(reason) = &e.disabled_reason {
         item.insert("disabled_reason".into(), s(reason));
     }
-    item
+    Ok(item)
 }
 
 /// A deleted endpoint's item: kept (without its secrets) so that the account's deliveries
@@ -255,7 +261,15 @@ pub(super) fn is_tombstone(item: &Item) -> bool {
     item.contains_key(DELETED_AT)
 }
 
-pub(super) fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
+/// An endpoint from its item, its signing secrets opened by `secrets` (or withheld).
+pub(super) fn endpoint_from_item(item: &Item, secrets: &SecretsAccess) -> StoreResult<Endpoint> {
+    let id = EndpointId::from_trusted(get_s(item, "id")?);
+    let account_id = AccountId::from_trusted(get_s(item, "account_id")?);
+    let open = |what: &str, stored: &str| {
+        secrets
+            .open(stored, &account_id, &id)
+            .map_err(|e| StoreError::Corrupt(format!("endpoint {id} {what}: {e}")))
+    };
     let url = get_s(item, "url")?;
     let secret = get_s(item, "secret")?;
     let status = get_s(item, "status")?;
@@ -275,17 +289,18 @@ pub(super) fn endpoint_from_item(item: &Item) -> StoreResult<Endpoint> {
         opt_n::<i64>(item, "retiring_until")?,
     ) {
         (Some(secret), Some(until)) => Some(RetiringSecret {
-            secret: SigningSecret::parse(&secret).map_err(|_| corrupt("retiring_secret"))?,
+            secret: open("retiring_secret", &secret)?,
             until: from_millis(until),
         }),
         _ => None,
     };
+    let secret = open("secret", &secret)?;
     Ok(Endpoint {
-        id: EndpointId::from_trusted(get_s(item, "id")?),
-        account_id: AccountId::from_trusted(get_s(item, "account_id")?),
+        id,
+        account_id,
         url: EndpointUrl::parse(&url).map_err(|_| corrupt("url"))?,
         description: opt_s(item, "description").unwrap_or_default(),
-        secret: SigningSecret::parse(&secret).map_err(|_| corrupt("secret"))?,
+        secret,
         retiring_secret,
         status: EndpointStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
         event_types: EventTypeFilter::parse(patterns.as_deref())

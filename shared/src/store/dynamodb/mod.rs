@@ -24,6 +24,7 @@ mod items;
 mod log;
 pub mod outbox;
 mod replay;
+mod reseal;
 mod schema;
 mod size;
 #[cfg(test)]
@@ -32,6 +33,7 @@ mod tests;
 use items::*;
 pub use items::{pending_shard, unfanned_shard};
 use log::*;
+pub use reseal::ResealReport;
 pub use schema::create_tables;
 pub use size::item_size;
 
@@ -60,6 +62,7 @@ use crate::{
         EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
         ReplayScope, Trigger,
     },
+    secrets::{SecretsAccess, SecretsError},
     signing::SigningSecret,
 };
 
@@ -183,9 +186,21 @@ pub struct DynamoStore {
     /// the past (every delivery would be indexed as it is written, and the walk would go
     /// untested).
     late_fan_out: Option<std::time::Duration>,
+    /// Seals endpoint signing secrets as they are written and opens them as they are read
+    /// (or withholds them: see [`DynamoStore::withholding_secrets`]).
+    secrets: SecretsAccess,
 }
 
 impl DynamoStore {
+    /// Without the key to endpoint signing secrets: endpoints read carry
+    /// [`SigningSecret::withheld`] and writing an endpoint is refused. For the functions
+    /// that neither sign nor change endpoints (fan-out, sweeper, health), which are not
+    /// given the key.
+    pub fn withholding_secrets(mut self) -> Self {
+        self.secrets = SecretsAccess::Withheld;
+        self
+    }
+
     /// Without the rule that indexes a delivery written long after its event as it is
     /// written (`LATE_FAN_OUT`): for tests whose fixed times lie years in the past.
     pub fn without_late_write_rule(mut self) -> Self {
@@ -209,8 +224,16 @@ impl DynamoStore {
         AttributeValue::N(seconds.to_string())
     }
 
-    pub fn new(client: Client, tables: TableNames, retention: Retention) -> Self {
+    /// A store on `tables`; endpoint secrets are sealed with `secrets` (a
+    /// [`crate::secrets::SecretsCipher`], or [`SecretsAccess::Withheld`]).
+    pub fn new(
+        client: Client,
+        tables: TableNames,
+        retention: Retention,
+        secrets: impl Into<SecretsAccess>,
+    ) -> Self {
         Self {
+            secrets: secrets.into(),
             client,
             tables,
             retention,
@@ -320,7 +343,7 @@ impl DynamoStore {
         )
         .await?
         .filter(|item| !is_tombstone(item))
-        .map(|item| endpoint_from_item(&item))
+        .map(|item| endpoint_from_item(&item, &self.secrets))
         .transpose()
     }
 

@@ -27,7 +27,12 @@ async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
     attempt(&store, &delivery.id, 2, failed()).await;
     let mut tables = store.tables().clone();
     tables.attempts = format!("{}-not-writable", tables.attempts);
-    let refused = DynamoStore::new(store.client().clone(), tables, Retention::default());
+    let refused = DynamoStore::new(
+        store.client().clone(),
+        tables,
+        Retention::default(),
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+    );
     let request = |second| ReplayRequest {
         replay: replay(
             &account,

@@ -76,10 +76,11 @@ impl SqliteStore {
 
     pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
         let e = endpoint.clone();
+        let sealed = sealed_secrets(&e, &self.secrets)?;
         self.run(move |conn| {
             conn.execute(
                 &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
-                endpoint_row(&e),
+                endpoint_row(&e, &sealed),
             )
             .map_err(|err| {
                 if is_unique_violation(&err) {
@@ -99,13 +100,14 @@ impl SqliteStore {
         id: &EndpointId,
     ) -> StoreResult<Option<Endpoint>> {
         let (account, id) = (account.clone(), id.clone());
+        let cipher = self.secrets.clone();
         self.read(move |conn| {
             conn.query_row(
                 &format!(
                     "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1 AND account_id = ?2"
                 ),
                 params![id.as_str(), account.as_str()],
-                endpoint_from_row,
+                |row| endpoint_from_row(row, &cipher),
             )
             .optional()
             .map_err(backend)
@@ -115,11 +117,12 @@ impl SqliteStore {
 
     pub(super) async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
         let account = account.clone();
+        let cipher = self.secrets.clone();
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE account_id = ?1 ORDER BY created_at, id"))
                 .map_err(backend)?;
-            let rows = stmt.query_map(params![account.as_str()], endpoint_from_row).map_err(backend)?;
+            let rows = stmt.query_map(params![account.as_str()], |row| endpoint_from_row(row, &cipher)).map_err(backend)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
         })
         .await
@@ -127,6 +130,7 @@ impl SqliteStore {
 
     pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
         let e = endpoint.clone();
+        let sealed = sealed_secrets(&e, &self.secrets)?;
         self.run(move |conn| {
             // The values an insert binds; `?14`, the creation time, is left as it is.
             let changed = conn
@@ -134,7 +138,7 @@ impl SqliteStore {
                     "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
                      status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
                      disabled_reason = ?13, updated_at = ?15 WHERE id = ?1 AND account_id = ?2",
-                    endpoint_row(&e),
+                    endpoint_row(&e, &sealed),
                 )
                 .map_err(backend)?;
             if changed == 0 {
@@ -174,6 +178,7 @@ impl SqliteStore {
         &self,
         failing_before: Timestamp,
     ) -> StoreResult<Vec<Endpoint>> {
+        let cipher = self.secrets.clone();
         self.run(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
@@ -181,7 +186,7 @@ impl SqliteStore {
                      AND status = 'active' ORDER BY failing_since"
                 ))
                 .map_err(backend)?;
-            let rows = stmt.query_map(params![to_millis(failing_before)], endpoint_from_row).map_err(backend)?;
+            let rows = stmt.query_map(params![to_millis(failing_before)], |row| endpoint_from_row(row, &cipher)).map_err(backend)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
         })
         .await

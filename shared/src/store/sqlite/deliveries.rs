@@ -14,6 +14,7 @@ impl SqliteStore {
         }
         let generation = self.fresh.generation();
         let id = delivery.clone();
+        let cipher = self.secrets.clone();
         let work = self
             .read(move |conn| {
                 let Some(delivery) = conn
@@ -45,8 +46,10 @@ impl SqliteStore {
                         "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = ?1"
                     ))
                     .and_then(|mut s| {
-                        s.query_row(params![delivery.endpoint_id.as_str()], endpoint_from_row)
-                            .optional()
+                        s.query_row(params![delivery.endpoint_id.as_str()], |row| {
+                            endpoint_from_row(row, &cipher)
+                        })
+                        .optional()
                     })
                     .map_err(backend)?;
                 Ok(Some(DeliveryWork {

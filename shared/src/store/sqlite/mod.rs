@@ -21,6 +21,7 @@ use crate::{
         EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
         ReplayScope, Trigger,
     },
+    secrets::SecretsCipher,
     signing::SigningSecret,
 };
 
@@ -63,11 +64,14 @@ pub struct SqliteStore {
     fresh: Arc<fresh::FreshWork>,
     /// `store::LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
+    /// Seals endpoint signing secrets as they are written and opens them as they are read.
+    secrets: SecretsCipher,
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file, refusing if another process has it open.
-    pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+    /// Opens (creating if needed) the database file, refusing if another process has it
+    /// open. Endpoint secrets are sealed with `secrets`.
+    pub fn open(path: impl AsRef<Path>, secrets: SecretsCipher) -> StoreResult<Self> {
         let path = path.as_ref();
         let lock = acquire_lock(path)?;
         let open = || {
@@ -75,7 +79,7 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))
         };
         let conn = open()?;
-        Self::init(conn, Some(lock), |conn, _| {
+        Self::init(conn, Some(lock), secrets, |conn, _| {
             let reader = |name: &str| -> StoreResult<mpsc::Sender<Job>> {
                 let reader = open()?;
                 reader
@@ -130,10 +134,66 @@ impl SqliteStore {
         .await
     }
 
-    /// A private in-memory database, for tests.
+    /// A private in-memory database, for tests: its secrets are sealed with a key that
+    /// lives as long as the process, as the database does.
     pub fn in_memory() -> StoreResult<Self> {
         let conn = Connection::open_in_memory().map_err(backend)?;
-        Self::init(conn, None, reads_on_the_store_thread)
+        let secrets = SecretsCipher::ephemeral().map_err(|e| StoreError::Backend(e.to_string()))?;
+        Self::init(conn, None, secrets, reads_on_the_store_thread)
+    }
+
+    /// Opens every endpoint secret and seals again those that are plaintext (written before
+    /// encryption) or sealed under a key other than the current one, in one transaction;
+    /// returns how many endpoints changed. A secret that does not open (under a key the
+    /// cipher does not have, altered, or moved from another endpoint) is an error naming
+    /// the endpoint and the reason, and nothing changes.
+    pub async fn reseal_secrets(&self) -> StoreResult<usize> {
+        let cipher = self.secrets.clone();
+        self.run(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            let rows: Vec<(String, String, String, Option<String>)> = {
+                let mut stmt = tx
+                    .prepare("SELECT id, account_id, secret, retiring_secret FROM endpoints")
+                    .map_err(backend)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(backend)?
+            };
+            let mut changed = 0;
+            for (id, account, secret, retiring) in rows {
+                let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
+                // Every value is opened, re-sealed or not: a start with the wrong key fails
+                // here, before serving, rather than at the endpoint's next delivery.
+                let open = |stored: &str| {
+                    cipher.open(stored, &account, &id).map_err(|e| {
+                        StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+                    })
+                };
+                let opened = (open(&secret)?, retiring.as_deref().map(open).transpose()?);
+                if !cipher.needs_reseal(&secret)
+                    && !retiring.as_deref().is_some_and(|r| cipher.needs_reseal(r))
+                {
+                    continue;
+                }
+                let seal = |plain: &str| {
+                    cipher
+                        .seal(plain, &account, &id)
+                        .map_err(|e| StoreError::Backend(e.to_string()))
+                };
+                let secret = seal(&opened.0)?;
+                let retiring = opened.1.as_deref().map(seal).transpose()?;
+                tx.execute(
+                    "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
+                    params![id.as_str(), account.as_str(), secret, retiring],
+                )
+                .map_err(backend)?;
+                changed += 1;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(changed)
+        })
+        .await
     }
 
     /// With another bound on the deliveries one log page reads (`store::LIST_EXAMINE_BUDGET`):
@@ -149,6 +209,7 @@ impl SqliteStore {
     fn init(
         conn: Connection,
         lock: Option<File>,
+        secrets: SecretsCipher,
         helpers: impl FnOnce(&Connection, &mpsc::Sender<Job>) -> StoreResult<Helpers>,
     ) -> StoreResult<Self> {
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -190,6 +251,7 @@ impl SqliteStore {
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
             list_examine_budget: super::LIST_EXAMINE_BUDGET,
+            secrets,
         })
     }
 

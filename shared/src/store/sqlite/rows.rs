@@ -8,8 +8,31 @@ pub(super) const ATTEMPT_COLUMNS: &str =
 
 pub(super) const ENDPOINT_COLUMNS: &str = "id, account_id, url, description, secret, retiring_secret, retiring_until, status, \
      event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at";
-/// An endpoint's values for `ENDPOINT_COLUMNS`, in that order (`?1` to `?15`).
-pub(super) fn endpoint_row(e: &Endpoint) -> impl rusqlite::Params + '_ {
+/// An endpoint's signing secrets as stored: sealed by `cipher` (current, retiring).
+pub(super) fn sealed_secrets(
+    e: &Endpoint,
+    cipher: &SecretsCipher,
+) -> StoreResult<(String, Option<String>)> {
+    let seal = |secret: &SigningSecret| {
+        cipher
+            .seal(&secret.expose(), &e.account_id, &e.id)
+            .map_err(|err| StoreError::Backend(err.to_string()))
+    };
+    Ok((
+        seal(&e.secret)?,
+        e.retiring_secret
+            .as_ref()
+            .map(|r| seal(&r.secret))
+            .transpose()?,
+    ))
+}
+
+/// An endpoint's values for `ENDPOINT_COLUMNS`, in that order (`?1` to `?15`), with its
+/// secrets as [`sealed_secrets`] made them.
+pub(super) fn endpoint_row<'a>(
+    e: &'a Endpoint,
+    sealed: &'a (String, Option<String>),
+) -> impl rusqlite::Params + 'a {
     let event_types = e
         .event_types
         .patterns()
@@ -19,8 +42,8 @@ pub(super) fn endpoint_row(e: &Endpoint) -> impl rusqlite::Params + '_ {
         e.account_id.as_str(),
         e.url.as_str(),
         e.description.as_str(),
-        e.secret.expose(),
-        e.retiring_secret.as_ref().map(|r| r.secret.expose()),
+        sealed.0.as_str(),
+        sealed.1.as_deref(),
         e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
         e.status.as_str(),
         event_types,
@@ -83,8 +106,19 @@ pub(super) fn account_from_row(row: &Row<'_>) -> rusqlite::Result<Account> {
     })
 }
 
-pub(super) fn endpoint_from_row(row: &Row<'_>) -> rusqlite::Result<Endpoint> {
+pub(super) fn endpoint_from_row(
+    row: &Row<'_>,
+    cipher: &SecretsCipher,
+) -> rusqlite::Result<Endpoint> {
     let url: String = row.get(2)?;
+    let account_id = AccountId::from_trusted(row.get(1)?);
+    let id = EndpointId::from_trusted(row.get(0)?);
+    let open = |what: &str, stored: &str| {
+        let plain = cipher
+            .open(stored, &account_id, &id)
+            .map_err(|e| corrupt(what, e))?;
+        SigningSecret::parse(&plain).map_err(|e| corrupt(what, e))
+    };
     let secret: String = row.get(4)?;
     let retiring_secret: Option<String> = row.get(5)?;
     let retiring_until: Option<i64> = row.get(6)?;
@@ -95,18 +129,19 @@ pub(super) fn endpoint_from_row(row: &Row<'_>) -> rusqlite::Result<Endpoint> {
         .transpose()?;
     let retiring_secret = match (retiring_secret, retiring_until) {
         (Some(secret), Some(until)) => Some(RetiringSecret {
-            secret: SigningSecret::parse(&secret).map_err(|e| corrupt("retiring_secret", e))?,
+            secret: open("retiring_secret", &secret)?,
             until: from_millis(until),
         }),
         _ => None,
     };
     let rate_limit: Option<i64> = row.get(10)?;
+    let secret = open("secret", &secret)?;
     Ok(Endpoint {
-        id: EndpointId::from_trusted(row.get(0)?),
-        account_id: AccountId::from_trusted(row.get(1)?),
+        id,
+        account_id,
         url: EndpointUrl::parse(&url).map_err(|e| corrupt("url", e))?,
         description: row.get(3)?,
-        secret: SigningSecret::parse(&secret).map_err(|e| corrupt("secret", e))?,
+        secret,
         retiring_secret,
         status: EndpointStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
         event_types: EventTypeFilter::parse(patterns.as_deref())

@@ -122,7 +122,13 @@ async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
          INSERT INTO attempts VALUES ('dlv_1', 2, 'scheduled', 3000, 15, 503, '[]', 'later', 0, NULL);"
     ))
     .unwrap();
-    let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
+    let store = SqliteStore::init(
+        conn,
+        None,
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+        reads_on_the_store_thread,
+    )
+    .unwrap();
     let attempts = store
         .list_attempts(&DeliveryId::from_trusted("dlv_1".into()))
         .await
@@ -152,7 +158,13 @@ async fn an_older_file_gains_the_replay_columns() {
          INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);"
     ))
     .unwrap();
-    let store = SqliteStore::init(conn, None, reads_on_the_store_thread).unwrap();
+    let store = SqliteStore::init(
+        conn,
+        None,
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+        reads_on_the_store_thread,
+    )
+    .unwrap();
     let delivery = store
         .run(|conn| {
             conn.query_row(
@@ -177,7 +189,11 @@ async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() 
     use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
     let dir = std::env::temp_dir().join(format!("hooklane-retention-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let store = SqliteStore::open(dir.join("retention.db")).unwrap();
+    let store = SqliteStore::open(
+        dir.join("retention.db"),
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+    )
+    .unwrap();
     store.create_account(&account("acme")).await.unwrap();
     let ep = endpoint("acme", "ep_a", t0());
     store.create_endpoint(&ep).await.unwrap();

@@ -1,0 +1,107 @@
+//! Re-sealing endpoint secrets under the current key after a key rotation: every write of an
+//! endpoint seals under it already; this moves the endpoints nobody writes.
+
+use super::*;
+
+/// What [`DynamoStore::reseal_secrets`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ResealReport {
+    /// Endpoints whose items were read.
+    pub examined: usize,
+    /// Endpoints whose secrets were sealed again under the current key.
+    pub resealed: usize,
+    /// Endpoints written by someone else between the read and the write: left alone (a
+    /// write seals under the key of the writer; run again to check).
+    pub changed_meanwhile: usize,
+}
+
+impl DynamoStore {
+    /// Opens every endpoint secret of the endpoints table and seals again, under the current
+    /// key, those that are plaintext or sealed under another key
+    /// (`HOOKLANE_SECRETS_KEY_PREVIOUS`). Each item is rewritten only if its secrets are still
+    /// what was read. A secret that does not open stops the walk with an error naming its
+    /// endpoint; what was re-sealed before stays so.
+    pub async fn reseal_secrets(&self) -> StoreResult<ResealReport> {
+        let SecretsAccess::Keys(cipher) = &self.secrets else {
+            return Err(StoreError::Backend(SecretsError::Withheld.to_string()));
+        };
+        let mut report = ResealReport::default();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .scan()
+                .table_name(&self.tables.endpoints)
+                .projection_expression("account_id, id, secret, retiring_secret, #deleted")
+                .expression_attribute_names("#deleted", DELETED_AT)
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                if is_tombstone(&item) {
+                    continue;
+                }
+                report.examined += 1;
+                let account = AccountId::from_trusted(get_s(&item, "account_id")?);
+                let id = EndpointId::from_trusted(get_s(&item, "id")?);
+                let secret = get_s(&item, "secret")?;
+                let retiring = opt_s(&item, "retiring_secret");
+                // Every value is opened, re-sealed or not: the walk checks that the keys
+                // configured open every secret of the table.
+                let open = |stored: &str| {
+                    cipher.open(stored, &account, &id).map_err(|e| {
+                        StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+                    })
+                };
+                let opened = (open(&secret)?, retiring.as_deref().map(open).transpose()?);
+                if !cipher.needs_reseal(&secret)
+                    && !retiring.as_deref().is_some_and(|r| cipher.needs_reseal(r))
+                {
+                    continue;
+                }
+                let seal = |plain: &str| {
+                    cipher
+                        .seal(plain, &account, &id)
+                        .map_err(|e| StoreError::Backend(e.to_string()))
+                };
+                let new_secret = seal(&opened.0)?;
+                let mut update = self
+                    .client
+                    .update_item()
+                    .table_name(&self.tables.endpoints)
+                    .key("account_id", s(account.as_str()))
+                    .key("id", s(id.as_str()))
+                    .expression_attribute_names("#deleted", DELETED_AT)
+                    .expression_attribute_values(":old", s(secret.as_str()))
+                    .expression_attribute_values(":new", s(new_secret));
+                update = match (&retiring, &opened.1) {
+                    (Some(old_retiring), Some(plain)) => update
+                        .update_expression("SET secret = :new, retiring_secret = :new_r")
+                        .condition_expression(
+                            "secret = :old AND retiring_secret = :old_r \
+                             AND attribute_not_exists(#deleted)",
+                        )
+                        .expression_attribute_values(":old_r", s(old_retiring.as_str()))
+                        .expression_attribute_values(":new_r", s(seal(plain)?)),
+                    _ => update
+                        .update_expression("SET secret = :new")
+                        .condition_expression(
+                            "secret = :old AND attribute_not_exists(retiring_secret) \
+                         AND attribute_not_exists(#deleted)",
+                        ),
+                };
+                match written(update.send().await)? {
+                    Some(_) => report.resealed += 1,
+                    None => report.changed_meanwhile += 1,
+                }
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        Ok(report)
+    }
+}
