@@ -32,6 +32,7 @@ pub const BATCH_ITEM_FAILURES: &str = "hooklane_batch_item_failures_total";
 pub const NOTIFICATIONS_FAILED: &str = "hooklane_notifications_failed_total";
 pub const EVENTS_REJECTED: &str = "hooklane_events_rejected_total";
 pub const EVENTS_RECOVERED: &str = "hooklane_events_recovered_total";
+pub const PUBLISHES_THROTTLED: &str = "hooklane_publishes_throttled_total";
 
 /// Every metric name, for checks that dashboards and alarms name only real metrics.
 pub const ALL: &[&str] = &[
@@ -56,6 +57,7 @@ pub const ALL: &[&str] = &[
     NOTIFICATIONS_FAILED,
     EVENTS_REJECTED,
     EVENTS_RECOVERED,
+    PUBLISHES_THROTTLED,
 ];
 
 /// The CloudWatch namespace of the Lambda functions' metrics.
@@ -135,6 +137,10 @@ pub fn describe() {
     describe_counter!(
         NOTIFICATIONS_FAILED,
         "Owner mails the notifier could not send (kept for the next try)"
+    );
+    describe_counter!(
+        PUBLISHES_THROTTLED,
+        "Events refused with 429 by an account's publish rate limit, per account"
     );
     describe_counter!(
         EVENTS_REJECTED,
@@ -251,6 +257,12 @@ pub fn notification_failed() {
 /// into a dimension: one alarm covers every kind).
 pub fn event_rejected() {
     counter!(EVENTS_REJECTED).increment(1);
+}
+
+/// Events an account's publish rate limit refused (a batch counts as its events).
+pub fn publishes_throttled(account: &AccountId, events: u32) {
+    counter!(PUBLISHES_THROTTLED, "account" => account.as_str().to_owned())
+        .increment(u64::from(events));
 }
 
 /// Events fanned out by the sweeper, their stream records having been lost or dropped.

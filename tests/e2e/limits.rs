@@ -151,6 +151,26 @@ async fn a_publish_storm_throttles_only_its_own_account() {
     )
     .await;
     storm_while_quiet_publishes(std::slice::from_ref(&server.base), &server, "embedded").await;
+    // Every 429 is counted against its account, and only there.
+    let (status, metrics) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().expect("the Prometheus text");
+    let throttled = |account: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "hooklane_publishes_throttled_total{{account=\"{account}\"}}"
+                ))
+            })
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+    };
+    assert!(
+        throttled("noisy").is_some_and(|n| n >= 100.0),
+        "{:?}",
+        throttled("noisy")
+    );
+    assert_eq!(throttled("quiet"), None);
 
     // A batch counts as its events: 100 at once take the burst of the default.
     let batch = json!({"events": vec![json!({"type": "a.b", "data": {}}); 100]});

@@ -263,11 +263,14 @@ pub(super) async fn take_publish_tokens(
     };
     match limits.take(&account.id, rate, n).await {
         Ok(None) => Ok(()),
-        Ok(Some(retry_after)) => Err(ServiceError::RateLimited {
-            per_second: rate.per_second,
-            burst: rate.burst,
-            retry_after,
-        }),
+        Ok(Some(retry_after)) => {
+            crate::telemetry::publishes_throttled(&account.id, n);
+            Err(ServiceError::RateLimited {
+                per_second: rate.per_second,
+                burst: rate.burst,
+                retry_after,
+            })
+        }
         Err(error) => {
             tracing::warn!(account = %account.id, %error, "publish rate bucket unavailable; publish let through");
             Ok(())
