@@ -132,6 +132,17 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
             (&json!("manual"), &json!(200))
         );
     }
+    // The test event sent from the page reached the healthy endpoint, and only it.
+    let tested: Vec<_> = farm
+        .arrivals("books")
+        .into_iter()
+        .filter(|a| a.body.windows(13).any(|w| w == b"hooklane.test"))
+        .collect();
+    assert_eq!(tested.len(), 1, "books got {} test events", tested.len());
+    assert!(farm
+        .arrivals("shop")
+        .iter()
+        .all(|a| !a.body.windows(13).any(|w| w == b"hooklane.test")));
     let (_, replays) = server.get("/v1/accounts/acme/replays").await;
     let replays = replays["data"].as_array().expect("replays");
     assert_eq!(replays.len(), 2, "{replays:?}");
@@ -141,6 +152,7 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
         "1-failed-delivery.png",
         "2-confirm.png",
         "3-after-replay.png",
+        "5-test-event.png",
     ] {
         assert!(screenshots.join(name).exists(), "{name} was not taken");
     }

@@ -130,6 +130,18 @@ async function main() {
     await page.locator("#endpoints tbody tr", { hasText: "/ep/shop" }).locator(".health-healthy").waitFor();
     await page.screenshot({ path: path.join(shots, "3-after-replay.png"), fullPage: true });
 
+    // A test event to the healthy endpoint shows in the log, delivered.
+    await page.getByRole("button", { name: /Send a test event to .*\/ep\/books/ }).click();
+    await page.locator("#notice", { hasText: /Test event evt_\w+ sent to/ }).waitFor();
+    const testRow = page.locator("#deliveries tbody tr", { hasText: "hooklane.test" }).first();
+    for (let i = 0; i < 60; i++) {
+      if ((await testRow.count()) && (await testRow.textContent()).includes("delivered")) break;
+      await page.getByRole("button", { name: "Apply filters" }).click();
+      await page.waitForTimeout(250);
+    }
+    check((await testRow.textContent()).includes("delivered"), "the test event is not shown delivered");
+    await page.screenshot({ path: path.join(shots, "5-test-event.png"), fullPage: true });
+
     // Support opens the same log with the admin token and the account id.
     await page.getByRole("button", { name: "Sign out" }).click();
     await page.locator("#sign-in").waitFor({ state: "visible" });

@@ -126,13 +126,22 @@ async function loadEndpoints() {
         el("td", {}, badge("status", endpoint.status)),
         el("td", {}, el("span", { class: `health-${healthKind}`, text: healthText })),
         el("td", { text: String(endpoint.max_in_flight) }),
-        el("td", {}, el("button", {
-          type: "button",
-          class: "secondary",
-          text: "Resend since…",
-          "aria-label": `Resend deliveries of ${endpoint.url}`,
-          onclick: () => openBulk(endpoint),
-        })),
+        el("td", {}, el("div", { class: "actions" },
+          el("button", {
+            type: "button",
+            class: "secondary",
+            text: "Resend since…",
+            "aria-label": `Resend deliveries of ${endpoint.url}`,
+            onclick: () => openBulk(endpoint),
+          }),
+          el("button", {
+            type: "button",
+            class: "secondary",
+            text: "Send test event",
+            "aria-label": `Send a test event to ${endpoint.url}`,
+            onclick: () => sendTestEvent(endpoint),
+          }),
+        )),
       ),
     );
     select.append(el("option", { value: endpoint.id, text: endpoint.url }));
@@ -312,6 +321,17 @@ async function replaySelected() {
 }
 
 let bulkEndpoint = null;
+
+// A signed `hooklane.test` event to this endpoint only; it shows in the log like any other.
+async function sendTestEvent(endpoint) {
+  try {
+    const event = await api(accountPath(`/endpoints/${encodeURIComponent(endpoint.id)}/test`), { method: "POST" });
+    notify(`Test event ${event.id} sent to ${endpoint.url}.`);
+    await refreshLog();
+  } catch (error) {
+    notify(`Test event refused: ${error.message}`, true);
+  }
+}
 
 function openBulk(endpoint) {
   bulkEndpoint = endpoint;
