@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use crate::{
     clock::Timestamp,
     domain::{
-        Account, AccountId, ApiKey, ApiKeyId, Attempt, Decision, Delivery, DeliveryId,
+        Account, AccountId, ApiKey, ApiKeyId, Attempt, AuditEntry, Decision, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
     },
 };
@@ -426,6 +426,19 @@ store_port! { $
     /// What is revoked of the account's token `token_id`, read strongly consistently.
     async fn token_revocation(&self, account: &AccountId, token_id: &str)
         -> StoreResult<TokenRevocation>;
+
+    /// Appends an entry to the audit log (its id is new: an entry of the same id is a
+    /// conflict).
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
+    /// An account's audit log (`None`: the operator's, of changes over no one account),
+    /// newest first by (`at`, `id`), a page of at most `limit` (1 to 500), after `cursor`
+    /// ([`cursor`] of the last entry of the previous page, as the delivery log's).
+    async fn list_audit(
+        &self,
+        account: Option<&AccountId>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Page<AuditEntry>>;
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
     /// Stores the value, replacing any.

@@ -20,6 +20,8 @@ use hooklane::{
     },
 };
 
+// The audit log's checks live in a file of their own; the suite's macro names them here.
+pub use crate::audit_contract::audit_log_is_listed_per_account_newest_first_in_pages;
 use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
     publish_one, t0,
@@ -1573,6 +1575,7 @@ macro_rules! store_contract_tests {
             erase_event_removes_the_content_and_keeps_the_log,
             api_keys_are_kept_listed_and_revoked,
             token_revocations_are_kept_per_account,
+            audit_log_is_listed_per_account_newest_first_in_pages,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

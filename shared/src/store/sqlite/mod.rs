@@ -26,6 +26,7 @@ use crate::{
 
 mod access;
 mod accounts;
+mod audit;
 mod deliveries;
 mod events;
 mod fresh;
