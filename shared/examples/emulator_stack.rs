@@ -46,6 +46,7 @@ async fn main() -> Result<(), Failure> {
             owner_email: "owner@example.com".into(),
             ..NewAccount::default()
         },
+        &hooklane::domain::Caller::system(),
     )
     .await?;
     endpoints::create(
@@ -55,6 +56,7 @@ async fn main() -> Result<(), Failure> {
             url: receiver_url.clone(),
             ..NewEndpoint::default()
         },
+        &hooklane::domain::Caller::system(),
     )
     .await?;
     let mut messages = Vec::new();

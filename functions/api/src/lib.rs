@@ -1,7 +1,29 @@
 //! The api function: the same axum router as `hooklane serve`, served through API Gateway.
 
 pub use hooklane::aws::handlers::api_router;
-use hooklane::telemetry::emf::EmfPublisher;
+use hooklane::{api::ClientAddress, telemetry::emf::EmfPublisher};
+use lambda_http::request::RequestContext;
+
+/// Hands the router API Gateway's source IP as the client's address, which the audit log
+/// records of each change (the router serves no TCP peer of its own here).
+pub fn with_source_ip(router: axum::Router) -> axum::Router {
+    router.layer(axum::middleware::from_fn(
+        |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+            if let Some(ip) = source_ip(&request) {
+                request.extensions_mut().insert(ClientAddress(ip));
+            }
+            next.run(request).await
+        },
+    ))
+}
+
+fn source_ip(request: &axum::extract::Request) -> Option<std::net::IpAddr> {
+    match request.extensions().get::<RequestContext>()? {
+        RequestContext::ApiGatewayV2(context) => context.http.source_ip.as_deref()?.parse().ok(),
+        #[allow(unreachable_patterns)] // other kinds of request, when their features are on
+        _ => None,
+    }
+}
 
 /// Publishes the metrics of each request before its response leaves the function.
 pub fn flushing_metrics(router: axum::Router, metrics: EmfPublisher) -> axum::Router {

@@ -1,11 +1,11 @@
 use std::time::Duration;
 
-use super::{ServiceError, ServiceResult};
+use super::{audit, ServiceError, ServiceResult};
 use crate::{
     domain::{
         endpoint::{self, RetiringSecret},
-        AccountId, Endpoint, EndpointId, EndpointStatus, EndpointUrl, EventTypeFilter,
-        InvalidField,
+        AccountId, AuditAction, AuditTarget, Caller, Endpoint, EndpointId, EndpointStatus,
+        EndpointUrl, EventTypeFilter, InvalidField, TargetKind,
     },
     http::SsrfError,
     signing::SigningSecret,
@@ -52,7 +52,32 @@ async fn check_reachable(app: &App, url: &EndpointUrl) -> ServiceResult<()> {
     Ok(())
 }
 
-pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> ServiceResult<Endpoint> {
+/// Records a change to endpoint `id` of `account`.
+async fn audited(
+    app: &App,
+    caller: &Caller,
+    account: &AccountId,
+    id: &EndpointId,
+    action: AuditAction,
+    details: serde_json::Value,
+) -> ServiceResult<()> {
+    audit::record(
+        app,
+        caller,
+        Some(account),
+        action,
+        AuditTarget::new(TargetKind::Endpoint, id),
+        audit::details(details),
+    )
+    .await
+}
+
+pub async fn create(
+    app: &App,
+    account: &AccountId,
+    input: NewEndpoint,
+    caller: &Caller,
+) -> ServiceResult<Endpoint> {
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
     }
@@ -82,6 +107,16 @@ pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> Servi
     };
     check_reachable(app, &endpoint.url).await?;
     app.store.create_endpoint(&endpoint).await?;
+    // The secret stays out: it is the one thing an entry must never hold.
+    audited(
+        app,
+        caller,
+        account,
+        &endpoint.id,
+        AuditAction::EndpointCreated,
+        serde_json::json!({ "url": endpoint.url.as_str(), "secret_given": input.secret.is_some() }),
+    )
+    .await?;
     Ok(endpoint)
 }
 
@@ -104,8 +139,22 @@ pub async fn update(
     account: &AccountId,
     id: &EndpointId,
     changes: EndpointChanges,
+    caller: &Caller,
 ) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
+    let changed: Vec<&str> = [
+        ("url", changes.url.is_some()),
+        ("description", changes.description.is_some()),
+        ("event_types", changes.event_types.is_some()),
+        ("max_in_flight", changes.max_in_flight.is_some()),
+        (
+            "rate_limit_per_second",
+            changes.rate_limit_per_second.is_some(),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(field, given)| given.then_some(field))
+    .collect();
     if let Some(raw) = changes.url.as_deref() {
         let url = EndpointUrl::parse(raw)?;
         check_reachable(app, &url).await?;
@@ -132,16 +181,39 @@ pub async fn update(
             endpoint.rate_limit_per_second,
         )
         .await;
+    audited(
+        app,
+        caller,
+        account,
+        id,
+        AuditAction::EndpointUpdated,
+        serde_json::json!({ "changed": changed }),
+    )
+    .await?;
     Ok(endpoint)
 }
 
-pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<()> {
+pub async fn delete(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    caller: &Caller,
+) -> ServiceResult<()> {
     if app
         .store
         .delete_endpoint(account, id, app.clock.now())
         .await?
     {
-        Ok(())
+        let details = serde_json::json!({});
+        audited(
+            app,
+            caller,
+            account,
+            id,
+            AuditAction::EndpointDeleted,
+            details,
+        )
+        .await
     } else {
         Err(ServiceError::NotFound("endpoint"))
     }
@@ -149,31 +221,66 @@ pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceR
 
 /// Re-enables an endpoint with a fresh health clock. Abandoned deliveries stay abandoned
 /// until the customer asks for a replay.
-pub async fn enable(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+pub async fn enable(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    caller: &Caller,
+) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
+    let was = endpoint.status;
     endpoint.status = EndpointStatus::Active;
     endpoint.failing_since = None;
     endpoint.disabled_reason = None;
     endpoint.updated_at = app.clock.now();
     app.store.update_endpoint(&endpoint).await?;
+    let details = serde_json::json!({ "was": was.as_str() });
+    audited(
+        app,
+        caller,
+        account,
+        id,
+        AuditAction::EndpointEnabled,
+        details,
+    )
+    .await?;
     Ok(endpoint)
 }
 
 /// Disables an endpoint on its owner's request; its pending deliveries are abandoned.
-pub async fn disable(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+pub async fn disable(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    caller: &Caller,
+) -> ServiceResult<Endpoint> {
     let endpoint = get(app, account, id).await?;
     if endpoint.status == EndpointStatus::Active {
-        app.store
+        let reason = "disabled through the API";
+        let disabled = app
+            .store
             .disable_endpoint(&DisableRequest {
                 account_id: account.clone(),
                 endpoint_id: id.clone(),
-                reason: "disabled through the API".into(),
+                reason: reason.into(),
                 now: app.clock.now(),
                 expected_failing_since: endpoint.failing_since,
                 notification: None,
                 operational_event: None,
             })
             .await?;
+        if let Some(outcome) = disabled {
+            let details = serde_json::json!({ "reason": reason, "abandoned": outcome.abandoned });
+            audited(
+                app,
+                caller,
+                account,
+                id,
+                AuditAction::EndpointDisabled,
+                details,
+            )
+            .await?;
+        }
     }
     get(app, account, id).await
 }
@@ -184,6 +291,7 @@ pub async fn rotate_secret(
     account: &AccountId,
     id: &EndpointId,
     grace: Duration,
+    caller: &Caller,
 ) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
     let now = app.clock.now();
@@ -194,5 +302,16 @@ pub async fn rotate_secret(
     });
     endpoint.updated_at = now;
     app.store.update_endpoint(&endpoint).await?;
+    // Neither secret goes in: only how long the old one keeps signing.
+    let details = serde_json::json!({ "grace_period_seconds": grace.as_secs() });
+    audited(
+        app,
+        caller,
+        account,
+        id,
+        AuditAction::EndpointSecretRotated,
+        details,
+    )
+    .await?;
     Ok(endpoint)
 }
