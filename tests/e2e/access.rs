@@ -260,7 +260,13 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         operations.len(),
         routes.len()
     );
-    assert!(routes.len() >= 26, "{operations:?}");
+    assert!(routes.len() >= 28, "{operations:?}");
+    for audit in ["/v1/accounts/{account}/audit", "/v1/audit"] {
+        assert!(
+            routes.iter().any(|(m, p, _)| m == "GET" && p == audit),
+            "the matrix covers GET {audit}"
+        );
+    }
     // Denials first, so that the objects are all there for them; allowed calls may change
     // or delete them (a later allowed call then meets the handler's own 404).
     let denied_first = [

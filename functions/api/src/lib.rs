@@ -92,6 +92,32 @@ mod tests {
         request.to_string()
     }
 
+    /// The audit log records API Gateway's source IP of the fixture as the client's address.
+    #[tokio::test]
+    async fn a_change_is_audited_with_api_gateways_source_ip() {
+        let (mut settings, shape) = emulated_shape().await;
+        settings.admin_token = Some("hl_admin_fixture".into());
+        let router = with_source_ip(api_router(&shape, &settings).await.unwrap());
+        let create = include_str!("../fixtures/http-api-create-account.json")
+            .replace("{{ADMIN_TOKEN}}", "hl_admin_fixture");
+        assert_eq!(call(&router, &create).await.0, 201);
+        let mut list: serde_json::Value = serde_json::from_str(&request(
+            "GET",
+            "/v1/accounts/acme/audit",
+            "hl_admin_fixture",
+            &serde_json::json!({}),
+        ))
+        .unwrap();
+        list["body"] = serde_json::Value::Null;
+        list["headers"]["content-length"] = "0".into();
+        let (status, log) = call(&router, &list.to_string()).await;
+        assert_eq!(status, 200, "{log}");
+        let entry = &log["data"][0];
+        assert_eq!(entry["action"], "account.created", "{log}");
+        assert_eq!(entry["actor"]["type"], "admin", "{log}");
+        assert_eq!(entry["address"], "203.0.113.10", "{log}");
+    }
+
     #[tokio::test]
     async fn a_publish_request_leaves_its_counts_in_the_emf_log() {
         let (metrics, log, _recorder) =
