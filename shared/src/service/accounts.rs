@@ -4,6 +4,7 @@ use crate::{
         account, rate::PublishRate, Account, AccountId, AuditAction, AuditTarget, Caller,
         EmailAddress, TargetKind,
     },
+    store::AuditedChange,
     App,
 };
 
@@ -48,16 +49,15 @@ pub async fn update(
     if let Some(limit) = change.publish_rate_limit {
         account.publish_rate_limit = limit;
     }
-    app.store.update_account(&account).await?;
-    audit::record(
+    let entry = audit::entry(
         app,
         caller,
         Some(&account.id),
         AuditAction::AccountUpdated,
         AuditTarget::new(TargetKind::Account, &account.id),
-        audit::details(serde_json::json!({ "changed": changed })),
-    )
-    .await?;
+        serde_json::json!({ "changed": changed }),
+    );
+    audit::change(app, AuditedChange::UpdateAccount(account.clone()), &[entry]).await?;
     Ok(account)
 }
 
@@ -73,16 +73,15 @@ pub async fn create(app: &App, input: NewAccount, caller: &Caller) -> ServiceRes
         created_at: app.clock.now(),
         publish_rate_limit: input.publish_rate_limit,
     };
-    app.store.create_account(&account).await?;
-    audit::record(
+    let entry = audit::entry(
         app,
         caller,
         Some(&account.id),
         AuditAction::AccountCreated,
         AuditTarget::new(TargetKind::Account, &account.id),
-        audit::details(serde_json::json!({ "name": account.name })),
-    )
-    .await?;
+        serde_json::json!({ "name": account.name }),
+    );
+    audit::change(app, AuditedChange::CreateAccount(account.clone()), &[entry]).await?;
     Ok(account)
 }
 

@@ -2,17 +2,49 @@
 //! credential and address), what, and to what, once the change is made; and the log is
 //! read back a page at a time.
 //!
-//! An entry is written after its change, not in the same store transaction: a failure
-//! between the two leaves the change without its entry, and is logged as an error.
+//! The row writes (accounts, endpoints, keys) go with their entries through
+//! `Store::audited_change`: one transaction on SQLite, the change then its entries on
+//! DynamoDB. The other changes (deletions, revocations, replays, erasures, disables) are
+//! recorded just after they are made: a failure between the two leaves the change without
+//! its entry, and is logged as an error.
 
 use serde_json::{Map, Value};
 
 use super::ServiceResult;
 use crate::{
     domain::{AccountId, AuditAction, AuditEntry, AuditTarget, Caller},
-    store::{Page, Store},
+    store::{AuditedChange, Page, Store},
     App,
 };
+
+/// The entry of a change `caller` asks for now.
+pub fn entry(
+    app: &App,
+    caller: &Caller,
+    account: Option<&AccountId>,
+    action: AuditAction,
+    target: AuditTarget,
+    details: Value,
+) -> AuditEntry {
+    let details = self::details(details);
+    AuditEntry::new(
+        account.cloned(),
+        app.clock.now(),
+        caller,
+        action,
+        target,
+        details,
+    )
+}
+
+/// Makes `change` and writes its `entries` together (`Store::audited_change`).
+pub async fn change(app: &App, change: AuditedChange, entries: &[AuditEntry]) -> ServiceResult<()> {
+    app.store.audited_change(&change, entries).await?;
+    for entry in entries {
+        tracing::info!(audit.id = %entry.id, audit.action = %entry.action, audit.actor = %entry.actor.to_text(), audit.target = %entry.target.id, "audited");
+    }
+    Ok(())
+}
 
 /// `details` as the object an entry holds (anything else holds nothing).
 pub fn details(value: Value) -> Map<String, Value> {

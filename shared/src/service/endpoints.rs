@@ -9,7 +9,7 @@ use crate::{
     },
     http::SsrfError,
     signing::SigningSecret,
-    store::DisableRequest,
+    store::{AuditedChange, DisableRequest},
     App,
 };
 
@@ -72,6 +72,30 @@ async fn audited(
     .await
 }
 
+/// Writes `endpoint` (created, or changed) with the entry of `action` on it.
+async fn write_audited(
+    app: &App,
+    caller: &Caller,
+    endpoint: &Endpoint,
+    action: AuditAction,
+    details: serde_json::Value,
+) -> ServiceResult<()> {
+    let entry = audit::entry(
+        app,
+        caller,
+        Some(&endpoint.account_id),
+        action,
+        AuditTarget::new(TargetKind::Endpoint, &endpoint.id),
+        details,
+    );
+    let change = if action == AuditAction::EndpointCreated {
+        AuditedChange::CreateEndpoint(endpoint.clone())
+    } else {
+        AuditedChange::UpdateEndpoint(endpoint.clone())
+    };
+    audit::change(app, change, &[entry]).await
+}
+
 pub async fn create(
     app: &App,
     account: &AccountId,
@@ -106,15 +130,15 @@ pub async fn create(
         url,
     };
     check_reachable(app, &endpoint.url).await?;
-    app.store.create_endpoint(&endpoint).await?;
     // The secret stays out: it is the one thing an entry must never hold.
-    audited(
+    let details =
+        serde_json::json!({ "url": endpoint.url.as_str(), "secret_given": input.secret.is_some() });
+    write_audited(
         app,
         caller,
-        account,
-        &endpoint.id,
+        &endpoint,
         AuditAction::EndpointCreated,
-        serde_json::json!({ "url": endpoint.url.as_str(), "secret_given": input.secret.is_some() }),
+        details,
     )
     .await?;
     Ok(endpoint)
@@ -173,7 +197,15 @@ pub async fn update(
         endpoint.rate_limit_per_second = endpoint::parse_rate_limit(rate)?;
     }
     endpoint.updated_at = app.clock.now();
-    app.store.update_endpoint(&endpoint).await?;
+    let details = serde_json::json!({ "changed": changed });
+    write_audited(
+        app,
+        caller,
+        &endpoint,
+        AuditAction::EndpointUpdated,
+        details,
+    )
+    .await?;
     app.queue
         .update_lane(
             &endpoint.id,
@@ -181,15 +213,6 @@ pub async fn update(
             endpoint.rate_limit_per_second,
         )
         .await;
-    audited(
-        app,
-        caller,
-        account,
-        id,
-        AuditAction::EndpointUpdated,
-        serde_json::json!({ "changed": changed }),
-    )
-    .await?;
     Ok(endpoint)
 }
 
@@ -233,13 +256,11 @@ pub async fn enable(
     endpoint.failing_since = None;
     endpoint.disabled_reason = None;
     endpoint.updated_at = app.clock.now();
-    app.store.update_endpoint(&endpoint).await?;
     let details = serde_json::json!({ "was": was.as_str() });
-    audited(
+    write_audited(
         app,
         caller,
-        account,
-        id,
+        &endpoint,
         AuditAction::EndpointEnabled,
         details,
     )
@@ -301,17 +322,9 @@ pub async fn rotate_secret(
         until: crate::clock::add(now, grace),
     });
     endpoint.updated_at = now;
-    app.store.update_endpoint(&endpoint).await?;
     // Neither secret goes in: only how long the old one keeps signing.
     let details = serde_json::json!({ "grace_period_seconds": grace.as_secs() });
-    audited(
-        app,
-        caller,
-        account,
-        id,
-        AuditAction::EndpointSecretRotated,
-        details,
-    )
-    .await?;
+    let action = AuditAction::EndpointSecretRotated;
+    write_audited(app, caller, &endpoint, action, details).await?;
     Ok(endpoint)
 }

@@ -9,9 +9,10 @@ use crate::{
     clock::Timestamp,
     domain::{
         access::{parse_key_accounts, parse_scopes},
-        account, ApiKey, ApiKeyId, AuditAction, AuditTarget, Caller, InvalidField, Scope,
-        TargetKind,
+        account, AccountId, ApiKey, ApiKeyId, AuditAction, AuditTarget, Caller, InvalidField,
+        Scope, TargetKind,
     },
+    store::AuditedChange,
     App,
 };
 
@@ -90,10 +91,26 @@ pub async fn create(app: &App, input: NewKey, caller: &Caller) -> ServiceResult<
         expires_at: input.expires_at,
         revoked_at: None,
     };
-    app.store.create_api_key(&key).await?;
     let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
     let details = serde_json::json!({ "name": key.name, "scopes": scopes });
-    audited(app, caller, &key, AuditAction::KeyCreated, details).await?;
+    let target = AuditTarget::new(TargetKind::Key, &key.id);
+    let entry = |account: Option<&AccountId>| {
+        let (target, details) = (target.clone(), details.clone());
+        audit::entry(
+            app,
+            caller,
+            account,
+            AuditAction::KeyCreated,
+            target,
+            details,
+        )
+    };
+    // In the log of each account the key is limited to, or the operator's.
+    let entries: Vec<_> = match &key.accounts {
+        Some(accounts) => accounts.iter().map(|a| entry(Some(a))).collect(),
+        None => vec![entry(None)],
+    };
+    audit::change(app, AuditedChange::CreateApiKey(key.clone()), &entries).await?;
     Ok(MintedKey {
         credential: key_credential(&key.id, &secret),
         key,

@@ -235,6 +235,21 @@ pub struct ReplayOutcome {
     pub queued: Vec<PendingRef>,
 }
 
+/// A change written together with its audit entries (`Store::audited_change`).
+#[derive(Debug, Clone)]
+pub enum AuditedChange {
+    /// As `Store::create_account`.
+    CreateAccount(Account),
+    /// As `Store::update_account`.
+    UpdateAccount(Account),
+    /// As `Store::create_endpoint`.
+    CreateEndpoint(Endpoint),
+    /// As `Store::update_endpoint`.
+    UpdateEndpoint(Endpoint),
+    /// As `Store::create_api_key`.
+    CreateApiKey(ApiKey),
+}
+
 /// What is revoked of one account token (`Store::token_revocation`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenRevocation {
@@ -427,6 +442,11 @@ store_port! { $
     async fn token_revocation(&self, account: &AccountId, token_id: &str)
         -> StoreResult<TokenRevocation>;
 
+    /// Makes `change` and appends `entries` to the audit log as one: in one transaction on
+    /// SQLite (a failure of either writes neither); on DynamoDB the change, then the entries
+    /// (a change that fails writes no entry).
+    async fn audited_change(&self, change: &AuditedChange, entries: &[AuditEntry])
+        -> StoreResult<()>;
     /// Appends an entry to the audit log (its id is new: an entry of the same id is a
     /// conflict).
     async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()>;

@@ -137,3 +137,71 @@ pub async fn audit_log_is_listed_per_account_newest_first_in_pages(store: &dyn S
         .items
         .is_empty());
 }
+
+pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
+    use hooklane::store::AuditedChange;
+    let acme = AccountId::parse("acme").unwrap();
+    let created = entry(Some("acme"), 1, Actor::Admin, AuditAction::AccountCreated);
+    let change = AuditedChange::CreateAccount(account("acme"));
+    store
+        .audited_change(&change, std::slice::from_ref(&created))
+        .await
+        .unwrap();
+    assert!(store.get_account(&acme).await.unwrap().is_some());
+
+    let endpoint = crate::fixtures::endpoint("acme", "ep_a", t0());
+    let added = entry(Some("acme"), 2, Actor::Admin, AuditAction::EndpointCreated);
+    let change = AuditedChange::CreateEndpoint(endpoint.clone());
+    store
+        .audited_change(&change, std::slice::from_ref(&added))
+        .await
+        .unwrap();
+    // A change that fails writes no entry.
+    let again = entry(Some("acme"), 3, Actor::Admin, AuditAction::EndpointCreated);
+    assert!(matches!(
+        store.audited_change(&change, &[again]).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    let mut changed = endpoint.clone();
+    changed.max_in_flight = 9;
+    let updated = entry(Some("acme"), 4, Actor::Admin, AuditAction::EndpointUpdated);
+    let change = AuditedChange::UpdateEndpoint(changed);
+    store
+        .audited_change(&change, std::slice::from_ref(&updated))
+        .await
+        .unwrap();
+    let stored = store
+        .get_endpoint(&acme, &endpoint.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.max_in_flight, 9);
+
+    // A key over two accounts: one entry in each log.
+    store.create_account(&account("beta")).await.unwrap();
+    let key = hooklane::domain::ApiKey {
+        id: ApiKeyId::generate(),
+        name: "two".into(),
+        scopes: vec![hooklane::domain::Scope::EndpointsRead],
+        accounts: Some(vec![acme.clone(), AccountId::parse("beta").unwrap()]),
+        secret_sha256: "0".repeat(64),
+        created_at: t0(),
+        created_by: "admin".into(),
+        expires_at: None,
+        revoked_at: None,
+    };
+    let for_acme = entry(Some("acme"), 5, Actor::Admin, AuditAction::KeyCreated);
+    let for_beta = entry(Some("beta"), 5, Actor::Admin, AuditAction::KeyCreated);
+    let change = AuditedChange::CreateApiKey(key.clone());
+    store
+        .audited_change(&change, &[for_acme.clone(), for_beta.clone()])
+        .await
+        .unwrap();
+    assert!(store.get_api_key(&key.id).await.unwrap().is_some());
+    assert_eq!(
+        read_all(store, Some(&acme), 10).await,
+        vec![for_acme, updated, added, created]
+    );
+    let beta = AccountId::parse("beta").unwrap();
+    assert_eq!(read_all(store, Some(&beta), 10).await, vec![for_beta]);
+}

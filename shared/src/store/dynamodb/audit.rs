@@ -8,7 +8,10 @@
 
 use super::items::*;
 use super::*;
-use crate::domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind};
+use crate::{
+    domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind},
+    store::AuditedChange,
+};
 
 const LISTED: &str = "listed";
 /// The account part of the operator's entries (no account id holds `*`).
@@ -73,6 +76,26 @@ fn audit_from_item(item: &Item) -> StoreResult<AuditEntry> {
 }
 
 impl DynamoStore {
+    /// The change, then its entries: DynamoDB has no transaction across the SDK calls
+    /// the changes are made of, so a failure after the change leaves it without entries.
+    pub(super) async fn audited_change(
+        &self,
+        change: &AuditedChange,
+        entries: &[AuditEntry],
+    ) -> StoreResult<()> {
+        match change {
+            AuditedChange::CreateAccount(account) => self.create_account(account).await?,
+            AuditedChange::UpdateAccount(account) => self.update_account(account).await?,
+            AuditedChange::CreateEndpoint(endpoint) => self.create_endpoint(endpoint).await?,
+            AuditedChange::UpdateEndpoint(endpoint) => self.update_endpoint(endpoint).await?,
+            AuditedChange::CreateApiKey(key) => self.create_api_key(key).await?,
+        }
+        for entry in entries {
+            self.append_audit(entry).await?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
         let result = self
             .client

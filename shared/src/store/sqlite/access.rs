@@ -55,39 +55,7 @@ fn get_key(conn: &Connection, id: &str) -> StoreResult<Option<ApiKey>> {
 impl SqliteStore {
     pub(super) async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()> {
         let key = key.clone();
-        self.run(move |conn| {
-            let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
-            let accounts = key.accounts.as_ref().map(|ids| {
-                serde_json::to_string(&ids.iter().map(AccountId::as_str).collect::<Vec<_>>())
-                    .unwrap_or_default()
-            });
-            conn.execute(
-                &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
-                params![
-                    key.id.as_str(),
-                    key.name,
-                    scopes.join(" "),
-                    accounts,
-                    key.secret_sha256,
-                    to_millis(key.created_at),
-                    key.created_by,
-                    opt_millis(key.expires_at),
-                    opt_millis(key.revoked_at),
-                ],
-            )
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::Conflict {
-                        entity: "api key",
-                        id: key.id.to_string(),
-                    }
-                } else {
-                    backend(e)
-                }
-            })?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| insert_api_key(conn, &key)).await
     }
 
     pub(super) async fn get_api_key(&self, id: &ApiKeyId) -> StoreResult<Option<ApiKey>> {
@@ -190,4 +158,40 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// The write of `create_api_key`, on the store thread; `audited_change` runs it too.
+pub(super) fn insert_api_key(conn: &Connection, key: &ApiKey) -> StoreResult<()> {
+    let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
+    let accounts = key.accounts.as_ref().map(|ids| {
+        serde_json::to_string(&ids.iter().map(AccountId::as_str).collect::<Vec<_>>())
+            .unwrap_or_default()
+    });
+    conn.execute(
+        &format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+        ),
+        params![
+            key.id.as_str(),
+            key.name,
+            scopes.join(" "),
+            accounts,
+            key.secret_sha256,
+            to_millis(key.created_at),
+            key.created_by,
+            opt_millis(key.expires_at),
+            opt_millis(key.revoked_at),
+        ],
+    )
+    .map_err(|e| {
+        if is_unique_violation(&e) {
+            StoreError::Conflict {
+                entity: "api key",
+                id: key.id.to_string(),
+            }
+        } else {
+            backend(e)
+        }
+    })?;
+    Ok(())
 }

@@ -3,7 +3,10 @@
 
 use super::rows::*;
 use super::*;
-use crate::domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind};
+use crate::{
+    domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind},
+    store::AuditedChange,
+};
 
 /// The `account_id` of the operator's entries (no account has an empty id).
 const OPERATOR: &str = "";
@@ -36,35 +39,74 @@ fn audit_from_row(row: &Row<'_>) -> rusqlite::Result<AuditEntry> {
     })
 }
 
+/// Inserts an entry; an id that exists is a conflict.
+fn insert_audit(conn: &Connection, entry: &AuditEntry) -> StoreResult<()> {
+    conn.execute(
+        &format!(
+            "INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+        ),
+        params![
+            entry.id.as_str(),
+            entry
+                .account_id
+                .as_ref()
+                .map_or(OPERATOR, AccountId::as_str),
+            to_millis(entry.at),
+            entry.actor.to_text(),
+            entry.action.as_str(),
+            entry.target.kind.as_str(),
+            entry.target.id,
+            entry.address,
+            serde_json::Value::Object(entry.details.clone()).to_string(),
+        ],
+    )
+    .map_err(|e| {
+        if is_unique_violation(&e) {
+            StoreError::Conflict {
+                entity: "audit entry",
+                id: entry.id.to_string(),
+            }
+        } else {
+            backend(e)
+        }
+    })?;
+    Ok(())
+}
+
 impl SqliteStore {
     pub(super) async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
         let entry = entry.clone();
+        self.run(move |conn| insert_audit(conn, &entry)).await
+    }
+
+    pub(super) async fn audited_change(
+        &self,
+        change: &AuditedChange,
+        entries: &[AuditEntry],
+    ) -> StoreResult<()> {
+        let (change, entries) = (change.clone(), entries.to_vec());
         self.run(move |conn| {
-            conn.execute(
-                &format!("INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
-                params![
-                    entry.id.as_str(),
-                    entry.account_id.as_ref().map_or(OPERATOR, AccountId::as_str),
-                    to_millis(entry.at),
-                    entry.actor.to_text(),
-                    entry.action.as_str(),
-                    entry.target.kind.as_str(),
-                    entry.target.id,
-                    entry.address,
-                    serde_json::Value::Object(entry.details.clone()).to_string(),
-                ],
-            )
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::Conflict {
-                        entity: "audit entry",
-                        id: entry.id.to_string(),
-                    }
-                } else {
-                    backend(e)
+            // One savepoint: the change and its entries stand or fall together.
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            match &change {
+                AuditedChange::CreateAccount(account) => {
+                    super::accounts::insert_account(&tx, account)?
                 }
-            })?;
-            Ok(())
+                AuditedChange::UpdateAccount(account) => {
+                    super::accounts::rewrite_account(&tx, account)?
+                }
+                AuditedChange::CreateEndpoint(endpoint) => {
+                    super::accounts::insert_endpoint(&tx, endpoint)?
+                }
+                AuditedChange::UpdateEndpoint(endpoint) => {
+                    super::accounts::rewrite_endpoint(&tx, endpoint)?
+                }
+                AuditedChange::CreateApiKey(key) => super::access::insert_api_key(&tx, key)?,
+            }
+            for entry in &entries {
+                insert_audit(&tx, entry)?;
+            }
+            tx.commit().map_err(backend)
         })
         .await
     }
