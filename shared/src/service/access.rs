@@ -18,7 +18,7 @@ use crate::{
         AccountId, ApiKey, ApiKeyId, AuditAction, AuditEntry, AuditTarget, Caller, Principal,
         TargetKind,
     },
-    store::{Store, StoreError, TokenRevocation},
+    store::{AuditedChange, Store, StoreError, TokenRevocation},
     tokens::{TokenError, TokenKey, TOKEN_PREFIX},
 };
 
@@ -301,13 +301,6 @@ impl Access {
             return Err(RotateError::Configured);
         }
         let token = new_admin_token();
-        self.store
-            .put_setting(ADMIN_TOKEN_DIGEST_SETTING, &sha256_hex(&token))
-            .await?;
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(ADMIN_ENTRY);
         // In the operator's log: the admin token is over no one account.
         let entry = AuditEntry::new(
             None,
@@ -317,7 +310,15 @@ impl Access {
             AuditTarget::new(TargetKind::AdminToken, "admin"),
             serde_json::Map::new(),
         );
-        self.store.append_audit(&entry).await?;
+        let change = AuditedChange::PutSetting {
+            key: ADMIN_TOKEN_DIGEST_SETTING.to_owned(),
+            value: sha256_hex(&token),
+        };
+        self.store.audited_change(&change, &[entry]).await?;
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(ADMIN_ENTRY);
         Ok(token)
     }
 }

@@ -2,11 +2,12 @@
 //! credential and address), what, and to what, once the change is made; and the log is
 //! read back a page at a time.
 //!
-//! The row writes (accounts, endpoints, keys) go with their entries through
-//! `Store::audited_change`: one transaction on SQLite, the change then its entries on
-//! DynamoDB. The other changes (deletions, revocations, replays, erasures, disables) are
-//! recorded just after they are made: a failure between the two leaves the change without
-//! its entry, and is logged as an error.
+//! The plain writes (accounts, endpoints, keys, token revocations, the admin token) go with
+//! their entries through `Store::audited_change`: one transaction on SQLite, the change then
+//! its entries on DynamoDB. The changes whose entry depends on what the store did (deleting
+//! or disabling an endpoint, revoking a key, replays, erasures) are recorded just after they
+//! are made: a failure between the two leaves the change without its entry, and is logged
+//! as an error.
 
 use serde_json::{Map, Value};
 

@@ -4,7 +4,7 @@ use super::{access::Access, audit, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
     domain::{AccountId, AuditAction, AuditTarget, Caller, InvalidField, TargetKind},
-    store::Store,
+    store::{AuditedChange, Store},
     tokens::{new_token_id, TokenKey},
     App,
 };
@@ -102,19 +102,22 @@ pub async fn revoke(
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
     }
-    app.store
-        .revoke_token(account, token_id, app.clock.now())
-        .await?;
-    access.forget_account_tokens(account);
-    audit::record(
+    let entry = audit::entry(
         app,
         caller,
         Some(account),
         AuditAction::TokenRevoked,
         AuditTarget::new(TargetKind::Token, token_id),
-        serde_json::Map::new(),
-    )
-    .await
+        serde_json::json!({}),
+    );
+    let change = AuditedChange::RevokeToken {
+        account: account.clone(),
+        token_id: token_id.to_owned(),
+        at: app.clock.now(),
+    };
+    audit::change(app, change, &[entry]).await?;
+    access.forget_account_tokens(account);
+    Ok(())
 }
 
 /// Revokes every token of the account issued until now; tokens minted afterwards work.
@@ -129,16 +132,19 @@ pub async fn revoke_all(
         return Err(ServiceError::NotFound("account"));
     }
     let now = app.clock.now();
-    app.store.revoke_account_tokens(account, now).await?;
-    access.forget_account_tokens(account);
-    audit::record(
+    let entry = audit::entry(
         app,
         caller,
         Some(account),
         AuditAction::TokensRevoked,
         AuditTarget::new(TargetKind::Account, account),
-        audit::details(serde_json::json!({ "tokens_revoked_before": now.to_rfc3339() })),
-    )
-    .await?;
+        serde_json::json!({ "tokens_revoked_before": now.to_rfc3339() }),
+    );
+    let change = AuditedChange::RevokeAccountTokens {
+        account: account.clone(),
+        before: now,
+    };
+    audit::change(app, change, &[entry]).await?;
+    access.forget_account_tokens(account);
     Ok(now)
 }

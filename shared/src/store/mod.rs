@@ -248,6 +248,19 @@ pub enum AuditedChange {
     UpdateEndpoint(Endpoint),
     /// As `Store::create_api_key`.
     CreateApiKey(ApiKey),
+    /// As `Store::revoke_token`.
+    RevokeToken {
+        account: AccountId,
+        token_id: String,
+        at: Timestamp,
+    },
+    /// As `Store::revoke_account_tokens`.
+    RevokeAccountTokens {
+        account: AccountId,
+        before: Timestamp,
+    },
+    /// As `Store::put_setting`.
+    PutSetting { key: String, value: String },
 }
 
 /// What is revoked of one account token (`Store::token_revocation`).

@@ -204,4 +204,40 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
     );
     let beta = AccountId::parse("beta").unwrap();
     assert_eq!(read_all(store, Some(&beta), 10).await, vec![for_beta]);
+
+    // Revocations and settings go with their entries too.
+    let revoked = entry(Some("beta"), 6, Actor::Admin, AuditAction::TokenRevoked);
+    let change = AuditedChange::RevokeToken {
+        account: beta.clone(),
+        token_id: "tok_1".into(),
+        at: t0(),
+    };
+    store
+        .audited_change(&change, std::slice::from_ref(&revoked))
+        .await
+        .unwrap();
+    let all = entry(Some("beta"), 7, Actor::Admin, AuditAction::TokensRevoked);
+    let change = AuditedChange::RevokeAccountTokens {
+        account: beta.clone(),
+        before: t0(),
+    };
+    store
+        .audited_change(&change, std::slice::from_ref(&all))
+        .await
+        .unwrap();
+    let revocation = store.token_revocation(&beta, "tok_1").await.unwrap();
+    assert_eq!(revocation.revoked_at, Some(t0()));
+    assert_eq!(revocation.account_tokens_before, Some(t0()));
+    let rotated = entry(None, 8, Actor::Admin, AuditAction::AdminTokenRotated);
+    let change = AuditedChange::PutSetting {
+        key: "k".into(),
+        value: "v".into(),
+    };
+    store
+        .audited_change(&change, std::slice::from_ref(&rotated))
+        .await
+        .unwrap();
+    assert_eq!(store.get_setting("k").await.unwrap().as_deref(), Some("v"));
+    assert_eq!(read_all(store, None, 10).await, vec![rotated]);
+    assert_eq!(read_all(store, Some(&beta), 1).await[..2], [all, revoked]);
 }

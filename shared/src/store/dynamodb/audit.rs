@@ -89,6 +89,15 @@ impl DynamoStore {
             AuditedChange::CreateEndpoint(endpoint) => self.create_endpoint(endpoint).await?,
             AuditedChange::UpdateEndpoint(endpoint) => self.update_endpoint(endpoint).await?,
             AuditedChange::CreateApiKey(key) => self.create_api_key(key).await?,
+            AuditedChange::RevokeToken {
+                account,
+                token_id,
+                at,
+            } => self.revoke_token(account, token_id, *at).await?,
+            AuditedChange::RevokeAccountTokens { account, before } => {
+                self.revoke_account_tokens(account, *before).await?
+            }
+            AuditedChange::PutSetting { key, value } => self.put_setting(key, value).await?,
         }
         for entry in entries {
             self.append_audit(entry).await?;

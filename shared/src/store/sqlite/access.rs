@@ -98,15 +98,8 @@ impl SqliteStore {
         at: Timestamp,
     ) -> StoreResult<()> {
         let (account, token_id) = (account.clone(), token_id.to_owned());
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT OR IGNORE INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3)",
-                params![account.as_str(), token_id, to_millis(at)],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| insert_token_revocation(conn, &account, &token_id, at))
+            .await
     }
 
     pub(super) async fn revoke_account_tokens(
@@ -115,16 +108,8 @@ impl SqliteStore {
         before: Timestamp,
     ) -> StoreResult<()> {
         let account = account.clone();
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (account_id, token_id) DO UPDATE SET revoked_at = MAX(revoked_at, excluded.revoked_at)",
-                params![account.as_str(), EVERY_TOKEN, to_millis(before)],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| revoke_tokens_before(conn, &account, before))
+            .await
     }
 
     pub(super) async fn token_revocation(
@@ -193,5 +178,35 @@ pub(super) fn insert_api_key(conn: &Connection, key: &ApiKey) -> StoreResult<()>
             backend(e)
         }
     })?;
+    Ok(())
+}
+
+/// The write of `revoke_token`; `audited_change` runs it too.
+pub(super) fn insert_token_revocation(
+    conn: &Connection,
+    account: &AccountId,
+    token_id: &str,
+    at: Timestamp,
+) -> StoreResult<()> {
+    conn.execute(
+        "INSERT OR IGNORE INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3)",
+        params![account.as_str(), token_id, to_millis(at)],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// The write of `revoke_account_tokens`; `audited_change` runs it too.
+pub(super) fn revoke_tokens_before(
+    conn: &Connection,
+    account: &AccountId,
+    before: Timestamp,
+) -> StoreResult<()> {
+    conn.execute(
+        "INSERT INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (account_id, token_id) DO UPDATE SET revoked_at = MAX(revoked_at, excluded.revoked_at)",
+        params![account.as_str(), EVERY_TOKEN, to_millis(before)],
+    )
+    .map_err(backend)?;
     Ok(())
 }

@@ -240,15 +240,8 @@ impl SqliteStore {
 
     pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
         let (key, value) = (key.to_owned(), value.to_owned());
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT OR REPLACE INTO settings (key, value) VALUES (?1, ?2)",
-                params![key, value],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| write_setting(conn, &key, &value))
+            .await
     }
 }
 
@@ -330,5 +323,15 @@ pub(super) fn rewrite_endpoint(conn: &Connection, e: &Endpoint) -> StoreResult<(
     if changed == 0 {
         return Err(StoreError::NotFound("endpoint"));
     }
+    Ok(())
+}
+
+/// The write of `put_setting`; `audited_change` runs it too.
+pub(super) fn write_setting(conn: &Connection, key: &str, value: &str) -> StoreResult<()> {
+    conn.execute(
+        "INSERT OR REPLACE INTO settings (key, value) VALUES (?1, ?2)",
+        params![key, value],
+    )
+    .map_err(backend)?;
     Ok(())
 }

@@ -102,6 +102,17 @@ impl SqliteStore {
                     super::accounts::rewrite_endpoint(&tx, endpoint)?
                 }
                 AuditedChange::CreateApiKey(key) => super::access::insert_api_key(&tx, key)?,
+                AuditedChange::RevokeToken {
+                    account,
+                    token_id,
+                    at,
+                } => super::access::insert_token_revocation(&tx, account, token_id, *at)?,
+                AuditedChange::RevokeAccountTokens { account, before } => {
+                    super::access::revoke_tokens_before(&tx, account, *before)?
+                }
+                AuditedChange::PutSetting { key, value } => {
+                    super::accounts::write_setting(&tx, key, value)?
+                }
             }
             for entry in &entries {
                 insert_audit(&tx, entry)?;
