@@ -311,6 +311,8 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     tracing::info!(database = %config.database.display(), workers = config.workers, "hooklane serve started");
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("hooklane listening on http://{local}");
+    // With the peer's address, which the audit log records of each change.
+    let router = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await

@@ -50,6 +50,7 @@ async fn main() -> Result<(), Failure> {
             owner_email: "owner@example.com".into(),
             ..NewAccount::default()
         },
+        &hooklane::domain::Caller::system(),
     )
     .await?;
     endpoints::create(
@@ -59,6 +60,7 @@ async fn main() -> Result<(), Failure> {
             url: receiver_url.clone(),
             ..NewEndpoint::default()
         },
+        &hooklane::domain::Caller::system(),
     )
     .await?;
     let mut messages = Vec::new();

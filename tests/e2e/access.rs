@@ -260,7 +260,13 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         operations.len(),
         routes.len()
     );
-    assert!(routes.len() >= 26, "{operations:?}");
+    assert!(routes.len() >= 28, "{operations:?}");
+    for audit in ["/v1/accounts/{account}/audit", "/v1/audit"] {
+        assert!(
+            routes.iter().any(|(m, p, _)| m == "GET" && p == audit),
+            "the matrix covers GET {audit}"
+        );
+    }
     // Denials first, so that the objects are all there for them; allowed calls may change
     // or delete them (a later allowed call then meets the handler's own 404).
     let denied_first = [
@@ -612,6 +618,15 @@ async fn the_admin_token_rotates_without_a_restart() {
     assert_eq!(status, 401, "the old token, at once: {body}");
     let (status, _) = call(&server, "GET", "/v1/whoami", Some(&new)).await;
     assert_eq!(status, 200);
+    // The operator's audit log has the rotation, and neither token.
+    let (status, log) = call(&server, "GET", "/v1/audit", Some(&new)).await;
+    assert_eq!(status, 200, "{log}");
+    assert_eq!(log["data"][0]["action"], "admin_token.rotated", "{log}");
+    assert_eq!(log["data"][0]["address"], "127.0.0.1", "{log}");
+    assert!(
+        !log.to_string().contains(&printed) && !log.to_string().contains(&new),
+        "{log}"
+    );
     server.kill9().await;
     server.restart().await;
     assert!(

@@ -480,6 +480,7 @@ async fn set_up_acme(shape: &AwsShape, url: String) -> AccountId {
             owner_email: "owner@acme.example".into(),
             ..NewAccount::default()
         },
+        &hooklane::domain::Caller::system(),
     )
     .await
     .unwrap();
@@ -495,6 +496,7 @@ async fn set_up_acme(shape: &AwsShape, url: String) -> AccountId {
             rate_limit_per_second: None,
             secret: None,
         },
+        &hooklane::domain::Caller::system(),
     )
     .await
     .unwrap();

@@ -59,6 +59,18 @@ async fn failing_past_the_threshold_disables_abandons_and_notifies() {
             .contains("failed"),
         "{endpoint}"
     );
+    // The audit log has it, done by Hooklane itself: actor `system`, no address.
+    let (status, log) = server.get("/v1/accounts/acme/audit").await;
+    assert_eq!(status, 200, "{log}");
+    let entry = &log["data"][0];
+    assert_eq!(entry["action"], "endpoint.disabled", "{log}");
+    assert_eq!(
+        entry["actor"],
+        json!({"type": "system", "id": null}),
+        "{log}"
+    );
+    assert_eq!(entry["target"]["id"], dead.as_str(), "{log}");
+    assert_eq!(entry["address"], json!(null), "{log}");
     let deliveries = server.deliveries("acme", "").await;
     assert_eq!(deliveries.len(), 3);
     assert!(

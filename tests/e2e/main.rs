@@ -4,6 +4,7 @@
 mod support;
 
 mod access;
+mod audit;
 mod aws_pipeline;
 mod bad_input;
 mod bench_smoke;

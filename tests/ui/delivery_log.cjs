@@ -103,6 +103,11 @@ async function main() {
     const newest = await attempts.first().textContent();
     check(newest.includes("HTTP 200") && newest.includes("manual"), `replayed attempt shown as: ${newest}`);
     await page.locator("#replays tbody tr", { hasText: replayed }).waitFor();
+    // The audit log shows the replay: by this account token, from this browser's address.
+    const audited = page.locator("#audit tbody tr", { hasText: "replay.created" }).first();
+    await audited.waitFor();
+    const entry = await audited.textContent();
+    check(entry.includes("token tok_") && entry.includes("127.0.0.1"), `audit entry shown as: ${entry}`);
 
     // Resend the endpoint's other failures in bulk, with a confirmation.
     await page.getByRole("button", { name: /Resend deliveries of/ }).first().click();

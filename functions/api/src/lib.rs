@@ -1,7 +1,29 @@
 //! The api function: the same axum router as `hooklane serve`, served through API Gateway.
 
 pub use hooklane::aws::handlers::api_router;
-use hooklane::telemetry::emf::EmfPublisher;
+use hooklane::{api::ClientAddress, telemetry::emf::EmfPublisher};
+use lambda_http::request::RequestContext;
+
+/// Hands the router API Gateway's source IP as the client's address, which the audit log
+/// records of each change (the router serves no TCP peer of its own here).
+pub fn with_source_ip(router: axum::Router) -> axum::Router {
+    router.layer(axum::middleware::from_fn(
+        |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+            if let Some(ip) = source_ip(&request) {
+                request.extensions_mut().insert(ClientAddress(ip));
+            }
+            next.run(request).await
+        },
+    ))
+}
+
+fn source_ip(request: &axum::extract::Request) -> Option<std::net::IpAddr> {
+    match request.extensions().get::<RequestContext>()? {
+        RequestContext::ApiGatewayV2(context) => context.http.source_ip.as_deref()?.parse().ok(),
+        #[allow(unreachable_patterns)] // other kinds of request, when their features are on
+        _ => None,
+    }
+}
 
 /// Publishes the metrics of each request before its response leaves the function.
 pub fn flushing_metrics(router: axum::Router, metrics: EmfPublisher) -> axum::Router {
@@ -68,6 +90,32 @@ mod tests {
         request["headers"]["content-length"] = body.len().to_string().into();
         request["body"] = body.into();
         request.to_string()
+    }
+
+    /// The audit log records API Gateway's source IP of the fixture as the client's address.
+    #[tokio::test]
+    async fn a_change_is_audited_with_api_gateways_source_ip() {
+        let (mut settings, shape) = emulated_shape().await;
+        settings.admin_token = Some("hl_admin_fixture".into());
+        let router = with_source_ip(api_router(&shape, &settings).await.unwrap());
+        let create = include_str!("../fixtures/http-api-create-account.json")
+            .replace("{{ADMIN_TOKEN}}", "hl_admin_fixture");
+        assert_eq!(call(&router, &create).await.0, 201);
+        let mut list: serde_json::Value = serde_json::from_str(&request(
+            "GET",
+            "/v1/accounts/acme/audit",
+            "hl_admin_fixture",
+            &serde_json::json!({}),
+        ))
+        .unwrap();
+        list["body"] = serde_json::Value::Null;
+        list["headers"]["content-length"] = "0".into();
+        let (status, log) = call(&router, &list.to_string()).await;
+        assert_eq!(status, 200, "{log}");
+        let entry = &log["data"][0];
+        assert_eq!(entry["action"], "account.created", "{log}");
+        assert_eq!(entry["actor"]["type"], "admin", "{log}");
+        assert_eq!(entry["address"], "203.0.113.10", "{log}");
     }
 
     #[tokio::test]

@@ -213,7 +213,7 @@ mod tests {
             &shape.app,
             &account,
             &delivery.id,
-            "admin".into(),
+            &hooklane::domain::Caller::new(hooklane::domain::Actor::Admin, None),
         )
         .await;
         assert!(

@@ -9,6 +9,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use crate::{limits::PublishBuckets, service::access::Access, App};
 
 pub mod auth;
+pub mod caller;
 pub mod error;
 pub mod json;
 mod normalize;
@@ -18,6 +19,7 @@ mod ui;
 pub mod views;
 
 pub use auth::Principal;
+pub use caller::ClientAddress;
 pub use error::{ApiError, ApiResult};
 
 #[derive(Clone)]
@@ -79,6 +81,8 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::list_attempts))
         .routes(routes!(routes::replay_delivery))
         .routes(routes!(routes::list_replays))
+        .routes(routes!(routes::list_audit))
+        .routes(routes!(routes::list_operator_audit))
         .routes(routes!(routes::create_token, routes::revoke_tokens))
         .routes(routes!(routes::revoke_token))
         .routes(routes!(routes::rotate_admin_token))

@@ -11,7 +11,7 @@ use utoipa::{
 
 use super::{
     error::Body as ErrorBody,
-    views::{AttemptView, DeliveryView, EndpointView, KeyView, ReplayView},
+    views::{AttemptView, AuditView, DeliveryView, EndpointView, KeyView, ReplayView},
 };
 
 #[derive(OpenApi)]
@@ -317,6 +317,13 @@ pub struct AttemptList {
 #[derive(ToSchema)]
 pub struct ReplayList {
     data: Vec<ReplayView<'static>>,
+    next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct AuditList {
+    data: Vec<AuditView<'static>>,
+    /// Present when there is more to read.
     next_cursor: Option<String>,
 }
 

@@ -14,7 +14,8 @@ use crate::{
     clock::Timestamp,
     domain::Scope,
     domain::{
-        rate::PublishRate, Account, ApiKey, Attempt, Delivery, Endpoint, Event, Replay, ReplayScope,
+        rate::PublishRate, Account, ApiKey, Attempt, AuditEntry, Delivery, Endpoint, Event, Replay,
+        ReplayScope,
     },
     service::{keys::MintedKey, tokens::MintedToken},
 };
@@ -444,4 +445,75 @@ pub struct TokensRevokedView<'a> {
 #[derive(Serialize, ToSchema)]
 pub struct AdminTokenView<'a> {
     pub token: &'a str,
+}
+
+/// One audit-log entry: who changed what, when, from which address.
+#[derive(Serialize, ToSchema)]
+pub struct AuditView<'a> {
+    /// `aud_…`, time-ordered.
+    pub id: &'a str,
+    /// `null` in the operator's log (changes over no one account).
+    #[schema(required = true)]
+    pub account_id: Option<&'a str>,
+    #[schema(value_type = String, format = DateTime)]
+    pub at: Timestamp,
+    pub actor: AuditActorView<'a>,
+    /// One of `account.created`, `account.updated`, `endpoint.created`, `endpoint.updated`,
+    /// `endpoint.deleted`, `endpoint.disabled`, `endpoint.enabled`,
+    /// `endpoint.secret_rotated`, `key.created`, `key.revoked`, `token.created`,
+    /// `token.revoked`, `tokens.revoked`, `replay.created`, `event.erased`,
+    /// `admin_token.rotated`.
+    #[schema(example = "endpoint.secret_rotated")]
+    pub action: &'static str,
+    pub target: AuditTargetView<'a>,
+    /// The client's IP address; `null` for changes Hooklane made itself.
+    #[schema(required = true)]
+    pub address: Option<&'a str>,
+    /// What changed, briefly; never a secret.
+    #[schema(value_type = Object)]
+    pub details: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+/// Who made a change.
+#[derive(Serialize, ToSchema)]
+pub struct AuditActorView<'a> {
+    /// `admin` (the admin token), `key` (an API key), `token` (an account token) or
+    /// `system` (Hooklane itself, e.g. disabling a failing endpoint).
+    #[serde(rename = "type")]
+    #[schema(example = "key")]
+    pub kind: &'static str,
+    /// The key's or token's id; `null` for `admin` and `system`.
+    #[schema(required = true)]
+    pub id: Option<&'a str>,
+}
+
+/// What a change was made to.
+#[derive(Serialize, ToSchema)]
+pub struct AuditTargetView<'a> {
+    /// `account`, `endpoint`, `key`, `token`, `replay`, `event` or `admin_token`.
+    #[serde(rename = "type")]
+    #[schema(example = "endpoint")]
+    pub kind: &'static str,
+    pub id: &'a str,
+}
+
+impl<'a> From<&'a AuditEntry> for AuditView<'a> {
+    fn from(e: &'a AuditEntry) -> Self {
+        Self {
+            id: e.id.as_str(),
+            account_id: e.account_id.as_ref().map(|a| a.as_str()),
+            at: e.at,
+            actor: AuditActorView {
+                kind: e.actor.kind(),
+                id: e.actor.id(),
+            },
+            action: e.action.as_str(),
+            target: AuditTargetView {
+                kind: e.target.kind.as_str(),
+                id: &e.target.id,
+            },
+            address: e.address.as_deref(),
+            details: &e.details,
+        }
+    }
 }

@@ -3,6 +3,7 @@
 pub mod access;
 pub mod account;
 pub mod attempt;
+pub mod audit;
 pub mod delivery;
 pub mod endpoint;
 pub mod event;
@@ -16,6 +17,7 @@ pub mod schedule;
 pub use access::{ApiKey, ApiKeyId, Denied, Principal, Scope};
 pub use account::{Account, EmailAddress};
 pub use attempt::{Attempt, Trigger};
+pub use audit::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, Caller, TargetKind};
 pub use delivery::{
     deliveries_to, delivery_log_partition, delivery_log_position, delivery_log_prefix,
     delivery_log_time, Delivery, DeliveryStatus,

@@ -14,8 +14,11 @@ use subtle::ConstantTimeEq;
 
 use crate::{
     clock::{Clock, Timestamp},
-    domain::{AccountId, ApiKey, ApiKeyId, Principal},
-    store::{Store, StoreError, TokenRef, TokenRevocation},
+    domain::{
+        AccountId, ApiKey, ApiKeyId, AuditAction, AuditEntry, AuditTarget, Caller, Principal,
+        TargetKind,
+    },
+    store::{AuditedChange, Store, StoreError, TokenRef, TokenRevocation},
     tokens::{TokenError, TokenKey, TOKEN_PREFIX},
 };
 
@@ -297,16 +300,29 @@ impl Access {
 
     /// Replaces a stored admin token with a new one, returned (it is kept only as a digest):
     /// the old one is refused from now on by this process, by others within `cache_ttl`.
-    pub async fn rotate_admin_token(&self) -> Result<String, RotateError> {
+    pub async fn rotate_admin_token(&self, caller: &Caller) -> Result<String, RotateError> {
         if !matches!(self.admin, AdminToken::Stored) {
             return Err(RotateError::Configured);
         }
         let token = new_admin_token();
-        self.store
-            .put_setting(ADMIN_TOKEN_DIGEST_SETTING, &sha256_hex(&token))
-            .await?;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.remove(ADMIN_ENTRY);
+        // In the operator's log: the admin token is over no one account.
+        let entry = AuditEntry::new(
+            None,
+            self.clock.now(),
+            caller,
+            AuditAction::AdminTokenRotated,
+            AuditTarget::new(TargetKind::AdminToken, "admin"),
+            serde_json::Map::new(),
+        );
+        let change = AuditedChange::PutSetting {
+            key: ADMIN_TOKEN_DIGEST_SETTING.to_owned(),
+            value: sha256_hex(&token),
+        };
+        self.store.audited_change(&change, &[entry]).await?;
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(ADMIN_ENTRY);
         Ok(token)
     }
 }
@@ -482,7 +498,10 @@ mod tests {
             .unwrap();
         let access = world.instance(AdminToken::Stored, Duration::from_secs(1));
         assert_eq!(access.authenticate(&first).await.unwrap(), Principal::Admin);
-        let second = access.rotate_admin_token().await.unwrap();
+        let second = access
+            .rotate_admin_token(&Caller::new(crate::domain::Actor::Admin, None))
+            .await
+            .unwrap();
         assert!(second.starts_with("hl_admin_") && second != first);
         assert!(matches!(
             access.authenticate(&first).await,
@@ -494,7 +513,7 @@ mod tests {
         );
         let configured = world.instance(AdminToken::fixed(&first), Duration::from_secs(1));
         assert!(matches!(
-            configured.rotate_admin_token().await,
+            configured.rotate_admin_token(&Caller::system()).await,
             Err(RotateError::Configured)
         ));
         assert_eq!(

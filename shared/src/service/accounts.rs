@@ -1,6 +1,10 @@
-use super::{ServiceError, ServiceResult};
+use super::{audit, ServiceError, ServiceResult};
 use crate::{
-    domain::{account, rate::PublishRate, Account, AccountId, EmailAddress},
+    domain::{
+        account, rate::PublishRate, Account, AccountId, AuditAction, AuditTarget, Caller,
+        EmailAddress, TargetKind,
+    },
+    store::AuditedChange,
     App,
 };
 
@@ -21,8 +25,21 @@ pub struct AccountChange {
     pub publish_rate_limit: Option<Option<PublishRate>>,
 }
 
-pub async fn update(app: &App, id: &AccountId, change: AccountChange) -> ServiceResult<Account> {
+pub async fn update(
+    app: &App,
+    id: &AccountId,
+    change: AccountChange,
+    caller: &Caller,
+) -> ServiceResult<Account> {
     let mut account = get(app, id).await?;
+    let changed: Vec<&str> = [
+        ("name", change.name.is_some()),
+        ("owner_email", change.owner_email.is_some()),
+        ("publish_rate_limit", change.publish_rate_limit.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, given)| given.then_some(field))
+    .collect();
     if let Some(name) = change.name {
         account.name = account::parse_name(&name)?;
     }
@@ -32,11 +49,19 @@ pub async fn update(app: &App, id: &AccountId, change: AccountChange) -> Service
     if let Some(limit) = change.publish_rate_limit {
         account.publish_rate_limit = limit;
     }
-    app.store.update_account(&account).await?;
+    let entry = audit::entry(
+        app,
+        caller,
+        Some(&account.id),
+        AuditAction::AccountUpdated,
+        AuditTarget::new(TargetKind::Account, &account.id),
+        serde_json::json!({ "changed": changed }),
+    );
+    audit::change(app, AuditedChange::UpdateAccount(account.clone()), &[entry]).await?;
     Ok(account)
 }
 
-pub async fn create(app: &App, input: NewAccount) -> ServiceResult<Account> {
+pub async fn create(app: &App, input: NewAccount, caller: &Caller) -> ServiceResult<Account> {
     let id = match input.id.as_deref() {
         Some(raw) => AccountId::parse(raw)?,
         None => AccountId::generate(),
@@ -48,7 +73,15 @@ pub async fn create(app: &App, input: NewAccount) -> ServiceResult<Account> {
         created_at: app.clock.now(),
         publish_rate_limit: input.publish_rate_limit,
     };
-    app.store.create_account(&account).await?;
+    let entry = audit::entry(
+        app,
+        caller,
+        Some(&account.id),
+        AuditAction::AccountCreated,
+        AuditTarget::new(TargetKind::Account, &account.id),
+        serde_json::json!({ "name": account.name }),
+    );
+    audit::change(app, AuditedChange::CreateAccount(account.clone()), &[entry]).await?;
     Ok(account)
 }
 

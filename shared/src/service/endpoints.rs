@@ -1,15 +1,15 @@
 use std::time::Duration;
 
-use super::{ServiceError, ServiceResult};
+use super::{audit, ServiceError, ServiceResult};
 use crate::{
     domain::{
         endpoint::{self, RetiringSecret},
-        AccountId, Endpoint, EndpointId, EndpointStatus, EndpointUrl, EventTypeFilter,
-        InvalidField,
+        AccountId, AuditAction, AuditTarget, Caller, Endpoint, EndpointId, EndpointStatus,
+        EndpointUrl, EventTypeFilter, InvalidField, TargetKind,
     },
     http::SsrfError,
     signing::SigningSecret,
-    store::{DisableRequest, EndpointDeletion},
+    store::{AuditedChange, DisableRequest, EndpointDeletion},
     App,
 };
 
@@ -52,7 +52,56 @@ async fn check_reachable(app: &App, url: &EndpointUrl) -> ServiceResult<()> {
     Ok(())
 }
 
-pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> ServiceResult<Endpoint> {
+/// Records a change to endpoint `id` of `account`.
+async fn audited(
+    app: &App,
+    caller: &Caller,
+    account: &AccountId,
+    id: &EndpointId,
+    action: AuditAction,
+    details: serde_json::Value,
+) -> ServiceResult<()> {
+    audit::record(
+        app,
+        caller,
+        Some(account),
+        action,
+        AuditTarget::new(TargetKind::Endpoint, id),
+        audit::details(details),
+    )
+    .await
+}
+
+/// Writes `endpoint` (created, or changed) with the entry of `action` on it.
+async fn write_audited(
+    app: &App,
+    caller: &Caller,
+    endpoint: &Endpoint,
+    action: AuditAction,
+    details: serde_json::Value,
+) -> ServiceResult<()> {
+    let entry = audit::entry(
+        app,
+        caller,
+        Some(&endpoint.account_id),
+        action,
+        AuditTarget::new(TargetKind::Endpoint, &endpoint.id),
+        details,
+    );
+    let change = if action == AuditAction::EndpointCreated {
+        AuditedChange::CreateEndpoint(endpoint.clone())
+    } else {
+        AuditedChange::UpdateEndpoint(endpoint.clone())
+    };
+    audit::change(app, change, &[entry]).await
+}
+
+pub async fn create(
+    app: &App,
+    account: &AccountId,
+    input: NewEndpoint,
+    caller: &Caller,
+) -> ServiceResult<Endpoint> {
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
     }
@@ -81,7 +130,17 @@ pub async fn create(app: &App, account: &AccountId, input: NewEndpoint) -> Servi
         url,
     };
     check_reachable(app, &endpoint.url).await?;
-    app.store.create_endpoint(&endpoint).await?;
+    // The secret stays out: it is the one thing an entry must never hold.
+    let details =
+        serde_json::json!({ "url": endpoint.url.as_str(), "secret_given": input.secret.is_some() });
+    write_audited(
+        app,
+        caller,
+        &endpoint,
+        AuditAction::EndpointCreated,
+        details,
+    )
+    .await?;
     Ok(endpoint)
 }
 
@@ -104,8 +163,22 @@ pub async fn update(
     account: &AccountId,
     id: &EndpointId,
     changes: EndpointChanges,
+    caller: &Caller,
 ) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
+    let changed: Vec<&str> = [
+        ("url", changes.url.is_some()),
+        ("description", changes.description.is_some()),
+        ("event_types", changes.event_types.is_some()),
+        ("max_in_flight", changes.max_in_flight.is_some()),
+        (
+            "rate_limit_per_second",
+            changes.rate_limit_per_second.is_some(),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(field, given)| given.then_some(field))
+    .collect();
     if let Some(raw) = changes.url.as_deref() {
         let url = EndpointUrl::parse(raw)?;
         check_reachable(app, &url).await?;
@@ -124,7 +197,15 @@ pub async fn update(
         endpoint.rate_limit_per_second = endpoint::parse_rate_limit(rate)?;
     }
     endpoint.updated_at = app.clock.now();
-    app.store.update_endpoint(&endpoint).await?;
+    let details = serde_json::json!({ "changed": changed });
+    write_audited(
+        app,
+        caller,
+        &endpoint,
+        AuditAction::EndpointUpdated,
+        details,
+    )
+    .await?;
     app.queue
         .update_lane(
             &endpoint.id,
@@ -135,7 +216,12 @@ pub async fn update(
     Ok(endpoint)
 }
 
-pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<()> {
+pub async fn delete(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    caller: &Caller,
+) -> ServiceResult<()> {
     if app
         .store
         .delete_endpoint(&EndpointDeletion {
@@ -145,7 +231,16 @@ pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceR
         })
         .await?
     {
-        Ok(())
+        let details = serde_json::json!({});
+        audited(
+            app,
+            caller,
+            account,
+            id,
+            AuditAction::EndpointDeleted,
+            details,
+        )
+        .await
     } else {
         Err(ServiceError::NotFound("endpoint"))
     }
@@ -153,31 +248,64 @@ pub async fn delete(app: &App, account: &AccountId, id: &EndpointId) -> ServiceR
 
 /// Re-enables an endpoint with a fresh health clock. Abandoned deliveries stay abandoned
 /// until the customer asks for a replay.
-pub async fn enable(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+pub async fn enable(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    caller: &Caller,
+) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
+    let was = endpoint.status;
     endpoint.status = EndpointStatus::Active;
     endpoint.failing_since = None;
     endpoint.disabled_reason = None;
     endpoint.updated_at = app.clock.now();
-    app.store.update_endpoint(&endpoint).await?;
+    let details = serde_json::json!({ "was": was.as_str() });
+    write_audited(
+        app,
+        caller,
+        &endpoint,
+        AuditAction::EndpointEnabled,
+        details,
+    )
+    .await?;
     Ok(endpoint)
 }
 
 /// Disables an endpoint on its owner's request; its pending deliveries are abandoned.
-pub async fn disable(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {
+pub async fn disable(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+    caller: &Caller,
+) -> ServiceResult<Endpoint> {
     let endpoint = get(app, account, id).await?;
     if endpoint.status == EndpointStatus::Active {
-        app.store
+        let reason = "disabled through the API";
+        let disabled = app
+            .store
             .disable_endpoint(&DisableRequest {
                 account_id: account.clone(),
                 endpoint_id: id.clone(),
-                reason: "disabled through the API".into(),
+                reason: reason.into(),
                 now: app.clock.now(),
                 expected_failing_since: endpoint.failing_since,
                 notification: None,
                 operational_event: None,
             })
             .await?;
+        if let Some(outcome) = disabled {
+            let details = serde_json::json!({ "reason": reason, "abandoned": outcome.abandoned });
+            audited(
+                app,
+                caller,
+                account,
+                id,
+                AuditAction::EndpointDisabled,
+                details,
+            )
+            .await?;
+        }
     }
     get(app, account, id).await
 }
@@ -188,6 +316,7 @@ pub async fn rotate_secret(
     account: &AccountId,
     id: &EndpointId,
     grace: Duration,
+    caller: &Caller,
 ) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
     let now = app.clock.now();
@@ -197,6 +326,9 @@ pub async fn rotate_secret(
         until: crate::clock::add(now, grace),
     });
     endpoint.updated_at = now;
-    app.store.update_endpoint(&endpoint).await?;
+    // Neither secret goes in: only how long the old one keeps signing.
+    let details = serde_json::json!({ "grace_period_seconds": grace.as_secs() });
+    let action = AuditAction::EndpointSecretRotated;
+    write_audited(app, caller, &endpoint, action, details).await?;
     Ok(endpoint)
 }

@@ -78,6 +78,18 @@ pub async fn disable_failing(
         return Ok(false);
     };
     tracing::warn!(endpoint.id = %endpoint.id, account.id = %endpoint.account_id, abandoned = outcome.abandoned, %reason, "endpoint disabled");
+    // The endpoint is disabled whatever happens to its entry (`record` logs a failure).
+    let _ = super::audit::record(
+        app,
+        &crate::domain::Caller::system(),
+        Some(&endpoint.account_id),
+        crate::domain::AuditAction::EndpointDisabled,
+        crate::domain::AuditTarget::new(crate::domain::TargetKind::Endpoint, &endpoint.id),
+        super::audit::details(
+            serde_json::json!({ "reason": reason, "abandoned": outcome.abandoned }),
+        ),
+    )
+    .await;
     crate::telemetry::endpoint_disabled(&endpoint.account_id, outcome.abandoned);
     if let Some(deliveries) = published {
         enqueue_new(app, deliveries).await?;

@@ -3,16 +3,41 @@
 
 use super::{
     access::{key_credential, new_key_secret, sha256_hex, Access},
-    ServiceError, ServiceResult,
+    audit, ServiceError, ServiceResult,
 };
 use crate::{
     clock::Timestamp,
     domain::{
         access::{parse_key_accounts, parse_scopes},
-        account, ApiKey, ApiKeyId, InvalidField, Scope,
+        account, AccountId, ApiKey, ApiKeyId, AuditAction, AuditTarget, Caller, InvalidField,
+        Scope, TargetKind,
     },
+    store::AuditedChange,
     App,
 };
+
+/// Records a change to `key` in the log of each account it is limited to, or in the
+/// operator's log for a key that reaches every account.
+async fn audited(
+    app: &App,
+    caller: &Caller,
+    key: &ApiKey,
+    action: AuditAction,
+    details: serde_json::Value,
+) -> ServiceResult<()> {
+    let target = AuditTarget::new(TargetKind::Key, &key.id);
+    let details = audit::details(details);
+    match &key.accounts {
+        Some(accounts) => {
+            for account in accounts {
+                let (target, details) = (target.clone(), details.clone());
+                audit::record(app, caller, Some(account), action, target, details).await?;
+            }
+            Ok(())
+        }
+        None => audit::record(app, caller, None, action, target, details).await,
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct NewKey {
@@ -30,7 +55,7 @@ pub struct MintedKey {
     pub credential: String,
 }
 
-pub async fn create(app: &App, input: NewKey, actor: String) -> ServiceResult<MintedKey> {
+pub async fn create(app: &App, input: NewKey, caller: &Caller) -> ServiceResult<MintedKey> {
     let name = account::parse_name(&input.name)?;
     let scopes = parse_scopes(&input.scopes)?;
     let accounts = input
@@ -62,11 +87,30 @@ pub async fn create(app: &App, input: NewKey, actor: String) -> ServiceResult<Mi
         accounts,
         secret_sha256: sha256_hex(&secret),
         created_at: now,
-        created_by: actor,
+        created_by: caller.actor.to_text(),
         expires_at: input.expires_at,
         revoked_at: None,
     };
-    app.store.create_api_key(&key).await?;
+    let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
+    let details = serde_json::json!({ "name": key.name, "scopes": scopes });
+    let target = AuditTarget::new(TargetKind::Key, &key.id);
+    let entry = |account: Option<&AccountId>| {
+        let (target, details) = (target.clone(), details.clone());
+        audit::entry(
+            app,
+            caller,
+            account,
+            AuditAction::KeyCreated,
+            target,
+            details,
+        )
+    };
+    // In the log of each account the key is limited to, or the operator's.
+    let entries: Vec<_> = match &key.accounts {
+        Some(accounts) => accounts.iter().map(|a| entry(Some(a))).collect(),
+        None => vec![entry(None)],
+    };
+    audit::change(app, AuditedChange::CreateApiKey(key.clone()), &entries).await?;
     Ok(MintedKey {
         credential: key_credential(&key.id, &secret),
         key,
@@ -78,12 +122,29 @@ pub async fn list(app: &App) -> ServiceResult<Vec<ApiKey>> {
 }
 
 /// Revokes the key; this process refuses it from now on, others within their cache's time.
-pub async fn revoke(app: &App, access: &Access, id: &ApiKeyId) -> ServiceResult<ApiKey> {
+pub async fn revoke(
+    app: &App,
+    access: &Access,
+    id: &ApiKeyId,
+    caller: &Caller,
+) -> ServiceResult<ApiKey> {
+    let now = app.clock.now();
     let key = app
         .store
-        .revoke_api_key(id, app.clock.now())
+        .revoke_api_key(id, now)
         .await?
         .ok_or(ServiceError::NotFound("key"))?;
     access.forget_key(id);
+    // Revoking again changes nothing, and records nothing.
+    if key.revoked_at == Some(now) {
+        audited(
+            app,
+            caller,
+            &key,
+            AuditAction::KeyRevoked,
+            serde_json::json!({}),
+        )
+        .await?;
+    }
     Ok(key)
 }

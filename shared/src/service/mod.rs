@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod accounts;
+pub mod audit;
 pub mod deliver;
 pub mod endpoints;
 pub mod fan_out;

@@ -347,6 +347,7 @@ pub async fn erase(
     app: &App,
     account: &AccountId,
     id: &EventId,
+    caller: &crate::domain::Caller,
 ) -> ServiceResult<crate::store::Erasure> {
     let erasure = app
         .store
@@ -357,6 +358,15 @@ pub async fn erase(
         crate::telemetry::completed(account, "failed", u64::from(erasure.ended));
     }
     tracing::info!(account.id = %account, event.id = %id, ended = erasure.ended, "event erased");
+    super::audit::record(
+        app,
+        caller,
+        Some(account),
+        crate::domain::AuditAction::EventErased,
+        crate::domain::AuditTarget::new(crate::domain::TargetKind::Event, id),
+        super::audit::details(serde_json::json!({ "deliveries_ended": erasure.ended })),
+    )
+    .await?;
     Ok(erasure)
 }
 

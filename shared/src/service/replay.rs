@@ -1,11 +1,11 @@
 //! Replays: final deliveries sent again on a person's request, through the queue, with an
 //! audit record of each request.
 
-use super::{ServiceError, ServiceResult};
+use super::{audit, ServiceError, ServiceResult};
 use crate::{
     domain::{
-        AccountId, DeliveryId, DeliveryStatus, EndpointId, EndpointStatus, Replay, ReplayFilter,
-        ReplayId, ReplayScope,
+        AccountId, AuditAction, AuditTarget, Caller, DeliveryId, DeliveryStatus, EndpointId,
+        EndpointStatus, Replay, ReplayFilter, ReplayId, ReplayScope, TargetKind,
     },
     store::{Page, PageAfter, ReplayRequest},
     App,
@@ -30,7 +30,12 @@ async fn active_endpoint(
     }
 }
 
-async fn carry_out(app: &App, replay: Replay, limit: u32) -> ServiceResult<Replay> {
+async fn carry_out(
+    app: &App,
+    replay: Replay,
+    limit: u32,
+    caller: &Caller,
+) -> ServiceResult<Replay> {
     let outcome = app.store.replay(&ReplayRequest { replay, limit }).await?;
     if !outcome.queued.is_empty() {
         // The rows are pending and due now: if the queue fails, the sweeper sends them.
@@ -40,7 +45,25 @@ async fn carry_out(app: &App, replay: Replay, limit: u32) -> ServiceResult<Repla
     }
     tracing::info!(replay.id = %outcome.replay.id, actor = %outcome.replay.actor, count = outcome.replay.count, "replay requested");
     crate::telemetry::replayed(u64::from(outcome.replay.count));
-    Ok(outcome.replay)
+    let replay = outcome.replay;
+    let scope = match &replay.scope {
+        ReplayScope::Delivery(id) => serde_json::json!({ "delivery": id }),
+        ReplayScope::Endpoint(id) => serde_json::json!({ "endpoint": id }),
+    };
+    audit::record(
+        app,
+        caller,
+        Some(&replay.account_id),
+        AuditAction::ReplayCreated,
+        AuditTarget::new(TargetKind::Replay, &replay.id),
+        audit::details(serde_json::json!({
+            "scope": scope,
+            "count": replay.count,
+            "more": replay.more,
+        })),
+    )
+    .await?;
+    Ok(replay)
 }
 
 /// Sends one final delivery again: the next attempt is manual and the retry schedule
@@ -49,7 +72,7 @@ pub async fn replay_delivery(
     app: &App,
     account: &AccountId,
     delivery: &DeliveryId,
-    actor: String,
+    caller: &Caller,
 ) -> ServiceResult<Replay> {
     let current = app
         .store
@@ -81,7 +104,7 @@ pub async fn replay_delivery(
         Replay {
             id: ReplayId::generate(),
             account_id: account.clone(),
-            actor,
+            actor: caller.actor.to_text(),
             scope: ReplayScope::Delivery(delivery.clone()),
             filter: ReplayFilter::single(),
             requested_at: app.clock.now(),
@@ -89,6 +112,7 @@ pub async fn replay_delivery(
             more: false,
         },
         1,
+        caller,
     )
     .await?;
     if replay.count == 0 {
@@ -105,7 +129,7 @@ pub async fn replay_endpoint(
     account: &AccountId,
     endpoint: &EndpointId,
     filter: ReplayFilter,
-    actor: String,
+    caller: &Caller,
 ) -> ServiceResult<Replay> {
     active_endpoint(app, account, endpoint, ServiceError::NotFound("endpoint")).await?;
     carry_out(
@@ -113,7 +137,7 @@ pub async fn replay_endpoint(
         Replay {
             id: ReplayId::generate(),
             account_id: account.clone(),
-            actor,
+            actor: caller.actor.to_text(),
             scope: ReplayScope::Endpoint(endpoint.clone()),
             filter,
             requested_at: app.clock.now(),
@@ -121,6 +145,7 @@ pub async fn replay_endpoint(
             more: false,
         },
         BULK_LIMIT,
+        caller,
     )
     .await
 }

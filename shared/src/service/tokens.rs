@@ -1,10 +1,10 @@
 use std::time::Duration;
 
-use super::{access::Access, ServiceError, ServiceResult};
+use super::{access::Access, audit, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
-    domain::{AccountId, InvalidField},
-    store::{Store, TokenRef},
+    domain::{AccountId, AuditAction, AuditTarget, Caller, InvalidField, TargetKind},
+    store::{AuditedChange, Store},
     tokens::{new_token_id, TokenKey},
     App,
 };
@@ -45,6 +45,7 @@ pub async fn mint(
     key: &TokenKey,
     account: &AccountId,
     ttl: Duration,
+    caller: &Caller,
 ) -> ServiceResult<MintedToken> {
     if ttl.is_zero() || ttl > MAX_TTL {
         return Err(InvalidField::new(
@@ -61,6 +62,16 @@ pub async fn mint(
     let expires_at =
         chrono::DateTime::from_timestamp(expires_at.timestamp(), 0).unwrap_or(expires_at);
     let token_id = new_token_id();
+    // The token itself stays out: its id is enough to revoke it.
+    audit::record(
+        app,
+        caller,
+        Some(account),
+        AuditAction::TokenCreated,
+        AuditTarget::new(TargetKind::Token, &token_id),
+        audit::details(serde_json::json!({ "expires_at": expires_at.to_rfc3339() })),
+    )
+    .await?;
     Ok(MintedToken {
         token: key.mint(account, &token_id, app.clock.now(), expires_at),
         token_id,
@@ -83,6 +94,7 @@ pub async fn revoke(
     access: &Access,
     account: &AccountId,
     token_id: &str,
+    caller: &Caller,
 ) -> ServiceResult<()> {
     if !is_token_id(token_id) {
         return Err(ServiceError::NotFound("token"));
@@ -90,15 +102,20 @@ pub async fn revoke(
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
     }
-    app.store
-        .revoke_token(
-            &TokenRef {
-                account: account.clone(),
-                token_id: token_id.to_owned(),
-            },
-            app.clock.now(),
-        )
-        .await?;
+    let entry = audit::entry(
+        app,
+        caller,
+        Some(account),
+        AuditAction::TokenRevoked,
+        AuditTarget::new(TargetKind::Token, token_id),
+        serde_json::json!({}),
+    );
+    let change = AuditedChange::RevokeToken {
+        account: account.clone(),
+        token_id: token_id.to_owned(),
+        at: app.clock.now(),
+    };
+    audit::change(app, change, &[entry]).await?;
     access.forget_account_tokens(account);
     Ok(())
 }
@@ -109,12 +126,25 @@ pub async fn revoke_all(
     app: &App,
     access: &Access,
     account: &AccountId,
+    caller: &Caller,
 ) -> ServiceResult<Timestamp> {
     if app.store.get_account(account).await?.is_none() {
         return Err(ServiceError::NotFound("account"));
     }
     let now = app.clock.now();
-    app.store.revoke_account_tokens(account, now).await?;
+    let entry = audit::entry(
+        app,
+        caller,
+        Some(account),
+        AuditAction::TokensRevoked,
+        AuditTarget::new(TargetKind::Account, account),
+        serde_json::json!({ "tokens_revoked_before": now.to_rfc3339() }),
+    );
+    let change = AuditedChange::RevokeAccountTokens {
+        account: account.clone(),
+        before: now,
+    };
+    audit::change(app, change, &[entry]).await?;
     access.forget_account_tokens(account);
     Ok(now)
 }

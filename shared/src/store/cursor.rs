@@ -1,5 +1,6 @@
-//! Page cursors of the delivery log: the created time and id of the last delivery a page
-//! returned (or examined), opaque to clients. Both stores and the API read them here.
+//! Page cursors of the delivery log and the audit log: the time and id of the last delivery
+//! (or entry) a page returned (or examined), opaque to clients. Both stores and the API read
+//! them here.
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine};
 

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use crate::{
     clock::Timestamp,
     domain::{
-        Account, AccountId, ApiKey, ApiKeyId, Attempt, Decision, Delivery, DeliveryId,
+        Account, AccountId, ApiKey, ApiKeyId, Attempt, AuditEntry, Decision, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
     },
 };
@@ -280,6 +280,34 @@ pub struct ReplayOutcome {
     pub queued: Vec<PendingRef>,
 }
 
+/// A change written together with its audit entries (`Store::audited_change`).
+#[derive(Debug, Clone)]
+pub enum AuditedChange {
+    /// As `Store::create_account`.
+    CreateAccount(Account),
+    /// As `Store::update_account`.
+    UpdateAccount(Account),
+    /// As `Store::create_endpoint`.
+    CreateEndpoint(Endpoint),
+    /// As `Store::update_endpoint`.
+    UpdateEndpoint(Endpoint),
+    /// As `Store::create_api_key`.
+    CreateApiKey(ApiKey),
+    /// As `Store::revoke_token`.
+    RevokeToken {
+        account: AccountId,
+        token_id: String,
+        at: Timestamp,
+    },
+    /// As `Store::revoke_account_tokens`.
+    RevokeAccountTokens {
+        account: AccountId,
+        before: Timestamp,
+    },
+    /// As `Store::put_setting`.
+    PutSetting { key: String, value: String },
+}
+
 /// What is revoked of one account token (`Store::token_revocation`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenRevocation {
@@ -456,6 +484,24 @@ store_port! { $
         -> StoreResult<()>;
     /// What is revoked of the account's token `token_id`, read strongly consistently.
     async fn token_revocation(&self, token: &TokenRef) -> StoreResult<TokenRevocation>;
+
+    /// Makes `change` and appends `entries` to the audit log as one: in one transaction on
+    /// SQLite (a failure of either writes neither); on DynamoDB the change, then the entries
+    /// (a change that fails writes no entry).
+    async fn audited_change(&self, change: &AuditedChange, entries: &[AuditEntry])
+        -> StoreResult<()>;
+    /// Appends an entry to the audit log (its id is new: an entry of the same id is a
+    /// conflict).
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
+    /// An account's audit log (`None`: the operator's, of changes over no one account),
+    /// newest first by (`at`, `id`), a page of at most `limit` (1 to 500), after `cursor`
+    /// ([`cursor`] of the last entry of the previous page, as the delivery log's).
+    async fn list_audit(
+        &self,
+        account: Option<&AccountId>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Page<AuditEntry>>;
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
     /// Stores the value, replacing any.

@@ -21,6 +21,11 @@ use hooklane::{
     },
 };
 
+// The audit log's checks live in a file of their own; the suite's macro names them here.
+pub use crate::audit_contract::{
+    audit_log_is_listed_per_account_newest_first_in_pages,
+    audited_changes_are_written_with_their_entries,
+};
 use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
     publish_one, t0,
@@ -1642,6 +1647,8 @@ macro_rules! store_contract_tests {
             erase_event_removes_the_content_and_keeps_the_log,
             api_keys_are_kept_listed_and_revoked,
             token_revocations_are_kept_per_account,
+            audit_log_is_listed_per_account_newest_first_in_pages,
+            audited_changes_are_written_with_their_entries,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -8,6 +8,7 @@
 //! they are written once. The contract suites run from the core's integration tests.
 
 pub mod app;
+pub mod audit_contract;
 pub mod contract;
 #[cfg(all(test, feature = "aws"))]
 mod cost;

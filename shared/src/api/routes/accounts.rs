@@ -48,6 +48,7 @@ impl PublishRateLimit {
 )]
 pub async fn create_account(
     State(state): State<ApiState>,
+    caller: Caller,
     JsonBody(body): JsonBody<CreateAccount>,
 ) -> ApiResult<Response> {
     let account = accounts::create(
@@ -61,6 +62,7 @@ pub async fn create_account(
                 .map(PublishRateLimit::checked)
                 .transpose()?,
         },
+        &caller,
     )
     .await?;
     Ok((StatusCode::CREATED, Json(AccountView::from(&account))).into_response())
@@ -109,6 +111,7 @@ pub struct UpdateAccount {
 pub async fn update_account(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
+    caller: Caller,
     JsonBody(body): JsonBody<UpdateAccount>,
 ) -> ApiResult<Response> {
     let publish_rate_limit = match body.publish_rate_limit {
@@ -124,6 +127,7 @@ pub async fn update_account(
             owner_email: body.owner_email,
             publish_rate_limit,
         },
+        &caller,
     )
     .await?;
     Ok(Json(AccountView::from(&account)).into_response())

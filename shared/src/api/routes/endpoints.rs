@@ -43,6 +43,7 @@ pub struct CreateEndpoint {
 pub async fn create_endpoint(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
+    caller: Caller,
     JsonBody(body): JsonBody<CreateEndpoint>,
 ) -> ApiResult<Response> {
     let endpoint = endpoints::create(
@@ -56,6 +57,7 @@ pub async fn create_endpoint(
             rate_limit_per_second: body.rate_limit_per_second,
             secret: body.secret,
         },
+        &caller,
     )
     .await?;
     Ok((StatusCode::CREATED, Json(EndpointView::from(&endpoint))).into_response())
@@ -132,6 +134,7 @@ pub struct UpdateEndpoint {
 pub async fn update_endpoint(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    caller: Caller,
     JsonBody(body): JsonBody<UpdateEndpoint>,
 ) -> ApiResult<Response> {
     let endpoint = endpoints::update(
@@ -145,6 +148,7 @@ pub async fn update_endpoint(
             max_in_flight: body.max_in_flight,
             rate_limit_per_second: body.rate_limit_per_second,
         },
+        &caller,
     )
     .await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
@@ -162,8 +166,9 @@ pub async fn update_endpoint(
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    endpoints::delete(&state.app, &account, &endpoint).await?;
+    endpoints::delete(&state.app, &account, &endpoint, &caller).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -179,8 +184,9 @@ pub async fn delete_endpoint(
 pub async fn enable_endpoint(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    let endpoint = endpoints::enable(&state.app, &account, &endpoint).await?;
+    let endpoint = endpoints::enable(&state.app, &account, &endpoint, &caller).await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
@@ -196,8 +202,9 @@ pub async fn enable_endpoint(
 pub async fn disable_endpoint(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    let endpoint = endpoints::disable(&state.app, &account, &endpoint).await?;
+    let endpoint = endpoints::disable(&state.app, &account, &endpoint, &caller).await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())
 }
 
@@ -223,6 +230,7 @@ pub struct RotateSecret {
 pub async fn rotate_secret(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    caller: Caller,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     // The body is optional: an empty POST (or `null`) rotates with the default grace period.
@@ -244,6 +252,7 @@ pub async fn rotate_secret(
         &account,
         &endpoint,
         Duration::from_secs(grace_secs),
+        &caller,
     )
     .await?;
     Ok(Json(EndpointView::from(&endpoint)).into_response())

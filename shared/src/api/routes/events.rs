@@ -139,7 +139,8 @@ pub async fn get_event(
 pub async fn erase_event(
     State(state): State<ApiState>,
     ScopedId(account, event): ScopedId<EventId>,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    let erasure = publish::erase(&state.app, &account, &event).await?;
+    let erasure = publish::erase(&state.app, &account, &event, &caller).await?;
     Ok(Json(EventView::new(&erasure.event, &erasure.deliveries)).into_response())
 }

@@ -42,7 +42,7 @@ pub struct CreateKey {
 )]
 pub async fn create_key(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
+    caller: Caller,
     JsonBody(body): JsonBody<CreateKey>,
 ) -> ApiResult<Response> {
     let expires_at = body
@@ -58,7 +58,7 @@ pub async fn create_key(
             accounts: body.accounts,
             expires_at,
         },
-        principal.actor(),
+        &caller,
     )
     .await?;
     Ok((StatusCode::CREATED, Json(NewKeyView::from(&minted))).into_response())
@@ -92,9 +92,10 @@ pub async fn list_keys(State(state): State<ApiState>) -> ApiResult<Response> {
 )]
 pub async fn revoke_key(
     State(state): State<ApiState>,
+    caller: Caller,
     Path(raw): Path<String>,
 ) -> ApiResult<Response> {
     let id = ApiKeyId::parse(&raw).ok_or_else(|| ApiError::not_found("key"))?;
-    let key = keys::revoke(&state.app, &state.access, &id).await?;
+    let key = keys::revoke(&state.app, &state.access, &id, &caller).await?;
     Ok(Json(KeyView::from(&key)).into_response())
 }

@@ -30,13 +30,14 @@ use super::{
 };
 use crate::{
     domain::{
-        AccountId, Delivery, DeliveryId, DeliveryStatus, EndpointId, EventId, EventType,
+        AccountId, Caller, Delivery, DeliveryId, DeliveryStatus, EndpointId, EventId, EventType,
         ReplayFilter, ReplayId,
     },
     store::{cursor, DeliveryQuery},
 };
 
 mod accounts;
+mod audit;
 mod deliveries;
 mod endpoints;
 mod events;
@@ -45,6 +46,7 @@ mod replays;
 mod tokens;
 
 pub use accounts::*;
+pub use audit::*;
 pub use deliveries::*;
 pub use endpoints::*;
 pub use events::*;

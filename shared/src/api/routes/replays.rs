@@ -14,11 +14,10 @@ use crate::service::replay;
 )]
 pub async fn replay_delivery(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
     ScopedId(account, delivery): ScopedId<DeliveryId>,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    let replay =
-        replay::replay_delivery(&state.app, &account, &delivery, principal.actor()).await?;
+    let replay = replay::replay_delivery(&state.app, &account, &delivery, &caller).await?;
     Ok((StatusCode::ACCEPTED, Json(ReplayView::from(&replay))).into_response())
 }
 
@@ -51,8 +50,8 @@ pub struct BulkReplay {
 )]
 pub async fn replay_endpoint(
     State(state): State<ApiState>,
-    Extension(principal): Extension<Principal>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    caller: Caller,
     JsonBody(body): JsonBody<BulkReplay>,
 ) -> ApiResult<Response> {
     let since = parse_time("since", &body.since)?;
@@ -92,8 +91,7 @@ pub async fn replay_endpoint(
         })
         .collect::<ApiResult<Vec<_>>>()?;
     let filter = ReplayFilter::bulk(since, until, statuses, event_types)?;
-    let replay =
-        replay::replay_endpoint(&state.app, &account, &endpoint, filter, principal.actor()).await?;
+    let replay = replay::replay_endpoint(&state.app, &account, &endpoint, filter, &caller).await?;
     Ok((StatusCode::ACCEPTED, Json(ReplayView::from(&replay))).into_response())
 }
 

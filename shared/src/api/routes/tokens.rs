@@ -26,12 +26,13 @@ pub struct CreateToken {
 pub async fn create_token(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
+    caller: Caller,
     JsonBody(body): JsonBody<CreateToken>,
 ) -> ApiResult<Response> {
     let ttl = body
         .ttl_seconds
         .map_or(tokens::DEFAULT_TTL, Duration::from_secs);
-    let minted = tokens::mint(&state.app, state.access.token_key(), &account, ttl).await?;
+    let minted = tokens::mint(&state.app, state.access.token_key(), &account, ttl, &caller).await?;
     Ok((StatusCode::CREATED, Json(TokenView::from(&minted))).into_response())
 }
 
@@ -71,8 +72,9 @@ impl PathId for TokenId {
 pub async fn revoke_token(
     State(state): State<ApiState>,
     ScopedId(account, TokenId(token)): ScopedId<TokenId>,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    tokens::revoke(&state.app, &state.access, &account, &token).await?;
+    tokens::revoke(&state.app, &state.access, &account, &token, &caller).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -88,8 +90,9 @@ pub async fn revoke_token(
 pub async fn revoke_tokens(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
+    caller: Caller,
 ) -> ApiResult<Response> {
-    let before = tokens::revoke_all(&state.app, &state.access, &account).await?;
+    let before = tokens::revoke_all(&state.app, &state.access, &account, &caller).await?;
     Ok(Json(TokensRevokedView {
         account_id: account.as_str(),
         tokens_revoked_before: before,
@@ -105,10 +108,13 @@ pub async fn revoke_tokens(
     summary = "Replaces the admin token with a new one, shown once; the old one is refused at once.",
     responses((status = 201, description = "The new admin token (409: it is set by the configuration instead)", body = AdminTokenView), ReadErrors),
 )]
-pub async fn rotate_admin_token(State(state): State<ApiState>) -> ApiResult<Response> {
+pub async fn rotate_admin_token(
+    State(state): State<ApiState>,
+    caller: Caller,
+) -> ApiResult<Response> {
     let token = state
         .access
-        .rotate_admin_token()
+        .rotate_admin_token(&caller)
         .await
         .map_err(|e| match e {
             crate::service::access::RotateError::Configured => {

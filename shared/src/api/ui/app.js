@@ -7,6 +7,7 @@ const state = {
   account: null,
   endpoints: new Map(),
   cursor: null,
+  auditCursor: null,
   selected: null,
   poll: null,
 };
@@ -93,7 +94,7 @@ async function signIn(token, accountInput) {
   $("sign-in").hidden = true;
   $("app").hidden = false;
   $("sign-out").hidden = false;
-  await Promise.all([loadEndpoints(), loadDeliveries(), loadReplays()]);
+  await Promise.all([loadEndpoints(), loadDeliveries(), loadReplays(), loadAudit()]);
 }
 
 function signOut() {
@@ -313,7 +314,7 @@ async function replaySelected() {
   try {
     await api(accountPath(`/deliveries/${encodeURIComponent(id)}/replay`), { method: "POST" });
     notify("Replay requested: the delivery is pending again.");
-    await Promise.all([showDelivery(id), refreshLog(), loadReplays()]);
+    await Promise.all([showDelivery(id), refreshLog(), loadReplays(), loadAudit()]);
     followDelivery(id);
   } catch (error) {
     notify(`Replay refused: ${error.message}`, true);
@@ -369,7 +370,7 @@ async function submitBulk(event) {
     const replay = await api(accountPath(`/endpoints/${encodeURIComponent(bulkEndpoint.id)}/replay`), { method: "POST", body });
     const noun = replay.count === 1 ? "delivery" : "deliveries";
     notify(`${replay.count} ${noun} queued again${replay.more ? "; more match: resend again to continue" : ""}.`);
-    await Promise.all([refreshLog(), loadReplays()]);
+    await Promise.all([refreshLog(), loadReplays(), loadAudit()]);
   } catch (error) {
     notify(`Resend refused: ${error.message}`, true);
   }
@@ -397,6 +398,39 @@ async function loadReplays() {
     el("td", { text: `${r.count}${r.more ? " (more match)" : ""}` }),
   )));
   $("replays-empty").hidden = page.data.length > 0;
+}
+
+// --- audit log --------------------------------------------------------------------------
+
+function actorLabel(actor) {
+  return actor.id ? `${actor.type} ${actor.id}` : actor.type;
+}
+
+function detailsLabel(details) {
+  return Object.entries(details)
+    .map(([key, value]) => `${key}: ${typeof value === "string" ? value : JSON.stringify(value)}`)
+    .join(" · ") || "—";
+}
+
+// A page of the account's audit log, newest first; `more` appends the next page.
+async function loadAudit(more = false) {
+  const params = new URLSearchParams({ limit: "20" });
+  if (more && state.auditCursor) params.set("cursor", state.auditCursor);
+  const page = await api(`${accountPath("/audit")}?${params}`);
+  const rows = page.data.map((e) => el("tr", {},
+    el("td", { text: formatTime(e.at) }),
+    el("td", { class: "mono", text: actorLabel(e.actor) }),
+    el("td", { class: "mono", text: e.address || "—" }),
+    el("td", { class: "mono", text: e.action }),
+    el("td", { class: "mono", text: `${e.target.type} ${e.target.id}` }),
+    el("td", { text: detailsLabel(e.details) }),
+  ));
+  const body = $("audit").tBodies[0];
+  if (more) body.append(...rows);
+  else body.replaceChildren(...rows);
+  state.auditCursor = page.next_cursor || null;
+  $("audit-more").hidden = !state.auditCursor;
+  $("audit-empty").hidden = body.rows.length > 0;
 }
 
 // --- wiring -----------------------------------------------------------------------------
@@ -442,6 +476,8 @@ document.addEventListener("DOMContentLoaded", () => {
     $("detail").hidden = true;
   });
   $("refresh-replays").addEventListener("click", guarded(loadReplays));
+  $("refresh-audit").addEventListener("click", guarded(() => loadAudit()));
+  $("audit-more").addEventListener("click", guarded(() => loadAudit(true)));
   $("bulk-form").addEventListener("submit", guarded(submitBulk));
 
   const saved = sessionStorage.getItem("hooklane.token");

@@ -338,7 +338,11 @@ impl Local {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), LocalError> {
-        let served = axum::serve(self.listener, self.router)
+        // With the peer's address, which the audit log records of each change.
+        let router = self
+            .router
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let served = axum::serve(self.listener, router)
             .with_graceful_shutdown(shutdown)
             .await;
         tracing::info!("shutting down: finishing the work in hand");

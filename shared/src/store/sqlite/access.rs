@@ -55,39 +55,7 @@ fn get_key(conn: &Connection, id: &str) -> StoreResult<Option<ApiKey>> {
 impl SqliteStore {
     pub(super) async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()> {
         let key = key.clone();
-        self.run(move |conn| {
-            let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
-            let accounts = key.accounts.as_ref().map(|ids| {
-                serde_json::to_string(&ids.iter().map(AccountId::as_str).collect::<Vec<_>>())
-                    .unwrap_or_default()
-            });
-            conn.execute(
-                &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
-                params![
-                    key.id.as_str(),
-                    key.name,
-                    scopes.join(" "),
-                    accounts,
-                    key.secret_sha256,
-                    to_millis(key.created_at),
-                    key.created_by,
-                    opt_millis(key.expires_at),
-                    opt_millis(key.revoked_at),
-                ],
-            )
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::Conflict {
-                        entity: "api key",
-                        id: key.id.to_string(),
-                    }
-                } else {
-                    backend(e)
-                }
-            })?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| insert_api_key(conn, &key)).await
     }
 
     pub(super) async fn get_api_key(&self, id: &ApiKeyId) -> StoreResult<Option<ApiKey>> {
@@ -125,15 +93,8 @@ impl SqliteStore {
 
     pub(super) async fn revoke_token(&self, token: &TokenRef, at: Timestamp) -> StoreResult<()> {
         let TokenRef { account, token_id } = token.clone();
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT OR IGNORE INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3)",
-                params![account.as_str(), token_id, to_millis(at)],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| insert_token_revocation(conn, &account, &token_id, at))
+            .await
     }
 
     pub(super) async fn revoke_account_tokens(
@@ -142,16 +103,8 @@ impl SqliteStore {
         before: Timestamp,
     ) -> StoreResult<()> {
         let account = account.clone();
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (account_id, token_id) DO UPDATE SET revoked_at = MAX(revoked_at, excluded.revoked_at)",
-                params![account.as_str(), EVERY_TOKEN, to_millis(before)],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| revoke_tokens_before(conn, &account, before))
+            .await
     }
 
     pub(super) async fn token_revocation(&self, token: &TokenRef) -> StoreResult<TokenRevocation> {
@@ -181,4 +134,70 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// The write of `create_api_key`, on the store thread; `audited_change` runs it too.
+pub(super) fn insert_api_key(conn: &Connection, key: &ApiKey) -> StoreResult<()> {
+    let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
+    let accounts = key.accounts.as_ref().map(|ids| {
+        serde_json::to_string(&ids.iter().map(AccountId::as_str).collect::<Vec<_>>())
+            .unwrap_or_default()
+    });
+    conn.execute(
+        &format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+        ),
+        params![
+            key.id.as_str(),
+            key.name,
+            scopes.join(" "),
+            accounts,
+            key.secret_sha256,
+            to_millis(key.created_at),
+            key.created_by,
+            opt_millis(key.expires_at),
+            opt_millis(key.revoked_at),
+        ],
+    )
+    .map_err(|e| {
+        if is_unique_violation(&e) {
+            StoreError::Conflict {
+                entity: "api key",
+                id: key.id.to_string(),
+            }
+        } else {
+            backend(e)
+        }
+    })?;
+    Ok(())
+}
+
+/// The write of `revoke_token`; `audited_change` runs it too.
+pub(super) fn insert_token_revocation(
+    conn: &Connection,
+    account: &AccountId,
+    token_id: &str,
+    at: Timestamp,
+) -> StoreResult<()> {
+    conn.execute(
+        "INSERT OR IGNORE INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3)",
+        params![account.as_str(), token_id, to_millis(at)],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// The write of `revoke_account_tokens`; `audited_change` runs it too.
+pub(super) fn revoke_tokens_before(
+    conn: &Connection,
+    account: &AccountId,
+    before: Timestamp,
+) -> StoreResult<()> {
+    conn.execute(
+        "INSERT INTO token_revocations (account_id, token_id, revoked_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (account_id, token_id) DO UPDATE SET revoked_at = MAX(revoked_at, excluded.revoked_at)",
+        params![account.as_str(), EVERY_TOKEN, to_millis(before)],
+    )
+    .map_err(backend)?;
+    Ok(())
 }

@@ -7,32 +7,7 @@ use super::*;
 impl SqliteStore {
     pub(super) async fn create_account(&self, account: &Account) -> StoreResult<()> {
         let account = account.clone();
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT INTO accounts (id, name, owner_email, created_at, publish_rate, publish_burst) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    account.id.as_str(),
-                    account.name,
-                    account.owner_email.as_str(),
-                    to_millis(account.created_at),
-                    account.publish_rate_limit.map(|r| r.per_second),
-                    account.publish_rate_limit.map(|r| r.burst),
-                ],
-            )
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::Conflict {
-                        entity: "account",
-                        id: account.id.to_string(),
-                    }
-                } else {
-                    backend(e)
-                }
-            })?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| insert_account(conn, &account)).await
     }
 
     pub(super) async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
@@ -52,46 +27,14 @@ impl SqliteStore {
 
     pub(super) async fn update_account(&self, account: &Account) -> StoreResult<()> {
         let account = account.clone();
-        self.run(move |conn| {
-            let changed = conn
-                .execute(
-                    "UPDATE accounts SET name = ?2, owner_email = ?3, publish_rate = ?4, publish_burst = ?5 \
-                     WHERE id = ?1",
-                    params![
-                        account.id.as_str(),
-                        account.name,
-                        account.owner_email.as_str(),
-                        account.publish_rate_limit.map(|r| r.per_second),
-                        account.publish_rate_limit.map(|r| r.burst),
-                    ],
-                )
-                .map_err(backend)?;
-            if changed == 0 {
-                return Err(StoreError::NotFound("account"));
-            }
-            Ok(())
-        })
-        .await
+        self.run(move |conn| rewrite_account(conn, &account)).await
     }
 
-    pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        let e = endpoint.clone();
+    pub(super) async fn create_endpoint(&self, e: &Endpoint) -> StoreResult<()> {
+        let e = e.clone();
         let sealed = sealed_secrets(&e, &self.secrets)?;
-        self.run(move |conn| {
-            conn.execute(
-                &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
-                endpoint_row(&e, &sealed),
-            )
-            .map_err(|err| {
-                if is_unique_violation(&err) {
-                    StoreError::Conflict { entity: "endpoint", id: e.id.to_string() }
-                } else {
-                    backend(err)
-                }
-            })?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| insert_endpoint(conn, &e, &sealed))
+            .await
     }
 
     pub(super) async fn get_endpoint(
@@ -128,25 +71,11 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        let e = endpoint.clone();
+    pub(super) async fn update_endpoint(&self, e: &Endpoint) -> StoreResult<()> {
+        let e = e.clone();
         let sealed = sealed_secrets(&e, &self.secrets)?;
-        self.run(move |conn| {
-            // The values an insert binds; `?14`, the creation time, is left as it is.
-            let changed = conn
-                .execute(
-                    "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
-                     status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
-                     disabled_reason = ?13, updated_at = ?15 WHERE id = ?1 AND account_id = ?2",
-                    endpoint_row(&e, &sealed),
-                )
-                .map_err(backend)?;
-            if changed == 0 {
-                return Err(StoreError::NotFound("endpoint"));
-            }
-            Ok(())
-        })
-        .await
+        self.run(move |conn| rewrite_endpoint(conn, &e, &sealed))
+            .await
     }
 
     pub(super) async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool> {
@@ -317,14 +246,106 @@ impl SqliteStore {
 
     pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
         let (key, value) = (key.to_owned(), value.to_owned());
-        self.run(move |conn| {
-            conn.execute(
-                "INSERT OR REPLACE INTO settings (key, value) VALUES (?1, ?2)",
-                params![key, value],
+        self.run(move |conn| write_setting(conn, &key, &value))
+            .await
+    }
+}
+
+/// The write of `create_account`, on the store thread; `audited_change` runs it too.
+pub(super) fn insert_account(conn: &Connection, account: &Account) -> StoreResult<()> {
+    conn.execute(
+        "INSERT INTO accounts (id, name, owner_email, created_at, publish_rate, publish_burst) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            account.id.as_str(),
+            account.name,
+            account.owner_email.as_str(),
+            to_millis(account.created_at),
+            account.publish_rate_limit.map(|r| r.per_second),
+            account.publish_rate_limit.map(|r| r.burst),
+        ],
+    )
+    .map_err(|e| {
+        if is_unique_violation(&e) {
+            StoreError::Conflict {
+                entity: "account",
+                id: account.id.to_string(),
+            }
+        } else {
+            backend(e)
+        }
+    })?;
+    Ok(())
+}
+
+/// The write of `update_account`.
+pub(super) fn rewrite_account(conn: &Connection, account: &Account) -> StoreResult<()> {
+    let changed = conn
+            .execute(
+                "UPDATE accounts SET name = ?2, owner_email = ?3, publish_rate = ?4, publish_burst = ?5 \
+                 WHERE id = ?1",
+                params![
+                    account.id.as_str(),
+                    account.name,
+                    account.owner_email.as_str(),
+                    account.publish_rate_limit.map(|r| r.per_second),
+                    account.publish_rate_limit.map(|r| r.burst),
+                ],
             )
             .map_err(backend)?;
-            Ok(())
-        })
-        .await
+    if changed == 0 {
+        return Err(StoreError::NotFound("account"));
     }
+    Ok(())
+}
+
+/// The write of `create_endpoint`.
+pub(super) fn insert_endpoint(
+    conn: &Connection,
+    e: &Endpoint,
+    sealed: &(String, Option<String>),
+) -> StoreResult<()> {
+    conn.execute(
+            &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+            endpoint_row(e, sealed),
+        )
+        .map_err(|err| {
+            if is_unique_violation(&err) {
+                StoreError::Conflict { entity: "endpoint", id: e.id.to_string() }
+            } else {
+                backend(err)
+            }
+        })?;
+    Ok(())
+}
+
+/// The write of `update_endpoint`.
+pub(super) fn rewrite_endpoint(
+    conn: &Connection,
+    e: &Endpoint,
+    sealed: &(String, Option<String>),
+) -> StoreResult<()> {
+    // The values an insert binds; `?14`, the creation time, is left as it is.
+    let changed = conn
+            .execute(
+                "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
+                 status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
+                 disabled_reason = ?13, updated_at = ?15 WHERE id = ?1 AND account_id = ?2",
+                endpoint_row(e, sealed),
+            )
+            .map_err(backend)?;
+    if changed == 0 {
+        return Err(StoreError::NotFound("endpoint"));
+    }
+    Ok(())
+}
+
+/// The write of `put_setting`; `audited_change` runs it too.
+pub(super) fn write_setting(conn: &Connection, key: &str, value: &str) -> StoreResult<()> {
+    conn.execute(
+        "INSERT OR REPLACE INTO settings (key, value) VALUES (?1, ?2)",
+        params![key, value],
+    )
+    .map_err(backend)?;
+    Ok(())
 }

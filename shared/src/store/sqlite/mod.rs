@@ -27,6 +27,7 @@ use crate::{
 
 mod access;
 mod accounts;
+mod audit;
 mod deliveries;
 mod events;
 mod fresh;

@@ -92,6 +92,18 @@ CREATE TABLE IF NOT EXISTS api_keys (
   expires_at INTEGER,
   revoked_at INTEGER
 );
+CREATE TABLE IF NOT EXISTS audit_log (
+  id TEXT PRIMARY KEY,
+  account_id TEXT NOT NULL,
+  at INTEGER NOT NULL,
+  actor TEXT NOT NULL,
+  action TEXT NOT NULL,
+  target_kind TEXT NOT NULL,
+  target_id TEXT NOT NULL,
+  address TEXT,
+  details TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_account ON audit_log(account_id, at DESC, id DESC);
 CREATE TABLE IF NOT EXISTS token_revocations (
   account_id TEXT NOT NULL,
   token_id TEXT NOT NULL,

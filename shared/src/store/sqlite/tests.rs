@@ -392,3 +392,43 @@ fn the_window_reads_pending_rows_in_due_order_from_their_indexes() {
         assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
     }
 }
+
+/// An audited change and its entry are one transaction: an entry that cannot be written
+/// (its id is taken) takes the change back with it.
+#[tokio::test]
+async fn an_audited_change_stands_or_falls_with_its_entry() {
+    use crate::{
+        domain::{AuditAction, AuditEntry, AuditTarget, Caller, TargetKind},
+        fixtures::{account, endpoint, t0},
+        store::AuditedChange,
+    };
+    let store = SqliteStore::in_memory().unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    let entry = AuditEntry::new(
+        Some(ep.account_id.clone()),
+        t0(),
+        &Caller::system(),
+        AuditAction::EndpointCreated,
+        AuditTarget::new(TargetKind::Endpoint, &ep.id),
+        serde_json::Map::new(),
+    );
+    store.append_audit(&entry).await.unwrap();
+    let refused = store
+        .audited_change(&AuditedChange::CreateEndpoint(ep.clone()), &[entry])
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Conflict {
+                entity: "audit entry",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
+        None
+    );
+}
