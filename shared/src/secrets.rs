@@ -267,6 +267,34 @@ impl SecretsCipher {
         }
     }
 
+    /// An endpoint's stored secrets (current, retiring) sealed under the current key, or
+    /// `None` when they already are. Every value is opened either way, so a walk over a
+    /// store checks that the configured keys open all of it.
+    pub fn reseal(
+        &self,
+        stored: (&str, Option<&str>),
+        account: &AccountId,
+        endpoint: &EndpointId,
+    ) -> Result<Option<(String, Option<String>)>, SecretsError> {
+        let (secret, retiring) = stored;
+        let opened = (
+            self.open(secret, account, endpoint)?,
+            retiring
+                .map(|r| self.open(r, account, endpoint))
+                .transpose()?,
+        );
+        if !self.needs_reseal(secret) && !retiring.is_some_and(|r| self.needs_reseal(r)) {
+            return Ok(None);
+        }
+        Ok(Some((
+            self.seal(&opened.0, account, endpoint)?,
+            opened
+                .1
+                .map(|plain| self.seal(&plain, account, endpoint))
+                .transpose()?,
+        )))
+    }
+
     fn keys(&self) -> impl Iterator<Item = &Key> {
         std::iter::once(&self.inner.current).chain(self.inner.previous.as_ref())
     }

@@ -114,11 +114,20 @@ async fn erase_scenario(server: &Server, farm: &Farm) {
     let (status, read) = server.get("/v1/accounts/acme/events/evt_card").await;
     assert_eq!(status, 200, "{read}");
     assert_eq!(read, erased, "a read shows what the erasure answered");
-    for delivery in [&ok_delivery, &down_delivery] {
+    // On a slow machine the failing endpoint's one-second retry may have run before the
+    // erasure: its attempts are the tries the farm saw by then (one still in flight at the
+    // erasure is not recorded).
+    for (delivery, tries) in [(&ok_delivery, 1), (&down_delivery, tries_at_erasure)] {
         let attempts = attempts(server, "acme", delivery).await;
-        assert_eq!(attempts.len(), 1, "the attempt stays in the log");
-        assert_eq!(attempts[0]["response_body"], "", "{attempts:?}");
-        assert!(attempts[0]["status_code"].is_u64());
+        assert!(
+            (1..=tries).contains(&attempts.len()),
+            "the attempts stay in the log: {} of {tries}",
+            attempts.len()
+        );
+        for attempt in &attempts {
+            assert_eq!(attempt["response_body"], "", "{attempts:?}");
+            assert!(attempt["status_code"].is_u64());
+        }
     }
     let (_, kept_read) = server
         .get(&format!("/v1/accounts/acme/events/{kept_id}"))

@@ -237,17 +237,14 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
 
     let prefix = settings.tables.prefix().to_owned();
     // The new key without the old one: the first secret stops it, naming the key.
+    let rotated = [
+        ("HOOKLANE_SECRETS_KEY", new.as_str()),
+        ("HOOKLANE_SECRETS_KEY_PREVIOUS", old.as_str()),
+    ];
     let (code, _, stderr) = reseal(&prefix, &[("HOOKLANE_SECRETS_KEY", &new)]).await;
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains(&key_id(&OLD)), "{stderr}");
-    let (code, stdout, stderr) = reseal(
-        &prefix,
-        &[
-            ("HOOKLANE_SECRETS_KEY", &new),
-            ("HOOKLANE_SECRETS_KEY_PREVIOUS", &old),
-        ],
-    )
-    .await;
+    let (code, stdout, stderr) = reseal(&prefix, &rotated).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.contains("examined 2 endpoint(s); re-sealed 2"),
@@ -263,14 +260,7 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
         scan.matches(&format!("enc:v1:{}:", key_id(&NEW))).count(),
         3
     );
-    let (code, stdout, stderr) = reseal(
-        &prefix,
-        &[
-            ("HOOKLANE_SECRETS_KEY", &new),
-            ("HOOKLANE_SECRETS_KEY_PREVIOUS", &old),
-        ],
-    )
-    .await;
+    let (code, stdout, stderr) = reseal(&prefix, &rotated).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("re-sealed 0"), "{stdout}");
     println!("secrets e2e: {stdout}");

@@ -64,29 +64,13 @@ pub async fn record(
     target: AuditTarget,
     details: Map<String, Value>,
 ) -> ServiceResult<()> {
-    append(
-        app.store.as_ref(),
-        app.clock.now(),
-        caller,
-        account,
-        action,
-        target,
-        details,
-    )
-    .await
+    let entry = self::entry(app, caller, account, action, target, Value::Object(details));
+    append(app.store.as_ref(), entry).await
 }
 
-/// [`record`] for the callers that hold a store and a time rather than an [`App`].
-pub async fn append(
-    store: &dyn Store,
-    at: crate::clock::Timestamp,
-    caller: &Caller,
-    account: Option<&AccountId>,
-    action: AuditAction,
-    target: AuditTarget,
-    details: Map<String, Value>,
-) -> ServiceResult<()> {
-    let entry = AuditEntry::new(account.cloned(), at, caller, action, target, details);
+/// Writes an entry [`record`] made; an entry that cannot be written fails the request.
+async fn append(store: &dyn Store, entry: AuditEntry) -> ServiceResult<()> {
+    let action = entry.action;
     if let Err(error) = store.append_audit(&entry).await {
         tracing::error!(audit.action = %action, audit.target = %entry.target.id, %error, "the change was made but its audit entry was not written");
         return Err(error.into());
@@ -107,5 +91,9 @@ pub async fn list(
             return Err(super::ServiceError::NotFound("account"));
         }
     }
-    Ok(app.store.list_audit(account, cursor, limit).await?)
+    let page = crate::store::PageAfter {
+        after: cursor.map(str::to_owned),
+        limit,
+    };
+    Ok(app.store.list_audit(account, &page).await?)
 }

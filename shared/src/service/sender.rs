@@ -1075,7 +1075,9 @@ mod tests {
         use crate::store::dynamodb::{create_tables, TableNames};
 
         let cap = 4;
-        let receiver = slow_receiver(std::time::Duration::from_millis(400)).await;
+        // Long enough that the four attempts overlap even when the emulator answers slowly
+        // (a loaded machine): the concurrency assertion below needs them in flight together.
+        let receiver = slow_receiver(std::time::Duration::from_millis(1200)).await;
         let (app, _emulated, _) = aws_app(&receiver.url, cap).await;
         let account = AccountId::parse("acme").unwrap();
         let mut messages = Vec::new();

@@ -160,6 +160,13 @@ pub struct PageAfter<Id> {
     pub limit: u32,
 }
 
+impl<Id> PageAfter<Id> {
+    /// The first page, of at most `limit` items.
+    pub fn first(limit: u32) -> Self {
+        Self { after: None, limit }
+    }
+}
+
 /// One account token, by its account and id (tokens themselves are not stored).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRef {
@@ -499,8 +506,7 @@ store_port! { $
     async fn list_audit(
         &self,
         account: Option<&AccountId>,
-        cursor: Option<&str>,
-        limit: u32,
+        page: &PageAfter<String>,
     ) -> StoreResult<Page<AuditEntry>>;
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;

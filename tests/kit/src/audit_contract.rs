@@ -11,7 +11,7 @@ use hooklane::{
     domain::{
         AccountId, Actor, ApiKeyId, AuditAction, AuditEntry, AuditTarget, Caller, TargetKind,
     },
-    store::{cursor, Store, StoreError},
+    store::{cursor, PageAfter, Store, StoreError},
 };
 
 use crate::fixtures::{account, t0};
@@ -36,7 +36,13 @@ async fn read_all(store: &dyn Store, account: Option<&AccountId>, limit: u32) ->
     let mut after: Option<String> = None;
     loop {
         let page = store
-            .list_audit(account, after.as_deref(), limit)
+            .list_audit(
+                account,
+                &PageAfter {
+                    after: after.clone(),
+                    limit,
+                },
+            )
             .await
             .unwrap();
         assert!(page.items.len() <= limit as usize);
@@ -61,7 +67,7 @@ pub async fn audit_log_is_listed_per_account_newest_first_in_pages(store: &dyn S
     store.create_account(&account("acme")).await.unwrap();
     store.create_account(&account("beta")).await.unwrap();
     assert!(store
-        .list_audit(Some(&acme), None, 10)
+        .list_audit(Some(&acme), &PageAfter::first(10))
         .await
         .unwrap()
         .items
@@ -116,10 +122,16 @@ pub async fn audit_log_is_listed_per_account_newest_first_in_pages(store: &dyn S
             "limit {limit}"
         );
     }
-    let first = store.list_audit(Some(&acme), None, 2).await.unwrap();
+    let first = store
+        .list_audit(Some(&acme), &PageAfter::first(2))
+        .await
+        .unwrap();
     assert_eq!(first.items, expected[..2]);
     assert!(first.next_cursor.is_some());
-    let last = store.list_audit(Some(&acme), None, 5).await.unwrap();
+    let last = store
+        .list_audit(Some(&acme), &PageAfter::first(5))
+        .await
+        .unwrap();
     assert_eq!(
         last.next_cursor, None,
         "a page that ends the log has no cursor"
@@ -131,7 +143,7 @@ pub async fn audit_log_is_listed_per_account_newest_first_in_pages(store: &dyn S
     assert_eq!(read_all(store, None, 10).await, vec![written[6].clone()]);
     let nobody = AccountId::parse("nobody").unwrap();
     assert!(store
-        .list_audit(Some(&nobody), None, 10)
+        .list_audit(Some(&nobody), &PageAfter::first(10))
         .await
         .unwrap()
         .items

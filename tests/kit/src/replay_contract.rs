@@ -127,13 +127,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
         assert_eq!(d.next_trigger, Trigger::Scheduled, "{untouched}");
     }
     assert!(store
-        .pending_deliveries(
-            at(50),
-            &hooklane::store::PageAfter {
-                after: None,
-                limit: 100
-            }
-        )
+        .pending_deliveries(at(50), &hooklane::store::PageAfter::first(100))
         .await
         .expect("pending")
         .iter()

@@ -91,19 +91,30 @@ fn api_key_from_item(item: &Item) -> StoreResult<ApiKey> {
 
 impl DynamoStore {
     pub(super) async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()> {
+        self.put_new_control_item(api_key_item(key), "api key", key.id.as_str())
+            .await
+    }
+
+    /// Writes a new item of the control table; `Conflict` when its key is taken.
+    pub(super) async fn put_new_control_item(
+        &self,
+        item: Item,
+        entity: &'static str,
+        id: &str,
+    ) -> StoreResult<()> {
         let result = self
             .client
             .put_item()
             .table_name(&self.tables.control)
-            .set_item(Some(api_key_item(key)))
+            .set_item(Some(item))
             .condition_expression("attribute_not_exists(pk)")
             .send()
             .await;
         written(result)?
             .map(|_| ())
             .ok_or_else(|| StoreError::Conflict {
-                entity: "api key",
-                id: key.id.to_string(),
+                entity,
+                id: id.to_owned(),
             })
     }
 

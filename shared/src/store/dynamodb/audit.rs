@@ -111,29 +111,12 @@ impl DynamoStore {
         Ok(())
     }
 
-    pub(super) async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.control)
-            .set_item(Some(audit_item(entry)))
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await;
-        written(result)?
-            .map(|_| ())
-            .ok_or_else(|| StoreError::Conflict {
-                entity: "audit entry",
-                id: entry.id.to_string(),
-            })
-    }
-
     pub(super) async fn list_audit(
         &self,
         account: Option<&AccountId>,
-        cursor: Option<&str>,
-        limit: u32,
+        page: &PageAfter<String>,
     ) -> StoreResult<Page<AuditEntry>> {
+        let (cursor, limit) = (page.after.as_deref(), page.limit);
         let limit = limit.clamp(1, 500) as usize;
         let before = match cursor {
             Some(raw) => {
@@ -156,23 +139,7 @@ impl DynamoStore {
             .scan_index_forward(false);
         // One more than the page, to know whether another follows.
         let wanted = limit + 1;
-        let mut items = Vec::new();
-        let mut start: Option<Item> = None;
-        loop {
-            let left = i32::try_from(wanted - items.len()).unwrap_or(i32::MAX);
-            let out = request
-                .clone()
-                .limit(left)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(sdk)?;
-            items.extend(out.items.unwrap_or_default());
-            match out.last_evaluated_key {
-                Some(key) if !key.is_empty() && items.len() < wanted => start = Some(key),
-                _ => break,
-            }
-        }
+        let items = self.query_at_most(request, wanted).await?;
         let mut entries = items
             .iter()
             .map(audit_from_item)
@@ -189,5 +156,10 @@ impl DynamoStore {
             items: entries,
             next_cursor,
         })
+    }
+
+    pub(super) async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+        self.put_new_control_item(audit_item(entry), "audit entry", entry.id.as_str())
+            .await
     }
 }

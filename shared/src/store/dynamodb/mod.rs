@@ -286,18 +286,26 @@ impl DynamoStore {
         &self,
         request: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
     ) -> StoreResult<Vec<Item>> {
+        self.query_at_most(request, usize::MAX).await
+    }
+
+    /// The first `wanted` items of a query, page by page (each page asks for what is left).
+    async fn query_at_most(
+        &self,
+        request: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+        wanted: usize,
+    ) -> StoreResult<Vec<Item>> {
         let mut items = Vec::new();
         let mut start: Option<Item> = None;
         loop {
-            let out = request
-                .clone()
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(sdk)?;
+            let mut page = request.clone().set_exclusive_start_key(start.take());
+            if let Ok(left) = i32::try_from(wanted - items.len()) {
+                page = page.limit(left);
+            }
+            let out = page.send().await.map_err(sdk)?;
             items.extend(out.items.unwrap_or_default());
             match out.last_evaluated_key {
-                Some(key) if !key.is_empty() => start = Some(key),
+                Some(key) if !key.is_empty() && items.len() < wanted => start = Some(key),
                 _ => return Ok(items),
             }
         }

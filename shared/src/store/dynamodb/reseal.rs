@@ -50,23 +50,14 @@ impl DynamoStore {
                 let retiring = opt_s(&item, "retiring_secret");
                 // Every value is opened, re-sealed or not: the walk checks that the keys
                 // configured open every secret of the table.
-                let open = |stored: &str| {
-                    cipher.open(stored, &account, &id).map_err(|e| {
+                let resealed = cipher
+                    .reseal((&secret, retiring.as_deref()), &account, &id)
+                    .map_err(|e| {
                         StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
-                    })
-                };
-                let opened = (open(&secret)?, retiring.as_deref().map(open).transpose()?);
-                if !cipher.needs_reseal(&secret)
-                    && !retiring.as_deref().is_some_and(|r| cipher.needs_reseal(r))
-                {
+                    })?;
+                let Some((new_secret, new_retiring)) = resealed else {
                     continue;
-                }
-                let seal = |plain: &str| {
-                    cipher
-                        .seal(plain, &account, &id)
-                        .map_err(|e| StoreError::Backend(e.to_string()))
                 };
-                let new_secret = seal(&opened.0)?;
                 let mut update = self
                     .client
                     .update_item()
@@ -76,15 +67,15 @@ impl DynamoStore {
                     .expression_attribute_names("#deleted", DELETED_AT)
                     .expression_attribute_values(":old", s(secret.as_str()))
                     .expression_attribute_values(":new", s(new_secret));
-                update = match (&retiring, &opened.1) {
-                    (Some(old_retiring), Some(plain)) => update
+                update = match (&retiring, new_retiring) {
+                    (Some(old_retiring), Some(new_retiring)) => update
                         .update_expression("SET secret = :new, retiring_secret = :new_r")
                         .condition_expression(
                             "secret = :old AND retiring_secret = :old_r \
                              AND attribute_not_exists(#deleted)",
                         )
                         .expression_attribute_values(":old_r", s(old_retiring.as_str()))
-                        .expression_attribute_values(":new_r", s(seal(plain)?)),
+                        .expression_attribute_values(":new_r", s(new_retiring)),
                     _ => update
                         .update_expression("SET secret = :new")
                         .condition_expression(

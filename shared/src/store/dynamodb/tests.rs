@@ -50,13 +50,7 @@ async fn a_replay_whose_audit_record_cannot_be_written_changes_nothing() {
         DeliveryStatus::Failed
     );
     assert!(store
-        .list_replays(
-            &account,
-            &PageAfter {
-                after: None,
-                limit: 10
-            }
-        )
+        .list_replays(&account, &PageAfter::first(10))
         .await
         .unwrap()
         .items
@@ -152,13 +146,7 @@ async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
         (150, 150, false)
     );
     let listed = store
-        .list_replays(
-            &account,
-            &PageAfter {
-                after: None,
-                limit: 10,
-            },
-        )
+        .list_replays(&account, &PageAfter::first(10))
         .await
         .unwrap()
         .items;
@@ -328,13 +316,7 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
 
     // The sweep finds the lost one (and the retry once it is due).
     let swept = store
-        .pending_deliveries(
-            add(t0(), secs(10)),
-            &PageAfter {
-                after: None,
-                limit: 100,
-            },
-        )
+        .pending_deliveries(add(t0(), secs(10)), &PageAfter::first(100))
         .await
         .unwrap();
     assert_eq!(
@@ -349,13 +331,7 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     // within the margin: still found.
     let late = publish("evt_late", add(t0(), secs(5))).await;
     let swept = store
-        .pending_deliveries(
-            add(t0(), secs(100)),
-            &PageAfter {
-                after: None,
-                limit: 100,
-            },
-        )
+        .pending_deliveries(add(t0(), secs(100)), &PageAfter::first(100))
         .await
         .unwrap();
     let mut ids: Vec<&DeliveryId> = swept.iter().map(|r| &r.delivery_id).collect();

@@ -132,11 +132,13 @@ impl SqliteStore {
     pub(super) async fn list_audit(
         &self,
         account: Option<&AccountId>,
-        cursor: Option<&str>,
-        limit: u32,
+        page: &PageAfter<String>,
     ) -> StoreResult<Page<AuditEntry>> {
         let account = account.map_or(OPERATOR.to_owned(), |a| a.as_str().to_owned());
-        let after = cursor
+        let limit = page.limit;
+        let after = page
+            .after
+            .as_deref()
             .map(|raw| crate::store::cursor::decode(raw).ok_or(StoreError::NotFound("cursor")))
             .transpose()?;
         self.read(move |conn| {

@@ -166,24 +166,14 @@ impl SqliteStore {
                 let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
                 // Every value is opened, re-sealed or not: a start with the wrong key fails
                 // here, before serving, rather than at the endpoint's next delivery.
-                let open = |stored: &str| {
-                    cipher.open(stored, &account, &id).map_err(|e| {
+                let resealed = cipher
+                    .reseal((&secret, retiring.as_deref()), &account, &id)
+                    .map_err(|e| {
                         StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
-                    })
-                };
-                let opened = (open(&secret)?, retiring.as_deref().map(open).transpose()?);
-                if !cipher.needs_reseal(&secret)
-                    && !retiring.as_deref().is_some_and(|r| cipher.needs_reseal(r))
-                {
+                    })?;
+                let Some((secret, retiring)) = resealed else {
                     continue;
-                }
-                let seal = |plain: &str| {
-                    cipher
-                        .seal(plain, &account, &id)
-                        .map_err(|e| StoreError::Backend(e.to_string()))
                 };
-                let secret = seal(&opened.0)?;
-                let retiring = opened.1.as_deref().map(seal).transpose()?;
                 tx.execute(
                     "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
                     params![id.as_str(), account.as_str(), secret, retiring],

@@ -122,13 +122,7 @@ async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
          INSERT INTO attempts VALUES ('dlv_1', 2, 'scheduled', 3000, 15, 503, '[]', 'later', 0, NULL);"
     ))
     .unwrap();
-    let store = SqliteStore::init(
-        conn,
-        None,
-        crate::secrets::SecretsCipher::ephemeral().unwrap(),
-        reads_on_the_store_thread,
-    )
-    .unwrap();
+    let store = older_file_opened(conn);
     let attempts = store
         .list_attempts(&DeliveryId::from_trusted("dlv_1".into()))
         .await
@@ -150,6 +144,17 @@ async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
     );
 }
 
+/// A store over a connection holding a file of an older layout, as `open` makes it.
+fn older_file_opened(conn: Connection) -> SqliteStore {
+    SqliteStore::init(
+        conn,
+        None,
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+        reads_on_the_store_thread,
+    )
+    .unwrap()
+}
+
 #[tokio::test]
 async fn an_older_file_gains_the_replay_columns() {
     let conn = Connection::open_in_memory().unwrap();
@@ -158,13 +163,7 @@ async fn an_older_file_gains_the_replay_columns() {
          INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 500, 'x', 0, 1, 2);"
     ))
     .unwrap();
-    let store = SqliteStore::init(
-        conn,
-        None,
-        crate::secrets::SecretsCipher::ephemeral().unwrap(),
-        reads_on_the_store_thread,
-    )
-    .unwrap();
+    let store = older_file_opened(conn);
     let delivery = store
         .run(|conn| {
             conn.query_row(
