@@ -127,7 +127,8 @@ async fn storm_while_quiet_publishes(bases: &[String], admin: &Server, shape: &s
         "{} accepted in {elapsed:.1} s; at most {allowed} allowed",
         noisy.accepted
     );
-    assert!(noisy.throttled >= 200 - allowed);
+    // A slow machine stretches the storm: the bound on what was let through stays exact.
+    assert!(noisy.throttled >= 200usize.saturating_sub(allowed));
     assert!(
         noisy.retry_after.iter().all(|s| (1..=2).contains(s)),
         "a token comes back every 200 ms: Retry-After is 1 s (rounded up), {:?}",
