@@ -45,9 +45,10 @@ struct FileConfig {
     retention: Option<String>,
     secrets_key: Option<String>,
     secrets_key_previous: Option<String>,
+    public_url: Option<String>,
 }
 
-pub const SETTINGS: [&str; 20] = [
+pub const SETTINGS: [&str; 21] = [
     "listen",
     "database",
     "admin_token",
@@ -68,6 +69,7 @@ pub const SETTINGS: [&str; 20] = [
     "retention",
     "secrets_key",
     "secrets_key_previous",
+    "public_url",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +160,7 @@ impl ServeConfig {
                 ("retention", parsed.retention),
                 ("secrets_key", parsed.secrets_key),
                 ("secrets_key_previous", parsed.secrets_key_previous),
+                ("public_url", parsed.public_url),
             ] {
                 if let Some(value) = value {
                     settings.insert(name, value);

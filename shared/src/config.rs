@@ -10,7 +10,7 @@ use crate::{
 
 /// The engine's rules as settings, `(name in a config file, environment variable)`. Both
 /// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
-pub const CORE_SETTINGS: [(&str, &str); 11] = [
+pub const CORE_SETTINGS: [(&str, &str); 12] = [
     ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
     ("https_only", "HOOKLANE_HTTPS_ONLY"),
     ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
@@ -22,6 +22,7 @@ pub const CORE_SETTINGS: [(&str, &str); 11] = [
     ("publish_burst", "HOOKLANE_PUBLISH_BURST"),
     ("secrets_key", "HOOKLANE_SECRETS_KEY"),
     ("secrets_key_previous", "HOOKLANE_SECRETS_KEY_PREVIOUS"),
+    ("public_url", "HOOKLANE_PUBLIC_URL"),
 ];
 
 /// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
@@ -51,6 +52,9 @@ pub struct CoreConfig {
     /// The keys endpoint signing secrets are sealed with at rest (`HOOKLANE_SECRETS_KEY`,
     /// `HOOKLANE_SECRETS_KEY_PREVIOUS`; see [`crate::secrets`]).
     pub secrets: SecretsKeys,
+    /// Where people reach this deployment's API and page (`HOOKLANE_PUBLIC_URL`), for the
+    /// links it hands out; without it a portal link is built from the request's `Host`.
+    pub public_url: Option<url::Url>,
 }
 
 impl Default for CoreConfig {
@@ -65,6 +69,7 @@ impl Default for CoreConfig {
             disable_on_attempt: true,
             retention: Duration::from_secs(30 * 86_400),
             secrets: SecretsKeys::default(),
+            public_url: None,
         }
     }
 }
@@ -179,6 +184,9 @@ impl CoreConfig {
             }
             self.secrets.previous = Some(previous);
         }
+        if let Some(raw) = get("HOOKLANE_PUBLIC_URL") {
+            self.public_url = Some(parse_public_url(raw)?);
+        }
         if let Some(raw) = get("HOOKLANE_OPERATIONS_ACCOUNT") {
             self.operations_account = Some(
                 AccountId::parse(raw)
@@ -187,6 +195,25 @@ impl CoreConfig {
         }
         Ok(self)
     }
+}
+
+/// An `http(s)://` address without query or fragment; links are made by appending to it.
+fn parse_public_url(raw: &str) -> Result<url::Url, InvalidField> {
+    let invalid = || {
+        InvalidField::new(
+            "HOOKLANE_PUBLIC_URL",
+            format!("`{raw}` is not an http(s) address like https://hooks.example.com"),
+        )
+    };
+    let url = url::Url::parse(raw).map_err(|_| invalid())?;
+    if !matches!(url.scheme(), "http" | "https")
+        || url.host_str().is_none()
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(invalid());
+    }
+    Ok(url)
 }
 
 /// Parses a whole number of events (a rate or a burst).
@@ -276,6 +303,7 @@ mod tests {
             ("HOOKLANE_PUBLISH_BURST", "200"),
             ("HOOKLANE_SECRETS_KEY", key.as_str()),
             ("HOOKLANE_SECRETS_KEY_PREVIOUS", previous.as_str()),
+            ("HOOKLANE_PUBLIC_URL", "https://hooks.example.com/base/"),
         ]);
         let core = CoreConfig::default()
             .with_settings(|name| vars.get(name).copied())
@@ -288,6 +316,10 @@ mod tests {
         assert_eq!(core.secrets.current, Some([0xab; 32]));
         assert_eq!(core.secrets.previous, Some([1; 32]));
         assert!(!format!("{core:?}").contains(&key), "no key in Debug");
+        assert_eq!(
+            core.public_url.as_ref().map(url::Url::as_str),
+            Some("https://hooks.example.com/base/")
+        );
         assert_eq!(
             core.publish_rate,
             Some(PublishRate {
@@ -325,6 +357,9 @@ mod tests {
             ("HOOKLANE_SECRETS_KEY", "abab"),
             ("HOOKLANE_SECRETS_KEY_PREVIOUS", "letmein"),
             ("HOOKLANE_SECRETS_KEY_PREVIOUS", key.as_str()),
+            ("HOOKLANE_PUBLIC_URL", "hooks.example.com"),
+            ("HOOKLANE_PUBLIC_URL", "ftp://hooks.example.com"),
+            ("HOOKLANE_PUBLIC_URL", "https://hooks.example.com/#x"),
         ] {
             let err = CoreConfig::default()
                 .with_settings(|name| (name == variable).then_some(bad))

@@ -1,7 +1,8 @@
 //! Account-scoped API tokens: `hl_acct_<claims>.<mac>`, signed with a server key, so a
 //! token is verified without a lookup (whether it was revoked is the caller's lookup). Claims
 //! and MAC are URL-safe base64; the claims are JSON `{"a": account, "j": token id, "e": expiry
-//! in unix seconds, "i": issue time in unix milliseconds}` (tokens from before `i` have none).
+//! in unix seconds, "i": issue time in unix milliseconds, "r": true for a read-only token}`
+//! (tokens from before `i` have none; `r` is left out when false).
 
 use std::fmt;
 
@@ -52,6 +53,8 @@ pub struct AccountClaims {
     pub expires_at: Timestamp,
     /// `None` for a token minted before tokens carried it.
     pub issued_at: Option<Timestamp>,
+    /// Only the reading scopes (a read-only portal link).
+    pub read_only: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -61,6 +64,8 @@ struct WireClaims {
     e: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     i: Option<i64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    r: bool,
 }
 
 impl TokenKey {
@@ -95,19 +100,21 @@ impl TokenKey {
         mac
     }
 
-    /// A new token for `account`, issued at `issued_at`, valid until `expires_at`.
+    /// A new token for `account`, issued at `issued_at`, valid until `expires_at`;
+    /// `read_only` leaves it the reading scopes only.
     pub fn mint(
         &self,
         account: &AccountId,
         token_id: &str,
-        issued_at: Timestamp,
-        expires_at: Timestamp,
+        (issued_at, expires_at): (Timestamp, Timestamp),
+        read_only: bool,
     ) -> String {
         let claims = WireClaims {
             a: account.as_str().to_owned(),
             j: token_id.to_owned(),
             e: expires_at.timestamp(),
             i: Some(issued_at.timestamp_millis()),
+            r: read_only,
         };
         // Serialising three plain fields cannot fail.
         let json = serde_json::to_vec(&claims).unwrap_or_default();
@@ -147,6 +154,7 @@ impl TokenKey {
             token_id: claims.j,
             expires_at,
             issued_at: claims.i.map(crate::clock::from_millis),
+            read_only: claims.r,
         })
     }
 }
@@ -170,13 +178,27 @@ mod tests {
         let key = TokenKey::generate();
         let now = from_millis(1_800_000_000_000);
         let expires = from_millis(1_800_000_600_000);
-        let token = key.mint(&account("acme:eu"), "tok_1", now, expires);
+        let token = key.mint(&account("acme:eu"), "tok_1", (now, expires), false);
         let claims = key.verify(&token, now).unwrap();
         assert_eq!(claims.account_id, account("acme:eu"));
         assert_eq!(claims.token_id, "tok_1");
         assert_eq!(claims.expires_at, expires);
         assert_eq!(claims.issued_at, Some(now));
+        assert!(!claims.read_only);
         assert_eq!(key.verify(&token, expires), Err(TokenError::Expired));
+        let read_only = key.mint(&account("acme:eu"), "tok_2", (now, expires), true);
+        assert!(key.verify(&read_only, now).unwrap().read_only);
+        // Read-only is signed like the rest: a token cannot shed it.
+        let (claims, signature) = read_only.split_once('.').unwrap();
+        let body = URL_SAFE_NO_PAD
+            .decode(claims.strip_prefix(TOKEN_PREFIX).unwrap())
+            .unwrap();
+        let widened = String::from_utf8(body).unwrap().replace(",\"r\":true", "");
+        let widened = format!(
+            "{TOKEN_PREFIX}{}.{signature}",
+            URL_SAFE_NO_PAD.encode(widened)
+        );
+        assert_eq!(key.verify(&widened, now), Err(TokenError::BadSignature));
     }
 
     #[test]
@@ -186,8 +208,8 @@ mod tests {
         let token = key.mint(
             &account("acme"),
             "tok_1",
-            now,
-            from_millis(1_900_000_000_000),
+            (now, from_millis(1_900_000_000_000)),
+            false,
         );
         let (claims, signature) = token.split_once('.').unwrap();
         // Another account's claims under acme's signature.
@@ -210,7 +232,7 @@ mod tests {
         let key = TokenKey::generate();
         let again = TokenKey::from_hex(&key.to_hex()).unwrap();
         let now = from_millis(0);
-        let token = key.mint(&account("a"), "t", now, from_millis(60_000));
+        let token = key.mint(&account("a"), "t", (now, from_millis(60_000)), false);
         assert!(again.verify(&token, now).is_ok());
         assert!(TokenKey::from_hex("zz").is_err());
     }

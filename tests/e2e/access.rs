@@ -1,7 +1,7 @@
 //! Access control: every route against every kind of credential (none, the admin token,
 //! scoped API keys with the right scope, the wrong one, limited to another account,
 //! expired, revoked, tampered; account tokens of the account, of another one, expired,
-//! revoked, tampered), in both shapes; nothing but health, the OpenAPI document and the
+//! revoked, tampered; a read-only portal link's token), in both shapes; nothing but health, the OpenAPI document and the
 //! static page answers without a credential. Revocation's latency, admin-token rotation.
 
 use std::time::{Duration, Instant};
@@ -79,6 +79,9 @@ const ACCOUNT_TOKEN_SCOPES: [&str; 7] = [
     "deliveries:read",
     "deliveries:replay",
 ];
+/// What a read-only portal link's token holds (docs/ACCESS.md).
+const READ_ONLY_SCOPES: [&str; 3] = ["accounts:read", "endpoints:read", "deliveries:read"];
+
 const SCOPES: [&str; 10] = [
     "accounts:read",
     "accounts:write",
@@ -139,6 +142,8 @@ enum Kind {
     OtherAccountKey,
     Token,
     OtherAccountToken,
+    /// A read-only portal link's token for the route's account.
+    ReadOnlyToken,
     ExpiredKey,
     RevokedKey,
     TamperedKey,
@@ -162,6 +167,11 @@ fn expected(kind: Kind, scope: Option<&str>, under_account: bool) -> Result<(), 
         WrongScope => scope.map_or(Ok(()), |_| Err(403)),
         OtherAccountKey | OtherAccountToken if under_account => Err(404),
         OtherAccountKey => scope.map_or(Ok(()), |_| Err(403)),
+        ReadOnlyToken => match scope {
+            None => Ok(()),
+            Some(scope) if under_account && READ_ONLY_SCOPES.contains(&scope) => Ok(()),
+            Some(_) => Err(403),
+        },
         OtherAccountToken | Token => {
             if token_may(scope) {
                 Ok(())
@@ -231,6 +241,18 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         .as_str()
         .expect("token")
         .to_owned();
+    let (status, link) = server
+        .post(
+            "/v1/accounts/gamma/portal",
+            json!({"ttl_seconds": 600, "read_only": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{link}");
+    let read_only_token = link["url"]
+        .as_str()
+        .and_then(|url| url.split_once("#token="))
+        .map(|(_, token)| token.to_owned())
+        .expect("a portal link carries its token in the fragment");
     // One key per scope, and one with every scope but it.
     let mut right = std::collections::HashMap::new();
     let mut wrong = std::collections::HashMap::new();
@@ -280,6 +302,7 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         WrongScope,
         OtherAccountKey,
         OtherAccountToken,
+        ReadOnlyToken,
         Token,
         AdminToken,
         AdminKey,
@@ -299,6 +322,7 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
                 OtherAccountKey => Some(other_key.clone()),
                 Token => Some(token.clone()),
                 OtherAccountToken => Some(other_token.clone()),
+                ReadOnlyToken => Some(read_only_token.clone()),
                 ExpiredKey => Some(expired_key.clone()),
                 RevokedKey => Some(revoked_key.clone()),
                 TamperedKey => Some(tampered_key.clone()),
@@ -327,8 +351,9 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
             }
             checked += 1;
         }
-        if kind == OtherAccountToken {
-            // The kinds so far are all refused everywhere but `whoami`: nothing changed.
+        if kind == ReadOnlyToken {
+            // The kinds so far are all refused everywhere but `whoami` and reads: nothing
+            // changed.
             let (status, body) = server
                 .get(&format!("/v1/accounts/gamma/endpoints/{endpoint}"))
                 .await;

@@ -20,6 +20,7 @@ mod isolation;
 mod limits;
 mod metrics;
 mod outbox;
+mod portal;
 mod relay;
 mod replay;
 mod retries;

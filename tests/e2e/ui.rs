@@ -1,6 +1,7 @@
 //! The /ui page in real headless Chromium (tests/ui/delivery_log.cjs with playwright-core):
 //! a customer with an account token filters to a failed delivery, opens its attempts,
-//! replays it and sees it delivered, then resends the rest in bulk.
+//! replays it and sees it delivered, then resends the rest in bulk; then portal links open
+//! the page read-only, for another account, and (expired) not at all.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -27,6 +28,14 @@ fn node_modules() -> PathBuf {
     dir
 }
 
+async fn portal_link(server: &Server, account: &str, body: Value) -> String {
+    let (status, made) = server
+        .post(&format!("/v1/accounts/{account}/portal"), body)
+        .await;
+    assert_eq!(status, 201, "{made}");
+    made["url"].as_str().expect("url").to_owned()
+}
+
 async fn status_of(server: &Server, id: &str) -> Value {
     server
         .get(&format!("/v1/accounts/acme/deliveries/{id}"))
@@ -48,6 +57,12 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
     let [shop, _] = server
         .farm_endpoints("acme", &farm, ["shop", "books"])
         .await;
+    server.create_account("globex").await;
+    server
+        .create_endpoint("globex", &farm.url("globex-hook"), json!({}))
+        .await;
+    // Made first, so that it has expired by the time the browser follows it.
+    let expired_link = portal_link(&server, "globex", json!({"ttl_seconds": 1})).await;
     let mut failing = Vec::new();
     let mut delivered = None;
     for n in 0..2 {
@@ -83,6 +98,14 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
         .await;
     assert_eq!(status, 201, "{token}");
 
+    let read_only_link = portal_link(
+        &server,
+        "acme",
+        json!({"ttl_seconds": 900, "read_only": true}),
+    )
+    .await;
+    let other_link = portal_link(&server, "globex", json!({"ttl_seconds": 900})).await;
+
     let screenshots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
     let _ = std::fs::remove_dir_all(&screenshots);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/ui/delivery_log.cjs");
@@ -98,6 +121,9 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
             .env("HOOKLANE_UI_DELIVERED_DELIVERY", &delivered)
             .env("HOOKLANE_UI_SCREENSHOTS", &screenshots)
             .env("HOOKLANE_UI_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("HOOKLANE_UI_PORTAL_READ_ONLY", &read_only_link)
+            .env("HOOKLANE_UI_PORTAL_OTHER", &other_link)
+            .env("HOOKLANE_UI_PORTAL_EXPIRED", &expired_link)
             .kill_on_drop(true)
             .output(),
     )
@@ -153,6 +179,9 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
         "2-confirm.png",
         "3-after-replay.png",
         "5-test-event.png",
+        "6-portal-read-only.png",
+        "7-portal-other-account.png",
+        "8-portal-expired.png",
     ] {
         assert!(screenshots.join(name).exists(), "{name} was not taken");
     }

@@ -1,8 +1,9 @@
 // Drives the /ui page in Debian's headless Chromium, as a customer would: sign in with an
 // account token, filter to failed deliveries, open one's attempts, replay it and see it
 // delivered, then resend the rest of the endpoint's failures in bulk; then open the same
-// log as support does, with the admin token and the account id. Started by
-// tests/e2e/ui.rs, which seeds the server and checks the outcome through the API too.
+// log as support does, with the admin token and the account id; then follow portal links
+// (read-only, to another account, expired). Started by tests/e2e/ui.rs, which seeds the
+// server and checks the outcome through the API too.
 "use strict";
 
 const fs = require("node:fs");
@@ -23,6 +24,9 @@ const bulkRest = need("HOOKLANE_UI_BULK_DELIVERY");
 const delivered = need("HOOKLANE_UI_DELIVERED_DELIVERY");
 const shots = need("HOOKLANE_UI_SCREENSHOTS");
 const adminToken = need("HOOKLANE_UI_ADMIN_TOKEN");
+const readOnlyLink = need("HOOKLANE_UI_PORTAL_READ_ONLY");
+const otherLink = need("HOOKLANE_UI_PORTAL_OTHER");
+const expiredLink = need("HOOKLANE_UI_PORTAL_EXPIRED");
 
 function check(condition, message) {
   if (!condition) throw new Error(message);
@@ -157,8 +161,51 @@ async function main() {
     await page.getByRole("button", { name: "Open" }).click();
     await page.locator("#who", { hasText: "Admin · account acme" }).waitFor();
     await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).waitFor();
-    check(problems.length === 0, `the page reported problems:\n${problems.join("\n")}`);
-    console.log(`ui: signed in, filtered, opened attempts, replayed, bulk-resent; screenshots in ${shots}`);
+
+    // A read-only portal link signs in by itself, leaves no token in the address bar,
+    // and offers nothing that changes anything.
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.locator("#sign-in").waitFor({ state: "visible" });
+    await page.goto(readOnlyLink);
+    await page.locator("#who", { hasText: "Account acme · read only" }).waitFor();
+    check(!page.url().includes("token"), `the token stayed in the address bar: ${page.url()}`);
+    const history = await page.evaluate(() => window.location.hash);
+    check(history === "", `the fragment stayed: ${history}`);
+    await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).waitFor();
+    await page.locator("#endpoints tbody tr").first().waitFor();
+    for (const name of [/Send a test event to/, /Resend deliveries of/]) {
+      // Role queries see only what is shown: the buttons are there, hidden.
+      const offered = await page.getByRole("button", { name }).count();
+      check(offered === 0, `a read-only link offers ${name}`);
+      const present = await page.getByRole("button", { name, includeHidden: true }).count();
+      check(present > 0, `no ${name} buttons at all, hidden or not`);
+    }
+    await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).getByRole("button").click();
+    await page.locator("#detail").waitFor({ state: "visible" });
+    check(await page.locator("#replay").isHidden(), "a read-only link offers Replay");
+    await page.screenshot({ path: path.join(shots, "6-portal-read-only.png"), fullPage: true });
+
+    // A link to another account shows that account, and nothing of acme.
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.locator("#sign-in").waitFor({ state: "visible" });
+    await page.goto(otherLink);
+    await page.locator("#who", { hasText: "Account globex ·" }).waitFor();
+    await page.locator("#endpoints tbody tr", { hasText: "/globex-hook" }).waitFor();
+    const shown = await page.locator("#app").textContent();
+    check(!shown.includes("/ep/shop") && !shown.includes(replayed), "acme's data on globex's page");
+    await page.screenshot({ path: path.join(shots, "7-portal-other-account.png"), fullPage: true });
+
+    // An expired link is refused, saying so.
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.locator("#sign-in").waitFor({ state: "visible" });
+    await page.goto(expiredLink);
+    await page.locator("#sign-in-error", { hasText: "This portal link has expired" }).waitFor();
+    check(await page.locator("#app").isHidden(), "an expired link opened the page");
+    check(!page.url().includes("token"), `the expired token stayed in the address bar: ${page.url()}`);
+    await page.screenshot({ path: path.join(shots, "8-portal-expired.png") });
+    const unexpected = problems.filter((p) => !p.includes("status of 401"));
+    check(unexpected.length === 0, `the page reported problems:\n${unexpected.join("\n")}`);
+    console.log(`ui: signed in, filtered, opened attempts, replayed, bulk-resent, followed portal links; screenshots in ${shots}`);
   } catch (error) {
     await page.screenshot({ path: path.join(shots, "failure.png"), fullPage: true }).catch(() => {});
     if (problems.length) console.error(problems.join("\n"));

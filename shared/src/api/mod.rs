@@ -85,6 +85,7 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::list_operator_audit))
         .routes(routes!(routes::create_token, routes::revoke_tokens))
         .routes(routes!(routes::revoke_token))
+        .routes(routes!(routes::create_portal_link))
         .routes(routes!(routes::rotate_admin_token))
         .routes(routes!(routes::whoami))
         .routes(routes!(routes::create_key, routes::list_keys))

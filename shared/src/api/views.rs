@@ -290,14 +290,13 @@ impl<'a> From<&'a Principal> for WhoamiView<'a> {
                 account_id,
                 token_id,
                 expires_at,
+                read_only,
             } => Self {
                 kind: "account",
                 account_id: Some(account_id.as_str()),
                 token_id: Some(token_id),
                 expires_at: Some(*expires_at),
-                scopes: Scope::ALL
-                    .into_iter()
-                    .filter(|s| s.of_account_tokens())
+                scopes: Scope::of_account_token(*read_only)
                     .map(Scope::as_str)
                     .collect(),
                 ..none
@@ -461,8 +460,8 @@ pub struct AuditView<'a> {
     /// One of `account.created`, `account.updated`, `endpoint.created`, `endpoint.updated`,
     /// `endpoint.deleted`, `endpoint.disabled`, `endpoint.enabled`,
     /// `endpoint.secret_rotated`, `key.created`, `key.revoked`, `token.created`,
-    /// `token.revoked`, `tokens.revoked`, `replay.created`, `event.erased`,
-    /// `admin_token.rotated`.
+    /// `token.revoked`, `tokens.revoked`, `portal_link.created`, `replay.created`,
+    /// `event.erased`, `admin_token.rotated`.
     #[schema(example = "endpoint.secret_rotated")]
     pub action: &'static str,
     pub target: AuditTargetView<'a>,

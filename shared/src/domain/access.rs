@@ -58,6 +58,21 @@ impl Scope {
     pub fn of_account_tokens(self) -> bool {
         !matches!(self, Self::AccountsWrite | Self::TokensWrite | Self::Admin)
     }
+
+    /// Whether the scope only reads: what a read-only account token holds.
+    pub fn reads_only(self) -> bool {
+        matches!(
+            self,
+            Self::AccountsRead | Self::EndpointsRead | Self::DeliveriesRead
+        )
+    }
+
+    /// The scopes of an account token, read-only or not.
+    pub fn of_account_token(read_only: bool) -> impl Iterator<Item = Scope> {
+        Self::ALL
+            .into_iter()
+            .filter(move |s| s.of_account_tokens() && (!read_only || s.reads_only()))
+    }
 }
 
 impl fmt::Display for Scope {
@@ -172,11 +187,13 @@ pub enum Principal {
         scopes: Vec<Scope>,
         accounts: Option<Vec<AccountId>>,
     },
-    /// The holder of an account token: one account, the scopes of [`Scope::of_account_tokens`].
+    /// The holder of an account token: one account, the scopes of [`Scope::of_account_token`].
     Account {
         account_id: AccountId,
         token_id: String,
         expires_at: Timestamp,
+        /// A read-only portal link's token: the reading scopes only.
+        read_only: bool,
     },
 }
 
@@ -218,7 +235,9 @@ impl Principal {
         match self {
             Self::Admin => true,
             Self::Key { scopes, .. } => scopes.contains(&Scope::Admin) || scopes.contains(&scope),
-            Self::Account { .. } => scope.of_account_tokens(),
+            Self::Account { read_only, .. } => {
+                scope.of_account_tokens() && (!read_only || scope.reads_only())
+            }
         }
     }
 
@@ -324,6 +343,7 @@ mod tests {
             account_id: account("acme"),
             token_id: "tok_1".into(),
             expires_at: crate::clock::from_millis(0),
+            read_only: false,
         };
         assert_eq!(
             token.authorize(Some(Scope::TokensWrite), Some(&account("acme"))),
@@ -332,6 +352,41 @@ mod tests {
         assert_eq!(
             token.authorize(Some(Scope::DeliveriesReplay), Some(&account("acme"))),
             Ok(())
+        );
+        let reader = Principal::Account {
+            account_id: account("acme"),
+            token_id: "tok_2".into(),
+            expires_at: crate::clock::from_millis(0),
+            read_only: true,
+        };
+        for scope in [
+            Scope::EndpointsRead,
+            Scope::DeliveriesRead,
+            Scope::AccountsRead,
+        ] {
+            assert_eq!(
+                reader.authorize(Some(scope), Some(&account("acme"))),
+                Ok(())
+            );
+        }
+        for scope in [
+            Scope::EndpointsWrite,
+            Scope::DeliveriesReplay,
+            Scope::EventsPublish,
+            Scope::EventsErase,
+        ] {
+            assert_eq!(
+                reader.authorize(Some(scope), Some(&account("acme"))),
+                Err(Denied::MissingScope(scope))
+            );
+        }
+        assert_eq!(
+            Scope::of_account_token(true).collect::<Vec<_>>(),
+            [
+                Scope::AccountsRead,
+                Scope::EndpointsRead,
+                Scope::DeliveriesRead
+            ]
         );
         assert_eq!(Principal::Admin.authorize(Some(Scope::Admin), None), Ok(()));
     }

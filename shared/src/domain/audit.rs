@@ -167,6 +167,7 @@ vocabulary! {
         TokenCreated => "token.created",
         TokenRevoked => "token.revoked",
         TokensRevoked => "tokens.revoked",
+        PortalLinkCreated => "portal_link.created",
         ReplayCreated => "replay.created",
         EventErased => "event.erased",
         AdminTokenRotated => "admin_token.rotated",

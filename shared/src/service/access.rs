@@ -183,6 +183,7 @@ impl Access {
                 account_id: claims.account_id,
                 token_id: claims.token_id,
                 expires_at: claims.expires_at,
+                read_only: claims.read_only,
             });
         }
         if credential.starts_with(KEY_PREFIX) {
@@ -387,8 +388,12 @@ mod tests {
 
         fn token(&self, id: &str) -> String {
             let now = self.clock.now();
-            self.token_key
-                .mint(&self.acme, id, now, add(now, Duration::from_secs(3600)))
+            self.token_key.mint(
+                &self.acme,
+                id,
+                (now, add(now, Duration::from_secs(3600))),
+                false,
+            )
         }
 
         async fn key(&self) -> (ApiKeyId, String) {

@@ -37,7 +37,13 @@ pub struct MintedToken {
     pub token_id: String,
     pub account_id: AccountId,
     pub expires_at: Timestamp,
+    pub read_only: bool,
 }
+
+/// A portal link's lifetime when the request gives none, and the longest it may have: a
+/// link travels by mail and chat, so it lives hours, not the days an account token may.
+pub const PORTAL_DEFAULT_TTL: Duration = Duration::from_secs(3_600);
+pub const PORTAL_MAX_TTL: Duration = Duration::from_secs(7 * 86_400);
 
 /// Mints a token that reaches only `account`, for `ttl` (1 s to 90 days).
 pub async fn mint(
@@ -47,10 +53,51 @@ pub async fn mint(
     ttl: Duration,
     caller: &Caller,
 ) -> ServiceResult<MintedToken> {
-    if ttl.is_zero() || ttl > MAX_TTL {
+    let grant = Grant {
+        ttl,
+        max_ttl: MAX_TTL,
+        read_only: false,
+        action: AuditAction::TokenCreated,
+    };
+    issue(app, key, account, grant, caller).await
+}
+
+/// Mints the token of a portal link to `account`'s page: like [`mint`], for `ttl` (1 s to
+/// 7 days), optionally read-only. Revoked as any account token is, by its id.
+pub async fn portal_link(
+    app: &App,
+    key: &TokenKey,
+    account: &AccountId,
+    (ttl, read_only): (Duration, bool),
+    caller: &Caller,
+) -> ServiceResult<MintedToken> {
+    let grant = Grant {
+        ttl,
+        max_ttl: PORTAL_MAX_TTL,
+        read_only,
+        action: AuditAction::PortalLinkCreated,
+    };
+    issue(app, key, account, grant, caller).await
+}
+
+struct Grant {
+    ttl: Duration,
+    max_ttl: Duration,
+    read_only: bool,
+    action: AuditAction,
+}
+
+async fn issue(
+    app: &App,
+    key: &TokenKey,
+    account: &AccountId,
+    grant: Grant,
+    caller: &Caller,
+) -> ServiceResult<MintedToken> {
+    if grant.ttl.is_zero() || grant.ttl > grant.max_ttl {
         return Err(InvalidField::new(
             "ttl_seconds",
-            format!("must be between 1 and {} seconds", MAX_TTL.as_secs()),
+            format!("must be between 1 and {} seconds", grant.max_ttl.as_secs()),
         )
         .into());
     }
@@ -58,7 +105,8 @@ pub async fn mint(
         return Err(ServiceError::NotFound("account"));
     }
     // Tokens carry whole seconds.
-    let expires_at = crate::clock::add(app.clock.now(), ttl);
+    let now = app.clock.now();
+    let expires_at = crate::clock::add(now, grant.ttl);
     let expires_at =
         chrono::DateTime::from_timestamp(expires_at.timestamp(), 0).unwrap_or(expires_at);
     let token_id = new_token_id();
@@ -67,16 +115,20 @@ pub async fn mint(
         app,
         caller,
         Some(account),
-        AuditAction::TokenCreated,
+        grant.action,
         AuditTarget::new(TargetKind::Token, &token_id),
-        audit::details(serde_json::json!({ "expires_at": expires_at.to_rfc3339() })),
+        audit::details(serde_json::json!({
+            "expires_at": expires_at.to_rfc3339(),
+            "read_only": grant.read_only,
+        })),
     )
     .await?;
     Ok(MintedToken {
-        token: key.mint(account, &token_id, app.clock.now(), expires_at),
+        token: key.mint(account, &token_id, (now, expires_at), grant.read_only),
         token_id,
         account_id: account.clone(),
         expires_at,
+        read_only: grant.read_only,
     })
 }
 

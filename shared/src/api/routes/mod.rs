@@ -42,6 +42,7 @@ mod deliveries;
 mod endpoints;
 mod events;
 mod keys;
+mod portal;
 mod replays;
 mod tokens;
 
@@ -51,6 +52,7 @@ pub use deliveries::*;
 pub use endpoints::*;
 pub use events::*;
 pub use keys::*;
+pub use portal::*;
 pub use replays::*;
 pub use tokens::*;
 

@@ -5,6 +5,7 @@
 const state = {
   token: null,
   account: null,
+  readOnly: false,
   endpoints: new Map(),
   cursor: null,
   auditCursor: null,
@@ -82,13 +83,17 @@ async function signIn(token, accountInput) {
   const who = await api("/v1/whoami");
   if (who.kind === "account") {
     state.account = who.account_id;
-    $("who").textContent = `Account ${who.account_id} · token expires ${formatTime(who.expires_at)}`;
+    // A read-only portal link holds the reading scopes only: the page hides what would change.
+    state.readOnly = !who.scopes.includes("deliveries:replay");
+    const access = state.readOnly ? " · read only" : "";
+    $("who").textContent = `Account ${who.account_id}${access} · token expires ${formatTime(who.expires_at)}`;
   } else {
     if (!accountInput) throw new Error("With the admin token, enter the account id too.");
     state.account = accountInput;
     await api(accountPath());
     $("who").textContent = `Admin · account ${accountInput}`;
   }
+  document.body.classList.toggle("read-only", state.readOnly);
   sessionStorage.setItem("hooklane.token", token);
   sessionStorage.setItem("hooklane.account", accountInput || "");
   $("sign-in").hidden = true;
@@ -130,14 +135,14 @@ async function loadEndpoints() {
         el("td", {}, el("div", { class: "actions" },
           el("button", {
             type: "button",
-            class: "secondary",
+            class: "secondary writes",
             text: "Resend since…",
             "aria-label": `Resend deliveries of ${endpoint.url}`,
             onclick: () => openBulk(endpoint),
           }),
           el("button", {
             type: "button",
-            class: "secondary",
+            class: "secondary writes",
             text: "Send test event",
             "aria-label": `Send a test event to ${endpoint.url}`,
             onclick: () => sendTestEvent(endpoint),
@@ -433,6 +438,27 @@ async function loadAudit(more = false) {
   $("audit-empty").hidden = body.rows.length > 0;
 }
 
+// --- portal links -----------------------------------------------------------------------
+
+// A portal link carries its token in the fragment, which no request sends. It is taken out
+// of the address bar (and so out of history and bookmarks) before it is used. Returns
+// whether the address was a portal link.
+function followPortalLink() {
+  const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
+  if (!token) return false;
+  history.replaceState(null, "", window.location.pathname + window.location.search);
+  signIn(token, "").catch((error) => {
+    state.token = null;
+    sessionStorage.removeItem("hooklane.token");
+    $("sign-in-error").textContent = error.status === 401
+      ? (/expired/.test(error.message)
+        ? "This portal link has expired. Ask whoever sent it for a new one."
+        : "This portal link is not valid (it was revoked or mistyped). Ask for a new one.")
+      : error.message;
+  });
+  return true;
+}
+
 // --- wiring -----------------------------------------------------------------------------
 
 function guarded(action) {
@@ -480,6 +506,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("audit-more").addEventListener("click", guarded(() => loadAudit(true)));
   $("bulk-form").addEventListener("submit", guarded(submitBulk));
 
+  window.addEventListener("hashchange", followPortalLink);
+  if (followPortalLink()) return;
   const saved = sessionStorage.getItem("hooklane.token");
   if (saved) {
     signIn(saved, sessionStorage.getItem("hooklane.account") || "").catch(() => signOut());

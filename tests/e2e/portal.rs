@@ -1,0 +1,248 @@
+//! Portal links (`POST /v1/accounts/{account}/portal`), in both shapes: a link to the
+//! account's page with an expiring token in its fragment, read-only on request, reaching
+//! only its account, revoked by its token id, refused with the field named on bad input.
+
+use serde_json::{json, Value};
+
+use crate::support::{Scratch, Server};
+
+async fn call(server: &Server, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let response = reqwest::Client::new()
+        .request(method, format!("{}{path}", server.base))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Makes a link; returns it and the token in its fragment.
+async fn link(server: &Server, account: &str, body: Value) -> (Value, String) {
+    let (status, made) = server
+        .post(&format!("/v1/accounts/{account}/portal"), body)
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let token = made["url"]
+        .as_str()
+        .and_then(|url| url.split_once("#token="))
+        .map(|(_, token)| token.to_owned())
+        .unwrap_or_else(|| panic!("no token in the link's fragment: {made}"));
+    (made, token)
+}
+
+async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_base: &str) {
+    server.create_account("acme").await;
+    server.create_account("globex").await;
+    server
+        .create_endpoint("globex", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+
+    let before = chrono::Utc::now();
+    let (made, token) = link(server, "acme", json!({})).await;
+    let url = made["url"].as_str().expect("url");
+    assert!(
+        url.starts_with(&format!("{page_base}/ui#token=hl_acct_")),
+        "{url} is not the page under {page_base}"
+    );
+    assert_eq!(made["account_id"], "acme");
+    assert_eq!(made["read_only"], false);
+    let expires: chrono::DateTime<chrono::Utc> = made["expires_at"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("expires_at");
+    let lifetime = (expires - before).num_seconds();
+    assert!(
+        (3590..=3601).contains(&lifetime),
+        "an hour by default, got {lifetime} s"
+    );
+
+    // The page's sign-in: the token names its account and holds the customer's scopes.
+    let (status, who) = call(server, "GET", "/v1/whoami", &token, Value::Null).await;
+    assert_eq!((status, &who["account_id"]), (200, &json!("acme")), "{who}");
+    let (status, body) = call(
+        server,
+        "POST",
+        "/v1/accounts/acme/endpoints",
+        &token,
+        json!({"url": "http://127.0.0.1:9/mine"}),
+    )
+    .await;
+    assert_eq!(status, 201, "a full link manages endpoints: {body}");
+    // Nothing of another account, not even whether it exists.
+    for path in ["/v1/accounts/globex/endpoints", "/v1/accounts/globex"] {
+        let (status, body) = call(server, "GET", path, &token, Value::Null).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    // A link cannot make links: that is the platform's (admin) call.
+    let (status, body) = call(
+        server,
+        "POST",
+        "/v1/accounts/acme/portal",
+        &token,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+
+    // Read-only: the reading scopes and nothing else.
+    let (made, reader) = link(
+        server,
+        "acme",
+        json!({"read_only": true, "ttl_seconds": 60}),
+    )
+    .await;
+    assert_eq!(made["read_only"], true, "{made}");
+    let (_, who) = call(server, "GET", "/v1/whoami", &reader, Value::Null).await;
+    let mut scopes: Vec<&str> = who["scopes"]
+        .as_array()
+        .expect("scopes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    scopes.sort_unstable();
+    assert_eq!(
+        scopes,
+        ["accounts:read", "deliveries:read", "endpoints:read"]
+    );
+    let (status, _) = call(
+        server,
+        "GET",
+        "/v1/accounts/acme/endpoints",
+        &reader,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200);
+    for (method, path, body) in [
+        (
+            "POST",
+            "/v1/accounts/acme/endpoints",
+            json!({"url": "http://127.0.0.1:9/x"}),
+        ),
+        (
+            "POST",
+            "/v1/accounts/acme/events",
+            json!({"type": "a.b", "data": {}}),
+        ),
+    ] {
+        let (status, body) = call(server, method, path, &reader, body).await;
+        assert_eq!(status, 403, "{method} {path} with a read-only link: {body}");
+    }
+
+    // Revoked by its id, as any account token: refused from then on.
+    let token_id = made["token_id"].as_str().expect("token_id");
+    let (status, body) = server
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/accounts/acme/tokens/{token_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = call(server, "GET", "/v1/whoami", &reader, Value::Null).await;
+    assert_eq!(status, 401, "a revoked link still signs in: {body}");
+    let (status, _) = call(server, "GET", "/v1/whoami", &token, Value::Null).await;
+    assert_eq!(status, 200, "revoking one link leaves the others");
+
+    // Bad input names its field; nothing is minted for it.
+    for (body, field) in [
+        (json!({"ttl_seconds": 0}), "ttl_seconds"),
+        (json!({"ttl_seconds": 604_801}), "ttl_seconds"),
+        (json!({"ttl_seconds": "an hour"}), "ttl_seconds"),
+        (json!({"read_only": "yes"}), "read_only"),
+        (json!({"readonly": true}), "readonly"),
+    ] {
+        let (status, answer) = server.post("/v1/accounts/acme/portal", body.clone()).await;
+        assert!(
+            (400..500).contains(&status) && answer["error"]["field"] == field,
+            "{body} answered {status} {answer}"
+        );
+    }
+    let (status, _) = server.post("/v1/accounts/nobody/portal", json!({})).await;
+    assert_eq!(status, 404);
+
+    // The account's audit log has each link made, never its token.
+    let (_, audit) = server.get("/v1/accounts/acme/audit").await;
+    let entries = audit["data"].as_array().expect("audit entries");
+    let links: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["action"] == "portal_link.created")
+        .collect();
+    assert_eq!(links.len(), 2, "{audit}");
+    assert!(links.iter().any(|e| e["details"]["read_only"] == true));
+    assert!(
+        !audit.to_string().contains("hl_acct_"),
+        "a token in the audit log"
+    );
+}
+
+/// docs/ACCESS.md's example, sent as written: the answer has the fields the page shows.
+/// Its account must exist.
+async fn the_documented_example_answers_as_shown(server: &Server) {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/ACCESS.md"))
+        .expect("docs/ACCESS.md");
+    let example = page
+        .split("```sh")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .find(|block| block.contains("/portal"))
+        .expect("a portal example in docs/ACCESS.md");
+    let account = example
+        .split("/v1/accounts/")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("the example's account");
+    let body: Value = example
+        .split("-d '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .and_then(|raw| serde_json::from_str(raw).ok())
+        .expect("the example's JSON body");
+    let shown: Vec<String> = example
+        .split("# →")
+        .nth(1)
+        .expect("the example's answer")
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .filter(|word| !word.contains(['/', '…', ' ']) && word.as_str() != "acme")
+        .filter(|word| !matches!(word.as_str(), "false" | "true"))
+        .collect();
+    // The account exists already (portal_links_reach_one_account_and_are_revocable).
+    let (made, _) = link(server, account, body).await;
+    let mut fields: Vec<String> = made.as_object().expect("object").keys().cloned().collect();
+    let mut shown = shown;
+    fields.sort();
+    shown.sort();
+    assert_eq!(
+        fields, shown,
+        "docs/ACCESS.md shows other fields than the API answers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portal_link_reaches_its_account_only_until_revoked() {
+    let scratch = Scratch::new("portal");
+    let server = Server::start(&scratch, &[]).await;
+    let base = server.base.clone();
+    portal_links_reach_one_account_and_are_revocable(&server, &base).await;
+    the_documented_example_answers_as_shown(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_shape_makes_portal_links_under_its_public_url() {
+    let scratch = Scratch::new("aws-portal");
+    let prefix = crate::aws_pipeline::unique("portal");
+    let env = [(
+        "HOOKLANE_PUBLIC_URL".to_owned(),
+        "https://hooks.example.com/base".to_owned(),
+    )];
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &env).await;
+    portal_links_reach_one_account_and_are_revocable(&server, "https://hooks.example.com/base")
+        .await;
+    crate::iam::assert_allowed(&server);
+}
