@@ -206,7 +206,7 @@ impl ServeConfig {
                     .and_then(|(name, _)| get(name))
             })
             .map_err(|e| ConfigError::Value {
-                name: e.field.to_owned(),
+                name: e.field.into_owned(),
                 message: e.message,
             })?;
         let duration_or =

@@ -497,6 +497,7 @@ async fn set_up_acme(shape: &AwsShape, url: String) -> AccountId {
             max_in_flight: None,
             rate_limit_per_second: None,
             secret: None,
+            headers: None,
         },
         &hooklane::domain::Caller::system(),
     )

@@ -10,6 +10,7 @@ mod bad_input;
 mod bench_smoke;
 mod bootstraps;
 mod crash;
+mod custom_headers;
 mod delivery_log;
 mod delivery_rules;
 mod erasure;

@@ -207,7 +207,13 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
     core.secrets.current = Some(OLD);
     let (settings, shape) = hooklane_testkit::testing::emulated_shape_with(core).await;
     let store = shape.store.as_ref();
-    let [a, mut b] = fixtures::account_with_endpoints(store, "acme", ["ep_a", "ep_b"]).await;
+    let [mut a, mut b] = fixtures::account_with_endpoints(store, "acme", ["ep_a", "ep_b"]).await;
+    // A secret custom header: sealed, and re-sealed, like the signing secrets.
+    a.headers = hooklane::domain::headers::CustomHeaders::parse(Some(&serde_json::json!({
+        "authorization": "Bearer hdr-9c1e55",
+    })))
+    .unwrap();
+    store.update_endpoint(&a).await.unwrap();
     let retiring = std::mem::replace(&mut b.secret, SigningSecret::generate());
     b.retiring_secret = Some(RetiringSecret {
         secret: retiring,
@@ -229,10 +235,11 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
             "a secret in a Scan"
         );
     }
-    assert!(!scan.contains("whsec_"));
+    assert!(!scan.contains("whsec_") && !scan.contains("hdr-9c1e55"));
     assert_eq!(
         scan.matches(&format!("enc:v1:{}:", key_id(&OLD))).count(),
-        3
+        4,
+        "three signing secrets and a header value"
     );
 
     let prefix = settings.tables.prefix().to_owned();
@@ -258,7 +265,7 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
     );
     assert_eq!(
         scan.matches(&format!("enc:v1:{}:", key_id(&NEW))).count(),
-        3
+        4
     );
     let (code, stdout, stderr) = reseal(&prefix, &rotated).await;
     assert_eq!(code, Some(0), "{stderr}");
@@ -286,4 +293,8 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
         .map(|s| s.expose())
         .collect();
     assert_eq!(opened, secrets);
+    assert_eq!(
+        listed[0].headers, a.headers,
+        "the header opens under the new key"
+    );
 }

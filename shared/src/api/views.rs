@@ -71,6 +71,8 @@ pub struct EndpointView<'a> {
     pub max_in_flight: u32,
     #[schema(required = true)]
     pub rate_limit_per_second: Option<u32>,
+    /// Sent with every attempt, by lower-case name; a secret value is never shown.
+    pub headers: std::collections::BTreeMap<&'a str, HeaderView<'a>>,
     #[schema(value_type = Option<String>, format = DateTime)]
     #[schema(required = true)]
     pub failing_since: Option<Timestamp>,
@@ -95,12 +97,30 @@ impl<'a> From<&'a Endpoint> for EndpointView<'a> {
             event_types: e.event_types.patterns(),
             max_in_flight: e.max_in_flight,
             rate_limit_per_second: e.rate_limit_per_second,
+            headers: e
+                .headers
+                .iter()
+                .map(|(name, h)| {
+                    let value = (!h.secret).then_some(h.value.as_str());
+                    let secret = h.secret;
+                    (name, HeaderView { value, secret })
+                })
+                .collect(),
             failing_since: e.failing_since,
             disabled_reason: e.disabled_reason.as_deref(),
             created_at: e.created_at,
             updated_at: e.updated_at,
         }
     }
+}
+
+/// One custom header of an endpoint.
+#[derive(Serialize, ToSchema)]
+pub struct HeaderView<'a> {
+    /// `null` for a secret value: it can be replaced, never read back.
+    #[schema(required = true)]
+    pub value: Option<&'a str>,
+    pub secret: bool,
 }
 
 #[derive(Serialize, ToSchema)]

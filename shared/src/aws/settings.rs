@@ -10,13 +10,16 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 #[error("{variable}: {message}")]
 pub struct SettingsError {
-    pub variable: &'static str,
+    pub variable: std::borrow::Cow<'static, str>,
     pub message: String,
 }
 
-fn invalid(variable: &'static str, message: impl Into<String>) -> SettingsError {
+fn invalid(
+    variable: impl Into<std::borrow::Cow<'static, str>>,
+    message: impl Into<String>,
+) -> SettingsError {
     SettingsError {
-        variable,
+        variable: variable.into(),
         message: message.into(),
     }
 }

@@ -171,6 +171,8 @@ pub struct Endpoint {
     pub max_in_flight: u32,
     /// Requests per second, for customers who ask for a limit.
     pub rate_limit_per_second: Option<u32>,
+    /// Sent with every attempt.
+    pub headers: super::headers::CustomHeaders,
     pub failing_since: Option<Timestamp>,
     pub disabled_reason: Option<String>,
     pub created_at: Timestamp,

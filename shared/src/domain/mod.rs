@@ -7,6 +7,7 @@ pub mod audit;
 pub mod delivery;
 pub mod endpoint;
 pub mod event;
+pub mod headers;
 pub mod health;
 pub mod ids;
 pub mod outcome;
@@ -33,14 +34,18 @@ pub use schedule::RetrySchedule;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct InvalidField {
-    pub field: &'static str,
+    /// The field's name, or its path (`headers.x-tenant`).
+    pub field: std::borrow::Cow<'static, str>,
     pub message: String,
 }
 
 impl InvalidField {
-    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        field: impl Into<std::borrow::Cow<'static, str>>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
-            field,
+            field: field.into(),
             message: message.into(),
         }
     }

@@ -10,7 +10,8 @@ use super::ssrf::{AddressPolicy, GuardedResolver};
 #[derive(Debug, Clone)]
 pub struct OutboundRequest {
     pub url: Url,
-    pub headers: Vec<(&'static str, String)>,
+    /// Hooklane's own headers, then the endpoint's custom ones (whose names never clash).
+    pub headers: Vec<(std::borrow::Cow<'static, str>, String)>,
     pub body: Bytes,
 }
 
@@ -104,7 +105,7 @@ impl HttpSender {
     ) -> Result<(), String> {
         let mut builder = self.client.post(request.url);
         for (name, value) in request.headers {
-            builder = builder.header(name, value);
+            builder = builder.header(name.as_ref(), value);
         }
         let mut reply = builder
             .body(request.body)

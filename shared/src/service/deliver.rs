@@ -135,12 +135,16 @@ pub async fn attempt_reporting_answer(
         let signature = signing::signature_header(&endpoint.signing_secrets(now), event.id.as_str(), timestamp, &body);
         let request = OutboundRequest {
             url: endpoint.url.as_url().clone(),
-            headers: vec![
+            headers: [
                 ("content-type", "application/json".to_owned()),
                 (HEADER_ID, event.id.to_string()),
                 (HEADER_TIMESTAMP, timestamp.to_string()),
                 (HEADER_SIGNATURE, signature),
-            ],
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.into(), value))
+            .chain(endpoint.headers.iter().map(|(name, h)| (name.to_owned().into(), h.value.clone())))
+            .collect(),
             body,
         };
         let response = app.transport.post(request).await;

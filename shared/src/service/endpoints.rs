@@ -4,6 +4,7 @@ use super::{audit, ServiceError, ServiceResult};
 use crate::{
     domain::{
         endpoint::{self, RetiringSecret},
+        headers::CustomHeaders,
         AccountId, AuditAction, AuditTarget, Caller, Endpoint, EndpointId, EndpointStatus,
         EndpointUrl, EventTypeFilter, InvalidField, TargetKind,
     },
@@ -22,6 +23,8 @@ pub struct NewEndpoint {
     pub rate_limit_per_second: Option<u32>,
     /// A `whsec_…` secret to use instead of a generated one.
     pub secret: Option<String>,
+    /// Custom headers, as the API takes them (`CustomHeaders::parse`).
+    pub headers: Option<serde_json::Value>,
 }
 
 /// A partial update; `Some(None)` clears an optional field.
@@ -32,6 +35,9 @@ pub struct EndpointChanges {
     pub event_types: Option<Option<Vec<String>>>,
     pub max_in_flight: Option<u32>,
     pub rate_limit_per_second: Option<Option<u32>>,
+    /// A merge patch of the custom headers (`CustomHeaders::patched`); `Some(None)` removes
+    /// them all.
+    pub headers: Option<Option<serde_json::Value>>,
 }
 
 /// Refuses URLs whose host is, or resolves to, an address webhooks must never reach.
@@ -123,6 +129,7 @@ pub async fn create(
         event_types: EventTypeFilter::parse(input.event_types.as_deref())?,
         max_in_flight: endpoint::parse_max_in_flight(input.max_in_flight)?,
         rate_limit_per_second: endpoint::parse_rate_limit(input.rate_limit_per_second)?,
+        headers: CustomHeaders::parse(input.headers.as_ref())?,
         failing_since: None,
         disabled_reason: None,
         created_at: now,
@@ -130,9 +137,13 @@ pub async fn create(
         url,
     };
     check_reachable(app, &endpoint.url).await?;
-    // The secret stays out: it is the one thing an entry must never hold.
-    let details =
-        serde_json::json!({ "url": endpoint.url.as_str(), "secret_given": input.secret.is_some() });
+    // The secret and header values stay out: an entry must never hold a secret.
+    let headers: Vec<&str> = endpoint.headers.iter().map(|(name, _)| name).collect();
+    let details = serde_json::json!({
+        "url": endpoint.url.as_str(),
+        "secret_given": input.secret.is_some(),
+        "headers": headers,
+    });
     write_audited(
         app,
         caller,
@@ -175,6 +186,7 @@ pub async fn update(
             "rate_limit_per_second",
             changes.rate_limit_per_second.is_some(),
         ),
+        ("headers", changes.headers.is_some()),
     ]
     .into_iter()
     .filter_map(|(field, given)| given.then_some(field))
@@ -195,6 +207,11 @@ pub async fn update(
     }
     if let Some(rate) = changes.rate_limit_per_second {
         endpoint.rate_limit_per_second = endpoint::parse_rate_limit(rate)?;
+    }
+    match &changes.headers {
+        None => {}
+        Some(None) => endpoint.headers = CustomHeaders::default(),
+        Some(Some(patch)) => endpoint.headers = endpoint.headers.patched(Some(patch))?,
     }
     endpoint.updated_at = app.clock.now();
     let details = serde_json::json!({ "changed": changed });

@@ -1,8 +1,9 @@
-//! Signing secrets at rest: what a copy of the SQLite file or a raw DynamoDB item holds,
-//! key rotation, and a sealed secret moved onto another endpoint.
+//! Signing secrets and secret custom header values at rest: what a copy of the SQLite file
+//! or a raw DynamoDB item holds, key rotation, and a sealed secret moved onto another
+//! endpoint.
 
 use hooklane::{
-    domain::{endpoint::RetiringSecret, Endpoint},
+    domain::{endpoint::RetiringSecret, headers::CustomHeaders, Endpoint},
     secrets::{key_id, SecretsCipher},
     signing::SigningSecret,
     store::{sqlite::SqliteStore, Store},
@@ -12,21 +13,37 @@ use hooklane_testkit::fixtures::{account_with_endpoints, t0};
 const OLD: [u8; 32] = [1; 32];
 const NEW: [u8; 32] = [2; 32];
 
-/// Rotates `ep`'s secret as the API does: a new one, the old one retiring.
+/// Rotates `ep`'s secret as the API does: a new one, the old one retiring; and gives it a
+/// secret `Authorization` header.
 async fn rotate(store: &dyn Store, ep: &mut Endpoint) {
     let old = std::mem::replace(&mut ep.secret, SigningSecret::generate());
     ep.retiring_secret = Some(RetiringSecret {
         secret: old,
         until: hooklane::clock::add(t0(), std::time::Duration::from_secs(86_400)),
     });
+    let credential = SigningSecret::generate()
+        .expose()
+        .replace("whsec_", "Bearer ");
+    ep.headers = CustomHeaders::parse(Some(&serde_json::json!({
+        "authorization": credential,
+        "x-tenant": "t_1",
+    })))
+    .unwrap();
     store.update_endpoint(ep).await.unwrap();
 }
 
-/// The base64 bodies of an endpoint's secrets: what must not be found in storage.
+/// The base64 bodies of an endpoint's secrets and its secret header values: what must not
+/// be found in storage.
 fn bodies(ep: &Endpoint) -> Vec<String> {
     std::iter::once(&ep.secret)
         .chain(ep.retiring_secret.as_ref().map(|r| &r.secret))
         .map(|s| s.expose().trim_start_matches("whsec_").to_owned())
+        .chain(
+            ep.headers
+                .iter()
+                .filter(|(_, h)| h.secret)
+                .map(|(_, h)| h.value.clone()),
+        )
         .collect()
 }
 
@@ -63,7 +80,7 @@ async fn the_sqlite_file_holds_no_secret_and_a_rotation_reseals_under_the_new_ke
     let mut raw = std::fs::read(&path).unwrap();
     raw.extend(std::fs::read(dir.join("secrets.db-wal")).unwrap_or_default());
     let searched: Vec<String> = bodies(&a).into_iter().chain(bodies(&b)).collect();
-    assert_eq!(searched.len(), 3);
+    assert_eq!(searched.len(), 4, "three signing secrets, one header value");
     for body in &searched {
         assert!(!contains(&raw, body), "a secret in the raw file");
     }
@@ -103,17 +120,27 @@ async fn the_sqlite_file_holds_no_secret_and_a_rotation_reseals_under_the_new_ke
     assert_eq!(rotated.reseal_secrets().await.unwrap(), 0, "nothing left");
     drop(rotated);
     let raw_conn = rusqlite::Connection::open(&path).unwrap();
-    let stored: Vec<(String, Option<String>)> = raw_conn
-        .prepare("SELECT secret, retiring_secret FROM endpoints")
+    let stored: Vec<(String, Option<String>, Option<String>)> = raw_conn
+        .prepare("SELECT secret, retiring_secret, headers FROM endpoints")
         .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
     let now_sealed = format!("enc:v1:{}:", key_id(&NEW));
-    for value in stored.iter().flat_map(|(s, r)| std::iter::once(s).chain(r)) {
+    for value in stored
+        .iter()
+        .flat_map(|(s, r, _)| std::iter::once(s).chain(r))
+    {
         assert!(value.starts_with(&now_sealed), "{value}");
     }
+    let headers: Vec<&String> = stored.iter().filter_map(|(_, _, h)| h.as_ref()).collect();
+    assert_eq!(headers.len(), 1);
+    assert!(
+        headers[0].contains(&now_sealed) && !headers[0].contains(&key_id(&OLD)),
+        "the secret header value is sealed under the new key: {}",
+        headers[0]
+    );
     drop(raw_conn);
     let only_new = SqliteStore::open(&path, cipher(&NEW, None)).unwrap();
     assert_eq!(secrets_of(&only_new, &a).await.unwrap(), bodies(&a));
@@ -185,9 +212,11 @@ async fn a_raw_dynamodb_item_holds_no_secret_and_does_not_open_on_another_endpoi
         .as_s()
         .unwrap()
         .starts_with("enc:v1:"));
+    assert!(item["headers"].as_s().unwrap().contains("enc:v1:"));
     println!(
-        "raw DynamoDB item: {} characters searched for 2 secret bodies: 0 found",
-        dump.len()
+        "raw DynamoDB item: {} characters searched for {} secret bodies: 0 found",
+        dump.len(),
+        bodies(&a).len()
     );
 
     // Without the sealing key: a clear error. With it as the previous key: readable.

@@ -124,6 +124,29 @@ pub async fn endpoint_secrets_round_trip(store: &dyn Store) {
         listed.iter().map(exposed).collect::<Vec<_>>(),
         [exposed(&ep)]
     );
+
+    // Custom headers, a secret one among them, read back through every read, the sender's
+    // included; a patch that removes them all leaves none.
+    ep.headers = hooklane::domain::headers::CustomHeaders::parse(Some(&serde_json::json!({
+        "Authorization": "Bearer abc",
+        "X-Tenant": "t_1",
+    })))
+    .unwrap();
+    store.update_endpoint(&ep).await.unwrap();
+    assert_eq!(stored_endpoint(store, &ep).await.headers, ep.headers);
+    let listed = store.list_endpoints(&ep.account_id).await.unwrap();
+    assert_eq!(listed[0].headers, ep.headers);
+    let (_, d) = publish_one(store, &ep, "evt_h").await;
+    let work = store.load_work(&d.id).await.unwrap().unwrap();
+    assert_eq!(work.endpoint.unwrap().headers, ep.headers);
+    ep.headers = ep
+        .headers
+        .patched(Some(
+            &serde_json::json!({"authorization": null, "x-tenant": null}),
+        ))
+        .unwrap();
+    store.update_endpoint(&ep).await.unwrap();
+    assert!(stored_endpoint(store, &ep).await.headers.is_empty());
 }
 
 pub async fn accounts_and_endpoints(store: &dyn Store) {

@@ -42,6 +42,7 @@ pub fn endpoint(account: &str, id: &str, created_at: Timestamp) -> Endpoint {
         event_types: EventTypeFilter::all(),
         max_in_flight: 4,
         rate_limit_per_second: None,
+        headers: Default::default(),
         failing_since: None,
         disabled_reason: None,
         created_at,

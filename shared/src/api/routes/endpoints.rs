@@ -28,6 +28,26 @@ pub struct CreateEndpoint {
     /// A `whsec_…` secret to use instead of a generated one.
     #[schema(pattern = "^whsec_")]
     secret: Option<String>,
+    /// Headers sent with every attempt (at most 20), by name. Not `host`, `content-*`,
+    /// `webhook-*` or a hop-by-hop header; `authorization` is always secret.
+    #[schema(value_type = Option<HashMap<String, HeaderInput>>)]
+    headers: Option<serde_json::Value>,
+}
+
+/// A custom header's value: a string, or `{"value": "…", "secret": true}` for one the API
+/// never shows again (1 to 1024 printable ASCII characters).
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // Documents the shape; `CustomHeaders::parse` reads the value.
+pub enum HeaderInput {
+    #[schema(example = "tenant-42")]
+    Plain(String),
+    Marked {
+        #[schema(min_length = 1, max_length = 1024)]
+        value: String,
+        #[serde(default)]
+        secret: bool,
+    },
 }
 
 #[utoipa::path(
@@ -56,6 +76,7 @@ pub async fn create_endpoint(
             max_in_flight: body.max_in_flight,
             rate_limit_per_second: body.rate_limit_per_second,
             secret: body.secret,
+            headers: body.headers,
         },
         &caller,
     )
@@ -119,6 +140,13 @@ pub struct UpdateEndpoint {
     #[serde(default, deserialize_with = "whole::double_option")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 100000)]
     rate_limit_per_second: Option<Option<u32>>,
+    /// A merge patch of the headers: a name with a value sets it, with `null` removes it;
+    /// names left out stay as they are (a secret need not be sent again). `null` removes
+    /// them all.
+    #[serde(default, deserialize_with = "double_option")]
+    /// Each value a string, `{"value": "…", "secret": true}`, or `null`.
+    #[schema(value_type = Option<Object>)]
+    headers: Option<Option<serde_json::Value>>,
 }
 
 #[utoipa::path(
@@ -147,6 +175,7 @@ pub async fn update_endpoint(
             event_types: body.event_types,
             max_in_flight: body.max_in_flight,
             rate_limit_per_second: body.rate_limit_per_second,
+            headers: body.headers,
         },
         &caller,
     )

@@ -84,7 +84,7 @@ impl Default for LocalOptions {
 
 fn invalid(variable: &'static str, message: impl Into<String>) -> SettingsError {
     SettingsError {
-        variable,
+        variable: variable.into(),
         message: message.into(),
     }
 }

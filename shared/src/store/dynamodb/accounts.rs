@@ -109,7 +109,7 @@ impl DynamoStore {
             .set_key(Some(account_key(account.as_str(), id.as_str())))
             .update_expression(
                 "SET #deleted = :now, updated_at = :now, #status = :disabled \
-                 REMOVE secret, retiring_secret, retiring_until, failing_since, failing_shard",
+                 REMOVE secret, retiring_secret, retiring_until, headers, failing_since, failing_shard",
             )
             .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
             .expression_attribute_names("#deleted", DELETED_AT)

@@ -252,6 +252,12 @@ pub(super) fn endpoint_item(e: &Endpoint, secrets: &SecretsAccess) -> StoreResul
     if let Some(reason) = &e.disabled_reason {
         item.insert("disabled_reason".into(), s(reason));
     }
+    let headers = secrets
+        .seal_headers(&e.headers, &e.account_id, &e.id)
+        .map_err(|err| StoreError::Backend(format!("endpoint {}: {err}", e.id)))?;
+    if let Some(headers) = headers {
+        item.insert("headers".into(), s(headers));
+    }
     Ok(item)
 }
 
@@ -295,6 +301,9 @@ pub(super) fn endpoint_from_item(item: &Item, secrets: &SecretsAccess) -> StoreR
         _ => None,
     };
     let secret = open("secret", &secret)?;
+    let headers = secrets
+        .open_headers(opt_s(item, "headers").as_deref(), &account_id, &id)
+        .map_err(|e| StoreError::Corrupt(format!("endpoint {id} headers: {e}")))?;
     Ok(Endpoint {
         id,
         account_id,
@@ -307,6 +316,7 @@ pub(super) fn endpoint_from_item(item: &Item, secrets: &SecretsAccess) -> StoreR
             .map_err(|_| corrupt("event_types"))?,
         max_in_flight: get_n(item, "max_in_flight")?,
         rate_limit_per_second: opt_n(item, "rate_limit")?,
+        headers,
         failing_since: opt_n::<i64>(item, "failing_since")?.map(from_millis),
         disabled_reason: opt_s(item, "disabled_reason"),
         created_at: from_millis(get_n(item, "created_at")?),

@@ -32,7 +32,7 @@ impl DynamoStore {
                 .client
                 .scan()
                 .table_name(&self.tables.endpoints)
-                .projection_expression("account_id, id, secret, retiring_secret, #deleted")
+                .projection_expression("account_id, id, secret, retiring_secret, headers, #deleted")
                 .expression_attribute_names("#deleted", DELETED_AT)
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take())
@@ -48,16 +48,26 @@ impl DynamoStore {
                 let id = EndpointId::from_trusted(get_s(&item, "id")?);
                 let secret = get_s(&item, "secret")?;
                 let retiring = opt_s(&item, "retiring_secret");
+                let headers = opt_s(&item, "headers");
+                let corrupt = |e: SecretsError| {
+                    StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+                };
                 // Every value is opened, re-sealed or not: the walk checks that the keys
                 // configured open every secret of the table.
                 let resealed = cipher
                     .reseal((&secret, retiring.as_deref()), &account, &id)
-                    .map_err(|e| {
-                        StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
-                    })?;
-                let Some((new_secret, new_retiring)) = resealed else {
+                    .map_err(corrupt)?;
+                let new_headers = headers
+                    .as_deref()
+                    .map(|h| cipher.reseal_headers(h, &account, &id))
+                    .transpose()
+                    .map_err(corrupt)?
+                    .flatten();
+                if resealed.is_none() && new_headers.is_none() {
                     continue;
-                };
+                }
+                let (new_secret, new_retiring) =
+                    resealed.unwrap_or_else(|| (secret.clone(), retiring.clone()));
                 let mut update = self
                     .client
                     .update_item()
@@ -67,22 +77,29 @@ impl DynamoStore {
                     .expression_attribute_names("#deleted", DELETED_AT)
                     .expression_attribute_values(":old", s(secret.as_str()))
                     .expression_attribute_values(":new", s(new_secret));
-                update = match (&retiring, new_retiring) {
-                    (Some(old_retiring), Some(new_retiring)) => update
-                        .update_expression("SET secret = :new, retiring_secret = :new_r")
-                        .condition_expression(
-                            "secret = :old AND retiring_secret = :old_r \
-                             AND attribute_not_exists(#deleted)",
-                        )
-                        .expression_attribute_values(":old_r", s(old_retiring.as_str()))
-                        .expression_attribute_values(":new_r", s(new_retiring)),
-                    _ => update
-                        .update_expression("SET secret = :new")
-                        .condition_expression(
-                            "secret = :old AND attribute_not_exists(retiring_secret) \
-                         AND attribute_not_exists(#deleted)",
-                        ),
-                };
+                // Written only if what was read is still there.
+                let mut set = vec!["secret = :new"];
+                let mut condition = vec!["secret = :old", "attribute_not_exists(#deleted)"];
+                match (&retiring, new_retiring) {
+                    (Some(old_retiring), Some(new_retiring)) => {
+                        set.push("retiring_secret = :new_r");
+                        condition.push("retiring_secret = :old_r");
+                        update = update
+                            .expression_attribute_values(":old_r", s(old_retiring.as_str()))
+                            .expression_attribute_values(":new_r", s(new_retiring));
+                    }
+                    _ => condition.push("attribute_not_exists(retiring_secret)"),
+                }
+                if let (Some(old_headers), Some(new_headers)) = (&headers, new_headers) {
+                    set.push("headers = :new_h");
+                    condition.push("headers = :old_h");
+                    update = update
+                        .expression_attribute_values(":old_h", s(old_headers.as_str()))
+                        .expression_attribute_values(":new_h", s(new_headers));
+                }
+                let update = update
+                    .update_expression(format!("SET {}", set.join(", ")))
+                    .condition_expression(condition.join(" AND "));
                 match written(update.send().await)? {
                     Some(_) => report.resealed += 1,
                     None => report.changed_meanwhile += 1,

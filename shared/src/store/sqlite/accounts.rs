@@ -300,13 +300,9 @@ pub(super) fn rewrite_account(conn: &Connection, account: &Account) -> StoreResu
 }
 
 /// The write of `create_endpoint`.
-pub(super) fn insert_endpoint(
-    conn: &Connection,
-    e: &Endpoint,
-    sealed: &(String, Option<String>),
-) -> StoreResult<()> {
+pub(super) fn insert_endpoint(conn: &Connection, e: &Endpoint, sealed: &Sealed) -> StoreResult<()> {
     conn.execute(
-            &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+            &format!("INSERT INTO endpoints ({ENDPOINT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
             endpoint_row(e, sealed),
         )
         .map_err(|err| {
@@ -323,14 +319,14 @@ pub(super) fn insert_endpoint(
 pub(super) fn rewrite_endpoint(
     conn: &Connection,
     e: &Endpoint,
-    sealed: &(String, Option<String>),
+    sealed: &Sealed,
 ) -> StoreResult<()> {
     // The values an insert binds; `?14`, the creation time, is left as it is.
     let changed = conn
             .execute(
                 "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
                  status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
-                 disabled_reason = ?13, updated_at = ?15 WHERE id = ?1 AND account_id = ?2",
+                 disabled_reason = ?13, updated_at = ?15, headers = ?16 WHERE id = ?1 AND account_id = ?2",
                 endpoint_row(e, sealed),
             )
             .map_err(backend)?;

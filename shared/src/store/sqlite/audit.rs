@@ -175,7 +175,7 @@ impl SqliteStore {
 }
 
 /// The sealed secrets `audited_change` made for an endpoint change.
-fn sealed_of(sealed: &Option<(String, Option<String>)>) -> StoreResult<&(String, Option<String>)> {
+fn sealed_of(sealed: &Option<Sealed>) -> StoreResult<&Sealed> {
     sealed
         .as_ref()
         .ok_or_else(|| StoreError::Backend("an endpoint change without its sealed secrets".into()))

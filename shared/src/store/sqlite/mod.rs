@@ -152,34 +152,47 @@ impl SqliteStore {
         let cipher = self.secrets.clone();
         self.run(move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            let rows: Vec<(String, String, String, Option<String>)> = {
+            type Row = (String, String, String, Option<String>, Option<String>);
+            let rows: Vec<Row> = {
                 let mut stmt = tx
-                    .prepare("SELECT id, account_id, secret, retiring_secret FROM endpoints")
+                    .prepare("SELECT id, account_id, secret, retiring_secret, headers FROM endpoints")
                     .map_err(backend)?;
                 let rows = stmt
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
                     .map_err(backend)?;
                 rows.collect::<rusqlite::Result<_>>().map_err(backend)?
             };
             let mut changed = 0;
-            for (id, account, secret, retiring) in rows {
+            for (id, account, secret, retiring, headers) in rows {
                 let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
                 // Every value is opened, re-sealed or not: a start with the wrong key fails
                 // here, before serving, rather than at the endpoint's next delivery.
+                let corrupt = |e: crate::secrets::SecretsError| {
+                    StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+                };
                 let resealed = cipher
                     .reseal((&secret, retiring.as_deref()), &account, &id)
-                    .map_err(|e| {
-                        StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
-                    })?;
-                let Some((secret, retiring)) = resealed else {
-                    continue;
-                };
-                tx.execute(
-                    "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
-                    params![id.as_str(), account.as_str(), secret, retiring],
-                )
-                .map_err(backend)?;
-                changed += 1;
+                    .map_err(corrupt)?;
+                let headers = headers
+                    .map(|h| cipher.reseal_headers(&h, &account, &id))
+                    .transpose()
+                    .map_err(corrupt)?
+                    .flatten();
+                if let Some((secret, retiring)) = &resealed {
+                    tx.execute(
+                        "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
+                        params![id.as_str(), account.as_str(), secret, retiring],
+                    )
+                    .map_err(backend)?;
+                }
+                if let Some(headers) = &headers {
+                    tx.execute(
+                        "UPDATE endpoints SET headers = ?3 WHERE id = ?1 AND account_id = ?2",
+                        params![id.as_str(), account.as_str(), headers],
+                    )
+                    .map_err(backend)?;
+                }
+                changed += usize::from(resealed.is_some() || headers.is_some());
             }
             tx.commit().map_err(backend)?;
             Ok(changed)
@@ -228,6 +241,7 @@ impl SqliteStore {
         add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "accounts", ADDED_ACCOUNT_COLUMNS).map_err(backend)?;
+        add_missing_columns(&conn, "endpoints", ADDED_ENDPOINT_COLUMNS).map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (reads, scans, checkpoints) = helpers(&conn, &jobs)?;

@@ -7,32 +7,40 @@ pub(super) const ATTEMPT_COLUMNS: &str =
      response_headers, response_body, response_body_truncated, error";
 
 pub(super) const ENDPOINT_COLUMNS: &str = "id, account_id, url, description, secret, retiring_secret, retiring_until, status, \
-     event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at";
-/// An endpoint's signing secrets as stored: sealed by `cipher` (current, retiring).
-pub(super) fn sealed_secrets(
-    e: &Endpoint,
-    cipher: &SecretsCipher,
-) -> StoreResult<(String, Option<String>)> {
+     event_types, max_in_flight, rate_limit, failing_since, disabled_reason, created_at, updated_at, headers";
+
+/// An endpoint's secrets as stored, sealed: the signing secret, the retiring one, and the
+/// custom headers (their secret values sealed).
+pub(super) struct Sealed {
+    secret: String,
+    retiring: Option<String>,
+    headers: Option<String>,
+}
+
+/// An endpoint's secrets sealed by `cipher`.
+pub(super) fn sealed_secrets(e: &Endpoint, cipher: &SecretsCipher) -> StoreResult<Sealed> {
+    let failed = |err: crate::secrets::SecretsError| StoreError::Backend(err.to_string());
     let seal = |secret: &SigningSecret| {
         cipher
             .seal(&secret.expose(), &e.account_id, &e.id)
-            .map_err(|err| StoreError::Backend(err.to_string()))
+            .map_err(failed)
     };
-    Ok((
-        seal(&e.secret)?,
-        e.retiring_secret
+    Ok(Sealed {
+        secret: seal(&e.secret)?,
+        retiring: e
+            .retiring_secret
             .as_ref()
             .map(|r| seal(&r.secret))
             .transpose()?,
-    ))
+        headers: cipher
+            .seal_headers(&e.headers, &e.account_id, &e.id)
+            .map_err(failed)?,
+    })
 }
 
-/// An endpoint's values for `ENDPOINT_COLUMNS`, in that order (`?1` to `?15`), with its
+/// An endpoint's values for `ENDPOINT_COLUMNS`, in that order (`?1` to `?16`), with its
 /// secrets as [`sealed_secrets`] made them.
-pub(super) fn endpoint_row<'a>(
-    e: &'a Endpoint,
-    sealed: &'a (String, Option<String>),
-) -> impl rusqlite::Params + 'a {
+pub(super) fn endpoint_row<'a>(e: &'a Endpoint, sealed: &'a Sealed) -> impl rusqlite::Params + 'a {
     let event_types = e
         .event_types
         .patterns()
@@ -42,8 +50,8 @@ pub(super) fn endpoint_row<'a>(
         e.account_id.as_str(),
         e.url.as_str(),
         e.description.as_str(),
-        sealed.0.as_str(),
-        sealed.1.as_deref(),
+        sealed.secret.as_str(),
+        sealed.retiring.as_deref(),
         e.retiring_secret.as_ref().map(|r| to_millis(r.until)),
         e.status.as_str(),
         event_types,
@@ -53,6 +61,7 @@ pub(super) fn endpoint_row<'a>(
         e.disabled_reason.as_deref(),
         to_millis(e.created_at),
         to_millis(e.updated_at),
+        sealed.headers.as_deref(),
     )
 }
 
@@ -136,6 +145,10 @@ pub(super) fn endpoint_from_row(
     };
     let rate_limit: Option<i64> = row.get(10)?;
     let secret = open("secret", &secret)?;
+    let headers: Option<String> = row.get(15)?;
+    let headers = cipher
+        .open_headers(headers.as_deref(), &account_id, &id)
+        .map_err(|e| corrupt("headers", e))?;
     Ok(Endpoint {
         id,
         account_id,
@@ -148,6 +161,7 @@ pub(super) fn endpoint_from_row(
             .map_err(|e| corrupt("event_types", e))?,
         max_in_flight: u32_col(row, 9)?,
         rate_limit_per_second: rate_limit.and_then(|v| u32::try_from(v).ok()),
+        headers,
         failing_since: row.get::<_, Option<i64>>(11)?.map(from_millis),
         disabled_reason: row.get(12)?,
         created_at: from_millis(row.get(13)?),

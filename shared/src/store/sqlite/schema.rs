@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS endpoints (
   failing_since INTEGER,
   disabled_reason TEXT,
   created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL
+  updated_at INTEGER NOT NULL,
+  headers TEXT
 );
 CREATE INDEX IF NOT EXISTS endpoints_by_account ON endpoints(account_id, created_at);
 CREATE INDEX IF NOT EXISTS endpoints_failing ON endpoints(failing_since) WHERE failing_since IS NOT NULL;
@@ -178,6 +179,8 @@ pub(super) fn add_missing_columns(
 /// Columns added to `events` since its first layout.
 pub(super) const ADDED_ACCOUNT_COLUMNS: &[(&str, &str)] =
     &[("publish_rate", "INTEGER"), ("publish_burst", "INTEGER")];
+
+pub(super) const ADDED_ENDPOINT_COLUMNS: &[(&str, &str)] = &[("headers", "TEXT")];
 
 pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[("erased_at", "INTEGER")];
 

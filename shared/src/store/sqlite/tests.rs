@@ -179,6 +179,30 @@ async fn an_older_file_gains_the_replay_columns() {
     assert_eq!(delivery.next_trigger, Trigger::Scheduled);
 }
 
+#[tokio::test]
+async fn an_older_file_gains_the_headers_column_and_its_endpoints_have_none() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(
+        "CREATE TABLE endpoints (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, url TEXT NOT NULL, \
+           description TEXT NOT NULL, secret TEXT NOT NULL, retiring_secret TEXT, retiring_until INTEGER, \
+           status TEXT NOT NULL, event_types TEXT, max_in_flight INTEGER NOT NULL, rate_limit INTEGER, \
+           failing_since INTEGER, disabled_reason TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL); \
+         INSERT INTO endpoints VALUES ('ep_1', 'acme', 'https://a.example/h', '', \
+           'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', NULL, NULL, 'active', NULL, 4, NULL, NULL, NULL, 1, 2);",
+    )
+    .unwrap();
+    let store = older_file_opened(conn);
+    let endpoint = store
+        .get_endpoint(
+            &AccountId::from_trusted("acme".into()),
+            &EndpointId::from_trusted("ep_1".into()),
+        )
+        .await
+        .unwrap()
+        .expect("the older row");
+    assert!(endpoint.headers.is_empty());
+}
+
 /// Eight hours of traffic with a two-hour retention: each hour 400 events, all delivered but
 /// one. The purge keeps what is pending (and its event), removes the rest once old enough,
 /// and the file reuses the freed pages instead of growing.

@@ -6,6 +6,8 @@
 //! associated data is the endpoint's account and id: a value copied onto another endpoint
 //! does not open. A value without the `enc:` prefix is a plaintext secret written before
 //! encryption existed; it is read as it is and sealed at the next re-seal or write.
+//! Secret custom header values are sealed the same way, bound to their header's name too
+//! (`headers`).
 
 use std::sync::Arc;
 
@@ -20,6 +22,8 @@ use crate::{
     domain::{AccountId, EndpointId, InvalidField},
     signing::SigningSecret,
 };
+
+mod headers;
 
 const PREFIX: &str = "enc:";
 const V1: &str = "enc:v1:";
@@ -193,18 +197,23 @@ impl SecretsCipher {
         account: &AccountId,
         endpoint: &EndpointId,
     ) -> Result<String, SecretsError> {
+        self.seal_bound(secret, &associated_data(account, endpoint))
+    }
+
+    /// Seals `plain` under the current key; it opens only with the same `bound_to`.
+    fn seal_bound(&self, plain: &str, bound_to: &[u8]) -> Result<String, SecretsError> {
         let mut nonce = [0u8; NONCE_LEN];
         self.inner
             .random
             .fill(&mut nonce)
             .map_err(|_| SecretsError::Random)?;
-        let mut buffer = secret.as_bytes().to_vec();
+        let mut buffer = plain.as_bytes().to_vec();
         self.inner
             .current
             .key
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(associated_data(account, endpoint)),
+                Aad::from(bound_to),
                 &mut buffer,
             )
             .map_err(|_| SecretsError::Malformed("cannot seal"))?;
@@ -225,6 +234,12 @@ impl SecretsCipher {
         account: &AccountId,
         endpoint: &EndpointId,
     ) -> Result<String, SecretsError> {
+        self.open_bound(stored, &associated_data(account, endpoint))
+    }
+
+    /// The plaintext of a value [`Self::seal_bound`] made with the same `bound_to`, or the
+    /// value as it is without the `enc:` prefix.
+    fn open_bound(&self, stored: &str, bound_to: &[u8]) -> Result<String, SecretsError> {
         let Some(rest) = stored.strip_prefix(V1) else {
             if stored.starts_with(PREFIX) {
                 return Err(SecretsError::Malformed("unknown version"));
@@ -249,11 +264,7 @@ impl SecretsCipher {
             Nonce::try_assume_unique_for_key(&sealed).map_err(|_| SecretsError::Tampered)?;
         let plain = key
             .key
-            .open_in_place(
-                nonce,
-                Aad::from(associated_data(account, endpoint)),
-                &mut ciphertext,
-            )
+            .open_in_place(nonce, Aad::from(bound_to), &mut ciphertext)
             .map_err(|_| SecretsError::Tampered)?;
         String::from_utf8(plain.to_vec()).map_err(|_| SecretsError::Malformed("not UTF-8"))
     }
