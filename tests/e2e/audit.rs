@@ -10,25 +10,6 @@ use serde_json::{json, Value};
 
 use crate::support::{Scratch, Server};
 
-/// A request with `credential` instead of the admin token.
-async fn call_as(
-    server: &Server,
-    credential: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Value,
-) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .request(method, format!("{}{path}", server.base))
-        .bearer_auth(credential)
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 fn text(value: &Value, what: &str) -> String {
     value
         .as_str()
@@ -45,8 +26,9 @@ async fn read_log(server: &Server, credential: &str, account: &str, limit: u32) 
         if let Some(cursor) = &cursor {
             path.push_str(&format!("&cursor={cursor}"));
         }
-        let (status, page) =
-            call_as(server, credential, reqwest::Method::GET, &path, json!(null)).await;
+        let (status, page) = server
+            .request_as(credential, reqwest::Method::GET, &path, None)
+            .await;
         assert_eq!(status, 200, "{path}: {page}");
         let data = page["data"].as_array().expect("data");
         assert!(data.len() <= limit as usize, "{page}");
@@ -101,14 +83,14 @@ async fn script(server: &Server, farm: &Farm) -> (Expected, Vec<String>, String)
     expected.push(("key.created", "admin", None, "key", key_id.clone()));
 
     let endpoint_path = format!("/v1/accounts/acme/endpoints/{endpoint}");
-    let (status, body) = call_as(
-        server,
-        &key_secret,
-        Method::PATCH,
-        &endpoint_path,
-        json!({"description": "the shop"}),
-    )
-    .await;
+    let (status, body) = server
+        .request_as(
+            &key_secret,
+            Method::PATCH,
+            &endpoint_path,
+            Some(json!({"description": "the shop"})),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     expected.push((
         "endpoint.updated",
@@ -128,14 +110,14 @@ async fn script(server: &Server, farm: &Farm) -> (Expected, Vec<String>, String)
     expected.push(("token.created", "admin", None, "token", token_id.clone()));
 
     let rotate = format!("{endpoint_path}/secret/rotate");
-    let (status, rotated) = call_as(
-        server,
-        &credential,
-        Method::POST,
-        &rotate,
-        json!({"grace_period_seconds": 60}),
-    )
-    .await;
+    let (status, rotated) = server
+        .request_as(
+            &credential,
+            Method::POST,
+            &rotate,
+            Some(json!({"grace_period_seconds": 60})),
+        )
+        .await;
     assert_eq!(status, 200, "{rotated}");
     secrets.push(text(&rotated["secret"], "new secret"));
     expected.push((

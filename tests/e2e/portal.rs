@@ -6,19 +6,6 @@ use serde_json::{json, Value};
 
 use crate::support::{Scratch, Server};
 
-async fn call(server: &Server, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let response = reqwest::Client::new()
-        .request(method, format!("{}{path}", server.base))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// Makes a link; returns it and the token in its fragment.
 async fn link(server: &Server, account: &str, body: Value) -> (Value, String) {
     let (status, made) = server
@@ -60,31 +47,35 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
     );
 
     // The page's sign-in: the token names its account and holds the customer's scopes.
-    let (status, who) = call(server, "GET", "/v1/whoami", &token, Value::Null).await;
+    let (status, who) = server
+        .request_as(&token, reqwest::Method::GET, "/v1/whoami", None)
+        .await;
     assert_eq!((status, &who["account_id"]), (200, &json!("acme")), "{who}");
-    let (status, body) = call(
-        server,
-        "POST",
-        "/v1/accounts/acme/endpoints",
-        &token,
-        json!({"url": "http://127.0.0.1:9/mine"}),
-    )
-    .await;
+    let (status, body) = server
+        .request_as(
+            &token,
+            reqwest::Method::POST,
+            "/v1/accounts/acme/endpoints",
+            Some(json!({"url": "http://127.0.0.1:9/mine"})),
+        )
+        .await;
     assert_eq!(status, 201, "a full link manages endpoints: {body}");
     // Nothing of another account, not even whether it exists.
     for path in ["/v1/accounts/globex/endpoints", "/v1/accounts/globex"] {
-        let (status, body) = call(server, "GET", path, &token, Value::Null).await;
+        let (status, body) = server
+            .request_as(&token, reqwest::Method::GET, path, None)
+            .await;
         assert_eq!(status, 404, "{path}: {body}");
     }
     // A link cannot make links: that is the platform's (admin) call.
-    let (status, body) = call(
-        server,
-        "POST",
-        "/v1/accounts/acme/portal",
-        &token,
-        json!({}),
-    )
-    .await;
+    let (status, body) = server
+        .request_as(
+            &token,
+            reqwest::Method::POST,
+            "/v1/accounts/acme/portal",
+            Some(json!({})),
+        )
+        .await;
     assert_eq!(status, 403, "{body}");
 
     // Read-only: the reading scopes and nothing else.
@@ -95,7 +86,9 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
     )
     .await;
     assert_eq!(made["read_only"], true, "{made}");
-    let (_, who) = call(server, "GET", "/v1/whoami", &reader, Value::Null).await;
+    let (_, who) = server
+        .request_as(&reader, reqwest::Method::GET, "/v1/whoami", None)
+        .await;
     let mut scopes: Vec<&str> = who["scopes"]
         .as_array()
         .expect("scopes")
@@ -107,29 +100,29 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
         scopes,
         ["accounts:read", "deliveries:read", "endpoints:read"]
     );
-    let (status, _) = call(
-        server,
-        "GET",
-        "/v1/accounts/acme/endpoints",
-        &reader,
-        Value::Null,
-    )
-    .await;
+    let (status, _) = server
+        .request_as(
+            &reader,
+            reqwest::Method::GET,
+            "/v1/accounts/acme/endpoints",
+            None,
+        )
+        .await;
     assert_eq!(status, 200);
-    for (method, path, body) in [
+    for (path, body) in [
         (
-            "POST",
             "/v1/accounts/acme/endpoints",
             json!({"url": "http://127.0.0.1:9/x"}),
         ),
         (
-            "POST",
             "/v1/accounts/acme/events",
             json!({"type": "a.b", "data": {}}),
         ),
     ] {
-        let (status, body) = call(server, method, path, &reader, body).await;
-        assert_eq!(status, 403, "{method} {path} with a read-only link: {body}");
+        let (status, body) = server
+            .request_as(&reader, reqwest::Method::POST, path, Some(body))
+            .await;
+        assert_eq!(status, 403, "POST {path} with a read-only link: {body}");
     }
 
     // Revoked by its id, as any account token: refused from then on.
@@ -142,9 +135,13 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
         )
         .await;
     assert_eq!(status, 204, "{body}");
-    let (status, body) = call(server, "GET", "/v1/whoami", &reader, Value::Null).await;
+    let (status, body) = server
+        .request_as(&reader, reqwest::Method::GET, "/v1/whoami", None)
+        .await;
     assert_eq!(status, 401, "a revoked link still signs in: {body}");
-    let (status, _) = call(server, "GET", "/v1/whoami", &token, Value::Null).await;
+    let (status, _) = server
+        .request_as(&token, reqwest::Method::GET, "/v1/whoami", None)
+        .await;
     assert_eq!(status, 200, "revoking one link leaves the others");
 
     // Bad input names its field; nothing is minted for it.

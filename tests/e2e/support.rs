@@ -203,10 +203,21 @@ impl Server {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
+        self.request_as(ADMIN_TOKEN, method, path, body).await
+    }
+
+    /// [`Server::request`] with another credential than the admin token.
+    pub async fn request_as(
+        &self,
+        credential: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
-            .bearer_auth(ADMIN_TOKEN)
+            .bearer_auth(credential)
             .timeout(Duration::from_secs(30));
         if let Some(body) = body {
             request = request.json(&body);

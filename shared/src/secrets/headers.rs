@@ -41,8 +41,10 @@ fn write(headers: &StoredHeaders) -> String {
     serde_json::to_string(headers).unwrap_or_default()
 }
 
-impl SecretsCipher {
+impl SecretsAccess {
     /// The stored form of `headers` (`None` when there are none), secret values sealed.
+    /// Without a key no endpoint is written (its signing secret is refused too), so neither
+    /// are its headers ([`SecretsError::Withheld`]).
     pub fn seal_headers(
         &self,
         headers: &CustomHeaders,
@@ -52,10 +54,13 @@ impl SecretsCipher {
         if headers.is_empty() {
             return Ok(None);
         }
+        let Self::Keys(cipher) = self else {
+            return Err(SecretsError::Withheld);
+        };
         let mut stored = StoredHeaders::new();
         for (name, header) in headers.iter() {
             let value = if header.secret {
-                self.seal_bound(&header.value, &bound_to(account, endpoint, name))?
+                cipher.seal_bound(&header.value, &bound_to(account, endpoint, name))?
             } else {
                 header.value.clone()
             };
@@ -65,7 +70,7 @@ impl SecretsCipher {
         Ok(Some(write(&stored)))
     }
 
-    /// The headers in a stored form, secret values opened.
+    /// The headers in a stored form, secret values opened; without a key they read as empty.
     pub fn open_headers(
         &self,
         stored: Option<&str>,
@@ -77,16 +82,20 @@ impl SecretsCipher {
         };
         let mut headers = Vec::new();
         for (name, Stored { value, secret }) in parse(stored)? {
-            let value = if secret {
-                self.open_bound(&value, &bound_to(account, endpoint, &name))?
-            } else {
-                value
+            let value = match self {
+                Self::Keys(cipher) if secret => {
+                    cipher.open_bound(&value, &bound_to(account, endpoint, &name))?
+                }
+                Self::Withheld if secret => String::new(),
+                _ => value,
             };
             headers.push((name, CustomHeader { value, secret }));
         }
         Ok(CustomHeaders::from_trusted(headers))
     }
+}
 
+impl SecretsCipher {
     /// The stored headers with every secret value sealed under the current key, or `None`
     /// when they already are. Every value is opened either way (see [`Self::reseal`]).
     pub fn reseal_headers(
@@ -95,54 +104,15 @@ impl SecretsCipher {
         account: &AccountId,
         endpoint: &EndpointId,
     ) -> Result<Option<String>, SecretsError> {
-        let headers = self.open_headers(Some(stored), account, endpoint)?;
+        let access = SecretsAccess::Keys(self.clone());
+        let headers = access.open_headers(Some(stored), account, endpoint)?;
         let stale = parse(stored)?
             .values()
             .any(|h| h.secret && self.needs_reseal(&h.value));
         if !stale {
             return Ok(None);
         }
-        self.seal_headers(&headers, account, endpoint)
-    }
-}
-
-impl SecretsAccess {
-    /// [`SecretsCipher::seal_headers`]; without a key no endpoint is written (its signing
-    /// secret is refused too), so neither are its headers ([`SecretsError::Withheld`]).
-    pub fn seal_headers(
-        &self,
-        headers: &CustomHeaders,
-        account: &AccountId,
-        endpoint: &EndpointId,
-    ) -> Result<Option<String>, SecretsError> {
-        match self {
-            Self::Keys(cipher) => cipher.seal_headers(headers, account, endpoint),
-            Self::Withheld if headers.is_empty() => Ok(None),
-            Self::Withheld => Err(SecretsError::Withheld),
-        }
-    }
-
-    /// [`SecretsCipher::open_headers`]; without a key, secret values read as empty.
-    pub fn open_headers(
-        &self,
-        stored: Option<&str>,
-        account: &AccountId,
-        endpoint: &EndpointId,
-    ) -> Result<CustomHeaders, SecretsError> {
-        match self {
-            Self::Keys(cipher) => cipher.open_headers(stored, account, endpoint),
-            Self::Withheld => {
-                let Some(stored) = stored else {
-                    return Ok(CustomHeaders::default());
-                };
-                Ok(CustomHeaders::from_trusted(parse(stored)?.into_iter().map(
-                    |(name, Stored { value, secret })| {
-                        let value = if secret { String::new() } else { value };
-                        (name, CustomHeader { value, secret })
-                    },
-                )))
-            }
-        }
+        access.seal_headers(&headers, account, endpoint)
     }
 }
 
@@ -161,7 +131,7 @@ mod tests {
 
     #[test]
     fn secret_values_are_sealed_to_their_endpoint_and_name() {
-        let cipher = SecretsCipher::new(&[4u8; 32], None).unwrap();
+        let cipher = SecretsAccess::from(SecretsCipher::new(&[4u8; 32], None).unwrap());
         let (account, endpoint) = ids("ep_1");
         let headers = CustomHeaders::parse(Some(&json!({
             "Authorization": "Bearer s3cr3t-value",
@@ -222,7 +192,7 @@ mod tests {
         let (account, endpoint) = ids("ep_1");
         let headers =
             CustomHeaders::parse(Some(&json!({"authorization": "Bearer x", "x-a": "1"}))).unwrap();
-        let stored = old
+        let stored = SecretsAccess::from(old)
             .seal_headers(&headers, &account, &endpoint)
             .unwrap()
             .unwrap();
@@ -231,13 +201,15 @@ mod tests {
             .unwrap()
             .expect("sealed under the previous key");
         assert!(resealed.contains(new.key_id()), "{resealed}");
+        let access = SecretsAccess::from(new.clone());
         assert_eq!(
-            new.open_headers(Some(&resealed), &account, &endpoint)
+            access
+                .open_headers(Some(&resealed), &account, &endpoint)
                 .unwrap(),
             headers
         );
         assert_eq!(new.reseal_headers(&resealed, &account, &endpoint), Ok(None));
-        let plain_only = new
+        let plain_only = access
             .seal_headers(
                 &CustomHeaders::parse(Some(&json!({"x-a": "1"}))).unwrap(),
                 &account,

@@ -21,7 +21,7 @@ use crate::{
         EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
         ReplayScope, Trigger,
     },
-    secrets::SecretsCipher,
+    secrets::{SecretsAccess, SecretsCipher},
     signing::SigningSecret,
 };
 

@@ -32,7 +32,7 @@ pub(super) fn sealed_secrets(e: &Endpoint, cipher: &SecretsCipher) -> StoreResul
             .as_ref()
             .map(|r| seal(&r.secret))
             .transpose()?,
-        headers: cipher
+        headers: SecretsAccess::from(cipher.clone())
             .seal_headers(&e.headers, &e.account_id, &e.id)
             .map_err(failed)?,
     })
@@ -146,7 +146,7 @@ pub(super) fn endpoint_from_row(
     let rate_limit: Option<i64> = row.get(10)?;
     let secret = open("secret", &secret)?;
     let headers: Option<String> = row.get(15)?;
-    let headers = cipher
+    let headers = SecretsAccess::from(cipher.clone())
         .open_headers(headers.as_deref(), &account_id, &id)
         .map_err(|e| corrupt("headers", e))?;
     Ok(Endpoint {
