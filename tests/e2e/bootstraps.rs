@@ -340,6 +340,28 @@ async fn the_five_bootstraps_run_on_the_template_environment_behind_a_runtime_ap
     let account = json!({"id": "acme", "name": "Acme", "owner_email": "ops@acme.example"});
     let (status, body) = call(&mut api, "POST", "/v1/accounts", Some(account), token).await;
     assert_eq!(status, 201, "{body}");
+    // A portal link names the address API Gateway was called at (the event's Host, https):
+    // `PublicUrl` is left empty, as the template's default.
+    let (status, link) = call(
+        &mut api,
+        "POST",
+        "/v1/accounts/acme/portal",
+        Some(json!({"read_only": true})),
+        token,
+    )
+    .await;
+    assert_eq!(status, 201, "{link}");
+    let host = fixture("api/fixtures/http-api-create-account.json")["headers"]["host"].clone();
+    let page = format!(
+        "https://{}/ui#token=hl_acct_",
+        host.as_str().unwrap_or_default()
+    );
+    assert!(
+        link["url"]
+            .as_str()
+            .is_some_and(|url| url.starts_with(&page)),
+        "{link} is not under {page}"
+    );
     let endpoint = json!({"url": farm.url("hooks")});
     let (status, body) = call(
         &mut api,
