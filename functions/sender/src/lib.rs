@@ -312,6 +312,9 @@ mod tests {
         let _subscriber = tracing::subscriber::set_default(
             hooklane::aws::lambda::lambda_log_subscriber(move || writer.clone()),
         );
+        // The crash tests beside this one hit the same span callsites on threads without a
+        // subscriber; whatever interest they cached, this thread's subscriber counts now.
+        tracing::callsite::rebuild_interest_cache();
         let (_, shape) = emulated_shape().await;
         // A port nobody listens on: the attempt fails and is retried later.
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
