@@ -513,8 +513,9 @@ async fn refused_after(server: &Server, credential: &str, path: &str, since: Ins
     }
 }
 
-/// Revokes a key, a token and then all of an account's tokens, each while it is in use, and
-/// measures how long after the revoking request was sent the credential is refused.
+/// Revokes a key, a token, all of an account's tokens and all of its keys, each while it is
+/// in use, and measures how long after the revoking request was sent the credential is
+/// refused.
 async fn revocation_latency(server: &Server, shape: &str) -> Duration {
     server.create_account("acme").await;
     let probe = "/v1/accounts/acme";
@@ -528,7 +529,14 @@ async fn revocation_latency(server: &Server, shape: &str) -> Duration {
         .as_str()
         .expect("token")
         .to_owned();
-    for credential in [&key_credential, &first, &second] {
+    // Keys for the bulk revocation: two limited to acme (one to beta as well), and one for
+    // every account, which is the operator's and stays.
+    server.create_account("beta").await;
+    let (acme_key, acme_key_id) = key(server, &["accounts:read"], Some(&["acme"]), None).await;
+    let (shared_key, shared_key_id) =
+        key(server, &["accounts:read"], Some(&["acme", "beta"]), None).await;
+    let (everywhere_key, _) = key(server, &["accounts:read"], None, None).await;
+    for credential in [&key_credential, &first, &second, &acme_key, &shared_key] {
         // In use, so that whatever can be cached is.
         let (status, body) = call(server, "GET", probe, Some(credential)).await;
         assert_eq!(status, 200, "{body}");
@@ -546,15 +554,58 @@ async fn revocation_latency(server: &Server, shape: &str) -> Duration {
             "/v1/accounts/acme/tokens".to_owned(),
             second.clone(),
         ),
+        (
+            "key (all of its account's)",
+            "/v1/accounts/acme/keys".to_owned(),
+            acme_key.clone(),
+        ),
     ];
+    let mut bulk_keys = Value::Null;
     for (what, path, credential) in revocations {
         let sent = Instant::now();
         let (status, body) = server.request(reqwest::Method::DELETE, &path, None).await;
         assert!(status == 200 || status == 204, "{path}: {status} {body}");
+        if path.ends_with("/keys") {
+            bulk_keys = body;
+        }
         let latency = refused_after(server, &credential, probe, sent).await;
         println!("revocation ({shape}): a revoked {what} is refused {latency:?} after the revoking request was sent");
         worst = worst.max(latency);
     }
+    // The bulk revocation answered the keys it revoked: acme's two live ones, not the one
+    // revoked before it, not the key for every account.
+    let mut listed: Vec<&str> = bulk_keys["data"]
+        .as_array()
+        .expect("a list of keys")
+        .iter()
+        .map(|k| {
+            assert!(k["revoked_at"].is_string(), "{k}");
+            k["id"].as_str().expect("key id")
+        })
+        .collect();
+    listed.sort_unstable();
+    let mut want = vec![acme_key_id.as_str(), shared_key_id.as_str()];
+    want.sort_unstable();
+    assert_eq!(listed, want, "{bulk_keys}");
+    let (status, body) = call(server, "GET", "/v1/accounts/beta", Some(&shared_key)).await;
+    assert_eq!(
+        status, 401,
+        "a key limited to acme and beta is revoked for beta too: {body}"
+    );
+    let (status, body) = call(server, "GET", probe, Some(&everywhere_key)).await;
+    assert_eq!(status, 200, "a key for every account stays: {body}");
+    let (status, body) = server
+        .request(reqwest::Method::DELETE, "/v1/accounts/acme/keys", None)
+        .await;
+    assert_eq!(
+        (status, body["data"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "revoking again revokes nothing: {body}"
+    );
+    let (status, body) = server
+        .request(reqwest::Method::DELETE, "/v1/accounts/nobody/keys", None)
+        .await;
+    assert_eq!(status, 404, "{body}");
     // A token minted after the account's revocation works.
     let fresh = mint(server, "acme", 600).await["token"]
         .as_str()

@@ -90,6 +90,7 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::whoami))
         .routes(routes!(routes::create_key, routes::list_keys))
         .routes(routes!(routes::revoke_key))
+        .routes(routes!(routes::revoke_account_keys))
 }
 
 /// The routes that need no token.

@@ -1,5 +1,5 @@
 //! Scoped API keys: make one (the secret is returned once and kept only as a digest), list
-//! them, revoke one.
+//! them, revoke one or all of an account's.
 
 use super::{
     access::{key_credential, new_key_secret, sha256_hex, Access},
@@ -147,4 +147,26 @@ pub async fn revoke(
         .await?;
     }
     Ok(key)
+}
+
+/// Revokes every key limited to `account` that is not revoked yet, and returns them. A key
+/// limited to several accounts is revoked for all of them (a key cannot lose one of its
+/// accounts); a key that reaches every account is the operator's and stays.
+pub async fn revoke_account_keys(
+    app: &App,
+    access: &Access,
+    account: &AccountId,
+    caller: &Caller,
+) -> ServiceResult<Vec<ApiKey>> {
+    if app.store.get_account(account).await?.is_none() {
+        return Err(ServiceError::NotFound("account"));
+    }
+    let mut revoked = Vec::new();
+    for key in app.store.list_api_keys().await? {
+        let limited_to_it = key.accounts.as_ref().is_some_and(|a| a.contains(account));
+        if limited_to_it && key.revoked_at.is_none() {
+            revoked.push(revoke(app, access, &key.id, caller).await?);
+        }
+    }
+    Ok(revoked)
 }

@@ -1,4 +1,5 @@
-//! Scoped API keys: make one (its secret shown once), list them, revoke one.
+//! Scoped API keys: make one (its secret shown once), list them, revoke one or all of an
+//! account's.
 
 use axum::extract::Path;
 
@@ -98,4 +99,26 @@ pub async fn revoke_key(
     let id = ApiKeyId::parse(&raw).ok_or_else(|| ApiError::not_found("key"))?;
     let key = keys::revoke(&state.app, &state.access, &id, &caller).await?;
     Ok(Json(KeyView::from(&key)).into_response())
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/accounts/{account}/keys",
+    security(("bearer" = ["admin"])),
+    tag = "access",
+    summary = "Revokes every API key limited to the account (also for the other accounts a key is limited to); keys for every account stay.",
+    params(AccountPath),
+    responses((status = 200, description = "The keys this call revoked, with `revoked_at` (none the second time)", body = KeyList), ReadErrors),
+)]
+pub async fn revoke_account_keys(
+    State(state): State<ApiState>,
+    Scoped(account): Scoped,
+    caller: Caller,
+) -> ApiResult<Response> {
+    let keys = keys::revoke_account_keys(&state.app, &state.access, &account, &caller).await?;
+    Ok(Json(ListView {
+        data: keys.iter().map(KeyView::from).collect(),
+        next_cursor: None,
+    })
+    .into_response())
 }
