@@ -212,7 +212,7 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
     assert!(store.get_api_key(&key.id).await.unwrap().is_some());
     assert_eq!(
         read_all(store, Some(&acme), 10).await,
-        vec![for_acme, updated, added, created]
+        vec![for_acme, updated, added, created.clone()]
     );
     let beta = AccountId::parse("beta").unwrap();
     assert_eq!(read_all(store, Some(&beta), 10).await, vec![for_beta]);
@@ -258,4 +258,63 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
     assert_eq!(store.get_setting("k").await.unwrap().as_deref(), Some("v"));
     assert_eq!(read_all(store, None, 10).await, vec![rotated]);
     assert_eq!(read_all(store, Some(&beta), 1).await[..2], [all, revoked]);
+
+    // An entry that cannot be written (its id is taken) takes its change with it.
+    let gamma = AccountId::parse("gamma").unwrap();
+    let change = AuditedChange::CreateAccount(account("gamma"));
+    assert!(store
+        .audited_change(&change, std::slice::from_ref(&created))
+        .await
+        .is_err());
+    assert!(
+        store.get_account(&gamma).await.unwrap().is_none(),
+        "the account was created without its entry"
+    );
+
+    // A revocation made again changes nothing but is still recorded.
+    let again = entry(Some("beta"), 9, Actor::Admin, AuditAction::TokenRevoked);
+    let change = AuditedChange::RevokeToken {
+        account: beta.clone(),
+        token_id: "tok_1".into(),
+        at: add(t0(), Duration::from_secs(60)),
+    };
+    store
+        .audited_change(&change, std::slice::from_ref(&again))
+        .await
+        .unwrap();
+    let revocation = store
+        .token_revocation(&hooklane::store::TokenRef {
+            account: beta.clone(),
+            token_id: "tok_1".to_owned(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(revocation.revoked_at, Some(t0()), "the first time stays");
+    assert_eq!(read_all(store, Some(&beta), 10).await[0], again);
+
+    // A key limited to the most accounts a key may have: the change and 100 entries, more
+    // than one DynamoDB transaction takes. Every entry is written.
+    let accounts: Vec<AccountId> = (0..hooklane::domain::access::MAX_KEY_ACCOUNTS)
+        .map(|i| AccountId::parse(&format!("wide{i:03}")).unwrap())
+        .collect();
+    let key = hooklane::domain::ApiKey {
+        id: ApiKeyId::generate(),
+        accounts: Some(accounts.clone()),
+        ..key
+    };
+    let entries: Vec<AuditEntry> = accounts
+        .iter()
+        .map(|a| entry(Some(a.as_str()), 10, Actor::Admin, AuditAction::KeyCreated))
+        .collect();
+    store
+        .audited_change(&AuditedChange::CreateApiKey(key.clone()), &entries)
+        .await
+        .unwrap();
+    assert!(store.get_api_key(&key.id).await.unwrap().is_some());
+    for (account, entry) in accounts.iter().zip(&entries).rev().take(3) {
+        assert_eq!(
+            read_all(store, Some(account), 10).await,
+            std::slice::from_ref(entry)
+        );
+    }
 }

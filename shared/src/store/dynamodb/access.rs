@@ -11,9 +11,10 @@ use crate::{
 };
 
 /// How long a revoked token's record is kept: longer than any token lives (90 days).
-const TOKEN_RECORD_KEPT: std::time::Duration = std::time::Duration::from_secs(91 * 86_400);
+pub(super) const TOKEN_RECORD_KEPT: std::time::Duration =
+    std::time::Duration::from_secs(91 * 86_400);
 
-fn revoked_pk(account: &AccountId, token_id: &str) -> String {
+pub(super) fn revoked_pk(account: &AccountId, token_id: &str) -> String {
     format!("revoked#{account}#{token_id}")
 }
 
@@ -25,7 +26,7 @@ fn key_pk(id: &ApiKeyId) -> String {
     format!("apikey#{id}")
 }
 
-fn api_key_item(key: &ApiKey) -> Item {
+pub(super) fn api_key_item(key: &ApiKey) -> Item {
     let mut item = Item::from([
         ("pk".to_owned(), s(key_pk(&key.id))),
         ("list".to_owned(), s(API_KEYS)),
@@ -91,31 +92,8 @@ fn api_key_from_item(item: &Item) -> StoreResult<ApiKey> {
 
 impl DynamoStore {
     pub(super) async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()> {
-        self.put_new_control_item(api_key_item(key), "api key", key.id.as_str())
+        self.audited_change(&AuditedChange::CreateApiKey(key.clone()), &[])
             .await
-    }
-
-    /// Writes a new item of the control table; `Conflict` when its key is taken.
-    pub(super) async fn put_new_control_item(
-        &self,
-        item: Item,
-        entity: &'static str,
-        id: &str,
-    ) -> StoreResult<()> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.control)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await;
-        written(result)?
-            .map(|_| ())
-            .ok_or_else(|| StoreError::Conflict {
-                entity,
-                id: id.to_owned(),
-            })
     }
 
     pub(super) async fn get_api_key(&self, id: &ApiKeyId) -> StoreResult<Option<ApiKey>> {
@@ -166,20 +144,12 @@ impl DynamoStore {
     }
 
     pub(super) async fn revoke_token(&self, token: &TokenRef, at: Timestamp) -> StoreResult<()> {
-        let expires = crate::clock::add(at, TOKEN_RECORD_KEPT).timestamp();
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.control)
-            .item("pk", s(revoked_pk(&token.account, &token.token_id)))
-            .item("revoked_at", n(to_millis(at)))
-            .item("expires_at", n(expires))
-            // The first revocation's time stays.
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await;
-        written(result)?;
-        Ok(())
+        let change = AuditedChange::RevokeToken {
+            account: token.account.clone(),
+            token_id: token.token_id.clone(),
+            at,
+        };
+        self.audited_change(&change, &[]).await
     }
 
     pub(super) async fn revoke_account_tokens(
@@ -187,19 +157,11 @@ impl DynamoStore {
         account: &AccountId,
         before: Timestamp,
     ) -> StoreResult<()> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.tables.control)
-            .key("pk", s(revoked_pk(account, "*")))
-            .update_expression("SET revoked_at = :at")
-            // Only forward: a slower request with an earlier time does not undo a later one.
-            .condition_expression("attribute_not_exists(revoked_at) OR revoked_at < :at")
-            .expression_attribute_values(":at", n(to_millis(before)))
-            .send()
-            .await;
-        written(result)?;
-        Ok(())
+        let change = AuditedChange::RevokeAccountTokens {
+            account: account.clone(),
+            before,
+        };
+        self.audited_change(&change, &[]).await
     }
 
     pub(super) async fn token_revocation(&self, token: &TokenRef) -> StoreResult<TokenRevocation> {

@@ -5,20 +5,8 @@ use super::*;
 
 impl DynamoStore {
     pub(super) async fn create_account(&self, account: &Account) -> StoreResult<()> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.accounts)
-            .set_item(Some(account_item(account)))
-            .condition_expression("attribute_not_exists(id)")
-            .send()
-            .await;
-        written(result)?
-            .map(|_| ())
-            .ok_or_else(|| StoreError::Conflict {
-                entity: "account",
-                id: account.id.to_string(),
-            })
+        self.audited_change(&AuditedChange::CreateAccount(account.clone()), &[])
+            .await
     }
 
     pub(super) async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
@@ -29,36 +17,13 @@ impl DynamoStore {
     }
 
     pub(super) async fn update_account(&self, account: &Account) -> StoreResult<()> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.accounts)
-            .set_item(Some(account_item(account)))
-            .condition_expression("attribute_exists(id)")
-            .send()
-            .await;
-        written(result)?
-            .map(|_| ())
-            .ok_or(StoreError::NotFound("account"))
+        self.audited_change(&AuditedChange::UpdateAccount(account.clone()), &[])
+            .await
     }
 
     pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.endpoints)
-            .set_item(Some(endpoint_item(endpoint, &self.secrets)?))
-            // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
-            .condition_expression("attribute_not_exists(id) OR attribute_exists(#deleted)")
-            .expression_attribute_names("#deleted", DELETED_AT)
-            .send()
-            .await;
-        written(result)?
-            .map(|_| ())
-            .ok_or_else(|| StoreError::Conflict {
-                entity: "endpoint",
-                id: endpoint.id.to_string(),
-            })
+        self.audited_change(&AuditedChange::CreateEndpoint(endpoint.clone()), &[])
+            .await
     }
 
     pub(super) async fn get_endpoint(
@@ -83,18 +48,8 @@ impl DynamoStore {
     }
 
     pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.tables.endpoints)
-            .set_item(Some(endpoint_item(endpoint, &self.secrets)?))
-            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
-            .expression_attribute_names("#deleted", DELETED_AT)
-            .send()
-            .await;
-        written(result)?
-            .map(|_| ())
-            .ok_or(StoreError::NotFound("endpoint"))
+        self.audited_change(&AuditedChange::UpdateEndpoint(endpoint.clone()), &[])
+            .await
     }
 
     pub(super) async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool> {
@@ -193,14 +148,10 @@ impl DynamoStore {
     }
 
     pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
-        self.client
-            .put_item()
-            .table_name(&self.tables.control)
-            .item("pk", s(format!("setting#{key}")))
-            .item("value", s(value))
-            .send()
-            .await
-            .map_err(sdk)?;
-        Ok(())
+        let change = AuditedChange::PutSetting {
+            key: key.to_owned(),
+            value: value.to_owned(),
+        };
+        self.audited_change(&change, &[]).await
     }
 }

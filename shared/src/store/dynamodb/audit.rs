@@ -7,11 +7,9 @@
 //! written a moment ago may be missing from a page for a moment.
 
 use super::items::*;
+use super::write::Write;
 use super::*;
-use crate::{
-    domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind},
-    store::AuditedChange,
-};
+use crate::domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind};
 
 const LISTED: &str = "listed";
 /// The account part of the operator's entries (no account id holds `*`).
@@ -75,40 +73,147 @@ fn audit_from_item(item: &Item) -> StoreResult<AuditEntry> {
     })
 }
 
+/// What an audited change's failed condition means.
+enum Refused {
+    /// The change cannot be made: this error, and nothing written.
+    With(StoreError),
+    /// Nothing is left to do (a revocation already made): its entries are still written.
+    AlreadyDone,
+}
+
+impl Refused {
+    fn outcome(self) -> StoreResult<()> {
+        match self {
+            Self::With(error) => Err(error),
+            Self::AlreadyDone => Ok(()),
+        }
+    }
+}
+
 impl DynamoStore {
-    /// The change, then its entries: DynamoDB has no transaction across the SDK calls
-    /// the changes are made of, so a failure after the change leaves it without entries.
+    /// The change and its entries in one `TransactWriteItems`: neither is written without
+    /// the other. Without entries, the change alone, as a plain conditional write. A change
+    /// whose condition fails is refused as `refused` says, its entries unwritten, except
+    /// a revocation already made, whose entries are written alone (as SQLite does).
     pub(super) async fn audited_change(
         &self,
         change: &AuditedChange,
         entries: &[AuditEntry],
     ) -> StoreResult<()> {
-        match change {
-            AuditedChange::CreateAccount(account) => self.create_account(account).await?,
-            AuditedChange::UpdateAccount(account) => self.update_account(account).await?,
-            AuditedChange::CreateEndpoint(endpoint) => self.create_endpoint(endpoint).await?,
-            AuditedChange::UpdateEndpoint(endpoint) => self.update_endpoint(endpoint).await?,
-            AuditedChange::CreateApiKey(key) => self.create_api_key(key).await?,
+        let (write, refused) = self.change_write(change)?;
+        if entries.is_empty() {
+            return match write.send(&self.client).await? {
+                Some(()) => Ok(()),
+                None => refused.outcome(),
+            };
+        }
+        let mut items = vec![write.transact_item()?];
+        for entry in entries {
+            items.push(self.audit_write(entry).transact_item()?);
+        }
+        // A key limited to 100 accounts has 100 entries: those past DynamoDB's limit on a
+        // transaction are written just after it.
+        let rest = items.split_off(items.len().min(MAX_TRANSACTION_ITEMS));
+        match self.transact(items).await {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(failed)) if failed == [0] => {
+                refused.outcome()?;
+                for entry in entries {
+                    self.append_audit(entry).await?;
+                }
+                return Ok(());
+            }
+            Err(failure) => return Err(failure.into_store_error()),
+        }
+        for item in rest {
+            self.transact(vec![item])
+                .await
+                .map_err(TransactionFailure::into_store_error)?;
+        }
+        Ok(())
+    }
+
+    /// The one write each audited change is, and what its condition failing means.
+    fn change_write(&self, change: &AuditedChange) -> StoreResult<(Write, Refused)> {
+        let conflict = |entity: &'static str, id: &str| {
+            Refused::With(StoreError::Conflict {
+                entity,
+                id: id.to_owned(),
+            })
+        };
+        let (tables, control) = (&self.tables, &self.tables.control);
+        Ok(match change {
+            AuditedChange::CreateAccount(account) => (
+                Write::put(&tables.accounts, account_item(account))
+                    .condition("attribute_not_exists(id)"),
+                conflict("account", account.id.as_str()),
+            ),
+            AuditedChange::UpdateAccount(account) => (
+                Write::put(&tables.accounts, account_item(account))
+                    .condition("attribute_exists(id)"),
+                Refused::With(StoreError::NotFound("account")),
+            ),
+            // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
+            AuditedChange::CreateEndpoint(endpoint) => (
+                Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
+                    .condition("attribute_not_exists(id) OR attribute_exists(#deleted)")
+                    .name("#deleted", DELETED_AT),
+                conflict("endpoint", endpoint.id.as_str()),
+            ),
+            AuditedChange::UpdateEndpoint(endpoint) => (
+                Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
+                    .condition("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .name("#deleted", DELETED_AT),
+                Refused::With(StoreError::NotFound("endpoint")),
+            ),
+            AuditedChange::CreateApiKey(key) => (
+                Write::put(control, super::access::api_key_item(key))
+                    .condition("attribute_not_exists(pk)"),
+                conflict("api key", key.id.as_str()),
+            ),
+            // The first revocation's time stays.
             AuditedChange::RevokeToken {
                 account,
                 token_id,
                 at,
             } => {
-                let token = crate::store::TokenRef {
-                    account: account.clone(),
-                    token_id: token_id.clone(),
-                };
-                self.revoke_token(&token, *at).await?
+                let kept = crate::clock::add(*at, super::access::TOKEN_RECORD_KEPT);
+                let item = Item::from([
+                    (
+                        "pk".to_owned(),
+                        s(super::access::revoked_pk(account, token_id)),
+                    ),
+                    ("revoked_at".to_owned(), n(to_millis(*at))),
+                    ("expires_at".to_owned(), n(kept.timestamp())),
+                ]);
+                (
+                    Write::put(control, item).condition("attribute_not_exists(pk)"),
+                    Refused::AlreadyDone,
+                )
             }
-            AuditedChange::RevokeAccountTokens { account, before } => {
-                self.revoke_account_tokens(account, *before).await?
+            // Only forward: a slower request with an earlier time does not undo a later one.
+            AuditedChange::RevokeAccountTokens { account, before } => (
+                Write::update(
+                    control,
+                    key1("pk", &super::access::revoked_pk(account, "*")),
+                    "SET revoked_at = :at",
+                )
+                .condition("attribute_not_exists(revoked_at) OR revoked_at < :at")
+                .value(":at", n(to_millis(*before))),
+                Refused::AlreadyDone,
+            ),
+            AuditedChange::PutSetting { key, value } => {
+                let item = Item::from([
+                    ("pk".to_owned(), s(format!("setting#{key}"))),
+                    ("value".to_owned(), s(value)),
+                ]);
+                (Write::put(control, item), Refused::AlreadyDone)
             }
-            AuditedChange::PutSetting { key, value } => self.put_setting(key, value).await?,
-        }
-        for entry in entries {
-            self.append_audit(entry).await?;
-        }
-        Ok(())
+        })
+    }
+
+    fn audit_write(&self, entry: &AuditEntry) -> Write {
+        Write::put(&self.tables.control, audit_item(entry)).condition("attribute_not_exists(pk)")
     }
 
     pub(super) async fn list_audit(
@@ -159,7 +264,12 @@ impl DynamoStore {
     }
 
     pub(super) async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
-        self.put_new_control_item(audit_item(entry), "audit entry", entry.id.as_str())
-            .await
+        match self.audit_write(entry).send(&self.client).await? {
+            Some(()) => Ok(()),
+            None => Err(StoreError::Conflict {
+                entity: "audit entry",
+                id: entry.id.as_str().to_owned(),
+            }),
+        }
     }
 }

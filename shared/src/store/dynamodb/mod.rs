@@ -30,6 +30,7 @@ mod schema;
 mod size;
 #[cfg(test)]
 mod tests;
+mod write;
 
 use items::*;
 pub use items::{pending_shard, unfanned_shard};
@@ -49,9 +50,10 @@ use aws_sdk_dynamodb::{
 use futures_util::StreamExt;
 
 use super::{
-    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, EndpointDeletion,
-    Notification, Page, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
-    ReplayOutcome, ReplayRequest, StoreError, StoreResult, Unattempted, UnattemptedMove,
+    AttemptRecord, AuditedChange, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest,
+    EndpointDeletion, Notification, Page, PageAfter, PendingRef, PublishOutcome, PutEventOutcome,
+    RecordOutcome, ReplayOutcome, ReplayRequest, StoreError, StoreResult, Unattempted,
+    UnattemptedMove,
 };
 use crate::{
     aws::error_text,
@@ -423,6 +425,14 @@ impl DynamoStore {
     }
 
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
+        // DynamoDB's rule, which the emulator does not apply: more items are refused whole.
+        if items.len() > MAX_TRANSACTION_ITEMS {
+            return Err(TransactionFailure::Other(StoreError::Backend(format!(
+                "a transaction of {} items; DynamoDB takes at most {}",
+                items.len(),
+                MAX_TRANSACTION_ITEMS
+            ))));
+        }
         let result = self
             .client
             .transact_write_items()
