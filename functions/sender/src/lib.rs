@@ -305,16 +305,29 @@ mod tests {
         assert_eq!(metrics.publish().unwrap(), 0);
     }
 
+    /// The Lambda log format as this test binary's global subscriber, as `main` installs it.
+    /// Not a scoped one: tracing caches each callsite's interest for the whole process, and
+    /// a span callsite first reached by another test's thread while a scoped subscriber was
+    /// being installed kept "never" (twice in about twenty runs, the retry line came without
+    /// its spans). With one global subscriber there is nothing to race.
+    fn global_log() -> hooklane::telemetry::emf::LogCapture {
+        static LOG: std::sync::OnceLock<hooklane::telemetry::emf::LogCapture> =
+            std::sync::OnceLock::new();
+        LOG.get_or_init(|| {
+            let log = hooklane::telemetry::emf::LogCapture::default();
+            let writer = log.clone();
+            tracing::subscriber::set_global_default(hooklane::aws::lambda::lambda_log_subscriber(
+                move || writer.clone(),
+            ))
+            .expect("no other global subscriber in this test binary");
+            log
+        })
+        .clone()
+    }
+
     #[tokio::test]
     async fn a_failed_attempt_logs_its_ids_and_no_payload_or_secret() {
-        let log = hooklane::telemetry::emf::LogCapture::default();
-        let writer = log.clone();
-        let _subscriber = tracing::subscriber::set_default(
-            hooklane::aws::lambda::lambda_log_subscriber(move || writer.clone()),
-        );
-        // The crash tests beside this one hit the same span callsites on threads without a
-        // subscriber; whatever interest they cached, this thread's subscriber counts now.
-        tracing::callsite::rebuild_interest_cache();
+        let log = global_log();
         let (_, shape) = emulated_shape().await;
         // A port nobody listens on: the attempt fails and is retried later.
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -332,15 +345,22 @@ mod tests {
 
         let response = handle(&shape, batch).await;
         assert!(response.batch_item_failures.is_empty());
+        // Every test's lines are here: this one's is the retry line in evt_logged's span.
         let lines = log.documents();
+        let in_spans = |line: &serde_json::Value, name: &str| {
+            line["spans"]
+                .as_array()
+                .and_then(|spans| spans.iter().find_map(|s| s.get(name).cloned()))
+        };
         let retry = lines
             .iter()
-            .find(|l| l["fields"]["message"] == "attempt failed; will retry")
-            .unwrap_or_else(|| panic!("no retry line in {lines:?}"));
+            .find(|l| {
+                l["fields"]["message"] == "attempt failed; will retry"
+                    && in_spans(l, "event.id") == Some(serde_json::json!("evt_logged"))
+            })
+            .unwrap_or_else(|| panic!("no retry line in evt_logged's span in {lines:?}"));
         assert_eq!(retry["level"], "INFO");
-        let spans = retry["spans"].as_array().unwrap();
-        let field = |name: &str| spans.iter().find_map(|s| s.get(name).cloned());
-        assert_eq!(field("event.id"), Some(serde_json::json!("evt_logged")));
+        let field = |name: &str| in_spans(retry, name);
         assert_eq!(field("endpoint.id"), Some(serde_json::json!("ep_1")));
         assert_eq!(
             field("delivery.id"),
