@@ -117,10 +117,12 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SecretsAction {
-    /// After a key rotation (SecretsKey new, SecretsKeyPrevious old): seal every endpoint
+    /// After a key rotation (a new key, the old one as the previous): seal every endpoint
     /// secret of the stack's endpoints table that is still under the previous key under the
-    /// new one. Reads HOOKLANE_TABLE_PREFIX (the stack name), HOOKLANE_SECRETS_KEY and
-    /// HOOKLANE_SECRETS_KEY_PREVIOUS. The embedded shape does this at every start.
+    /// new one. Reads HOOKLANE_TABLE_PREFIX (the stack name) and the keys from the SSM
+    /// parameters HOOKLANE_SECRETS_KEY_PARAMETER and HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER
+    /// name (or HOOKLANE_SECRETS_KEY and HOOKLANE_SECRETS_KEY_PREVIOUS). The embedded shape
+    /// does this at every start.
     Reseal,
 }
 
@@ -228,23 +230,34 @@ fn secrets(action: SecretsAction) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cipher = match core.secrets.cipher_or(None) {
-        Some(Ok(cipher)) => cipher,
-        Some(Err(error)) => {
-            eprintln!("hooklane: configuration error: {error}");
-            return ExitCode::from(2);
-        }
-        None => {
-            eprintln!(
-                "hooklane: secrets reseal: set HOOKLANE_SECRETS_KEY (the new key) and \
-                 HOOKLANE_SECRETS_KEY_PREVIOUS (the old one)"
-            );
-            return ExitCode::from(2);
-        }
-    };
     let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(runtime) => runtime,
         Err(code) => return code,
+    };
+    let parameter = |name: &str| vars.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let keys = runtime.block_on(hooklane::aws::parameters::secrets_keys(
+        parameter("HOOKLANE_SECRETS_KEY_PARAMETER"),
+        parameter("HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER"),
+        &core.secrets,
+    ));
+    let cipher = match keys.map(|keys| keys.cipher_or(None)) {
+        Ok(Some(Ok(cipher))) => cipher,
+        Ok(Some(Err(error))) => {
+            eprintln!("hooklane: configuration error: {error}");
+            return ExitCode::from(2);
+        }
+        Err(error) => {
+            eprintln!("hooklane: secrets reseal: {error}");
+            return ExitCode::from(2);
+        }
+        Ok(None) => {
+            eprintln!(
+                "hooklane: secrets reseal: set HOOKLANE_SECRETS_KEY_PARAMETER and \
+                 HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER (the SSM parameters of the new and \
+                 the old key), or HOOKLANE_SECRETS_KEY and HOOKLANE_SECRETS_KEY_PREVIOUS"
+            );
+            return ExitCode::from(2);
+        }
     };
     let key_id = cipher.key_id().to_owned();
     let report = runtime.block_on(async {

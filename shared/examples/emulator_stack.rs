@@ -37,7 +37,7 @@ async fn main() -> Result<(), Failure> {
     let deliveries: usize = deliveries.parse()?;
     let mut core = CoreConfig::default();
     core.sender.policy = AddressPolicy::new(vec!["127.0.0.0/8".parse()?], false);
-    // The stack's SecretsKey: a fresh key for this run, handed to the functions below.
+    // The key of endpoint secrets: a fresh key for this run, handed to the functions below.
     let secrets_key = generate_key()?;
     core.secrets.current = Some(parse_key(&secrets_key, "HOOKLANE_SECRETS_KEY")?);
     let settings = provision(prefix, core).await?;

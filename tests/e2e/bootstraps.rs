@@ -305,16 +305,20 @@ async fn the_five_bootstraps_run_on_the_template_environment_behind_a_runtime_ap
     let sdk = load_sdk_config().await;
     // What the deployer creates beside the stack, named by the stack's parameters.
     let token = "hl_admin_bootstrap_test_0123456789";
-    let (parameter, from) = crate::iam::deployer_setup(&prefix, token).await;
+    let setup = crate::iam::deployer_setup(&prefix, token).await;
+    stack.parameters.insert(
+        "AdminTokenParameterName".into(),
+        setup.admin_token_parameter,
+    );
     stack
         .parameters
-        .insert("AdminTokenParameterName".into(), parameter);
-    stack.parameters.insert("NotificationFrom".into(), from);
-    // The key of endpoint secrets (only the api and the sender get it); the same key as the
-    // other end-to-end stacks'.
-    stack
-        .parameters
-        .insert("SecretsKey".into(), "5e".repeat(32));
+        .insert("NotificationFrom".into(), setup.from);
+    // The key of endpoint secrets, which only the api and the sender read from its
+    // parameter when they start; the same key as the other end-to-end stacks'.
+    stack.parameters.insert(
+        "SecretsKeyParameterName".into(),
+        setup.secrets_key_parameter,
+    );
 
     let farm = Farm::start().await.expect("farm");
     let scratch = Scratch::new("bootstraps");

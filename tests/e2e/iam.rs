@@ -389,6 +389,12 @@ fn check(server: &Server) -> Checked {
     {
         parameters.push(("AdminTokenParameterName", parameter));
     }
+    if let Some(parameter) = server
+        .env_var("HOOKLANE_SECRETS_KEY_PARAMETER")
+        .filter(|p| !p.is_empty())
+    {
+        parameters.push(("SecretsKeyParameterName", parameter));
+    }
     let stack = Stack::new(prefix, &region, &account, &parameters).expect("the test stack");
     let roles = roles(&stack);
     let (requests, lines) = read_requests(&record, &stack);
@@ -431,17 +437,37 @@ pub(crate) fn assert_allowed(server: &Server) {
 
 /// What a deployer creates beside a stack: the admin token's SSM parameter (holding
 /// `token`) and a verified SES identity for owner mail. Returns their names.
-pub(crate) async fn deployer_setup(prefix: &str, token: &str) -> (String, String) {
+/// What the deployer creates beside the stack, named by the stack's parameters: the admin
+/// token's and the secrets key's SSM SecureString parameters, and a verified sender address.
+pub(crate) struct DeployerSetup {
+    pub admin_token_parameter: String,
+    pub secrets_key_parameter: String,
+    pub from: String,
+}
+
+pub(crate) async fn deployer_setup(prefix: &str, token: &str) -> DeployerSetup {
     let sdk = load_sdk_config().await;
-    let parameter = format!("/{prefix}/admin-token");
-    aws_sdk_ssm::Client::new(&sdk)
-        .put_parameter()
-        .name(&parameter)
-        .value(token)
-        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
-        .send()
-        .await
-        .expect("admin token parameter");
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    let key: String = hooklane_testkit::testing::TEST_SECRETS_KEY
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (admin_token_parameter, secrets_key_parameter) = (
+        format!("/{prefix}/admin-token"),
+        format!("/{prefix}/secrets-key"),
+    );
+    for (name, value) in [
+        (&admin_token_parameter, token),
+        (&secrets_key_parameter, &key),
+    ] {
+        ssm.put_parameter()
+            .name(name)
+            .value(value)
+            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("parameter {name}: {e}"));
+    }
     let from = format!("{}@example.com", unique("owners"));
     aws_sdk_sesv2::Client::new(&sdk)
         .create_email_identity()
@@ -449,7 +475,11 @@ pub(crate) async fn deployer_setup(prefix: &str, token: &str) -> (String, String
         .send()
         .await
         .expect("SES identity");
-    (parameter, from)
+    DeployerSetup {
+        admin_token_parameter,
+        secrets_key_parameter,
+        from,
+    }
 }
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -462,9 +492,10 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
     let settings = local::provision(&prefix, CoreConfig::default())
         .await
         .expect("provision");
-    // The admin token from its SSM parameter and owner mail from a verified address, as
-    // deployed; the stack's parameters name both, so the roles' grants name them too.
-    let (parameter, from) = deployer_setup(&prefix, ADMIN_TOKEN).await;
+    // The admin token and the secrets key from their SSM parameters and owner mail from a
+    // verified address, as deployed; the stack's parameters name them, so the roles' grants
+    // name them too.
+    let setup = deployer_setup(&prefix, ADMIN_TOKEN).await;
 
     let farm = Farm::start().await.expect("farm");
     farm.configure("later", Behavior::failing_first(1));
@@ -474,8 +505,16 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
         stack_env(&settings),
         &[
             ("HOOKLANE_ADMIN_TOKEN", ""),
-            ("HOOKLANE_ADMIN_TOKEN_PARAMETER", parameter.as_str()),
-            ("HOOKLANE_NOTIFICATION_FROM", from.as_str()),
+            (
+                "HOOKLANE_ADMIN_TOKEN_PARAMETER",
+                &setup.admin_token_parameter,
+            ),
+            ("HOOKLANE_SECRETS_KEY", ""),
+            (
+                "HOOKLANE_SECRETS_KEY_PARAMETER",
+                &setup.secrets_key_parameter,
+            ),
+            ("HOOKLANE_NOTIFICATION_FROM", &setup.from),
             // A retry after 1500–3000 s goes through a schedule; time runs 600× faster.
             ("HOOKLANE_RETRY_SCHEDULE", "3000"),
             ("HOOKLANE_LOCAL_TIME_SCALE", "600"),

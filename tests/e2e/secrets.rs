@@ -243,10 +243,28 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
     );
 
     let prefix = settings.tables.prefix().to_owned();
+    // The keys as a stack keeps them: SSM SecureString parameters, read by name.
+    let (new_parameter, old_parameter) = (
+        format!("/{prefix}/secrets-key"),
+        format!("/{prefix}/secrets-key-old"),
+    );
+    let ssm = hooklane::aws::aws_sdk_ssm::Client::new(&hooklane::aws::load_sdk_config().await);
+    for (name, value) in [(&new_parameter, &new), (&old_parameter, &old)] {
+        ssm.put_parameter()
+            .name(name)
+            .value(value)
+            .r#type(hooklane::aws::aws_sdk_ssm::types::ParameterType::SecureString)
+            .send()
+            .await
+            .unwrap();
+    }
     // The new key without the old one: the first secret stops it, naming the key.
     let rotated = [
-        ("HOOKLANE_SECRETS_KEY", new.as_str()),
-        ("HOOKLANE_SECRETS_KEY_PREVIOUS", old.as_str()),
+        ("HOOKLANE_SECRETS_KEY_PARAMETER", new_parameter.as_str()),
+        (
+            "HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER",
+            old_parameter.as_str(),
+        ),
     ];
     let (code, _, stderr) = reseal(&prefix, &[("HOOKLANE_SECRETS_KEY", &new)]).await;
     assert_eq!(code, Some(1), "{stderr}");
@@ -272,13 +290,15 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
     assert!(stdout.contains("re-sealed 0"), "{stdout}");
     println!("secrets e2e: {stdout}");
 
-    // The new key alone opens everything.
-    let mut core = hooklane::config::CoreConfig::default();
-    core.secrets.current = Some(NEW);
-    let renewed =
-        hooklane::aws::shape::connect(&hooklane::aws::settings::AwsSettings { core, ..settings })
-            .await
-            .unwrap();
+    // The new key alone, from its parameter as a function reads it, opens everything.
+    let renewed = hooklane::aws::shape::connect(&hooklane::aws::settings::AwsSettings {
+        core: hooklane::config::CoreConfig::default(),
+        secrets_key_parameter: Some(new_parameter.clone()),
+        secrets_key_previous_parameter: None,
+        ..settings
+    })
+    .await
+    .unwrap();
     let listed = renewed
         .app
         .store

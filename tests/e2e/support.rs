@@ -94,8 +94,9 @@ impl Server {
             "HOOKLANE_AWS_REQUEST_LOG".to_owned(),
             record.display().to_string(),
         ));
-        // The operator's key of endpoint secrets (the stack's SecretsKey): the AWS shape has
-        // none unless given one. The tests' AWS shapes in-process use the same key.
+        // The operator's key of endpoint secrets (a stack reads it from its SSM parameter):
+        // the AWS shape has none unless given one. The tests' AWS shapes in-process use the
+        // same key.
         all.push((
             "HOOKLANE_SECRETS_KEY".to_owned(),
             hooklane_testkit::testing::TEST_SECRETS_KEY

@@ -1,7 +1,9 @@
 //! The API's admin token: from an SSM SecureString parameter, a variable, or (outside Lambda)
 //! generated once and kept in the control table.
 
-use super::{clients, load_sdk_config, settings::AwsSettings, shape::AwsShape};
+use super::{
+    clients, load_sdk_config, parameters::ParameterError, settings::AwsSettings, shape::AwsShape,
+};
 
 const ADMIN_TOKEN_SETTING: &str = "admin_token";
 
@@ -50,23 +52,13 @@ async fn admin_token_from_parameter(
     ssm: &aws_sdk_ssm::Client,
     parameter: &str,
 ) -> Result<String, AdminTokenError> {
-    let response = ssm
-        .get_parameter()
-        .name(parameter)
-        .with_decryption(true)
-        .send()
+    super::parameters::secure_string(ssm, parameter)
         .await
-        .map_err(|e| AdminTokenError::Parameter {
-            parameter: parameter.to_owned(),
-            message: super::error_text(&e),
-        })?;
-    let token = response
-        .parameter
-        .and_then(|p| p.value)
-        .map(|v| v.trim().to_owned())
-        .unwrap_or_default();
-    if token.is_empty() {
-        return Err(AdminTokenError::EmptyParameter(parameter.to_owned()));
-    }
-    Ok(token)
+        .map_err(|e| match e {
+            ParameterError::Empty(parameter) => AdminTokenError::EmptyParameter(parameter),
+            ParameterError::Unreadable { parameter, message }
+            | ParameterError::Invalid { parameter, message } => {
+                AdminTokenError::Parameter { parameter, message }
+            }
+        })
 }

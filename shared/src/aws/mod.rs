@@ -5,7 +5,7 @@
 //! | this file, `clients` | the SDK configuration (region, credentials, `AWS_ENDPOINT_URL`) and the clients built from it |
 //! | `settings` | the settings, from the environment the template gives each function |
 //! | `shape` | the wiring: the App over DynamoDB, SQS (+ Scheduler), SES and the slots |
-//! | `admin_token` | the API's admin token (SSM parameter, variable, or generated locally) |
+//! | `admin_token`, `parameters` | the API's admin token (SSM parameter, variable, or generated locally); SSM SecureString parameters, the secrets key's too |
 //! | `lambda` | a function's start-up: logs, metrics, settings, clients |
 //! | `handlers`, `stream`, `dlq` | what the functions do with an event; stream records parsed; the dead-letter queue |
 //! | `stack` | `infra/template.yaml` read as data, and provisioned on an emulator |
@@ -18,6 +18,7 @@ pub mod dlq;
 pub mod handlers;
 pub mod lambda;
 pub mod local;
+pub mod parameters;
 pub mod record;
 pub mod settings;
 pub mod shape;

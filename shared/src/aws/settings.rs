@@ -43,6 +43,12 @@ pub struct AwsSettings {
     /// The SSM parameter (a SecureString) holding the admin token
     /// (`HOOKLANE_ADMIN_TOKEN_PARAMETER`): how the deployed stack gets it.
     pub admin_token_parameter: Option<String>,
+    /// The SSM parameters (SecureStrings) holding the key of endpoint secrets and, during a
+    /// rotation, the key being rotated away from (`HOOKLANE_SECRETS_KEY_PARAMETER`,
+    /// `HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER`): how the deployed stack gets them, read by
+    /// the functions that need them when they start (`aws::parameters`).
+    pub secrets_key_parameter: Option<String>,
+    pub secrets_key_previous_parameter: Option<String>,
     /// Running inside Lambda (`AWS_LAMBDA_FUNCTION_NAME` is set): the admin token must then
     /// come from the parameter or the variable, never be generated.
     pub in_lambda: bool,
@@ -106,6 +112,21 @@ impl AwsSettings {
                 "and HOOKLANE_ADMIN_TOKEN are both set; keep only one",
             ));
         }
+        let secrets_key_parameter = get("HOOKLANE_SECRETS_KEY_PARAMETER").map(str::to_owned);
+        let secrets_key_previous_parameter =
+            get("HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER").map(str::to_owned);
+        if secrets_key_parameter.is_some() && core.secrets.current.is_some() {
+            return Err(invalid(
+                "HOOKLANE_SECRETS_KEY_PARAMETER",
+                "and HOOKLANE_SECRETS_KEY are both set; keep only one",
+            ));
+        }
+        if secrets_key_previous_parameter.is_some() && secrets_key_parameter.is_none() {
+            return Err(invalid(
+                "HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER",
+                "is set without HOOKLANE_SECRETS_KEY_PARAMETER (the key that replaces it)",
+            ));
+        }
         Ok(Self {
             tables: TableNames::with_prefix(&required("HOOKLANE_TABLE_PREFIX")?),
             queue_url: required("HOOKLANE_QUEUE_URL")?,
@@ -115,6 +136,8 @@ impl AwsSettings {
             notification_from: get("HOOKLANE_NOTIFICATION_FROM").map(str::to_owned),
             admin_token,
             admin_token_parameter,
+            secrets_key_parameter,
+            secrets_key_previous_parameter,
             in_lambda: get("AWS_LAMBDA_FUNCTION_NAME").is_some(),
             sweep_grace,
             core,
@@ -213,5 +236,41 @@ mod tests {
         ]);
         let err = AwsSettings::from_vars(&environment(&both)).unwrap_err();
         assert_eq!(err.variable, "HOOKLANE_ADMIN_TOKEN_PARAMETER");
+    }
+
+    #[test]
+    fn the_secrets_key_comes_from_one_source_and_a_previous_one_needs_a_current_one() {
+        let base = [
+            ("HOOKLANE_TABLE_PREFIX", "hooklane"),
+            ("HOOKLANE_QUEUE_URL", "https://sqs/q"),
+            ("HOOKLANE_QUEUE_ARN", "arn:aws:sqs:us-east-1:1:q"),
+        ];
+        let with = |more: &[(&'static str, &'static str)]| {
+            let mut vars = base.to_vec();
+            vars.extend_from_slice(more);
+            AwsSettings::from_vars(&environment(&vars))
+        };
+        let key = "ab".repeat(32);
+        let key: &'static str = Box::leak(key.into_boxed_str());
+        let rotating = with(&[
+            ("HOOKLANE_SECRETS_KEY_PARAMETER", "/h/new"),
+            ("HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER", "/h/old"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                rotating.secrets_key_parameter.as_deref(),
+                rotating.secrets_key_previous_parameter.as_deref()
+            ),
+            (Some("/h/new"), Some("/h/old"))
+        );
+        let both = with(&[
+            ("HOOKLANE_SECRETS_KEY_PARAMETER", "/h/new"),
+            ("HOOKLANE_SECRETS_KEY", key),
+        ])
+        .unwrap_err();
+        assert_eq!(both.variable, "HOOKLANE_SECRETS_KEY_PARAMETER");
+        let orphan = with(&[("HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER", "/h/old")]).unwrap_err();
+        assert_eq!(orphan.variable, "HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER");
     }
 }

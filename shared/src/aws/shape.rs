@@ -38,7 +38,8 @@ pub struct ConnectError(String);
 /// endpoints without their secrets and are not given it (`infra/template.yaml`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SecretsUse {
-    /// `HOOKLANE_SECRETS_KEY` must be set: without it the function refuses to start.
+    /// The key must be there (from its SSM parameter, `HOOKLANE_SECRETS_KEY_PARAMETER`, or
+    /// `HOOKLANE_SECRETS_KEY`): without it the function refuses to start.
     Needed,
     /// No key is read, even if one is set: endpoints come without their secrets.
     Withheld,
@@ -46,11 +47,21 @@ pub enum SecretsUse {
 
 /// The store's access to endpoint secrets. The key is the operator's: on AWS it is never
 /// generated or stored by Hooklane.
-fn secrets_access(settings: &AwsSettings, use_: SecretsUse) -> Result<SecretsAccess, ConnectError> {
+async fn secrets_access(
+    settings: &AwsSettings,
+    use_: SecretsUse,
+) -> Result<SecretsAccess, ConnectError> {
     if use_ == SecretsUse::Withheld {
         return Ok(SecretsAccess::Withheld);
     }
-    match settings.core.secrets.cipher_or(None) {
+    let keys = super::parameters::secrets_keys(
+        settings.secrets_key_parameter.as_deref(),
+        settings.secrets_key_previous_parameter.as_deref(),
+        &settings.core.secrets,
+    )
+    .await
+    .map_err(|e| ConnectError(format!("the key of endpoint secrets: {e}")))?;
+    match keys.cipher_or(None) {
         Some(cipher) => {
             let cipher = cipher.map_err(|e| ConnectError(e.to_string()))?;
             tracing::info!(
@@ -61,16 +72,18 @@ fn secrets_access(settings: &AwsSettings, use_: SecretsUse) -> Result<SecretsAcc
             Ok(SecretsAccess::Keys(cipher))
         }
         None => Err(ConnectError(
-            "HOOKLANE_SECRETS_KEY is not set: endpoint signing secrets are encrypted at rest \
-             with it (32 bytes as 64 hex digits or base64, e.g. `openssl rand -hex 32`; on a \
-             stack, the SecretsKey parameter). See docs/OPERATIONS.md, \"Secrets at rest\""
+            "no key of endpoint secrets: they are encrypted at rest with one (32 bytes as 64 \
+             hex digits or base64, e.g. `openssl rand -hex 32`). On a stack it is the SSM \
+             SecureString parameter SecretsKeyParameterName names \
+             (HOOKLANE_SECRETS_KEY_PARAMETER); locally, HOOKLANE_SECRETS_KEY. See \
+             docs/OPERATIONS.md, \"Secrets at rest\""
                 .into(),
         )),
     }
 }
 
 /// Builds the clients once (a Lambda's `main` calls this before the first event), with the
-/// secrets key (`HOOKLANE_SECRETS_KEY` is required).
+/// key of endpoint secrets (required).
 pub async fn connect(settings: &AwsSettings) -> Result<AwsShape, ConnectError> {
     connect_with(settings, None).await
 }
@@ -96,7 +109,7 @@ pub async fn connect_using(
         dynamodb.clone(),
         settings.tables.clone(),
         Retention::from_core(&settings.core),
-        secrets_access(settings, use_)?,
+        secrets_access(settings, use_).await?,
     ));
     let scheduler = settings
         .scheduler

@@ -273,7 +273,7 @@ pub async fn emulated_shape_with(
     require_emulator();
     core.sender.policy =
         hooklane::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
-    // The stack's SecretsKey parameter, which `stack_env` of the end-to-end tests also gives.
+    // The key of endpoint secrets, which `Server::start_aws` of the end-to-end tests also gives.
     core.secrets.current.get_or_insert(TEST_SECRETS_KEY);
     let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let settings = hooklane::aws::local::provision(&prefix, core)

@@ -208,7 +208,8 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
         settings.core.retry.schedule = scaled_schedule(&settings.core.retry.schedule, scale);
     }
     let sdk = load_sdk_config().await;
-    let mut shape = connect(&settings).await?;
+    // The api function's start: it reads the key of endpoint secrets (as the sender does).
+    let mut shape = as_function(API, connect(&settings)).await?;
     let scheduler = super::clients::scheduler(&sdk, None);
     let sqs = super::clients::sqs(&sdk, None);
     if scale > 1.0 {

@@ -474,21 +474,42 @@ async fn the_provisioned_stack_is_the_template_field_by_field() {
     deploy(&sdk, &name, &[]).await.unwrap();
 }
 
-/// The secrets key (and the previous one, during a rotation) reaches only the functions
-/// that seal or open endpoint signing secrets, the api and the sender, each of which starts
-/// with `SecretsUse::Needed`; the others start with `SecretsUse::Withheld` and have no key.
-/// The parameters never echo.
+/// The statements of `function`'s inline policies, resolved for `stack`.
+fn statements_of(stack: &Stack, function: &str) -> Vec<Value> {
+    let template = super::template().unwrap();
+    template["Resources"][function]["Properties"]["Policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|policy| policy.get("Statement"))
+        .filter_map(|statements| stack.resolve(statements).unwrap())
+        .flat_map(|statements| statements.as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// The key of endpoint secrets (and the one being rotated away from) reaches only the
+/// functions that seal or open endpoint signing secrets, the api and the sender, each of
+/// which starts with `SecretsUse::Needed`; the others start with `SecretsUse::Withheld`.
+/// The key itself is in no function's environment, only the names of the SSM parameters
+/// holding it, and only those two functions may read them (and decrypt them through SSM
+/// with the operator's KMS key, when there is one).
 #[test]
 fn the_secrets_key_reaches_only_the_api_and_the_sender() {
     use crate::aws::settings::AwsSettings;
-    let (key, previous) = ("ab".repeat(32), "cd".repeat(32));
-    let stack = Stack::new(
+    let kms = "arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c";
+    let parameter = |name: &str| format!("arn:aws:ssm:eu-west-1:111122223333:parameter{name}");
+    let rotating = Stack::new(
         "st",
         "eu-west-1",
         "111122223333",
-        &[("SecretsKey", &key), ("SecretsKeyPrevious", &previous)],
+        &[
+            ("SecretsKeyParameterName", "/st/secrets-key"),
+            ("SecretsKeyPreviousParameterName", "/st/secrets-key-old"),
+            ("SecretsKmsKeyArn", kms),
+        ],
     )
     .unwrap();
+    let plain = Stack::new("st", "eu-west-1", "111122223333", &[]).unwrap();
     let mains = [
         (
             "ApiFunction",
@@ -518,43 +539,73 @@ fn the_secrets_key_reaches_only_the_api_and_the_sender() {
     assert_eq!(functions, named, "every function's main is checked");
     let mut keyed = Vec::new();
     for (function, main) in mains {
-        let vars: std::collections::HashMap<String, String> =
-            stack.function_env(function).unwrap().into_iter().collect();
+        let vars: std::collections::HashMap<String, String> = rotating
+            .function_env(function)
+            .unwrap()
+            .into_iter()
+            .collect();
         let settings = AwsSettings::from_vars(&vars).unwrap();
-        let has_key = vars.contains_key("HOOKLANE_SECRETS_KEY");
-        assert_eq!(
-            has_key,
-            vars.contains_key("HOOKLANE_SECRETS_KEY_PREVIOUS"),
-            "{function}"
+        assert!(
+            !vars.contains_key("HOOKLANE_SECRETS_KEY")
+                && !vars.contains_key("HOOKLANE_SECRETS_KEY_PREVIOUS"),
+            "{function}: no key in the environment"
         );
-        if has_key {
+        assert_eq!(settings.core.secrets, Default::default(), "{function}");
+        let statements = statements_of(&rotating, function);
+        let reads = statements.iter().any(|s| {
+            s["Action"] == "ssm:GetParameter"
+                && s["Resource"]
+                    == json!([
+                        parameter("/st/secrets-key"),
+                        parameter("/st/secrets-key-old")
+                    ])
+        });
+        let decrypts = statements.iter().any(|s| {
+            s["Action"] == "kms:Decrypt"
+                && s["Resource"] == kms
+                && s["Condition"]["StringEquals"]["kms:ViaService"] == "ssm.eu-west-1.amazonaws.com"
+        });
+        let named = settings.secrets_key_parameter.is_some();
+        if named {
             keyed.push(function);
             assert_eq!(
-                settings.core.secrets.current,
-                Some([0xab; 32]),
+                (
+                    settings.secrets_key_parameter.as_deref(),
+                    settings.secrets_key_previous_parameter.as_deref()
+                ),
+                (Some("/st/secrets-key"), Some("/st/secrets-key-old")),
                 "{function}"
             );
-            assert_eq!(
-                settings.core.secrets.previous,
-                Some([0xcd; 32]),
-                "{function}"
-            );
-        } else {
-            assert_eq!(settings.core.secrets, Default::default(), "{function}");
         }
+        assert_eq!(
+            (reads, decrypts),
+            (named, named),
+            "{function}: its grants and its environment agree"
+        );
+        let mentions = serde_json::to_string(&statements).unwrap();
+        assert_eq!(
+            mentions.contains("secrets-key") || mentions.contains(kms),
+            named,
+            "{function}"
+        );
         let needed = main.contains("SecretsUse::Needed");
         assert_ne!(needed, main.contains("SecretsUse::Withheld"), "{function}");
         assert_eq!(
-            needed, has_key,
+            needed, named,
             "{function}: its main and its environment agree"
         );
+        // Without a rotation or a KMS key of the operator's: the one parameter, no decrypt
+        // grant (the AWS-managed key aws/ssm needs none).
+        let statements = statements_of(&plain, function);
+        let mentions = serde_json::to_string(&statements).unwrap();
+        assert!(!mentions.contains("kms:Decrypt"), "{function}: {mentions}");
+        if named {
+            assert!(
+                statements.iter().any(|s| s["Action"] == "ssm:GetParameter"
+                    && s["Resource"] == json!([parameter("/hooklane/secrets-key")])),
+                "{function}: {mentions}"
+            );
+        }
     }
     assert_eq!(keyed, ["ApiFunction", "SenderFunction"]);
-    for parameter in ["SecretsKey", "SecretsKeyPrevious"] {
-        assert_eq!(
-            super::template().unwrap()["Parameters"][parameter]["NoEcho"],
-            json!(true),
-            "{parameter}"
-        );
-    }
 }
