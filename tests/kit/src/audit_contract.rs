@@ -150,6 +150,18 @@ pub async fn audit_log_is_listed_per_account_newest_first_in_pages(store: &dyn S
         .is_empty());
 }
 
+async fn token_revocation(
+    store: &dyn Store,
+    account: &AccountId,
+    token_id: &str,
+) -> hooklane::store::TokenRevocation {
+    let token = hooklane::store::TokenRef {
+        account: account.clone(),
+        token_id: token_id.to_owned(),
+    };
+    store.token_revocation(&token).await.unwrap()
+}
+
 pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
     use hooklane::store::AuditedChange;
     let acme = AccountId::parse("acme").unwrap();
@@ -237,13 +249,7 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
         .audited_change(&change, std::slice::from_ref(&all))
         .await
         .unwrap();
-    let revocation = store
-        .token_revocation(&hooklane::store::TokenRef {
-            account: beta.clone(),
-            token_id: "tok_1".to_owned(),
-        })
-        .await
-        .unwrap();
+    let revocation = token_revocation(store, &beta, "tok_1").await;
     assert_eq!(revocation.revoked_at, Some(t0()));
     assert_eq!(revocation.account_tokens_before, Some(t0()));
     let rotated = entry(None, 8, Actor::Admin, AuditAction::AdminTokenRotated);
@@ -282,13 +288,7 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
         .audited_change(&change, std::slice::from_ref(&again))
         .await
         .unwrap();
-    let revocation = store
-        .token_revocation(&hooklane::store::TokenRef {
-            account: beta.clone(),
-            token_id: "tok_1".to_owned(),
-        })
-        .await
-        .unwrap();
+    let revocation = token_revocation(store, &beta, "tok_1").await;
     assert_eq!(revocation.revoked_at, Some(t0()), "the first time stays");
     assert_eq!(read_all(store, Some(&beta), 10).await[0], again);
 

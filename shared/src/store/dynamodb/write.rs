@@ -55,25 +55,25 @@ impl Write {
         self
     }
 
+    fn into_parts(self) -> (String, WriteKind, Expressions) {
+        let expressions = Expressions {
+            condition: self.condition,
+            names: optional(self.names),
+            values: optional(self.values),
+        };
+        (self.table, self.kind, expressions)
+    }
+
     /// Sends it alone: `None` when its condition did not hold.
     pub(super) async fn send(self, client: &Client) -> StoreResult<Option<()>> {
-        let Self {
-            table,
-            kind,
-            condition,
-            names,
-            values,
-        } = self;
-        let (names, values) = (optional(names), optional(values));
+        let (table, kind, expressions) = self.into_parts();
         let sent = match kind {
             WriteKind::Put(item) => written(
                 client
                     .put_item()
                     .table_name(table)
                     .set_item(Some(item))
-                    .set_condition_expression(condition)
-                    .set_expression_attribute_names(names)
-                    .set_expression_attribute_values(values)
+                    .set_expressions(expressions)
                     .send()
                     .await,
             )?
@@ -84,9 +84,7 @@ impl Write {
                     .table_name(table)
                     .set_key(Some(key))
                     .update_expression(expression)
-                    .set_condition_expression(condition)
-                    .set_expression_attribute_names(names)
-                    .set_expression_attribute_values(values)
+                    .set_expressions(expressions)
                     .send()
                     .await,
             )?
@@ -96,23 +94,14 @@ impl Write {
     }
 
     pub(super) fn transact_item(self) -> StoreResult<TransactWriteItem> {
-        let Self {
-            table,
-            kind,
-            condition,
-            names,
-            values,
-        } = self;
-        let (names, values) = (optional(names), optional(values));
+        let (table, kind, expressions) = self.into_parts();
         let invalid = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Backend(e.to_string());
         let item = match kind {
             WriteKind::Put(item) => TransactWriteItem::builder().put(
                 Put::builder()
                     .table_name(table)
                     .set_item(Some(item))
-                    .set_condition_expression(condition)
-                    .set_expression_attribute_names(names)
-                    .set_expression_attribute_values(values)
+                    .set_expressions(expressions)
                     .build()
                     .map_err(invalid)?,
             ),
@@ -121,9 +110,7 @@ impl Write {
                     .table_name(table)
                     .set_key(Some(key))
                     .update_expression(expression)
-                    .set_condition_expression(condition)
-                    .set_expression_attribute_names(names)
-                    .set_expression_attribute_values(values)
+                    .set_expressions(expressions)
                     .build()
                     .map_err(invalid)?,
             ),
@@ -136,3 +123,35 @@ impl Write {
 fn optional<V>(map: HashMap<String, V>) -> Option<HashMap<String, V>> {
     (!map.is_empty()).then_some(map)
 }
+
+/// A write's condition and placeholders, as the SDK's builders take them.
+struct Expressions {
+    condition: Option<String>,
+    names: Option<HashMap<String, String>>,
+    values: Option<HashMap<String, AttributeValue>>,
+}
+
+/// [`Expressions`] on any of the SDK's four write builders, whose methods share their names
+/// but no trait.
+trait SetExpressions: Sized {
+    fn set_expressions(self, expressions: Expressions) -> Self;
+}
+
+macro_rules! set_expressions {
+    ($($builder:ty),*) => {$(
+        impl SetExpressions for $builder {
+            fn set_expressions(self, e: Expressions) -> Self {
+                self.set_condition_expression(e.condition)
+                    .set_expression_attribute_names(e.names)
+                    .set_expression_attribute_values(e.values)
+            }
+        }
+    )*};
+}
+
+set_expressions!(
+    aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder,
+    aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder,
+    aws_sdk_dynamodb::types::builders::PutBuilder,
+    aws_sdk_dynamodb::types::builders::UpdateBuilder
+);
