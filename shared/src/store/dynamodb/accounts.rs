@@ -16,22 +16,17 @@ impl DynamoStore {
             .transpose()
     }
 
-    pub(super) async fn update_account(&self, account: &Account) -> StoreResult<()> {
-        self.audited_change(&AuditedChange::UpdateAccount(account.clone()), &[])
-            .await
-    }
-
-    pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        self.audited_change(&AuditedChange::CreateEndpoint(endpoint.clone()), &[])
-            .await
-    }
-
     pub(super) async fn get_endpoint(
         &self,
         account: &AccountId,
         id: &EndpointId,
     ) -> StoreResult<Option<Endpoint>> {
         self.get_endpoint_item(account, id).await
+    }
+
+    pub(super) async fn update_account(&self, account: &Account) -> StoreResult<()> {
+        self.audited_change(&AuditedChange::UpdateAccount(account.clone()), &[])
+            .await
     }
 
     pub(super) async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
@@ -45,6 +40,11 @@ impl DynamoStore {
             .collect::<StoreResult<Vec<_>>>()?;
         endpoints.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(endpoints)
+    }
+
+    pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
+        self.audited_change(&AuditedChange::CreateEndpoint(endpoint.clone()), &[])
+            .await
     }
 
     pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
