@@ -1,11 +1,13 @@
-//! The /ui page in real headless Chromium (tests/ui/delivery_log.cjs with playwright-core):
-//! a customer with an account token filters to a failed delivery, opens its attempts,
-//! replays it and sees it delivered, then resends the rest in bulk; then portal links open
-//! the page read-only, for another account, and (expired) not at all.
+//! The /ui page in real headless Chromium (tests/ui/*.cjs with playwright-core): a customer
+//! with an account token filters to a failed delivery, opens its attempts, replays it and
+//! sees it delivered, then resends the rest in bulk; portal links open the page read-only,
+//! for another account, and (expired) not at all; and a customer manages their own endpoint
+//! from a portal link, checked at the receiver.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, process::Output, time::Duration};
 
-use hooklane_testkit::farm::{Behavior, Farm};
+use hooklane::signing::{self, SigningSecret};
+use hooklane_testkit::farm::{Arrival, Behavior, Farm};
 use serde_json::{json, Value};
 
 use crate::support::{Scratch, Server, ADMIN_TOKEN};
@@ -28,6 +30,40 @@ fn node_modules() -> PathBuf {
     dir
 }
 
+/// Runs `tests/ui/{script}` in node with `env`, printing its output; fails if it fails.
+async fn run_browser(script: &str, screenshots: &std::path::Path, env: &[(&str, &str)]) -> Output {
+    let node_modules = node_modules();
+    let _ = std::fs::remove_dir_all(screenshots);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/ui")
+        .join(script);
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(&path)
+        .env("HOOKLANE_TEST_NODE_MODULES", &node_modules)
+        .env("HOOKLANE_UI_SCREENSHOTS", screenshots)
+        .env("HOOKLANE_UI_ADMIN_TOKEN", ADMIN_TOKEN)
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(180), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} ran for more than 3 minutes"))
+        .expect("run node");
+    println!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "the browser test {script} failed (screenshots in {})",
+        screenshots.display()
+    );
+    output
+}
+
 async fn portal_link(server: &Server, account: &str, body: Value) -> String {
     let (status, made) = server
         .post(&format!("/v1/accounts/{account}/portal"), body)
@@ -45,7 +81,7 @@ async fn status_of(server: &Server, id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_customer_replays_a_failed_delivery_in_the_browser() {
-    let node_modules = node_modules();
+    node_modules();
     let farm = Farm::start().await.expect("farm");
     farm.configure(
         "shop",
@@ -107,39 +143,21 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
     let other_link = portal_link(&server, "globex", json!({"ttl_seconds": 900})).await;
 
     let screenshots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
-    let _ = std::fs::remove_dir_all(&screenshots);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/ui/delivery_log.cjs");
-    let output = tokio::time::timeout(
-        Duration::from_secs(180),
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .env("HOOKLANE_TEST_NODE_MODULES", &node_modules)
-            .env("HOOKLANE_UI_BASE", &server.base)
-            .env("HOOKLANE_UI_TOKEN", token["token"].as_str().expect("token"))
-            .env("HOOKLANE_UI_REPLAY_DELIVERY", &failing[0])
-            .env("HOOKLANE_UI_BULK_DELIVERY", &failing[1])
-            .env("HOOKLANE_UI_DELIVERED_DELIVERY", &delivered)
-            .env("HOOKLANE_UI_SCREENSHOTS", &screenshots)
-            .env("HOOKLANE_UI_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("HOOKLANE_UI_PORTAL_READ_ONLY", &read_only_link)
-            .env("HOOKLANE_UI_PORTAL_OTHER", &other_link)
-            .env("HOOKLANE_UI_PORTAL_EXPIRED", &expired_link)
-            .kill_on_drop(true)
-            .output(),
+    run_browser(
+        "delivery_log.cjs",
+        &screenshots,
+        &[
+            ("HOOKLANE_UI_BASE", &server.base),
+            ("HOOKLANE_UI_TOKEN", token["token"].as_str().expect("token")),
+            ("HOOKLANE_UI_REPLAY_DELIVERY", &failing[0]),
+            ("HOOKLANE_UI_BULK_DELIVERY", &failing[1]),
+            ("HOOKLANE_UI_DELIVERED_DELIVERY", &delivered),
+            ("HOOKLANE_UI_PORTAL_READ_ONLY", &read_only_link),
+            ("HOOKLANE_UI_PORTAL_OTHER", &other_link),
+            ("HOOKLANE_UI_PORTAL_EXPIRED", &expired_link),
+        ],
     )
-    .await
-    .expect("the browser test ran for more than 3 minutes")
-    .expect("run node");
-    println!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "the browser test failed (screenshots in {})",
-        screenshots.display()
-    );
+    .await;
 
     // What the page showed is what the API says.
     for id in &failing {
@@ -182,6 +200,120 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
         "6-portal-read-only.png",
         "7-portal-other-account.png",
         "8-portal-expired.png",
+    ] {
+        assert!(screenshots.join(name).exists(), "{name} was not taken");
+    }
+}
+
+fn verifies_with(arrival: &Arrival, secret: &str) -> bool {
+    let secret = SigningSecret::parse(secret).expect("a whsec_ secret");
+    signing::verify(
+        &[&secret],
+        arrival.webhook_id.as_deref().unwrap_or(""),
+        arrival.webhook_timestamp.as_deref().unwrap_or(""),
+        arrival.webhook_signature.as_deref().unwrap_or(""),
+        &arrival.body,
+        chrono::Utc::now().timestamp(),
+        signing::DEFAULT_TOLERANCE_SECS,
+    )
+    .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_manages_an_endpoint_from_a_portal_link() {
+    node_modules();
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("ui-endpoints");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("initech").await;
+    let link = portal_link(&server, "initech", json!({"ttl_seconds": 900})).await;
+    let screenshots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-endpoint-screenshots");
+    let results = scratch.path().join("ui-endpoints.json");
+    let receiver = farm.url("portal-hook");
+    run_browser(
+        "endpoints.cjs",
+        &screenshots,
+        &[
+            ("HOOKLANE_UI_BASE", &server.base),
+            ("HOOKLANE_UI_PORTAL", &link),
+            ("HOOKLANE_UI_ACCOUNT", "initech"),
+            ("HOOKLANE_UI_RECEIVER", &receiver),
+            // Never connected to: the SSRF guard refuses the address when the endpoint is made.
+            ("HOOKLANE_UI_REFUSED_URL", "http://169.254.169.254/latest/meta-data"),
+            ("HOOKLANE_UI_RESULTS", &results.to_string_lossy()),
+        ],
+    )
+    .await;
+    let shown: Value =
+        serde_json::from_slice(&std::fs::read(&results).expect("the script's results"))
+            .expect("JSON results");
+    let (before, after) = (
+        shown["before"].as_str().expect("before"),
+        shown["after"].as_str().expect("after"),
+    );
+
+    // At the receiver: the test event, then order.created, and nothing else.
+    let arrivals = farm.arrivals("portal-hook");
+    let types: Vec<String> = arrivals
+        .iter()
+        .map(|a| {
+            let body: Value = serde_json::from_slice(&a.body).expect("JSON body");
+            body["type"].as_str().unwrap_or("").to_owned()
+        })
+        .collect();
+    assert_eq!(types, ["hooklane.test", "order.created"], "{types:?}");
+    for arrival in &arrivals {
+        assert_eq!(arrival.header("x-tenant"), Some("t-42"));
+        assert_eq!(arrival.header("authorization"), Some("Bearer let-me-in"));
+    }
+    // The secret the page showed signed the test event; after the rotation, the old and the
+    // new secret each verify the next delivery.
+    assert!(verifies_with(&arrivals[0], before), "the test event");
+    assert!(!verifies_with(&arrivals[0], after), "signed with a secret made later");
+    assert!(verifies_with(&arrivals[1], before), "the old secret, in its grace period");
+    assert!(verifies_with(&arrivals[1], after), "the new secret");
+
+    // Every change is in the audit log, by the portal link's token.
+    let (_, audit) = server.get("/v1/accounts/initech/audit?limit=50").await;
+    let mut actions: Vec<(String, String)> = audit["data"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["target"]["type"] == "endpoint")
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap_or("").to_owned(),
+                e["actor"]["type"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    actions.reverse();
+    let want = [
+        "endpoint.created",
+        "endpoint.updated",
+        "endpoint.secret_rotated",
+        "endpoint.disabled",
+        "endpoint.enabled",
+        "endpoint.deleted",
+    ];
+    assert_eq!(
+        actions.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>(),
+        want,
+        "{audit}"
+    );
+    assert!(actions.iter().all(|(_, actor)| actor == "token"), "{actions:?}");
+    let (_, endpoints) = server.get("/v1/accounts/initech/endpoints").await;
+    assert_eq!(endpoints["data"], json!([]), "{endpoints}");
+    for name in [
+        "10-endpoint-refused.png",
+        "11-endpoint-form.png",
+        "12-endpoint-secret.png",
+        "13-test-event.png",
+        "14-endpoint-edited.png",
+        "15-rotate.png",
+        "16-rotated-and-delivered.png",
+        "17-endpoint-disabled.png",
+        "18-endpoint-deleted.png",
     ] {
         assert!(screenshots.join(name).exists(), "{name} was not taken");
     }

@@ -6,17 +6,9 @@
 // server and checks the outcome through the API too.
 "use strict";
 
-const fs = require("node:fs");
-const os = require("node:os");
 const path = require("node:path");
+const { need, check, withPage, run } = require("./browser.cjs");
 
-function need(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set (run through tests/e2e/ui.rs)`);
-  return value;
-}
-
-const { chromium } = require(path.join(need("HOOKLANE_TEST_NODE_MODULES"), "playwright-core"));
 const base = need("HOOKLANE_UI_BASE");
 const token = need("HOOKLANE_UI_TOKEN");
 const replayed = need("HOOKLANE_UI_REPLAY_DELIVERY");
@@ -28,36 +20,8 @@ const readOnlyLink = need("HOOKLANE_UI_PORTAL_READ_ONLY");
 const otherLink = need("HOOKLANE_UI_PORTAL_OTHER");
 const expiredLink = need("HOOKLANE_UI_PORTAL_EXPIRED");
 
-function check(condition, message) {
-  if (!condition) throw new Error(message);
-}
-
 async function main() {
-  fs.mkdirSync(shots, { recursive: true });
-  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "hooklane-chromium-"));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: "/usr/bin/chromium",
-    headless: true,
-    viewport: { width: 1280, height: 900 },
-    args: [
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-quic",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-    ],
-  });
-  const problems = [];
-  const page = context.pages()[0] || (await context.newPage());
-  page.setDefaultTimeout(15_000);
-  page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
-  page.on("console", (message) => {
-    if (message.type() === "error") problems.push(`console error: ${message.text()}`);
-  });
-  page.on("requestfailed", (request) => problems.push(`request failed: ${request.url()}`));
-  try {
+  await withPage(shots, async (page, problems) => {
     await page.goto(`${base}/ui`);
     // A token that does not verify is refused, and the log stays closed.
     await page.getByLabel("Token").fill(`${token.slice(0, -3)}xyz`);
@@ -173,12 +137,18 @@ async function main() {
     check(history === "", `the fragment stayed: ${history}`);
     await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).waitFor();
     await page.locator("#endpoints tbody tr").first().waitFor();
-    for (const name of [/Send a test event to/, /Resend deliveries of/]) {
+    for (const name of [/Send a test event to/, /Resend deliveries of/, "Add endpoint"]) {
       // Role queries see only what is shown: the buttons are there, hidden.
       const offered = await page.getByRole("button", { name }).count();
       check(offered === 0, `a read-only link offers ${name}`);
       const present = await page.getByRole("button", { name, includeHidden: true }).count();
       check(present > 0, `no ${name} buttons at all, hidden or not`);
+    }
+    // The endpoint panel opens, with nothing in it that changes the endpoint.
+    await page.getByRole("button", { name: /Manage .*\/ep\/shop/ }).click();
+    await page.locator("#endpoint-detail").waitFor({ state: "visible" });
+    for (const id of ["ep-edit", "ep-rotate", "ep-toggle", "ep-delete"]) {
+      check(await page.locator(`#${id}`).isHidden(), `a read-only link offers #${id}`);
     }
     await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).getByRole("button").click();
     await page.locator("#detail").waitFor({ state: "visible" });
@@ -206,17 +176,7 @@ async function main() {
     const unexpected = problems.filter((p) => !p.includes("status of 401"));
     check(unexpected.length === 0, `the page reported problems:\n${unexpected.join("\n")}`);
     console.log(`ui: signed in, filtered, opened attempts, replayed, bulk-resent, followed portal links; screenshots in ${shots}`);
-  } catch (error) {
-    await page.screenshot({ path: path.join(shots, "failure.png"), fullPage: true }).catch(() => {});
-    if (problems.length) console.error(problems.join("\n"));
-    throw error;
-  } finally {
-    await context.close();
-    fs.rmSync(profile, { recursive: true, force: true });
-  }
+  });
 }
 
-main().catch((error) => {
-  console.error(`ui test failed: ${error.stack || error}`);
-  process.exit(1);
-});
+run("ui test", main);

@@ -11,6 +11,11 @@ const state = {
   auditCursor: null,
   selected: null,
   poll: null,
+  // The endpoint open in the detail panel, and whether its secret is shown.
+  endpoint: null,
+  secretShown: false,
+  // The endpoint the form edits; null when it adds one.
+  editing: null,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -34,6 +39,7 @@ class ApiError extends Error {
     super(body?.error?.message || `HTTP ${status}`);
     this.status = status;
     this.code = body?.error?.code;
+    this.field = body?.error?.field;
   }
 }
 
@@ -127,12 +133,22 @@ async function loadEndpoints() {
   for (const endpoint of list.data) {
     const [healthKind, healthText] = health(endpoint);
     body.append(
-      el("tr", { "data-endpoint": endpoint.id },
-        el("td", { class: "mono", text: endpoint.url }),
+      el("tr", { "data-endpoint": endpoint.id, class: state.endpoint === endpoint.id ? "selected" : "" },
+        el("td", {},
+          el("div", { class: "mono", text: endpoint.url }),
+          endpoint.description ? el("div", { class: "help", text: endpoint.description }) : null),
+        el("td", { class: "mono", text: endpoint.event_types ? endpoint.event_types.join(", ") : "every type" }),
         el("td", {}, badge("status", endpoint.status)),
         el("td", {}, el("span", { class: `health-${healthKind}`, text: healthText })),
         el("td", { text: String(endpoint.max_in_flight) }),
         el("td", {}, el("div", { class: "actions" },
+          el("button", {
+            type: "button",
+            class: "secondary",
+            text: "Manage",
+            "aria-label": `Manage ${endpoint.url}`,
+            onclick: guarded(() => openEndpoint(endpoint.id)),
+          }),
           el("button", {
             type: "button",
             class: "secondary writes",
@@ -154,6 +170,310 @@ async function loadEndpoints() {
   }
   select.value = chosen;
   $("endpoints-empty").hidden = list.data.length > 0;
+  if (state.endpoint) {
+    if (state.endpoints.has(state.endpoint)) showEndpoint();
+    else closeEndpoint();
+  }
+}
+
+// --- managing one endpoint --------------------------------------------------------------
+
+const MASKED = "whsec_••••••••••••••••";
+
+function showEndpoint() {
+  const endpoint = state.endpoints.get(state.endpoint);
+  if (!endpoint) return;
+  $("endpoint-detail-title").textContent = `Endpoint ${endpoint.url}`;
+  const summary = $("endpoint-summary");
+  summary.replaceChildren();
+  summaryItem(summary, "Id", el("span", { class: "mono", text: endpoint.id }));
+  summaryItem(summary, "URL", el("span", { class: "mono", text: endpoint.url }));
+  if (endpoint.description) summaryItem(summary, "Description", endpoint.description);
+  summaryItem(summary, "Status", el("span", { id: "ep-status" }, badge("status", endpoint.status)));
+  if (endpoint.disabled_reason) summaryItem(summary, "Disabled because", endpoint.disabled_reason);
+  const [healthKind, healthText] = health(endpoint);
+  summaryItem(summary, "Health", el("span", { class: `health-${healthKind}`, text: healthText }));
+  summaryItem(summary, "Event types", el("span", {
+    id: "ep-types",
+    class: "mono",
+    text: endpoint.event_types ? endpoint.event_types.join(", ") : "every type",
+  }));
+  summaryItem(summary, "In-flight cap", String(endpoint.max_in_flight));
+  summaryItem(summary, "Rate limit", endpoint.rate_limit_per_second === null
+    ? "none" : `${endpoint.rate_limit_per_second} per second`);
+  const headers = Object.entries(endpoint.headers);
+  summaryItem(summary, "Custom headers", headers.length
+    ? el("ul", { id: "ep-header-list", class: "plain" }, ...headers.map(([name, h]) =>
+      el("li", { class: "mono", text: `${name}: ${h.secret ? "(secret)" : h.value}` })))
+    : "none");
+  summaryItem(summary, "Created", formatTime(endpoint.created_at));
+  $("ep-secret").textContent = state.secretShown ? endpoint.secret : MASKED;
+  $("ep-reveal").textContent = state.secretShown ? "Hide secret" : "Reveal secret";
+  const retiring = $("ep-retiring");
+  retiring.hidden = !endpoint.retiring_secret_until;
+  retiring.textContent = endpoint.retiring_secret_until
+    ? `The previous secret also signs until ${formatTime(endpoint.retiring_secret_until)}.` : "";
+  const disabled = endpoint.status === "disabled";
+  $("ep-toggle").textContent = disabled ? "Enable" : "Disable…";
+  for (const row of $("endpoints").tBodies[0].rows) {
+    row.classList.toggle("selected", row.dataset.endpoint === endpoint.id);
+  }
+}
+
+async function openEndpoint(id) {
+  if (state.endpoint !== id) state.secretShown = false;
+  state.endpoint = id;
+  // Read it again: the list may be older than the endpoint's last rotation.
+  const endpoint = await api(accountPath(`/endpoints/${encodeURIComponent(id)}`));
+  state.endpoints.set(id, endpoint);
+  showEndpoint();
+  $("endpoint-detail").hidden = false;
+  $("endpoint-detail").scrollIntoView({ block: "nearest" });
+}
+
+function closeEndpoint() {
+  state.endpoint = null;
+  state.secretShown = false;
+  $("ep-secret").textContent = MASKED;
+  $("endpoint-detail").hidden = true;
+  for (const row of $("endpoints").tBodies[0].rows) row.classList.remove("selected");
+}
+
+function currentEndpoint() {
+  return state.endpoints.get(state.endpoint);
+}
+
+async function copySecret() {
+  const endpoint = currentEndpoint();
+  if (!endpoint) return;
+  try {
+    await navigator.clipboard.writeText(endpoint.secret);
+    notify("Signing secret copied to the clipboard.");
+  } catch {
+    // Without clipboard access, show the secret selected so that the user can copy it.
+    state.secretShown = true;
+    showEndpoint();
+    window.getSelection().selectAllChildren($("ep-secret"));
+    notify("The browser refused the clipboard: the secret is selected, copy it with Ctrl+C.", true);
+  }
+}
+
+// Changes made in the panel are shown from the API's answer, then the list is read again.
+async function changed(endpoint, message) {
+  state.endpoints.set(endpoint.id, endpoint);
+  notify(message);
+  showEndpoint();
+  await Promise.all([loadEndpoints(), loadAudit()]);
+}
+
+async function toggleEndpoint() {
+  const endpoint = currentEndpoint();
+  if (!endpoint) return;
+  if (endpoint.status === "disabled") {
+    const enabled = await api(accountPath(`/endpoints/${encodeURIComponent(endpoint.id)}/enable`), { method: "POST" });
+    await changed(enabled, `${enabled.url} is enabled again.`);
+    return;
+  }
+  const ok = await confirmDialog("Disable this endpoint?",
+    `Nothing is sent to ${endpoint.url} until it is enabled again, and its pending deliveries are abandoned ` +
+    "(they can be resent later).", "Disable");
+  if (!ok) return;
+  const disabled = await api(accountPath(`/endpoints/${encodeURIComponent(endpoint.id)}/disable`), { method: "POST" });
+  await changed(disabled, `${disabled.url} is disabled.`);
+}
+
+async function deleteEndpoint() {
+  const endpoint = currentEndpoint();
+  if (!endpoint) return;
+  const ok = await confirmDialog("Delete this endpoint?",
+    `${endpoint.url} receives nothing more and its pending deliveries are abandoned. ` +
+    "Its delivery history stays in the log. This cannot be undone.", "Delete");
+  if (!ok) return;
+  await api(accountPath(`/endpoints/${encodeURIComponent(endpoint.id)}`), { method: "DELETE" });
+  closeEndpoint();
+  notify(`${endpoint.url} was deleted.`);
+  await Promise.all([loadEndpoints(), loadAudit()]);
+}
+
+function rotateSecret() {
+  if (!currentEndpoint()) return;
+  $("rotate-grace").value = "86400";
+  $("rotate").showModal();
+}
+
+async function submitRotate(event) {
+  if (event.submitter?.value !== "ok") return;
+  const endpoint = currentEndpoint();
+  if (!endpoint) return;
+  const grace = Number($("rotate-grace").value);
+  const rotated = await api(accountPath(`/endpoints/${encodeURIComponent(endpoint.id)}/secret/rotate`),
+    { method: "POST", body: { grace_period_seconds: grace } });
+  state.secretShown = false;
+  await changed(rotated, grace
+    ? "New signing secret made; the previous one signs too until the grace period ends."
+    : "New signing secret made; the previous one no longer signs.");
+}
+
+// --- the endpoint form (add and edit) ---------------------------------------------------
+
+function headerRow(name = "", value = "", secret = false, kept = false) {
+  const index = $("ep-headers").children.length + 1;
+  const row = el("div", { class: "header-row", "data-original": kept ? name : "" },
+    el("input", { class: "h-name", "aria-label": `Header ${index} name`, placeholder: "X-Tenant", spellcheck: "false", autocomplete: "off" }),
+    el("input", {
+      class: "h-value",
+      "aria-label": `Header ${index} value`,
+      placeholder: kept && secret ? "(secret, unchanged)" : "value",
+      spellcheck: "false",
+      autocomplete: "off",
+    }),
+    el("label", { class: "inline" }, el("input", { type: "checkbox", class: "h-secret" }), " secret"),
+    el("button", {
+      type: "button",
+      class: "link",
+      text: "Remove",
+      "aria-label": `Remove header ${index}`,
+      onclick: () => row.remove(),
+    }),
+  );
+  row.querySelector(".h-name").value = name;
+  row.querySelector(".h-value").value = value;
+  row.querySelector(".h-secret").checked = secret;
+  $("ep-headers").append(row);
+  return row;
+}
+
+function openEndpointForm(endpoint) {
+  state.editing = endpoint ? endpoint.id : null;
+  $("endpoint-dialog-title").textContent = endpoint ? "Edit endpoint" : "Add endpoint";
+  $("ep-url").value = endpoint?.url || "";
+  $("ep-description").value = endpoint?.description || "";
+  $("ep-event-types").value = endpoint?.event_types ? endpoint.event_types.join(", ") : "";
+  $("ep-max-in-flight").value = endpoint ? String(endpoint.max_in_flight) : "";
+  $("ep-rate-limit").value = endpoint?.rate_limit_per_second ? String(endpoint.rate_limit_per_second) : "";
+  $("ep-headers").replaceChildren();
+  for (const [name, h] of Object.entries(endpoint?.headers || {})) {
+    headerRow(name, h.secret ? "" : h.value, h.secret, true);
+  }
+  clearFormError();
+  $("endpoint-dialog").showModal();
+  $("ep-url").focus();
+}
+
+// A number typed as digits is sent as one; anything else is sent as typed, and the API
+// says what is wrong with it.
+function numberOrText(value) {
+  return /^\d+$/.test(value) ? Number(value) : value;
+}
+
+function typesOf(value) {
+  const types = value.split(",").map((t) => t.trim()).filter(Boolean);
+  return types.length ? types : null;
+}
+
+// The form's headers as the API takes them: on edit, a merge patch of what changed.
+function headersOf(endpoint) {
+  const patch = {};
+  const kept = new Set();
+  for (const row of $("ep-headers").children) {
+    const name = row.querySelector(".h-name").value.trim();
+    const value = row.querySelector(".h-value").value;
+    const secret = row.querySelector(".h-secret").checked;
+    const original = row.dataset.original;
+    if (!name) continue;
+    if (original) kept.add(original.toLowerCase());
+    if (original && original.toLowerCase() !== name.toLowerCase()) patch[original] = null;
+    const before = original ? endpoint?.headers[name.toLowerCase()] : undefined;
+    // A secret left empty keeps its value; an unchanged plain one is not sent again.
+    if (before?.secret && secret && value === "") continue;
+    if (before && !before.secret && !secret && before.value === value) continue;
+    patch[name] = secret ? { value, secret: true } : value;
+  }
+  for (const name of Object.keys(endpoint?.headers || {})) {
+    if (!kept.has(name)) patch[name] = null;
+  }
+  return patch;
+}
+
+const FIELD_INPUTS = {
+  url: "ep-url",
+  description: "ep-description",
+  event_types: "ep-event-types",
+  max_in_flight: "ep-max-in-flight",
+  rate_limit_per_second: "ep-rate-limit",
+  headers: "ep-headers-set",
+};
+
+function clearFormError() {
+  $("endpoint-error").textContent = "";
+  for (const id of Object.values(FIELD_INPUTS)) $(id).removeAttribute("aria-invalid");
+}
+
+// The API's error names the field at fault: it is marked and given the focus.
+function showFormError(error) {
+  const field = error.field || "";
+  $("endpoint-error").textContent = field && !error.message.startsWith(field)
+    ? `${field}: ${error.message}` : error.message;
+  const input = FIELD_INPUTS[field.split(/[.[]/)[0]];
+  if (input) {
+    $(input).setAttribute("aria-invalid", "true");
+    $(input).focus();
+  }
+}
+
+function endpointBody(endpoint) {
+  const url = $("ep-url").value.trim();
+  const description = $("ep-description").value.trim();
+  const types = typesOf($("ep-event-types").value);
+  const cap = $("ep-max-in-flight").value.trim();
+  const rate = $("ep-rate-limit").value.trim();
+  const headers = headersOf(endpoint);
+  if (!endpoint) {
+    const body = { url };
+    if (description) body.description = description;
+    if (types) body.event_types = types;
+    if (cap) body.max_in_flight = numberOrText(cap);
+    if (rate) body.rate_limit_per_second = numberOrText(rate);
+    if (Object.keys(headers).length) body.headers = headers;
+    return body;
+  }
+  const body = {};
+  if (url !== endpoint.url) body.url = url;
+  if (description !== endpoint.description) body.description = description;
+  if (JSON.stringify(types) !== JSON.stringify(endpoint.event_types)) body.event_types = types;
+  if (cap !== String(endpoint.max_in_flight)) body.max_in_flight = numberOrText(cap);
+  const rateBefore = endpoint.rate_limit_per_second === null ? "" : String(endpoint.rate_limit_per_second);
+  if (rate !== rateBefore) body.rate_limit_per_second = rate ? numberOrText(rate) : null;
+  if (Object.keys(headers).length) body.headers = headers;
+  return body;
+}
+
+async function submitEndpoint(event) {
+  if (event.submitter?.value !== "ok") return;
+  event.preventDefault();
+  clearFormError();
+  const endpoint = state.editing ? state.endpoints.get(state.editing) : null;
+  if (!$("ep-url").value.trim()) {
+    showFormError({ field: "url", message: "url: enter the address webhooks are sent to" });
+    return;
+  }
+  try {
+    const body = endpointBody(endpoint);
+    const saved = endpoint
+      ? await api(accountPath(`/endpoints/${encodeURIComponent(endpoint.id)}`), { method: "PATCH", body })
+      : await api(accountPath("/endpoints"), { method: "POST", body });
+    $("endpoint-dialog").close();
+    state.endpoints.set(saved.id, saved);
+    state.secretShown = false;
+    state.endpoint = saved.id;
+    showEndpoint();
+    $("endpoint-detail").hidden = false;
+    notify(endpoint ? `${saved.url} was changed.` : `${saved.url} was added: it receives events from now on.`);
+    await Promise.all([loadEndpoints(), loadAudit()]);
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) throw error;
+    showFormError(error);
+  }
 }
 
 // --- deliveries -------------------------------------------------------------------------
@@ -505,6 +825,20 @@ document.addEventListener("DOMContentLoaded", () => {
   $("refresh-audit").addEventListener("click", guarded(() => loadAudit()));
   $("audit-more").addEventListener("click", guarded(() => loadAudit(true)));
   $("bulk-form").addEventListener("submit", guarded(submitBulk));
+  $("add-endpoint").addEventListener("click", () => openEndpointForm(null));
+  $("ep-add-header").addEventListener("click", () => headerRow().querySelector(".h-name").focus());
+  $("endpoint-form").addEventListener("submit", guarded(submitEndpoint));
+  $("ep-edit").addEventListener("click", () => openEndpointForm(currentEndpoint()));
+  $("ep-rotate").addEventListener("click", rotateSecret);
+  $("rotate-form").addEventListener("submit", guarded(submitRotate));
+  $("ep-toggle").addEventListener("click", guarded(toggleEndpoint));
+  $("ep-delete").addEventListener("click", guarded(deleteEndpoint));
+  $("ep-close").addEventListener("click", closeEndpoint);
+  $("ep-reveal").addEventListener("click", () => {
+    state.secretShown = !state.secretShown;
+    showEndpoint();
+  });
+  $("ep-copy").addEventListener("click", guarded(copySecret));
 
   window.addEventListener("hashchange", followPortalLink);
   if (followPortalLink()) return;
