@@ -239,7 +239,10 @@ async fn a_customer_manages_an_endpoint_from_a_portal_link() {
             ("HOOKLANE_UI_ACCOUNT", "initech"),
             ("HOOKLANE_UI_RECEIVER", &receiver),
             // Never connected to: the SSRF guard refuses the address when the endpoint is made.
-            ("HOOKLANE_UI_REFUSED_URL", "http://169.254.169.254/latest/meta-data"),
+            (
+                "HOOKLANE_UI_REFUSED_URL",
+                "http://169.254.169.254/latest/meta-data",
+            ),
             ("HOOKLANE_UI_RESULTS", &results.to_string_lossy()),
         ],
     )
@@ -269,8 +272,14 @@ async fn a_customer_manages_an_endpoint_from_a_portal_link() {
     // The secret the page showed signed the test event; after the rotation, the old and the
     // new secret each verify the next delivery.
     assert!(verifies_with(&arrivals[0], before), "the test event");
-    assert!(!verifies_with(&arrivals[0], after), "signed with a secret made later");
-    assert!(verifies_with(&arrivals[1], before), "the old secret, in its grace period");
+    assert!(
+        !verifies_with(&arrivals[0], after),
+        "signed with a secret made later"
+    );
+    assert!(
+        verifies_with(&arrivals[1], before),
+        "the old secret, in its grace period"
+    );
     assert!(verifies_with(&arrivals[1], after), "the new secret");
 
     // Every change is in the audit log, by the portal link's token.
@@ -301,7 +310,10 @@ async fn a_customer_manages_an_endpoint_from_a_portal_link() {
         want,
         "{audit}"
     );
-    assert!(actions.iter().all(|(_, actor)| actor == "token"), "{actions:?}");
+    assert!(
+        actions.iter().all(|(_, actor)| actor == "token"),
+        "{actions:?}"
+    );
     let (_, endpoints) = server.get("/v1/accounts/initech/endpoints").await;
     assert_eq!(endpoints["data"], json!([]), "{endpoints}");
     for name in [

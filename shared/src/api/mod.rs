@@ -71,6 +71,7 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::disable_endpoint))
         .routes(routes!(routes::rotate_secret))
         .routes(routes!(routes::send_test_event))
+        .routes(routes!(routes::endpoint_stats))
         .routes(routes!(routes::list_endpoint_deliveries))
         .routes(routes!(routes::replay_endpoint))
         .routes(routes!(routes::publish_event))

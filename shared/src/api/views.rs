@@ -14,8 +14,8 @@ use crate::{
     clock::Timestamp,
     domain::Scope,
     domain::{
-        rate::PublishRate, Account, ApiKey, Attempt, AuditEntry, Delivery, Endpoint, Event, Replay,
-        ReplayScope,
+        rate::PublishRate, stats::Totals, Account, ApiKey, Attempt, AuditEntry, Delivery, Endpoint,
+        EndpointStats, Event, Replay, ReplayScope,
     },
     service::{keys::MintedKey, tokens::MintedToken},
 };
@@ -121,6 +121,102 @@ pub struct HeaderView<'a> {
     #[schema(required = true)]
     pub value: Option<&'a str>,
     pub secret: bool,
+}
+
+/// An endpoint's health at a glance: its attempts of the last 24 hours and 7 days.
+#[derive(Serialize, ToSchema)]
+pub struct EndpointStatsView<'a> {
+    pub endpoint_id: &'a str,
+    /// The current hour is the last of `hours`; the counts run up to this time.
+    #[schema(value_type = String, format = DateTime)]
+    pub generated_at: Timestamp,
+    pub last_24h: TotalsView,
+    pub last_7d: TotalsView,
+    /// When the current failing streak started (every attempt since failed); `null` when
+    /// the last attempt succeeded.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(required = true)]
+    pub failing_since: Option<Timestamp>,
+    #[schema(required = true)]
+    pub last_failure: Option<LastFailureView<'a>>,
+    /// 168 hours, oldest first; the last one is the current hour, so far.
+    pub hours: Vec<PeriodView>,
+    /// The same, by 24 hours: 7 periods, the last ending with the current hour.
+    pub days: Vec<PeriodView>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TotalsView {
+    pub attempts: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    /// Succeeded over attempts, 0 to 1; `null` without attempts.
+    #[schema(required = true)]
+    pub success_rate: Option<f64>,
+}
+
+impl From<Totals> for TotalsView {
+    fn from(t: Totals) -> Self {
+        Self {
+            attempts: t.attempts(),
+            succeeded: t.succeeded,
+            failed: t.failed,
+            success_rate: t.success_rate(),
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PeriodView {
+    #[schema(value_type = String, format = DateTime)]
+    pub start: Timestamp,
+    pub succeeded: u64,
+    pub failed: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LastFailureView<'a> {
+    #[schema(value_type = String, format = DateTime)]
+    pub at: Timestamp,
+    /// `null` when nothing answered (timeout, refused connection, TLS).
+    #[schema(required = true)]
+    pub status_code: Option<u16>,
+    pub error: &'a str,
+}
+
+impl<'a> EndpointStatsView<'a> {
+    pub fn new(endpoint: &'a Endpoint, stats: &'a EndpointStats) -> Self {
+        Self {
+            endpoint_id: endpoint.id.as_str(),
+            generated_at: stats.at,
+            last_24h: stats.last_24h.into(),
+            last_7d: stats.last_7d.into(),
+            failing_since: endpoint.failing_since,
+            last_failure: stats.last_failure.as_ref().map(|f| LastFailureView {
+                at: f.at,
+                status_code: f.status_code,
+                error: &f.error,
+            }),
+            hours: stats
+                .hours
+                .iter()
+                .map(|h| PeriodView {
+                    start: h.hour,
+                    succeeded: h.succeeded,
+                    failed: h.failed,
+                })
+                .collect(),
+            days: stats
+                .days()
+                .into_iter()
+                .map(|(start, t)| PeriodView {
+                    start,
+                    succeeded: t.succeeded,
+                    failed: t.failed,
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]

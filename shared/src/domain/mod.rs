@@ -14,6 +14,7 @@ pub mod outcome;
 pub mod rate;
 pub mod replay;
 pub mod schedule;
+pub mod stats;
 
 pub use access::{ApiKey, ApiKeyId, Denied, Principal, Scope};
 pub use account::{Account, EmailAddress};
@@ -29,6 +30,7 @@ pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
 pub use outcome::{AttemptOutcome, Decision, DeliveryUpdate, RetryPolicy};
 pub use replay::{Replay, ReplayCandidate, ReplayFilter, ReplayScope};
 pub use schedule::RetrySchedule;
+pub use stats::{EndpointStats, HourCount, LastFailure};
 
 /// Input that does not fit the domain, naming the field it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

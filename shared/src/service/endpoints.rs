@@ -5,6 +5,7 @@ use crate::{
     domain::{
         endpoint::{self, RetiringSecret},
         headers::CustomHeaders,
+        stats::{hour_of, EndpointStats, STATS_HOURS},
         AccountId, AuditAction, AuditTarget, Caller, Endpoint, EndpointId, EndpointStatus,
         EndpointUrl, EventTypeFilter, InvalidField, TargetKind,
     },
@@ -160,6 +161,19 @@ pub async fn get(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResu
         .get_endpoint(account, id)
         .await?
         .ok_or(ServiceError::NotFound("endpoint"))
+}
+
+/// The endpoint and its attempts of the last 7 days, hour by hour, at the store's clock.
+pub async fn stats(
+    app: &App,
+    account: &AccountId,
+    id: &EndpointId,
+) -> ServiceResult<(Endpoint, EndpointStats)> {
+    let endpoint = get(app, account, id).await?;
+    let now = app.clock.now();
+    let since = hour_of(now) - chrono::TimeDelta::hours(STATS_HOURS as i64 - 1);
+    let counts = app.store.endpoint_hours(id, since).await?;
+    Ok((endpoint, EndpointStats::from_counts(&counts, now)))
 }
 
 pub async fn list(app: &App, account: &AccountId) -> ServiceResult<Vec<Endpoint>> {

@@ -96,6 +96,7 @@ pub async fn handle_message(
 ) -> Result<Handled, SenderError> {
     let mut handled =
         handle_endpoint_group(lanes, &[(app, delivery_id)], endpoint_id, account_id).await;
+    flush_hour_counts(app).await;
     // One message in, one outcome out.
     handled.pop().unwrap_or(Ok(Handled::Skipped))
 }
@@ -149,6 +150,7 @@ pub async fn handle_batch(
         async move { handle_endpoint_group(lanes, &group, endpoint, account).await }
     }))
     .await;
+    flush_hour_counts(app).await;
     // Every position but a repeated copy's belongs to one group and is replaced; the
     // copies stay `Skipped`.
     let mut outcomes: Vec<Result<Handled, SenderError>> =
@@ -170,6 +172,15 @@ pub async fn handle_batch(
         }
     }
     outcomes
+}
+
+/// The batch's attempts counted by endpoint and hour, written once for the batch. They
+/// are for health at a glance: a failure to write them is logged, and fails no message
+/// (the store keeps them for the next batch).
+async fn flush_hour_counts(app: &App) {
+    if let Err(error) = app.store.flush_hour_counts().await {
+        tracing::warn!(%error, "cannot write the endpoints' hour counts; kept for the next batch");
+    }
 }
 
 /// The messages of one batch for one endpoint, each with the App to use for it: the

@@ -6,7 +6,8 @@ use crate::{
     clock::Timestamp,
     domain::{
         Account, AccountId, ApiKey, ApiKeyId, Attempt, AuditEntry, Decision, Delivery, DeliveryId,
-        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, Replay, ReplayId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, HourCount, Replay,
+        ReplayId,
     },
 };
 
@@ -429,6 +430,17 @@ store_port! { $
     /// Changes a delivery that is still pending with `expected_attempts` without recording
     /// an attempt. `false` (nothing written) when it moved on meanwhile or does not exist.
     async fn move_unattempted(&self, request: &UnattemptedMove) -> StoreResult<bool>;
+    /// The endpoint's attempts counted by the hour (`record_attempt` counts them), for the
+    /// hours starting at or after `since`, oldest first.
+    async fn endpoint_hours(
+        &self,
+        endpoint: &EndpointId,
+        since: Timestamp,
+    ) -> StoreResult<Vec<HourCount>>;
+    /// Writes the hour counts of attempts recorded so far, where a store gathers them
+    /// first (DynamoDB: one write per endpoint and hour, not one per attempt). Callers call it
+    /// when a batch of attempts is done; counts not yet written are lost with the process.
+    async fn flush_hour_counts(&self) -> StoreResult<()>;
     /// Pending deliveries in due order, due at or before `due_before`, after `after` (paging).
     async fn pending_deliveries(
         &self,

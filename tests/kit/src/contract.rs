@@ -30,6 +30,7 @@ use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
     publish_one, t0,
 };
+pub use crate::stats_contract::attempts_are_counted_by_endpoint_and_hour;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -1672,6 +1673,7 @@ macro_rules! store_contract_tests {
             token_revocations_are_kept_per_account,
             audit_log_is_listed_per_account_newest_first_in_pages,
             audited_changes_are_written_with_their_entries,
+            attempts_are_counted_by_endpoint_and_hour,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

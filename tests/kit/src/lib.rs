@@ -17,4 +17,5 @@ pub mod fixtures;
 #[cfg(feature = "aws")]
 pub mod meter;
 pub mod replay_contract;
+pub mod stats_contract;
 pub mod testing;

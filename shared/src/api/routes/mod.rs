@@ -39,6 +39,7 @@ use crate::{
 mod accounts;
 mod audit;
 mod deliveries;
+mod endpoint_stats;
 mod endpoints;
 mod events;
 mod keys;
@@ -49,6 +50,7 @@ mod tokens;
 pub use accounts::*;
 pub use audit::*;
 pub use deliveries::*;
+pub use endpoint_stats::*;
 pub use endpoints::*;
 pub use events::*;
 pub use keys::*;

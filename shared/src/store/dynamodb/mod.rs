@@ -7,6 +7,7 @@
 //! | `events` | `account_id`, `id` | stream (new image), TTL `expires_at` | the outbox; fan-out reads its stream |
 //! | `deliveries` (`…-delivery-log`) | `log`, `id` | `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log is its `log` partition (the endpoint part of the derived delivery ids, which sort by their event's time), newest first; an account's log is the merge of its endpoints'; due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, event time, endpoint), and so is their key |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
+//! | (`…-delivery-log`) | `log = hours#<endpoint>`, `id` = the hour | TTL `expires_at` | attempts counted by endpoint and hour, kept 8 days |
 //! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`); `listed` (sparse: `list`, `list_key`) | settings, the notification outbox, slot leases, rate buckets, API keys (`apikey#<id>`, listed under `list = apikeys`), the audit log (`audit#<account>#<id>`, listed under `list = audit#<account>`) |
 //!
 //! Every change that can race is a conditional write: an event is created only if its id
@@ -21,6 +22,7 @@ mod audit;
 mod disable;
 mod erase;
 mod events;
+mod hours;
 mod items;
 mod log;
 pub mod outbox;
@@ -192,6 +194,8 @@ pub struct DynamoStore {
     /// Seals endpoint signing secrets as they are written and opens them as they are read
     /// (or withholds them: see [`DynamoStore::withholding_secrets`]).
     secrets: SecretsAccess,
+    /// Attempts counted by endpoint and hour, not yet written (`flush_hour_counts`).
+    hour_tally: hours::HourTally,
 }
 
 impl DynamoStore {
@@ -243,6 +247,7 @@ impl DynamoStore {
             list_examine_budget: super::LIST_EXAMINE_BUDGET,
             walk_budget: WALK_BUDGET,
             late_fan_out: Some(LATE_FAN_OUT),
+            hour_tally: hours::HourTally::default(),
         }
     }
 

@@ -158,6 +158,7 @@ impl SqliteStore {
                 ])
             })
             .map_err(backend)?;
+            add_hour_count(&tx, &r)?;
             // Health changes rarely: write the endpoint row only when the clock starts or stops,
             // not on every attempt.
             let (failing_since, endpoint_changed): (Option<i64>, bool) = if r.success {
@@ -305,6 +306,83 @@ impl SqliteStore {
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
         })
         .await
+    }
+}
+
+/// Counts the attempt in its endpoint's hour, in the transaction that records it.
+fn add_hour_count(tx: &Connection, r: &AttemptRecord) -> StoreResult<()> {
+    let count = HourCount::of_attempt(
+        r.now,
+        r.success,
+        r.attempt.status_code,
+        r.attempt.error.as_deref(),
+    );
+    let failure = count.last_failure.as_ref();
+    // SET reads the row as it was: each `last_failure_*` compares with the old time.
+    tx.prepare_cached(
+        "INSERT INTO endpoint_hours (endpoint_id, hour, succeeded, failed, last_failure_at, last_failure_status, last_failure_error) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+         ON CONFLICT (endpoint_id, hour) DO UPDATE SET \
+         succeeded = succeeded + excluded.succeeded, failed = failed + excluded.failed, \
+         last_failure_at = CASE WHEN excluded.last_failure_at >= coalesce(last_failure_at, 0) THEN excluded.last_failure_at ELSE last_failure_at END, \
+         last_failure_status = CASE WHEN excluded.last_failure_at >= coalesce(last_failure_at, 0) THEN excluded.last_failure_status ELSE last_failure_status END, \
+         last_failure_error = CASE WHEN excluded.last_failure_at >= coalesce(last_failure_at, 0) THEN excluded.last_failure_error ELSE last_failure_error END",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            r.endpoint_id.as_str(),
+            to_millis(count.hour),
+            count.succeeded,
+            count.failed,
+            failure.map(|f| to_millis(f.at)),
+            failure.and_then(|f| f.status_code),
+            failure.map(|f| f.error.as_str()),
+        ])
+    })
+    .map_err(backend)?;
+    Ok(())
+}
+
+impl SqliteStore {
+    pub(super) async fn endpoint_hours(
+        &self,
+        endpoint: &EndpointId,
+        since: Timestamp,
+    ) -> StoreResult<Vec<HourCount>> {
+        let (id, since) = (endpoint.clone(), to_millis(crate::domain::stats::hour_of(since)));
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT hour, succeeded, failed, last_failure_at, last_failure_status, last_failure_error \
+                     FROM endpoint_hours WHERE endpoint_id = ?1 AND hour >= ?2 ORDER BY hour",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![id.as_str(), since], |row| {
+                    let failed_at: Option<i64> = row.get(3)?;
+                    Ok(HourCount {
+                        hour: from_millis(row.get(0)?),
+                        succeeded: row.get(1)?,
+                        failed: row.get(2)?,
+                        last_failure: match failed_at {
+                            Some(at) => Some(LastFailure {
+                                at: from_millis(at),
+                                status_code: row.get(4)?,
+                                error: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
+                            }),
+                            None => None,
+                        },
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
+    /// Counted with each attempt, in its transaction: nothing waits.
+    pub(super) async fn flush_hour_counts(&self) -> StoreResult<()> {
+        Ok(())
     }
 }
 

@@ -16,10 +16,11 @@ use super::{
 use crate::{
     clock::{from_millis, to_millis, Timestamp},
     domain::{
-        endpoint::RetiringSecret, Account, AccountId, Attempt, Delivery, DeliveryId,
-        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
-        ReplayScope, Trigger,
+        endpoint::RetiringSecret,
+        stats::{HourCount, LastFailure, STATS_KEPT},
+        Account, AccountId, Attempt, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
+        EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
+        Replay, ReplayCandidate, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
     secrets::{SecretsAccess, SecretsCipher},
     signing::SigningSecret,

@@ -74,6 +74,13 @@ impl SqliteStore {
                             )
                             .and_then(|mut s| s.execute(params![cutoff]))
                             .map_err(backend)? as u64;
+                        // Hour counts are kept for days, whatever the retention: counted from
+                        // the newest hour, so that a stopped clock removes nothing early.
+                        sp.prepare_cached(
+                            "DELETE FROM endpoint_hours WHERE hour < (SELECT max(hour) FROM endpoint_hours) - ?1",
+                        )
+                        .and_then(|mut s| s.execute(params![STATS_KEPT.num_milliseconds()]))
+                        .map_err(backend)?;
                     }
                     sp.commit().map_err(backend)?;
                     Ok((purged, next))

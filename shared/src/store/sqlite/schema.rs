@@ -111,6 +111,16 @@ CREATE TABLE IF NOT EXISTS token_revocations (
   revoked_at INTEGER NOT NULL,
   PRIMARY KEY (account_id, token_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS endpoint_hours (
+  endpoint_id TEXT NOT NULL,
+  hour INTEGER NOT NULL,
+  succeeded INTEGER NOT NULL,
+  failed INTEGER NOT NULL,
+  last_failure_at INTEGER,
+  last_failure_status INTEGER,
+  last_failure_error TEXT,
+  PRIMARY KEY (endpoint_id, hour)
+) WITHOUT ROWID;
 "#;
 
 pub(super) const ATTEMPTS_TABLE: &str = r#"
