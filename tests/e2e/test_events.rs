@@ -1,5 +1,6 @@
 //! `POST …/endpoints/{endpoint}/test`: a signed `hooklane.test` event to one endpoint only,
-//! logged and delivered like any other, in both shapes.
+//! logged and delivered like any other, in both shapes; the same servers then check the
+//! endpoint stats (endpoint_stats.rs).
 
 use std::time::Duration;
 
@@ -99,15 +100,18 @@ async fn a_test_event_reaches_only_its_endpoint(server: &Server) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_test_event() {
     let scratch = Scratch::new("test-event");
-    let server = Server::start(&scratch, &[]).await;
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1,1,1")]).await;
     a_test_event_reaches_only_its_endpoint(&server).await;
+    crate::endpoint_stats::every_attempt_shows_in_the_endpoint_s_stats(&server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_test_event() {
     let scratch = Scratch::new("aws-test-event");
     let prefix = crate::aws_pipeline::unique("testevent");
-    let server = Server::start_aws(&scratch, &["--provision", &prefix], &[]).await;
+    let env = [("HOOKLANE_RETRY_SCHEDULE".to_owned(), "1,1,1".to_owned())];
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &env).await;
     a_test_event_reaches_only_its_endpoint(&server).await;
+    crate::endpoint_stats::every_attempt_shows_in_the_endpoint_s_stats(&server).await;
     crate::iam::assert_allowed(&server);
 }

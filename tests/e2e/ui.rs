@@ -223,8 +223,13 @@ fn verifies_with(arrival: &Arrival, secret: &str) -> bool {
 async fn a_customer_manages_an_endpoint_from_a_portal_link() {
     node_modules();
     let farm = Farm::start().await.expect("farm");
+    // Each webhook's first request fails, so that the health panel shows failures and retries.
+    farm.configure(
+        "portal-hook",
+        Behavior::failing_first(1).with_failure_status(503),
+    );
     let scratch = Scratch::new("ui-endpoints");
-    let server = Server::start(&scratch, &[]).await;
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1")]).await;
     server.create_account("initech").await;
     let link = portal_link(&server, "initech", json!({"ttl_seconds": 900})).await;
     let screenshots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-endpoint-screenshots");
@@ -264,23 +269,35 @@ async fn a_customer_manages_an_endpoint_from_a_portal_link() {
             body["type"].as_str().unwrap_or("").to_owned()
         })
         .collect();
-    assert_eq!(types, ["hooklane.test", "order.created"], "{types:?}");
+    // Each first attempt failed (503) and was retried.
+    assert_eq!(
+        types,
+        [
+            "hooklane.test",
+            "hooklane.test",
+            "order.created",
+            "order.created"
+        ],
+        "{types:?}"
+    );
+    let statuses: Vec<u16> = arrivals.iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [503, 200, 503, 200]);
     for arrival in &arrivals {
         assert_eq!(arrival.header("x-tenant"), Some("t-42"));
         assert_eq!(arrival.header("authorization"), Some("Bearer let-me-in"));
     }
     // The secret the page showed signed the test event; after the rotation, the old and the
     // new secret each verify the next delivery.
-    assert!(verifies_with(&arrivals[0], before), "the test event");
+    assert!(verifies_with(&arrivals[1], before), "the test event");
     assert!(
-        !verifies_with(&arrivals[0], after),
+        !verifies_with(&arrivals[1], after),
         "signed with a secret made later"
     );
     assert!(
-        verifies_with(&arrivals[1], before),
+        verifies_with(&arrivals[3], before),
         "the old secret, in its grace period"
     );
-    assert!(verifies_with(&arrivals[1], after), "the new secret");
+    assert!(verifies_with(&arrivals[3], after), "the new secret");
 
     // Every change is in the audit log, by the portal link's token.
     let (_, audit) = server.get("/v1/accounts/initech/audit?limit=50").await;

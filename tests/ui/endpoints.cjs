@@ -1,8 +1,9 @@
 // Drives the /ui page in headless Chromium as a platform's customer managing their own
 // endpoint from a portal link: a URL the SSRF guard refuses shows its error in the form;
 // then they add an endpoint (with custom headers, one secret) pointing at a local receiver,
-// reveal and copy its secret, send a test event and see it delivered, change its event-type
-// filter, rotate the secret, see a new event delivered, disable, enable and delete it.
+// reveal and copy its secret, send a test event and see it delivered and counted in the health
+// charts, change its event-type filter, rotate the secret, see a new event delivered, disable,
+// enable and delete it.
 // Started by tests/e2e/ui.rs, which checks at the receiver what was sent, and how it was signed.
 "use strict";
 
@@ -97,10 +98,26 @@ async function main() {
     check(copied === before, "the clipboard does not hold the secret shown");
     await page.screenshot({ path: path.join(shots, "12-endpoint-secret.png"), fullPage: true });
 
-    // A test event, seen delivered in the log.
+    // No attempts yet.
+    await page.locator("#ep-24h", { hasText: "Last 24 hours: no attempts" }).waitFor();
+    check((await page.locator("#ep-chart-24h svg g").count()) === 24, "the 24-hour chart has not 24 bars");
+    check((await page.locator("#ep-chart-7d svg g").count()) === 7, "the 7-day chart has not 7 bars");
+
+    // A test event, seen delivered in the log (the receiver fails each webhook's first request).
     await page.getByRole("button", { name: `Send a test event to ${receiver}` }).click();
     await page.locator("#notice", { hasText: /Test event evt_\w+ sent to/ }).waitFor();
     await waitForRow(page, "hooklane.test", "delivered");
+    // Health at a glance: one failure, then a success.
+    await page.locator("#ep-24h", { hasText: "Last 24 hours: 2 attempts, 50.0% succeeded" }).waitFor();
+    await page.locator("#ep-7d", { hasText: "Last 7 days: 2 attempts, 50.0% succeeded" }).waitFor();
+    await page.locator("#ep-last-failure", { hasText: "HTTP 503" }).waitFor();
+    await page.locator("#ep-streak", { hasText: "Not failing" }).waitFor();
+    const bars = await page.locator("#ep-chart-24h svg g").evaluateAll((all) =>
+      all.reduce((sum, g) => [sum[0] + Number(g.dataset.succeeded), sum[1] + Number(g.dataset.failed)], [0, 0]));
+    check(JSON.stringify(bars) === "[1,1]", `the 24-hour chart shows ${bars}`);
+    const tall = await page.locator("#ep-chart-24h svg .bar-bad").evaluateAll((all) =>
+      all.filter((r) => Number(r.getAttribute("height")) > 0).length);
+    check(tall === 1, `${tall} bars show failures`);
     await page.screenshot({ path: path.join(shots, "13-test-event.png"), fullPage: true });
 
     // From invoices to orders; the secret header is kept without being typed again.
@@ -134,6 +151,7 @@ async function main() {
     const sent = await publish("order.created", { order: "ord_1" });
     check(sent.deliveries.length === 1, `order.created: ${JSON.stringify(sent)}`);
     await waitForRow(page, "order.created", "delivered");
+    await page.locator("#ep-24h", { hasText: "Last 24 hours: 4 attempts, 50.0% succeeded" }).waitFor();
     await page.screenshot({ path: path.join(shots, "16-rotated-and-delivered.png"), fullPage: true });
 
     // Disable (confirmed), enable, delete (confirmed).

@@ -229,6 +229,7 @@ async function openEndpoint(id) {
   showEndpoint();
   $("endpoint-detail").hidden = false;
   $("endpoint-detail").scrollIntoView({ block: "nearest" });
+  await loadEndpointStats();
 }
 
 function closeEndpoint() {
@@ -263,7 +264,7 @@ async function changed(endpoint, message) {
   state.endpoints.set(endpoint.id, endpoint);
   notify(message);
   showEndpoint();
-  await Promise.all([loadEndpoints(), loadAudit()]);
+  await Promise.all([loadEndpoints(), loadAudit(), loadEndpointStats()]);
 }
 
 async function toggleEndpoint() {
@@ -312,6 +313,83 @@ async function submitRotate(event) {
   await changed(rotated, grace
     ? "New signing secret made; the previous one signs too until the grace period ends."
     : "New signing secret made; the previous one no longer signs.");
+}
+
+// --- endpoint health at a glance -------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  node.append(...children);
+  return node;
+}
+
+function duration(from) {
+  const minutes = Math.max(0, Math.floor((Date.now() - new Date(from).getTime()) / 60_000));
+  if (minutes < 60) return `${minutes} min`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return `${hours} h ${minutes % 60} min`;
+  return `${Math.floor(hours / 24)} days ${hours % 24} h`;
+}
+
+function totalsText(label, totals) {
+  const noun = totals.attempts === 1 ? "attempt" : "attempts";
+  if (!totals.attempts) return `${label}: no attempts`;
+  const rate = totals.success_rate * 100;
+  return `${label}: ${totals.attempts} ${noun}, ${rate === 100 ? "100" : rate.toFixed(1)}% succeeded`;
+}
+
+// Stacked bars, succeeded below failed, drawn as SVG by the page itself: no chart library.
+function barChart(periods, label, periodLabel) {
+  const [width, gap, height] = [12, 3, 60];
+  const most = Math.max(1, ...periods.map((p) => p.succeeded + p.failed));
+  const chart = svg("svg", {
+    viewBox: `0 0 ${periods.length * (width + gap)} ${height}`,
+    preserveAspectRatio: "none",
+    role: "img",
+    "aria-label": label,
+    class: "bars",
+  });
+  periods.forEach((p, i) => {
+    const x = i * (width + gap);
+    const ok = (p.succeeded / most) * (height - 1);
+    const bad = (p.failed / most) * (height - 1);
+    const title = svg("title");
+    title.textContent = `${periodLabel(p.start)}: ${p.succeeded} succeeded, ${p.failed} failed`;
+    chart.append(svg("g", { "data-succeeded": p.succeeded, "data-failed": p.failed }, title,
+      svg("rect", { x, y: height - 1, width, height: 1, class: "bar-none" }),
+      svg("rect", { x, y: height - ok, width, height: ok, class: "bar-ok" }),
+      svg("rect", { x, y: height - ok - bad, width, height: bad, class: "bar-bad" })));
+  });
+  return chart;
+}
+
+function showStats(stats) {
+  const endpoint = currentEndpoint();
+  const streak = stats.failing_since
+    ? `Failing for ${duration(stats.failing_since)}: every attempt since ${formatTime(stats.failing_since)} failed.`
+    : stats.last_7d.attempts ? "Not failing: the last attempt succeeded." : "No attempts in the last 7 days.";
+  $("ep-streak").textContent = endpoint?.status === "disabled" ? `Disabled. ${streak}` : streak;
+  const last = stats.last_failure;
+  // The error names the status when there was one ("HTTP 503"); otherwise it says what happened.
+  const answer = last && last.status_code !== null && !last.error.includes(String(last.status_code))
+    ? `HTTP ${last.status_code} · ` : "";
+  $("ep-last-failure").textContent = last ? `Last failure ${formatTime(last.at)}: ${answer}${last.error}` : "";
+  $("ep-24h").textContent = totalsText("Last 24 hours", stats.last_24h);
+  $("ep-7d").textContent = totalsText("Last 7 days", stats.last_7d);
+  const hour = (start) => new Date(start).toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit" });
+  const day = (start) => `24 h from ${new Date(start).toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit" })}`;
+  $("ep-chart-24h").replaceChildren(barChart(stats.hours.slice(-24), "Attempts by hour, last 24 hours", hour));
+  $("ep-chart-7d").replaceChildren(barChart(stats.days, "Attempts by day, last 7 days", day));
+}
+
+async function loadEndpointStats() {
+  const id = state.endpoint;
+  if (!id) return;
+  const stats = await api(accountPath(`/endpoints/${encodeURIComponent(id)}/stats`));
+  if (state.endpoint === id) showStats(stats);
 }
 
 // --- the endpoint form (add and edit) ---------------------------------------------------
@@ -469,7 +547,7 @@ async function submitEndpoint(event) {
     showEndpoint();
     $("endpoint-detail").hidden = false;
     notify(endpoint ? `${saved.url} was changed.` : `${saved.url} was added: it receives events from now on.`);
-    await Promise.all([loadEndpoints(), loadAudit()]);
+    await Promise.all([loadEndpoints(), loadAudit(), loadEndpointStats()]);
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) throw error;
     showFormError(error);
@@ -527,9 +605,10 @@ async function loadDeliveries(append = false) {
   $("deliveries-empty").hidden = body.rows.length > 0;
 }
 
-// Endpoint health changes with every attempt, so it is read again with the log.
+// Endpoint health changes with every attempt, so it is read again with the log (and the
+// open endpoint's counts with it).
 async function refreshLog() {
-  await Promise.all([loadEndpoints(), loadDeliveries()]);
+  await Promise.all([loadEndpoints(), loadDeliveries(), loadEndpointStats()]);
 }
 
 // --- one delivery and its attempts ------------------------------------------------------

@@ -349,7 +349,10 @@ impl SqliteStore {
         endpoint: &EndpointId,
         since: Timestamp,
     ) -> StoreResult<Vec<HourCount>> {
-        let (id, since) = (endpoint.clone(), to_millis(crate::domain::stats::hour_of(since)));
+        let (id, since) = (
+            endpoint.clone(),
+            to_millis(crate::domain::stats::hour_of(since)),
+        );
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(
