@@ -59,6 +59,10 @@ async function main() {
     check((await page.locator("#attempts pre").first().textContent()).length > 0, "no response body shown");
     await attempts.first().locator("summary", { hasText: "Response headers" }).click();
     check((await attempts.first().locator("details table td").count()) > 0, "no response headers shown");
+    // The event's payload, on demand.
+    check((await page.locator("#payload-body").textContent()) === "", "the payload was read unasked");
+    await page.locator("#payload summary").click();
+    await page.locator("#payload-body", { hasText: '"invoice": 0' }).waitFor();
     await page.screenshot({ path: path.join(shots, "1-failed-delivery.png"), fullPage: true });
 
     // Replay it, confirm, and watch it get delivered.

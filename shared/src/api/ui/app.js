@@ -667,9 +667,23 @@ async function showDelivery(id) {
   return delivery;
 }
 
+// The payload is read only when asked for: it may be large, and it is the customer's data.
+async function showPayload() {
+  const payload = $("payload");
+  if (!payload.open || !state.selected) return;
+  const delivery = await api(accountPath(`/deliveries/${encodeURIComponent(state.selected)}`));
+  const event = await api(accountPath(`/events/${encodeURIComponent(delivery.event_id)}`));
+  $("payload-body").textContent = event.erased_at
+    ? `Erased ${formatTime(event.erased_at)} on request: the payload is no longer stored.`
+    : JSON.stringify(event.data, null, 2);
+}
+
 async function openDelivery(id) {
   stopPolling();
   state.selected = id;
+  const payload = $("payload");
+  payload.open = false;
+  $("payload-body").textContent = "";
   await showDelivery(id);
   $("detail").hidden = false;
   $("detail").scrollIntoView({ block: "nearest" });
@@ -904,6 +918,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("refresh-audit").addEventListener("click", guarded(() => loadAudit()));
   $("audit-more").addEventListener("click", guarded(() => loadAudit(true)));
   $("bulk-form").addEventListener("submit", guarded(submitBulk));
+  $("payload").addEventListener("toggle", guarded(showPayload));
   $("add-endpoint").addEventListener("click", () => openEndpointForm(null));
   $("ep-add-header").addEventListener("click", () => headerRow().querySelector(".h-name").focus());
   $("endpoint-form").addEventListener("submit", guarded(submitEndpoint));
