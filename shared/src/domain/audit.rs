@@ -171,6 +171,9 @@ vocabulary! {
         ReplayCreated => "replay.created",
         EventErased => "event.erased",
         AdminTokenRotated => "admin_token.rotated",
+        EventTypeCreated => "event_type.created",
+        EventTypeUpdated => "event_type.updated",
+        EventTypeDeleted => "event_type.deleted",
     }
 }
 
@@ -184,6 +187,7 @@ vocabulary! {
         Replay => "replay",
         Event => "event",
         AdminToken => "admin_token",
+        EventType => "event_type",
     }
 }
 

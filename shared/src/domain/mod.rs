@@ -4,6 +4,7 @@ pub mod access;
 pub mod account;
 pub mod attempt;
 pub mod audit;
+pub mod catalog;
 pub mod delivery;
 pub mod endpoint;
 pub mod event;
@@ -20,6 +21,7 @@ pub use access::{ApiKey, ApiKeyId, Denied, Principal, Scope};
 pub use account::{Account, EmailAddress};
 pub use attempt::{Attempt, Trigger};
 pub use audit::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, Caller, TargetKind};
+pub use catalog::EventTypeDef;
 pub use delivery::{
     deliveries_to, delivery_log_partition, delivery_log_position, delivery_log_prefix,
     delivery_log_time, Delivery, DeliveryStatus,

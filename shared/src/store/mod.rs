@@ -6,8 +6,8 @@ use crate::{
     clock::Timestamp,
     domain::{
         Account, AccountId, ApiKey, ApiKeyId, Attempt, AuditEntry, Decision, Delivery, DeliveryId,
-        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, HourCount, Replay,
-        ReplayId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, EventType,
+        EventTypeDef, HourCount, Replay, ReplayId,
     },
 };
 
@@ -520,6 +520,16 @@ store_port! { $
         account: Option<&AccountId>,
         page: &PageAfter<String>,
     ) -> StoreResult<Page<AuditEntry>>;
+
+    /// Adds a type to the event-type catalog; a type of that name is a conflict.
+    async fn create_event_type(&self, def: &EventTypeDef) -> StoreResult<()>;
+    /// Rewrites a catalog entry (its name and `created_at` stay); `NotFound` when there is none.
+    async fn update_event_type(&self, def: &EventTypeDef) -> StoreResult<()>;
+    async fn get_event_type(&self, name: &EventType) -> StoreResult<Option<EventTypeDef>>;
+    /// The whole catalog, by name.
+    async fn list_event_types(&self) -> StoreResult<Vec<EventTypeDef>>;
+    /// `false` when there was no such type.
+    async fn delete_event_type(&self, name: &EventType) -> StoreResult<bool>;
 
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
     /// Stores the value, replacing any.

@@ -26,6 +26,7 @@ pub use crate::audit_contract::{
     audit_log_is_listed_per_account_newest_first_in_pages,
     audited_changes_are_written_with_their_entries,
 };
+pub use crate::catalog_contract::the_event_type_catalog_is_kept_by_name;
 use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
     publish_one, t0,
@@ -1674,6 +1675,7 @@ macro_rules! store_contract_tests {
             audit_log_is_listed_per_account_newest_first_in_pages,
             audited_changes_are_written_with_their_entries,
             attempts_are_counted_by_endpoint_and_hour,
+            the_event_type_catalog_is_kept_by_name,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -9,6 +9,7 @@
 
 pub mod app;
 pub mod audit_contract;
+pub mod catalog_contract;
 pub mod contract;
 #[cfg(all(test, feature = "aws"))]
 mod cost;

@@ -29,6 +29,7 @@ use crate::{
 mod access;
 mod accounts;
 mod audit;
+mod catalog;
 mod deliveries;
 mod events;
 mod fresh;

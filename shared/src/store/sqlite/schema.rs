@@ -111,6 +111,15 @@ CREATE TABLE IF NOT EXISTS token_revocations (
   revoked_at INTEGER NOT NULL,
   PRIMARY KEY (account_id, token_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS event_types (
+  name TEXT PRIMARY KEY,
+  description TEXT NOT NULL,
+  schema TEXT,
+  example TEXT,
+  deprecated INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS endpoint_hours (
   endpoint_id TEXT NOT NULL,
   hour INTEGER NOT NULL,
