@@ -11,6 +11,7 @@ pub mod event;
 pub mod headers;
 pub mod health;
 pub mod ids;
+pub mod json_schema;
 pub mod outcome;
 pub mod rate;
 pub mod replay;
