@@ -48,7 +48,7 @@ struct FileConfig {
     public_url: Option<String>,
 }
 
-pub const SETTINGS: [&str; 21] = [
+pub const SETTINGS: [&str; 22] = [
     "listen",
     "database",
     "admin_token",
@@ -70,6 +70,7 @@ pub const SETTINGS: [&str; 21] = [
     "secrets_key",
     "secrets_key_previous",
     "public_url",
+    "strict_event_types",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,6 +20,7 @@ use hooklane::{
     secrets::{generate_key, parse_key, SecretsCipher},
     service::{
         access::{new_admin_token, sha256_hex, Access, AdminToken, ADMIN_TOKEN_DIGEST_SETTING},
+        catalog::Catalog,
         tokens,
     },
     store::{sqlite::SqliteStore, Store, StoreError},
@@ -292,10 +293,15 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         CREDENTIAL_CACHE,
     ));
     let publish_limits = Arc::new(MemoryBuckets::new(app.clock.clone()));
+    let catalog = Arc::new(Catalog::new(
+        app.config.strict_event_types,
+        CREDENTIAL_CACHE,
+    ));
     let router = api::router(ApiState {
         app,
         access: Arc::clone(&access),
         publish_limits,
+        catalog,
     })
     .merge(metrics_route(metrics, access));
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -10,7 +10,7 @@ use crate::{
 
 /// The engine's rules as settings, `(name in a config file, environment variable)`. Both
 /// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
-pub const CORE_SETTINGS: [(&str, &str); 12] = [
+pub const CORE_SETTINGS: [(&str, &str); 13] = [
     ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
     ("https_only", "HOOKLANE_HTTPS_ONLY"),
     ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
@@ -23,6 +23,7 @@ pub const CORE_SETTINGS: [(&str, &str); 12] = [
     ("secrets_key", "HOOKLANE_SECRETS_KEY"),
     ("secrets_key_previous", "HOOKLANE_SECRETS_KEY_PREVIOUS"),
     ("public_url", "HOOKLANE_PUBLIC_URL"),
+    ("strict_event_types", "HOOKLANE_STRICT_EVENT_TYPES"),
 ];
 
 /// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
@@ -55,6 +56,9 @@ pub struct CoreConfig {
     /// Where people reach this deployment's API and page (`HOOKLANE_PUBLIC_URL`), for the
     /// links it hands out; without it a portal link is built from the request's `Host`.
     pub public_url: Option<url::Url>,
+    /// Publishing a type the event-type catalog does not have is refused
+    /// (`HOOKLANE_STRICT_EVENT_TYPES`); off by default.
+    pub strict_event_types: bool,
 }
 
 impl Default for CoreConfig {
@@ -70,6 +74,7 @@ impl Default for CoreConfig {
             retention: Duration::from_secs(30 * 86_400),
             secrets: SecretsKeys::default(),
             public_url: None,
+            strict_event_types: false,
         }
     }
 }
@@ -119,16 +124,12 @@ impl CoreConfig {
         }
         let https_only = match get("HOOKLANE_HTTPS_ONLY") {
             None => self.sender.policy.https_only(),
-            Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(other) => {
-                return Err(InvalidField::new(
-                    "HOOKLANE_HTTPS_ONLY",
-                    format!("`{other}` is not true or false"),
-                ))
-            }
+            Some(raw) => parse_bool("HOOKLANE_HTTPS_ONLY", raw)?,
         };
         self.sender.policy = AddressPolicy::new(allow, https_only);
+        if let Some(raw) = get("HOOKLANE_STRICT_EVENT_TYPES") {
+            self.strict_event_types = parse_bool("HOOKLANE_STRICT_EVENT_TYPES", raw)?;
+        }
         if let Some(raw) = get("HOOKLANE_RETRY_SCHEDULE") {
             self.retry.schedule = RetrySchedule::parse(raw)
                 .map_err(|e| InvalidField::new("HOOKLANE_RETRY_SCHEDULE", e.message))?;
@@ -198,6 +199,17 @@ impl CoreConfig {
 }
 
 /// An `http(s)://` address without query or fragment; links are made by appending to it.
+fn parse_bool(variable: &'static str, raw: &str) -> Result<bool, InvalidField> {
+    match raw {
+        "false" | "0" => Ok(false),
+        "true" | "1" => Ok(true),
+        other => Err(InvalidField::new(
+            variable,
+            format!("`{other}` is not true or false"),
+        )),
+    }
+}
+
 fn parse_public_url(raw: &str) -> Result<url::Url, InvalidField> {
     let invalid = || {
         InvalidField::new(

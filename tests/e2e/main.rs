@@ -15,6 +15,7 @@ mod delivery_log;
 mod delivery_rules;
 mod endpoint_stats;
 mod erasure;
+mod event_types;
 mod health;
 mod hostile;
 mod iam;

@@ -29,6 +29,8 @@ pub struct ApiState {
     pub access: Arc<Access>,
     /// The accounts' publish rate buckets.
     pub publish_limits: Arc<dyn PublishBuckets>,
+    /// The event-type catalog as publishing reads it.
+    pub catalog: Arc<crate::service::catalog::Catalog>,
 }
 
 impl ApiState {
@@ -46,10 +48,15 @@ impl ApiState {
             admin,
             cache_ttl,
         ));
+        let catalog = Arc::new(crate::service::catalog::Catalog::new(
+            app.config.strict_event_types,
+            cache_ttl,
+        ));
         Self {
             app,
             access,
             publish_limits,
+            catalog,
         }
     }
 }
@@ -74,6 +81,12 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::endpoint_stats))
         .routes(routes!(routes::list_endpoint_deliveries))
         .routes(routes!(routes::replay_endpoint))
+        .routes(routes!(routes::create_event_type, routes::list_event_types))
+        .routes(routes!(
+            routes::get_event_type,
+            routes::update_event_type,
+            routes::delete_event_type
+        ))
         .routes(routes!(routes::publish_event))
         .routes(routes!(routes::publish_batch))
         .routes(routes!(routes::get_event, routes::erase_event))

@@ -11,7 +11,9 @@ use utoipa::{
 
 use super::{
     error::Body as ErrorBody,
-    views::{AttemptView, AuditView, DeliveryView, EndpointView, KeyView, ReplayView},
+    views::{
+        AttemptView, AuditView, DeliveryView, EndpointView, EventTypeView, KeyView, ReplayView,
+    },
 };
 
 #[derive(OpenApi)]
@@ -332,6 +334,18 @@ pub struct AuditList {
 pub struct KeyPath {
     #[param(example = "key_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
     key: String,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct EventTypeNamePath {
+    #[param(example = "invoice.paid")]
+    name: String,
+}
+
+#[derive(ToSchema)]
+pub struct EventTypeList {
+    data: Vec<EventTypeView<'static>>,
 }
 
 #[derive(ToSchema)]

@@ -15,7 +15,7 @@ use crate::{
     domain::Scope,
     domain::{
         rate::PublishRate, stats::Totals, Account, ApiKey, Attempt, AuditEntry, Delivery, Endpoint,
-        EndpointStats, Event, Replay, ReplayScope,
+        EndpointStats, Event, EventTypeDef, Replay, ReplayScope,
     },
     service::{keys::MintedKey, tokens::MintedToken},
 };
@@ -121,6 +121,40 @@ pub struct HeaderView<'a> {
     #[schema(required = true)]
     pub value: Option<&'a str>,
     pub secret: bool,
+}
+
+/// One type of the event-type catalog.
+#[derive(Serialize, ToSchema)]
+pub struct EventTypeView<'a> {
+    pub name: &'a str,
+    pub description: &'a str,
+    /// The JSON Schema events' `data` must match; `null` for none.
+    #[schema(value_type = Option<Object>)]
+    #[schema(required = true)]
+    pub schema: Option<&'a serde_json::Value>,
+    /// Any JSON; `null` for none.
+    #[schema(value_type = Option<serde_json::Value>)]
+    #[schema(required = true)]
+    pub example: Option<&'a serde_json::Value>,
+    pub deprecated: bool,
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Timestamp,
+}
+
+impl<'a> From<&'a EventTypeDef> for EventTypeView<'a> {
+    fn from(d: &'a EventTypeDef) -> Self {
+        Self {
+            name: d.name.as_str(),
+            description: &d.description,
+            schema: d.schema.as_ref(),
+            example: d.example.as_ref(),
+            deprecated: d.deprecated,
+            created_at: d.created_at,
+            updated_at: d.updated_at,
+        }
+    }
 }
 
 /// An endpoint's health at a glance: its attempts of the last 24 hours and 7 days.

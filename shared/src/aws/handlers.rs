@@ -17,6 +17,7 @@ use crate::{
     queue::sqs::DeliveryMessage,
     service::{
         access::{Access, AdminToken},
+        catalog::Catalog,
         fan_out::{fan_out_batch, recover_unfanned},
         health, notifications,
         sender::{handle_batch, Lanes},
@@ -74,6 +75,11 @@ pub fn api_state(shape: &AwsShape, admin_token: &str, token_key: TokenKey) -> Ap
         )),
         // The control table's buckets: every api function instance takes from the same one.
         publish_limits: shape.slots.clone(),
+        // Another instance's change to the catalog is seen within the credential cache's time.
+        catalog: Arc::new(Catalog::new(
+            shape.app.config.strict_event_types,
+            CREDENTIAL_CACHE,
+        )),
     }
 }
 

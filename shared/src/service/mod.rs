@@ -4,6 +4,7 @@
 pub mod access;
 pub mod accounts;
 pub mod audit;
+pub mod catalog;
 pub mod deliver;
 pub mod endpoints;
 pub mod fan_out;

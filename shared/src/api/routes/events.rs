@@ -37,6 +37,10 @@ pub async fn publish_event(
     Scoped(account): Scoped,
     JsonBody(body): JsonBody<PublishEvent>,
 ) -> ApiResult<Response> {
+    state
+        .catalog
+        .check(&state.app, &body.event_type, &body.data)
+        .await?;
     let published = publish::publish_limited(
         &state.app,
         state.publish_limits.as_ref(),
@@ -84,6 +88,17 @@ pub async fn publish_batch(
     Scoped(account): Scoped,
     JsonBody(body): JsonBody<PublishBatch>,
 ) -> ApiResult<Response> {
+    // Every item is checked before any is written: one bad item refuses the batch.
+    for (index, event) in body.events.iter().enumerate() {
+        if let Err(error) = state
+            .catalog
+            .check(&state.app, &event.event_type, &event.data)
+            .await
+        {
+            let error = Box::new(error);
+            return Err(crate::service::ServiceError::InBatch { index, error }.into());
+        }
+    }
     let inputs = body
         .events
         .into_iter()
