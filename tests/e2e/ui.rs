@@ -231,6 +231,14 @@ async fn a_customer_manages_an_endpoint_from_a_portal_link() {
     let scratch = Scratch::new("ui-endpoints");
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1")]).await;
     server.create_account("initech").await;
+    for entry in [
+        json!({"name": "invoice.paid", "description": "An invoice was paid.", "example": {"invoice_id": "in_1"}}),
+        json!({"name": "order.created", "description": "An order was placed."}),
+        json!({"name": "legacy.ping", "deprecated": true}),
+    ] {
+        let (status, made) = server.post("/v1/event-types", entry).await;
+        assert_eq!(status, 201, "{made}");
+    }
     let link = portal_link(&server, "initech", json!({"ttl_seconds": 900})).await;
     let screenshots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-endpoint-screenshots");
     let results = scratch.path().join("ui-endpoints.json");

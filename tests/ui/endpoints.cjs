@@ -2,7 +2,7 @@
 // endpoint from a portal link: a URL the SSRF guard refuses shows its error in the form;
 // then they add an endpoint (with custom headers, one secret) pointing at a local receiver,
 // reveal and copy its secret, send a test event and see it delivered and counted in the health
-// charts, change its event-type filter, rotate the secret, see a new event delivered, disable,
+// charts, change its event-type filter to a type chosen from the catalog, rotate the secret, see a new event delivered, disable,
 // enable and delete it.
 // Started by tests/e2e/ui.rs, which checks at the receiver what was sent, and how it was signed.
 "use strict";
@@ -56,6 +56,16 @@ async function main() {
     await page.locator("#who", { hasText: `Account ${account} ·` }).waitFor();
     await page.locator("#endpoints-empty").waitFor({ state: "visible" });
 
+    // The catalog: what the platform sends, an example on demand, the deprecated type marked.
+    await page.locator("#catalog li").nth(2).waitFor();
+    const listed = await page.locator("#catalog li strong").allTextContents();
+    check(JSON.stringify(listed) === '["invoice.paid","legacy.ping","order.created"]', `catalog: ${listed}`);
+    const paid = page.locator('#catalog li[data-type="invoice.paid"]');
+    check(!(await paid.locator("pre").isVisible()), "the example is shown unasked");
+    await paid.locator("summary", { hasText: "Example payload" }).click();
+    await paid.locator("pre", { hasText: '"invoice_id": "in_1"' }).waitFor();
+    await page.locator('#catalog li[data-type="legacy.ping"] .badge', { hasText: "deprecated" }).waitFor();
+
     // An address the SSRF guard refuses: the form stays open and says why, at the field.
     await page.getByRole("button", { name: "Add endpoint" }).click();
     const dialog = page.locator("#endpoint-dialog");
@@ -70,6 +80,7 @@ async function main() {
 
     // The endpoint, with a plain header and a secret one.
     await page.getByLabel("URL", { exact: true }).fill(receiver);
+    check((await page.locator("#endpoint-error").textContent()) === "", "the refusal stayed after the URL was changed");
     await page.getByLabel("Description", { exact: true }).fill("Invoices into the ERP");
     await page.getByLabel("Event types", { exact: true }).fill("invoice.*");
     await page.getByLabel("In-flight cap", { exact: true }).fill("2");
@@ -127,10 +138,15 @@ async function main() {
       [row.querySelector(".h-name").value, row.querySelector(".h-value").value, row.querySelector(".h-secret").checked]));
     check(JSON.stringify(rows) === JSON.stringify([["authorization", "", true], ["x-tenant", "t-42", false]]),
       `the form's headers: ${JSON.stringify(rows)} (a secret's value must not be put in it)`);
-    await page.getByLabel("Event types", { exact: true }).fill("order.*");
+    // Chosen from the catalog: the deprecated type is not offered.
+    const offered = await page.locator("#ep-type-choices button").allTextContents();
+    check(JSON.stringify(offered) === '["invoice.paid","order.created"]', `offered: ${offered}`);
+    await page.getByLabel("Event types", { exact: true }).fill("");
+    await page.getByRole("button", { name: "Add order.created" }).click();
+    check((await page.getByLabel("Event types", { exact: true }).inputValue()) === "order.created", "the chosen type is not in the field");
     await page.getByRole("button", { name: "Save endpoint" }).click();
     await dialog.waitFor({ state: "hidden" });
-    await page.locator("#ep-types", { hasText: "order.*" }).waitFor();
+    await page.locator("#ep-types", { hasText: "order.created" }).waitFor();
     check((await page.locator("#ep-header-list").textContent()).includes("authorization: (secret)"),
       "the secret header was lost on edit");
     await page.screenshot({ path: path.join(shots, "14-endpoint-edited.png"), fullPage: true });

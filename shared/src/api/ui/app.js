@@ -16,6 +16,8 @@ const state = {
   secretShown: false,
   // The endpoint the form edits; null when it adds one.
   editing: null,
+  // The event-type catalog, by name.
+  catalog: [],
 };
 
 const $ = (id) => document.getElementById(id);
@@ -105,7 +107,43 @@ async function signIn(token, accountInput) {
   $("sign-in").hidden = true;
   $("app").hidden = false;
   $("sign-out").hidden = false;
-  await Promise.all([loadEndpoints(), loadDeliveries(), loadReplays(), loadAudit()]);
+  await Promise.all([loadEndpoints(), loadDeliveries(), loadReplays(), loadAudit(), loadCatalog()]);
+}
+
+// --- the event-type catalog -------------------------------------------------------------
+
+async function loadCatalog() {
+  const list = await api("/v1/event-types");
+  state.catalog = list.data;
+  $("catalog").replaceChildren(...list.data.map((t) => el("li", { "data-type": t.name },
+    el("div", { class: "row" },
+      el("strong", { class: "mono", text: t.name }),
+      t.deprecated ? el("span", { class: "badge status-failed", text: "deprecated" }) : null),
+    t.description ? el("p", { text: t.description }) : null,
+    t.example === null ? null : el("details", {},
+      el("summary", { text: "Example payload" }),
+      el("pre", { class: "payload", text: JSON.stringify(t.example, null, 2) })),
+  )));
+  $("catalog-card").hidden = list.data.length === 0;
+}
+
+// The catalog's types as buttons under the form's field: a click adds one to the list.
+function typeChoices() {
+  const choices = $("ep-type-choices");
+  const types = (state.catalog || []).filter((t) => !t.deprecated);
+  choices.replaceChildren(...types.map((t) => el("button", {
+    type: "button",
+    class: "chip",
+    text: t.name,
+    title: t.description || t.name,
+    "aria-label": `Add ${t.name}`,
+    onclick: () => {
+      const input = $("ep-event-types");
+      const chosen = typesOf(input.value) || [];
+      if (!chosen.includes(t.name)) input.value = [...chosen, t.name].join(", ");
+    },
+  })));
+  choices.hidden = types.length === 0;
 }
 
 function signOut() {
@@ -434,6 +472,7 @@ function openEndpointForm(endpoint) {
     headerRow(name, h.secret ? "" : h.value, h.secret, true);
   }
   clearFormError();
+  typeChoices();
   $("endpoint-dialog").showModal();
   $("ep-url").focus();
 }
@@ -922,6 +961,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("add-endpoint").addEventListener("click", () => openEndpointForm(null));
   $("ep-add-header").addEventListener("click", () => headerRow().querySelector(".h-name").focus());
   $("endpoint-form").addEventListener("submit", guarded(submitEndpoint));
+  // An error stays until the user changes something.
+  $("endpoint-form").addEventListener("input", clearFormError);
   $("ep-edit").addEventListener("click", () => openEndpointForm(currentEndpoint()));
   $("ep-rotate").addEventListener("click", rotateSecret);
   $("rotate-form").addEventListener("submit", guarded(submitRotate));
