@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use hooklane::signing::{self, SigningSecret};
 use hooklane_testkit::farm::Farm;
 use serde_json::{json, Value};
 
@@ -43,17 +42,9 @@ async fn a_test_event_reaches_only_its_endpoint(server: &Server) {
     );
     let arrival = farm.arrivals("tested").remove(0);
     assert_eq!(arrival.webhook_id.as_deref(), sent["id"].as_str());
-    let secret = SigningSecret::parse(&secret).expect("secret");
-    signing::verify(
-        &[&secret],
-        arrival.webhook_id.as_deref().unwrap_or(""),
-        arrival.webhook_timestamp.as_deref().unwrap_or(""),
-        arrival.webhook_signature.as_deref().unwrap_or(""),
-        &arrival.body,
-        chrono::Utc::now().timestamp(),
-        signing::DEFAULT_TOLERANCE_SECS,
-    )
-    .expect("the test event verifies with the endpoint's secret");
+    arrival
+        .verify_with(&secret)
+        .expect("the test event verifies with the endpoint's secret");
     let body: Value = serde_json::from_slice(&arrival.body).expect("JSON body");
     assert_eq!(body["type"], "hooklane.test", "{body}");
     assert_eq!(body["data"]["endpoint_id"], tested.as_str(), "{body}");

@@ -6,7 +6,6 @@
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
-use hooklane::signing::{self, SigningSecret};
 use hooklane_testkit::farm::{Arrival, Behavior, Farm};
 use serde_json::{json, Value};
 
@@ -206,17 +205,7 @@ async fn a_customer_replays_a_failed_delivery_in_the_browser() {
 }
 
 fn verifies_with(arrival: &Arrival, secret: &str) -> bool {
-    let secret = SigningSecret::parse(secret).expect("a whsec_ secret");
-    signing::verify(
-        &[&secret],
-        arrival.webhook_id.as_deref().unwrap_or(""),
-        arrival.webhook_timestamp.as_deref().unwrap_or(""),
-        arrival.webhook_signature.as_deref().unwrap_or(""),
-        &arrival.body,
-        chrono::Utc::now().timestamp(),
-        signing::DEFAULT_TOLERANCE_SECS,
-    )
-    .is_ok()
+    arrival.verify_with(secret).is_ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

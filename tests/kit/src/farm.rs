@@ -87,6 +87,23 @@ impl Arrival {
     pub fn header(&self, name: &str) -> Option<&str> {
         header_value(&self.headers, name)
     }
+
+    /// Whether the webhook verifies with the `whsec_…` secret `secret`, now, as a receiver
+    /// checks it.
+    pub fn verify_with(&self, secret: &str) -> Result<(), String> {
+        use hooklane::signing::{self, SigningSecret};
+        let secret = SigningSecret::parse(secret).map_err(|e| e.to_string())?;
+        signing::verify(
+            &[&secret],
+            self.webhook_id.as_deref().unwrap_or(""),
+            self.webhook_timestamp.as_deref().unwrap_or(""),
+            self.webhook_signature.as_deref().unwrap_or(""),
+            &self.body,
+            chrono::Utc::now().timestamp(),
+            signing::DEFAULT_TOLERANCE_SECS,
+        )
+        .map_err(|e| e.to_string())
+    }
 }
 
 /// How an endpoint answers.

@@ -103,21 +103,26 @@ impl DynamoStore {
             .transpose()
     }
 
-    /// Through a global secondary index, so eventually consistent: a key created a moment
-    /// ago may be missing from the list for a moment (authentication reads the item itself).
+    /// Every control item listed under `list`, by `list_key` (`newest_first`: descending).
+    /// Through a global secondary index, so eventually consistent.
+    pub(super) async fn listed(&self, list: &str, newest_first: bool) -> StoreResult<Vec<Item>> {
+        self.query_all(
+            self.client
+                .query()
+                .table_name(&self.tables.control)
+                .index_name(LISTED)
+                .key_condition_expression("#list = :list")
+                .expression_attribute_names("#list", "list")
+                .expression_attribute_values(":list", s(list))
+                .scan_index_forward(!newest_first),
+        )
+        .await
+    }
+
+    /// A key created a moment ago may be missing from the list for a moment (authentication
+    /// reads the item itself).
     pub(super) async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
-        let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.control)
-                    .index_name(LISTED)
-                    .key_condition_expression("#list = :list")
-                    .expression_attribute_names("#list", "list")
-                    .expression_attribute_values(":list", s(API_KEYS))
-                    .scan_index_forward(false),
-            )
-            .await?;
+        let items = self.listed(API_KEYS, true).await?;
         items.iter().map(api_key_from_item).collect()
     }
 

@@ -5,7 +5,6 @@ use super::items::*;
 use super::*;
 use crate::domain::EventTypeDef;
 
-const LISTED: &str = "listed";
 const EVENT_TYPES: &str = "eventtypes";
 
 fn type_pk(name: &EventType) -> String {
@@ -112,17 +111,7 @@ impl DynamoStore {
     /// Through a global secondary index, so eventually consistent: a type added a moment ago
     /// may be missing for a moment (publishing reads the item itself).
     pub(super) async fn list_event_types(&self) -> StoreResult<Vec<EventTypeDef>> {
-        let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.control)
-                    .index_name(LISTED)
-                    .key_condition_expression("#list = :list")
-                    .expression_attribute_names("#list", "list")
-                    .expression_attribute_values(":list", s(EVENT_TYPES)),
-            )
-            .await?;
+        let items = self.listed(EVENT_TYPES, false).await?;
         items.iter().map(def_of).collect()
     }
 

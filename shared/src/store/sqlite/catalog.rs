@@ -35,21 +35,26 @@ fn text(value: &Option<serde_json::Value>) -> Option<String> {
     value.as_ref().map(|v| v.to_string())
 }
 
+/// The row's values, in [`COLUMNS`] order.
+fn values(def: &EventTypeDef) -> impl rusqlite::Params + '_ {
+    (
+        def.name.as_str(),
+        def.description.as_str(),
+        text(&def.schema),
+        text(&def.example),
+        def.deprecated,
+        to_millis(def.created_at),
+        to_millis(def.updated_at),
+    )
+}
+
 impl SqliteStore {
     pub(super) async fn create_event_type(&self, def: &EventTypeDef) -> StoreResult<()> {
         let def = def.clone();
         self.run(move |conn| {
             conn.execute(
                 &format!("INSERT INTO event_types ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
-                params![
-                    def.name.as_str(),
-                    def.description,
-                    text(&def.schema),
-                    text(&def.example),
-                    def.deprecated,
-                    to_millis(def.created_at),
-                    to_millis(def.updated_at),
-                ],
+                values(&def),
             )
             .map_err(|e| {
                 if is_unique_violation(&e) {
@@ -71,16 +76,10 @@ impl SqliteStore {
         self.run(move |conn| {
             let changed = conn
                 .execute(
+                    // The same values as an insert; `created_at` (?6) stays as it was.
                     "UPDATE event_types SET description = ?2, schema = ?3, example = ?4, deprecated = ?5, \
-                     updated_at = ?6 WHERE name = ?1",
-                    params![
-                        def.name.as_str(),
-                        def.description,
-                        text(&def.schema),
-                        text(&def.example),
-                        def.deprecated,
-                        to_millis(def.updated_at),
-                    ],
+                     updated_at = ?7 WHERE name = ?1",
+                    values(&def),
                 )
                 .map_err(backend)?;
             if changed == 0 {
