@@ -235,11 +235,16 @@ fn secrets(action: SecretsAction) -> ExitCode {
         Err(code) => return code,
     };
     let parameter = |name: &str| vars.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
-    let keys = runtime.block_on(hooklane::aws::parameters::secrets_keys(
-        parameter("HOOKLANE_SECRETS_KEY_PARAMETER"),
-        parameter("HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER"),
-        &core.secrets,
-    ));
+    let keys = runtime.block_on(async {
+        let ssm = hooklane::aws::clients::ssm(&hooklane::aws::load_sdk_config().await, None);
+        hooklane::aws::parameters::secrets_keys(
+            &ssm,
+            parameter("HOOKLANE_SECRETS_KEY_PARAMETER"),
+            parameter("HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER"),
+            &core.secrets,
+        )
+        .await
+    });
     let cipher = match keys.map(|keys| keys.cipher_or(None)) {
         Ok(Some(Ok(cipher))) => cipher,
         Ok(Some(Err(error))) => {

@@ -1,9 +1,7 @@
 //! The API's admin token: from an SSM SecureString parameter, a variable, or (outside Lambda)
 //! generated once and kept in the control table.
 
-use super::{
-    clients, load_sdk_config, parameters::ParameterError, settings::AwsSettings, shape::AwsShape,
-};
+use super::{parameters::ParameterError, settings::AwsSettings, shape::AwsShape};
 
 const ADMIN_TOKEN_SETTING: &str = "admin_token";
 
@@ -31,8 +29,7 @@ pub async fn admin_token(
     settings: &AwsSettings,
 ) -> Result<String, AdminTokenError> {
     if let Some(parameter) = &settings.admin_token_parameter {
-        let ssm = clients::ssm(&load_sdk_config().await, None);
-        return admin_token_from_parameter(&ssm, parameter).await;
+        return admin_token_from_parameter(&shape.ssm, parameter).await;
     }
     if let Some(token) = &settings.admin_token {
         return Ok(token.clone());

@@ -2,7 +2,6 @@
 //! stack gets its admin token and the key of endpoint secrets without either being in the
 //! stack's parameters or the functions' environment.
 
-use super::{clients, load_sdk_config};
 use crate::secrets::{parse_key, SecretsKeys};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,9 +42,10 @@ pub async fn secure_string(
 
 /// The key of endpoint secrets (and the one being rotated away from) from the parameters
 /// named `current` and `previous` (`HOOKLANE_SECRETS_KEY_PARAMETER`,
-/// `HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER`), or the `configured` keys
+/// `HOOKLANE_SECRETS_KEY_PREVIOUS_PARAMETER`), read with `ssm`, or the `configured` keys
 /// (`HOOKLANE_SECRETS_KEY`, for local runs) when none is named.
 pub async fn secrets_keys(
+    ssm: &aws_sdk_ssm::Client,
     current: Option<&str>,
     previous: Option<&str>,
     configured: &SecretsKeys,
@@ -53,7 +53,6 @@ pub async fn secrets_keys(
     let Some(current) = current else {
         return Ok(configured.clone());
     };
-    let ssm = clients::ssm(&load_sdk_config().await, None);
     let key = |parameter: &str| {
         let (ssm, parameter) = (&ssm, parameter.to_owned());
         async move {

@@ -27,6 +27,8 @@ pub struct AwsShape {
     /// The sweeper's grace (`AwsSettings::sweep_grace`): the sender moves a waiting
     /// delivery's next try before the sweeper would take its message for lost.
     pub sweep_grace: Duration,
+    /// For the SecureString parameters read at start (the admin token, the secrets key).
+    pub ssm: aws_sdk_ssm::Client,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +52,13 @@ pub enum SecretsUse {
 async fn secrets_access(
     settings: &AwsSettings,
     use_: SecretsUse,
+    ssm: &aws_sdk_ssm::Client,
 ) -> Result<SecretsAccess, ConnectError> {
     if use_ == SecretsUse::Withheld {
         return Ok(SecretsAccess::Withheld);
     }
     let keys = super::parameters::secrets_keys(
+        ssm,
         settings.secrets_key_parameter.as_deref(),
         settings.secrets_key_previous_parameter.as_deref(),
         &settings.core.secrets,
@@ -103,13 +107,15 @@ pub async fn connect_using(
     use_: SecretsUse,
 ) -> Result<AwsShape, ConnectError> {
     let sdk = load_sdk_config().await;
+    // Every client from this one SDK configuration: it is loaded once per cold start.
+    let ssm = clients::ssm(&sdk, extra);
     let clock = Arc::new(SystemClock);
     let dynamodb = clients::dynamodb(&sdk, extra);
     let store = Arc::new(DynamoStore::new(
         dynamodb.clone(),
         settings.tables.clone(),
         Retention::from_core(&settings.core),
-        secrets_access(settings, use_).await?,
+        secrets_access(settings, use_, &ssm).await?,
     ));
     let scheduler = settings
         .scheduler
@@ -154,5 +160,6 @@ pub async fn connect_using(
         store,
         slots,
         sweep_grace: settings.sweep_grace,
+        ssm,
     })
 }
