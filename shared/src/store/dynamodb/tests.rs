@@ -447,3 +447,35 @@ async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
         .unwrap();
     assert_eq!(expires_at().await, None, "pending again after a replay");
 }
+
+/// An endpoint's hour counts are items of the delivery-log table that TTL removes 8 days
+/// after their hour, in epoch seconds (DynamoDB's TTL reads no other unit; the emulator
+/// never deletes, so the value is checked here).
+#[tokio::test]
+async fn an_hour_count_expires_in_epoch_seconds_eight_days_after_its_hour() {
+    use crate::fixtures::{at, attempt};
+    let store = emulator_store().await;
+    let (_, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, Decision::Delivered).await;
+    store.flush_hour_counts().await.unwrap();
+    let hour = crate::domain::stats::hour_of(at(2));
+    let item = store
+        .client()
+        .get_item()
+        .table_name(&store.tables().deliveries)
+        .set_key(Some(key2(
+            "log",
+            &format!("hours#{}", delivery.endpoint_id),
+            "id",
+            &format!("{:013}", to_millis(hour)),
+        )))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("the hour's item");
+    let expires: i64 = item["expires_at"].as_n().unwrap().parse().unwrap();
+    assert_eq!(expires, to_millis(hour) / 1000 + 8 * 86_400);
+    assert_eq!(item["succeeded"].as_n().unwrap(), "1");
+}
