@@ -479,3 +479,41 @@ async fn an_hour_count_expires_in_epoch_seconds_eight_days_after_its_hour() {
     assert_eq!(expires, to_millis(hour) / 1000 + 8 * 86_400);
     assert_eq!(item["succeeded"].as_n().unwrap(), "1");
 }
+
+/// Hour counts that cannot be written (here: a table that is not there; on AWS, a throttled
+/// item) are kept and written by the next flush, so a failed write loses nothing.
+#[tokio::test]
+async fn hour_counts_a_flush_could_not_write_go_with_the_next() {
+    use crate::fixtures::{at, attempt};
+    let store = emulator_store().await;
+    let (_, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, Decision::Delivered).await;
+    // A clone shares the gathered counts; this one writes to a table that does not exist.
+    let mut tables = store.tables().clone();
+    tables.deliveries = format!("{}-missing", tables.deliveries);
+    let broken = DynamoStore {
+        tables,
+        ..store.clone()
+    };
+    assert!(broken.flush_hour_counts().await.is_err());
+    let since = crate::domain::stats::hour_of(at(2));
+    assert_eq!(
+        store
+            .endpoint_hours(&delivery.endpoint_id, since)
+            .await
+            .unwrap(),
+        []
+    );
+    store.flush_hour_counts().await.unwrap();
+    let counts = store
+        .endpoint_hours(&delivery.endpoint_id, since)
+        .await
+        .unwrap();
+    assert_eq!(
+        counts
+            .iter()
+            .map(|c| (c.succeeded, c.failed))
+            .collect::<Vec<_>>(),
+        [(1, 0)]
+    );
+}
