@@ -1,5 +1,5 @@
-//! The delivery-log web page: static files compiled into the binary. The page holds no
-//! data; it asks the API with the token the user enters.
+//! The customer page (endpoints, their health, the delivery log): static files compiled into
+//! the binary. The page holds no data; it asks the API with the token the user enters.
 
 use axum::{
     http::{header, HeaderValue},

@@ -1,5 +1,6 @@
-// The delivery-log page: plain DOM, no framework, no build step. Everything shown from the
-// API is set with textContent, never parsed as HTML: response bodies come from strangers.
+// The customer page (endpoints, health, catalog, delivery log): plain DOM, no framework, no
+// build step. Everything shown from the API is set with textContent, never parsed as HTML:
+// response bodies come from strangers.
 "use strict";
 
 const state = {
