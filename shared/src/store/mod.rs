@@ -94,6 +94,18 @@ pub struct AttemptRecord {
     pub now: Timestamp,
 }
 
+impl AttemptRecord {
+    /// This attempt as its endpoint's hour counts it (`Store::endpoint_hours`).
+    pub fn hour_count(&self) -> HourCount {
+        HourCount::of_attempt(
+            self.now,
+            self.success,
+            self.attempt.status_code,
+            self.attempt.error.as_deref(),
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecordOutcome {
     Recorded {

@@ -2,7 +2,6 @@
 
 use super::items::*;
 use super::*;
-use crate::domain::HourCount;
 
 impl DynamoStore {
     pub(super) async fn load_work(
@@ -173,15 +172,7 @@ impl DynamoStore {
         let Some(out) = written(updated)? else {
             return Ok(RecordOutcome::Stale);
         };
-        self.hour_tally.add(
-            &r.endpoint_id,
-            HourCount::of_attempt(
-                r.now,
-                r.success,
-                r.attempt.status_code,
-                r.attempt.error.as_deref(),
-            ),
-        );
+        self.hour_tally.add(&r.endpoint_id, r.hour_count());
         let account = out
             .attributes
             .as_ref()

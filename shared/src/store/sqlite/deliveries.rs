@@ -311,12 +311,7 @@ impl SqliteStore {
 
 /// Counts the attempt in its endpoint's hour, in the transaction that records it.
 fn add_hour_count(tx: &Connection, r: &AttemptRecord) -> StoreResult<()> {
-    let count = HourCount::of_attempt(
-        r.now,
-        r.success,
-        r.attempt.status_code,
-        r.attempt.error.as_deref(),
-    );
+    let count = r.hour_count();
     let failure = count.last_failure.as_ref();
     // SET reads the row as it was: each `last_failure_*` compares with the old time.
     tx.prepare_cached(
