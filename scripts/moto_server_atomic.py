@@ -1,4 +1,5 @@
-"""moto_server with DynamoDB's atomicity, and streams that survive a cancelled transaction.
+"""moto_server with DynamoDB's atomicity, streams that survive a cancelled transaction, and
+DynamoDB's refusal of a reversed BETWEEN.
 
 DynamoDB applies each request to an item atomically: a conditional write's check and its
 write cannot interleave with another request's. moto's threaded server lets them (a
@@ -12,14 +13,22 @@ never sees a later write (AWS streams go on). The rollback here keeps each table
 without the records of the writes it undid; stream reads take the same lock, so none sees
 those records in between.
 
+A Query whose key condition is `BETWEEN :low AND :high` with `:low` above `:high` is
+refused by DynamoDB (ValidationException: "The BETWEEN operator requires upper bound to be
+greater than or equal to lower bound"); moto answers it with no items. Refused here too, so
+a test of code that can build such a window fails as it would on AWS.
+
 Usage: python moto_server_atomic.py [moto_server options]
 """
 
+import re
 import sys
 import threading
+from decimal import Decimal
 
 from moto import server
 from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.exceptions import MockValidationException
 from moto.dynamodb.responses import DynamoHandler
 from moto.dynamodbstreams.responses import DynamoDBStreamsHandler
 
@@ -67,6 +76,34 @@ def _transact_keeping_streams(self, transact_items):
 
 
 DynamoDBBackend.transact_write_items = _transact_keeping_streams
+
+_BETWEEN = re.compile(r"BETWEEN\s+(:\w+)\s+AND\s+(:\w+)", re.IGNORECASE)
+_query = DynamoHandler.query
+
+
+def _bound(value):
+    if "N" in value:
+        return Decimal(value["N"])
+    if "S" in value:
+        return value["S"]
+    return None
+
+
+def _query_refusing_reversed_between(self):
+    values = self.body.get("ExpressionAttributeValues", {})
+    for low, high in _BETWEEN.findall(self.body.get("KeyConditionExpression") or ""):
+        low_value, high_value = values.get(low, {}), values.get(high, {})
+        lower, upper = _bound(low_value), _bound(high_value)
+        if lower is not None and type(lower) is type(upper) and lower > upper:
+            raise MockValidationException(
+                "Invalid KeyConditionExpression: The BETWEEN operator requires upper bound to be "
+                f"greater than or equal to lower bound; lower bound operand: AttributeValue: "
+                f"{low_value}, upper bound operand: AttributeValue: {high_value}"
+            )
+    return _query(self)
+
+
+DynamoHandler.query = _query_refusing_reversed_between
 
 if __name__ == "__main__":
     server.main(sys.argv[1:])

@@ -1,6 +1,7 @@
 //! `POST …/endpoints/{endpoint}/test`: a signed `hooklane.test` event to one endpoint only,
 //! logged and delivered like any other, in both shapes; the same servers then check the
-//! endpoint stats (endpoint_stats.rs).
+//! endpoint stats (endpoint_stats.rs) and the resend of events missed while disabled
+//! (replay.rs).
 
 use std::time::Duration;
 
@@ -94,6 +95,7 @@ async fn embedded_test_event() {
     let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1,1,1")]).await;
     a_test_event_reaches_only_its_endpoint(&server).await;
     crate::endpoint_stats::every_attempt_shows_in_the_endpoint_s_stats(&server).await;
+    crate::replay::a_resend_covers_what_the_endpoint_missed_while_disabled(&server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,5 +106,6 @@ async fn aws_test_event() {
     let server = Server::start_aws(&scratch, &["--provision", &prefix], &env).await;
     a_test_event_reaches_only_its_endpoint(&server).await;
     crate::endpoint_stats::every_attempt_shows_in_the_endpoint_s_stats(&server).await;
+    crate::replay::a_resend_covers_what_the_endpoint_missed_while_disabled(&server).await;
     crate::iam::assert_allowed(&server);
 }

@@ -85,12 +85,15 @@ async function main() {
     await page.getByRole("button", { name: /Resend deliveries of/ }).first().click();
     await page.locator("#bulk").waitFor({ state: "visible" });
     await page.getByLabel("Created since").fill("2000-01-01T00:00:00");
+    // The endpoint was never disabled: asking for its missed events finds none.
+    await page.getByLabel("Also send the events it missed while disabled").check();
     await page.screenshot({ path: path.join(shots, "4-bulk.png") });
     await page.getByRole("button", { name: "Resend…" }).click();
     await confirm.waitFor({ state: "visible" });
+    check((await confirm.textContent()).includes("it missed while disabled"), "the confirmation does not name the missed events");
     await confirm.getByRole("button", { name: "Resend" }).click();
-    await page.locator("#notice", { hasText: "1 delivery queued again" }).waitFor();
-    await page.locator("#replays tbody tr", { hasText: "endpoint" }).waitFor();
+    await page.locator("#notice", { hasText: "1 delivery queued again, 0 missed events sent" }).waitFor();
+    await page.locator("#replays tbody tr", { hasText: "endpoint" }).filter({ hasText: "1 + 0 missed" }).waitFor();
 
     // The log, unfiltered, shows everything delivered.
     await page.getByRole("button", { name: "Clear" }).click();

@@ -540,6 +540,10 @@ pub struct ReplayView<'a> {
     pub requested_at: Timestamp,
     /// Deliveries put back in the queue for a manual attempt.
     pub count: u32,
+    /// Whether the request asked for the events the endpoint missed while disabled.
+    pub include_missed: bool,
+    /// Deliveries created for events the endpoint missed while disabled (not in `count`).
+    pub missed: u32,
     /// More deliveries matched than one request replays: send the same request again.
     pub more: bool,
 }
@@ -563,6 +567,8 @@ impl<'a> From<&'a Replay> for ReplayView<'a> {
             event_types: r.filter.event_types.iter().map(|t| t.as_str()).collect(),
             requested_at: r.requested_at,
             count: r.count,
+            include_missed: r.filter.include_missed,
+            missed: r.missed,
             more: r.more,
         }
     }

@@ -187,12 +187,51 @@ impl Delivery {
         endpoint_id: EndpointId,
         now: Timestamp,
     ) -> Self {
-        Self {
-            id: DeliveryId::derived(&event.account_id, &event.id, event.created_at, &endpoint_id),
-            event_id: event.id.clone(),
+        Self::pending(
+            &event.account_id,
+            &event.id,
+            &event.event_type,
+            event.created_at,
             endpoint_id,
-            account_id: event.account_id.clone(),
-            event_type: event.event_type.clone(),
+            now,
+        )
+    }
+
+    /// The delivery an endpoint never had of an event it missed while disabled, created on
+    /// a person's request: due `now`, its first attempt manual. Its id and place in the log
+    /// are the ones the fan-out would have given it.
+    pub fn recovered(
+        missed: &crate::domain::MissedEvent,
+        endpoint_id: EndpointId,
+        now: Timestamp,
+    ) -> Self {
+        Self {
+            next_trigger: Trigger::Manual,
+            ..Self::pending(
+                &missed.account_id,
+                &missed.id,
+                &missed.event_type,
+                missed.created_at,
+                endpoint_id,
+                now,
+            )
+        }
+    }
+
+    fn pending(
+        account_id: &AccountId,
+        event_id: &EventId,
+        event_type: &EventType,
+        created_at: Timestamp,
+        endpoint_id: EndpointId,
+        now: Timestamp,
+    ) -> Self {
+        Self {
+            id: DeliveryId::derived(account_id, event_id, created_at, &endpoint_id),
+            event_id: event_id.clone(),
+            endpoint_id,
+            account_id: account_id.clone(),
+            event_type: event_type.clone(),
             status: DeliveryStatus::Pending,
             attempts: 0,
             next_try_at: Some(now),
@@ -202,7 +241,7 @@ impl Delivery {
             schedule_start: 0,
             next_trigger: Trigger::Scheduled,
             queued_until: None,
-            created_at: event.created_at,
+            created_at,
             updated_at: now,
         }
     }

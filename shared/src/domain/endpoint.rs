@@ -195,6 +195,14 @@ impl Endpoint {
     pub fn receives(&self, event_type: &EventType) -> bool {
         self.status == EndpointStatus::Active && self.event_types.matches(event_type)
     }
+
+    /// Whether the endpoint, whatever its status, subscribes to `event_type` and existed
+    /// when an event of it was published at `published_at` (to the millisecond, as the
+    /// stores keep times).
+    pub fn subscribed_at(&self, event_type: &EventType, published_at: Timestamp) -> bool {
+        self.event_types.matches(event_type)
+            && crate::clock::to_millis(self.created_at) <= crate::clock::to_millis(published_at)
+    }
 }
 
 pub fn parse_max_in_flight(raw: Option<u32>) -> Result<u32, InvalidField> {

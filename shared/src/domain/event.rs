@@ -174,6 +174,38 @@ impl Event {
     }
 }
 
+/// An event an endpoint did not get because it was disabled when the event was fanned out.
+/// The stores keep such events findable by time, so that a resend that asks for them
+/// (`include_missed`) creates the deliveries the endpoint never had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissedEvent {
+    pub account_id: AccountId,
+    pub id: EventId,
+    pub event_type: EventType,
+    pub created_at: Timestamp,
+}
+
+impl Event {
+    /// Whether a disabled endpoint among `endpoints` would have received this event had it
+    /// been active: then the stores mark the event missed (see [`MissedEvent`]).
+    pub fn missed_by_any(&self, endpoints: &[super::Endpoint]) -> bool {
+        endpoints.iter().any(|endpoint| {
+            endpoint.status == super::EndpointStatus::Disabled
+                && endpoint.subscribed_at(&self.event_type, self.created_at)
+        })
+    }
+
+    /// The event as the missed-event list names it.
+    pub fn as_missed(&self) -> MissedEvent {
+        MissedEvent {
+            account_id: self.account_id.clone(),
+            id: self.id.clone(),
+            event_type: self.event_type.clone(),
+            created_at: self.created_at,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

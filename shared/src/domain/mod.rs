@@ -28,7 +28,7 @@ pub use delivery::{
     delivery_log_time, Delivery, DeliveryStatus,
 };
 pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EventTypeFilter};
-pub use event::{Event, EventType};
+pub use event::{Event, EventType, MissedEvent};
 pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
 pub use outcome::{AttemptOutcome, Decision, DeliveryUpdate, RetryPolicy};
 pub use replay::{Replay, ReplayCandidate, ReplayFilter, ReplayScope};

@@ -13,7 +13,7 @@ use crate::{
     domain::{
         deliveries_to, AccountId, Delivery, DeliveryId, DeliveryStatus, Endpoint, EndpointId, Event,
     },
-    store::PendingRef,
+    store::{FannedOut, PendingRef},
     App,
 };
 
@@ -199,10 +199,16 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     };
     // The events before the failed one are done: out of the sweeper's `unfanned` list. If
     // this fails, the sweeper fans them out again later, which changes nothing.
-    let done: Vec<Event> = events[..failed.unwrap_or(events.len())]
+    // Those a disabled endpoint missed are marked so in the same write.
+    let done: Vec<FannedOut> = events[..failed.unwrap_or(events.len())]
         .iter()
         .filter(|e| !unknown.contains(&e.account_id))
-        .cloned()
+        .map(|event| FannedOut {
+            missed: endpoints_of
+                .get(&event.account_id)
+                .is_some_and(|endpoints| event.missed_by_any(endpoints)),
+            event: event.clone(),
+        })
         .collect();
     if !done.is_empty() {
         if let Err(error) = app.store.mark_fanned_out(&done).await {

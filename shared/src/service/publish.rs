@@ -59,7 +59,35 @@ async fn with_deliveries(
     endpoints: &[Endpoint],
 ) -> ServiceResult<Published> {
     let chosen = deliveries_to(&event, endpoints, event.created_at);
-    write_with_deliveries(app, event, chosen).await
+    let published = write_with_deliveries(app, event, chosen).await?;
+    mark_missed(app, [&published.event], endpoints).await?;
+    Ok(published)
+}
+
+/// Marks those of `events` that a disabled endpoint would have received (see
+/// [`Event::missed_by_any`]), so that a resend asking for them finds them. Nothing to
+/// write for an account whose endpoints are all active. An error is the caller's: the
+/// publish is answered with it, and a retry of the same id marks the event again.
+pub(super) async fn mark_missed<'a>(
+    app: &App,
+    events: impl IntoIterator<Item = &'a Event>,
+    endpoints: &[Endpoint],
+) -> ServiceResult<()> {
+    if !endpoints
+        .iter()
+        .any(|e| e.status != crate::domain::EndpointStatus::Active)
+    {
+        return Ok(());
+    }
+    let missed: Vec<Event> = events
+        .into_iter()
+        .filter(|event| event.missed_by_any(endpoints))
+        .cloned()
+        .collect();
+    if !missed.is_empty() {
+        app.store.mark_missed(&missed).await?;
+    }
+    Ok(())
 }
 
 /// Writes the event and these deliveries in one transaction, idempotent on the event's id,
@@ -244,6 +272,10 @@ pub async fn publish_batch_limited(
         if let Err(error) = app.queue.enqueue(queued).await {
             tracing::error!(%error, "enqueue after a batch publish failed; the sweeper will retry");
         }
+    }
+    if with_deliveries {
+        // Without deliveries, the stream's fan-out marks what it finds missed.
+        mark_missed(app, published.iter().map(|p| &p.event), &endpoints).await?;
     }
     Ok(published)
 }

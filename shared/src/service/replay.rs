@@ -4,10 +4,11 @@
 use super::{audit, ServiceError, ServiceResult};
 use crate::{
     domain::{
-        AccountId, AuditAction, AuditTarget, Caller, DeliveryId, DeliveryStatus, EndpointId,
-        EndpointStatus, Replay, ReplayFilter, ReplayId, ReplayScope, TargetKind,
+        AccountId, AuditAction, AuditTarget, Caller, Delivery, DeliveryId, DeliveryStatus,
+        Endpoint, EndpointId, EndpointStatus, Replay, ReplayFilter, ReplayId, ReplayScope,
+        TargetKind,
     },
-    store::{Page, PageAfter, ReplayRequest},
+    store::{MissedQuery, Page, PageAfter, PendingRef, ReplayRequest},
     App,
 };
 
@@ -20,13 +21,13 @@ async fn active_endpoint(
     account: &AccountId,
     id: &EndpointId,
     missing: ServiceError,
-) -> ServiceResult<()> {
+) -> ServiceResult<Endpoint> {
     match app.store.get_endpoint(account, id).await? {
         None => Err(missing),
         Some(endpoint) if endpoint.status != EndpointStatus::Active => Err(ServiceError::Conflict(
             "the endpoint is disabled; enable it before replaying".into(),
         )),
-        Some(_) => Ok(()),
+        Some(endpoint) => Ok(endpoint),
     }
 }
 
@@ -43,7 +44,7 @@ async fn carry_out(
             tracing::error!(replay.id = %outcome.replay.id, %error, "enqueue after replay failed; the sweeper will retry");
         }
     }
-    tracing::info!(replay.id = %outcome.replay.id, actor = %outcome.replay.actor, count = outcome.replay.count, "replay requested");
+    tracing::info!(replay.id = %outcome.replay.id, actor = %outcome.replay.actor, count = outcome.replay.count, missed = outcome.replay.missed, "replay requested");
     crate::telemetry::replayed(u64::from(outcome.replay.count));
     let replay = outcome.replay;
     let scope = match &replay.scope {
@@ -59,6 +60,8 @@ async fn carry_out(
         audit::details(serde_json::json!({
             "scope": scope,
             "count": replay.count,
+            "include_missed": replay.filter.include_missed,
+            "missed": replay.missed,
             "more": replay.more,
         })),
     )
@@ -109,6 +112,7 @@ pub async fn replay_delivery(
             filter: ReplayFilter::single(),
             requested_at: app.clock.now(),
             count: 0,
+            missed: 0,
             more: false,
         },
         1,
@@ -123,7 +127,9 @@ pub async fn replay_delivery(
     Ok(replay)
 }
 
-/// "Resend since T": the endpoint's deliveries that match `filter` get a manual attempt.
+/// "Resend since T": the endpoint's deliveries that match `filter` get a manual attempt;
+/// with `include_missed`, so do the events of its types it missed while disabled (see
+/// [`recover_missed`]), counted apart in the record.
 pub async fn replay_endpoint(
     app: &App,
     account: &AccountId,
@@ -131,23 +137,85 @@ pub async fn replay_endpoint(
     filter: ReplayFilter,
     caller: &Caller,
 ) -> ServiceResult<Replay> {
-    active_endpoint(app, account, endpoint, ServiceError::NotFound("endpoint")).await?;
-    carry_out(
-        app,
-        Replay {
-            id: ReplayId::generate(),
-            account_id: account.clone(),
-            actor: caller.actor.to_text(),
-            scope: ReplayScope::Endpoint(endpoint.clone()),
-            filter,
-            requested_at: app.clock.now(),
-            count: 0,
-            more: false,
-        },
-        BULK_LIMIT,
-        caller,
-    )
-    .await
+    let endpoint =
+        active_endpoint(app, account, endpoint, ServiceError::NotFound("endpoint")).await?;
+    let mut replay = Replay {
+        id: ReplayId::generate(),
+        account_id: account.clone(),
+        actor: caller.actor.to_text(),
+        scope: ReplayScope::Endpoint(endpoint.id.clone()),
+        filter,
+        requested_at: app.clock.now(),
+        count: 0,
+        missed: 0,
+        more: false,
+    };
+    if replay.filter.include_missed {
+        (replay.missed, replay.more) = recover_missed(app, &replay, &endpoint).await?;
+    }
+    carry_out(app, replay, BULK_LIMIT, caller).await
+}
+
+/// Missed events read from the store at a time.
+const MISSED_PAGE: u32 = 1_000;
+
+/// Creates, and queues, the deliveries `endpoint` never had of the events it missed while
+/// disabled in the replay's window (those [`Replay::recovers`]): at most [`BULK_LIMIT`].
+/// Each is added only where the (event, endpoint) has no delivery, so asking again carries
+/// on where a request stopped and creates nothing twice. Returns how many were created and
+/// whether more may remain.
+async fn recover_missed(
+    app: &App,
+    replay: &Replay,
+    endpoint: &Endpoint,
+) -> ServiceResult<(u32, bool)> {
+    let Some(since) = replay.filter.since else {
+        return Ok((0, false));
+    };
+    let now = replay.requested_at;
+    let mut after = None;
+    let mut created = 0usize;
+    loop {
+        let page = app
+            .store
+            .missed_events(&MissedQuery {
+                account: replay.account_id.clone(),
+                since,
+                until: replay.filter.until,
+                after: after.take(),
+                limit: MISSED_PAGE,
+            })
+            .await?;
+        let last_page = page.len() < MISSED_PAGE as usize;
+        after = page.last().map(|m| (m.created_at, m.id.clone()));
+        let mut wanted: Vec<Delivery> = page
+            .iter()
+            .filter(|missed| replay.recovers(endpoint, missed))
+            .map(|missed| Delivery::recovered(missed, endpoint.id.clone(), now))
+            .collect();
+        let room = BULK_LIMIT as usize - created;
+        let cut_short = wanted.len() > room;
+        wanted.truncate(room);
+        let added = app.store.add_deliveries(&wanted).await?;
+        created += added.len();
+        if !added.is_empty() {
+            let queued = added
+                .iter()
+                .map(|d| PendingRef::new(d, endpoint, now))
+                .collect();
+            // The rows are pending and due now: if the queue fails, the sweeper sends them.
+            if let Err(error) = app.queue.enqueue(queued).await {
+                tracing::error!(replay.id = %replay.id, %error, "enqueue after recovering missed events failed; the sweeper will retry");
+            }
+        }
+        let full = created >= BULK_LIMIT as usize;
+        if cut_short || (full && !last_page) {
+            return Ok((u32::try_from(created).unwrap_or(u32::MAX), true));
+        }
+        if last_page {
+            return Ok((u32::try_from(created).unwrap_or(u32::MAX), false));
+        }
+    }
 }
 
 /// The account's replay audit trail, newest first.

@@ -7,7 +7,7 @@ use crate::{
     domain::{
         Account, AccountId, ApiKey, ApiKeyId, Attempt, AuditEntry, Decision, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, EventType,
-        EventTypeDef, HourCount, Replay, ReplayId,
+        EventTypeDef, HourCount, MissedEvent, Replay, ReplayId,
     },
 };
 
@@ -113,6 +113,14 @@ pub enum RecordOutcome {
     },
     /// Someone else already moved the delivery on; nothing was written.
     Stale,
+}
+
+/// An event whose fan-out is done (`Store::mark_fanned_out`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FannedOut {
+    pub event: Event,
+    /// A disabled endpoint would have received it ([`Event::missed_by_any`]).
+    pub missed: bool,
 }
 
 /// A page of `Store::unfanned_events`.
@@ -284,7 +292,9 @@ pub struct DisableOutcome {
     pub abandoned: u64,
 }
 
-/// A replay to carry out; `replay.count` and `replay.more` are filled in by the store.
+/// A replay to carry out; the store fills in `replay.count`, and sets `replay.more` when more
+/// deliveries matched than `limit` (a `more` already set, by the recovery of missed events,
+/// stays). The record keeps `replay.missed` as given.
 #[derive(Debug, Clone)]
 pub struct ReplayRequest {
     pub replay: Replay,
@@ -345,6 +355,19 @@ impl TokenRevocation {
                 .account_tokens_before
                 .is_some_and(|before| issued_at.is_none_or(|issued| issued <= before))
     }
+}
+
+/// A page of an account's missed events (see [`Store::missed_events`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissedQuery {
+    pub account: AccountId,
+    /// Created at or after (to the millisecond).
+    pub since: Timestamp,
+    /// Created before (to the millisecond).
+    pub until: Option<Timestamp>,
+    /// The creation time and id of the last event of the previous page.
+    pub after: Option<(Timestamp, EventId)>,
+    pub limit: u32,
 }
 
 /// Declares the [`Store`] trait from one list of its methods, and `delegate_store!`, the
@@ -422,8 +445,15 @@ store_port! { $
         created_before: Timestamp,
         limit: u32,
     ) -> StoreResult<UnfannedPage>;
-    /// Marks the fan-out of these events done (they leave `unfanned_events`).
-    async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()>;
+    /// Marks the fan-out of these events done (they leave `unfanned_events`), and those a
+    /// disabled endpoint missed as [`Store::mark_missed`] does, in the same write.
+    async fn mark_fanned_out(&self, events: &[FannedOut]) -> StoreResult<()>;
+    /// Marks these stored events missed: a disabled endpoint would have received them
+    /// ([`Event::missed_by_any`]), so a resend asking for them finds them by time. Marking
+    /// again changes nothing; an event no longer stored, or erased, is passed over.
+    async fn mark_missed(&self, events: &[Event]) -> StoreResult<()>;
+    /// The account's events marked missed, created in the query's window, oldest first.
+    async fn missed_events(&self, query: &MissedQuery) -> StoreResult<Vec<MissedEvent>>;
     /// The deliveries of a stored event (its id and creation time are what is used).
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
     /// Erases an event's content on request: the payload goes, and so do the response

@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    DeliveryQuery, DisableRequest, EndpointDeletion, Notification, PageAfter, PendingRef,
-    PublishOutcome, PutEventOutcome, RecordOutcome, Store, StoreError, TokenRef, Unattempted,
-    UnattemptedMove,
+    DeliveryQuery, DisableRequest, EndpointDeletion, FannedOut, Notification, PageAfter,
+    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, Store, StoreError, TokenRef,
+    Unattempted, UnattemptedMove,
 };
 use hooklane::{
     clock::{add, Timestamp},
@@ -31,6 +31,7 @@ use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
     publish_one, t0,
 };
+pub use crate::missed_contract::missed_events_are_listed_by_account_and_time;
 pub use crate::stats_contract::attempts_are_counted_by_endpoint_and_hour;
 
 fn secs(n: u64) -> Duration {
@@ -1503,9 +1504,12 @@ pub async fn published_events_are_never_left_unfanned(store: &dyn Store) {
         let later = add(t0(), secs(86_400));
         store.unfanned_events(None, later, 100).await.unwrap()
     };
-    let fanned_out = |ev: Event| async move {
+    let fanned_out = |event: Event| async move {
         store
-            .mark_fanned_out(std::slice::from_ref(&ev))
+            .mark_fanned_out(&[FannedOut {
+                event,
+                missed: false,
+            }])
             .await
             .unwrap();
     };
@@ -1676,6 +1680,7 @@ macro_rules! store_contract_tests {
             audited_changes_are_written_with_their_entries,
             attempts_are_counted_by_endpoint_and_hour,
             the_event_type_catalog_is_kept_by_name,
+            missed_events_are_listed_by_account_and_time,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

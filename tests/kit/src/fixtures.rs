@@ -227,6 +227,7 @@ pub fn replay(
         filter,
         requested_at: at(second),
         count: 0,
+        missed: 0,
         more: false,
     }
 }

@@ -101,7 +101,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
     );
 
     // Bulk on main since 15: failed ones only (the delivered and the pending stay).
-    let bulk = ReplayFilter::bulk(at(15), None, None, vec![]).expect("filter");
+    let bulk = ReplayFilter::bulk(at(15), None, None, vec![], false).expect("filter");
     let outcome = replay_endpoint(store, &account, &main.id, bulk, 50, 100).await;
     assert_eq!((outcome.replay.count, outcome.replay.more), (1, false));
     assert_eq!(
@@ -156,6 +156,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
         Some(at(25)),
         Some(vec![DeliveryStatus::Failed, DeliveryStatus::Delivered]),
         vec![EventType::parse("invoice.paid").expect("type")],
+        false,
     )
     .expect("filter");
     let outcome = replay_endpoint(store, &account, &main.id, filter.clone(), 60, 100).await;
@@ -175,7 +176,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
     assert_eq!(outcome.replay.count, 0);
 
     // The limit is honoured oldest first, and `more` says there is more.
-    let everything = ReplayFilter::bulk(at(0), None, None, vec![]).expect("filter");
+    let everything = ReplayFilter::bulk(at(0), None, None, vec![], false).expect("filter");
     attempt(store, &d10[1].id, 73, failed()).await;
     let outcome = replay_endpoint(store, &account, &second.id, everything.clone(), 80, 1).await;
     assert_eq!((outcome.replay.count, outcome.replay.more), (1, true));

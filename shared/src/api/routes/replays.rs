@@ -36,6 +36,9 @@ pub struct BulkReplay {
     /// Only these event types (exact names).
     #[schema(value_type = Option<Vec<EventTypeName>>)]
     event_types: Option<Vec<String>>,
+    /// Also send the events of the endpoint's types published in the window while it was
+    /// disabled, which it has no delivery of (they are counted in `missed`). Default false.
+    include_missed: Option<bool>,
 }
 
 #[utoipa::path(
@@ -43,7 +46,7 @@ pub struct BulkReplay {
     path = "/v1/accounts/{account}/endpoints/{endpoint}/replay",
     security(("bearer" = ["deliveries:replay"])),
     tag = "replays",
-    summary = "Resends the endpoint's deliveries created since a time (failed and abandoned by default).",
+    summary = "Resends the endpoint's deliveries created since a time (failed and abandoned by default), and on request the events it missed while disabled.",
     params(EndpointPath),
     request_body = BulkReplay,
     responses((status = 202, description = "Matching deliveries are pending again for a manual attempt", body = ReplayView), ReadErrors, BodyErrors),
@@ -90,7 +93,8 @@ pub async fn replay_endpoint(
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
-    let filter = ReplayFilter::bulk(since, until, statuses, event_types)?;
+    let include_missed = body.include_missed.unwrap_or(false);
+    let filter = ReplayFilter::bulk(since, until, statuses, event_types, include_missed)?;
     let replay = replay::replay_endpoint(&state.app, &account, &endpoint, filter, &caller).await?;
     Ok((StatusCode::ACCEPTED, Json(ReplayView::from(&replay))).into_response())
 }

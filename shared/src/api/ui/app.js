@@ -818,16 +818,22 @@ async function submitBulk(event) {
   if (until) body.until = until;
   const types = $("bulk-types").value.split(",").map((t) => t.trim()).filter(Boolean);
   if (types.length) body.event_types = types;
+  const missed = $("bulk-missed").checked;
+  if (missed) body.include_missed = true;
   dialog.close();
   const ok = await confirmDialog("Resend these deliveries?",
     `Every ${statuses.join(" or ")} delivery to ${bulkEndpoint.url} created since ${formatTime(since)}` +
-    `${until ? ` and before ${formatTime(until)}` : ""}${types.length ? ` of type ${types.join(", ")}` : ""} is sent again.`,
+    `${until ? ` and before ${formatTime(until)}` : ""}${types.length ? ` of type ${types.join(", ")}` : ""} is sent again` +
+    `${missed ? ", and so is every event of its types it missed while disabled" : ""}.`,
     "Resend");
   if (!ok) return;
   try {
     const replay = await api(accountPath(`/endpoints/${encodeURIComponent(bulkEndpoint.id)}/replay`), { method: "POST", body });
     const noun = replay.count === 1 ? "delivery" : "deliveries";
-    notify(`${replay.count} ${noun} queued again${replay.more ? "; more match: resend again to continue" : ""}.`);
+    const recovered = replay.include_missed
+      ? `, ${replay.missed} missed ${replay.missed === 1 ? "event" : "events"} sent`
+      : "";
+    notify(`${replay.count} ${noun} queued again${recovered}${replay.more ? "; more match: resend again to continue" : ""}.`);
     await Promise.all([refreshLog(), loadReplays(), loadAudit()]);
   } catch (error) {
     notify(`Resend refused: ${error.message}`, true);
@@ -840,6 +846,7 @@ function replayFilters(r) {
   if (r.until) parts.push(`before ${formatTime(r.until)}`);
   parts.push(r.statuses.join(", "));
   if (r.event_types.length) parts.push(r.event_types.join(", "));
+  if (r.include_missed) parts.push("with missed events");
   return parts.join(" · ");
 }
 
@@ -853,7 +860,7 @@ async function loadReplays() {
       ? el("span", { class: "mono", text: `delivery ${r.delivery_id}` })
       : el("span", { class: "mono", text: `endpoint ${endpointLabel(r.endpoint_id)}` })),
     el("td", { text: replayFilters(r) }),
-    el("td", { text: `${r.count}${r.more ? " (more match)" : ""}` }),
+    el("td", { text: `${r.count}${r.include_missed ? ` + ${r.missed} missed` : ""}${r.more ? " (more match)" : ""}` }),
   )));
   $("replays-empty").hidden = page.data.length > 0;
 }

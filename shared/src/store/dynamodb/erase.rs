@@ -25,11 +25,13 @@ impl DynamoStore {
             .table_name(&self.tables.events)
             .set_key(Some(account_key(account.as_str(), id.as_str())))
             .condition_expression("attribute_exists(id)")
-            // An outbox writer's `data` goes with the payload (`data` is a reserved word).
+            // An outbox writer's `data` goes with the payload (`data` is a reserved word),
+            // and the event leaves the `missed` index: there is nothing left to send.
             .update_expression(
-                "SET erased_at = if_not_exists(erased_at, :at) REMOVE payload, #data",
+                "SET erased_at = if_not_exists(erased_at, :at) REMOVE payload, #data, #missed",
             )
             .expression_attribute_names("#data", "data")
+            .expression_attribute_names("#missed", MISSED_AT)
             .expression_attribute_values(":at", n(erased_at))
             .send()
             .await;

@@ -518,26 +518,40 @@ impl DynamoStore {
         Ok(crate::store::UnfannedPage { events, last })
     }
 
-    pub(super) async fn mark_fanned_out(&self, events: &[Event]) -> StoreResult<()> {
+    pub(super) async fn mark_fanned_out(
+        &self,
+        events: &[crate::store::FannedOut],
+    ) -> StoreResult<()> {
         let updates: Vec<_> = events
             .iter()
-            .map(|event| {
-                self.client
+            .map(|done| {
+                let event = &done.event;
+                // An outbox writer may leave the TTL out: it gets the retention's. An event a
+                // disabled endpoint missed enters the `missed` index in the same write.
+                let missed = if done.missed { ", #missed = :at" } else { "" };
+                let update = self
+                    .client
                     .update_item()
                     .table_name(&self.tables.events)
                     .set_key(Some(account_key(
                         event.account_id.as_str(),
                         event.id.as_str(),
                     )))
-                    // An outbox writer may leave the TTL out: it gets the retention's.
-                    .update_expression(
-                        "SET fanned_out = :done, expires_at = if_not_exists(expires_at, :expires) \
-                         REMOVE #shard",
-                    )
+                    .update_expression(format!(
+                        "SET fanned_out = :done, expires_at = if_not_exists(expires_at, :expires){missed} \
+                         REMOVE #shard"
+                    ))
                     .condition_expression("attribute_exists(#shard)")
                     .expression_attribute_names("#shard", UNFANNED_SHARD)
                     .expression_attribute_values(":done", AttributeValue::Bool(true))
-                    .expression_attribute_values(":expires", n(self.event_expiry(event.created_at)))
+                    .expression_attribute_values(":expires", n(self.event_expiry(event.created_at)));
+                if done.missed {
+                    update
+                        .expression_attribute_names("#missed", MISSED_AT)
+                        .expression_attribute_values(":at", n(to_millis(event.created_at)))
+                } else {
+                    update
+                }
             })
             .collect();
         let results: Vec<_> = futures_util::stream::iter(updates)
@@ -550,5 +564,89 @@ impl DynamoStore {
             written(result)?;
         }
         Ok(())
+    }
+
+    pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
+        let updates: Vec<_> = events
+            .iter()
+            .map(|event| {
+                // A MODIFY record on the stream, which fan-out's filter (INSERT) passes over.
+                self.client
+                    .update_item()
+                    .table_name(&self.tables.events)
+                    .set_key(Some(account_key(
+                        event.account_id.as_str(),
+                        event.id.as_str(),
+                    )))
+                    .update_expression("SET #missed = :at")
+                    .condition_expression(
+                        "attribute_exists(id) AND attribute_not_exists(#missed) \
+                         AND attribute_not_exists(erased_at)",
+                    )
+                    .expression_attribute_names("#missed", MISSED_AT)
+                    .expression_attribute_values(":at", n(to_millis(event.created_at)))
+            })
+            .collect();
+        let results: Vec<_> = futures_util::stream::iter(updates)
+            .map(|update| update.send())
+            .buffer_unordered(ABANDON_CONCURRENCY)
+            .collect()
+            .await;
+        for result in results {
+            // Marked already, or no longer stored: nothing to do.
+            written(result)?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn missed_events(
+        &self,
+        query: &crate::store::MissedQuery,
+    ) -> StoreResult<Vec<MissedEvent>> {
+        let limit = query.limit.clamp(1, 10_000) as usize;
+        let lower = to_millis(query.since);
+        let upper = query.until.map_or(i64::MAX, |until| to_millis(until) - 1);
+        if lower > upper {
+            // DynamoDB refuses a reversed BETWEEN.
+            return Ok(Vec::new());
+        }
+        let account = query.account.as_str();
+        // The index's own order (time, then as DynamoDB keeps equal times) from just past
+        // the previous page's last event, which its full key names.
+        let mut start = query.after.as_ref().map(|(at, id)| {
+            let mut key = account_key(account, id.as_str());
+            key.insert(MISSED_AT.into(), n(to_millis(*at)));
+            key
+        });
+        let mut found = Vec::new();
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.tables.events)
+                .index_name(MISSED)
+                .key_condition_expression("account_id = :account AND #missed BETWEEN :from AND :to")
+                .expression_attribute_names("#missed", MISSED_AT)
+                .expression_attribute_values(":account", s(account))
+                .expression_attribute_values(":from", n(lower))
+                .expression_attribute_values(":to", n(upper))
+                .set_exclusive_start_key(start.take())
+                .limit(i32::try_from(limit - found.len()).unwrap_or(i32::MAX))
+                .send()
+                .await
+                .map_err(sdk)?;
+            for item in out.items.unwrap_or_default() {
+                found.push(MissedEvent {
+                    account_id: AccountId::from_trusted(get_s(&item, "account_id")?),
+                    id: EventId::from_trusted(get_s(&item, "id")?),
+                    event_type: EventType::from_trusted(get_s(&item, "type")?),
+                    created_at: from_millis(get_n(&item, MISSED_AT)?),
+                });
+            }
+            match out.last_evaluated_key {
+                Some(key) if found.len() < limit => start = Some(key),
+                _ => return Ok(found),
+            }
+        }
     }
 }

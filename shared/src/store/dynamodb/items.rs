@@ -447,6 +447,11 @@ pub(super) fn replay_item(replay: &Replay, sort: i64) -> Item {
         ("requested_at".into(), n(to_millis(replay.requested_at))),
         ("count".into(), n(replay.count)),
         ("more".into(), AttributeValue::Bool(replay.more)),
+        ("missed".into(), n(replay.missed)),
+        (
+            "include_missed".into(),
+            AttributeValue::Bool(replay.filter.include_missed),
+        ),
         (
             "statuses".into(),
             s(serde_json::to_string(
@@ -511,9 +516,11 @@ pub(super) fn replay_from_item(item: &Item) -> StoreResult<Replay> {
                 .into_iter()
                 .map(EventType::from_trusted)
                 .collect(),
+            include_missed: get_bool(item, "include_missed"),
         },
         requested_at: from_millis(get_n(item, "requested_at")?),
         count: get_n(item, "count")?,
+        missed: opt_n(item, "missed")?.unwrap_or(0),
         more: get_bool(item, "more"),
     })
 }

@@ -65,8 +65,8 @@ use crate::{
         delivery_log_partition, delivery_log_position, delivery_log_prefix, delivery_log_time,
         endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
         DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, Replay, ReplayCandidate, ReplayFilter, ReplayId,
-        ReplayScope, Trigger,
+        EventId, EventType, EventTypeFilter, MissedEvent, Replay, ReplayCandidate, ReplayFilter,
+        ReplayId, ReplayScope, Trigger,
     },
     secrets::{SecretsAccess, SecretsError},
     signing::SigningSecret,
@@ -84,6 +84,10 @@ const UNSENT: &str = "unsent";
 /// marked done, and its partition attribute (removed when fan-out is done).
 const UNFANNED: &str = "unfanned";
 const UNFANNED_SHARD: &str = "unfanned_shard";
+/// The sparse index of events a disabled endpoint missed, by account and time: only those
+/// carry its sort key, `missed_at` (their creation time).
+const MISSED: &str = "missed";
+const MISSED_AT: &str = "missed_at";
 /// Partitions of the `unfanned` index: every outbox write lands in one of them.
 pub const UNFANNED_SHARDS: u32 = 4;
 /// The control item holding how far `walk_unsent_first_tries` has looked.

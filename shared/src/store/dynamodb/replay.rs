@@ -106,7 +106,7 @@ impl DynamoStore {
                 break;
             }
         }
-        replay.more = matched.len() > limit;
+        replay.more = replay.more || matched.len() > limit;
         matched.truncate(limit);
         let now = replay.requested_at;
         // Time-ordered and unique enough for a human-triggered audit trail.

@@ -130,6 +130,7 @@ async fn a_replay_of_more_than_one_transaction_counts_every_delivery() {
                     until: None,
                     statuses: vec![DeliveryStatus::Failed],
                     event_types: vec![],
+                    include_missed: false,
                 },
                 200,
             ),

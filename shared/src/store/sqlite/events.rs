@@ -89,8 +89,82 @@ impl SqliteStore {
         Ok(crate::store::UnfannedPage::default())
     }
 
-    pub(super) async fn mark_fanned_out(&self, _events: &[Event]) -> StoreResult<()> {
-        Ok(())
+    pub(super) async fn mark_fanned_out(
+        &self,
+        events: &[crate::store::FannedOut],
+    ) -> StoreResult<()> {
+        // No change stream, so nothing is ever unfanned; only the missed mark is kept.
+        let missed: Vec<Event> = events
+            .iter()
+            .filter(|done| done.missed)
+            .map(|done| done.event.clone())
+            .collect();
+        self.mark_missed(&missed).await
+    }
+
+    pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<(String, String)> = events
+            .iter()
+            .map(|e| (e.account_id.as_str().to_owned(), e.id.as_str().to_owned()))
+            .collect();
+        self.run(move |conn| {
+            let tx = JobSavepoint::begin(conn).map_err(backend)?;
+            {
+                let mut mark = tx
+                    .prepare_cached(
+                        "UPDATE events SET missed = 1 WHERE account_id = ?1 AND id = ?2 AND missed IS NULL \
+                         AND erased_at IS NULL",
+                    )
+                    .map_err(backend)?;
+                for (account, id) in &keys {
+                    mark.execute(params![account, id]).map_err(backend)?;
+                }
+            }
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn missed_events(
+        &self,
+        query: &crate::store::MissedQuery,
+    ) -> StoreResult<Vec<MissedEvent>> {
+        let account = query.account.as_str().to_owned();
+        let since = to_millis(query.since);
+        let until = query.until.map_or(i64::MAX, to_millis);
+        // Past (time, id) of the previous page's last event, or from the window's start.
+        let (after_time, after_id) = match &query.after {
+            Some((at, id)) => (to_millis(*at), id.as_str().to_owned()),
+            None => (since, String::new()),
+        };
+        let limit = query.limit.clamp(1, 10_000);
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT account_id, id, type, created_at FROM events INDEXED BY events_missed \
+                     WHERE account_id = ?1 AND missed IS NOT NULL AND created_at >= ?2 AND created_at < ?3 \
+                     AND (created_at, id) > (?4, ?5) ORDER BY created_at, id LIMIT ?6",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(
+                    params![account, since, until, after_time, after_id, limit],
+                    |row| {
+                        Ok(MissedEvent {
+                            account_id: AccountId::from_trusted(row.get(0)?),
+                            id: EventId::from_trusted(row.get(1)?),
+                            event_type: EventType::from_trusted(row.get(2)?),
+                            created_at: from_millis(row.get(3)?),
+                        })
+                    },
+                )
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
     }
 
     pub(super) async fn get_event(
@@ -131,7 +205,7 @@ impl SqliteStore {
             let event = event.erased(now);
             let erased_at = event.erased_at.map(to_millis);
             job.execute(
-                "UPDATE events SET payload = '', erased_at = ?3 WHERE account_id = ?1 AND id = ?2",
+                "UPDATE events SET payload = '', erased_at = ?3, missed = NULL WHERE account_id = ?1 AND id = ?2",
                 params![account.as_str(), id.as_str(), erased_at],
             )
             .map_err(backend)?;

@@ -20,7 +20,7 @@ use crate::{
         stats::{HourCount, LastFailure, STATS_KEPT},
         Account, AccountId, Attempt, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
         EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
-        Replay, ReplayCandidate, ReplayFilter, ReplayId, ReplayScope, Trigger,
+        MissedEvent, Replay, ReplayCandidate, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
     secrets::{SecretsAccess, SecretsCipher},
     signing::SigningSecret,
@@ -244,6 +244,9 @@ impl SqliteStore {
         add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "accounts", ADDED_ACCOUNT_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "endpoints", ADDED_ENDPOINT_COLUMNS).map_err(backend)?;
+        add_missing_columns(&conn, "replays", ADDED_REPLAY_COLUMNS).map_err(backend)?;
+        conn.execute_batch(INDEXES_OF_ADDED_COLUMNS)
+            .map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (reads, scans, checkpoints) = helpers(&conn, &jobs)?;

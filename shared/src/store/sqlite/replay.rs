@@ -85,7 +85,7 @@ impl SqliteStore {
                     }
                 }
             }
-            replay.more = matched.len() > request.limit as usize;
+            replay.more = replay.more || matched.len() > request.limit as usize;
             matched.truncate(request.limit as usize);
             {
                 let mut update = tx
@@ -107,7 +107,8 @@ impl SqliteStore {
             let event_types: Vec<&str> = filter.event_types.iter().map(EventType::as_str).collect();
             tx.execute(
                 "INSERT INTO replays (id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, \
-                 event_types, requested_at, count, more) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 event_types, requested_at, count, more, include_missed, missed) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     replay.id.as_str(),
                     replay.account_id.as_str(),
@@ -121,6 +122,8 @@ impl SqliteStore {
                     now,
                     replay.count,
                     replay.more,
+                    filter.include_missed,
+                    replay.missed,
                 ],
             )
             .map_err(|e| {
@@ -149,7 +152,7 @@ impl SqliteStore {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, event_types, \
-                     requested_at, count, more FROM replays WHERE account_id = ?1 AND (?2 IS NULL OR id < ?2) \
+                     requested_at, count, more, include_missed, missed FROM replays WHERE account_id = ?1 AND (?2 IS NULL OR id < ?2) \
                      ORDER BY id DESC LIMIT ?3",
                 )
                 .map_err(backend)?;

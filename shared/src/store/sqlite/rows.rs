@@ -231,9 +231,11 @@ pub(super) fn replay_from_row(row: &Row<'_>) -> rusqlite::Result<Replay> {
                 .into_iter()
                 .map(EventType::from_trusted)
                 .collect(),
+            include_missed: row.get(12)?,
         },
         requested_at: from_millis(row.get(9)?),
         count: u32_col(row, 10)?,
+        missed: u32_col(row, 13)?,
         more: row.get(11)?,
     })
 }

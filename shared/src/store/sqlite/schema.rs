@@ -31,6 +31,7 @@ CREATE INDEX IF NOT EXISTS endpoints_failing ON endpoints(failing_since) WHERE f
 CREATE TABLE IF NOT EXISTS events (
   account_id TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, created_at INTEGER NOT NULL, payload TEXT NOT NULL,
   erased_at INTEGER,
+  missed INTEGER,
   PRIMARY KEY (account_id, id)
 );
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -79,7 +80,9 @@ CREATE TABLE IF NOT EXISTS replays (
   event_types TEXT NOT NULL,
   requested_at INTEGER NOT NULL,
   count INTEGER NOT NULL,
-  more INTEGER NOT NULL
+  more INTEGER NOT NULL,
+  include_missed INTEGER NOT NULL DEFAULT 0,
+  missed INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS replays_by_account ON replays(account_id, id DESC);
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -201,7 +204,19 @@ pub(super) const ADDED_ACCOUNT_COLUMNS: &[(&str, &str)] =
 
 pub(super) const ADDED_ENDPOINT_COLUMNS: &[(&str, &str)] = &[("headers", "TEXT")];
 
-pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[("erased_at", "INTEGER")];
+pub(super) const ADDED_REPLAY_COLUMNS: &[(&str, &str)] = &[
+    ("include_missed", "INTEGER NOT NULL DEFAULT 0"),
+    ("missed", "INTEGER NOT NULL DEFAULT 0"),
+];
+
+pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] =
+    &[("erased_at", "INTEGER"), ("missed", "INTEGER")];
+
+/// Indexes over columns an older file gets from the lists above, made once they exist.
+/// `events_missed` holds only the events a disabled endpoint missed (`missed` is null for
+/// every other): a publish to an account without one writes nothing more.
+pub(super) const INDEXES_OF_ADDED_COLUMNS: &str =
+    "CREATE INDEX IF NOT EXISTS events_missed ON events(account_id, created_at, id) WHERE missed IS NOT NULL;";
 
 pub(super) const ADDED_DELIVERY_COLUMNS: &[(&str, &str)] = &[
     ("schedule_start", "INTEGER NOT NULL DEFAULT 0"),
