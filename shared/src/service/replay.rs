@@ -198,6 +198,7 @@ async fn recover_missed(
         wanted.truncate(room);
         let added = app.store.add_deliveries(&wanted).await?;
         created += added.len();
+        crate::telemetry::fanned_out(added.len());
         if !added.is_empty() {
             let queued = added
                 .iter()

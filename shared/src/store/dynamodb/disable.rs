@@ -96,7 +96,7 @@ impl DynamoStore {
                     .await;
                 written(result).map(|out| out.is_some())
             })
-            .buffer_unordered(ABANDON_CONCURRENCY)
+            .buffer_unordered(WRITE_CONCURRENCY)
             .collect()
             .await;
         let mut abandoned = 0;

@@ -394,16 +394,26 @@ impl DynamoStore {
         deliveries: &[Delivery],
     ) -> StoreResult<Vec<Delivery>> {
         derived_ids_only(deliveries)?;
+        let puts = deliveries
+            .iter()
+            .map(|delivery| {
+                Ok(self
+                    .client
+                    .put_item()
+                    .table_name(&self.tables.deliveries)
+                    .set_item(Some(self.delivery_item(delivery)?))
+                    .condition_expression("attribute_not_exists(id)"))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        // Several at a time: an event fanned out to a hundred endpoints, or a resend that
+        // recovers thousands of missed events, is not a hundred or thousands of round trips.
+        let results: Vec<_> = futures_util::stream::iter(puts)
+            .map(|put| put.send())
+            .buffered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
         let mut added = Vec::new();
-        for delivery in deliveries {
-            let result = self
-                .client
-                .put_item()
-                .table_name(&self.tables.deliveries)
-                .set_item(Some(self.delivery_item(delivery)?))
-                .condition_expression("attribute_not_exists(id)")
-                .send()
-                .await;
+        for (delivery, result) in deliveries.iter().zip(results) {
             if written(result)?.is_some() {
                 added.push(delivery.clone());
             }
@@ -556,7 +566,7 @@ impl DynamoStore {
             .collect();
         let results: Vec<_> = futures_util::stream::iter(updates)
             .map(|update| update.send())
-            .buffer_unordered(ABANDON_CONCURRENCY)
+            .buffer_unordered(WRITE_CONCURRENCY)
             .collect()
             .await;
         for result in results {
@@ -589,7 +599,7 @@ impl DynamoStore {
             .collect();
         let results: Vec<_> = futures_util::stream::iter(updates)
             .map(|update| update.send())
-            .buffer_unordered(ABANDON_CONCURRENCY)
+            .buffer_unordered(WRITE_CONCURRENCY)
             .collect()
             .await;
         for result in results {

@@ -114,8 +114,9 @@ const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's limit on the items of one transaction together (4 MB), less a margin for
 /// what `item_size` does not count.
 const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
-/// Conditional writes in flight at once while abandoning an endpoint's pending deliveries.
-const ABANDON_CONCURRENCY: usize = 16;
+/// Writes in flight at once where many independent ones are made: abandoning an endpoint's
+/// pending deliveries, adding deliveries, marking events.
+const WRITE_CONCURRENCY: usize = 16;
 /// DynamoDB's limit of keys in one `BatchGetItem`.
 const BATCH_GET_ITEMS: usize = 100;
 /// A first try that delivers is kept on the delivery item when its detail is at most this
