@@ -151,7 +151,7 @@ pub async fn replay_endpoint(
         more: false,
     };
     if replay.filter.include_missed {
-        (replay.missed, replay.more) = recover_missed(app, &replay, &endpoint).await?;
+        (replay.missed, replay.more) = recover_missed(app, &replay, &endpoint, BULK_LIMIT).await?;
     }
     carry_out(app, replay, BULK_LIMIT, caller).await
 }
@@ -160,18 +160,20 @@ pub async fn replay_endpoint(
 const MISSED_PAGE: u32 = 1_000;
 
 /// Creates, and queues, the deliveries `endpoint` never had of the events it missed while
-/// disabled in the replay's window (those [`Replay::recovers`]): at most [`BULK_LIMIT`].
-/// Each is added only where the (event, endpoint) has no delivery, so asking again carries
-/// on where a request stopped and creates nothing twice. Returns how many were created and
-/// whether more may remain.
+/// disabled in the replay's window (those [`Replay::recovers`]): at most `limit`. Each is
+/// added only where the (event, endpoint) has no delivery, so asking again passes over what
+/// an earlier request created and carries on where it stopped. Returns how many were
+/// created and whether more may remain.
 async fn recover_missed(
     app: &App,
     replay: &Replay,
     endpoint: &Endpoint,
+    limit: u32,
 ) -> ServiceResult<(u32, bool)> {
     let Some(since) = replay.filter.since else {
         return Ok((0, false));
     };
+    let limit = limit as usize;
     let now = replay.requested_at;
     let mut after = None;
     let mut created = 0usize;
@@ -188,18 +190,25 @@ async fn recover_missed(
             .await?;
         let last_page = page.len() < MISSED_PAGE as usize;
         after = page.last().map(|m| (m.created_at, m.id.clone()));
-        let mut wanted: Vec<Delivery> = page
+        let wanted: Vec<Delivery> = page
             .iter()
             .filter(|missed| replay.recovers(endpoint, missed))
             .map(|missed| Delivery::recovered(missed, endpoint.id.clone(), now))
             .collect();
-        let room = BULK_LIMIT as usize - created;
-        let cut_short = wanted.len() > room;
-        wanted.truncate(room);
-        let added = app.store.add_deliveries(&wanted).await?;
-        created += added.len();
-        crate::telemetry::fanned_out(added.len());
-        if !added.is_empty() {
+        // In slices no larger than the room left: what exists already takes none of it.
+        let mut rest = &wanted[..];
+        while !rest.is_empty() {
+            if created == limit {
+                return Ok((u32::try_from(created).unwrap_or(u32::MAX), true));
+            }
+            let (slice, later) = rest.split_at((limit - created).min(rest.len()));
+            rest = later;
+            let added = app.store.add_deliveries(slice).await?;
+            created += added.len();
+            crate::telemetry::fanned_out(added.len());
+            if added.is_empty() {
+                continue;
+            }
             let queued = added
                 .iter()
                 .map(|d| PendingRef::new(d, endpoint, now))
@@ -208,10 +217,6 @@ async fn recover_missed(
             if let Err(error) = app.queue.enqueue(queued).await {
                 tracing::error!(replay.id = %replay.id, %error, "enqueue after recovering missed events failed; the sweeper will retry");
             }
-        }
-        let full = created >= BULK_LIMIT as usize;
-        if cut_short || (full && !last_page) {
-            return Ok((u32::try_from(created).unwrap_or(u32::MAX), true));
         }
         if last_page {
             return Ok((u32::try_from(created).unwrap_or(u32::MAX), false));
@@ -234,4 +239,83 @@ pub async fn list(
         limit,
     };
     Ok(app.store.list_replays(account, &page).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        fixtures,
+        service::publish::{publish, NewEvent},
+        store::{sqlite::SqliteStore, Store},
+    };
+
+    #[tokio::test]
+    async fn missed_events_are_recovered_a_limit_at_a_time_each_once() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = fixtures::app_on(store.clone(), clock.clone());
+        store
+            .create_account(&fixtures::account("acme"))
+            .await
+            .unwrap();
+        let mut main = fixtures::endpoint("acme", "ep_main", fixtures::t0());
+        main.status = EndpointStatus::Disabled;
+        store.create_endpoint(&main).await.unwrap();
+        let account = main.account_id.clone();
+        for n in 0..5 {
+            clock.advance(Duration::from_secs(1));
+            let input = NewEvent {
+                id: Some(format!("evt_{n}")),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({"n": n}),
+            };
+            let published = publish(&app, &account, input).await.unwrap();
+            assert!(published.deliveries.is_empty(), "disabled: no delivery");
+        }
+        main.status = EndpointStatus::Active;
+        store.update_endpoint(&main).await.unwrap();
+        let replay = Replay {
+            id: ReplayId::generate(),
+            account_id: account.clone(),
+            actor: "admin".into(),
+            scope: ReplayScope::Endpoint(main.id.clone()),
+            filter: ReplayFilter::bulk(fixtures::t0(), None, None, vec![], true).unwrap(),
+            requested_at: app.clock.now(),
+            count: 0,
+            missed: 0,
+            more: false,
+        };
+        // Two a request: each asks again where the one before stopped.
+        let mut answers = Vec::new();
+        loop {
+            let answer = recover_missed(&app, &replay, &main, 2).await.unwrap();
+            answers.push(answer);
+            if !answer.1 || answers.len() > 5 {
+                break;
+            }
+        }
+        assert_eq!(answers, [(2, true), (2, true), (1, false)]);
+        assert_eq!(
+            recover_missed(&app, &replay, &main, 2).await.unwrap(),
+            (0, false)
+        );
+        for n in 0..5 {
+            let event = store
+                .get_event(
+                    &account,
+                    &crate::domain::EventId::parse(&format!("evt_{n}")).unwrap(),
+                )
+                .await
+                .unwrap()
+                .unwrap();
+            let deliveries = store.deliveries_of_event(&event).await.unwrap();
+            assert_eq!(deliveries.len(), 1, "evt_{n}: {deliveries:?}");
+            assert_eq!(deliveries[0].endpoint_id, main.id);
+            assert_eq!(deliveries[0].next_trigger, crate::domain::Trigger::Manual);
+        }
+    }
 }
