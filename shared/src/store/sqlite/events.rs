@@ -110,21 +110,25 @@ impl SqliteStore {
             .iter()
             .map(|e| (e.account_id.as_str().to_owned(), e.id.as_str().to_owned()))
             .collect();
-        self.run(move |conn| {
-            let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            {
-                let mut mark = tx
-                    .prepare_cached(
-                        "UPDATE events SET missed = 1 WHERE account_id = ?1 AND id = ?2 AND missed IS NULL \
-                         AND erased_at IS NULL",
-                    )
-                    .map_err(backend)?;
-                for (account, id) in &keys {
-                    mark.execute(params![account, id]).map_err(backend)?;
+        // The mark changes nothing a first try reads: what `fresh` keeps stays good.
+        self.run_then(
+            move |conn| {
+                let tx = JobSavepoint::begin(conn).map_err(backend)?;
+                {
+                    let mut mark = tx
+                        .prepare_cached(
+                            "UPDATE events SET missed = 1 WHERE account_id = ?1 AND id = ?2 AND missed IS NULL \
+                             AND erased_at IS NULL",
+                        )
+                        .map_err(backend)?;
+                    for (account, id) in &keys {
+                        mark.execute(params![account, id]).map_err(backend)?;
+                    }
                 }
-            }
-            tx.commit().map_err(backend)
-        })
+                tx.commit().map_err(backend)
+            },
+            |_| {},
+        )
         .await
     }
 
