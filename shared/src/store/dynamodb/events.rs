@@ -564,16 +564,8 @@ impl DynamoStore {
                 }
             })
             .collect();
-        let results: Vec<_> = futures_util::stream::iter(updates)
-            .map(|update| update.send())
-            .buffer_unordered(WRITE_CONCURRENCY)
-            .collect()
-            .await;
-        for result in results {
-            // Already marked (a repeat), or expired meanwhile: nothing left to do.
-            written(result)?;
-        }
-        Ok(())
+        // One already marked (a repeat), or expired meanwhile, has nothing left to do.
+        conditional_updates(updates).await
     }
 
     pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
@@ -597,16 +589,8 @@ impl DynamoStore {
                     .expression_attribute_values(":at", n(to_millis(event.created_at)))
             })
             .collect();
-        let results: Vec<_> = futures_util::stream::iter(updates)
-            .map(|update| update.send())
-            .buffer_unordered(WRITE_CONCURRENCY)
-            .collect()
-            .await;
-        for result in results {
-            // Marked already, or no longer stored: nothing to do.
-            written(result)?;
-        }
-        Ok(())
+        // One marked already, or no longer stored, has nothing to do.
+        conditional_updates(updates).await
     }
 
     pub(super) async fn missed_events(
@@ -659,4 +643,20 @@ impl DynamoStore {
             }
         }
     }
+}
+
+/// Sends `updates`, [`WRITE_CONCURRENCY`] at a time; one whose condition fails is passed
+/// over, any other error is the answer.
+async fn conditional_updates(
+    updates: Vec<aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder>,
+) -> StoreResult<()> {
+    let results: Vec<_> = futures_util::stream::iter(updates)
+        .map(|update| update.send())
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    for result in results {
+        written(result)?;
+    }
+    Ok(())
 }
