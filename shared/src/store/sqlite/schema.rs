@@ -197,8 +197,8 @@ pub(super) fn add_missing_columns(
     Ok(())
 }
 
-/// Columns added after the first release, added to older database files on open.
-/// Columns added to `events` since its first layout.
+/// Columns added after the first release, one list per table, added to older database
+/// files on open.
 pub(super) const ADDED_ACCOUNT_COLUMNS: &[(&str, &str)] =
     &[("publish_rate", "INTEGER"), ("publish_burst", "INTEGER")];
 

@@ -455,3 +455,55 @@ async fn an_audited_change_stands_or_falls_with_its_entry() {
         None
     );
 }
+
+#[tokio::test]
+async fn an_older_file_gains_the_missed_event_columns_and_index() {
+    use crate::fixtures::{at, typed_event};
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(
+        "CREATE TABLE events (account_id TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, \
+           created_at INTEGER NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (account_id, id)); \
+         CREATE TABLE replays (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, actor TEXT NOT NULL, \
+           delivery_id TEXT, endpoint_id TEXT, since INTEGER, until INTEGER, statuses TEXT NOT NULL, \
+           event_types TEXT NOT NULL, requested_at INTEGER NOT NULL, count INTEGER NOT NULL, more INTEGER NOT NULL); \
+         INSERT INTO replays VALUES ('rpl_1', 'acme', 'admin', NULL, 'ep_1', 1000, NULL, '[\"failed\"]', '[]', 2000, 3, 0);",
+    )
+    .unwrap();
+    let store = older_file_opened(conn);
+    let account = AccountId::from_trusted("acme".into());
+    let replays = store
+        .list_replays(
+            &account,
+            &crate::store::PageAfter {
+                after: None,
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        replays
+            .items
+            .iter()
+            .map(|r| (r.count, r.missed, r.filter.include_missed))
+            .collect::<Vec<_>>(),
+        [(3, 0, false)]
+    );
+    let event = typed_event("acme", "evt_1", "invoice.paid", at(10));
+    store.publish(&event, &[]).await.unwrap();
+    store
+        .mark_missed(std::slice::from_ref(&event))
+        .await
+        .unwrap();
+    let query = crate::store::MissedQuery {
+        account,
+        since: at(0),
+        until: None,
+        after: None,
+        limit: 10,
+    };
+    assert_eq!(
+        store.missed_events(&query).await.unwrap(),
+        [event.as_missed()]
+    );
+}
