@@ -61,6 +61,7 @@ async fn bench_quick_runs_every_workload() {
         "attempts_per_s_while_publishing",
         "attempts_per_s_after_publishing",
         "healthy_p99_ms",
+        "healthy_publish_call_p99_ms",
         "database_bytes_per_delivery",
     ] {
         assert!(outage[row].is_number(), "{row} in {outage}");

@@ -110,7 +110,7 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         read_log(&api, &accounts[0].0, &endpoint_ids[0], quick).await?;
 
     stop_healthy.store(true, Ordering::Relaxed);
-    let healthy_events = healthy_publisher
+    let (healthy_events, healthy_calls) = healthy_publisher
         .await
         .map_err(|e| BenchError::Api(e.to_string()))??;
     let healthy_expected = healthy_events * healthy.len();
@@ -168,6 +168,8 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         "attempts_per_s_after_publishing": round(attempts_after as f64 / settle.as_secs_f64()),
         "healthy_p50_ms": round(percentile(&healthy_latencies, 50.0)),
         "healthy_p99_ms": round(percentile(&healthy_latencies, 99.0)),
+        "healthy_publish_call_p50_ms": round(percentile(&healthy_calls, 50.0)),
+        "healthy_publish_call_p99_ms": round(percentile(&healthy_calls, 99.0)),
         "database_bytes_per_delivery": database_bytes.map(|(file, _)| file / deliveries.max(1) as u64),
         "wal_mb": database_bytes.map(|(_, wal)| wal / (1024 * 1024)),
         "never_attempted": never_attempted,
@@ -232,13 +234,14 @@ async fn publish_timed(
     Ok(calls)
 }
 
-/// The healthy account's steady publisher; returns how many events it published.
+/// The healthy account's steady publisher; returns how many events it published and each
+/// publish call's time in milliseconds, sorted (its share of the healthy latency).
 async fn publish_steadily(
     api: Arc<Api>,
     account: String,
     clock: PublishClock,
     stop: Arc<AtomicBool>,
-) -> Result<usize, BenchError> {
+) -> Result<(usize, Vec<f64>), BenchError> {
     let mut ticker = tokio::time::interval(HEALTHY_INTERVAL);
     let mut calls = Vec::new();
     let mut published = 0;
@@ -249,18 +252,21 @@ async fn publish_steadily(
         published += 1;
         calls.push(tokio::spawn(async move {
             clock.start(&id);
+            let started = Instant::now();
             api.post(
                 &format!("/v1/accounts/{account}/events"),
                 json!({"id": id, "type": "bench.healthy", "data": {}}),
             )
             .await
-            .map(|_| ())
+            .map(|_| started.elapsed().as_secs_f64() * 1000.0)
         }));
     }
+    let mut took = Vec::with_capacity(calls.len());
     for call in calls {
-        call.await.map_err(|e| BenchError::Api(e.to_string()))??;
+        took.push(call.await.map_err(|e| BenchError::Api(e.to_string()))??);
     }
-    Ok(published)
+    took.sort_by(f64::total_cmp);
+    Ok((published, took))
 }
 
 struct LogPages {

@@ -173,6 +173,7 @@ pub async fn attempt_reporting_answer(
             decision: decision.clone(),
             client_error_count: client_errors,
             endpoint_id: endpoint.id.clone(),
+            account_id: work.delivery.account_id.clone(),
             success: outcome.is_success(),
             now: finished,
         };

@@ -90,6 +90,8 @@ pub struct AttemptRecord {
     pub decision: Decision,
     pub client_error_count: u32,
     pub endpoint_id: EndpointId,
+    /// The delivery's account: the embedded store takes each account's writes in turn.
+    pub account_id: AccountId,
     pub success: bool,
     pub now: Timestamp,
 }

@@ -125,6 +125,7 @@ pub fn attempt_record(
         decision,
         client_error_count: 0,
         endpoint_id: delivery.endpoint_id.clone(),
+        account_id: delivery.account_id.clone(),
         success,
         now,
     }

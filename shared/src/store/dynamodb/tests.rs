@@ -290,6 +290,7 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
         decision,
         client_error_count: 0,
         endpoint_id: d.endpoint_id.clone(),
+        account_id: d.account_id.clone(),
         success: true,
         now: at,
     };

@@ -18,6 +18,10 @@ impl SqliteStore {
                 .collect(),
         );
         let (fresh, kept) = (Arc::clone(&self.fresh), Arc::clone(&published));
+        let Some(account) = items.first().map(|(event, _)| event.account_id.clone()) else {
+            return Ok(Vec::new());
+        };
+        let rows = published.iter().map(|(_, d)| 1 + d.len()).sum();
         let remember = move |outcome: &StoreResult<Vec<PublishOutcome>>| {
             if let Ok(outcomes) = outcome {
                 for ((event, deliveries), outcome) in kept.iter().zip(outcomes) {
@@ -27,7 +31,9 @@ impl SqliteStore {
                 }
             }
         };
-        self.run_then(
+        self.run_for(
+            &account,
+            rows,
             move |conn| {
                 let tx = JobSavepoint::begin(conn).map_err(backend)?;
                 let outcomes = published
@@ -65,17 +71,26 @@ impl SqliteStore {
         &self,
         deliveries: &[Delivery],
     ) -> StoreResult<Vec<Delivery>> {
-        let deliveries = deliveries.to_vec();
-        self.run(move |conn| {
-            let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
-            tx.commit().map_err(backend)?;
-            Ok(deliveries
-                .into_iter()
-                .zip(added)
-                .filter_map(|(d, new)| new.then_some(d))
-                .collect())
-        })
+        let Some(account) = deliveries.first().map(|d| d.account_id.clone()) else {
+            return Ok(Vec::new());
+        };
+        let (deliveries, rows) = (deliveries.to_vec(), deliveries.len());
+        let fresh = Arc::clone(&self.fresh);
+        self.run_for(
+            &account,
+            rows,
+            move |conn| {
+                let tx = JobSavepoint::begin(conn).map_err(backend)?;
+                let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
+                tx.commit().map_err(backend)?;
+                Ok(deliveries
+                    .into_iter()
+                    .zip(added)
+                    .filter_map(|(d, new)| new.then_some(d))
+                    .collect())
+            },
+            move |_| fresh.forget_all(),
+        )
         .await
     }
 

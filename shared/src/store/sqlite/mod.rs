@@ -274,7 +274,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         let fresh = Arc::clone(&self.fresh);
-        Self::submit(&self.jobs, work, move |_| fresh.forget_all()).await
+        Self::submit(&self.jobs, (None, 1), work, move |_| fresh.forget_all()).await
     }
 
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
@@ -285,7 +285,30 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(&self.jobs, work, after_commit).await
+        Self::submit(&self.jobs, (None, 1), work, after_commit).await
+    }
+
+    /// [`SqliteStore::run_then`] for one account's traffic (a publish, an attempt) of
+    /// about `rows` rows: the store thread takes the accounts' writes in turn.
+    async fn run_for<T, F, A>(
+        &self,
+        account: &AccountId,
+        rows: usize,
+        work: F,
+        after_commit: A,
+    ) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+        A: FnOnce(&StoreResult<T>) + Send + 'static,
+    {
+        Self::submit(
+            &self.jobs,
+            (Some(account.clone()), rows),
+            work,
+            after_commit,
+        )
+        .await
     }
 
     /// Runs read-only `work` where reads go (see [`SqliteStore::reads`]).
@@ -294,7 +317,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.reads, work, |_| {}).await
+        Self::submit(&self.reads, (None, 0), work, |_| {}).await
     }
 
     /// Runs a read-only scan where scans go (see [`SqliteStore::scans`]).
@@ -303,21 +326,26 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.scans, work, |_| {}).await
+        Self::submit(&self.scans, (None, 0), work, |_| {}).await
     }
 
     /// Queues `work`; `after_commit` runs on the store thread once the batch has committed
     /// (or failed to), before the answer is sent. There it is ordered with every other
     /// job's commit, and it runs even when the caller has stopped waiting (a client that
     /// disconnects drops its request's future).
-    async fn submit<T, F, A>(queue: &mpsc::Sender<Job>, work: F, after_commit: A) -> StoreResult<T>
+    async fn submit<T, F, A>(
+        queue: &mpsc::Sender<Job>,
+        (lane, rows): (Lane, usize),
+        work: F,
+        after_commit: A,
+    ) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |conn| {
+        let run: Box<dyn FnOnce(&mut Connection) -> Reply + Send> = Box::new(move |conn| {
             let result = work(conn);
             Box::new(move |commit_error: Option<&StoreError>| {
                 let result = match commit_error {
@@ -328,6 +356,7 @@ impl SqliteStore {
                 let _ = answer.send(result);
             })
         });
+        let job = Job { lane, rows, run };
         let stopped = || StoreError::Backend("the store thread has stopped".into());
         queue.send(job).map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?

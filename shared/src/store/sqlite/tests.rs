@@ -109,6 +109,60 @@ async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_tr
 }
 
 #[tokio::test]
+async fn a_small_publish_is_written_before_another_accounts_earlier_large_ones() {
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    let store = SqliteStore::in_memory().unwrap();
+    // Each large publish is more rows than a batch takes with another: one per batch.
+    let fan = MAX_BATCH_ROWS * 3 / 4;
+    let publish = |owner: &str, id: &str, endpoints: usize| {
+        let ev = event(owner, id, t0());
+        let deliveries: Vec<Delivery> = (0..endpoints)
+            .map(|i| delivery(&ev, &endpoint(owner, &format!("ep_{i}"), t0()), t0()))
+            .collect();
+        let store = store.clone();
+        async move { store.publish(&ev, &deliveries).await }
+    };
+    for owner in ["busy", "calm"] {
+        store.create_account(&account(owner)).await.unwrap();
+    }
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut holder = std::pin::pin!(store.run_then(
+        move |_| {
+            let _ = started.send(());
+            let _ = released.recv();
+            Ok(())
+        },
+        |_| {},
+    ));
+    assert!(poll_once(holder.as_mut()).await.is_pending());
+    has_started.recv().unwrap();
+    // Queued while the store thread is held: three large publishes, then a small one.
+    let mut queued = Vec::new();
+    for id in ["evt_1", "evt_2", "evt_3"] {
+        queued.push(Box::pin(publish("busy", id, fan)));
+    }
+    queued.push(Box::pin(publish("calm", "evt_small", 1)));
+    for call in &mut queued {
+        assert!(poll_once(call.as_mut()).await.is_pending());
+    }
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    for call in queued {
+        call.await.unwrap();
+    }
+    let order: Vec<String> = store
+        .run(|conn| {
+            conn.prepare("SELECT event_id FROM deliveries GROUP BY event_id ORDER BY MIN(rowid)")
+                .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+    assert_eq!(order, ["evt_1", "evt_small", "evt_2", "evt_3"]);
+}
+
+#[tokio::test]
 async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
     let conn = Connection::open_in_memory().unwrap();
     conn.execute_batch(&format!(
