@@ -46,6 +46,12 @@ use rows::*;
 use schema::*;
 use worker::*;
 
+/// Pending rows one read of the backlog gauge counts.
+const BACKLOG_SLICE: u64 = 10_000;
+
+/// How long a connection waits for a lock another holds before it answers an error.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The store thread's page cache, in KiB (SQLite's negative `cache_size`).
 const STORE_CACHE_KIB: i64 = -16 * 1024;
 
@@ -85,9 +91,7 @@ impl SqliteStore {
         Self::init(conn, Some(lock), secrets, |conn, _| {
             let reader = |name: &str| -> StoreResult<mpsc::Sender<Job>> {
                 let reader = open()?;
-                reader
-                    .busy_timeout(std::time::Duration::from_secs(5))
-                    .map_err(backend)?;
+                reader.busy_timeout(BUSY_TIMEOUT).map_err(backend)?;
                 reader
                     .pragma_update(None, "query_only", "ON")
                     .map_err(backend)?;
@@ -120,21 +124,47 @@ impl SqliteStore {
     }
 
     /// How many deliveries are pending and when the oldest of them was created: the
-    /// backlog gauges of the embedded shape.
+    /// backlog gauges of the embedded shape. Counted in slices of [`BACKLOG_SLICE`] rows in
+    /// due order, each its own read: one count of a million rows held a read snapshot for
+    /// over a second, and the store thread's WAL restart cannot go through while one is
+    /// held. Rows that move while it counts may be counted twice or missed: a gauge.
     pub async fn backlog(&self) -> StoreResult<(u64, Option<Timestamp>)> {
-        self.scan(|conn| {
-            conn.query_row(
-                "SELECT COUNT(*), MIN(created_at) FROM deliveries WHERE status = 'pending'",
-                [],
-                |row| {
-                    let count: i64 = row.get(0)?;
-                    let oldest: Option<i64> = row.get(1)?;
-                    Ok((u64::try_from(count).unwrap_or(0), oldest.map(from_millis)))
-                },
-            )
-            .map_err(backend)
-        })
-        .await
+        let (mut pending, mut oldest) = (0u64, None::<i64>);
+        let mut after: (i64, String) = (i64::MIN, String::new());
+        loop {
+            let from = after.clone();
+            let (rows, slice_oldest, last) = self
+                .scan(move |conn| {
+                    let mut stmt = conn
+                        .prepare_cached(
+                            "SELECT next_try_at, id, created_at FROM deliveries \
+                             WHERE status = 'pending' AND (next_try_at, id) > (?1, ?2) \
+                             ORDER BY next_try_at, id LIMIT ?3",
+                        )
+                        .map_err(backend)?;
+                    let mut rows = stmt
+                        .query(params![from.0, from.1, BACKLOG_SLICE])
+                        .map_err(backend)?;
+                    let (mut count, mut oldest, mut last) = (0u64, None::<i64>, None);
+                    while let Some(row) = rows.next().map_err(backend)? {
+                        let created: i64 = row.get(2).map_err(backend)?;
+                        count += 1;
+                        oldest = Some(oldest.map_or(created, |o| o.min(created)));
+                        last = Some((row.get(0).map_err(backend)?, row.get(1).map_err(backend)?));
+                    }
+                    Ok((count, oldest, last))
+                })
+                .await?;
+            pending += rows;
+            oldest = match (oldest, slice_oldest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match last {
+                Some(last) if rows >= BACKLOG_SLICE => after = last,
+                _ => return Ok((pending, oldest.map(from_millis))),
+            }
+        }
     }
 
     /// A private in-memory database, for tests: its secrets are sealed with a key that
@@ -237,8 +267,7 @@ impl SqliteStore {
         // 2 MiB cache re-read them from the file for every batch.
         conn.pragma_update(None, "cache_size", STORE_CACHE_KIB)
             .map_err(backend)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(backend)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;

@@ -163,6 +163,67 @@ async fn a_small_publish_is_written_before_another_accounts_earlier_large_ones()
 }
 
 #[tokio::test]
+async fn the_backlog_is_counted_across_slices_with_its_oldest_row() {
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    let store = SqliteStore::in_memory().unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let slice = usize::try_from(BACKLOG_SLICE).unwrap();
+    // Two full slices and some; the oldest row is in the middle slice in due order.
+    let ev = event("acme", "evt_1", t0());
+    let mut deliveries: Vec<Delivery> = (0..2 * slice + 7)
+        .map(|i| {
+            let mut d = delivery(&ev, &endpoint("acme", &format!("ep_{i:05}"), t0()), t0());
+            d.next_try_at = Some(crate::clock::add(
+                t0(),
+                std::time::Duration::from_secs(i as u64),
+            ));
+            d
+        })
+        .collect();
+    let oldest = crate::clock::sub(t0(), std::time::Duration::from_secs(3_600));
+    deliveries[slice + 3].created_at = oldest;
+    store.publish(&ev, &deliveries).await.unwrap();
+    assert_eq!(
+        store.backlog().await.unwrap(),
+        ((2 * slice + 7) as u64, Some(oldest))
+    );
+    let empty = SqliteStore::in_memory().unwrap();
+    assert_eq!(empty.backlog().await.unwrap(), (0, None));
+}
+
+#[test]
+fn a_wal_restart_gives_up_at_once_while_a_reader_holds_a_snapshot() {
+    let dir = std::env::temp_dir().join(format!("hooklane-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("restart.db");
+    let writer = Connection::open(&path).unwrap();
+    writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+    writer.busy_timeout(BUSY_TIMEOUT).unwrap();
+    writer
+        .execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    let reader = Connection::open(&path).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let seen: i64 = reader
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(seen, 1);
+    writer.execute("INSERT INTO t VALUES (2)", []).unwrap();
+    // The store thread runs the restart between batches: every write waits while it does.
+    let started = std::time::Instant::now();
+    assert!(!restart_wal(&writer), "the reader is still in the WAL");
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "the restart waited {waited:?} for the reader"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    assert!(restart_wal(&writer), "no reader left: the WAL starts over");
+    drop((reader, writer));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
 async fn an_older_file_keeps_its_attempts_in_the_time_ordered_table() {
     let conn = Connection::open_in_memory().unwrap();
     conn.execute_batch(&format!(
