@@ -36,6 +36,7 @@ struct FileConfig {
     operations_account: Option<String>,
     sweep_interval: Option<String>,
     health_interval: Option<String>,
+    purge_interval: Option<String>,
     log_format: Option<String>,
     smtp_url: Option<String>,
     smtp_from: Option<String>,
@@ -48,7 +49,7 @@ struct FileConfig {
     public_url: Option<String>,
 }
 
-pub const SETTINGS: [&str; 22] = [
+pub const SETTINGS: [&str; 23] = [
     "listen",
     "database",
     "admin_token",
@@ -60,6 +61,7 @@ pub const SETTINGS: [&str; 22] = [
     "operations_account",
     "sweep_interval",
     "health_interval",
+    "purge_interval",
     "log_format",
     "smtp_url",
     "smtp_from",
@@ -87,6 +89,8 @@ pub struct ServeConfig {
     pub workers: usize,
     pub sweep_interval: Duration,
     pub health_interval: Duration,
+    /// How often what is past `HOOKLANE_RETENTION` is removed.
+    pub purge_interval: Duration,
     pub log_format: LogFormat,
     /// Owner mail goes through this relay; without it, to the log.
     pub smtp: Option<SmtpSettings>,
@@ -152,6 +156,7 @@ impl ServeConfig {
                 ("operations_account", parsed.operations_account),
                 ("sweep_interval", parsed.sweep_interval),
                 ("health_interval", parsed.health_interval),
+                ("purge_interval", parsed.purge_interval),
                 ("log_format", parsed.log_format),
                 ("smtp_url", parsed.smtp_url),
                 ("smtp_from", parsed.smtp_from),
@@ -245,6 +250,7 @@ impl ServeConfig {
             workers,
             sweep_interval: duration_or("sweep_interval", Duration::from_secs(60))?,
             health_interval: duration_or("health_interval", health_default)?,
+            purge_interval: duration_or("purge_interval", Duration::from_secs(60))?,
             log_format,
             smtp: get("smtp_url").map(|url| SmtpSettings {
                 url: url.to_owned(),
@@ -271,6 +277,20 @@ mod tests {
         assert_eq!(config.core.retry.schedule, RetrySchedule::default());
         assert_eq!(config.core.disable_after, Duration::from_secs(3 * 86_400));
         assert!(config.core.sender.policy.allow_list().is_empty());
+        assert_eq!(config.purge_interval, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_purge_runs_as_often_as_configured() {
+        let config =
+            ServeConfig::load(None, &environment(&[("HOOKLANE_PURGE_INTERVAL", "5s")])).unwrap();
+        assert_eq!(config.purge_interval, Duration::from_secs(5));
+        let err = ServeConfig::load(None, &environment(&[("HOOKLANE_PURGE_INTERVAL", "0s")]))
+            .unwrap_err();
+        assert!(
+            err.to_string().starts_with("HOOKLANE_PURGE_INTERVAL"),
+            "{err}"
+        );
     }
 
     #[test]

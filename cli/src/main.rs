@@ -56,8 +56,8 @@ enum Command {
         #[arg(long, env = "HOOKLANE_ADMIN_TOKEN")]
         token: Option<String>,
         /// Workloads to run, comma-separated: w1 (throughput), w2 (isolation), w3 (flaky),
-        /// w4 (steady latency), w5 (outage).
-        #[arg(long, default_value = "w1,w2,w3,w4,w5")]
+        /// w4 (steady latency), w5 (outage), w6 (steady latency while a purge runs).
+        #[arg(long, default_value = "w1,w2,w3,w4,w5,w6")]
         workloads: String,
         /// Scaled-down sizes that finish in seconds.
         #[arg(long)]

@@ -275,6 +275,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
             workers: config.workers,
             sweep_interval: config.sweep_interval,
             health_interval: config.health_interval,
+            purge_interval: config.purge_interval,
             ..DispatcherConfig::default()
         },
         stopped,

@@ -115,9 +115,18 @@ pub async fn start(
             let store = Arc::clone(&store);
             async move {
                 let cutoff = crate::clock::sub(app.clock.now(), retention);
+                let started = std::time::Instant::now();
                 let purged = store.purge_before(cutoff, PURGE_PAUSE).await?;
                 if purged != Purged::default() {
-                    tracing::info!(?purged, "removed what is past retention");
+                    let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    tracing::info!(
+                        deliveries = purged.deliveries,
+                        attempts = purged.attempts,
+                        events = purged.events,
+                        notifications = purged.notifications,
+                        took_ms,
+                        "removed what is past retention"
+                    );
                 }
                 Ok(())
             }

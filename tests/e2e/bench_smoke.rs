@@ -1,4 +1,4 @@
-//! `hooklane bench --quick` keeps working: five workloads, nothing lost.
+//! `hooklane bench --quick` keeps working: six workloads, nothing lost.
 
 use serde_json::Value;
 
@@ -33,7 +33,8 @@ async fn bench_quick_runs_every_workload() {
             "W2 isolation",
             "W3 flaky",
             "W4 steady latency",
-            "W5 outage"
+            "W5 outage",
+            "W6 purge"
         ]
     );
     for result in &results {
@@ -69,4 +70,22 @@ async fn bench_quick_runs_every_workload() {
     assert_eq!(outage["deliveries"], 400, "{outage}");
     assert_eq!(outage["never_attempted"], 0, "{outage}");
     assert_eq!(outage["duplicates"], 0, "{outage}");
+    // W6 saw the purge remove its whole backlog (2,000 deliveries, their attempts and
+    // events) from serve's own log while the steady traffic went on.
+    let purge = &results[5];
+    assert!(
+        purge["purged_deliveries"].as_u64().unwrap_or(0) >= 2_000,
+        "{purge}"
+    );
+    assert!(
+        purge["purged_attempts"].as_u64().unwrap_or(0) >= 2_000,
+        "{purge}"
+    );
+    assert!(
+        purge["purged_events"].as_u64().unwrap_or(0) >= 200,
+        "{purge}"
+    );
+    for row in ["purge_s", "p50_ms", "p99_ms", "database_mb_after"] {
+        assert!(purge[row].is_number(), "{row} in {purge}");
+    }
 }

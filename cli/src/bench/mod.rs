@@ -17,6 +17,7 @@ use tokio::process::{Child, Command};
 use hooklane_testkit::farm::{Behavior, Farm};
 
 mod outage;
+mod purge;
 pub use outage::OutageSize;
 
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +28,7 @@ pub enum BenchError {
     Farm(#[from] std::io::Error),
     #[error("API call failed: {0}")]
     Api(String),
-    #[error("unknown workload `{0}` (use w1, w2, w3, w4, w5)")]
+    #[error("unknown workload `{0}` (use w1, w2, w3, w4, w5, w6)")]
     Workload(String),
 }
 
@@ -38,6 +39,7 @@ pub enum Workload {
     Flaky,
     SteadyLatency,
     Outage,
+    Purge,
 }
 
 impl Workload {
@@ -48,6 +50,7 @@ impl Workload {
             "w3" | "flaky" => Ok(Self::Flaky),
             "w4" | "latency" => Ok(Self::SteadyLatency),
             "w5" | "outage" => Ok(Self::Outage),
+            "w6" | "purge" => Ok(Self::Purge),
             other => Err(BenchError::Workload(other.to_owned())),
         }
     }
@@ -59,6 +62,7 @@ impl Workload {
             Self::Flaky,
             Self::SteadyLatency,
             Self::Outage,
+            Self::Purge,
         ]
     }
 }
@@ -82,10 +86,39 @@ struct Target {
     child: Option<Child>,
     scratch: Option<PathBuf>,
     env: Vec<(String, String)>,
+    /// `serve`'s log lines as they were printed, when kept ([`Target::start_logged`]).
+    log: Option<ServeLog>,
 }
+
+/// `serve`'s log lines, each with when it was read.
+type ServeLog = Arc<Mutex<Vec<(Instant, String)>>>;
 
 impl Target {
     async fn start(options: &BenchOptions, env: &[(&str, &str)]) -> Result<Self, BenchError> {
+        Self::launch(options, env, false).await
+    }
+
+    /// A `serve` started here whose log lines (JSON) are kept, for [`Target::log_lines`].
+    async fn start_logged(
+        options: &BenchOptions,
+        env: &[(&str, &str)],
+    ) -> Result<Self, BenchError> {
+        if options.url.is_some() {
+            return Err(BenchError::Start(
+                "this workload reads the log of a serve it starts itself; it cannot use --url"
+                    .into(),
+            ));
+        }
+        let mut env = env.to_vec();
+        env.push(("HOOKLANE_LOG_FORMAT", "json"));
+        Self::launch(options, &env, true).await
+    }
+
+    async fn launch(
+        options: &BenchOptions,
+        env: &[(&str, &str)],
+        keep_log: bool,
+    ) -> Result<Self, BenchError> {
         if let Some(url) = &options.url {
             let token = options
                 .token
@@ -97,6 +130,7 @@ impl Target {
                 child: None,
                 scratch: None,
                 env: Vec::new(),
+                log: None,
             });
         }
         let scratch = std::env::temp_dir().join(format!(
@@ -114,9 +148,18 @@ impl Target {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            log: keep_log.then(Arc::default),
         };
         target.spawn().await?;
         Ok(target)
+    }
+
+    /// The log lines `serve` has printed so far, with when each was read.
+    fn log_lines(&self) -> Vec<(Instant, String)> {
+        self.log
+            .as_ref()
+            .and_then(|log| log.lock().ok().map(|lines| lines.clone()))
+            .unwrap_or_default()
     }
 
     /// Starts `serve` on the scratch database and waits for its address.
@@ -134,7 +177,11 @@ impl Target {
             .env("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(if self.log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .kill_on_drop(true);
         for (key, value) in &self.env {
             command.env(key, value);
@@ -146,6 +193,18 @@ impl Target {
             .stdout
             .take()
             .ok_or_else(|| BenchError::Start("no stdout".into()))?;
+        if let (Some(log), Some(stderr)) = (&self.log, child.stderr.take()) {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(mut log) = log.lock() {
+                        log.push((Instant::now(), line));
+                    }
+                }
+            });
+        }
         let base = hooklane_testkit::testing::serve_address(stdout)
             .await
             .ok_or_else(|| BenchError::Start("serve did not report its address".into()))?;
@@ -372,10 +431,61 @@ async fn publish_many(
     Ok(started.elapsed())
 }
 
+/// Publishes an event to `account` every `interval` until `stop`; returns how many it
+/// published and each publish call's time in milliseconds, sorted.
+async fn publish_steadily(
+    api: Arc<Api>,
+    account: String,
+    interval: Duration,
+    clock: PublishClock,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(usize, Vec<f64>), BenchError> {
+    let mut ticker = tokio::time::interval(interval);
+    let mut calls = Vec::new();
+    let mut published = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        ticker.tick().await;
+        let (api, clock, account) = (Arc::clone(&api), clock.clone(), account.clone());
+        let id = format!("{account}-{published}");
+        published += 1;
+        calls.push(tokio::spawn(async move {
+            clock.start(&id);
+            let started = Instant::now();
+            api.post(
+                &format!("/v1/accounts/{account}/events"),
+                json!({"id": id, "type": "bench.steady", "data": {}}),
+            )
+            .await
+            .map(|_| started.elapsed().as_secs_f64() * 1000.0)
+        }));
+    }
+    let mut took = Vec::with_capacity(calls.len());
+    for call in calls {
+        took.push(call.await.map_err(|e| BenchError::Api(e.to_string()))??);
+    }
+    took.sort_by(f64::total_cmp);
+    Ok((published, took))
+}
+
 /// End-to-end latencies (publish call start → arrival) of the first successful arrival
 /// of each delivery at `endpoints`, in milliseconds, sorted.
 fn latencies_ms(farm: &Farm, endpoints: &[String], clock: &PublishClock) -> Vec<f64> {
-    let mut latencies = Vec::new();
+    let mut latencies: Vec<f64> = timed_arrivals(farm, endpoints, clock)
+        .into_iter()
+        .map(|(published, arrived)| ms_between(published, arrived))
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    latencies
+}
+
+/// When each delivery to `endpoints` was published (its publish call's start) and when it
+/// first arrived with success.
+fn timed_arrivals(
+    farm: &Farm,
+    endpoints: &[String],
+    clock: &PublishClock,
+) -> Vec<(Instant, Instant)> {
+    let mut timed = Vec::new();
     for name in endpoints {
         let mut seen = std::collections::HashSet::new();
         for arrival in farm.arrivals(name) {
@@ -386,18 +496,15 @@ fn latencies_ms(farm: &Farm, endpoints: &[String], clock: &PublishClock) -> Vec<
                 continue;
             }
             if let Some(start) = clock.get(id) {
-                latencies.push(
-                    arrival
-                        .instant
-                        .saturating_duration_since(start)
-                        .as_secs_f64()
-                        * 1000.0,
-                );
+                timed.push((start, arrival.instant));
             }
         }
     }
-    latencies.sort_by(f64::total_cmp);
-    latencies
+    timed
+}
+
+fn ms_between(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1000.0
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -638,6 +745,7 @@ pub async fn run(options: BenchOptions) -> Result<Vec<Value>, BenchError> {
             Workload::Flaky => flaky(&options).await?,
             Workload::SteadyLatency => steady_latency(&options).await?,
             Workload::Outage => outage::outage(&options).await?,
+            Workload::Purge => purge::purge_latency(&options).await?,
         };
         if let Some(fields) = result.as_object() {
             let line = fields

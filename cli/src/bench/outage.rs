@@ -83,6 +83,7 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
     let healthy_publisher = tokio::spawn(publish_steadily(
         Arc::clone(&api),
         healthy_account.clone(),
+        HEALTHY_INTERVAL,
         clock.clone(),
         Arc::clone(&stop_healthy),
     ));
@@ -232,41 +233,6 @@ async fn publish_timed(
     let mut calls = results.into_iter().collect::<Result<Vec<f64>, _>>()?;
     calls.sort_by(f64::total_cmp);
     Ok(calls)
-}
-
-/// The healthy account's steady publisher; returns how many events it published and each
-/// publish call's time in milliseconds, sorted (its share of the healthy latency).
-async fn publish_steadily(
-    api: Arc<Api>,
-    account: String,
-    clock: PublishClock,
-    stop: Arc<AtomicBool>,
-) -> Result<(usize, Vec<f64>), BenchError> {
-    let mut ticker = tokio::time::interval(HEALTHY_INTERVAL);
-    let mut calls = Vec::new();
-    let mut published = 0;
-    while !stop.load(Ordering::Relaxed) {
-        ticker.tick().await;
-        let (api, clock, account) = (Arc::clone(&api), clock.clone(), account.clone());
-        let id = format!("{account}-{published}");
-        published += 1;
-        calls.push(tokio::spawn(async move {
-            clock.start(&id);
-            let started = Instant::now();
-            api.post(
-                &format!("/v1/accounts/{account}/events"),
-                json!({"id": id, "type": "bench.healthy", "data": {}}),
-            )
-            .await
-            .map(|_| started.elapsed().as_secs_f64() * 1000.0)
-        }));
-    }
-    let mut took = Vec::with_capacity(calls.len());
-    for call in calls {
-        took.push(call.await.map_err(|e| BenchError::Api(e.to_string()))??);
-    }
-    took.sort_by(f64::total_cmp);
-    Ok((published, took))
 }
 
 struct LogPages {

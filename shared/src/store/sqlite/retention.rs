@@ -27,9 +27,11 @@ impl Purged {
     }
 }
 
-/// Rows one transaction looks at, at most: small enough that the attempts queued behind it
-/// on the store thread wait a few milliseconds.
-pub const SLICE_ROWS: u32 = 500;
+/// Rows one transaction looks at, at most: small enough that the writes sharing its batch on
+/// the store thread wait a few milliseconds. In W6, slices of 500 rows purged 24,000
+/// deliveries a second but took the steady traffic's p99 from 25 to 68 ms while they ran;
+/// slices of 100 purge 11,000 a second with a p99 of 18 ms.
+pub const SLICE_ROWS: u32 = 100;
 
 /// Where a purge has got to within each table (rowids already visited).
 #[derive(Debug, Default, Clone, Copy)]

@@ -1,0 +1,199 @@
+//! W6 purge: W4's steady traffic while retention removes a large delivered backlog. It
+//! prints the steady latency before and during the purge, and how long the purge took.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+
+/// The delivered backlog the purge removes: `events` events to 10 endpoints.
+#[derive(Debug, Clone, Copy)]
+struct PurgeSize {
+    events: usize,
+    /// Steady events a second (to 10 endpoints).
+    rate: u32,
+    retention: &'static str,
+    interval: &'static str,
+    /// The longest the purge of the whole backlog may take to show in the log.
+    wait: Duration,
+}
+
+const FULL: PurgeSize = PurgeSize {
+    events: 20_000,
+    rate: 100,
+    retention: "10s",
+    // The backlog (200,000 deliveries) is written within the first minute on this kind of
+    // machine, so the second purge finds all of it past retention.
+    interval: "60s",
+    wait: Duration::from_secs(240),
+};
+
+const QUICK: PurgeSize = PurgeSize {
+    events: 200,
+    rate: 50,
+    retention: "1s",
+    interval: "2s",
+    wait: Duration::from_secs(30),
+};
+
+const ENDPOINTS: usize = 10;
+
+pub(super) async fn purge_latency(options: &BenchOptions) -> Result<Value, BenchError> {
+    let size = if options.quick { QUICK } else { FULL };
+    let farm = Farm::start().await?;
+    // The backlog's arrivals are only counted; the steady ones are timed.
+    farm.set_record_arrivals(false);
+    let (old, steady) = (names("w6-old", ENDPOINTS), names("w6", ENDPOINTS));
+    for name in &steady {
+        farm.set_record_arrivals_of(name, true);
+    }
+    let target = Target::start_logged(
+        options,
+        &[
+            ("HOOKLANE_RETENTION", size.retention),
+            ("HOOKLANE_PURGE_INTERVAL", size.interval),
+            ("RUST_LOG", "warn,hooklane::dispatcher=info"),
+        ],
+    )
+    .await?;
+    let api = Arc::new(Api::new(&target));
+    let run = uuid_fragment();
+    let (old_account, account) = (format!("bench-w6-{run}-old"), format!("bench-w6-{run}"));
+    api.setup(&old_account, &farm, &old).await?;
+    api.setup(&account, &farm, &steady).await?;
+
+    // Phase 1: the backlog, published and delivered.
+    let backlog = size.events * ENDPOINTS;
+    publish_many(
+        &api,
+        &old_account,
+        &old_account,
+        size.events,
+        32,
+        &PublishClock::default(),
+    )
+    .await?;
+    farm.wait_until(Duration::from_secs(180), |f| delivered(f, &old) >= backlog)
+        .await;
+    let bytes_before = target.database_bytes().map(|(file, _)| file);
+
+    // Phase 2: steady traffic until purges have removed the whole backlog, and as long again
+    // as the last purge took (or 5 s) after it, for the latency once it is over.
+    let clock = PublishClock::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = tokio::spawn(publish_steadily(
+        Arc::clone(&api),
+        account.clone(),
+        Duration::from_secs(1) / size.rate,
+        clock.clone(),
+        Arc::clone(&stop),
+    ));
+    let started = Instant::now();
+    let purges = loop {
+        let purges = purges(&target);
+        if purges.iter().map(|p| p.deliveries).sum::<u64>() >= backlog as u64 {
+            break purges;
+        }
+        if started.elapsed() > size.wait {
+            stop.store(true, Ordering::Relaxed);
+            return Err(BenchError::Api(format!(
+                "the purge had not removed the {backlog} old deliveries after {} s (log: {purges:?})",
+                size.wait.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let last = purges.last().map_or(Duration::ZERO, |p| p.took);
+    tokio::time::sleep(last.max(Duration::from_secs(if options.quick { 1 } else { 5 }))).await;
+    stop.store(true, Ordering::Relaxed);
+    let (published, _) = publisher
+        .await
+        .map_err(|e| BenchError::Api(e.to_string()))??;
+    let expected = published * steady.len();
+    farm.wait_until(Duration::from_secs(30), |f| {
+        delivered(f, &steady) >= expected
+    })
+    .await;
+    let arrived = delivered(&farm, &steady);
+    let (during, outside) = split_by_purges(&farm, &steady, &clock, &purges);
+    let bytes_after = target.database_bytes().map(|(file, _)| file);
+    target.stop().await;
+
+    let purged: u64 = purges.iter().map(|p| p.deliveries).sum();
+    let took: Duration = purges.iter().map(|p| p.took).sum();
+    Ok(json!({
+        "workload": "W6 purge",
+        "deliveries_per_s_offered": size.rate as usize * ENDPOINTS,
+        "purged_deliveries": purged,
+        "purged_attempts": purges.iter().map(|p| p.attempts).sum::<u64>(),
+        "purged_events": purges.iter().map(|p| p.events).sum::<u64>(),
+        "purge_s": round3(took.as_secs_f64()),
+        "purged_deliveries_per_s": round(purged as f64 / took.as_secs_f64().max(0.001)),
+        "deliveries_during_purge": during.len(),
+        "p50_ms": round(percentile(&outside, 50.0)),
+        "p99_ms": round(percentile(&outside, 99.0)),
+        "p50_ms_during_purge": round(percentile(&during, 50.0)),
+        "p99_ms_during_purge": round(percentile(&during, 99.0)),
+        "database_mb_before_purge": bytes_before.map(|b| b / (1024 * 1024)),
+        "database_mb_after": bytes_after.map(|b| b / (1024 * 1024)),
+        "lost": expected - arrived.min(expected),
+    }))
+}
+
+/// One purge, from `serve`'s log line at its end.
+#[derive(Debug, Clone, Copy)]
+struct Purge {
+    ended: Instant,
+    took: Duration,
+    deliveries: u64,
+    attempts: u64,
+    events: u64,
+}
+
+impl Purge {
+    fn started(&self) -> Instant {
+        self.ended.checked_sub(self.took).unwrap_or(self.ended)
+    }
+}
+
+/// The purges `serve` has logged so far ("removed what is past retention").
+fn purges(target: &Target) -> Vec<Purge> {
+    target
+        .log_lines()
+        .into_iter()
+        .filter_map(|(read, line)| {
+            let line: Value = serde_json::from_str(&line).ok()?;
+            let fields = &line["fields"];
+            (fields["message"] == "removed what is past retention").then(|| Purge {
+                ended: read,
+                took: Duration::from_millis(fields["took_ms"].as_u64().unwrap_or(0)),
+                deliveries: fields["deliveries"].as_u64().unwrap_or(0),
+                attempts: fields["attempts"].as_u64().unwrap_or(0),
+                events: fields["events"].as_u64().unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// The steady deliveries' latencies (ms, sorted): those published while a purge ran, and
+/// the others.
+fn split_by_purges(
+    farm: &Farm,
+    endpoints: &[String],
+    clock: &PublishClock,
+    purges: &[Purge],
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut during, mut outside) = (Vec::new(), Vec::new());
+    for (published, arrived) in timed_arrivals(farm, endpoints, clock) {
+        let in_purge = purges
+            .iter()
+            .any(|p| p.started() <= arrived && published <= p.ended);
+        if in_purge {
+            during.push(ms_between(published, arrived));
+        } else {
+            outside.push(ms_between(published, arrived));
+        }
+    }
+    during.sort_by(f64::total_cmp);
+    outside.sort_by(f64::total_cmp);
+    (during, outside)
+}
