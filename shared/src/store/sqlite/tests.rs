@@ -23,6 +23,29 @@ async fn poll_once<F: std::future::Future>(
     .await
 }
 
+/// Holds the store thread in a job of its own until `release` sends: what is queued
+/// meanwhile is surely queued, and unanswered. Await the job once released.
+async fn hold_store_thread(
+    store: &SqliteStore,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    std::pin::Pin<Box<impl std::future::Future<Output = StoreResult<()>> + '_>>,
+) {
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut holder = Box::pin(store.run_then(
+        move |_| {
+            let _ = started.send(());
+            let _ = released.recv();
+            Ok(())
+        },
+        |_| {},
+    ));
+    assert!(poll_once(holder.as_mut()).await.is_pending());
+    has_started.recv().unwrap();
+    (release, holder)
+}
+
 /// A store with one endpoint, which a first try has read (so the store keeps it), and
 /// a second event with its delivery, not yet published.
 async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Delivery) {
@@ -82,18 +105,7 @@ async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_tr
     };
     // Hold the store thread in a job of its own, so that the update is surely queued and
     // unanswered when it is dropped, as when an API client disconnects.
-    let (started, has_started) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let mut holder = std::pin::pin!(store.run_then(
-        move |_| {
-            let _ = started.send(());
-            let _ = released.recv();
-            Ok(())
-        },
-        |_| {},
-    ));
-    assert!(poll_once(holder.as_mut()).await.is_pending());
-    has_started.recv().unwrap();
+    let (release, holder) = hold_store_thread(&store).await;
     {
         let mut update = std::pin::pin!(store.update_endpoint(&moved));
         assert!(poll_once(update.as_mut()).await.is_pending());
@@ -125,18 +137,7 @@ async fn a_small_publish_is_written_before_another_accounts_earlier_large_ones()
     for owner in ["busy", "calm"] {
         store.create_account(&account(owner)).await.unwrap();
     }
-    let (started, has_started) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let mut holder = std::pin::pin!(store.run_then(
-        move |_| {
-            let _ = started.send(());
-            let _ = released.recv();
-            Ok(())
-        },
-        |_| {},
-    ));
-    assert!(poll_once(holder.as_mut()).await.is_pending());
-    has_started.recv().unwrap();
+    let (release, holder) = hold_store_thread(&store).await;
     // Queued while the store thread is held: three large publishes, then a small one.
     let mut queued = Vec::new();
     for id in ["evt_1", "evt_2", "evt_3"] {
