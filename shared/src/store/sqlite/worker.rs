@@ -139,8 +139,8 @@ pub(super) fn run_checkpoints(
 pub(super) const WAL_RESTART_PAGES: i64 = 8192;
 
 /// The store thread's RESTART checkpoint: it copies what the checkpointer has not (little),
-/// waits for the readers of the moment to finish (milliseconds), and starts the WAL over.
-/// Whether the WAL was started over.
+/// waits up to [`RESTART_WAIT`] for the readers of the moment to finish, and starts the WAL
+/// over. Returns whether it did.
 pub(super) fn restart_wal(conn: &Connection) -> bool {
     let _ = conn.busy_timeout(RESTART_WAIT);
     let restarted = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| {
@@ -161,9 +161,10 @@ pub(super) fn restart_wal(conn: &Connection) -> bool {
 }
 
 /// How long the RESTART checkpoint waits for readers. Every write waits with it (the store
-/// thread runs it between batches), and so do new readers: with the connection's 5 s, one
-/// long scan stalled publishing and log pages alike. Given up, it is asked again after the
-/// next commits; in the W5 outage the WAL still stayed near 110 MB.
+/// thread runs it between batches): with the connection's 5 s, one long read stalled
+/// publishing and log pages alike. Given up, it is asked again after the next commits, so
+/// no read may hold its snapshot for long (see `SqliteStore::backlog`): in the W5 outage the
+/// WAL then stayed at 152 MB.
 const RESTART_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub(super) const CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
