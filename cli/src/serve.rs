@@ -151,6 +151,12 @@ const METRIC_BUCKETS: [f64; 17] = [
     3600.0, 86_400.0,
 ];
 
+/// How often the recorder folds histogram samples into their buckets. It keeps every sample
+/// until then or until `/metrics` is read: on a server nobody scrapes, memory grew by each
+/// attempt's timings for as long as it ran.
+const METRICS_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the Prometheus recorder and starts its upkeep (on the current runtime).
 pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&METRIC_BUCKETS)
@@ -158,6 +164,15 @@ pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
         .install_recorder()
         .map_err(|e| ServeError::Startup(format!("metrics: {e}")))?;
     hooklane::telemetry::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(METRICS_UPKEEP);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     Ok(handle)
 }
 
