@@ -156,10 +156,7 @@ impl SqliteStore {
                 })
                 .await?;
             pending += rows;
-            oldest = match (oldest, slice_oldest) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            oldest = oldest.into_iter().chain(slice_oldest).min();
             match last {
                 Some(last) if rows >= BACKLOG_SLICE => after = last,
                 _ => return Ok((pending, oldest.map(from_millis))),

@@ -58,11 +58,15 @@ pub(super) struct Waiting {
 
 impl Waiting {
     pub(super) fn push(&mut self, job: Job) {
-        let queue = self.lanes.entry(job.lane.clone()).or_default();
-        if queue.is_empty() {
-            self.turns.push_back(job.lane.clone());
+        // A lane is in `lanes` only while it has jobs, and then also in `turns`: a busy
+        // account's next job clones nothing.
+        if let Some(queue) = self.lanes.get_mut(&job.lane) {
+            queue.push_back(job);
+            return;
         }
-        queue.push_back(job);
+        self.turns.push_back(job.lane.clone());
+        self.lanes
+            .insert(job.lane.clone(), std::collections::VecDeque::from([job]));
     }
 
     pub(super) fn is_empty(&self) -> bool {
