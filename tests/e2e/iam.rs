@@ -686,6 +686,13 @@ async fn every_route(server: &Server, endpoint: &str, delivery: &str) {
             format!("{e}/replay"),
             Some(json!({"since": since, "statuses": ["delivered"]})),
         ),
+        // What the endpoint missed while disabled: a query of the events table's `missed`
+        // index, which the emulator allows whatever the role says.
+        (
+            Method::POST,
+            format!("{e}/replay"),
+            Some(json!({"since": since, "include_missed": true})),
+        ),
         (Method::GET, "/v1/accounts/acme/replays".into(), None),
         (
             Method::POST,
