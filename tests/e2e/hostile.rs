@@ -220,6 +220,19 @@ async fn hostile_receivers_are_contained() {
     );
 }
 
+/// Transparent huge pages made one live object hold 2 MiB of the allocator's memory; `serve`
+/// turns them off for itself, whatever the host's setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_keeps_its_memory_in_small_pages() {
+    let scratch = Scratch::new("pages");
+    let server = Server::start(&scratch, &[]).await;
+    assert_eq!(
+        server.proc_status("THP_enabled").as_deref(),
+        Some("0"),
+        "THP_enabled of serve's /proc status (the kernel prints it since Linux 5.0)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_down_for_a_while_gets_it_on_the_next_attempt() {
     // Find a free port, then leave it closed: connections are refused.

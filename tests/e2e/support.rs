@@ -147,11 +147,20 @@ impl Server {
 
     /// Peak resident memory of the server process so far, in KiB (Linux `VmHWM`).
     pub fn peak_rss_kib(&self) -> Option<u64> {
+        self.proc_status("VmHWM")?
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// A field of the server process's `/proc/<pid>/status`, as written there.
+    pub fn proc_status(&self, field: &str) -> Option<String> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .map(|value| value.trim().to_owned())
     }
 
     /// Stops the server and starts it again with some settings changed.
