@@ -99,14 +99,15 @@ pub struct WindowLimits {
 }
 
 // An entry costs about half a kilobyte (its ids, twice over with the set of known ones):
-// 60,000 hold some 30 MB. Due work still feeds 2,500 endpoints' lanes at their floor, and
-// a healthy endpoint's lane takes all its due work until the due total is reached; W5 at a
-// fifth of its size peaked 15 % lower in RSS than with 50,000 + 100,000, at the same rates.
+// 30,000 hold some 15 MB. Due work still feeds 1,250 endpoints' lanes at their floor, and
+// a healthy endpoint's lane takes all its due work until the due total is reached. W5 at a
+// fifth of its size (with the store's page cache halved too) peaked at 121 MB of RSS, not
+// 142 MB as with 20,000 + 40,000, at the same rates; W1's rate did not change (A/B).
 impl Default for WindowLimits {
     fn default() -> Self {
         Self {
-            waiting: 20_000,
-            due: 40_000,
+            waiting: 10_000,
+            due: 20_000,
             refill: 1_024,
             lane_floor: 16,
         }
