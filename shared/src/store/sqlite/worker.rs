@@ -47,13 +47,49 @@ pub(super) struct Job {
 /// The account a job writes for; `None` for everything not of one account's traffic.
 pub(super) type Lane = Option<AccountId>;
 
+/// A lane with at most this many rows queued is a quiet account's: see
+/// [`Waiting::next_batch`]. A publish of one event to 50 endpoints is 51 rows, an attempt's
+/// record 3.
+pub(super) const QUIET_ROWS: usize = 128;
+
 /// Jobs queued for the store thread, one queue per lane, taken in turn: an account that
 /// publishes ten events a second is not answered after another's thousands of deliveries.
 /// Within a lane, jobs run in the order they were queued.
 #[derive(Default)]
 pub(super) struct Waiting {
-    lanes: std::collections::HashMap<Lane, std::collections::VecDeque<Job>>,
+    lanes: std::collections::HashMap<Lane, LaneQueue>,
     turns: std::collections::VecDeque<Lane>,
+    /// The last batch was the quiet lanes': the next is everyone's.
+    quiet_went_last: bool,
+}
+
+/// One lane's jobs and the rows they add up to.
+#[derive(Default)]
+struct LaneQueue {
+    jobs: std::collections::VecDeque<Job>,
+    rows: usize,
+}
+
+impl LaneQueue {
+    fn push_back(&mut self, job: Job) {
+        self.rows += job.rows;
+        self.jobs.push_back(job);
+    }
+
+    fn push_front(&mut self, job: Job) {
+        self.rows += job.rows;
+        self.jobs.push_front(job);
+    }
+
+    fn pop_front(&mut self) -> Option<Job> {
+        let job = self.jobs.pop_front()?;
+        self.rows -= job.rows;
+        Some(job)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
 }
 
 impl Waiting {
@@ -65,8 +101,10 @@ impl Waiting {
             return;
         }
         self.turns.push_back(job.lane.clone());
-        self.lanes
-            .insert(job.lane.clone(), std::collections::VecDeque::from([job]));
+        let mut queue = LaneQueue::default();
+        let lane = job.lane.clone();
+        queue.push_back(job);
+        self.lanes.insert(lane, queue);
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -76,7 +114,20 @@ impl Waiting {
     /// The next batch: a job from each lane in turn, up to `max_jobs` jobs and `max_rows`
     /// rows (a first job larger than that is a batch alone). A lane whose job did not fit
     /// is first next time.
+    ///
+    /// A job is answered when its batch commits, so a healthy account's publish waited for
+    /// a whole batch of an outage's thousands of rows. When quiet lanes (at most
+    /// [`QUIET_ROWS`] queued) wait beside busy ones, their jobs are a batch of their own
+    /// first, committed in a millisecond or two; the batch after that is everyone's, so a
+    /// stream of quiet jobs cannot hold the busy lanes up.
     pub(super) fn next_batch(&mut self, max_jobs: usize, max_rows: usize) -> Vec<Job> {
+        if !std::mem::take(&mut self.quiet_went_last) {
+            let quiet = self.quiet_batch(max_jobs);
+            if !quiet.is_empty() {
+                self.quiet_went_last = true;
+                return quiet;
+            }
+        }
         let mut batch = Vec::new();
         let mut rows = 0;
         while batch.len() < max_jobs {
@@ -104,6 +155,27 @@ impl Waiting {
             }
         }
         batch
+    }
+
+    /// Every job of the quiet lanes (up to `max_jobs` lanes), if a lane that is not quiet
+    /// waits too (else the usual batch is the same thing).
+    fn quiet_batch(&mut self, max_jobs: usize) -> Vec<Job> {
+        let quiet = self
+            .turns
+            .iter()
+            .filter(|lane| self.lanes.get(*lane).is_some_and(|q| q.rows <= QUIET_ROWS))
+            .take(max_jobs)
+            .cloned()
+            .collect::<Vec<_>>();
+        if quiet.is_empty() || quiet.len() == self.turns.len() {
+            return Vec::new();
+        }
+        self.turns.retain(|lane| !quiet.contains(lane));
+        quiet
+            .iter()
+            .filter_map(|lane| self.lanes.remove(lane))
+            .flat_map(|queue| queue.jobs)
+            .collect()
     }
 }
 
@@ -352,26 +424,61 @@ mod tests {
         for rows in [101, 102, 103, 104] {
             waiting.push(job(Some("down"), rows));
         }
-        waiting.push(job(Some("ok"), 11));
-        waiting.push(job(None, 1));
-        waiting.push(job(Some("ok"), 12));
+        waiting.push(job(Some("ok"), 150));
+        waiting.push(job(None, 200));
+        waiting.push(job(Some("ok"), 151));
         let batch = waiting.next_batch(4, 10_000);
         assert_eq!(
             lanes(&batch),
             [
                 (Some("down"), 101),
-                (Some("ok"), 11),
-                (None, 1),
+                (Some("ok"), 150),
+                (None, 200),
                 (Some("down"), 102)
             ]
         );
         let batch = waiting.next_batch(10, 10_000);
         assert_eq!(
             lanes(&batch),
-            [(Some("ok"), 12), (Some("down"), 103), (Some("down"), 104)]
+            [(Some("ok"), 151), (Some("down"), 103), (Some("down"), 104)]
         );
         assert!(waiting.is_empty());
         assert!(waiting.next_batch(10, 10_000).is_empty());
+    }
+
+    #[test]
+    fn a_quiet_accounts_job_is_committed_before_the_busy_lanes_next_batch_but_not_twice_running() {
+        let mut waiting = Waiting::default();
+        for rows in [101, 3, 3, 101] {
+            waiting.push(job(Some("down"), rows));
+        }
+        waiting.push(job(Some("ok"), 11));
+        waiting.push(job(None, 1));
+        let batch = waiting.next_batch(256, 2_048);
+        assert_eq!(lanes(&batch), [(Some("ok"), 11), (None, 1)], "alone");
+        // Another quiet job comes: the busy lane's turn is first.
+        waiting.push(job(Some("ok"), 12));
+        let batch = waiting.next_batch(256, 2_048);
+        assert_eq!(
+            lanes(&batch),
+            [
+                (Some("down"), 101),
+                (Some("ok"), 12),
+                (Some("down"), 3),
+                (Some("down"), 3),
+                (Some("down"), 101)
+            ]
+        );
+        // A quiet lane's jobs all go, in their order; a lane past QUIET_ROWS is not quiet.
+        waiting.push(job(Some("down"), 101));
+        waiting.push(job(Some("down"), 101));
+        waiting.push(job(Some("ok"), 11));
+        waiting.push(job(Some("ok"), 3));
+        waiting.push(job(Some("big"), QUIET_ROWS + 1));
+        let batch = waiting.next_batch(256, 2_048);
+        assert_eq!(lanes(&batch), [(Some("ok"), 11), (Some("ok"), 3)]);
+        let batch = waiting.next_batch(256, 2_048);
+        assert_eq!(batch.len(), 3, "{:?}", lanes(&batch));
     }
 
     #[test]
@@ -379,7 +486,7 @@ mod tests {
         let mut waiting = Waiting::default();
         waiting.push(job(Some("a"), 600));
         waiting.push(job(Some("b"), 5_000));
-        waiting.push(job(Some("c"), 3));
+        waiting.push(job(Some("c"), 300));
         let batch = waiting.next_batch(10, 1_000);
         assert_eq!(lanes(&batch), [(Some("a"), 600)]);
         let batch = waiting.next_batch(10, 1_000);
@@ -389,6 +496,6 @@ mod tests {
             "alone, and not skipped"
         );
         let batch = waiting.next_batch(10, 1_000);
-        assert_eq!(lanes(&batch), [(Some("c"), 3)]);
+        assert_eq!(lanes(&batch), [(Some("c"), 300)]);
     }
 }
