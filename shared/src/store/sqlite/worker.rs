@@ -122,7 +122,7 @@ impl Waiting {
     /// stream of quiet jobs cannot hold the busy lanes up.
     pub(super) fn next_batch(&mut self, max_jobs: usize, max_rows: usize) -> Vec<Job> {
         if !std::mem::take(&mut self.quiet_went_last) {
-            let quiet = self.quiet_batch(max_jobs);
+            let quiet = self.quiet_batch(max_jobs, max_rows);
             if !quiet.is_empty() {
                 self.quiet_went_last = true;
                 return quiet;
@@ -157,25 +157,35 @@ impl Waiting {
         batch
     }
 
-    /// Every job of the quiet lanes (up to `max_jobs` lanes), if a lane that is not quiet
-    /// waits too (else the usual batch is the same thing).
-    fn quiet_batch(&mut self, max_jobs: usize) -> Vec<Job> {
-        let quiet = self
-            .turns
-            .iter()
-            .filter(|lane| self.lanes.get(*lane).is_some_and(|q| q.rows <= QUIET_ROWS))
-            .take(max_jobs)
-            .cloned()
-            .collect::<Vec<_>>();
+    /// Every job of the quiet lanes (within `max_jobs` and `max_rows`), if a lane that is
+    /// not quiet waits too (else the usual batch is the same thing).
+    fn quiet_batch(&mut self, max_jobs: usize, max_rows: usize) -> Vec<Job> {
+        let (mut jobs, mut rows) = (0, 0);
+        let mut quiet = Vec::new();
+        for lane in &self.turns {
+            let Some(queue) = self.lanes.get(lane) else {
+                continue;
+            };
+            if queue.rows <= QUIET_ROWS
+                && jobs + queue.jobs.len() <= max_jobs
+                && rows + queue.rows <= max_rows
+            {
+                jobs += queue.jobs.len();
+                rows += queue.rows;
+                quiet.push(lane.clone());
+            }
+        }
         if quiet.is_empty() || quiet.len() == self.turns.len() {
             return Vec::new();
         }
-        self.turns.retain(|lane| !quiet.contains(lane));
-        quiet
+        let batch = quiet
             .iter()
             .filter_map(|lane| self.lanes.remove(lane))
             .flat_map(|queue| queue.jobs)
-            .collect()
+            .collect();
+        // Membership, not a search of `quiet`: thousands of quiet accounts stay linear.
+        self.turns.retain(|lane| self.lanes.contains_key(lane));
+        batch
     }
 }
 
@@ -479,6 +489,27 @@ mod tests {
         assert_eq!(lanes(&batch), [(Some("ok"), 11), (Some("ok"), 3)]);
         let batch = waiting.next_batch(256, 2_048);
         assert_eq!(batch.len(), 3, "{:?}", lanes(&batch));
+        // Quiet lanes past the batch's bounds wait for the next.
+        waiting.push(job(Some("down"), 201));
+        for account in ["q1", "q2", "q3"] {
+            waiting.push(job(Some(account), 3));
+            waiting.push(job(Some(account), 3));
+        }
+        let batch = waiting.next_batch(4, 2_048);
+        assert_eq!(
+            lanes(&batch),
+            [
+                (Some("q1"), 3),
+                (Some("q1"), 3),
+                (Some("q2"), 3),
+                (Some("q2"), 3)
+            ]
+        );
+        let batch = waiting.next_batch(4, 2_048);
+        assert_eq!(
+            lanes(&batch),
+            [(Some("down"), 201), (Some("q3"), 3), (Some("q3"), 3)]
+        );
     }
 
     #[test]
