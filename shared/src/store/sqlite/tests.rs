@@ -160,7 +160,8 @@ async fn a_small_publish_is_written_before_another_accounts_earlier_large_ones()
         })
         .await
         .unwrap();
-    assert_eq!(order, ["evt_1", "evt_small", "evt_2", "evt_3"]);
+    // The calm account is quiet (one small job) beside a busy one: its batch goes first.
+    assert_eq!(order, ["evt_small", "evt_1", "evt_2", "evt_3"]);
 }
 
 #[tokio::test]
