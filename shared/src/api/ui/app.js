@@ -682,10 +682,11 @@ function attemptItem(a) {
 }
 
 async function showDelivery(id) {
-  const [delivery, attempts] = await Promise.all([
-    api(accountPath(`/deliveries/${encodeURIComponent(id)}`)),
-    api(accountPath(`/deliveries/${encodeURIComponent(id)}/attempts`)),
-  ]);
+  // The attempts are read after the delivery, never beside it: read at once, the attempts
+  // could come from before an attempt's record and the status from after it, showing
+  // "delivered" over the old attempts.
+  const delivery = await api(accountPath(`/deliveries/${encodeURIComponent(id)}`));
+  const attempts = await api(accountPath(`/deliveries/${encodeURIComponent(id)}/attempts`));
   $("detail-title").textContent = `Delivery of ${delivery.event_type}`;
   const summary = $("detail-summary");
   summary.replaceChildren();
