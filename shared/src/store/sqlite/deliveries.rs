@@ -16,7 +16,7 @@ impl SqliteStore {
         let id = delivery.clone();
         let cipher = self.secrets.clone();
         let work = self
-            .read(move |conn| {
+            .read_for_send(move |conn| {
                 let Some(delivery) = conn
                     .prepare_cached(&format!(
                         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE id = ?1"

@@ -61,9 +61,13 @@ const STORE_CACHE_KIB: i64 = -8 * 1024;
 #[derive(Clone)]
 pub struct SqliteStore {
     jobs: mpsc::Sender<Job>,
-    /// Where the hot reads go: a reader thread on its own connection for a file database
-    /// (WAL lets it read while the store thread writes), the store thread in memory.
+    /// Where the API's reads go (log pages, gets): a reader thread on its own connection
+    /// for a file database (WAL lets it read while the store thread writes), the store
+    /// thread in memory.
     reads: mpsc::Sender<Job>,
+    /// Where the dispatcher reads what it sends: a reader of its own, so that a log page
+    /// never waits behind the thousands of these a second a backlog makes.
+    sends: mpsc::Sender<Job>,
     /// Where the dispatcher's scans go (window pages of up to thousands of rows, the
     /// backlog count): a second reader, so that a log page or the work for the next
     /// attempt never queues behind one.
@@ -103,6 +107,7 @@ impl SqliteStore {
                 Ok(reads)
             };
             let reads = reader("sqlite-read")?;
+            let sends = reader("sqlite-send")?;
             let scans = reader("sqlite-scan")?;
             let checkpointer = open()?;
             checkpointer
@@ -119,7 +124,12 @@ impl SqliteStore {
                 .map_err(|e| {
                     StoreError::Backend(format!("cannot start the checkpoint thread: {e}"))
                 })?;
-            Ok((reads, scans, Some(Checkpoints { commits, restart })))
+            Ok(Helpers {
+                reads,
+                sends,
+                scans,
+                checkpoints: Some(Checkpoints { commits, restart }),
+            })
         })
     }
 
@@ -276,7 +286,12 @@ impl SqliteStore {
             .map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;
         let (jobs, queue) = mpsc::channel::<Job>();
-        let (reads, scans, checkpoints) = helpers(&conn, &jobs)?;
+        let Helpers {
+            reads,
+            sends,
+            scans,
+            checkpoints,
+        } = helpers(&conn, &jobs)?;
         std::thread::Builder::new()
             .name("sqlite-store".into())
             .spawn(move || run_jobs(conn, queue, checkpoints))
@@ -284,6 +299,7 @@ impl SqliteStore {
         Ok(Self {
             jobs,
             reads,
+            sends,
             scans,
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
@@ -345,6 +361,15 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         Self::submit(&self.reads, (None, 0), work, |_| {}).await
+    }
+
+    /// Runs the dispatcher's read of what it sends where those go (see [`SqliteStore::sends`]).
+    async fn read_for_send<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        Self::submit(&self.sends, (None, 0), work, |_| {}).await
     }
 
     /// Runs a read-only scan where scans go (see [`SqliteStore::scans`]).

@@ -624,3 +624,54 @@ async fn an_older_file_gains_the_missed_event_columns_and_index() {
         [event.as_missed()]
     );
 }
+
+/// The dispatcher's reads of what it sends have a reader thread of their own: a log page
+/// answers while that reader is busy (in a backlog, with thousands of them a second).
+#[tokio::test]
+async fn a_log_page_does_not_wait_behind_the_dispatchers_reads() {
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    let dir = std::env::temp_dir().join(format!("hooklane-readers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("readers.db");
+    let _ = std::fs::remove_file(&path);
+    let store =
+        SqliteStore::open(&path, crate::secrets::SecretsCipher::ephemeral().unwrap()).unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let ev = event("acme", "evt_1", t0());
+    let d = delivery(&ev, &ep, t0());
+    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut holder = Box::pin(store.read_for_send(move |_| {
+        let _ = started.send(());
+        let _ = released.recv();
+        Ok(())
+    }));
+    assert!(poll_once(holder.as_mut()).await.is_pending());
+    has_started.recv().unwrap();
+
+    let wait = std::time::Duration::from_secs(10);
+    let page = tokio::time::timeout(
+        wait,
+        store.list_deliveries(&ev.account_id, &crate::store::DeliveryQuery::default()),
+    )
+    .await
+    .expect("a log page waited behind the dispatcher's read")
+    .unwrap();
+    assert_eq!(page.items.len(), 1);
+    let got = tokio::time::timeout(wait, store.get_delivery(&ev.account_id, &d.id))
+        .await
+        .expect("a get waited behind the dispatcher's read")
+        .unwrap();
+    assert_eq!(got.map(|g| g.id), Some(d.id.clone()));
+
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    let work = store.load_work(&d.id).await.unwrap();
+    assert!(work.is_some());
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}

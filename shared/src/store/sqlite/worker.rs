@@ -1,10 +1,15 @@
-//! The store thread, the reader thread and the checkpointer: who owns which connection.
+//! The store thread, the reader threads and the checkpointer: who owns which connection.
 
 use super::rows::*;
 use super::*;
 
-/// Where reads and scans go, and the store thread's side of the checkpointer.
-pub(super) type Helpers = (mpsc::Sender<Job>, mpsc::Sender<Job>, Option<Checkpoints>);
+/// Where each kind of read goes, and the store thread's side of the checkpointer.
+pub(super) struct Helpers {
+    pub(super) reads: mpsc::Sender<Job>,
+    pub(super) sends: mpsc::Sender<Job>,
+    pub(super) scans: mpsc::Sender<Job>,
+    pub(super) checkpoints: Option<Checkpoints>,
+}
 
 /// How the store thread and the checkpointer keep the WAL small.
 pub(super) struct Checkpoints {
@@ -19,7 +24,12 @@ pub(super) fn reads_on_the_store_thread(
     _: &Connection,
     jobs: &mpsc::Sender<Job>,
 ) -> StoreResult<Helpers> {
-    Ok((jobs.clone(), jobs.clone(), None))
+    Ok(Helpers {
+        reads: jobs.clone(),
+        sends: jobs.clone(),
+        scans: jobs.clone(),
+        checkpoints: None,
+    })
 }
 
 /// The most jobs one transaction groups.
