@@ -29,7 +29,7 @@ pub use crate::audit_contract::{
 pub use crate::catalog_contract::the_event_type_catalog_is_kept_by_name;
 use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
-    publish_one, t0,
+    publish_one, t0, typed_event,
 };
 pub use crate::missed_contract::missed_events_are_listed_by_account_and_time;
 pub use crate::stats_contract::attempts_are_counted_by_endpoint_and_hour;
@@ -1189,7 +1189,12 @@ pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Stor
     for i in 0..18u64 {
         // Pairs of events share a millisecond: ties are ordered by id.
         let at = add(t0(), secs(i / 2));
-        let ev = event("acme", &format!("evt_{i:02}"), at);
+        let kind = if i % 3 == 1 {
+            "order.shipped"
+        } else {
+            "invoice.paid"
+        };
+        let ev = typed_event("acme", &format!("evt_{i:02}"), kind, at);
         let targets: Vec<&Endpoint> = if i % 4 == 0 {
             endpoints.iter().collect()
         } else {
@@ -1208,6 +1213,14 @@ pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Stor
                 true,
                 add(t0(), secs(30)),
             ))
+            .await
+            .unwrap();
+    }
+    // Others answered 500 and wait for a retry: pending, with a status code.
+    for d in made.iter().skip(2).step_by(5) {
+        let retry = Decision::RetryAt(add(t0(), secs(90)));
+        store
+            .record_attempt(&attempt_record(d, 1, retry, false, add(t0(), secs(30))))
             .await
             .unwrap();
     }
@@ -1268,6 +1281,44 @@ pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Stor
             },
         ),
         (
+            "status 200",
+            DeliveryQuery {
+                status_code: Some(200),
+                ..Default::default()
+            },
+        ),
+        (
+            "status 500",
+            DeliveryQuery {
+                status_code: Some(500),
+                ..Default::default()
+            },
+        ),
+        (
+            "endpoint a, status 500",
+            DeliveryQuery {
+                endpoint_id: Some(endpoints[0].id.clone()),
+                status_code: Some(500),
+                ..Default::default()
+            },
+        ),
+        (
+            "pending, order.shipped",
+            DeliveryQuery {
+                status: Some(DeliveryStatus::Pending),
+                event_type: Some("order.shipped".into()),
+                ..Default::default()
+            },
+        ),
+        (
+            "order.shipped, status 200",
+            DeliveryQuery {
+                event_type: Some("order.shipped".into()),
+                status_code: Some(200),
+                ..Default::default()
+            },
+        ),
+        (
             "window",
             DeliveryQuery {
                 since: Some(add(t0(), secs(2))),
@@ -1288,6 +1339,10 @@ pub async fn list_deliveries_pages_through_filters_without_gaps(store: &dyn Stor
                         .as_ref()
                         .is_none_or(|e| &d.endpoint_id == e)
                     && filter.status_code.is_none_or(|c| d.last_status == Some(c))
+                    && filter
+                        .event_type
+                        .as_deref()
+                        .is_none_or(|t| d.event_type.as_str() == t)
                     && filter.since.is_none_or(|t| d.created_at >= t)
                     && filter.until.is_none_or(|t| d.created_at < t)
             })
