@@ -379,14 +379,15 @@ impl Api {
         account: &str,
         id: String,
         i: usize,
-    ) -> Result<(), BenchError> {
+    ) -> Result<f64, BenchError> {
         clock.start(&id);
+        let started = Instant::now();
         self.post(
             &format!("/v1/accounts/{account}/events"),
             json!({"id": id, "type": "bench.event", "data": {"i": i}}),
         )
-        .await
-        .map(|_| ())
+        .await?;
+        Ok(started.elapsed().as_secs_f64() * 1000.0)
     }
 }
 
@@ -420,15 +421,17 @@ async fn publish_many(
     events: usize,
     concurrency: usize,
     clock: &PublishClock,
-) -> Result<Duration, BenchError> {
+) -> Result<(Duration, Vec<f64>), BenchError> {
     let started = Instant::now();
-    let results: Vec<Result<(), BenchError>> = futures_util::stream::iter(0..events)
+    let results: Vec<Result<f64, BenchError>> = futures_util::stream::iter(0..events)
         .map(|i| api.publish_bench_event(clock, account, format!("{prefix}-{i}"), i))
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
-    results.into_iter().collect::<Result<Vec<()>, _>>()?;
-    Ok(started.elapsed())
+    let took = started.elapsed();
+    let mut calls = results.into_iter().collect::<Result<Vec<f64>, _>>()?;
+    calls.sort_by(f64::total_cmp);
+    Ok((took, calls))
 }
 
 /// Publishes an event to `account` every `interval` until `stop`; returns how many it
@@ -562,7 +565,9 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
     let account = format!("bench-w1-{}", uuid_fragment());
     api.setup(&account, &farm, &endpoints).await?;
     let clock = PublishClock::default();
-    let publish_time = publish_many(&api, &account, &account, events, publishers, &clock).await?;
+    let cpu_before = target.pid().and_then(cpu_seconds);
+    let (publish_time, calls) =
+        publish_many(&api, &account, &account, events, publishers, &clock).await?;
     let expected = events * endpoints.len();
     farm.wait_until(
         Duration::from_secs(if options.quick { 30 } else { 180 }),
@@ -574,14 +579,26 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
         (Some(first), Some(last)) => last.saturating_duration_since(first),
         _ => Duration::ZERO,
     };
+    // Every delivery's CPU in the serve process, publish and send: what a machine's cores
+    // buy, whatever the host's speed does to the rate.
+    let cpu_per_delivery_us = match (cpu_before, target.pid().and_then(cpu_seconds)) {
+        (Some(before), Some(after)) if arrived > 0 => {
+            Some(round((after - before) * 1e6 / arrived as f64))
+        }
+        _ => None,
+    };
     let latencies = latencies_ms(&farm, &endpoints, &clock);
     target.stop().await;
     Ok(json!({
         "workload": "W1 throughput",
         "events": events,
         "deliveries": expected,
+        "publishers": publishers,
         "publish_per_s": round(events as f64 / publish_time.as_secs_f64()),
+        "publish_call_p50_ms": round(percentile(&calls, 50.0)),
+        "publish_call_p99_ms": round(percentile(&calls, 99.0)),
         "deliveries_per_s": round(arrived as f64 / span.as_secs_f64().max(1e-9)),
+        "serve_cpu_us_per_delivery": cpu_per_delivery_us,
         "p50_ms": round(percentile(&latencies, 50.0)),
         "p95_ms": round(percentile(&latencies, 95.0)),
         "p99_ms": round(percentile(&latencies, 99.0)),
