@@ -103,8 +103,10 @@ async fn python_standardwebhooks_verifies_a_real_delivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooklane_verify_command_checks_a_real_delivery() {
+    // The scratch directory holds serve's database: it lives as long as the test.
     let Acme {
         server,
+        scratch: _scratch,
         farm,
         secret,
         ..

@@ -99,6 +99,11 @@ impl SqliteStore {
                 reader
                     .pragma_update(None, "query_only", "ON")
                     .map_err(backend)?;
+                // SQLite opens the WAL and its index at a connection's first read: done here,
+                // a reader that cannot is an error at start, not at its first job.
+                reader
+                    .query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+                    .map_err(backend)?;
                 let (reads, queue) = mpsc::channel::<Job>();
                 std::thread::Builder::new()
                     .name(name.into())

@@ -675,3 +675,28 @@ async fn a_log_page_does_not_wait_behind_the_dispatchers_reads() {
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every reader opens the WAL at start (SQLite does so at a connection's first read): the
+/// dispatcher's reader, first used long after start, still reads once the directory it
+/// was opened in is gone.
+#[tokio::test]
+async fn every_reader_has_the_wal_open_from_the_start() {
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    let dir = std::env::temp_dir().join(format!("hooklane-warm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = SqliteStore::open(
+        dir.join("warm.db"),
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+    )
+    .unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    let ev = event("acme", "evt_1", t0());
+    let d = delivery(&ev, &ep, t0());
+    // The store has not read this endpoint yet, so the first try reads the delivery.
+    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let work = store.load_work(&d.id).await.unwrap();
+    assert_eq!(work.map(|w| w.delivery.id), Some(d.id));
+}
