@@ -64,6 +64,24 @@ async fn store_that_knows_its_endpoint() -> (SqliteStore, Endpoint, Event, Deliv
     (store, ep, ev2, d2)
 }
 
+/// A store on a file in a fresh directory of its own (`name`), with the account acme and
+/// its endpoint `ep_a`. The caller removes the directory.
+async fn file_store_with_endpoint(name: &str) -> (std::path::PathBuf, SqliteStore, Endpoint) {
+    use crate::fixtures::{account, endpoint, t0};
+    let dir = std::env::temp_dir().join(format!("hooklane-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = SqliteStore::open(
+        dir.join(format!("{name}.db")),
+        crate::secrets::SecretsCipher::ephemeral().unwrap(),
+    )
+    .unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let ep = endpoint("acme", "ep_a", t0());
+    store.create_endpoint(&ep).await.unwrap();
+    (dir, store, ep)
+}
+
 #[tokio::test]
 async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
     let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
@@ -326,17 +344,8 @@ async fn an_older_file_gains_the_headers_column_and_its_endpoints_have_none() {
 #[tokio::test]
 async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() {
     use crate::domain::Decision;
-    use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
-    let dir = std::env::temp_dir().join(format!("hooklane-retention-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = SqliteStore::open(
-        dir.join("retention.db"),
-        crate::secrets::SecretsCipher::ephemeral().unwrap(),
-    )
-    .unwrap();
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    use crate::fixtures::{attempt_record, delivery, event, t0};
+    let (dir, store, ep) = file_store_with_endpoint("retention").await;
     let hour = std::time::Duration::from_secs(3600);
     let retention = 2 * hour;
     let mut kept = Vec::new();
@@ -629,16 +638,8 @@ async fn an_older_file_gains_the_missed_event_columns_and_index() {
 /// answers while that reader is busy (in a backlog, with thousands of them a second).
 #[tokio::test]
 async fn a_log_page_does_not_wait_behind_the_dispatchers_reads() {
-    use crate::fixtures::{account, delivery, endpoint, event, t0};
-    let dir = std::env::temp_dir().join(format!("hooklane-readers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("readers.db");
-    let _ = std::fs::remove_file(&path);
-    let store =
-        SqliteStore::open(&path, crate::secrets::SecretsCipher::ephemeral().unwrap()).unwrap();
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    use crate::fixtures::{delivery, event, t0};
+    let (dir, store, ep) = file_store_with_endpoint("readers").await;
     let ev = event("acme", "evt_1", t0());
     let d = delivery(&ev, &ep, t0());
     store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
@@ -681,17 +682,8 @@ async fn a_log_page_does_not_wait_behind_the_dispatchers_reads() {
 /// was opened in is gone.
 #[tokio::test]
 async fn every_reader_has_the_wal_open_from_the_start() {
-    use crate::fixtures::{account, delivery, endpoint, event, t0};
-    let dir = std::env::temp_dir().join(format!("hooklane-warm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = SqliteStore::open(
-        dir.join("warm.db"),
-        crate::secrets::SecretsCipher::ephemeral().unwrap(),
-    )
-    .unwrap();
-    store.create_account(&account("acme")).await.unwrap();
-    let ep = endpoint("acme", "ep_a", t0());
-    store.create_endpoint(&ep).await.unwrap();
+    use crate::fixtures::{delivery, event, t0};
+    let (dir, store, ep) = file_store_with_endpoint("warm").await;
     let ev = event("acme", "evt_1", t0());
     let d = delivery(&ev, &ep, t0());
     // The store has not read this endpoint yet, so the first try reads the delivery.
