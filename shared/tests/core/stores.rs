@@ -43,6 +43,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         list_deliveries_newest_first_with_filters_and_cursor,
         failing_endpoints_are_the_active_ones_failing_long_enough,
         disable_endpoint_is_conditional_and_complete,
+        publish_reads_see_every_change_to_the_account_and_its_endpoints,
         notification_outbox,
         settings_put_if_absent,
         delete_endpoint_abandons_pending_and_keeps_history,

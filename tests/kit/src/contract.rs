@@ -612,6 +612,73 @@ pub async fn failing_endpoints_are_the_active_ones_failing_long_enough(store: &d
     );
 }
 
+/// What every publish reads, its account and the account's endpoints, is read back as each
+/// write left it, whatever was read before: the embedded store keeps both in memory.
+pub async fn publish_reads_see_every_change_to_the_account_and_its_endpoints(store: &dyn Store) {
+    let later = AccountId::parse("later").unwrap();
+    assert_eq!(store.get_account(&later).await.unwrap(), None);
+    assert!(store.list_endpoints(&later).await.unwrap().is_empty());
+    store.create_account(&account("later")).await.unwrap();
+    assert_eq!(
+        store.get_account(&later).await.unwrap(),
+        Some(account("later")),
+        "an account created after it was looked up"
+    );
+
+    let [ep] = account_with_endpoints(store, "acme", ["ep_a"]).await;
+    let acme = ep.account_id.clone();
+    let listed = || async { store.list_endpoints(&acme).await.unwrap() };
+    assert_eq!(listed().await, vec![ep.clone()]);
+    let second = endpoint("acme", "ep_b", add(t0(), secs(1)));
+    store.create_endpoint(&second).await.unwrap();
+    assert_eq!(listed().await, vec![ep.clone(), second.clone()], "created");
+    let moved = Endpoint {
+        url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
+        ..second.clone()
+    };
+    store.update_endpoint(&moved).await.unwrap();
+    assert_eq!(listed().await, vec![ep.clone(), moved.clone()], "updated");
+
+    // The failing clock, which attempts start and stop.
+    let (_, d) = publish_one(store, &ep, "evt_1").await;
+    let failed_at = add(t0(), secs(10));
+    fail_first_attempt(store, &d, failed_at).await;
+    assert_eq!(listed().await[0].failing_since, Some(failed_at), "started");
+    let delivered = attempt_record(&d, 2, Decision::Delivered, true, add(t0(), secs(20)));
+    store.record_attempt(&delivered).await.unwrap();
+    assert_eq!(listed().await[0].failing_since, None, "stopped");
+    let (_, d2) = publish_one(store, &ep, "evt_2").await;
+    let failed_again = add(t0(), secs(30));
+    fail_first_attempt(store, &d2, failed_again).await;
+    assert_eq!(listed().await[0].failing_since, Some(failed_again));
+    store
+        .disable_endpoint(&disable_request(&ep, Some(failed_again), None))
+        .await
+        .unwrap()
+        .expect("disabled");
+    assert_eq!(
+        listed().await[0].status,
+        EndpointStatus::Disabled,
+        "disabled by the sweeper"
+    );
+    assert!(store
+        .delete_endpoint(&deletion(&moved, add(t0(), secs(40))))
+        .await
+        .unwrap());
+    assert_eq!(
+        listed().await.iter().map(|e| &e.id).collect::<Vec<_>>(),
+        vec![&ep.id],
+        "deleted"
+    );
+
+    let renamed = hooklane::domain::Account {
+        name: "Acme Renamed".into(),
+        ..store.get_account(&acme).await.unwrap().unwrap()
+    };
+    store.update_account(&renamed).await.unwrap();
+    assert_eq!(store.get_account(&acme).await.unwrap(), Some(renamed));
+}
+
 fn disable_request(
     ep: &Endpoint,
     expected: Option<Timestamp>,
@@ -1719,6 +1786,7 @@ macro_rules! store_contract_tests {
             failing_endpoints_are_the_active_ones_failing_long_enough,
             disable_endpoint_is_conditional_and_complete,
             disable_endpoint_handles_more_than_a_transaction_holds,
+            publish_reads_see_every_change_to_the_account_and_its_endpoints,
             notification_outbox,
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,

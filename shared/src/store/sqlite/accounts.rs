@@ -10,7 +10,19 @@ impl SqliteStore {
         self.run(move |conn| insert_account(conn, &account)).await
     }
 
+    /// Every publish reads its account: kept in memory until a write changes it.
     pub(super) async fn get_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        if let Some(kept) = self.fresh.account(id) {
+            return Ok(kept);
+        }
+        let generation = self.fresh.generation();
+        let account = self.read_account(id).await?;
+        self.fresh
+            .remember_account(generation, id, account.as_ref());
+        Ok(account)
+    }
+
+    async fn read_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
         let id = id.clone();
         self.read(move |conn| {
             conn.prepare_cached(
@@ -58,7 +70,20 @@ impl SqliteStore {
         .await
     }
 
+    /// Every publish reads its account's endpoints: kept in memory until a write changes
+    /// one (each secret opened once, not on every publish).
     pub(super) async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
+        if let Some(kept) = self.fresh.endpoints_of(account) {
+            return Ok(Vec::clone(&kept));
+        }
+        let generation = self.fresh.generation();
+        let endpoints = self.read_endpoints(account).await?;
+        self.fresh
+            .remember_endpoints_of(generation, account, endpoints.clone());
+        Ok(endpoints)
+    }
+
+    async fn read_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>> {
         let account = account.clone();
         let cipher = self.secrets.clone();
         self.read(move |conn| {

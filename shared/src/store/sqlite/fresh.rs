@@ -1,10 +1,13 @@
-//! What a publish just wrote, kept so that a delivery's first try does not read it back.
+//! What a publish just wrote, kept so that a delivery's first try does not read it back,
+//! and what every publish reads (its account and the account's endpoints), kept so that a
+//! publish reads nothing.
 //!
 //! The embedded shape is the only writer of its database, so this copy can be exact. The
 //! store thread updates it right after each commit, in commit order: a publish adds its
 //! deliveries (with their event), an attempt takes its delivery out, and every other write
-//! forgets everything. Endpoints are kept from reads; a generation number, bumped by each
-//! forget, keeps a read that overlapped a write from adding what that write changed.
+//! (and an attempt that starts or stops an endpoint's failing clock) forgets everything.
+//! Accounts and endpoints are kept from reads; a generation number, bumped by each forget,
+//! keeps a read that overlapped a write from adding what that write changed.
 
 use std::{
     collections::HashMap,
@@ -12,7 +15,7 @@ use std::{
 };
 
 use crate::{
-    domain::{Delivery, DeliveryId, Endpoint, EndpointId, Event},
+    domain::{Account, AccountId, Delivery, DeliveryId, Endpoint, EndpointId, Event},
     store::DeliveryWork,
 };
 
@@ -23,6 +26,10 @@ use crate::{
 const MAX_DELIVERIES: usize = 32_768;
 /// Endpoints kept at most; past this, the endpoint copies start over.
 const MAX_ENDPOINTS: usize = 4_096;
+/// Accounts kept at most, and endpoints in the accounts' lists, all lists together; past
+/// these, those copies start over. An account whose list alone is longer is read each time.
+const MAX_ACCOUNTS: usize = 4_096;
+const MAX_LISTED_ENDPOINTS: usize = 8_192;
 
 #[derive(Default)]
 pub(super) struct FreshWork {
@@ -34,6 +41,11 @@ struct Inner {
     generation: u64,
     deliveries: HashMap<DeliveryId, (Delivery, Arc<Event>)>,
     endpoints: HashMap<EndpointId, Endpoint>,
+    /// `None` for an account that does not exist (a publish to it is refused unread too).
+    accounts: HashMap<AccountId, Option<Account>>,
+    endpoint_lists: HashMap<AccountId, Arc<Vec<Endpoint>>>,
+    /// Endpoints in `endpoint_lists`.
+    listed: usize,
 }
 
 impl FreshWork {
@@ -84,6 +96,62 @@ impl FreshWork {
             .insert(endpoint.id.clone(), endpoint.clone());
     }
 
+    /// The account as last read, if nothing has changed it since: `Some(None)` when it
+    /// did not exist.
+    pub(super) fn account(&self, id: &AccountId) -> Option<Option<Account>> {
+        self.lock().accounts.get(id).cloned()
+    }
+
+    /// Keeps an account read from the database (or that it does not exist), unless a write
+    /// ended since `generation`.
+    pub(super) fn remember_account(
+        &self,
+        generation: u64,
+        id: &AccountId,
+        account: Option<&Account>,
+    ) {
+        let mut inner = self.lock();
+        if inner.generation != generation {
+            return;
+        }
+        if inner.accounts.len() >= MAX_ACCOUNTS {
+            inner.accounts.clear();
+        }
+        inner.accounts.insert(id.clone(), account.cloned());
+    }
+
+    /// An account's endpoints as last read, if nothing has changed them since.
+    pub(super) fn endpoints_of(&self, account: &AccountId) -> Option<Arc<Vec<Endpoint>>> {
+        self.lock().endpoint_lists.get(account).cloned()
+    }
+
+    /// Keeps an account's endpoints read from the database, unless a write ended since
+    /// `generation`.
+    pub(super) fn remember_endpoints_of(
+        &self,
+        generation: u64,
+        account: &AccountId,
+        endpoints: Vec<Endpoint>,
+    ) {
+        let mut inner = self.lock();
+        if inner.generation != generation || endpoints.len() > MAX_LISTED_ENDPOINTS {
+            return;
+        }
+        if let Some(replaced) = inner.endpoint_lists.remove(account) {
+            inner.listed -= replaced.len();
+        }
+        if inner.listed + endpoints.len() > MAX_LISTED_ENDPOINTS
+            || inner.endpoint_lists.len() >= MAX_ACCOUNTS
+        {
+            inner.endpoint_lists.clear();
+            inner.listed = 0;
+        }
+        inner.listed += endpoints.len();
+        inner
+            .endpoint_lists
+            .insert(account.clone(), Arc::new(endpoints));
+    }
+
     /// The work of a delivery published since the last write, taken out; `None` when it
     /// has to be read (not kept, or its endpoint is not known).
     pub(super) fn take(&self, id: &DeliveryId) -> Option<DeliveryWork> {
@@ -108,6 +176,9 @@ impl FreshWork {
         // A new map, not a cleared one: a cleared map keeps its table (megabytes when full).
         inner.deliveries = HashMap::new();
         inner.endpoints.clear();
+        inner.accounts.clear();
+        inner.endpoint_lists.clear();
+        inner.listed = 0;
     }
 }
 
@@ -144,6 +215,59 @@ mod tests {
         fresh.remember_endpoint(fresh.generation(), &healthy);
         let ids = publish(&fresh, 3, 3);
         assert!(ids.iter().all(|id| fresh.take(id).is_some()));
+    }
+
+    #[test]
+    fn a_read_that_overlapped_a_write_is_not_kept() {
+        let fresh = FreshWork::default();
+        let acme = crate::fixtures::account("acme");
+        let listed = vec![endpoint("acme", "ep_1", at(0))];
+        let before = fresh.generation();
+        fresh.forget_all();
+        fresh.remember_account(before, &acme.id, Some(&acme));
+        fresh.remember_endpoints_of(before, &acme.id, listed.clone());
+        assert_eq!(fresh.account(&acme.id), None);
+        assert!(fresh.endpoints_of(&acme.id).is_none());
+
+        let now = fresh.generation();
+        fresh.remember_account(now, &acme.id, Some(&acme));
+        fresh.remember_endpoints_of(now, &acme.id, listed.clone());
+        assert_eq!(fresh.account(&acme.id), Some(Some(acme.clone())));
+        assert_eq!(fresh.endpoints_of(&acme.id).as_deref(), Some(&listed));
+        fresh.forget_all();
+        assert_eq!(fresh.account(&acme.id), None, "forgotten by the next write");
+        assert!(fresh.endpoints_of(&acme.id).is_none());
+    }
+
+    #[test]
+    fn endpoint_lists_are_kept_up_to_their_cap() {
+        let fresh = FreshWork::default();
+        let list = |account: &str, count: usize| -> Vec<Endpoint> {
+            (0..count)
+                .map(|n| endpoint(account, &format!("ep_{n}"), at(0)))
+                .collect()
+        };
+        let (big, small) = (
+            AccountId::parse("big").unwrap(),
+            AccountId::parse("small").unwrap(),
+        );
+        fresh.remember_endpoints_of(0, &big, list("big", MAX_LISTED_ENDPOINTS + 1));
+        assert!(
+            fresh.endpoints_of(&big).is_none(),
+            "longer than the cap alone"
+        );
+        fresh.remember_endpoints_of(0, &big, list("big", MAX_LISTED_ENDPOINTS - 1));
+        fresh.remember_endpoints_of(0, &small, list("small", 1));
+        assert!(fresh.endpoints_of(&big).is_some() && fresh.endpoints_of(&small).is_some());
+        // Again, replacing its list: counted once.
+        fresh.remember_endpoints_of(0, &small, list("small", 1));
+        assert_eq!(fresh.lock().listed, MAX_LISTED_ENDPOINTS);
+        fresh.remember_endpoints_of(0, &AccountId::parse("third").unwrap(), list("third", 1));
+        assert!(
+            fresh.endpoints_of(&big).is_none(),
+            "past the cap, the lists start over"
+        );
+        assert_eq!(fresh.lock().listed, 1);
     }
 
     #[test]

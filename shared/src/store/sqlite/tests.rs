@@ -677,6 +677,43 @@ async fn a_log_page_does_not_wait_behind_the_dispatchers_reads() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Once read, a publish's account and endpoints come from memory: a publish never waits
+/// behind a log page on the API's reader (in the W5 outage the healthy account's did).
+#[tokio::test]
+async fn a_publish_reads_its_account_and_endpoints_without_the_reader() {
+    let (dir, store, ep) = file_store_with_endpoint("kept").await;
+    let acme = ep.account_id.clone();
+    assert!(store.get_account(&acme).await.unwrap().is_some());
+    assert_eq!(store.list_endpoints(&acme).await.unwrap(), vec![ep.clone()]);
+
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut holder = Box::pin(store.read(move |_| {
+        let _ = started.send(());
+        let _ = released.recv();
+        Ok(())
+    }));
+    assert!(poll_once(holder.as_mut()).await.is_pending());
+    has_started.recv().unwrap();
+
+    let wait = std::time::Duration::from_secs(10);
+    let account = tokio::time::timeout(wait, store.get_account(&acme))
+        .await
+        .expect("the account was read again, behind the held reader")
+        .unwrap();
+    assert_eq!(account.map(|a| a.id), Some(acme.clone()));
+    let endpoints = tokio::time::timeout(wait, store.list_endpoints(&acme))
+        .await
+        .expect("the endpoints were read again, behind the held reader")
+        .unwrap();
+    assert_eq!(endpoints, vec![ep]);
+
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Every reader opens the WAL at start (SQLite does so at a connection's first read): the
 /// dispatcher's reader, first used long after start, still reads once the directory it
 /// was opened in is gone.
