@@ -133,7 +133,7 @@ impl SqliteStore {
         failing_before: Timestamp,
     ) -> StoreResult<Vec<Endpoint>> {
         let cipher = self.secrets.clone();
-        self.run(move |conn| {
+        self.read_on_the_store_thread(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
                     "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE failing_since IS NOT NULL AND failing_since <= ?1 \
@@ -196,7 +196,7 @@ impl SqliteStore {
     }
 
     pub(super) async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
-        self.run(move |conn| {
+        self.read_on_the_store_thread(move |conn| {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT id, account_id, recipient, subject, body, created_at FROM notifications \
@@ -235,7 +235,7 @@ impl SqliteStore {
 
     pub(super) async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_owned();
-        self.run(move |conn| {
+        self.read_on_the_store_thread(move |conn| {
             conn.query_row(
                 "SELECT value FROM settings WHERE key = ?1",
                 params![key],

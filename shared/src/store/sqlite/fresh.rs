@@ -126,7 +126,11 @@ impl FreshWork {
     }
 
     /// Keeps an account's endpoints read from the database, unless a write ended since
-    /// `generation`.
+    /// `generation`; each is then known to first tries as [`Self::remember_endpoint`] does.
+    /// So right after a forget, the next publish makes its own deliveries' first tries
+    /// reads-free again, and those to an endpoint known to be failing are not kept: in an
+    /// outage they filled the kept deliveries, and a healthy account's first tries then
+    /// queued behind the outage's reads.
     pub(super) fn remember_endpoints_of(
         &self,
         generation: u64,
@@ -145,6 +149,16 @@ impl FreshWork {
         {
             inner.endpoint_lists.clear();
             inner.listed = 0;
+        }
+        if inner.endpoints.len() + endpoints.len() > MAX_ENDPOINTS {
+            inner.endpoints.clear();
+        }
+        if endpoints.len() <= MAX_ENDPOINTS {
+            for endpoint in &endpoints {
+                inner
+                    .endpoints
+                    .insert(endpoint.id.clone(), endpoint.clone());
+            }
         }
         inner.listed += endpoints.len();
         inner
@@ -237,6 +251,33 @@ mod tests {
         fresh.forget_all();
         assert_eq!(fresh.account(&acme.id), None, "forgotten by the next write");
         assert!(fresh.endpoints_of(&acme.id).is_none());
+    }
+
+    #[test]
+    fn an_accounts_endpoint_list_serves_its_first_tries() {
+        let fresh = FreshWork::default();
+        let failing = Endpoint {
+            failing_since: Some(at(0)),
+            ..endpoint("acme", "ep_1", at(0))
+        };
+        let healthy = endpoint("acme", "ep_2", at(0));
+        fresh.remember_endpoints_of(
+            fresh.generation(),
+            &healthy.account_id,
+            vec![failing.clone(), healthy.clone()],
+        );
+        let published = event("acme", "evt_1", at(1));
+        let to_failing = delivery(&published, &failing, at(1));
+        let to_healthy = delivery(&published, &healthy, at(1));
+        fresh.remember_published(&published, &[to_failing.clone(), to_healthy.clone()]);
+        assert!(
+            fresh.take(&to_failing.id).is_none(),
+            "not kept: its endpoint is failing"
+        );
+        let work = fresh
+            .take(&to_healthy.id)
+            .expect("kept, its endpoint known");
+        assert_eq!(work.endpoint, Some(healthy));
     }
 
     #[test]

@@ -325,6 +325,16 @@ impl SqliteStore {
         Self::submit(&self.jobs, (None, 1), work, move |_| fresh.forget_all()).await
     }
 
+    /// A read on the store thread, which sees every write acknowledged before it (the
+    /// sweeper's reads of what it acts on): it changes nothing, so nothing kept is forgotten.
+    async fn read_on_the_store_thread<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        Self::submit(&self.jobs, (None, 0), work, |_| {}).await
+    }
+
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
     /// themselves (a publish and an attempt), in `after_commit`.
     async fn run_then<T, F, A>(&self, work: F, after_commit: A) -> StoreResult<T>

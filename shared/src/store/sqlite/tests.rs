@@ -114,6 +114,39 @@ async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
     );
 }
 
+/// The sweeper's reads (failing endpoints, unsent notifications, a setting) run on the
+/// store thread but change nothing: what a publish left for its first tries stays kept.
+#[tokio::test]
+async fn the_sweepers_reads_forget_nothing_kept() {
+    let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
+    store
+        .publish(&ev2, std::slice::from_ref(&d2))
+        .await
+        .unwrap();
+    store
+        .run_then(
+            |conn| {
+                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
+                    .map_err(backend)
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
+    store
+        .failing_endpoints(crate::fixtures::t0())
+        .await
+        .unwrap();
+    store.unsent_notifications(10).await.unwrap();
+    store.get_setting("admin").await.unwrap();
+    let kept = store.load_work(&d2.id).await.unwrap().unwrap();
+    assert_eq!(
+        kept.event.unwrap().payload,
+        ev2.payload,
+        "the first try still used the kept copy"
+    );
+}
+
 #[tokio::test]
 async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_try() {
     let (store, ep, ev2, d2) = store_that_knows_its_endpoint().await;
