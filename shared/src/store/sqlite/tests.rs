@@ -82,14 +82,15 @@ async fn file_store_with_endpoint(name: &str) -> (std::path::PathBuf, SqliteStor
     (dir, store, ep)
 }
 
-#[tokio::test]
-async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
+/// [`store_that_knows_its_endpoint`] with its second event published, and then every
+/// event's payload changed behind the store's back (no store write does this, so what the
+/// store keeps is not forgotten): a first try that reads the old payload used the kept copy.
+async fn published_then_changed_behind_the_stores_back() -> (SqliteStore, Event, Delivery) {
     let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
     store
         .publish(&ev2, std::slice::from_ref(&d2))
         .await
         .unwrap();
-    // Behind the store's back (no store write does this), so the kept copy is not forgotten.
     store
         .run_then(
             |conn| {
@@ -100,6 +101,12 @@ async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
         )
         .await
         .unwrap();
+    (store, ev2, d2)
+}
+
+#[tokio::test]
+async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
+    let (store, ev2, d2) = published_then_changed_behind_the_stores_back().await;
     let kept = store.load_work(&d2.id).await.unwrap().unwrap();
     assert_eq!(
         kept.event.unwrap().payload,
@@ -118,21 +125,7 @@ async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
 /// store thread but change nothing: what a publish left for its first tries stays kept.
 #[tokio::test]
 async fn the_sweepers_reads_forget_nothing_kept() {
-    let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
-    store
-        .publish(&ev2, std::slice::from_ref(&d2))
-        .await
-        .unwrap();
-    store
-        .run_then(
-            |conn| {
-                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
-                    .map_err(backend)
-            },
-            |_| {},
-        )
-        .await
-        .unwrap();
+    let (store, ev2, d2) = published_then_changed_behind_the_stores_back().await;
     store
         .failing_endpoints(crate::fixtures::t0())
         .await
