@@ -48,6 +48,21 @@ struct Inner {
     listed: usize,
 }
 
+impl Inner {
+    /// Makes `endpoints` known to first tries; past `MAX_ENDPOINTS` the copies start over.
+    fn know_endpoints(&mut self, endpoints: &[Endpoint]) {
+        if endpoints.len() > MAX_ENDPOINTS {
+            return;
+        }
+        if self.endpoints.len() + endpoints.len() > MAX_ENDPOINTS {
+            self.endpoints.clear();
+        }
+        for endpoint in endpoints {
+            self.endpoints.insert(endpoint.id.clone(), endpoint.clone());
+        }
+    }
+}
+
 impl FreshWork {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
@@ -85,15 +100,9 @@ impl FreshWork {
     /// Keeps an endpoint read from the database, unless a write ended since `generation`.
     pub(super) fn remember_endpoint(&self, generation: u64, endpoint: &Endpoint) {
         let mut inner = self.lock();
-        if inner.generation != generation {
-            return;
+        if inner.generation == generation {
+            inner.know_endpoints(std::slice::from_ref(endpoint));
         }
-        if inner.endpoints.len() >= MAX_ENDPOINTS {
-            inner.endpoints.clear();
-        }
-        inner
-            .endpoints
-            .insert(endpoint.id.clone(), endpoint.clone());
     }
 
     /// The account as last read, if nothing has changed it since: `Some(None)` when it
@@ -150,16 +159,7 @@ impl FreshWork {
             inner.endpoint_lists.clear();
             inner.listed = 0;
         }
-        if inner.endpoints.len() + endpoints.len() > MAX_ENDPOINTS {
-            inner.endpoints.clear();
-        }
-        if endpoints.len() <= MAX_ENDPOINTS {
-            for endpoint in &endpoints {
-                inner
-                    .endpoints
-                    .insert(endpoint.id.clone(), endpoint.clone());
-            }
-        }
+        inner.know_endpoints(&endpoints);
         inner.listed += endpoints.len();
         inner
             .endpoint_lists

@@ -23,27 +23,34 @@ async fn poll_once<F: std::future::Future>(
     .await
 }
 
-/// Holds the store thread in a job of its own until `release` sends: what is queued
-/// meanwhile is surely queued, and unanswered. Await the job once released.
+/// A job the hold helpers queue: it runs until `release` sends.
+type HoldingJob = Box<dyn FnOnce(&mut Connection) -> StoreResult<()> + Send>;
+
+/// Holds the thread that `queue` sends the job to until `release` sends: what is queued
+/// there meanwhile is surely queued, and unanswered. Await the job once released.
+async fn hold<Fut: std::future::Future<Output = StoreResult<()>>>(
+    queue: impl FnOnce(HoldingJob) -> Fut,
+) -> (std::sync::mpsc::Sender<()>, std::pin::Pin<Box<Fut>>) {
+    let (started, has_started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut holder = Box::pin(queue(Box::new(move |_| {
+        let _ = started.send(());
+        let _ = released.recv();
+        Ok(())
+    })));
+    assert!(poll_once(holder.as_mut()).await.is_pending());
+    has_started.recv().unwrap();
+    (release, holder)
+}
+
+/// Holds the store thread in a job of its own (see [`hold`]).
 async fn hold_store_thread(
     store: &SqliteStore,
 ) -> (
     std::sync::mpsc::Sender<()>,
     std::pin::Pin<Box<impl std::future::Future<Output = StoreResult<()>> + '_>>,
 ) {
-    let (started, has_started) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let mut holder = Box::pin(store.run_then(
-        move |_| {
-            let _ = started.send(());
-            let _ = released.recv();
-            Ok(())
-        },
-        |_| {},
-    ));
-    assert!(poll_once(holder.as_mut()).await.is_pending());
-    has_started.recv().unwrap();
-    (release, holder)
+    hold(|job| store.run_then(job, |_| {})).await
 }
 
 /// A store with one endpoint, which a first try has read (so the store keeps it), and
@@ -670,15 +677,7 @@ async fn a_log_page_does_not_wait_behind_the_dispatchers_reads() {
     let d = delivery(&ev, &ep, t0());
     store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
 
-    let (started, has_started) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let mut holder = Box::pin(store.read_for_send(move |_| {
-        let _ = started.send(());
-        let _ = released.recv();
-        Ok(())
-    }));
-    assert!(poll_once(holder.as_mut()).await.is_pending());
-    has_started.recv().unwrap();
+    let (release, holder) = hold(|job| store.read_for_send(job)).await;
 
     let wait = std::time::Duration::from_secs(10);
     let page = tokio::time::timeout(
@@ -712,15 +711,7 @@ async fn a_publish_reads_its_account_and_endpoints_without_the_reader() {
     assert!(store.get_account(&acme).await.unwrap().is_some());
     assert_eq!(store.list_endpoints(&acme).await.unwrap(), vec![ep.clone()]);
 
-    let (started, has_started) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let mut holder = Box::pin(store.read(move |_| {
-        let _ = started.send(());
-        let _ = released.recv();
-        Ok(())
-    }));
-    assert!(poll_once(holder.as_mut()).await.is_pending());
-    has_started.recv().unwrap();
+    let (release, holder) = hold(|job| store.read(job)).await;
 
     let wait = std::time::Duration::from_secs(10);
     let account = tokio::time::timeout(wait, store.get_account(&acme))
