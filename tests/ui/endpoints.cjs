@@ -52,6 +52,12 @@ async function revealedSecret(page) {
 async function main() {
   await withPage(shots, async (page, problems, context) => {
     await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
+    // The log's reads are held back, as a busy server may answer them after the health panel's:
+    // a row shown delivered must still come with health that counts its attempt.
+    await page.route(/\/deliveries(\?|$)/, async (route) => {
+      await new Promise((resolve) => setTimeout(resolve, 700));
+      await route.continue();
+    });
     await page.goto(link);
     await page.locator("#who", { hasText: `Account ${account} ·` }).waitFor();
     await page.locator("#endpoints-empty").waitFor({ state: "visible" });

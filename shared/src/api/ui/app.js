@@ -645,10 +645,10 @@ async function loadDeliveries(append = false) {
   $("deliveries-empty").hidden = body.rows.length > 0;
 }
 
-// Endpoint health changes with every attempt, so it is read again with the log (and the
-// open endpoint's counts with it).
+// Endpoint health changes with every attempt, so it is read again with the log. It is read
+// after the log: read at once, it could miss the attempt that made a row shown delivered.
 async function refreshLog() {
-  await Promise.all([loadEndpoints(), loadDeliveries(), loadEndpointStats()]);
+  await Promise.all([loadEndpoints(), loadDeliveries().then(loadEndpointStats)]);
 }
 
 // --- one delivery and its attempts ------------------------------------------------------
