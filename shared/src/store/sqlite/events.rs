@@ -32,8 +32,7 @@ impl SqliteStore {
             }
         };
         self.run_for(
-            &account,
-            rows,
+            (&account, rows, true),
             move |conn| {
                 let tx = JobSavepoint::begin(conn).map_err(backend)?;
                 let outcomes = published
@@ -77,8 +76,7 @@ impl SqliteStore {
         let (deliveries, rows) = (deliveries.to_vec(), deliveries.len());
         let fresh = Arc::clone(&self.fresh);
         self.run_for(
-            &account,
-            rows,
+            (&account, rows, false),
             move |conn| {
                 let tx = JobSavepoint::begin(conn).map_err(backend)?;
                 let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;

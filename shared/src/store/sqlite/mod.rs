@@ -322,7 +322,10 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         let fresh = Arc::clone(&self.fresh);
-        Self::submit(&self.jobs, (None, 1), work, move |_| fresh.forget_all()).await
+        Self::submit(&self.jobs, (None, 1, false), work, move |_| {
+            fresh.forget_all()
+        })
+        .await
     }
 
     /// A read on the store thread, which sees every write acknowledged before it (the
@@ -332,7 +335,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.jobs, (None, 0), work, |_| {}).await
+        Self::submit(&self.jobs, (None, 0, false), work, |_| {}).await
     }
 
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
@@ -343,15 +346,15 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(&self.jobs, (None, 1), work, after_commit).await
+        Self::submit(&self.jobs, (None, 1, false), work, after_commit).await
     }
 
     /// [`SqliteStore::run_then`] for one account's traffic (a publish, an attempt) of
-    /// about `rows` rows: the store thread takes the accounts' writes in turn.
+    /// about `rows` rows: the store thread takes the accounts' writes in turn. A `request`
+    /// (a publish) is answered soon even beside a busy account's (see `Job::request`).
     async fn run_for<T, F, A>(
         &self,
-        account: &AccountId,
-        rows: usize,
+        (account, rows, request): (&AccountId, usize, bool),
         work: F,
         after_commit: A,
     ) -> StoreResult<T>
@@ -362,7 +365,7 @@ impl SqliteStore {
     {
         Self::submit(
             &self.jobs,
-            (Some(account.clone()), rows),
+            (Some(account.clone()), rows, request),
             work,
             after_commit,
         )
@@ -375,7 +378,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.reads, (None, 0), work, |_| {}).await
+        Self::submit(&self.reads, (None, 0, false), work, |_| {}).await
     }
 
     /// Runs the dispatcher's read of what it sends where those go (see [`SqliteStore::sends`]).
@@ -384,7 +387,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.sends, (None, 0), work, |_| {}).await
+        Self::submit(&self.sends, (None, 0, false), work, |_| {}).await
     }
 
     /// Runs a read-only scan where scans go (see [`SqliteStore::scans`]).
@@ -393,7 +396,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.scans, (None, 0), work, |_| {}).await
+        Self::submit(&self.scans, (None, 0, false), work, |_| {}).await
     }
 
     /// Queues `work`; `after_commit` runs on the store thread once the batch has committed
@@ -402,7 +405,7 @@ impl SqliteStore {
     /// disconnects drops its request's future).
     async fn submit<T, F, A>(
         queue: &mpsc::Sender<Job>,
-        (lane, rows): (Lane, usize),
+        (lane, rows, request): (Lane, usize, bool),
         work: F,
         after_commit: A,
     ) -> StoreResult<T>
@@ -423,7 +426,12 @@ impl SqliteStore {
                 let _ = answer.send(result);
             })
         });
-        let job = Job { lane, rows, run };
+        let job = Job {
+            lane,
+            rows,
+            request,
+            run,
+        };
         let stopped = || StoreError::Backend("the store thread has stopped".into());
         queue.send(job).map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?

@@ -215,6 +215,56 @@ async fn a_small_publish_is_written_before_another_accounts_earlier_large_ones()
     assert_eq!(order, ["evt_small", "evt_1", "evt_2", "evt_3"]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_accounts_publish_ends_a_long_batch_early() {
+    use crate::fixtures::{account, delivery, endpoint, event, t0};
+    let store = SqliteStore::in_memory().unwrap();
+    for owner in ["busy", "calm"] {
+        store.create_account(&account(owner)).await.unwrap();
+    }
+    let busy = AccountId::from_trusted("busy".into());
+    // 200 of the busy account's writes of 2 ms each, queued at once: one batch of 400 ms.
+    let (release, holder) = hold_store_thread(&store).await;
+    let (running, is_running) = std::sync::mpsc::channel();
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut writes = Vec::new();
+    for i in 0..200 {
+        let (running, answered) = (running.clone(), Arc::clone(&answered));
+        let write = store.run_for(
+            (&busy, 3, false),
+            move |_| {
+                if i == 10 {
+                    let _ = running.send(());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                Ok(())
+            },
+            move |_| {
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            },
+        );
+        let mut write = Box::pin(write);
+        assert!(poll_once(write.as_mut()).await.is_pending());
+        writes.push(write);
+    }
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    is_running.recv().unwrap();
+    // The calm account publishes while that batch runs: it waits for a part of it only.
+    let ev = event("calm", "evt_calm", t0());
+    let d = delivery(&ev, &endpoint("calm", "ep_a", t0()), t0());
+    store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+    let before = answered.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..100).contains(&before),
+        "busy writes answered before the publish: {before} of 200"
+    );
+    for write in writes {
+        write.await.unwrap();
+    }
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 200);
+}
+
 #[tokio::test]
 async fn the_backlog_is_counted_across_slices_with_its_oldest_row() {
     use crate::fixtures::{account, delivery, endpoint, event, t0};

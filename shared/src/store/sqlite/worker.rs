@@ -51,11 +51,17 @@ pub(super) struct Job {
     pub(super) lane: Lane,
     /// About how many rows it writes, to bound a batch.
     pub(super) rows: usize,
+    /// A request waits for its answer (a publish): from a quiet lane, it ends the running
+    /// batch early (see [`run_jobs`]).
+    pub(super) request: bool,
     pub(super) run: Box<dyn FnOnce(&mut Connection) -> Reply + Send>,
 }
 
 /// The account a job writes for; `None` for everything not of one account's traffic.
 pub(super) type Lane = Option<AccountId>;
+
+/// How long a batch runs before a quiet account's publish, queued since, ends it.
+pub(super) const CUT_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// A lane with at most this many rows queued is a quiet account's: see
 /// [`Waiting::next_batch`]. A publish of one event to 50 endpoints is 51 rows, an attempt's
@@ -71,6 +77,8 @@ pub(super) struct Waiting {
     turns: std::collections::VecDeque<Lane>,
     /// The last batch was the quiet lanes': the next is everyone's.
     quiet_went_last: bool,
+    /// A quiet lane was queued a request's job since the last batch was taken.
+    quiet_request: bool,
 }
 
 /// One lane's jobs and the rows they add up to.
@@ -107,9 +115,12 @@ impl Waiting {
         // A lane is in `lanes` only while it has jobs, and then also in `turns`: a busy
         // account's next job clones nothing.
         if let Some(queue) = self.lanes.get_mut(&job.lane) {
+            let request = job.request;
             queue.push_back(job);
+            self.quiet_request |= request && queue.rows <= QUIET_ROWS;
             return;
         }
+        self.quiet_request |= job.request && job.rows <= QUIET_ROWS;
         self.turns.push_back(job.lane.clone());
         let mut queue = LaneQueue::default();
         let lane = job.lane.clone();
@@ -131,6 +142,7 @@ impl Waiting {
     /// first, committed in a millisecond or two; the batch after that is everyone's, so a
     /// stream of quiet jobs cannot hold the busy lanes up.
     pub(super) fn next_batch(&mut self, max_jobs: usize, max_rows: usize) -> Vec<Job> {
+        self.quiet_request = false;
         if !std::mem::take(&mut self.quiet_went_last) {
             let quiet = self.quiet_batch(max_jobs, max_rows);
             if !quiet.is_empty() {
@@ -165,6 +177,28 @@ impl Waiting {
             }
         }
         batch
+    }
+
+    /// Whether the running batch, everyone's, should commit what it has run so far: a
+    /// quiet lane has since been queued a request's job, which the quiet batch after it
+    /// then answers. The quiet batch itself is never cut: it is short.
+    pub(super) fn a_quiet_request_waits(&self) -> bool {
+        self.quiet_request && !self.quiet_went_last
+    }
+
+    /// Gives back jobs a cut batch did not run, first in their lanes and in their order.
+    pub(super) fn put_back(&mut self, unrun: Vec<Job>) {
+        for job in unrun.into_iter().rev() {
+            if let Some(queue) = self.lanes.get_mut(&job.lane) {
+                queue.push_front(job);
+                continue;
+            }
+            let lane = job.lane.clone();
+            self.turns.push_front(lane.clone());
+            let mut queue = LaneQueue::default();
+            queue.push_front(job);
+            self.lanes.insert(lane, queue);
+        }
     }
 
     /// Every job of the quiet lanes (within `max_jobs` and `max_rows`), if a lane that is
@@ -312,18 +346,31 @@ pub(super) fn run_jobs(
         while let Ok(job) = jobs.try_recv() {
             waiting.push(job);
         }
-        let batch = waiting.next_batch(MAX_BATCH, MAX_BATCH_ROWS);
+        let mut batch = waiting.next_batch(MAX_BATCH, MAX_BATCH_ROWS).into_iter();
         let began = run_cached(&conn, "BEGIN IMMEDIATE").map_err(backend);
-        let replies: Vec<Reply> = batch
-            .into_iter()
-            .map(|job| {
+        let started = std::time::Instant::now();
+        let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
+        for job in batch.by_ref() {
+            replies.push(
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.run)(&mut conn)))
                     .unwrap_or_else(|_| {
                         tracing::error!("a store job panicked; its caller gets an error");
                         Box::new(|_| {})
-                    })
-            })
-            .collect();
+                    }),
+            );
+            // A publish waits for the commit of the batch running when it came, which took
+            // up to a quarter of a second in the W5 outage: past `CUT_AFTER`, a quiet
+            // account's publish has the batch commit what it ran, and goes next.
+            if started.elapsed() >= CUT_AFTER {
+                while let Ok(job) = jobs.try_recv() {
+                    waiting.push(job);
+                }
+                if waiting.a_quiet_request_waits() {
+                    break;
+                }
+            }
+        }
+        waiting.put_back(batch.collect());
         let outcome = began.and_then(|()| run_cached(&conn, "COMMIT").map_err(backend));
         if outcome.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
@@ -426,6 +473,7 @@ mod tests {
         Job {
             lane: lane.map(|a| AccountId::from_trusted(a.into())),
             rows,
+            request: false,
             run: Box::new(|_| Box::new(|_| {})),
         }
     }
@@ -520,6 +568,55 @@ mod tests {
             lanes(&batch),
             [(Some("down"), 201), (Some("q3"), 3), (Some("q3"), 3)]
         );
+    }
+
+    fn request(lane: &str, rows: usize) -> Job {
+        Job {
+            request: true,
+            ..job(Some(lane), rows)
+        }
+    }
+
+    #[test]
+    fn only_a_quiet_lanes_request_cuts_everyones_batch_and_what_was_not_run_goes_first() {
+        let mut waiting = Waiting::default();
+        for rows in [101, 102, 103] {
+            waiting.push(job(Some("down"), rows));
+        }
+        let batch = waiting.next_batch(256, 2_048);
+        assert_eq!(batch.len(), 3);
+        // More of the busy account's work, and its own publish: its lane is not quiet.
+        waiting.push(job(Some("down"), 104));
+        waiting.push(request("down", 105));
+        assert!(!waiting.a_quiet_request_waits(), "the busy lane's publish");
+        waiting.push(job(Some("calm"), 3));
+        assert!(!waiting.a_quiet_request_waits(), "not a request");
+        waiting.push(request("calm", 11));
+        assert!(waiting.a_quiet_request_waits());
+        // The batch stops after its first job: the others go back, first in their lane.
+        let mut batch = batch.into_iter();
+        batch.next();
+        waiting.put_back(batch.collect());
+        let quiet = waiting.next_batch(256, 2_048);
+        assert_eq!(lanes(&quiet), [(Some("calm"), 3), (Some("calm"), 11)]);
+        assert!(
+            !waiting.a_quiet_request_waits(),
+            "the quiet batch is not cut"
+        );
+        waiting.push(request("other", 11));
+        assert!(!waiting.a_quiet_request_waits(), "nor cut while it runs");
+        let rest = waiting.next_batch(256, 2_048);
+        assert_eq!(
+            lanes(&rest),
+            [
+                (Some("down"), 102),
+                (Some("other"), 11),
+                (Some("down"), 103),
+                (Some("down"), 104),
+                (Some("down"), 105)
+            ]
+        );
+        assert!(waiting.is_empty());
     }
 
     #[test]
