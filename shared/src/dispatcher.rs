@@ -185,6 +185,7 @@ async fn run_workers(
     let workers = config.workers.max(1);
     let slots = Arc::new(Semaphore::new(workers));
     let recording = Arc::new(Semaphore::new(config.recording.max(workers)));
+    queue.share_in_flight(config.recording.max(workers));
     loop {
         let (permit, record_permit) = tokio::select! {
             permits = async {

@@ -3,9 +3,11 @@
 //! Due work sits in per-endpoint lanes; the dispatcher takes from lanes round-robin across
 //! accounts, then across an account's endpoints, and only from endpoints below their
 //! in-flight cap and with a rate-limit token. A saturated endpoint's backlog never holds a
-//! worker. The store stays the source of truth and the window holds only part of it (see
-//! [`WindowLimits`]): what does not fit stays in the store, and `queue::window` pages it
-//! back in by due time as room frees up. Enqueueing a known delivery again is a no-op.
+//! worker, and an account holding its share of the dispatcher's leases waits for them to
+//! complete while the others are taken. The store stays the source of truth and the window
+//! holds only part of it (see [`WindowLimits`]): what does not fit stays in the store, and
+//! `queue::window` pages it back in by due time as room frees up. Enqueueing a known
+//! delivery again is a no-op.
 
 use std::{
     cmp::Reverse,
@@ -141,6 +143,14 @@ struct Lanes {
     in_flight_total: usize,
     /// Leases whose endpoint slot was given back before the lease completed.
     slot_released: HashSet<DeliveryId>,
+    /// The dispatcher's bound on leases taken and not completed (each holds a recording
+    /// permit until its attempt is written); 0 when none is shared out.
+    in_flight_bound: usize,
+    /// Leases taken and not completed, by account.
+    outstanding: HashMap<AccountId, usize>,
+    /// Accounts with ready work that hold their share of `in_flight_bound`: listed again
+    /// as their leases complete.
+    held: HashSet<AccountId>,
 }
 
 /// A delivery handed to a worker; give it back with [`EmbeddedQueue::complete`].
@@ -292,8 +302,52 @@ impl Lanes {
         }
     }
 
+    /// The leases one account may hold at once: an equal part of `in_flight_bound` among
+    /// the accounts holding any, with room for one more. In an outage the failing accounts'
+    /// records wait behind their publishes in the one writer; without shares their leases
+    /// held every permit, and nothing was taken for a healthy account until records were
+    /// written.
+    fn share(&self) -> usize {
+        if self.in_flight_bound == 0 {
+            return usize::MAX;
+        }
+        (self.in_flight_bound / (self.outstanding.len() + 1)).max(1)
+    }
+
+    fn holds_its_share(&self, account: &AccountId) -> bool {
+        self.outstanding.get(account).copied().unwrap_or(0) >= self.share()
+    }
+
+    /// Lists again the held accounts now below their share.
+    fn release_held(&mut self) {
+        let share = self.share();
+        let below: Vec<AccountId> = self
+            .held
+            .iter()
+            .filter(|a| self.outstanding.get(*a).copied().unwrap_or(0) < share)
+            .cloned()
+            .collect();
+        for account_id in below {
+            self.held.remove(&account_id);
+            let Some(account) = self.accounts.get_mut(&account_id) else {
+                continue;
+            };
+            if !account.listed && !account.ready_endpoints.is_empty() {
+                account.listed = true;
+                self.ready_accounts.push_back(account_id);
+            }
+        }
+    }
+
     fn take(&mut self, now_ms: i64) -> Option<Lease> {
         while let Some(account_id) = self.ready_accounts.pop_front() {
+            if self.holds_its_share(&account_id) {
+                if let Some(account) = self.accounts.get_mut(&account_id) {
+                    account.listed = false;
+                }
+                self.held.insert(account_id);
+                continue;
+            }
             let Some(account) = self.accounts.get_mut(&account_id) else {
                 continue;
             };
@@ -324,6 +378,10 @@ impl Lanes {
                 bucket.take();
             }
             self.in_flight_total += 1;
+            *self
+                .outstanding
+                .entry(lease.account_id.clone())
+                .or_default() += 1;
             self.list_if_ready(&endpoint_id, now_ms);
             return Some(lease);
         }
@@ -339,6 +397,15 @@ impl Lanes {
     fn complete(&mut self, lease: &Lease, now_ms: i64) {
         self.known.remove(&lease.delivery_id);
         self.in_flight_total = self.in_flight_total.saturating_sub(1);
+        if let Some(count) = self.outstanding.get_mut(&lease.account_id) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.outstanding.remove(&lease.account_id);
+            }
+        }
+        if !self.held.is_empty() {
+            self.release_held();
+        }
         if !self.slot_released.remove(&lease.delivery_id) {
             self.free_endpoint_slot(lease, now_ms);
         }
@@ -402,6 +469,13 @@ impl EmbeddedQueue {
             self.refill.notify_one();
         }
         result
+    }
+
+    /// Shares `bound` leases (taken and not yet completed) out among the accounts holding
+    /// any: the dispatcher's recording permits, so that no account's backlog holds them
+    /// all.
+    pub fn share_in_flight(&self, bound: usize) {
+        self.with_lanes(|lanes| lanes.in_flight_bound = bound);
     }
 
     pub fn limits(&self) -> WindowLimits {
@@ -630,6 +704,54 @@ mod tests {
 
     fn drain(queue: &EmbeddedQueue, now_ms: i64) -> Vec<Lease> {
         std::iter::from_fn(|| queue.try_take(from_millis(now_ms))).collect()
+    }
+
+    /// An account whose leases hold its share of the dispatcher's bound waits, and the
+    /// others are taken meanwhile; it is taken again as its leases complete.
+    #[test]
+    fn an_account_holding_its_share_waits_and_the_others_go_on() {
+        let queue = EmbeddedQueue::new();
+        queue.share_in_flight(8);
+        queue.add(
+            (0..20)
+                .map(|n| item(&format!("a{n}"), &format!("ea{n}"), "busy", 0, 4))
+                .collect(),
+        );
+        queue.add(vec![item("b0", "eb", "quiet", 0, 4)]);
+        let of = |leases: &[Lease], account: &str| {
+            leases
+                .iter()
+                .filter(|l| l.account_id.as_str() == account)
+                .count()
+        };
+        // Shares: 8 while nobody holds any, 4 with one account holding, 2 with two.
+        let first = drain(&queue, 0);
+        assert_eq!(of(&first, "quiet"), 1, "the quiet account is taken at once");
+        assert_eq!(of(&first, "busy"), 2, "the busy one up to its share");
+        assert!(queue.try_take(from_millis(0)).is_none(), "held, not lost");
+
+        let quiet = first
+            .iter()
+            .find(|l| l.account_id.as_str() == "quiet")
+            .unwrap();
+        queue.complete(quiet, from_millis(1));
+        let second = drain(&queue, 1);
+        assert_eq!(of(&second, "busy"), 2, "listed again: its share is 4 now");
+
+        for lease in first
+            .iter()
+            .chain(&second)
+            .filter(|l| l.account_id.as_str() == "busy")
+        {
+            queue.complete(lease, from_millis(2));
+        }
+        let rest = drain(&queue, 2);
+        assert_eq!(
+            of(&rest, "busy"),
+            4,
+            "alone, its share is 4 once it holds any"
+        );
+        assert_eq!(queue.stats().in_flight, 4);
     }
 
     #[test]
