@@ -318,15 +318,23 @@ impl Lanes {
         self.outstanding.get(account).copied().unwrap_or(0) >= self.share()
     }
 
-    /// Lists again the held accounts now below their share.
-    fn release_held(&mut self) {
-        let share = self.share();
-        let below: Vec<AccountId> = self
-            .held
-            .iter()
-            .filter(|a| self.outstanding.get(*a).copied().unwrap_or(0) < share)
-            .cloned()
-            .collect();
+    /// Lists again the held accounts now below their share, after a lease of `completed`
+    /// completed: only that account can have dropped below it, unless an account stopped
+    /// holding any and every share grew. (Looking at every held account on every
+    /// completion cost as much as accounts held.)
+    fn release_held(&mut self, completed: &AccountId, shares_grew: bool) {
+        let below: Vec<AccountId> = if shares_grew {
+            let share = self.share();
+            self.held
+                .iter()
+                .filter(|a| self.outstanding.get(*a).copied().unwrap_or(0) < share)
+                .cloned()
+                .collect()
+        } else if self.held.contains(completed) && !self.holds_its_share(completed) {
+            vec![completed.clone()]
+        } else {
+            Vec::new()
+        };
         for account_id in below {
             self.held.remove(&account_id);
             let Some(account) = self.accounts.get_mut(&account_id) else {
@@ -397,14 +405,16 @@ impl Lanes {
     fn complete(&mut self, lease: &Lease, now_ms: i64) {
         self.known.remove(&lease.delivery_id);
         self.in_flight_total = self.in_flight_total.saturating_sub(1);
+        let mut shares_grew = false;
         if let Some(count) = self.outstanding.get_mut(&lease.account_id) {
             *count = count.saturating_sub(1);
             if *count == 0 {
                 self.outstanding.remove(&lease.account_id);
+                shares_grew = true;
             }
         }
         if !self.held.is_empty() {
-            self.release_held();
+            self.release_held(&lease.account_id, shares_grew);
         }
         if !self.slot_released.remove(&lease.delivery_id) {
             self.free_endpoint_slot(lease, now_ms);
@@ -752,6 +762,28 @@ mod tests {
             "alone, its share is 4 once it holds any"
         );
         assert_eq!(queue.stats().in_flight, 4);
+    }
+
+    /// A held account is listed again as soon as one of its leases completes, while it
+    /// still holds others.
+    #[test]
+    fn a_held_account_is_taken_again_after_one_of_its_leases_completes() {
+        let queue = EmbeddedQueue::new();
+        queue.share_in_flight(4);
+        queue.add(
+            (0..10)
+                .map(|n| item(&format!("a{n}"), &format!("ea{n}"), "busy", 0, 4))
+                .collect(),
+        );
+        // Its share is 4 while it holds none, 2 once it holds any.
+        let first = drain(&queue, 0);
+        assert_eq!(first.len(), 2);
+        queue.complete(&first[0], from_millis(1));
+        assert_eq!(
+            drain(&queue, 1).len(),
+            1,
+            "listed again at one below its share"
+        );
     }
 
     #[test]
