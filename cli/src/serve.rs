@@ -244,7 +244,8 @@ fn spawn_backlog_gauges(
 /// (`always`, or `madvise` with the allocator asking), one live object held a whole 2 MiB
 /// page: W5 at a fifth of its size peaked at 180 MB of RSS with them and 162 MB without,
 /// at the same rates. Pages already mapped are covered too (the kernel checks at each fault).
-fn small_pages() {
+/// `hooklane bench` turns them off for its own process too.
+pub fn small_pages() {
     #[cfg(target_os = "linux")]
     if let Err(error) = nix::sys::prctl::set_thp_disable(true) {
         tracing::warn!(%error, "cannot turn transparent huge pages off; memory use may be higher");

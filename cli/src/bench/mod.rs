@@ -746,6 +746,10 @@ async fn steady_latency(options: &BenchOptions) -> Result<Value, BenchError> {
 
 /// Runs the workloads, printing a table as it goes and one JSON line per workload.
 pub async fn run(options: BenchOptions) -> Result<Vec<Value>, BenchError> {
+    // The farm and the publishers share the cores with `serve`. With huge pages, the
+    // farm's growing record of arrivals faulted in zeroed 2 MiB pages: a third of this
+    // process's CPU in W1, taken from the server being measured.
+    crate::serve::small_pages();
     println!(
         "hooklane bench{} — {} cores, load average {} at start",
         if options.quick { " --quick" } else { "" },
