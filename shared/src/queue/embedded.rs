@@ -539,7 +539,8 @@ impl EmbeddedQueue {
         })
     }
 
-    /// Marks an endpoint spilled again (its refill failed).
+    /// Marks an endpoint spilled again: its refill failed, or read as many rows as it asked
+    /// for and may have left some in the store.
     pub fn respill(&self, endpoint: EndpointId) {
         self.with_lanes(|lanes| {
             lanes.spilled.insert(endpoint);

@@ -65,7 +65,13 @@ pub async fn refill(
             Ok(rows) => {
                 pass.endpoints += 1;
                 pass.rows += rows.len();
+                // A full read may have left rows behind: the lane asks again when it runs
+                // low. Otherwise the rest of a burst waited for the periodic resync.
+                let full = rows.len() >= limit as usize;
                 queue.add(rows);
+                if full {
+                    queue.respill(endpoint);
+                }
             }
             Err(error) => {
                 queue.respill(endpoint);
@@ -312,5 +318,33 @@ mod tests {
         let next: Vec<_> = std::iter::from_fn(|| queue.try_take(from_millis(0))).collect();
         assert_eq!(next.len(), SMALL.refill, "one refill's rows");
         assert!(next.iter().all(|l| !first.contains(l)));
+    }
+
+    #[tokio::test]
+    async fn a_spilled_backlog_longer_than_one_refill_is_read_to_its_end() {
+        // The end of a burst: 100 due rows of one endpoint, ten refills' worth, and no
+        // publish after them to mark the lane spilled again. Nothing here resyncs.
+        let store = Backlog::default();
+        for i in 0..100 {
+            store.put(item(format!("d{i:03}"), "busy", 0, 100));
+        }
+        let queue = EmbeddedQueue::with_limits(SMALL);
+        queue.resync();
+        let mut sent = 0;
+        for _ in 0..50 {
+            while refill(&queue, &store, from_millis(0)).await.unwrap() != Pass::default() {}
+            let taken: Vec<_> = std::iter::from_fn(|| queue.try_take(from_millis(0))).collect();
+            for lease in &taken {
+                store.finish(lease);
+                queue.complete(lease, from_millis(0));
+            }
+            sent += taken.len();
+        }
+        assert_eq!(
+            sent,
+            100,
+            "every row sent; {} left in the store",
+            store.len()
+        );
     }
 }
