@@ -298,14 +298,20 @@ mod tests {
         assert_bounded(&queue, 11);
     }
 
-    #[tokio::test]
-    async fn a_spilled_lane_that_runs_low_is_refilled_from_the_store() {
+    /// 100 due rows of one endpoint (cap 100) in the store, none in memory yet.
+    fn one_busy_endpoint() -> (Backlog, EmbeddedQueue) {
         let store = Backlog::default();
         for i in 0..100 {
             store.put(item(format!("d{i:03}"), "busy", 0, 100));
         }
         let queue = EmbeddedQueue::with_limits(SMALL);
         queue.resync();
+        (store, queue)
+    }
+
+    #[tokio::test]
+    async fn a_spilled_lane_that_runs_low_is_refilled_from_the_store() {
+        let (store, queue) = one_busy_endpoint();
         while refill(&queue, &store, from_millis(0)).await.unwrap() != Pass::default() {}
         let first: Vec<_> = std::iter::from_fn(|| queue.try_take(from_millis(0))).collect();
         assert_eq!(first.len(), SMALL.due, "as much as the window holds");
@@ -324,12 +330,7 @@ mod tests {
     async fn a_spilled_backlog_longer_than_one_refill_is_read_to_its_end() {
         // The end of a burst: 100 due rows of one endpoint, ten refills' worth, and no
         // publish after them to mark the lane spilled again. Nothing here resyncs.
-        let store = Backlog::default();
-        for i in 0..100 {
-            store.put(item(format!("d{i:03}"), "busy", 0, 100));
-        }
-        let queue = EmbeddedQueue::with_limits(SMALL);
-        queue.resync();
+        let (store, queue) = one_busy_endpoint();
         let mut sent = 0;
         for _ in 0..50 {
             while refill(&queue, &store, from_millis(0)).await.unwrap() != Pass::default() {}
