@@ -46,6 +46,14 @@ async fn bench_quick_runs_every_workload() {
     assert_eq!(results[1]["slow_peak_concurrency"], 4);
     assert_eq!(results[2]["delivered_share"], 1.0);
     assert!(results[0]["deliveries_per_s"].as_f64().unwrap_or(0.0) > 0.0);
+    // W1 reads where serve's threads spent the publishing, the store thread by its name.
+    for row in [
+        "store_thread_on_cpu_publishing",
+        "store_thread_waiting_publishing",
+        "serve_threads_waiting_publishing",
+    ] {
+        assert!(results[0][row].is_number(), "{row} in {}", results[0]);
+    }
     // W5 prints every row of its table, each measured: a number, not null.
     let outage = &results[4];
     for row in [
@@ -60,6 +68,9 @@ async fn bench_quick_runs_every_workload() {
         "publish_deliveries_per_s",
         "publish_call_p99_ms",
         "attempts_per_s_while_publishing",
+        "store_thread_on_cpu_publishing",
+        "store_thread_waiting_publishing",
+        "serve_threads_waiting_publishing",
         "attempts_per_s_after_publishing",
         "healthy_p99_ms",
         "healthy_publish_call_p99_ms",

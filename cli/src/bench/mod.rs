@@ -18,6 +18,7 @@ use hooklane_testkit::farm::{Behavior, Farm};
 
 mod outage;
 mod purge;
+mod sched;
 pub use outage::OutageSize;
 
 #[derive(Debug, thiserror::Error)]
@@ -566,8 +567,10 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
     api.setup(&account, &farm, &endpoints).await?;
     let clock = PublishClock::default();
     let cpu_before = target.pid().and_then(cpu_seconds);
+    let threads = sched::Phase::start(target.pid());
     let (publish_time, calls) =
         publish_many(&api, &account, &account, events, publishers, &clock).await?;
+    let threads = threads.end();
     let expected = events * endpoints.len();
     farm.wait_until(
         Duration::from_secs(if options.quick { 30 } else { 180 }),
@@ -599,6 +602,9 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
         "publish_call_p99_ms": round(percentile(&calls, 99.0)),
         "deliveries_per_s": round(arrived as f64 / span.as_secs_f64().max(1e-9)),
         "serve_cpu_us_per_delivery": cpu_per_delivery_us,
+        "store_thread_on_cpu_publishing": threads.store_on_cpu,
+        "store_thread_waiting_publishing": threads.store_waiting,
+        "serve_threads_waiting_publishing": threads.serve_waiting,
         "p50_ms": round(percentile(&latencies, 50.0)),
         "p95_ms": round(percentile(&latencies, 95.0)),
         "p99_ms": round(percentile(&latencies, 99.0)),

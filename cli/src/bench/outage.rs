@@ -90,9 +90,11 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
 
     // Phase 1: the outage's events, from 32 publishers at once, each call timed.
     let attempts_before = failing_attempts(&farm, &failing);
+    let threads = sched::Phase::start(target.pid());
     let started = Instant::now();
     let calls = publish_timed(&api, &accounts, size.events).await?;
     let publishing = started.elapsed();
+    let threads = threads.end();
     let attempts_publishing = failing_attempts(&farm, &failing) - attempts_before;
     let rss_published = rss_mb(target.pid());
 
@@ -166,6 +168,9 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         "publish_call_p50_ms": round(percentile(&calls, 50.0)),
         "publish_call_p99_ms": round(percentile(&calls, 99.0)),
         "attempts_per_s_while_publishing": round(attempts_publishing as f64 / publishing.as_secs_f64()),
+        "store_thread_on_cpu_publishing": threads.store_on_cpu,
+        "store_thread_waiting_publishing": threads.store_waiting,
+        "serve_threads_waiting_publishing": threads.serve_waiting,
         "attempts_per_s_after_publishing": round(attempts_after as f64 / settle.as_secs_f64()),
         "healthy_p50_ms": round(percentile(&healthy_latencies, 50.0)),
         "healthy_p99_ms": round(percentile(&healthy_latencies, 99.0)),

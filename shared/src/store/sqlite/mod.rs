@@ -46,6 +46,11 @@ use rows::*;
 use schema::*;
 use worker::*;
 
+/// The name of the one thread that writes, as `top -H` and `/proc/<pid>/task` show it: every
+/// publish and every attempt's record waits for it, and `hooklane bench` prints how busy it
+/// was.
+pub const STORE_THREAD: &str = "sqlite-store";
+
 /// Pending rows one read of the backlog gauge counts.
 const BACKLOG_SLICE: u64 = 10_000;
 
@@ -298,7 +303,7 @@ impl SqliteStore {
             checkpoints,
         } = helpers(&conn, &jobs)?;
         std::thread::Builder::new()
-            .name("sqlite-store".into())
+            .name(STORE_THREAD.into())
             .spawn(move || run_jobs(conn, queue, checkpoints))
             .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
         Ok(Self {
