@@ -62,6 +62,9 @@ enum Command {
         /// Scaled-down sizes that finish in seconds.
         #[arg(long)]
         quick: bool,
+        /// W1: endpoints each event goes to, so deliveries per publish call (default 10).
+        #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        throughput_endpoints: u16,
         /// W5: accounts whose endpoints all answer 503 (default 9; 2 with --quick).
         #[arg(long, value_name = "N")]
         outage_accounts: Option<usize>,
@@ -380,6 +383,7 @@ fn main() -> ExitCode {
             token,
             workloads,
             quick,
+            throughput_endpoints,
             outage_accounts,
             outage_endpoints,
             outage_events,
@@ -388,6 +392,7 @@ fn main() -> ExitCode {
             token,
             workloads,
             quick,
+            usize::from(throughput_endpoints),
             [outage_accounts, outage_endpoints, outage_events],
         ),
         Command::Receive {
@@ -538,6 +543,7 @@ fn run_bench(
     token: Option<String>,
     workloads: String,
     quick: bool,
+    throughput_endpoints: usize,
     [accounts, endpoints, events]: [Option<usize>; 3],
 ) -> ExitCode {
     use hooklane_cli::bench;
@@ -571,6 +577,7 @@ fn run_bench(
         token,
         workloads,
         quick,
+        throughput_endpoints,
         outage,
     })) {
         Ok(_) => ExitCode::SUCCESS,
@@ -587,6 +594,7 @@ fn run_bench(
     _: Option<String>,
     _: String,
     _: bool,
+    _: usize,
     _: [Option<usize>; 3],
 ) -> ExitCode {
     eprintln!(

@@ -100,3 +100,57 @@ async fn bench_quick_runs_every_workload() {
         assert!(purge[row].is_number(), "{row} in {purge}");
     }
 }
+
+/// Runs `hooklane bench` with these arguments; its exit status, stdout and stderr.
+async fn bench(args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklane"))
+        .arg("bench")
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run bench");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w1_fans_each_event_out_to_the_endpoints_asked_for() {
+    let (ok, stdout, stderr) = bench(&[
+        "--quick",
+        "--workloads",
+        "w1",
+        "--throughput-endpoints",
+        "3",
+    ])
+    .await;
+    assert!(ok, "bench failed: {stdout}{stderr}");
+    let w1: Value = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .expect("W1's JSON line");
+    assert_eq!(w1["endpoints"], 3, "{w1}");
+    assert_eq!(
+        w1["deliveries"],
+        w1["events"].as_u64().unwrap_or(0) * 3,
+        "{w1}"
+    );
+    assert_eq!(w1["lost"], 0, "{w1}");
+    assert_eq!(w1["duplicates"], 0, "{w1}");
+
+    // No endpoint means no delivery to measure: refused before anything starts.
+    let (ok, _, stderr) = bench(&[
+        "--quick",
+        "--workloads",
+        "w1",
+        "--throughput-endpoints",
+        "0",
+    ])
+    .await;
+    assert!(!ok);
+    assert!(stderr.contains("--throughput-endpoints"), "{stderr}");
+}

@@ -76,6 +76,9 @@ pub struct BenchOptions {
     pub workloads: Vec<Workload>,
     /// Scaled-down sizes that finish in seconds (the test suite's smoke run).
     pub quick: bool,
+    /// W1: endpoints each event goes to (10 by default), so the deliveries a publish call
+    /// writes: the call's cost grows with them.
+    pub throughput_endpoints: usize,
     /// W5's size.
     pub outage: OutageSize,
 }
@@ -560,7 +563,7 @@ fn round3(value: f64) -> f64 {
 async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
     let (events, publishers) = if options.quick { (100, 8) } else { (5000, 32) };
     let farm = Farm::start().await?;
-    let endpoints = names("w1", 10);
+    let endpoints = names("w1", options.throughput_endpoints.max(1));
     let target = Target::start(options, &[]).await?;
     let api = Api::new(&target);
     let account = format!("bench-w1-{}", uuid_fragment());
@@ -595,6 +598,7 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
     Ok(json!({
         "workload": "W1 throughput",
         "events": events,
+        "endpoints": endpoints.len(),
         "deliveries": expected,
         "publishers": publishers,
         "publish_per_s": round(events as f64 / publish_time.as_secs_f64()),
