@@ -62,7 +62,7 @@ enum Command {
         /// Scaled-down sizes that finish in seconds.
         #[arg(long)]
         quick: bool,
-        /// W1: endpoints each event goes to, so deliveries per publish call (default 10).
+        /// W1: endpoints each event goes to, so deliveries per publish call.
         #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=1000))]
         throughput_endpoints: u16,
         /// W5: accounts whose endpoints all answer 503 (default 9; 2 with --quick).

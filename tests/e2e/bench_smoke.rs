@@ -1,22 +1,12 @@
-//! `hooklane bench --quick` keeps working: six workloads, nothing lost.
+//! `hooklane bench --quick` keeps working: six workloads, nothing lost, W1 at a given fan-out.
 
 use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_quick_runs_every_workload() {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklane"))
-        .args(["bench", "--quick"])
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (ok, stdout, stderr) = bench(&["--quick"]).await;
     println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "bench failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(ok, "bench failed: {stdout}{stderr}");
     let results: Vec<Value> = stdout
         .lines()
         .filter(|line| line.starts_with('{'))
