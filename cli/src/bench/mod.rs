@@ -76,8 +76,8 @@ pub struct BenchOptions {
     pub workloads: Vec<Workload>,
     /// Scaled-down sizes that finish in seconds (the test suite's smoke run).
     pub quick: bool,
-    /// W1: endpoints each event goes to (10 by default), so the deliveries a publish call
-    /// writes: the call's cost grows with them.
+    /// W1: endpoints each event goes to (`hooklane bench` passes 10 unless told), so the
+    /// deliveries a publish call writes: the call's cost grows with them.
     pub throughput_endpoints: usize,
     /// W5's size.
     pub outage: OutageSize,
