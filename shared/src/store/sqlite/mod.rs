@@ -286,6 +286,13 @@ impl SqliteStore {
         conn.pragma_update(None, "cache_size", STORE_CACHE_KIB)
             .map_err(backend)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(backend)?;
+        let rebuilt = drop_descending_log_indexes(&conn).map_err(backend)?;
+        if rebuilt > 0 {
+            tracing::info!(
+                indexes = rebuilt,
+                "making the delivery log's indexes again in ascending order, once: this takes a while on a large file"
+            );
+        }
         conn.execute_batch(SCHEMA).map_err(backend)?;
         add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;

@@ -52,12 +52,12 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(next_try_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS deliveries_pending_by_endpoint ON deliveries(endpoint_id, next_try_at, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries(endpoint_id, created_at DESC, id DESC);
-CREATE INDEX IF NOT EXISTS deliveries_by_account ON deliveries(account_id, created_at DESC, id DESC);
-CREATE INDEX IF NOT EXISTS deliveries_by_account_type ON deliveries(account_id, event_type, created_at DESC, id DESC);
-CREATE INDEX IF NOT EXISTS deliveries_by_account_failure ON deliveries(account_id, status, created_at DESC, id DESC) WHERE status IN ('failed', 'abandoned');
-CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_failure ON deliveries(endpoint_id, status, created_at DESC, id DESC) WHERE status IN ('failed', 'abandoned');
-CREATE INDEX IF NOT EXISTS deliveries_by_account_error_code ON deliveries(account_id, last_status, created_at DESC, id DESC) WHERE last_status >= 300;
+CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries(endpoint_id, created_at, id);
+CREATE INDEX IF NOT EXISTS deliveries_by_account ON deliveries(account_id, created_at, id);
+CREATE INDEX IF NOT EXISTS deliveries_by_account_type ON deliveries(account_id, event_type, created_at, id);
+CREATE INDEX IF NOT EXISTS deliveries_by_account_failure ON deliveries(account_id, status, created_at, id) WHERE status IN ('failed', 'abandoned');
+CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_failure ON deliveries(endpoint_id, status, created_at, id) WHERE status IN ('failed', 'abandoned');
+CREATE INDEX IF NOT EXISTS deliveries_by_account_error_code ON deliveries(account_id, last_status, created_at, id) WHERE last_status >= 300;
 CREATE TABLE IF NOT EXISTS notifications (
   id TEXT PRIMARY KEY,
   account_id TEXT NOT NULL,
@@ -173,6 +173,37 @@ pub(super) fn migrate_attempts_to_time_order(conn: &Connection) -> rusqlite::Res
          DROP TABLE attempts_by_id;"
     ))?;
     tx.commit()
+}
+
+/// The delivery log's indexes. Each is ascending, so a new delivery goes at the end of its
+/// range, as the logs read them backwards: SQLite fills a page appended to at its end, where
+/// one inserted at its front (a descending index) splits half empty. Ascending, W1's file
+/// was a fifth smaller (893 against 1,128 bytes per delivery).
+pub(super) const LOG_INDEXES: [&str; 6] = [
+    "deliveries_by_endpoint",
+    "deliveries_by_account",
+    "deliveries_by_account_type",
+    "deliveries_by_account_failure",
+    "deliveries_by_endpoint_failure",
+    "deliveries_by_account_error_code",
+];
+
+/// Drops those of [`LOG_INDEXES`] that a file from before declared descending, for `SCHEMA`
+/// to make again. Runs before it; returns how many it dropped.
+pub(super) fn drop_descending_log_indexes(conn: &Connection) -> rusqlite::Result<usize> {
+    let mut dropped = 0;
+    for index in LOG_INDEXES {
+        let descending: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM pragma_index_xinfo(?1) WHERE desc = 1",
+            [index],
+            |row| row.get(0),
+        )?;
+        if descending {
+            conn.execute_batch(&format!("DROP INDEX {index}"))?;
+            dropped += 1;
+        }
+    }
+    Ok(dropped)
 }
 
 pub(super) fn table_columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {

@@ -421,6 +421,70 @@ async fn an_older_file_gains_the_headers_column_and_its_endpoints_have_none() {
     assert!(endpoint.headers.is_empty());
 }
 
+/// A file whose log indexes were declared descending (as they were until they were made
+/// ascending) has them made again, ascending, on open; its log still reads newest first.
+#[tokio::test]
+async fn an_older_file_gets_its_log_indexes_ascending_and_reads_newest_first() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(&format!(
+        "{FIRST_RELEASE_DELIVERIES} \
+         CREATE INDEX deliveries_by_endpoint ON deliveries(endpoint_id, created_at DESC, id DESC); \
+         CREATE INDEX deliveries_by_account ON deliveries(account_id, created_at DESC, id DESC); \
+         CREATE INDEX deliveries_by_account_type ON deliveries(account_id, event_type, created_at DESC, id DESC); \
+         CREATE INDEX deliveries_by_account_failure ON deliveries(account_id, status, created_at DESC, id DESC) WHERE status IN ('failed', 'abandoned'); \
+         CREATE INDEX deliveries_by_endpoint_failure ON deliveries(endpoint_id, status, created_at DESC, id DESC) WHERE status IN ('failed', 'abandoned'); \
+         CREATE INDEX deliveries_by_account_error_code ON deliveries(account_id, last_status, created_at DESC, id DESC) WHERE last_status >= 300; \
+         INSERT INTO deliveries VALUES ('dlv_1', 'acme', 'evt_1', 'ep_1', 'a.b', 'failed', 3, NULL, 503, 'x', 0, 1000, 2); \
+         INSERT INTO deliveries VALUES ('dlv_2', 'acme', 'evt_2', 'ep_1', 'a.b', 'delivered', 1, NULL, 200, NULL, 0, 2000, 2); \
+         INSERT INTO deliveries VALUES ('dlv_3', 'acme', 'evt_3', 'ep_1', 'a.b', 'failed', 3, NULL, 503, 'x', 0, 3000, 2);"
+    ))
+    .unwrap();
+    let store = older_file_opened(conn);
+    let layout = store
+        .run(|conn| {
+            LOG_INDEXES
+                .iter()
+                .map(|index| {
+                    conn.query_row(
+                        "SELECT count(*), coalesce(sum(desc), 0) FROM pragma_index_xinfo(?1) WHERE key = 1",
+                        [index],
+                        |row| Ok((*index, row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
+                    )
+                })
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+    for (index, columns, descending) in layout {
+        assert!(columns >= 3, "{index} exists with its columns: {columns}");
+        assert_eq!(descending, 0, "{index} is ascending");
+    }
+    let account = AccountId::from_trusted("acme".into());
+    let mut seen = Vec::new();
+    for status in [None, Some(DeliveryStatus::Failed)] {
+        let mut query = DeliveryQuery {
+            status,
+            limit: 2,
+            ..DeliveryQuery::default()
+        };
+        let mut ids = Vec::new();
+        loop {
+            let page = store.list_deliveries(&account, &query).await.unwrap();
+            ids.extend(page.items.iter().map(|d| d.id.as_str().to_owned()));
+            match page.next_cursor {
+                Some(cursor) => query.cursor = Some(cursor),
+                None => break,
+            }
+        }
+        seen.push(ids);
+    }
+    assert_eq!(
+        seen,
+        vec![vec!["dlv_3", "dlv_2", "dlv_1"], vec!["dlv_3", "dlv_1"]]
+    );
+}
+
 /// Eight hours of traffic with a two-hour retention: each hour 400 events, all delivered but
 /// one. The purge keeps what is pending (and its event), removes the rest once old enough,
 /// and the file reuses the freed pages instead of growing.
