@@ -131,6 +131,12 @@ async fn w1_fans_each_event_out_to_the_endpoints_asked_for() {
     );
     assert_eq!(w1["lost"], 0, "{w1}");
     assert_eq!(w1["duplicates"], 0, "{w1}");
+    // The file's size per delivery, read once serve stopped and its WAL was checkpointed
+    // into it: a number, not null.
+    assert!(
+        w1["checkpointed_bytes_per_delivery"].as_u64().unwrap_or(0) > 0,
+        "{w1}"
+    );
 
     // No endpoint means no delivery to measure: refused before anything starts.
     let (ok, _, stderr) = bench(&[

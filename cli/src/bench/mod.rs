@@ -260,6 +260,23 @@ impl Target {
         Some((size("bench.db"), size("bench.db-wal")))
     }
 
+    /// Bytes of the database file once `serve` is stopped (killed) and its WAL copied into
+    /// the file: what the rows take on disk, which the live file and WAL only bound.
+    async fn checkpointed_database_bytes(&mut self) -> Option<u64> {
+        let db = self.scratch.as_ref()?.join("bench.db");
+        self.crash().await;
+        tokio::task::spawn_blocking(move || {
+            let conn = rusqlite::Connection::open(&db).ok()?;
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .ok()?;
+            drop(conn);
+            std::fs::metadata(&db).ok().map(|m| m.len())
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     async fn stop(mut self) {
         self.crash().await;
         if let Some(dir) = &self.scratch {
@@ -564,7 +581,7 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
     let (events, publishers) = if options.quick { (100, 8) } else { (5000, 32) };
     let farm = Farm::start().await?;
     let endpoints = names("w1", options.throughput_endpoints.max(1));
-    let target = Target::start(options, &[]).await?;
+    let mut target = Target::start(options, &[]).await?;
     let api = Api::new(&target);
     let account = format!("bench-w1-{}", uuid_fragment());
     api.setup(&account, &farm, &endpoints).await?;
@@ -594,6 +611,7 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
         _ => None,
     };
     let latencies = latencies_ms(&farm, &endpoints, &clock);
+    let database_bytes = target.checkpointed_database_bytes().await;
     target.stop().await;
     Ok(json!({
         "workload": "W1 throughput",
@@ -614,6 +632,7 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
         "p99_ms": round(percentile(&latencies, 99.0)),
         "lost": expected - arrived.min(expected),
         "duplicates": duplicates(&farm, &endpoints),
+        "checkpointed_bytes_per_delivery": database_bytes.map(|b| b / expected.max(1) as u64),
     }))
 }
 
