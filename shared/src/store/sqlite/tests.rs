@@ -421,8 +421,8 @@ async fn an_older_file_gains_the_headers_column_and_its_endpoints_have_none() {
     assert!(endpoint.headers.is_empty());
 }
 
-/// A file whose log indexes were declared descending (as they were until they were made
-/// ascending) has them made again, ascending, on open; its log still reads newest first.
+/// A file made while the log's indexes were declared descending has them made again,
+/// ascending, on open; its log still reads newest first, filtered or not, page by page.
 #[tokio::test]
 async fn an_older_file_gets_its_log_indexes_ascending_and_reads_newest_first() {
     let conn = Connection::open_in_memory().unwrap();
