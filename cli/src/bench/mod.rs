@@ -21,6 +21,9 @@ mod purge;
 mod sched;
 pub use outage::OutageSize;
 
+/// The database file a Hooklane started here uses, in its scratch directory.
+const DATABASE: &str = "bench.db";
+
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("cannot start hooklane serve: {0}")]
@@ -176,7 +179,7 @@ impl Target {
         command
             .arg("serve")
             .env("HOOKLANE_LISTEN", "127.0.0.1:0")
-            .env("HOOKLANE_DATABASE", scratch.join("bench.db"))
+            .env("HOOKLANE_DATABASE", scratch.join(DATABASE))
             .env("HOOKLANE_ADMIN_TOKEN", &self.token)
             .env("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8")
             .env("RUST_LOG", "warn")
@@ -257,13 +260,13 @@ impl Target {
                 .map(|m| m.len())
                 .unwrap_or(0)
         };
-        Some((size("bench.db"), size("bench.db-wal")))
+        Some((size(DATABASE), size(&format!("{DATABASE}-wal"))))
     }
 
     /// Bytes of the database file once `serve` is stopped (killed) and its WAL copied into
     /// the file: what the rows take on disk, which the live file and WAL only bound.
     async fn checkpointed_database_bytes(&mut self) -> Option<u64> {
-        let db = self.scratch.as_ref()?.join("bench.db");
+        let db = self.scratch.as_ref()?.join(DATABASE);
         self.crash().await;
         tokio::task::spawn_blocking(move || {
             let conn = rusqlite::Connection::open(&db).ok()?;
