@@ -65,6 +65,11 @@ enum Command {
         /// W1: endpoints each event goes to, so deliveries per publish call.
         #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=1000))]
         throughput_endpoints: u16,
+        /// W1: publish N events a second, each when it is due whatever the calls before it are
+        /// doing (an open loop, as a platform's traffic arrives), instead of from 32 publishers
+        /// that each wait for their call; a call's time then counts from when it was due.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        publish_rate: Option<u32>,
         /// W5: accounts whose endpoints all answer 503 (default 9; 2 with --quick).
         #[arg(long, value_name = "N")]
         outage_accounts: Option<usize>,
@@ -384,6 +389,7 @@ fn main() -> ExitCode {
             workloads,
             quick,
             throughput_endpoints,
+            publish_rate,
             outage_accounts,
             outage_endpoints,
             outage_events,
@@ -392,7 +398,7 @@ fn main() -> ExitCode {
             token,
             workloads,
             quick,
-            usize::from(throughput_endpoints),
+            (usize::from(throughput_endpoints), publish_rate),
             [outage_accounts, outage_endpoints, outage_events],
         ),
         Command::Receive {
@@ -543,7 +549,7 @@ fn run_bench(
     token: Option<String>,
     workloads: String,
     quick: bool,
-    throughput_endpoints: usize,
+    (throughput_endpoints, publish_rate): (usize, Option<u32>),
     [accounts, endpoints, events]: [Option<usize>; 3],
 ) -> ExitCode {
     use hooklane_cli::bench;
@@ -578,6 +584,7 @@ fn run_bench(
         workloads,
         quick,
         throughput_endpoints,
+        publish_rate,
         outage,
     })) {
         Ok(_) => ExitCode::SUCCESS,
@@ -594,7 +601,7 @@ fn run_bench(
     _: Option<String>,
     _: String,
     _: bool,
-    _: usize,
+    _: (usize, Option<u32>),
     _: [Option<usize>; 3],
 ) -> ExitCode {
     eprintln!(

@@ -1,4 +1,5 @@
-//! `hooklane bench --quick` keeps working: six workloads, nothing lost, W1 at a given fan-out.
+//! `hooklane bench --quick` keeps working: six workloads, nothing lost, W1 at a given fan-out
+//! and at a given publish rate.
 
 use serde_json::Value;
 
@@ -149,4 +150,30 @@ async fn w1_fans_each_event_out_to_the_endpoints_asked_for() {
     .await;
     assert!(!ok);
     assert!(stderr.contains("--throughput-endpoints"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w1_publishes_at_the_rate_asked_for() {
+    let (ok, stdout, stderr) =
+        bench(&["--quick", "--workloads", "w1", "--publish-rate", "200"]).await;
+    assert!(ok, "bench failed: {stdout}{stderr}");
+    let w1: Value = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .expect("W1's JSON line");
+    assert_eq!(w1["publish_rate"], 200, "{w1}");
+    assert!(w1["publishers"].is_null(), "{w1}");
+    // The quick run's 100 events are due 5 ms apart, so publishing them takes at least
+    // 0.495 s whatever the calls take: at most 202 a second. The closed loop's publishers
+    // start each call as the last one answers, hundreds a second or more.
+    let rate = w1["publish_per_s"].as_f64().unwrap_or(f64::MAX);
+    assert!(rate <= 203.0, "{w1}");
+    assert!(w1["publish_call_p99_ms"].is_number(), "{w1}");
+    assert_eq!(w1["lost"], 0, "{w1}");
+    assert_eq!(w1["duplicates"], 0, "{w1}");
+
+    let (ok, _, stderr) = bench(&["--quick", "--workloads", "w1", "--publish-rate", "0"]).await;
+    assert!(!ok);
+    assert!(stderr.contains("--publish-rate"), "{stderr}");
 }

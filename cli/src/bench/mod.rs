@@ -82,6 +82,9 @@ pub struct BenchOptions {
     /// W1: endpoints each event goes to (`hooklane bench` passes 10 unless told), so the
     /// deliveries a publish call writes: the call's cost grows with them.
     pub throughput_endpoints: usize,
+    /// W1: events a second, each published when it is due (an open loop); `None` for 32
+    /// publishers that each wait for their call (a closed loop, which runs at saturation).
+    pub publish_rate: Option<u32>,
     /// W5's size.
     pub outage: OutageSize,
 }
@@ -458,6 +461,40 @@ async fn publish_many(
     Ok((took, calls))
 }
 
+/// Publishes `events` bench events to `account`, `rate` a second, each when it is due
+/// whatever the calls before it are doing: an open loop, as a platform's traffic arrives.
+/// A call's time counts from when it was due, so the bench's own lag in starting it counts
+/// against the call rather than hiding it. Returns the time until the last call answered
+/// and each call's time in milliseconds, sorted.
+async fn publish_at_rate(
+    api: &Arc<Api>,
+    account: &str,
+    events: usize,
+    rate: u32,
+    clock: &PublishClock,
+) -> Result<(Duration, Vec<f64>), BenchError> {
+    let started = tokio::time::Instant::now();
+    let every = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let mut calls = Vec::with_capacity(events);
+    for i in 0..events {
+        let due = started + every.mul_f64(i as f64);
+        tokio::time::sleep_until(due).await;
+        let (api, clock, account) = (Arc::clone(api), clock.clone(), account.to_owned());
+        calls.push(tokio::spawn(async move {
+            api.publish_bench_event(&clock, &account, format!("{account}-{i}"), i)
+                .await?;
+            Ok::<_, BenchError>(due.elapsed().as_secs_f64() * 1000.0)
+        }));
+    }
+    let mut took = Vec::with_capacity(events);
+    for call in calls {
+        took.push(call.await.map_err(|e| BenchError::Api(e.to_string()))??);
+    }
+    let publish_time = started.elapsed();
+    took.sort_by(f64::total_cmp);
+    Ok((publish_time, took))
+}
+
 /// Publishes an event to `account` every `interval` until `stop`; returns how many it
 /// published and each publish call's time in milliseconds, sorted.
 async fn publish_steadily(
@@ -585,14 +622,16 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
     let farm = Farm::start().await?;
     let endpoints = names("w1", options.throughput_endpoints.max(1));
     let mut target = Target::start(options, &[]).await?;
-    let api = Api::new(&target);
+    let api = Arc::new(Api::new(&target));
     let account = format!("bench-w1-{}", uuid_fragment());
     api.setup(&account, &farm, &endpoints).await?;
     let clock = PublishClock::default();
     let cpu_before = target.pid().and_then(cpu_seconds);
     let threads = sched::Phase::start(target.pid());
-    let (publish_time, calls) =
-        publish_many(&api, &account, &account, events, publishers, &clock).await?;
+    let (publish_time, calls) = match options.publish_rate {
+        Some(rate) => publish_at_rate(&api, &account, events, rate, &clock).await?,
+        None => publish_many(&api, &account, &account, events, publishers, &clock).await?,
+    };
     let threads = threads.end();
     let expected = events * endpoints.len();
     farm.wait_until(
@@ -621,7 +660,8 @@ async fn throughput(options: &BenchOptions) -> Result<Value, BenchError> {
         "events": events,
         "endpoints": endpoints.len(),
         "deliveries": expected,
-        "publishers": publishers,
+        "publishers": options.publish_rate.is_none().then_some(publishers),
+        "publish_rate": options.publish_rate,
         "publish_per_s": round(events as f64 / publish_time.as_secs_f64()),
         "publish_call_p50_ms": round(percentile(&calls, 50.0)),
         "publish_call_p99_ms": round(percentile(&calls, 99.0)),
