@@ -108,22 +108,22 @@ async fn bench(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn w1_fans_each_event_out_to_the_endpoints_asked_for() {
-    let (ok, stdout, stderr) = bench(&[
-        "--quick",
-        "--workloads",
-        "w1",
-        "--throughput-endpoints",
-        "3",
-    ])
-    .await;
+/// Runs `hooklane bench --quick --workloads w1` with these arguments too; W1's JSON line.
+async fn quick_w1(args: &[&str]) -> Value {
+    let mut all = vec!["--quick", "--workloads", "w1"];
+    all.extend_from_slice(args);
+    let (ok, stdout, stderr) = bench(&all).await;
     assert!(ok, "bench failed: {stdout}{stderr}");
-    let w1: Value = stdout
+    stdout
         .lines()
         .find(|line| line.starts_with('{'))
         .map(|line| serde_json::from_str(line).expect("JSON line"))
-        .expect("W1's JSON line");
+        .expect("W1's JSON line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w1_fans_each_event_out_to_the_endpoints_asked_for() {
+    let w1 = quick_w1(&["--throughput-endpoints", "3"]).await;
     assert_eq!(w1["endpoints"], 3, "{w1}");
     assert_eq!(
         w1["deliveries"],
@@ -154,14 +154,7 @@ async fn w1_fans_each_event_out_to_the_endpoints_asked_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn w1_publishes_at_the_rate_asked_for() {
-    let (ok, stdout, stderr) =
-        bench(&["--quick", "--workloads", "w1", "--publish-rate", "200"]).await;
-    assert!(ok, "bench failed: {stdout}{stderr}");
-    let w1: Value = stdout
-        .lines()
-        .find(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("JSON line"))
-        .expect("W1's JSON line");
+    let w1 = quick_w1(&["--publish-rate", "200"]).await;
     assert_eq!(w1["publish_rate"], 200, "{w1}");
     assert!(w1["publishers"].is_null(), "{w1}");
     // The quick run's 100 events are due 5 ms apart, so publishing them takes at least

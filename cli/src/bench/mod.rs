@@ -486,13 +486,20 @@ async fn publish_at_rate(
             Ok::<_, BenchError>(due.elapsed().as_secs_f64() * 1000.0)
         }));
     }
-    let mut took = Vec::with_capacity(events);
+    let took = answered(calls).await?;
+    Ok((started.elapsed(), took))
+}
+
+/// Each spawned call's time in milliseconds, sorted, once all have answered.
+async fn answered(
+    calls: Vec<tokio::task::JoinHandle<Result<f64, BenchError>>>,
+) -> Result<Vec<f64>, BenchError> {
+    let mut took = Vec::with_capacity(calls.len());
     for call in calls {
         took.push(call.await.map_err(|e| BenchError::Api(e.to_string()))??);
     }
-    let publish_time = started.elapsed();
     took.sort_by(f64::total_cmp);
-    Ok((publish_time, took))
+    Ok(took)
 }
 
 /// Publishes an event to `account` every `interval` until `stop`; returns how many it
@@ -523,12 +530,7 @@ async fn publish_steadily(
             .map(|_| started.elapsed().as_secs_f64() * 1000.0)
         }));
     }
-    let mut took = Vec::with_capacity(calls.len());
-    for call in calls {
-        took.push(call.await.map_err(|e| BenchError::Api(e.to_string()))??);
-    }
-    took.sort_by(f64::total_cmp);
-    Ok((published, took))
+    Ok((published, answered(calls).await?))
 }
 
 /// End-to-end latencies (publish call start → arrival) of the first successful arrival
