@@ -499,6 +499,18 @@ fn fanout_may_mark_its_events_fanned_out_and_nothing_more() {
     }
 }
 
+/// A replay (and a resend of missed events) late in the retention moves the TTL of each
+/// event it sends past the retries it starts (`expires_at`, an UpdateItem): the api runs it.
+#[test]
+fn the_api_may_keep_the_events_a_replay_sends() {
+    assert_allows(
+        "ApiFunction",
+        "dynamodb:UpdateItem",
+        &table("EventsTable"),
+        "EventsTable",
+    );
+}
+
 /// An outbox event of an account that does not exist is rejected, so both readers of new
 /// events may look accounts up.
 #[test]

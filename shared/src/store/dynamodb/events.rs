@@ -389,11 +389,63 @@ impl DynamoStore {
         }
     }
 
+    /// Moves the TTL of the events of `deliveries`, made pending at `now`, to the end of
+    /// their retries (`Retention::retries` from `now`) where it comes sooner. An event's TTL
+    /// is set when it is written, and a delivery replayed or added late in the retention
+    /// would otherwise find its event gone part way through its retries. Runs before the
+    /// deliveries are written, so none is pending with its event due to go first; a TTL
+    /// already later is left (the write's condition), and so is an event that is gone.
+    pub(super) async fn keep_events_for_retries<'a>(
+        &self,
+        deliveries: impl IntoIterator<Item = &'a Delivery>,
+        now: Timestamp,
+    ) -> StoreResult<()> {
+        let until = crate::clock::add(now, self.retention.retries);
+        let mut events: Vec<(String, String)> = deliveries
+            .into_iter()
+            // A delivery's `created_at` is its event's: from that, the TTL written with it.
+            .filter(|d| crate::clock::add(d.created_at, self.retention.events) < until)
+            .map(|d| {
+                (
+                    d.account_id.as_str().to_owned(),
+                    d.event_id.as_str().to_owned(),
+                )
+            })
+            .collect();
+        events.sort_unstable();
+        events.dedup();
+        let expires = to_millis(until).div_euclid(1000);
+        let updates: Vec<_> = events
+            .into_iter()
+            .map(|(account, event)| {
+                self.client
+                    .update_item()
+                    .table_name(&self.tables.events)
+                    .key("account_id", s(account))
+                    .key("id", s(event))
+                    .update_expression("SET expires_at = :expires")
+                    .condition_expression("attribute_exists(id) AND expires_at < :expires")
+                    .expression_attribute_values(":expires", n(expires))
+            })
+            .collect();
+        let results: Vec<_> = futures_util::stream::iter(updates)
+            .map(|update| update.send())
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        for result in results {
+            written(result)?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn add_deliveries(
         &self,
         deliveries: &[Delivery],
     ) -> StoreResult<Vec<Delivery>> {
         derived_ids_only(deliveries)?;
+        self.keep_events_for_retries(deliveries, chrono::Utc::now())
+            .await?;
         let puts = deliveries
             .iter()
             .map(|delivery| {

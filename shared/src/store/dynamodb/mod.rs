@@ -163,6 +163,9 @@ pub struct Retention {
     pub events: std::time::Duration,
     pub attempts: std::time::Duration,
     pub deliveries: std::time::Duration,
+    /// How long a delivery made pending now may need its event: the retry schedule and a
+    /// day. A replay or a late delivery keeps its event at least this long from then on.
+    pub retries: std::time::Duration,
 }
 
 impl Default for Retention {
@@ -180,6 +183,7 @@ impl Retention {
             events: core.retention.max(schedule),
             attempts: core.retention,
             deliveries: core.retention,
+            retries: schedule,
         }
     }
 }

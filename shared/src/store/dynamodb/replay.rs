@@ -109,6 +109,8 @@ impl DynamoStore {
         replay.more = replay.more || matched.len() > limit;
         matched.truncate(limit);
         let now = replay.requested_at;
+        self.keep_events_for_retries(matched.iter().map(|(delivery, _, _)| delivery), now)
+            .await?;
         // Time-ordered and unique enough for a human-triggered audit trail.
         let sort = to_millis(now) * 1000 + i64::from(rand::random::<u16>() % 1000);
         let mut queued = Vec::with_capacity(matched.len());

@@ -519,3 +519,118 @@ async fn hour_counts_a_flush_could_not_write_go_with_the_next() {
         [(1, 0)]
     );
 }
+
+/// The event item's TTL value, in epoch seconds.
+async fn event_expires_at(store: &DynamoStore, account: &str, event: &str) -> i64 {
+    let item = store
+        .client()
+        .get_item()
+        .table_name(&store.tables().events)
+        .key("account_id", s(account))
+        .key("id", s(event))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("the event item");
+    item["expires_at"].as_n().unwrap().parse().unwrap()
+}
+
+/// An event's TTL is set when it is written, so a replay late in the retention would make
+/// its delivery pending again with the event due to go before the retries end (TTL deletes
+/// on its own schedule; the emulator never does, so the test reads the value). A replay
+/// keeps the event for the whole retry schedule, and a day, from the replay on.
+#[tokio::test]
+async fn a_replay_keeps_its_event_for_the_retries_it_starts() {
+    use crate::fixtures::{at, attempt, failed, replay};
+    let store = emulator_store().await;
+    let (account, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, failed()).await;
+    let retention = Retention::default();
+    let kept = retention.events.as_secs() as i64;
+    let written = event_expires_at(&store, "acme", delivery.event_id.as_str()).await;
+    assert_eq!(written, to_millis(at(1)) / 1000 + kept);
+
+    // A day before the event expires, well inside the retention.
+    let second = 1 + kept - 86_400;
+    let outcome = store
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Delivery(delivery.id.clone()),
+                ReplayFilter::single(),
+                second,
+            ),
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.queued.len(), 1);
+    let retries = retention.retries.as_secs() as i64;
+    assert_eq!(
+        event_expires_at(&store, "acme", delivery.event_id.as_str()).await,
+        to_millis(at(second)) / 1000 + retries,
+        "kept until the replayed delivery's retries are over"
+    );
+
+    // A replay early in the retention leaves the event's TTL as it was.
+    let (account, early) = {
+        let [ep] = crate::fixtures::account_with_endpoints(&store, "early", ["ep_e"]).await;
+        let account = AccountId::from_trusted("early".into());
+        let d = crate::fixtures::publish(&store, &account, 1, "invoice.paid", &[&ep])
+            .await
+            .remove(0);
+        (account, d)
+    };
+    attempt(&store, &early.id, 2, failed()).await;
+    store
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Delivery(early.id.clone()),
+                ReplayFilter::single(),
+                3,
+            ),
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        event_expires_at(&store, "early", early.event_id.as_str()).await,
+        written
+    );
+}
+
+/// A delivery added for an event published long ago (a resend with `include_missed`
+/// reaches back the whole retention) keeps that event for its retries too.
+#[tokio::test]
+async fn a_delivery_added_late_keeps_its_event_for_its_retries() {
+    use crate::fixtures::{delivery, typed_event};
+    let store = emulator_store().await;
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let retention = Retention::default();
+    // Published a day before it expires.
+    let published =
+        chrono::Utc::now() - (retention.events - std::time::Duration::from_secs(86_400));
+    let event = typed_event("acme", "evt_old", "invoice.paid", published);
+    store.publish(&event, &[]).await.unwrap();
+    let written = event_expires_at(&store, "acme", "evt_old").await;
+    assert_eq!(
+        written,
+        to_millis(published) / 1000 + retention.events.as_secs() as i64
+    );
+
+    let before = chrono::Utc::now();
+    let added = store
+        .add_deliveries(&[delivery(&event, &ep, published)])
+        .await
+        .unwrap();
+    assert_eq!(added.len(), 1);
+    let kept = event_expires_at(&store, "acme", "evt_old").await;
+    let retries = retention.retries.as_secs() as i64;
+    assert!(
+        kept >= to_millis(before) / 1000 + retries,
+        "kept {kept}, written {written}: not past the retries of a delivery added now"
+    );
+}
