@@ -107,10 +107,12 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.tables.control)
             .key("pk", s(format!("notification#{id}")))
-            .update_expression("SET sent_at = :now REMOVE #u")
+            // Sent mail goes with the retention, as the SQLite store's purge removes it.
+            .update_expression("SET sent_at = :now, expires_at = :expires REMOVE #u")
             .condition_expression("attribute_exists(pk)")
             .expression_attribute_names("#u", UNSENT)
             .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":expires", self.log_expiry(now))
             .send()
             .await;
         written(result)?;

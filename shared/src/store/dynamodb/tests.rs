@@ -634,3 +634,50 @@ async fn a_delivery_added_late_keeps_its_event_for_its_retries() {
         "kept {kept}, written {written}: not past the retries of a delivery added now"
     );
 }
+
+/// Owner mail is an item of the control table, kept until sent; once sent it expires with
+/// the retention (epoch seconds from when it was sent), as the SQLite store's purge
+/// removes sent mail. Unsent mail carries no expiry.
+#[tokio::test]
+async fn sent_owner_mail_expires_with_the_retention_and_unsent_never() {
+    use crate::fixtures::at;
+    let store = emulator_store().await;
+    let mail = Notification {
+        id: "ntf_1".into(),
+        account_id: AccountId::from_trusted("acme".into()),
+        recipient: EmailAddress::from_trusted("owner@example.com".into()),
+        subject: "endpoint disabled".into(),
+        body: "…".into(),
+        created_at: at(1),
+    };
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().control)
+        .set_item(Some(notification_item(&mail)))
+        .send()
+        .await
+        .unwrap();
+    let expires_at = || async {
+        let item = store
+            .client()
+            .get_item()
+            .table_name(&store.tables().control)
+            .key("pk", s("notification#ntf_1"))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+        item.get("expires_at")
+            .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+    };
+    assert_eq!(expires_at().await, None, "unsent");
+    store.mark_notification_sent("ntf_1", at(5)).await.unwrap();
+    let retention = Retention::default().deliveries.as_secs() as i64;
+    assert_eq!(
+        expires_at().await,
+        Some(to_millis(at(5)) / 1000 + retention)
+    );
+}
