@@ -114,6 +114,29 @@ const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's limit on the items of one transaction together (4 MB), less a margin for
 /// what `item_size` does not count.
 const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
+/// That limit itself, which `transact` holds every transaction to.
+const DYNAMODB_TRANSACTION_BYTES: usize = 4_000_000;
+
+/// About what DynamoDB counts of a transaction against its 4 MB: the items put, and the
+/// keys and values of updates, deletes and condition checks.
+fn transaction_bytes(items: &[TransactWriteItem]) -> usize {
+    items
+        .iter()
+        .map(|write| {
+            if let Some(put) = write.put() {
+                item_size(put.item())
+            } else if let Some(update) = write.update() {
+                item_size(update.key()) + update.expression_attribute_values().map_or(0, item_size)
+            } else if let Some(delete) = write.delete() {
+                item_size(delete.key())
+            } else if let Some(check) = write.condition_check() {
+                item_size(check.key())
+            } else {
+                0
+            }
+        })
+        .sum()
+}
 /// Writes in flight at once where many independent ones are made: abandoning an endpoint's
 /// pending deliveries, adding deliveries, marking events.
 const WRITE_CONCURRENCY: usize = 16;
@@ -440,12 +463,19 @@ impl DynamoStore {
     }
 
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<(), TransactionFailure> {
-        // DynamoDB's rule, which the emulator does not apply: more items are refused whole.
+        // DynamoDB's rules, which the emulator does not apply: more items, or more than 4 MB
+        // of them together, are refused whole.
         if items.len() > MAX_TRANSACTION_ITEMS {
             return Err(TransactionFailure::Other(StoreError::Backend(format!(
                 "a transaction of {} items; DynamoDB takes at most {}",
                 items.len(),
                 MAX_TRANSACTION_ITEMS
+            ))));
+        }
+        let bytes = transaction_bytes(&items);
+        if bytes > DYNAMODB_TRANSACTION_BYTES {
+            return Err(TransactionFailure::Other(StoreError::Backend(format!(
+                "a transaction of {bytes} bytes; DynamoDB takes at most {DYNAMODB_TRANSACTION_BYTES}"
             ))));
         }
         let result = self

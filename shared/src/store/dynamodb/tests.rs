@@ -681,3 +681,40 @@ async fn sent_owner_mail_expires_with_the_retention_and_unsent_never() {
         Some(to_millis(at(5)) / 1000 + retention)
     );
 }
+
+/// A batch of events whose items are more than one transaction's 4 MB together (DynamoDB
+/// refuses such a transaction whole; the emulator takes it, so `transact` applies the rule)
+/// is written in several, every event answered and stored.
+#[tokio::test]
+async fn a_batch_larger_than_one_transaction_is_written_whole() {
+    use crate::fixtures::{account_with_endpoints, at};
+    let store = emulator_store().await;
+    account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let body = "x".repeat(250_000);
+    let events: Vec<Event> = (0..20)
+        .map(|i| {
+            Event::new(
+                EventId::parse(&format!("evt_big{i}")).unwrap(),
+                AccountId::parse("acme").unwrap(),
+                EventType::parse("invoice.paid").unwrap(),
+                at(1),
+                &serde_json::json!({ "body": body }),
+            )
+            .unwrap()
+        })
+        .collect();
+    let items: Vec<crate::store::BatchItem> = events.iter().map(|e| (e.clone(), None)).collect();
+    let outcomes = store.publish_batch(&items).await.unwrap();
+    assert_eq!(outcomes.len(), 20);
+    assert!(outcomes.iter().all(|o| *o == PublishOutcome::Created));
+    for event in &events {
+        assert_eq!(
+            store
+                .get_event(&event.account_id, &event.id)
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(event)
+        );
+    }
+}
