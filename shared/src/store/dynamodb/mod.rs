@@ -198,13 +198,14 @@ impl Default for Retention {
 }
 
 impl Retention {
-    /// `HOOKLANE_RETENTION` for every table; an event is kept at least a day past the
-    /// retry schedule, so a delivery still being retried always finds it.
+    /// `HOOKLANE_RETENTION` for every table; an event and an attempt are kept at least a
+    /// day past the retry schedule, so a delivery still being retried always finds its
+    /// event, and its log its attempts (their TTL runs from when they were written).
     pub fn from_core(core: &crate::config::CoreConfig) -> Self {
         let schedule = core.retry.schedule.total_span() + std::time::Duration::from_secs(86_400);
         Self {
             events: core.retention.max(schedule),
-            attempts: core.retention,
+            attempts: core.retention.max(schedule),
             deliveries: core.retention,
             retries: schedule,
         }

@@ -718,3 +718,28 @@ async fn a_batch_larger_than_one_transaction_is_written_whole() {
         );
     }
 }
+
+/// With a retention shorter than the retry schedule (the template takes `1h`), a delivery
+/// still being retried would lose its attempts (TTL from each attempt's start) and its event
+/// from the log: both are kept at least through the retries, and a day.
+#[test]
+fn a_short_retention_keeps_attempts_and_events_through_the_retries() {
+    let core = crate::config::CoreConfig {
+        retention: std::time::Duration::from_secs(3_600),
+        ..crate::config::CoreConfig::default()
+    };
+    let retention = Retention::from_core(&core);
+    let retries = core.retry.schedule.total_span() + std::time::Duration::from_secs(86_400);
+    assert_eq!(retention.retries, retries);
+    assert_eq!(retention.events, retries);
+    assert_eq!(retention.attempts, retries);
+    assert_eq!(
+        retention.deliveries, core.retention,
+        "from when a delivery ends"
+    );
+    let long = Retention::default();
+    assert_eq!(
+        long.attempts,
+        crate::config::CoreConfig::default().retention
+    );
+}
