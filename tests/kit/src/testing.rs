@@ -156,8 +156,9 @@ pub fn test_secrets(previous: Option<&[u8; 32]>) -> hooklane::secrets::SecretsCi
 }
 
 /// A DynamoDB store on fresh tables of the emulator, so tests never see each other's items.
-/// The late-write rule is off: the fixtures' fixed times lie years back, where every
-/// delivery would be indexed as it is written and the sweeper's walk would go untested.
+/// The late-write rule is off, and the log shows expired deliveries: the fixtures' fixed
+/// times lie years back, where every delivery would be indexed as it is written (and the
+/// sweeper's walk would go untested), and every ended one would have expired.
 #[cfg(feature = "aws")]
 pub async fn emulator_store() -> hooklane::store::dynamodb::DynamoStore {
     use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention, TableNames};
@@ -166,6 +167,7 @@ pub async fn emulator_store() -> hooklane::store::dynamodb::DynamoStore {
     create_tables(&client, &tables).await.unwrap();
     DynamoStore::new(client, tables, Retention::default(), test_secrets(None))
         .without_late_write_rule()
+        .showing_expired_in_the_log()
 }
 
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to

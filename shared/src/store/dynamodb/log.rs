@@ -283,6 +283,13 @@ impl DynamoStore {
             request = request.expression_attribute_values(":event_type", s(event_type));
             filters.push("event_type = :event_type");
         }
+        // TTL deletes an expired delivery within days, and reads return it until then: the
+        // log keeps to the retention. A pending delivery carries no expiry.
+        if !self.log_shows_expired {
+            filters.push("(attribute_not_exists(expires_at) OR expires_at > :now)");
+            request =
+                request.expression_attribute_values(":now", n(chrono::Utc::now().timestamp()));
+        }
         request = request.filter_expression(filters.join(" AND "));
         while partition.buffered.is_empty() && !partition.exhausted {
             let out = request

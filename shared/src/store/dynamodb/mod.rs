@@ -230,6 +230,9 @@ pub struct DynamoStore {
     secrets: SecretsAccess,
     /// Attempts counted by endpoint and hour, not yet written (`flush_hour_counts`).
     hour_tally: hours::HourTally,
+    /// The log shows deliveries past their `expires_at` (which TTL has yet to delete): for
+    /// the store contract tests, whose fixed times lie years in the past.
+    log_shows_expired: bool,
 }
 
 impl DynamoStore {
@@ -246,6 +249,13 @@ impl DynamoStore {
     /// written (`LATE_FAN_OUT`): for tests whose fixed times lie years in the past.
     pub fn without_late_write_rule(mut self) -> Self {
         self.late_fan_out = None;
+        self
+    }
+
+    /// With a log that shows deliveries past their expiry: for tests whose fixed times lie
+    /// years in the past, where every ended delivery has expired.
+    pub fn showing_expired_in_the_log(mut self) -> Self {
+        self.log_shows_expired = true;
         self
     }
 
@@ -282,6 +292,7 @@ impl DynamoStore {
             walk_budget: WALK_BUDGET,
             late_fan_out: Some(LATE_FAN_OUT),
             hour_tally: hours::HourTally::default(),
+            log_shows_expired: false,
         }
     }
 

@@ -743,3 +743,48 @@ fn a_short_retention_keeps_attempts_and_events_through_the_retries() {
         crate::config::CoreConfig::default().retention
     );
 }
+
+/// DynamoDB's TTL deletes an expired item within days, not at once, and reads return it
+/// until then: the delivery log leaves out a delivery past its `expires_at`, so the log
+/// keeps to the retention as the SQLite store's purge makes it. The emulator never deletes;
+/// the test sets the expiry in the past.
+#[tokio::test]
+async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_yet() {
+    use crate::fixtures::{attempt, failed};
+    let shown = emulator_store().await;
+    let store = DynamoStore::new(
+        shown.client().clone(),
+        shown.tables().clone(),
+        Retention::default(),
+        crate::testing::test_secrets(None),
+    );
+    let (account, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, failed()).await;
+    let log = || async {
+        store
+            .list_deliveries(
+                &account,
+                &DeliveryQuery {
+                    limit: 50,
+                    ..DeliveryQuery::default()
+                },
+            )
+            .await
+            .unwrap()
+            .items
+            .len()
+    };
+    assert_eq!(log().await, 1, "ended, its expiry ahead");
+    let past = chrono::Utc::now().timestamp() - 60;
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().deliveries)
+        .set_key(delivery_key(&delivery.id))
+        .update_expression("SET expires_at = :past")
+        .expression_attribute_values(":past", n(past))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(log().await, 0, "expired, not yet deleted");
+}
