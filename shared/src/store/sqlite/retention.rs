@@ -121,9 +121,9 @@ fn purge_deliveries(
     after: i64,
     purged: &mut Purged,
 ) -> StoreResult<Option<i64>> {
-    let rows: Vec<(i64, String, String, String, i64, String)> = conn
+    let rows: Vec<(i64, String, String, String, i64, String, i64)> = conn
         .prepare_cached(
-            "SELECT rowid, id, account_id, event_id, created_at, status FROM deliveries \
+            "SELECT rowid, id, account_id, event_id, created_at, status, updated_at FROM deliveries \
              WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
         )
         .and_then(|mut s| {
@@ -135,6 +135,7 @@ fn purge_deliveries(
                     r.get(3)?,
                     r.get(4)?,
                     r.get(5)?,
+                    r.get(6)?,
                 ))
             })?
             .collect()
@@ -144,13 +145,15 @@ fn purge_deliveries(
     let mut last = after;
     let mut reached_young = false;
     let mut events = Vec::new();
-    for (rowid, id, account, event, created_at, status) in rows {
+    for (rowid, id, account, event, created_at, status, updated_at) in rows {
         if created_at >= cutoff {
             reached_young = true;
             break;
         }
         last = rowid;
-        if status == DeliveryStatus::Pending.as_str() {
+        // Pending work stays, and so does a delivery that ended within the retention (one
+        // replayed late): the next purge looks at both again.
+        if status == DeliveryStatus::Pending.as_str() || updated_at >= cutoff {
             continue;
         }
         purged.attempts += conn

@@ -565,6 +565,54 @@ async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() 
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A delivery replayed late in the retention ends again days later: it is kept the
+/// retention from when it ended, not removed by the next purge for its age (as DynamoDB's
+/// TTL, set when a delivery ends, keeps it on AWS).
+#[tokio::test]
+async fn a_delivery_replayed_late_is_kept_the_retention_from_when_it_ended() {
+    use crate::fixtures::{at, attempt, failed, publish, replay};
+    let (dir, store, ep) = file_store_with_endpoint("replayed-retention").await;
+    let account = AccountId::from_trusted("acme".into());
+    let day = 86_400;
+    let d = publish(&store, &account, 1, "invoice.paid", &[&ep])
+        .await
+        .remove(0);
+    attempt(&store, &d.id, 2, failed()).await;
+    let outcome = store
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Delivery(d.id.clone()),
+                ReplayFilter::single(),
+                29 * day,
+            ),
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.queued.len(), 1);
+    attempt(&store, &d.id, 29 * day + 1, failed()).await;
+
+    // Published 30 days before the cutoff, ended again 9 days after it: kept.
+    let purged = store
+        .purge_before(at(20 * day), std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(purged, Purged::default());
+    assert!(store.get_delivery(&account, &d.id).await.unwrap().is_some());
+    // Once the retention has passed since it ended, it goes with its attempts and event.
+    let purged = store
+        .purge_before(at(29 * day + 2), std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        (purged.deliveries, purged.attempts, purged.events),
+        (1, 2, 1)
+    );
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Every filter combination of the delivery log (each status and none, an error code, a
 /// 2xx code and none), with and without a cursor, and with no time window, either end of
 /// one or both, searches an index keyed by its most selective filter and already in the
