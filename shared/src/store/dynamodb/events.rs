@@ -428,15 +428,7 @@ impl DynamoStore {
                     .expression_attribute_values(":expires", n(expires))
             })
             .collect();
-        let results: Vec<_> = futures_util::stream::iter(updates)
-            .map(|update| update.send())
-            .buffer_unordered(WRITE_CONCURRENCY)
-            .collect()
-            .await;
-        for result in results {
-            written(result)?;
-        }
-        Ok(())
+        conditional_updates(updates).await
     }
 
     pub(super) async fn add_deliveries(

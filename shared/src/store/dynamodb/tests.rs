@@ -409,23 +409,12 @@ async fn creating_the_tables_twice_is_harmless() {
 /// retention, a pending one none, and a replay that makes it pending again takes it off.
 #[tokio::test]
 async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
-    use crate::fixtures::{at, attempt, failed, replay};
+    use crate::fixtures::{at, attempt, failed};
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
-    let expires_at = || async {
-        let item = store
-            .client()
-            .get_item()
-            .table_name(&store.tables().deliveries)
-            .set_key(delivery_key(&delivery.id))
-            .consistent_read(true)
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
-        item.get("expires_at")
-            .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+    let expires_at = || {
+        let key = delivery_key(&delivery.id).unwrap();
+        stored_expiry(&store, &store.tables().deliveries, key)
     };
     assert_eq!(expires_at().await, None, "pending when published");
     let retry = Decision::RetryAt(at(60));
@@ -435,18 +424,7 @@ async fn an_ended_delivery_expires_in_epoch_seconds_and_a_pending_one_never() {
     let retention = Retention::default().deliveries.as_secs() as i64;
     let ended_secs = to_millis(at(3)) / 1000;
     assert_eq!(expires_at().await, Some(ended_secs + retention));
-    store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Delivery(delivery.id.clone()),
-                ReplayFilter::single(),
-                4,
-            ),
-            limit: 1,
-        })
-        .await
-        .unwrap();
+    replay_one(&store, &account, &delivery.id, 4).await;
     assert_eq!(expires_at().await, None, "pending again after a replay");
 }
 
@@ -520,21 +498,43 @@ async fn hour_counts_a_flush_could_not_write_go_with_the_next() {
     );
 }
 
-/// The event item's TTL value, in epoch seconds.
-async fn event_expires_at(store: &DynamoStore, account: &str, event: &str) -> i64 {
-    let item = store
-        .client()
-        .get_item()
-        .table_name(&store.tables().events)
-        .key("account_id", s(account))
-        .key("id", s(event))
-        .consistent_read(true)
-        .send()
+/// Replays one delivery of `account` at `second`, as its admin.
+async fn replay_one(
+    store: &DynamoStore,
+    account: &AccountId,
+    delivery: &DeliveryId,
+    second: i64,
+) -> ReplayOutcome {
+    store
+        .replay(&ReplayRequest {
+            replay: crate::fixtures::replay(
+                account,
+                ReplayScope::Delivery(delivery.clone()),
+                ReplayFilter::single(),
+                second,
+            ),
+            limit: 1,
+        })
         .await
         .unwrap()
-        .item
-        .expect("the event item");
-    item["expires_at"].as_n().unwrap().parse().unwrap()
+}
+
+/// The TTL value (`expires_at`, epoch seconds) of the item at `key` in `table`, if it has one.
+async fn stored_expiry(store: &DynamoStore, table: &str, key: Item) -> Option<i64> {
+    let item = store.get(table, key).await.unwrap().expect("the item");
+    item.get("expires_at")
+        .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+}
+
+/// The event item's TTL value, in epoch seconds.
+async fn event_expires_at(store: &DynamoStore, account: &str, event: &str) -> i64 {
+    let key = Item::from([
+        ("account_id".to_owned(), s(account)),
+        ("id".to_owned(), s(event)),
+    ]);
+    stored_expiry(store, &store.tables().events, key)
+        .await
+        .expect("an expiry")
 }
 
 /// An event's TTL is set when it is written, so a replay late in the retention would make
@@ -543,7 +543,7 @@ async fn event_expires_at(store: &DynamoStore, account: &str, event: &str) -> i6
 /// keeps the event for the whole retry schedule, and a day, from the replay on.
 #[tokio::test]
 async fn a_replay_keeps_its_event_for_the_retries_it_starts() {
-    use crate::fixtures::{at, attempt, failed, replay};
+    use crate::fixtures::{at, attempt, failed};
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
     attempt(&store, &delivery.id, 2, failed()).await;
@@ -554,18 +554,7 @@ async fn a_replay_keeps_its_event_for_the_retries_it_starts() {
 
     // A day before the event expires, well inside the retention.
     let second = 1 + kept - 86_400;
-    let outcome = store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Delivery(delivery.id.clone()),
-                ReplayFilter::single(),
-                second,
-            ),
-            limit: 1,
-        })
-        .await
-        .unwrap();
+    let outcome = replay_one(&store, &account, &delivery.id, second).await;
     assert_eq!(outcome.queued.len(), 1);
     let retries = retention.retries.as_secs() as i64;
     assert_eq!(
@@ -584,18 +573,7 @@ async fn a_replay_keeps_its_event_for_the_retries_it_starts() {
         (account, d)
     };
     attempt(&store, &early.id, 2, failed()).await;
-    store
-        .replay(&ReplayRequest {
-            replay: replay(
-                &account,
-                ReplayScope::Delivery(early.id.clone()),
-                ReplayFilter::single(),
-                3,
-            ),
-            limit: 1,
-        })
-        .await
-        .unwrap();
+    replay_one(&store, &account, &early.id, 3).await;
     assert_eq!(
         event_expires_at(&store, "early", early.event_id.as_str()).await,
         written
@@ -658,20 +636,9 @@ async fn sent_owner_mail_expires_with_the_retention_and_unsent_never() {
         .send()
         .await
         .unwrap();
-    let expires_at = || async {
-        let item = store
-            .client()
-            .get_item()
-            .table_name(&store.tables().control)
-            .key("pk", s("notification#ntf_1"))
-            .consistent_read(true)
-            .send()
-            .await
-            .unwrap()
-            .item
-            .unwrap();
-        item.get("expires_at")
-            .map(|v| v.as_n().unwrap().parse::<i64>().unwrap())
+    let expires_at = || {
+        let key = Item::from([("pk".to_owned(), s("notification#ntf_1"))]);
+        stored_expiry(&store, &store.tables().control, key)
     };
     assert_eq!(expires_at().await, None, "unsent");
     store.mark_notification_sent("ntf_1", at(5)).await.unwrap();
