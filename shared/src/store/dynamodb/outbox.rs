@@ -152,8 +152,25 @@ pub fn read_outbox_item(item: &impl Attributes) -> Result<OutboxItem, String> {
         Some(other) => return Err(wrong_type("unfanned_shard", other, "a string (S)")),
         None => return Err(missing("unfanned_shard", "a string, \"0\" to \"3\"")),
     }
+    // DynamoDB's TTL reads epoch seconds: milliseconds would keep the event for ever, and a
+    // time before the event would have TTL delete it before it is sent.
     match item.attr("expires_at") {
-        Some(Attr::N(_)) | None => {}
+        Some(Attr::N(raw)) => {
+            let seconds = raw
+                .parse::<i64>()
+                .map_err(|_| format!("`expires_at` {raw} is not a whole number of seconds"))?;
+            if seconds > CREATED_AT_MAX / 1000 {
+                return Err(format!(
+                    "`expires_at` {seconds} is not epoch seconds (10 digits, like 1769817600)"
+                ));
+            }
+            if seconds < created_at / 1000 {
+                return Err(format!(
+                    "`expires_at` {seconds} is before the event's `created_at`: TTL would delete it before it is sent"
+                ));
+            }
+        }
+        None => {}
         Some(other) => return Err(wrong_type("expires_at", other, "a number (N)")),
     }
     let created_at = from_millis(created_at);
@@ -307,6 +324,20 @@ mod tests {
             (
                 reason(|i| drop(i.insert("fanned_out".into(), json!({"S": "false"})))),
                 "`fanned_out` is S",
+            ),
+            // DynamoDB's TTL reads epoch seconds: milliseconds would keep the event for
+            // ever, and a time before the event would have TTL delete it before it is sent.
+            (
+                reason(|i| drop(i.insert("expires_at".into(), json!({"N": "1769817600000"})))),
+                "`expires_at` 1769817600000 is not epoch seconds",
+            ),
+            (
+                reason(|i| drop(i.insert("expires_at".into(), json!({"N": "1767225599"})))),
+                "before the event's `created_at`",
+            ),
+            (
+                reason(|i| drop(i.insert("expires_at".into(), json!({"N": "1769817600.5"})))),
+                "`expires_at` 1769817600.5 is not a whole number",
             ),
             (
                 reason(|i| drop(i.insert("unfanned_shard".into(), json!({"S": "7"})))),
