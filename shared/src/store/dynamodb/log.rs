@@ -323,9 +323,31 @@ impl DynamoStore {
         id: &DeliveryId,
     ) -> StoreResult<Option<Delivery>> {
         Ok(self
-            .get_delivery_item(id)
+            .get_logged_delivery(id)
             .await?
             .filter(|d| &d.account_id == account))
+    }
+
+    /// One delivery as the log shows it: none past its expiry (see `fill_partition`).
+    pub(super) async fn get_logged_delivery(
+        &self,
+        id: &DeliveryId,
+    ) -> StoreResult<Option<Delivery>> {
+        let Some(key) = delivery_key(id) else {
+            return Ok(None);
+        };
+        let now = chrono::Utc::now().timestamp();
+        self.get(&self.tables.deliveries, key)
+            .await?
+            .filter(|item| {
+                self.log_shows_expired
+                    || opt_n::<i64>(item, "expires_at")
+                        .ok()
+                        .flatten()
+                        .is_none_or(|at| at > now)
+            })
+            .map(|item| delivery_from_item(&item))
+            .transpose()
     }
 
     pub(super) async fn list_deliveries(

@@ -230,8 +230,9 @@ pub struct DynamoStore {
     secrets: SecretsAccess,
     /// Attempts counted by endpoint and hour, not yet written (`flush_hour_counts`).
     hour_tally: hours::HourTally,
-    /// The log shows deliveries past their `expires_at` (which TTL has yet to delete): for
-    /// the store contract tests, whose fixed times lie years in the past.
+    /// The log, and a read of one delivery, show deliveries past their `expires_at` (which
+    /// TTL has yet to delete): for the store contract tests, whose fixed times lie years in
+    /// the past.
     log_shows_expired: bool,
 }
 

@@ -56,7 +56,7 @@ impl DynamoStore {
         let filter = replay.filter.clone();
         let limit = request.limit as usize;
         let candidates: Vec<Delivery> = match &replay.scope {
-            ReplayScope::Delivery(id) => self.get_delivery_item(id).await?.into_iter().collect(),
+            ReplayScope::Delivery(id) => self.get_logged_delivery(id).await?.into_iter().collect(),
             // Oldest first; the window's end is checked on each delivery below.
             ReplayScope::Endpoint(endpoint) => self
                 .endpoint_log(

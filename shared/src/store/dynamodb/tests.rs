@@ -712,8 +712,8 @@ fn a_short_retention_keeps_attempts_and_events_through_the_retries() {
 }
 
 /// DynamoDB's TTL deletes an expired item within days, not at once, and reads return it
-/// until then: the delivery log leaves out a delivery past its `expires_at`, so the log
-/// keeps to the retention as the SQLite store's purge makes it. The emulator never deletes;
+/// until then: the delivery log, and a read of one delivery, leave out a delivery past its
+/// `expires_at`, so they keep to the retention as the SQLite store's purge makes them. The emulator never deletes;
 /// the test sets the expiry in the past.
 #[tokio::test]
 async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_yet() {
@@ -742,6 +742,8 @@ async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_
             .len()
     };
     assert_eq!(log().await, 1, "ended, its expiry ahead");
+    let by_id = || async { store.get_delivery(&account, &delivery.id).await.unwrap() };
+    assert!(by_id().await.is_some());
     let past = chrono::Utc::now().timestamp() - 60;
     store
         .client()
@@ -754,4 +756,5 @@ async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_
         .await
         .unwrap();
     assert_eq!(log().await, 0, "expired, not yet deleted");
+    assert_eq!(by_id().await, None, "nor read by its id");
 }
