@@ -713,8 +713,8 @@ fn a_short_retention_keeps_attempts_and_events_through_the_retries() {
 
 /// DynamoDB's TTL deletes an expired item within days, not at once, and reads return it
 /// until then: the delivery log, and a read of one delivery, leave out a delivery past its
-/// `expires_at`, so they keep to the retention as the SQLite store's purge makes them. The emulator never deletes;
-/// the test sets the expiry in the past.
+/// `expires_at`, so they keep to the retention as the SQLite store's purge makes them. The
+/// emulator never deletes; the test sets the expiry in the past.
 #[tokio::test]
 async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_yet() {
     use crate::fixtures::{attempt, failed};
