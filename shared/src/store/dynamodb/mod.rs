@@ -368,12 +368,23 @@ impl DynamoStore {
     /// ones (and ids no delivery can have) are left out.
     async fn get_deliveries(&self, ids: &[DeliveryId]) -> StoreResult<Vec<Item>> {
         let keys: Vec<Item> = ids.iter().filter_map(delivery_key).collect();
-        let table = &self.tables.deliveries;
+        self.batch_get(&self.tables.deliveries, &keys, None).await
+    }
+
+    /// The items of `table` at `keys` (with only the `projection`'s attributes, if given),
+    /// read strongly consistently in batches of 100; missing ones are left out.
+    async fn batch_get(
+        &self,
+        table: &str,
+        keys: &[Item],
+        projection: Option<&str>,
+    ) -> StoreResult<Vec<Item>> {
         let mut items = Vec::new();
         for chunk in keys.chunks(BATCH_GET_ITEMS) {
             let keys = KeysAndAttributes::builder()
                 .set_keys(Some(chunk.to_vec()))
                 .consistent_read(true)
+                .set_projection_expression(projection.map(str::to_owned))
                 .build()
                 .map_err(build_error)?;
             let mut request = Some(HashMap::from([(table.to_owned(), keys)]));

@@ -2,6 +2,7 @@
 
 use super::items::*;
 use super::*;
+use std::collections::HashSet;
 
 impl DynamoStore {
     /// A final delivery back to `pending`, due now, its next try manual (see `Store::replay`).
@@ -72,6 +73,9 @@ impl DynamoStore {
                 .map(delivery_from_item)
                 .collect::<StoreResult<Vec<_>>>()?,
         };
+        let kept_longer = self
+            .events_kept_past_their_retention(&candidates, replay.requested_at)
+            .await?;
         let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
         let mut matched = Vec::new();
         for delivery in candidates {
@@ -92,9 +96,12 @@ impl DynamoStore {
                 event_type: &delivery.event_type,
                 created_at: delivery.created_at,
                 endpoint_active: endpoint.is_some_and(|e| e.status == EndpointStatus::Active),
-                // An event past retention is gone (TTL): its deliveries cannot be sent again.
+                // An event past retention is gone (TTL): its deliveries cannot be sent again,
+                // unless a replay or a late delivery kept it longer.
                 event_kept: crate::clock::add(delivery.created_at, self.retention.events)
-                    > replay.requested_at,
+                    > replay.requested_at
+                    || kept_longer
+                        .contains(&(delivery.account_id.clone(), delivery.event_id.clone())),
             };
             let Some(endpoint) = endpoint.filter(|_| replay.selects(&candidate)) else {
                 continue;
@@ -203,6 +210,52 @@ impl DynamoStore {
                 .map_err(sdk)?;
         }
         Ok(ReplayOutcome { replay, queued })
+    }
+
+    /// Of the events of `deliveries` past the retention they were written with at `at`, those
+    /// whose TTL a replay or a late delivery moved past `at` (`keep_events_for_retries`):
+    /// read, since only the item knows.
+    async fn events_kept_past_their_retention(
+        &self,
+        deliveries: &[Delivery],
+        at: Timestamp,
+    ) -> StoreResult<HashSet<(AccountId, EventId)>> {
+        let mut old: Vec<(&AccountId, &EventId)> = deliveries
+            .iter()
+            .filter(|d| crate::clock::add(d.created_at, self.retention.events) <= at)
+            .map(|d| (&d.account_id, &d.event_id))
+            .collect();
+        old.sort_unstable();
+        old.dedup();
+        let keys: Vec<Item> = old
+            .iter()
+            .map(|(account, event)| account_key(account.as_str(), event.as_str()))
+            .collect();
+        let at = to_millis(at).div_euclid(1000);
+        let items = self
+            .batch_get(
+                &self.tables.events,
+                &keys,
+                Some("account_id, id, expires_at"),
+            )
+            .await?;
+        let alive: HashSet<(String, String)> = items
+            .iter()
+            .filter(|item| {
+                opt_n::<i64>(item, "expires_at")
+                    .ok()
+                    .flatten()
+                    .is_some_and(|expires| expires > at)
+            })
+            .filter_map(|item| Some((get_s(item, "account_id").ok()?, get_s(item, "id").ok()?)))
+            .collect();
+        Ok(old
+            .into_iter()
+            .filter(|(account, event)| {
+                alive.contains(&(account.as_str().to_owned(), event.as_str().to_owned()))
+            })
+            .map(|(account, event)| (account.clone(), event.clone()))
+            .collect())
     }
 
     pub(super) async fn list_replays(

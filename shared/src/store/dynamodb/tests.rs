@@ -758,3 +758,50 @@ async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_
     assert_eq!(log().await, 0, "expired, not yet deleted");
     assert_eq!(by_id().await, None, "nor read by its id");
 }
+
+/// A replay that moved its event's TTL later (above) makes the delivery replayable until that
+/// later time: a second replay after the event's first expiry, while the event is still kept,
+/// goes through; one after the later expiry does not.
+#[tokio::test]
+async fn a_delivery_is_replayable_while_its_event_is_kept_however_its_ttl_was_set() {
+    use crate::fixtures::{attempt, failed};
+    let store = emulator_store().await;
+    let (account, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, failed()).await;
+    let retention = Retention::default();
+    let kept = retention.events.as_secs() as i64;
+    let first = 1 + kept - 86_400;
+    assert_eq!(
+        replay_one(&store, &account, &delivery.id, first)
+            .await
+            .queued
+            .len(),
+        1
+    );
+    attempt(&store, &delivery.id, first + 1, failed()).await;
+    let extended = event_expires_at(&store, "acme", delivery.event_id.as_str()).await;
+
+    // An hour past the TTL the event was written with, well before the one the replay set.
+    let second = 1 + kept + 3_600;
+    assert!(crate::fixtures::at(second).timestamp() < extended);
+    assert_eq!(
+        replay_one(&store, &account, &delivery.id, second)
+            .await
+            .queued
+            .len(),
+        1,
+        "the event is still kept"
+    );
+    attempt(&store, &delivery.id, second + 1, failed()).await;
+    // Past the TTL the second replay set: the event is gone (or about to be).
+    let extended = event_expires_at(&store, "acme", delivery.event_id.as_str()).await;
+    let late = extended - crate::fixtures::at(0).timestamp() + 60;
+    assert_eq!(
+        replay_one(&store, &account, &delivery.id, late)
+            .await
+            .queued
+            .len(),
+        0,
+        "past the event's retention"
+    );
+}
