@@ -188,6 +188,75 @@ async fn an_event_published_through_the_api_arrives_signed() {
     crate::iam::assert_allowed(&server);
 }
 
+/// Batch publish on the AWS shape, as on the embedded one (tests/e2e/bad_input.rs): a batch
+/// that is empty, too long or has one bad item is refused naming it, and nothing of it is
+/// written; a good one is answered item by item, and each event arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_on_the_aws_shape_is_refused_whole_or_delivered_whole() {
+    let (settings, _shape) = emulated_shape().await;
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("aws-batch");
+    let server = Server::start_aws(&scratch, &[], &stack_env(&settings)).await;
+    server.create_account("acme").await;
+    server
+        .create_endpoint("acme", &farm.url("batch"), json!({}))
+        .await;
+    let batch = "/v1/accounts/acme/events/batch";
+    let refused = [
+        (json!({"events": []}), 422, "events"),
+        (
+            json!({ "events": vec![json!({"type": "a.b", "data": {}}); 101] }),
+            422,
+            "events",
+        ),
+        (
+            json!({"events": [
+                {"id": "evt_aws_ok", "type": "a.b", "data": {}},
+                {"type": "not a type", "data": {}},
+            ]}),
+            422,
+            "events[1].type",
+        ),
+        (
+            json!({"events": [{"id": "evt_aws_ok", "type": "a.b", "data": {}}, {"type": "a.b"}]}),
+            400,
+            "events[1].data",
+        ),
+    ];
+    for (body, status, field) in refused {
+        let (got, answer) = server.post(batch, body).await;
+        assert_eq!(got, status, "{answer}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+    }
+    let (status, _) = server.get("/v1/accounts/acme/events/evt_aws_ok").await;
+    assert_eq!(status, 404, "nothing of a refused batch is written");
+
+    let (status, answer) = server
+        .post(
+            batch,
+            json!({"events": [
+                {"id": "evt_aws_1", "type": "a.b", "data": {"n": 1}},
+                {"id": "evt_aws_2", "type": "a.b", "data": {"n": 2}},
+                {"id": "evt_aws_3", "type": "a.b", "data": {"n": 3}},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let results = answer["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3, "{answer}");
+    assert!(results.iter().all(|r| r["created"] == true), "{answer}");
+    assert!(
+        farm.wait_until(Duration::from_secs(20), |f| f
+            .distinct_ids_succeeded("batch")
+            == 3)
+            .await,
+        "not every event arrived; serve log:\n{}",
+        server.log_text()
+    );
+    assert_eq!(farm.success_count("batch"), 3, "each once");
+    crate::iam::assert_allowed(&server);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_written_through_the_outbox_in_a_business_transaction_arrives() {
     let started = Instant::now();
