@@ -104,6 +104,11 @@ pub(super) fn get_n<T: std::str::FromStr>(item: &Item, name: &str) -> StoreResul
     opt_n(item, name)?.ok_or_else(|| corrupt(name))
 }
 
+/// An item's TTL (`expires_at`, epoch seconds), if it has a readable one.
+pub(super) fn expiry(item: &Item) -> Option<i64> {
+    opt_n::<i64>(item, "expires_at").ok().flatten()
+}
+
 pub(super) fn opt_n<T: std::str::FromStr>(item: &Item, name: &str) -> StoreResult<Option<T>> {
     match item.get(name) {
         Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| corrupt(name)),

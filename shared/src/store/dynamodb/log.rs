@@ -339,13 +339,7 @@ impl DynamoStore {
         let now = chrono::Utc::now().timestamp();
         self.get(&self.tables.deliveries, key)
             .await?
-            .filter(|item| {
-                self.log_shows_expired
-                    || opt_n::<i64>(item, "expires_at")
-                        .ok()
-                        .flatten()
-                        .is_none_or(|at| at > now)
-            })
+            .filter(|item| self.log_shows_expired || expiry(item).is_none_or(|at| at > now))
             .map(|item| delivery_from_item(&item))
             .transpose()
     }

@@ -220,18 +220,18 @@ impl DynamoStore {
         deliveries: &[Delivery],
         at: Timestamp,
     ) -> StoreResult<HashSet<(AccountId, EventId)>> {
-        let mut old: Vec<(&AccountId, &EventId)> = deliveries
+        let mut old: Vec<(&str, &str)> = deliveries
             .iter()
             .filter(|d| crate::clock::add(d.created_at, self.retention.events) <= at)
-            .map(|d| (&d.account_id, &d.event_id))
+            .map(|d| (d.account_id.as_str(), d.event_id.as_str()))
             .collect();
+        // DynamoDB refuses a BatchGetItem that names one key twice.
         old.sort_unstable();
         old.dedup();
         let keys: Vec<Item> = old
-            .iter()
-            .map(|(account, event)| account_key(account.as_str(), event.as_str()))
+            .into_iter()
+            .map(|(account, event)| account_key(account, event))
             .collect();
-        let at = to_millis(at).div_euclid(1000);
         let items = self
             .batch_get(
                 &self.tables.events,
@@ -239,22 +239,16 @@ impl DynamoStore {
                 Some("account_id, id, expires_at"),
             )
             .await?;
-        let alive: HashSet<(String, String)> = items
+        let at = to_millis(at).div_euclid(1000);
+        Ok(items
             .iter()
-            .filter(|item| {
-                opt_n::<i64>(item, "expires_at")
-                    .ok()
-                    .flatten()
-                    .is_some_and(|expires| expires > at)
+            .filter(|item| expiry(item).is_some_and(|expires| expires > at))
+            .filter_map(|item| {
+                Some((
+                    AccountId::from_trusted(get_s(item, "account_id").ok()?),
+                    EventId::from_trusted(get_s(item, "id").ok()?),
+                ))
             })
-            .filter_map(|item| Some((get_s(item, "account_id").ok()?, get_s(item, "id").ok()?)))
-            .collect();
-        Ok(old
-            .into_iter()
-            .filter(|(account, event)| {
-                alive.contains(&(account.as_str().to_owned(), event.as_str().to_owned()))
-            })
-            .map(|(account, event)| (account.clone(), event.clone()))
             .collect())
     }
 
