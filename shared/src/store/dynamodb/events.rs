@@ -424,7 +424,11 @@ impl DynamoStore {
                     .key("account_id", s(account))
                     .key("id", s(event))
                     .update_expression("SET expires_at = :expires")
-                    .condition_expression("attribute_exists(id) AND expires_at < :expires")
+                    // An outbox writer may leave the TTL out (fan-out sets it later): a
+                    // comparison with a missing attribute is false.
+                    .condition_expression(
+                        "attribute_exists(id) AND (attribute_not_exists(expires_at) OR expires_at < :expires)",
+                    )
                     .expression_attribute_values(":expires", n(expires))
             })
             .collect();

@@ -242,7 +242,8 @@ impl DynamoStore {
         let at = to_millis(at).div_euclid(1000);
         Ok(items
             .iter()
-            .filter(|item| expiry(item).is_some_and(|expires| expires > at))
+            // Without a TTL (an outbox item fan-out has yet to mark), nothing removes it.
+            .filter(|item| expiry(item).is_none_or(|expires| expires > at))
             .filter_map(|item| {
                 Some((
                     AccountId::from_trusted(get_s(item, "account_id").ok()?),

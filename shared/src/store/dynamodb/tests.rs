@@ -805,3 +805,47 @@ async fn a_delivery_is_replayable_while_its_event_is_kept_however_its_ttl_was_se
         "past the event's retention"
     );
 }
+
+/// An outbox writer may leave `expires_at` out; fan-out sets it when it marks the event done.
+/// A delivery added before then, late in the retention (a fan-out long delayed), still keeps
+/// the event for its retries: in a condition, DynamoDB compares a missing attribute as false.
+#[tokio::test]
+async fn a_late_delivery_keeps_an_event_written_without_a_ttl() {
+    use crate::fixtures::{delivery, typed_event};
+    let store = emulator_store().await;
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let retention = Retention::default();
+    let published =
+        chrono::Utc::now() - (retention.events - std::time::Duration::from_secs(86_400));
+    let event = typed_event("acme", "evt_no_ttl", "invoice.paid", published);
+    store.publish(&event, &[]).await.unwrap();
+    let key = Item::from([
+        ("account_id".to_owned(), s("acme")),
+        ("id".to_owned(), s("evt_no_ttl")),
+    ]);
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().events)
+        .set_key(Some(key.clone()))
+        .update_expression("REMOVE expires_at")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        stored_expiry(&store, &store.tables().events, key.clone()).await,
+        None
+    );
+
+    let before = chrono::Utc::now();
+    store
+        .add_deliveries(&[delivery(&event, &ep, published)])
+        .await
+        .unwrap();
+    let kept = stored_expiry(&store, &store.tables().events, key).await;
+    let retries = retention.retries.as_secs() as i64;
+    assert!(
+        kept.is_some_and(|kept| kept >= to_millis(before) / 1000 + retries),
+        "{kept:?}: not past the retries of a delivery added now"
+    );
+}
