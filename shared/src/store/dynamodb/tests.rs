@@ -580,19 +580,25 @@ async fn a_replay_keeps_its_event_for_the_retries_it_starts() {
     );
 }
 
+/// Account `acme` with endpoint `ep_a`, and the event `id` published (without deliveries) a
+/// day before the retention it is written with ends; returns them and the publish time.
+async fn event_a_day_from_expiry(store: &DynamoStore, id: &str) -> (Endpoint, Event, Timestamp) {
+    let [ep] = crate::fixtures::account_with_endpoints(store, "acme", ["ep_a"]).await;
+    let published =
+        chrono::Utc::now() - (Retention::default().events - std::time::Duration::from_secs(86_400));
+    let event = crate::fixtures::typed_event("acme", id, "invoice.paid", published);
+    store.publish(&event, &[]).await.unwrap();
+    (ep, event, published)
+}
+
 /// A delivery added for an event published long ago (a resend with `include_missed`
 /// reaches back the whole retention) keeps that event for its retries too.
 #[tokio::test]
 async fn a_delivery_added_late_keeps_its_event_for_its_retries() {
-    use crate::fixtures::{delivery, typed_event};
+    use crate::fixtures::delivery;
     let store = emulator_store().await;
-    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     let retention = Retention::default();
-    // Published a day before it expires.
-    let published =
-        chrono::Utc::now() - (retention.events - std::time::Duration::from_secs(86_400));
-    let event = typed_event("acme", "evt_old", "invoice.paid", published);
-    store.publish(&event, &[]).await.unwrap();
+    let (ep, event, published) = event_a_day_from_expiry(&store, "evt_old").await;
     let written = event_expires_at(&store, "acme", "evt_old").await;
     assert_eq!(
         written,
@@ -811,14 +817,10 @@ async fn a_delivery_is_replayable_while_its_event_is_kept_however_its_ttl_was_se
 /// the event for its retries: in a condition, DynamoDB compares a missing attribute as false.
 #[tokio::test]
 async fn a_late_delivery_keeps_an_event_written_without_a_ttl() {
-    use crate::fixtures::{delivery, typed_event};
+    use crate::fixtures::delivery;
     let store = emulator_store().await;
-    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
     let retention = Retention::default();
-    let published =
-        chrono::Utc::now() - (retention.events - std::time::Duration::from_secs(86_400));
-    let event = typed_event("acme", "evt_no_ttl", "invoice.paid", published);
-    store.publish(&event, &[]).await.unwrap();
+    let (ep, event, published) = event_a_day_from_expiry(&store, "evt_no_ttl").await;
     let key = Item::from([
         ("account_id".to_owned(), s("acme")),
         ("id".to_owned(), s("evt_no_ttl")),
