@@ -82,6 +82,8 @@ pub struct SqliteStore {
     fresh: Arc<fresh::FreshWork>,
     /// `store::LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
+    /// Where the last purge stopped.
+    purge_mark: Arc<std::sync::Mutex<retention::PurgeMark>>,
     /// Seals endpoint signing secrets as they are written and opens them as they are read.
     secrets: SecretsCipher,
 }
@@ -321,6 +323,7 @@ impl SqliteStore {
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
             list_examine_budget: super::LIST_EXAMINE_BUDGET,
+            purge_mark: Arc::default(),
             secrets,
         })
     }

@@ -2,9 +2,10 @@
 //! older than `HOOKLANE_RETENTION`, a few hundred rows per transaction.
 //!
 //! Rows are visited oldest first by rowid (the order they were written), so a pass stops at
-//! the first row younger than the cutoff without an index of its own. Pending deliveries and
-//! the events they need are never removed. SQLite reuses the freed pages for new rows, so
-//! the file stops growing once the oldest data leaves as fast as new data arrives.
+//! the first row younger than the cutoff without an index of its own, and the next pass
+//! starts there ([`PurgeMark`]). Pending deliveries and the events they need are never
+//! removed. SQLite reuses the freed pages for new rows, so the file stops growing once the
+//! oldest data leaves as fast as new data arrives.
 
 use super::worker::*;
 use super::*;
@@ -16,6 +17,9 @@ pub struct Purged {
     pub attempts: u64,
     pub events: u64,
     pub notifications: u64,
+    /// Deliveries past the cutoff that were looked at and kept: pending, or ended within
+    /// the retention (replayed late).
+    pub passed_over: u64,
 }
 
 impl Purged {
@@ -24,6 +28,12 @@ impl Purged {
         self.attempts += other.attempts;
         self.events += other.events;
         self.notifications += other.notifications;
+        self.passed_over += other.passed_over;
+    }
+
+    /// Whether anything left the file.
+    pub fn removed_any(&self) -> bool {
+        self.deliveries + self.attempts + self.events + self.notifications > 0
     }
 }
 
@@ -33,43 +43,127 @@ impl Purged {
 /// slices of 100 purge 11,000 a second with a p99 of 18 ms.
 pub const SLICE_ROWS: u32 = 100;
 
-/// Where a purge has got to within each table (rowids already visited).
-#[derive(Debug, Default, Clone, Copy)]
+/// How far a purge has got through one table.
+#[derive(Debug, Clone, Copy)]
+struct Walk {
+    /// Rows up to this rowid have been visited.
+    after: i64,
+    /// A row younger than the cutoff, or the end of the table, was reached.
+    done: bool,
+    /// The table's last row was removed at some point: new rows may then take rowids
+    /// already passed (SQLite gives a new row the largest rowid + 1).
+    tail_removed: bool,
+}
+
+impl Walk {
+    fn from(after: i64) -> Self {
+        Self {
+            after,
+            done: false,
+            tail_removed: false,
+        }
+    }
+
+    fn next(self) -> Option<i64> {
+        (!self.done).then_some(self.after)
+    }
+
+    /// Where the next purge may start: where this one stopped, unless a row written since
+    /// may lie behind it.
+    fn mark(self) -> i64 {
+        if self.tail_removed {
+            0
+        } else {
+            self.after
+        }
+    }
+}
+
+/// Where the last purge stopped, so that a backlog kept past the cutoff (pending, or
+/// replayed late) is read once rather than by every purge. The rows before `deliveries`
+/// that were kept cannot pass retention while the cutoff is at or before `revisit`: a
+/// pending delivery that ends later gets an `updated_at` after the purge that saw it, and a
+/// replay only moves `updated_at` later. Once the cutoff passes `revisit`, the walk starts
+/// from the first row again. Events before `events` that were kept are referenced by a
+/// delivery, and leave with the last of those. Only the purge removes rows, so rows written
+/// between two purges come after where the last stopped.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PurgeMark {
+    deliveries: i64,
+    events: i64,
+    revisit: i64,
+}
+
+impl Default for PurgeMark {
+    fn default() -> Self {
+        Self {
+            deliveries: 0,
+            events: 0,
+            revisit: i64::MAX,
+        }
+    }
+}
+
+/// Where a purge has got to within each table, and the earliest cutoff at which a delivery
+/// it kept may have passed retention.
+#[derive(Debug, Clone, Copy)]
 struct Progress {
-    deliveries: Option<i64>,
-    events: Option<i64>,
+    deliveries: Walk,
+    events: Walk,
+    revisit: i64,
 }
 
 impl SqliteStore {
     /// Removes everything past retention that was created before `cutoff`, in slices of
     /// [`SLICE_ROWS`], pausing `pause` between slices so delivery keeps the store thread.
+    /// `now` is the time the cutoff was taken at.
     pub async fn purge_before(
         &self,
         cutoff: Timestamp,
+        now: Timestamp,
         pause: std::time::Duration,
     ) -> StoreResult<Purged> {
-        let cutoff = to_millis(cutoff);
+        let (cutoff, now) = (to_millis(cutoff), to_millis(now));
+        // Taken, not read: a purge that fails leaves the next to start from the first rows.
+        let mark = std::mem::take(&mut *self.purge_mark());
+        let mark = if cutoff > mark.revisit {
+            PurgeMark::default()
+        } else {
+            mark
+        };
         let mut total = Purged::default();
         let mut progress = Progress {
-            deliveries: Some(0),
-            events: Some(0),
+            deliveries: Walk::from(mark.deliveries),
+            events: Walk::from(mark.events),
+            revisit: mark.revisit,
         };
-        while progress.deliveries.is_some() || progress.events.is_some() {
+        while progress.deliveries.next().is_some() || progress.events.next().is_some() {
             let at = progress;
             let (purged, next) = self
                 .run(move |conn| {
                     let sp = JobSavepoint::begin(conn).map_err(backend)?;
+                    let tails = last_rowids(&sp)?;
                     let mut purged = Purged::default();
-                    let mut next = Progress::default();
-                    if let Some(after) = at.deliveries {
-                        next.deliveries = purge_deliveries(&sp, cutoff, after, &mut purged)?;
+                    let mut next = at;
+                    if let Some(after) = at.deliveries.next() {
+                        (next.deliveries.after, next.deliveries.done) = purge_deliveries(
+                            &sp,
+                            (cutoff, now),
+                            after,
+                            &mut purged,
+                            &mut next.revisit,
+                        )?;
                     }
-                    if let Some(after) = at.events.filter(|_| next.deliveries.is_none()) {
-                        next.events = purge_events(&sp, cutoff, after, &mut purged)?;
-                    } else {
-                        next.events = at.events;
+                    // Events once the deliveries are done: they free the events they held.
+                    let events = at.events.next().filter(|_| next.deliveries.done);
+                    if let Some(after) = events {
+                        (next.events.after, next.events.done) =
+                            purge_events(&sp, cutoff, after, &mut purged)?;
                     }
-                    if next.deliveries.is_none() && next.events.is_none() {
+                    let (deliveries_tail, events_tail) = last_rowids(&sp)?;
+                    next.deliveries.tail_removed |= deliveries_tail < tails.0;
+                    next.events.tail_removed |= events_tail < tails.1;
+                    if next.deliveries.done && next.events.done {
                         purged.notifications = sp
                             .prepare_cached(
                                 "DELETE FROM notifications WHERE sent_at IS NOT NULL AND created_at < ?1",
@@ -92,7 +186,23 @@ impl SqliteStore {
             progress = next;
             tokio::time::sleep(pause).await;
         }
+        let (deliveries, events) = (progress.deliveries, progress.events);
+        *self.purge_mark() = PurgeMark {
+            deliveries: deliveries.mark(),
+            events: events.mark(),
+            revisit: if deliveries.tail_removed {
+                i64::MAX
+            } else {
+                progress.revisit
+            },
+        };
         Ok(total)
+    }
+
+    fn purge_mark(&self) -> std::sync::MutexGuard<'_, PurgeMark> {
+        self.purge_mark
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Pages in the file and pages free for reuse: how the file's size is made up.
@@ -113,14 +223,16 @@ impl SqliteStore {
     }
 }
 
-/// One slice of the deliveries table from rowid `after`: returns where the next slice
-/// starts, or `None` once a row younger than the cutoff (or the end) was reached.
+/// One slice of the deliveries table from rowid `after`: returns the last rowid visited and
+/// whether the walk is done. `revisit` is lowered to the earliest cutoff at which a
+/// delivery it keeps may pass retention.
 fn purge_deliveries(
     conn: &Connection,
-    cutoff: i64,
+    (cutoff, now): (i64, i64),
     after: i64,
     purged: &mut Purged,
-) -> StoreResult<Option<i64>> {
+    revisit: &mut i64,
+) -> StoreResult<(i64, bool)> {
     let rows: Vec<(i64, String, String, String, i64, String, i64)> = conn
         .prepare_cached(
             "SELECT rowid, id, account_id, event_id, created_at, status, updated_at FROM deliveries \
@@ -152,8 +264,11 @@ fn purge_deliveries(
         }
         last = rowid;
         // Pending work stays, and so does a delivery that ended within the retention (one
-        // replayed late): the next purge looks at both again.
-        if status == DeliveryStatus::Pending.as_str() || updated_at >= cutoff {
+        // replayed late): a later purge looks at both again once they may have aged.
+        let pending = status == DeliveryStatus::Pending.as_str();
+        if pending || updated_at >= cutoff {
+            purged.passed_over += 1;
+            *revisit = (*revisit).min(if pending { now } else { updated_at });
             continue;
         }
         purged.attempts += conn
@@ -172,7 +287,7 @@ fn purge_deliveries(
     for (account, event) in events {
         purged.events += delete_unreferenced_event(conn, cutoff, &account, &event)?;
     }
-    Ok((full && !reached_young).then_some(last))
+    Ok((last, reached_young || !full))
 }
 
 /// One slice of the events table: events that no delivery refers to (none matched an
@@ -182,7 +297,7 @@ fn purge_events(
     cutoff: i64,
     after: i64,
     purged: &mut Purged,
-) -> StoreResult<Option<i64>> {
+) -> StoreResult<(i64, bool)> {
     let rows: Vec<(i64, String, String, i64)> = conn
         .prepare_cached(
             "SELECT rowid, account_id, id, created_at FROM events WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
@@ -198,12 +313,22 @@ fn purge_events(
     let mut last = after;
     for (rowid, account, event, created_at) in rows {
         if created_at >= cutoff {
-            return Ok(None);
+            return Ok((last, true));
         }
         last = rowid;
         purged.events += delete_unreferenced_event(conn, cutoff, &account, &event)?;
     }
-    Ok(full.then_some(last))
+    Ok((last, !full))
+}
+
+/// The largest rowid of the deliveries and of the events (0 when empty).
+fn last_rowids(conn: &Connection) -> StoreResult<(i64, i64)> {
+    conn.prepare_cached(
+        "SELECT (SELECT coalesce(max(rowid), 0) FROM deliveries), \
+                (SELECT coalesce(max(rowid), 0) FROM events)",
+    )
+    .and_then(|mut s| s.query_row([], |r| Ok((r.get(0)?, r.get(1)?))))
+    .map_err(backend)
 }
 
 fn delete_unreferenced_event(

@@ -514,7 +514,11 @@ async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() 
         }
         let now = crate::clock::add(at, hour / 2);
         let purged = store
-            .purge_before(crate::clock::sub(now, retention), std::time::Duration::ZERO)
+            .purge_before(
+                crate::clock::sub(now, retention),
+                now,
+                std::time::Duration::ZERO,
+            )
             .await
             .unwrap();
         if h >= 2 {
@@ -595,20 +599,128 @@ async fn a_delivery_replayed_late_is_kept_the_retention_from_when_it_ended() {
 
     // Published 30 days before the cutoff, ended again 9 days after it: kept.
     let purged = store
-        .purge_before(at(20 * day), std::time::Duration::ZERO)
+        .purge_before(at(20 * day), at(50 * day), std::time::Duration::ZERO)
         .await
         .unwrap();
-    assert_eq!(purged, Purged::default());
+    assert!(!purged.removed_any(), "{purged:?}");
     assert!(store.get_delivery(&account, &d.id).await.unwrap().is_some());
     // Once the retention has passed since it ended, it goes with its attempts and event.
     let purged = store
-        .purge_before(at(29 * day + 2), std::time::Duration::ZERO)
+        .purge_before(
+            at(29 * day + 2),
+            at(59 * day + 2),
+            std::time::Duration::ZERO,
+        )
         .await
         .unwrap();
     assert_eq!(
         (purged.deliveries, purged.attempts, purged.events),
         (1, 2, 1)
     );
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A backlog kept past the cutoff (pending, or replayed late) is read once, not by every
+/// purge: the next purge starts where the last stopped until one of those deliveries could
+/// have passed retention, and then reads the table from the start again. The same whether
+/// the walk stops at a young delivery or at the end of the table.
+#[tokio::test]
+async fn a_purge_starts_where_the_last_stopped_until_what_it_kept_could_have_aged() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt, publish};
+    for young in [false, true] {
+        let (dir, store, ep) = file_store_with_endpoint(&format!("purge-resume-{young}")).await;
+        let account = AccountId::from_trusted("acme".into());
+        let retention = 1_000;
+        let purge = |now: i64| {
+            let store = store.clone();
+            async move {
+                store
+                    .purge_before(at(now - retention), at(now), std::time::Duration::ZERO)
+                    .await
+                    .unwrap()
+            }
+        };
+        // 250 deliveries pending since seconds 1..=250 (three slices), perhaps a young one.
+        let mut backlog = Vec::new();
+        for second in 1..=250 {
+            backlog.extend(publish(&store, &account, second, "invoice.paid", &[&ep]).await);
+        }
+        if young {
+            publish(&store, &account, 9_000, "invoice.paid", &[&ep]).await;
+        }
+
+        let first = purge(5_000).await;
+        assert_eq!((first.passed_over, first.removed_any()), (250, false));
+        let second = purge(5_060).await;
+        assert_eq!(second, Purged::default(), "young {young}: read once");
+
+        // One of them ends at 5,100: it is kept the retention from then, and nothing before
+        // the first purge's time can have passed retention until the cutoff is past it.
+        attempt(&store, &backlog[100].id, 5_100, Decision::Delivered).await;
+        assert_eq!(purge(5_900).await, Purged::default(), "young {young}");
+        let aged = purge(6_200).await;
+        assert_eq!(
+            (
+                aged.deliveries,
+                aged.attempts,
+                aged.events,
+                aged.passed_over
+            ),
+            (1, 1, 1, 249),
+            "young {young}: {aged:?}"
+        );
+        assert!(store
+            .get_delivery(&account, &backlog[100].id)
+            .await
+            .unwrap()
+            .is_none());
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// A purge that removes a table's last row leaves nothing to start after: rows written next
+/// take the freed row ids, and the next purge still finds them. Events are removed with
+/// their deliveries and, when no endpoint matched, by themselves: both count.
+#[tokio::test]
+async fn a_purge_that_empties_the_table_starts_from_the_first_row_next_time() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt, event, publish};
+    let (dir, store, ep) = file_store_with_endpoint("purge-empty").await;
+    let account = AccountId::from_trusted("acme".into());
+    let publish_two = |second: i64| {
+        let (store, account, ep) = (store.clone(), account.clone(), ep.clone());
+        async move {
+            let d = publish(&store, &account, second, "invoice.paid", &[&ep])
+                .await
+                .remove(0);
+            attempt(&store, &d.id, second, Decision::Delivered).await;
+            let unmatched = event("acme", &format!("evt_unmatched_{second}"), at(second));
+            store.publish(&unmatched, &[]).await.unwrap();
+        }
+    };
+    let purge = |cutoff: i64| {
+        let store = store.clone();
+        async move {
+            let purged = store
+                .purge_before(at(cutoff), at(cutoff + 1_000), std::time::Duration::ZERO)
+                .await
+                .unwrap();
+            (purged.deliveries, purged.events)
+        }
+    };
+    // The young pair at 50 makes the first purge stop after the old ones it removes.
+    for second in [1, 2, 3, 50] {
+        publish_two(second).await;
+    }
+    assert_eq!(purge(10).await, (3, 6));
+    assert_eq!(purge(100).await, (1, 2), "both tables are empty");
+    for second in [200, 201] {
+        publish_two(second).await;
+    }
+    assert_eq!(purge(300).await, (2, 4));
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
