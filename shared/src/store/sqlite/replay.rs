@@ -145,19 +145,20 @@ impl SqliteStore {
         page: &PageAfter<ReplayId>,
     ) -> StoreResult<Page<Replay>> {
         let account = account.clone();
-        let after = page.after.as_ref().map(|a| a.as_str().to_owned());
+        // The first page starts after every id there can be (ids are ASCII, and this
+        // character's UTF-8 bytes sort after all of ASCII), so that the read seeks either way.
+        let after = page
+            .after
+            .as_ref()
+            .map_or_else(|| char::MAX.to_string(), |a| a.as_str().to_owned());
         let limit = page.limit.clamp(1, 500);
         self.run(move |conn| {
-            // Replay ids are time-ordered, so id order is request order.
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, event_types, \
-                     requested_at, count, more, include_missed, missed FROM replays WHERE account_id = ?1 AND (?2 IS NULL OR id < ?2) \
-                     ORDER BY id DESC LIMIT ?3",
-                )
-                .map_err(backend)?;
+            let mut stmt = conn.prepare_cached(REPLAYS_PAGE_SQL).map_err(backend)?;
             let mut items = stmt
-                .query_map(params![account.as_str(), after, i64::from(limit) + 1], replay_from_row)
+                .query_map(
+                    params![account.as_str(), after, i64::from(limit) + 1],
+                    replay_from_row,
+                )
                 .map_err(backend)?
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .map_err(backend)?;
@@ -172,3 +173,10 @@ impl SqliteStore {
         .await
     }
 }
+
+/// One page of an account's replays, newest first, before the id `?2`. Replay ids are
+/// time-ordered, so id order is request order.
+pub(super) const REPLAYS_PAGE_SQL: &str =
+    "SELECT id, account_id, actor, delivery_id, endpoint_id, since, until, statuses, event_types, \
+     requested_at, count, more, include_missed, missed FROM replays WHERE account_id = ?1 AND id < ?2 \
+     ORDER BY id DESC LIMIT ?3";

@@ -855,6 +855,31 @@ fn the_window_reads_pending_rows_in_due_order_from_their_indexes() {
     }
 }
 
+/// A page of replays after a cursor seeks to it in the account's index, in order.
+#[test]
+fn a_replay_page_seeks_to_its_cursor() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(SCHEMA).unwrap();
+    add_missing_columns(&conn, "replays", ADDED_REPLAY_COLUMNS).unwrap();
+    let plan: Vec<String> = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::replay::REPLAYS_PAGE_SQL
+        ))
+        .unwrap()
+        .query_map(params!["acme", "rpl_x", 10], |row| row.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let plan = plan.join("; ");
+    println!("replays page: {plan}");
+    assert!(
+        plan.contains("SEARCH replays USING INDEX replays_by_account (account_id=? AND id<?)"),
+        "{plan}"
+    );
+    assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
+}
+
 /// An audited change and its entry are one transaction: an entry that cannot be written
 /// (its id is taken) takes the change back with it.
 #[tokio::test]
