@@ -167,7 +167,7 @@ pub async fn emulator_store() -> hooklane::store::dynamodb::DynamoStore {
     create_tables(&client, &tables).await.unwrap();
     DynamoStore::new(client, tables, Retention::default(), test_secrets(None))
         .without_late_write_rule()
-        .showing_expired_in_the_log()
+        .showing_expired()
 }
 
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to

@@ -474,7 +474,17 @@ impl DynamoStore {
         account: &AccountId,
         id: &EventId,
     ) -> StoreResult<Option<Event>> {
-        self.get_event_item(account.as_str(), id.as_str()).await
+        // Past its expiry, as the delivery log leaves such deliveries out: TTL deletes the
+        // item days later, and reads return it until then.
+        let now = chrono::Utc::now().timestamp();
+        self.get(
+            &self.tables.events,
+            account_key(account.as_str(), id.as_str()),
+        )
+        .await?
+        .filter(|item| self.shows_expired || expiry(item).is_none_or(|at| at > now))
+        .map(|item| event_from_item(&item))
+        .transpose()
     }
 
     pub(super) async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {

@@ -285,7 +285,7 @@ impl DynamoStore {
         }
         // TTL deletes an expired delivery within days, and reads return it until then: the
         // log keeps to the retention. A pending delivery carries no expiry.
-        if !self.log_shows_expired {
+        if !self.shows_expired {
             filters.push("(attribute_not_exists(expires_at) OR expires_at > :now)");
             request =
                 request.expression_attribute_values(":now", n(chrono::Utc::now().timestamp()));
@@ -339,7 +339,7 @@ impl DynamoStore {
         let now = chrono::Utc::now().timestamp();
         self.get(&self.tables.deliveries, key)
             .await?
-            .filter(|item| self.log_shows_expired || expiry(item).is_none_or(|at| at > now))
+            .filter(|item| self.shows_expired || expiry(item).is_none_or(|at| at > now))
             .map(|item| delivery_from_item(&item))
             .transpose()
     }

@@ -230,10 +230,10 @@ pub struct DynamoStore {
     secrets: SecretsAccess,
     /// Attempts counted by endpoint and hour, not yet written (`flush_hour_counts`).
     hour_tally: hours::HourTally,
-    /// The log, and a read of one delivery, show deliveries past their `expires_at` (which
-    /// TTL has yet to delete): for the store contract tests, whose fixed times lie years in
-    /// the past.
-    log_shows_expired: bool,
+    /// The log, and a read of one delivery or event, show items past their `expires_at`
+    /// (which TTL has yet to delete): for the store contract tests, whose fixed times lie
+    /// years in the past.
+    shows_expired: bool,
 }
 
 impl DynamoStore {
@@ -253,10 +253,11 @@ impl DynamoStore {
         self
     }
 
-    /// With a log that shows deliveries past their expiry: for tests whose fixed times lie
-    /// years in the past, where every ended delivery has expired.
-    pub fn showing_expired_in_the_log(mut self) -> Self {
-        self.log_shows_expired = true;
+    /// With reads that show items past their expiry (the delivery log, a delivery or an
+    /// event read by its id): for tests whose fixed times lie years in the past, where every
+    /// ended delivery has expired.
+    pub fn showing_expired(mut self) -> Self {
+        self.shows_expired = true;
         self
     }
 
@@ -293,7 +294,7 @@ impl DynamoStore {
             walk_budget: WALK_BUDGET,
             late_fan_out: Some(LATE_FAN_OUT),
             hour_tally: hours::HourTally::default(),
-            log_shows_expired: false,
+            shows_expired: false,
         }
     }
 

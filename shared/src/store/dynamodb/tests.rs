@@ -765,6 +765,43 @@ async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_
     assert_eq!(by_id().await, None, "nor read by its id");
 }
 
+/// The same for an event read by its id (the API's `GET …/events/{event}`, and a resend's
+/// check that the event is still kept): past its `expires_at`, it is not found, as on SQLite
+/// once the purge has run.
+#[tokio::test]
+async fn an_event_past_its_expiry_that_ttl_has_not_deleted_yet_is_not_found() {
+    let shown = emulator_store().await;
+    let store = DynamoStore::new(
+        shown.client().clone(),
+        shown.tables().clone(),
+        Retention::default(),
+        crate::testing::test_secrets(None),
+    );
+    let (account, delivery) = one_delivery(&store).await;
+    let read = || async {
+        store
+            .get_event(&account, &delivery.event_id)
+            .await
+            .unwrap()
+            .map(|event| event.id)
+    };
+    assert_eq!(read().await.as_ref(), Some(&delivery.event_id));
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().events)
+        .set_key(Some(account_key(
+            account.as_str(),
+            delivery.event_id.as_str(),
+        )))
+        .update_expression("SET expires_at = :past")
+        .expression_attribute_values(":past", n(chrono::Utc::now().timestamp() - 60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read().await, None, "expired, not yet deleted");
+}
+
 /// A replay that moved its event's TTL later (above) makes the delivery replayable until that
 /// later time: a second replay after the event's first expiry, while the event is still kept,
 /// goes through; one after the later expiry does not.
