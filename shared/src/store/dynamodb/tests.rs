@@ -16,6 +16,18 @@ async fn one_delivery(store: &DynamoStore) -> (AccountId, Delivery) {
     (account, delivery)
 }
 
+/// A store on the emulator's tables that leaves out what is past its expiry, as in
+/// production (`emulator_store` shows it, for the contract tests' fixed times).
+async fn store_hiding_expired() -> DynamoStore {
+    let shown = emulator_store().await;
+    DynamoStore::new(
+        shown.client().clone(),
+        shown.tables().clone(),
+        Retention::default(),
+        crate::testing::test_secrets(None),
+    )
+}
+
 /// The audit record and the deliveries set back to pending are written together: when
 /// the record cannot be written (a role without write access to the attempts table, as
 /// the api's once was), no delivery is left pending, unqueued and unaudited.
@@ -724,13 +736,7 @@ fn a_short_retention_keeps_attempts_and_events_through_the_retries() {
 #[tokio::test]
 async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_yet() {
     use crate::fixtures::{attempt, failed};
-    let shown = emulator_store().await;
-    let store = DynamoStore::new(
-        shown.client().clone(),
-        shown.tables().clone(),
-        Retention::default(),
-        crate::testing::test_secrets(None),
-    );
+    let store = store_hiding_expired().await;
     let (account, delivery) = one_delivery(&store).await;
     attempt(&store, &delivery.id, 2, failed()).await;
     let log = || async {
@@ -770,13 +776,7 @@ async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_
 /// once the purge has run.
 #[tokio::test]
 async fn an_event_past_its_expiry_that_ttl_has_not_deleted_yet_is_not_found() {
-    let shown = emulator_store().await;
-    let store = DynamoStore::new(
-        shown.client().clone(),
-        shown.tables().clone(),
-        Retention::default(),
-        crate::testing::test_secrets(None),
-    );
+    let store = store_hiding_expired().await;
     let (account, delivery) = one_delivery(&store).await;
     let read = || async {
         store
