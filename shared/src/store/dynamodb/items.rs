@@ -428,12 +428,12 @@ pub(super) fn delivery_from_item(item: &Item) -> StoreResult<Delivery> {
 }
 
 /// The partition of the attempts table that holds an account's replay audit records
-/// (newest first by the numeric sort key): replays are rare, human-sized, and kept without TTL.
+/// (newest first by the numeric sort key, `replay::replay_sort`), kept without TTL.
 pub(super) fn replays_partition(account: &AccountId) -> String {
     format!("replays#{account}")
 }
 
-pub(super) fn replay_key(replay: &Replay, sort: i64) -> Item {
+pub(super) fn replay_key(replay: &Replay, sort: u128) -> Item {
     Item::from([
         (
             "delivery_id".into(),
@@ -443,7 +443,7 @@ pub(super) fn replay_key(replay: &Replay, sort: i64) -> Item {
     ])
 }
 
-pub(super) fn replay_item(replay: &Replay, sort: i64) -> Item {
+pub(super) fn replay_item(replay: &Replay, sort: u128) -> Item {
     let mut item = replay_key(replay, sort);
     item.extend([
         ("replay_id".into(), s(replay.id.as_str())),

@@ -37,7 +37,7 @@ impl DynamoStore {
     pub(super) fn replay_count_update(
         &self,
         replay: &Replay,
-        sort: i64,
+        sort: u128,
         count: u32,
     ) -> StoreResult<TransactWriteItem> {
         let update = Update::builder()
@@ -118,8 +118,7 @@ impl DynamoStore {
         let now = replay.requested_at;
         self.keep_events_for_retries(matched.iter().map(|(delivery, _, _)| delivery), now)
             .await?;
-        // Time-ordered and unique enough for a human-triggered audit trail.
-        let sort = to_millis(now) * 1000 + i64::from(rand::random::<u16>() % 1000);
+        let sort = replay_sort(&replay.id, now);
         let mut queued = Vec::with_capacity(matched.len());
         let mut audit_written = false;
         // Each transaction sets up to 99 deliveries back to pending together with the audit
@@ -259,20 +258,9 @@ impl DynamoStore {
         page: &PageAfter<ReplayId>,
     ) -> StoreResult<Page<Replay>> {
         let limit = page.limit.clamp(1, 500) as usize;
-        let items = self
-            .query_all(
-                self.client
-                    .query()
-                    .table_name(&self.tables.attempts)
-                    .key_condition_expression("delivery_id = :pk")
-                    .expression_attribute_values(":pk", s(replays_partition(account)))
-                    .scan_index_forward(false),
-            )
+        let (mut replays, _) = self
+            .replays_before(account, page.after.as_ref(), limit)
             .await?;
-        let mut replays = items
-            .iter()
-            .map(replay_from_item)
-            .collect::<StoreResult<Vec<_>>>()?;
         // Replay ids are time-ordered: newest first, then strictly older than the cursor.
         replays.sort_by(|a, b| b.id.cmp(&a.id));
         if let Some(after) = &page.after {
@@ -289,4 +277,68 @@ impl DynamoStore {
             next_cursor,
         })
     }
+
+    /// The `limit + 1` newest of an account's replay records older than `after` (the
+    /// sort key is id order), and how many records DynamoDB returned to find them.
+    pub(super) async fn replays_before(
+        &self,
+        account: &AccountId,
+        after: Option<&ReplayId>,
+        limit: usize,
+    ) -> StoreResult<(Vec<Replay>, usize)> {
+        let request = self
+            .client
+            .query()
+            .table_name(&self.tables.attempts)
+            .expression_attribute_values(":pk", s(replays_partition(account)))
+            .scan_index_forward(false);
+        let (request, wanted) = match after.map(generated_sort) {
+            None => (
+                request.key_condition_expression("delivery_id = :pk"),
+                limit + 1,
+            ),
+            Some(Some(bound)) => (
+                request
+                    .key_condition_expression("delivery_id = :pk AND #sort < :bound")
+                    .expression_attribute_names("#sort", "number")
+                    .expression_attribute_values(":bound", n(bound)),
+                limit + 1,
+            ),
+            // A cursor that is no generated id says nothing of where to start: read all.
+            Some(None) => (
+                request.key_condition_expression("delivery_id = :pk"),
+                usize::MAX,
+            ),
+        };
+        let items = self.query_at_most(request, wanted).await?;
+        let replays = items
+            .iter()
+            .map(replay_from_item)
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok((replays, items.len()))
+    }
+}
+
+/// The sort key of a replay's audit record. For a generated id (a UUIDv7: the Unix
+/// milliseconds of its making, then a counter that orders ids made in the same millisecond)
+/// its first 96 bits, so that record order is id order and a page of the list starts
+/// reading at its cursor. An id made elsewhere counts from `now`, with random bits after.
+pub(super) fn replay_sort(id: &ReplayId, now: Timestamp) -> u128 {
+    generated_sort(id).unwrap_or_else(|| {
+        let millis = u128::try_from(to_millis(now)).unwrap_or(0);
+        (millis << 48) | (7 << 44) | u128::from(rand::random::<u64>() >> 20)
+    })
+}
+
+/// The first 96 bits of a generated replay id: `rpl_` and a UUIDv7 in 32 lower-case hex
+/// digits.
+fn generated_sort(id: &ReplayId) -> Option<u128> {
+    let hex = id.as_str().strip_prefix("rpl_")?;
+    let lower_hex = hex
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if hex.len() != 32 || !lower_hex || hex.get(12..13) != Some("7") {
+        return None;
+    }
+    u128::from_str_radix(hex.get(..24)?, 16).ok()
 }

@@ -802,6 +802,91 @@ async fn an_event_past_its_expiry_that_ttl_has_not_deleted_yet_is_not_found() {
     assert_eq!(read().await, None, "expired, not yet deleted");
 }
 
+/// The list of replays (kept for ever) reads from its cursor on, not the account's whole
+/// history: each page of 7 among 170 records reads 8, also among records made in the same
+/// millisecond. The pages together are every record once, newest first.
+#[tokio::test]
+async fn a_page_of_replays_reads_from_its_cursor() {
+    use super::replay::replay_sort;
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    let base: i64 = 1_900_000_000_000;
+    // 150 records 10 ms apart, and 20 more in one of those milliseconds, their counters
+    // (the UUIDv7's bits after the millisecond) in turn.
+    let mut ids: Vec<ReplayId> = (0..150)
+        .map(|i| (base + i * 10, 0x2f1_0000_0000_i64))
+        .chain((1..=20).map(|k| (base + 750, 0x2f1_0000_0000 + k)))
+        .map(|(millis, counter)| {
+            ReplayId::from_trusted(format!("rpl_{millis:012x}7{counter:011x}9e3779b9"))
+        })
+        .collect();
+    for id in &ids {
+        let mut replay = crate::fixtures::replay(
+            &account,
+            ReplayScope::Endpoint(EndpointId::from_trusted("ep_a".into())),
+            ReplayFilter::single(),
+            1,
+        );
+        replay.id = id.clone();
+        store
+            .client()
+            .put_item()
+            .table_name(&store.tables().attempts)
+            .set_item(Some(super::items::replay_item(
+                &replay,
+                replay_sort(&replay.id, replay.requested_at),
+            )))
+            .send()
+            .await
+            .unwrap();
+    }
+    ids.sort_by(|a, b| b.cmp(a));
+
+    let limit = 7;
+    let mut listed = Vec::new();
+    let mut after: Option<ReplayId> = None;
+    loop {
+        let (_, read) = store
+            .replays_before(&account, after.as_ref(), limit)
+            .await
+            .unwrap();
+        assert!(read <= limit + 1, "{read} records read for one page");
+        let page = store
+            .list_replays(
+                &account,
+                &PageAfter {
+                    after,
+                    limit: limit as u32,
+                },
+            )
+            .await
+            .unwrap();
+        listed.extend(page.items.into_iter().map(|r| r.id));
+        match page.next_cursor {
+            Some(cursor) => after = Some(ReplayId::from_trusted(cursor)),
+            None => break,
+        }
+    }
+    assert_eq!(listed, ids, "every record once, newest first");
+}
+
+/// DynamoDB keeps 38 significant digits of a number and refuses more (the emulator keeps
+/// any): the largest sort key a replay can get fits, generated id or not.
+#[test]
+fn a_replay_sort_key_fits_dynamodb_numbers() {
+    use super::replay::replay_sort;
+    let largest = ReplayId::from_trusted(format!("rpl_{}7{}", "f".repeat(12), "f".repeat(19)));
+    let elsewhere = ReplayId::from_trusted("rpl_imported".into());
+    let far = crate::clock::from_millis(i64::MAX);
+    for sort in [replay_sort(&largest, far), replay_sort(&elsewhere, far)] {
+        assert!(sort.to_string().len() <= 38, "{sort}");
+    }
+    assert_eq!(
+        replay_sort(&largest, far),
+        u128::from_str_radix(&format!("{}7{}", "f".repeat(12), "f".repeat(11)), 16).unwrap()
+    );
+}
+
 /// A replay that moved its event's TTL later (above) makes the delivery replayable until that
 /// later time: a second replay after the event's first expiry, while the event is still kept,
 /// goes through; one after the later expiry does not.
