@@ -21,7 +21,7 @@ use crate::{
         window::{self, PendingSource},
     },
     service::{deliver, health, notifications},
-    store::sqlite::SqliteStore,
+    store::sqlite::{Purged, SqliteStore},
     telemetry, App,
 };
 
@@ -114,18 +114,16 @@ pub async fn start(
         move |app| {
             let store = Arc::clone(&store);
             async move {
-                let now = app.clock.now();
-                let cutoff = crate::clock::sub(now, retention);
+                let cutoff = crate::clock::sub(app.clock.now(), retention);
                 let started = std::time::Instant::now();
-                let purged = store.purge_before(cutoff, now, PURGE_PAUSE).await?;
-                if purged.removed_any() {
+                let purged = store.purge_before(cutoff, PURGE_PAUSE).await?;
+                if purged != Purged::default() {
                     let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                     tracing::info!(
                         deliveries = purged.deliveries,
                         attempts = purged.attempts,
                         events = purged.events,
                         notifications = purged.notifications,
-                        passed_over = purged.passed_over,
                         took_ms,
                         "removed what is past retention"
                     );

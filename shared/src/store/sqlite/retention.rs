@@ -1,11 +1,12 @@
 //! Retention: ended deliveries, their attempts and unreferenced events leave the file once
 //! older than `HOOKLANE_RETENTION`, a few hundred rows per transaction.
 //!
-//! Rows are visited oldest first by rowid (the order they were written), so a pass stops at
-//! the first row younger than the cutoff without an index of its own, and the next pass
-//! starts there ([`PurgeMark`]). Pending deliveries and the events they need are never
-//! removed. SQLite reuses the freed pages for new rows, so the file stops growing once the
-//! oldest data leaves as fast as new data arrives.
+//! Ended deliveries are read through their own partial index, oldest ending first, so a
+//! purge reads only what it removes: a backlog of pending work, however old, is never read.
+//! Events are visited by rowid (the order they were written), from where the last purge
+//! stopped ([`PurgeMark`]) to the first one younger than the cutoff. Pending deliveries and
+//! the events they need are never removed. SQLite reuses the freed pages for new rows, so
+//! the file stops growing once the oldest data leaves as fast as new data arrives.
 
 use super::worker::*;
 use super::*;
@@ -17,9 +18,6 @@ pub struct Purged {
     pub attempts: u64,
     pub events: u64,
     pub notifications: u64,
-    /// Deliveries past the cutoff that were looked at and kept: pending, or ended within
-    /// the retention (replayed late).
-    pub passed_over: u64,
 }
 
 impl Purged {
@@ -28,12 +26,6 @@ impl Purged {
         self.attempts += other.attempts;
         self.events += other.events;
         self.notifications += other.notifications;
-        self.passed_over += other.passed_over;
-    }
-
-    /// Whether anything left the file.
-    pub fn removed_any(&self) -> bool {
-        self.deliveries + self.attempts + self.events + self.notifications > 0
     }
 }
 
@@ -43,127 +35,56 @@ impl Purged {
 /// slices of 100 purge 11,000 a second with a p99 of 18 ms.
 pub const SLICE_ROWS: u32 = 100;
 
-/// How far a purge has got through one table.
-#[derive(Debug, Clone, Copy)]
-struct Walk {
-    /// Rows up to this rowid have been visited.
-    after: i64,
-    /// A row younger than the cutoff, or the end of the table, was reached.
-    done: bool,
-    /// The table's last row was removed at some point: new rows may then take rowids
-    /// already passed (SQLite gives a new row the largest rowid + 1).
-    tail_removed: bool,
-}
-
-impl Walk {
-    fn from(after: i64) -> Self {
-        Self {
-            after,
-            done: false,
-            tail_removed: false,
-        }
-    }
-
-    fn next(self) -> Option<i64> {
-        (!self.done).then_some(self.after)
-    }
-
-    /// Where the next purge may start: where this one stopped, unless a row written since
-    /// may lie behind it.
-    fn mark(self) -> i64 {
-        if self.tail_removed {
-            0
-        } else {
-            self.after
-        }
-    }
-}
-
-/// Where the last purge stopped, so that a backlog kept past the cutoff (pending, or
-/// replayed late) is read once rather than by every purge. The rows before `deliveries`
-/// that were kept cannot pass retention while the cutoff is at or before `revisit`: a
-/// pending delivery that ends later gets an `updated_at` after the purge that saw it, and a
-/// replay only moves `updated_at` later. Once the cutoff passes `revisit`, the walk starts
-/// from the first row again. Events before `events` that were kept are referenced by a
-/// delivery, and leave with the last of those. Only the purge removes rows, so rows written
-/// between two purges come after where the last stopped.
-#[derive(Debug, Clone, Copy)]
+/// Where the last purge's walk of the events stopped, and at which cutoff. The events
+/// before it that were kept are referenced by a delivery, and leave with the last of those;
+/// only the purge removes events, so events written since come after it. A purge that
+/// removes the table's last row leaves none: SQLite gives a new row the largest rowid + 1,
+/// so new events could then take rowids before it. An earlier cutoff (the clock went back)
+/// starts from the first event again.
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct PurgeMark {
-    deliveries: i64,
     events: i64,
-    revisit: i64,
-}
-
-impl Default for PurgeMark {
-    fn default() -> Self {
-        Self {
-            deliveries: 0,
-            events: 0,
-            revisit: i64::MAX,
-        }
-    }
-}
-
-/// Where a purge has got to within each table, and the earliest cutoff at which a delivery
-/// it kept may have passed retention.
-#[derive(Debug, Clone, Copy)]
-struct Progress {
-    deliveries: Walk,
-    events: Walk,
-    revisit: i64,
+    cutoff: i64,
 }
 
 impl SqliteStore {
     /// Removes everything past retention that was created before `cutoff`, in slices of
     /// [`SLICE_ROWS`], pausing `pause` between slices so delivery keeps the store thread.
-    /// `now` is the time the cutoff was taken at.
     pub async fn purge_before(
         &self,
         cutoff: Timestamp,
-        now: Timestamp,
         pause: std::time::Duration,
     ) -> StoreResult<Purged> {
-        let (cutoff, now) = (to_millis(cutoff), to_millis(now));
-        // Taken, not read: a purge that fails leaves the next to start from the first rows.
+        let cutoff = to_millis(cutoff);
+        // Taken, not read: a purge that fails leaves the next to start from the first event.
         let mark = std::mem::take(&mut *self.purge_mark());
-        let mark = if cutoff > mark.revisit {
-            PurgeMark::default()
+        let mut events_after = if cutoff >= mark.cutoff {
+            mark.events
         } else {
-            mark
+            0
         };
         let mut total = Purged::default();
-        let mut progress = Progress {
-            deliveries: Walk::from(mark.deliveries),
-            events: Walk::from(mark.events),
-            revisit: mark.revisit,
-        };
-        while progress.deliveries.next().is_some() || progress.events.next().is_some() {
-            let at = progress;
-            let (purged, next) = self
+        let mut deliveries_done = false;
+        let mut events_tail_removed = false;
+        loop {
+            let after = events_after;
+            let (purged, slice) = self
                 .run(move |conn| {
                     let sp = JobSavepoint::begin(conn).map_err(backend)?;
-                    let tails = last_rowids(&sp)?;
+                    let tail = last_event_rowid(&sp)?;
                     let mut purged = Purged::default();
-                    let mut next = at;
-                    if let Some(after) = at.deliveries.next() {
-                        (next.deliveries.after, next.deliveries.done) = purge_deliveries(
-                            &sp,
-                            (cutoff, now),
-                            after,
-                            &mut purged,
-                            &mut next.revisit,
-                        )?;
-                    }
                     // Events once the deliveries are done: they free the events they held.
-                    let events = at.events.next().filter(|_| next.deliveries.done);
-                    if let Some(after) = events {
-                        (next.events.after, next.events.done) =
-                            purge_events(&sp, cutoff, after, &mut purged)?;
-                    }
-                    let (deliveries_tail, events_tail) = last_rowids(&sp)?;
-                    next.deliveries.tail_removed |= deliveries_tail < tails.0;
-                    next.events.tail_removed |= events_tail < tails.1;
-                    if next.deliveries.done && next.events.done {
+                    let (deliveries_done, events) = if deliveries_done {
+                        (true, Some(purge_events(&sp, cutoff, after, &mut purged)?))
+                    } else {
+                        (purge_deliveries(&sp, cutoff, &mut purged)?, None)
+                    };
+                    let slice = Slice {
+                        deliveries_done,
+                        events,
+                        tail_removed: last_event_rowid(&sp)? < tail,
+                    };
+                    if slice.events.is_some_and(|(_, done)| done) {
                         purged.notifications = sp
                             .prepare_cached(
                                 "DELETE FROM notifications WHERE sent_at IS NOT NULL AND created_at < ?1",
@@ -179,22 +100,27 @@ impl SqliteStore {
                         .map_err(backend)?;
                     }
                     sp.commit().map_err(backend)?;
-                    Ok((purged, next))
+                    Ok((purged, slice))
                 })
                 .await?;
             total.add(purged);
-            progress = next;
+            deliveries_done = slice.deliveries_done;
+            events_tail_removed |= slice.tail_removed;
+            let finished = match slice.events {
+                Some((last, done)) => {
+                    events_after = last;
+                    done
+                }
+                None => false,
+            };
             tokio::time::sleep(pause).await;
+            if finished {
+                break;
+            }
         }
-        let (deliveries, events) = (progress.deliveries, progress.events);
         *self.purge_mark() = PurgeMark {
-            deliveries: deliveries.mark(),
-            events: events.mark(),
-            revisit: if deliveries.tail_removed {
-                i64::MAX
-            } else {
-                progress.revisit
-            },
+            events: if events_tail_removed { 0 } else { events_after },
+            cutoff,
         };
         Ok(total)
     }
@@ -223,54 +149,37 @@ impl SqliteStore {
     }
 }
 
-/// One slice of the deliveries table from rowid `after`: returns the last rowid visited and
-/// whether the walk is done. `revisit` is lowered to the earliest cutoff at which a
-/// delivery it keeps may pass retention.
-fn purge_deliveries(
-    conn: &Connection,
-    (cutoff, now): (i64, i64),
-    after: i64,
-    purged: &mut Purged,
-    revisit: &mut i64,
-) -> StoreResult<(i64, bool)> {
-    let rows: Vec<(i64, String, String, String, i64, String, i64)> = conn
-        .prepare_cached(
-            "SELECT rowid, id, account_id, event_id, created_at, status, updated_at FROM deliveries \
-             WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
-        )
+/// What one purge transaction did.
+#[derive(Debug, Clone, Copy)]
+struct Slice {
+    deliveries_done: bool,
+    /// The last event visited, and whether the walk of the events is done.
+    events: Option<(i64, bool)>,
+    /// The events table's last row was removed.
+    tail_removed: bool,
+}
+
+/// Ended deliveries oldest ending first, through their partial index: every row it reads
+/// is removed.
+pub(super) const ENDED_BEFORE_SQL: &str =
+    "SELECT rowid, id, account_id, event_id, created_at FROM deliveries \
+     WHERE status != 'pending' AND updated_at < ?1 ORDER BY updated_at LIMIT ?2";
+
+/// One slice of the ended deliveries past retention (a delivery counts from when it ended:
+/// one replayed late is kept that long again): returns whether none are left.
+fn purge_deliveries(conn: &Connection, cutoff: i64, purged: &mut Purged) -> StoreResult<bool> {
+    let rows: Vec<(i64, String, String, String, i64)> = conn
+        .prepare_cached(ENDED_BEFORE_SQL)
         .and_then(|mut s| {
-            s.query_map(params![after, SLICE_ROWS], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
+            s.query_map(params![cutoff, SLICE_ROWS], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
             })?
             .collect()
         })
         .map_err(backend)?;
-    let full = rows.len() == SLICE_ROWS as usize;
-    let mut last = after;
-    let mut reached_young = false;
+    let done = rows.len() < SLICE_ROWS as usize;
     let mut events = Vec::new();
-    for (rowid, id, account, event, created_at, status, updated_at) in rows {
-        if created_at >= cutoff {
-            reached_young = true;
-            break;
-        }
-        last = rowid;
-        // Pending work stays, and so does a delivery that ended within the retention (one
-        // replayed late): a later purge looks at both again once they may have aged.
-        let pending = status == DeliveryStatus::Pending.as_str();
-        if pending || updated_at >= cutoff {
-            purged.passed_over += 1;
-            *revisit = (*revisit).min(if pending { now } else { updated_at });
-            continue;
-        }
+    for (rowid, id, account, event, created_at) in rows {
         purged.attempts += conn
             .prepare_cached(
                 "DELETE FROM attempts WHERE delivery_created_at = ?1 AND delivery_id = ?2",
@@ -283,11 +192,12 @@ fn purge_deliveries(
             .map_err(backend)? as u64;
         events.push((account, event));
     }
+    events.sort_unstable();
     events.dedup();
     for (account, event) in events {
         purged.events += delete_unreferenced_event(conn, cutoff, &account, &event)?;
     }
-    Ok((last, reached_young || !full))
+    Ok(done)
 }
 
 /// One slice of the events table: events that no delivery refers to (none matched an
@@ -321,14 +231,11 @@ fn purge_events(
     Ok((last, !full))
 }
 
-/// The largest rowid of the deliveries and of the events (0 when empty).
-fn last_rowids(conn: &Connection) -> StoreResult<(i64, i64)> {
-    conn.prepare_cached(
-        "SELECT (SELECT coalesce(max(rowid), 0) FROM deliveries), \
-                (SELECT coalesce(max(rowid), 0) FROM events)",
-    )
-    .and_then(|mut s| s.query_row([], |r| Ok((r.get(0)?, r.get(1)?))))
-    .map_err(backend)
+/// The events table's largest rowid (0 when empty).
+fn last_event_rowid(conn: &Connection) -> StoreResult<i64> {
+    conn.prepare_cached("SELECT coalesce(max(rowid), 0) FROM events")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(backend)
 }
 
 fn delete_unreferenced_event(
