@@ -310,13 +310,39 @@ impl DynamoStore {
                 usize::MAX,
             ),
         };
-        let items = self.query_at_most(request, wanted).await?;
+        let mut items = self.query_at_most(request, wanted).await?;
+        // Records written when the sort key was the time × 1000 and a random 0..999 (all
+        // below `OLD_KEYS_END`) are in no id order among themselves: once a page reaches
+        // them, they are read whole. Their ids are older than every id-ordered record's.
+        if items.len() == wanted && items.last().is_some_and(has_old_key) {
+            let old = self
+                .query_all(
+                    self.client
+                        .query()
+                        .table_name(&self.tables.attempts)
+                        .key_condition_expression("delivery_id = :pk AND #sort < :old_end")
+                        .expression_attribute_names("#sort", "number")
+                        .expression_attribute_values(":pk", s(replays_partition(account)))
+                        .expression_attribute_values(":old_end", n(OLD_KEYS_END)),
+                )
+                .await?;
+            items.retain(|item| !has_old_key(item));
+            items.extend(old);
+        }
         let replays = items
             .iter()
             .map(replay_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
         Ok((replays, items.len()))
     }
+}
+
+/// Below this, a replay record's sort key is of the earlier kind (milliseconds × 1000 and a
+/// random 0..999); every id-ordered key (milliseconds << 48 and more) is above it.
+const OLD_KEYS_END: u128 = 1 << 64;
+
+fn has_old_key(item: &Item) -> bool {
+    matches!(item.get("number"), Some(AttributeValue::N(key)) if key.parse::<u128>().is_ok_and(|key| key < OLD_KEYS_END))
 }
 
 /// The sort key of a replay's audit record. For a generated id (a UUIDv7: the Unix

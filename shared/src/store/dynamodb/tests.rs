@@ -870,6 +870,59 @@ async fn a_page_of_replays_reads_from_its_cursor() {
     assert_eq!(listed, ids, "every record once, newest first");
 }
 
+/// Records written with the earlier sort key (the time × 1000 and a random 0..999, in no
+/// id order within a millisecond) are still listed, each once and newest first, after the
+/// records keyed by their ids.
+#[tokio::test]
+async fn replays_recorded_with_the_earlier_sort_key_are_still_listed_in_order() {
+    use super::replay::replay_sort;
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    let base: i64 = 1_900_000_000_000;
+    let mut ids = Vec::new();
+    for i in 0..40_i64 {
+        // Three records a millisecond; the first 30 with the earlier key.
+        let millis = base + i / 3;
+        let id = ReplayId::from_trusted(format!("rpl_{millis:012x}7{:011x}5bd1e995", 0x100 + i));
+        let mut replay = crate::fixtures::replay(
+            &account,
+            ReplayScope::Endpoint(EndpointId::from_trusted("ep_a".into())),
+            ReplayFilter::single(),
+            1,
+        );
+        replay.id = id.clone();
+        let sort = if i < 30 {
+            u128::try_from(millis * 1000 + (997 * i) % 1000).unwrap()
+        } else {
+            replay_sort(&id, replay.requested_at)
+        };
+        store
+            .client()
+            .put_item()
+            .table_name(&store.tables().attempts)
+            .set_item(Some(super::items::replay_item(&replay, sort)))
+            .send()
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    ids.sort_by(|a, b| b.cmp(a));
+    let mut listed = Vec::new();
+    let mut after: Option<ReplayId> = None;
+    loop {
+        let page = store
+            .list_replays(&account, &PageAfter { after, limit: 4 })
+            .await
+            .unwrap();
+        listed.extend(page.items.into_iter().map(|r| r.id));
+        match page.next_cursor {
+            Some(cursor) => after = Some(ReplayId::from_trusted(cursor)),
+            None => break,
+        }
+    }
+    assert_eq!(listed, ids, "every record once, newest first");
+}
+
 /// DynamoDB keeps 38 significant digits of a number and refuses more (the emulator keeps
 /// any): the largest sort key a replay can get fits, generated id or not.
 #[test]
