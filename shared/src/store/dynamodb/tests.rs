@@ -821,39 +821,63 @@ async fn a_page_of_replays_reads_from_its_cursor() {
         })
         .collect();
     for id in &ids {
-        let mut replay = crate::fixtures::replay(
-            &account,
-            ReplayScope::Endpoint(EndpointId::from_trusted("ep_a".into())),
-            ReplayFilter::single(),
-            1,
-        );
-        replay.id = id.clone();
-        store
-            .client()
-            .put_item()
-            .table_name(&store.tables().attempts)
-            .set_item(Some(super::items::replay_item(
-                &replay,
-                replay_sort(&replay.id, replay.requested_at),
-            )))
-            .send()
-            .await
-            .unwrap();
+        put_replay_record(&store, &account, id, |at| replay_sort(id, at)).await;
     }
     ids.sort_by(|a, b| b.cmp(a));
 
     let limit = 7;
-    let mut listed = Vec::new();
+    let (listed, most_read) = list_every_replay(&store, &account, limit).await;
+    assert!(
+        most_read <= limit + 1,
+        "{most_read} records read for one page"
+    );
+    assert_eq!(listed, ids, "every record once, newest first");
+}
+
+/// Writes the audit record of a replay `id` of `account` with the sort key `sort` gives
+/// for its request time.
+async fn put_replay_record(
+    store: &DynamoStore,
+    account: &AccountId,
+    id: &ReplayId,
+    sort: impl FnOnce(Timestamp) -> u128,
+) {
+    let mut replay = crate::fixtures::replay(
+        account,
+        ReplayScope::Endpoint(EndpointId::from_trusted("ep_a".into())),
+        ReplayFilter::single(),
+        1,
+    );
+    replay.id = id.clone();
+    let sort = sort(replay.requested_at);
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().attempts)
+        .set_item(Some(super::items::replay_item(&replay, sort)))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// Every replay of `account`, listed page by page (`limit` a page), and the most records
+/// DynamoDB returned for one page.
+async fn list_every_replay(
+    store: &DynamoStore,
+    account: &AccountId,
+    limit: usize,
+) -> (Vec<ReplayId>, usize) {
+    let (mut listed, mut most_read) = (Vec::new(), 0);
     let mut after: Option<ReplayId> = None;
     loop {
         let (_, read) = store
-            .replays_before(&account, after.as_ref(), limit)
+            .replays_before(account, after.as_ref(), limit)
             .await
             .unwrap();
-        assert!(read <= limit + 1, "{read} records read for one page");
+        most_read = most_read.max(read);
         let page = store
             .list_replays(
-                &account,
+                account,
                 &PageAfter {
                     after,
                     limit: limit as u32,
@@ -867,7 +891,7 @@ async fn a_page_of_replays_reads_from_its_cursor() {
             None => break,
         }
     }
-    assert_eq!(listed, ids, "every record once, newest first");
+    (listed, most_read)
 }
 
 /// Records written with the earlier sort key (the time × 1000 and a random 0..999, in no
@@ -884,42 +908,18 @@ async fn replays_recorded_with_the_earlier_sort_key_are_still_listed_in_order() 
         // Three records a millisecond; the first 30 with the earlier key.
         let millis = base + i / 3;
         let id = ReplayId::from_trusted(format!("rpl_{millis:012x}7{:011x}5bd1e995", 0x100 + i));
-        let mut replay = crate::fixtures::replay(
-            &account,
-            ReplayScope::Endpoint(EndpointId::from_trusted("ep_a".into())),
-            ReplayFilter::single(),
-            1,
-        );
-        replay.id = id.clone();
-        let sort = if i < 30 {
-            u128::try_from(millis * 1000 + (997 * i) % 1000).unwrap()
-        } else {
-            replay_sort(&id, replay.requested_at)
-        };
-        store
-            .client()
-            .put_item()
-            .table_name(&store.tables().attempts)
-            .set_item(Some(super::items::replay_item(&replay, sort)))
-            .send()
-            .await
-            .unwrap();
+        put_replay_record(&store, &account, &id, |at| {
+            if i < 30 {
+                u128::try_from(millis * 1000 + (997 * i) % 1000).unwrap()
+            } else {
+                replay_sort(&id, at)
+            }
+        })
+        .await;
         ids.push(id);
     }
     ids.sort_by(|a, b| b.cmp(a));
-    let mut listed = Vec::new();
-    let mut after: Option<ReplayId> = None;
-    loop {
-        let page = store
-            .list_replays(&account, &PageAfter { after, limit: 4 })
-            .await
-            .unwrap();
-        listed.extend(page.items.into_iter().map(|r| r.id));
-        match page.next_cursor {
-            Some(cursor) => after = Some(ReplayId::from_trusted(cursor)),
-            None => break,
-        }
-    }
+    let (listed, _) = list_every_replay(&store, &account, 4).await;
     assert_eq!(listed, ids, "every record once, newest first");
 }
 
