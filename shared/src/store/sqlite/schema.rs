@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
   UNIQUE (account_id, event_id, endpoint_id)
 );
 CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(next_try_at, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS deliveries_ended ON deliveries(updated_at) WHERE status != 'pending';
+CREATE INDEX IF NOT EXISTS deliveries_ended ON deliveries(updated_at / 1000) WHERE status != 'pending';
 CREATE INDEX IF NOT EXISTS deliveries_pending_by_endpoint ON deliveries(endpoint_id, next_try_at, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint ON deliveries(endpoint_id, created_at, id);
 CREATE INDEX IF NOT EXISTS deliveries_by_account ON deliveries(account_id, created_at, id);

@@ -625,17 +625,57 @@ fn the_purge_reads_ended_deliveries_from_their_index() {
             super::retention::ENDED_BEFORE_SQL
         ))
         .unwrap()
-        .query_map(params![0, 100], |row| row.get::<_, String>(3))
+        .query_map(params![0, 0, 100], |row| row.get::<_, String>(3))
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap();
     let plan = plan.join("; ");
     println!("ended deliveries: {plan}");
     assert!(
-        plan.contains("SEARCH deliveries USING INDEX deliveries_ended (updated_at<?)"),
+        plan.contains("SEARCH deliveries USING INDEX deliveries_ended (<expr><?)"),
         "{plan}"
     );
     assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
+}
+
+/// The index counts ended deliveries by the second; the purge still keeps to the cutoff to
+/// the millisecond: of two deliveries that ended in the cutoff's second, the one before it
+/// goes and the one after stays.
+#[tokio::test]
+async fn the_purge_keeps_to_the_cutoff_within_its_second() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt_record, delivery, event};
+    let (dir, store, ep) = file_store_with_endpoint("purge-second").await;
+    let ms = |n: u64| crate::clock::add(at(100), std::time::Duration::from_millis(n));
+    let mut ended = Vec::new();
+    for (i, end) in [(0, 400), (1, 600)] {
+        let ev = event("acme", &format!("evt_{i}"), at(10));
+        let d = delivery(&ev, &ep, at(10));
+        store.publish(&ev, std::slice::from_ref(&d)).await.unwrap();
+        store
+            .record_attempt(&attempt_record(&d, 1, Decision::Delivered, true, ms(end)))
+            .await
+            .unwrap();
+        ended.push(d);
+    }
+    let purged = store
+        .purge_before(ms(500), std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(purged.deliveries, 1);
+    let account = AccountId::from_trusted("acme".into());
+    assert!(store
+        .get_delivery(&account, &ended[0].id)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .get_delivery(&account, &ended[1].id)
+        .await
+        .unwrap()
+        .is_some());
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// An event kept by one purge (a delivery still needed it) is removed with its last
