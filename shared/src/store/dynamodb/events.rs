@@ -474,15 +474,13 @@ impl DynamoStore {
         account: &AccountId,
         id: &EventId,
     ) -> StoreResult<Option<Event>> {
-        // Past its expiry, as the delivery log leaves such deliveries out: TTL deletes the
-        // item days later, and reads return it until then.
-        let now = chrono::Utc::now().timestamp();
+        // Past its expiry, as the delivery log leaves such deliveries out.
         self.get(
             &self.tables.events,
             account_key(account.as_str(), id.as_str()),
         )
         .await?
-        .filter(|item| self.shows_expired || expiry(item).is_none_or(|at| at > now))
+        .filter(|item| self.is_shown(item))
         .map(|item| event_from_item(&item))
         .transpose()
     }

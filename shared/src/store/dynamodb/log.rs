@@ -336,12 +336,17 @@ impl DynamoStore {
         let Some(key) = delivery_key(id) else {
             return Ok(None);
         };
-        let now = chrono::Utc::now().timestamp();
         self.get(&self.tables.deliveries, key)
             .await?
-            .filter(|item| self.shows_expired || expiry(item).is_none_or(|at| at > now))
+            .filter(|item| self.is_shown(item))
             .map(|item| delivery_from_item(&item))
             .transpose()
+    }
+
+    /// Whether a read by id shows `item`: not once past its expiry, which TTL deletes days
+    /// later (reads return it until then), unless the store shows expired items.
+    pub(super) fn is_shown(&self, item: &Item) -> bool {
+        self.shows_expired || expiry(item).is_none_or(|at| at > chrono::Utc::now().timestamp())
     }
 
     pub(super) async fn list_deliveries(

@@ -113,7 +113,7 @@ const DELETED_AT: &str = "deleted_at";
 const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's limit on the items of one transaction together (4 MB), less a margin for
 /// what `item_size` does not count.
-const MAX_TRANSACTION_BYTES: usize = 4_000_000 - 64 * 1024;
+const MAX_TRANSACTION_BYTES: usize = DYNAMODB_TRANSACTION_BYTES - 64 * 1024;
 /// That limit itself, which `transact` holds every transaction to.
 const DYNAMODB_TRANSACTION_BYTES: usize = 4_000_000;
 

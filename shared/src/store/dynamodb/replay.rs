@@ -2,6 +2,7 @@
 
 use super::items::*;
 use super::*;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use std::collections::HashSet;
 
 impl DynamoStore {
@@ -278,6 +279,23 @@ impl DynamoStore {
         })
     }
 
+    /// An account's replay records, newest first, those with a sort key below `below` only.
+    fn replays_query(&self, account: &AccountId, below: Option<u128>) -> QueryFluentBuilder {
+        let request = self
+            .client
+            .query()
+            .table_name(&self.tables.attempts)
+            .expression_attribute_values(":pk", s(replays_partition(account)))
+            .scan_index_forward(false);
+        match below {
+            None => request.key_condition_expression("delivery_id = :pk"),
+            Some(bound) => request
+                .key_condition_expression("delivery_id = :pk AND #sort < :bound")
+                .expression_attribute_names("#sort", "number")
+                .expression_attribute_values(":bound", n(bound)),
+        }
+    }
+
     /// The `limit + 1` newest of an account's replay records older than `after` (the
     /// sort key is id order), and how many records DynamoDB returned to find them.
     pub(super) async fn replays_before(
@@ -286,29 +304,11 @@ impl DynamoStore {
         after: Option<&ReplayId>,
         limit: usize,
     ) -> StoreResult<(Vec<Replay>, usize)> {
-        let request = self
-            .client
-            .query()
-            .table_name(&self.tables.attempts)
-            .expression_attribute_values(":pk", s(replays_partition(account)))
-            .scan_index_forward(false);
         let (request, wanted) = match after.map(generated_sort) {
-            None => (
-                request.key_condition_expression("delivery_id = :pk"),
-                limit + 1,
-            ),
-            Some(Some(bound)) => (
-                request
-                    .key_condition_expression("delivery_id = :pk AND #sort < :bound")
-                    .expression_attribute_names("#sort", "number")
-                    .expression_attribute_values(":bound", n(bound)),
-                limit + 1,
-            ),
+            None => (self.replays_query(account, None), limit + 1),
+            Some(Some(bound)) => (self.replays_query(account, Some(bound)), limit + 1),
             // A cursor that is no generated id says nothing of where to start: read all.
-            Some(None) => (
-                request.key_condition_expression("delivery_id = :pk"),
-                usize::MAX,
-            ),
+            Some(None) => (self.replays_query(account, None), usize::MAX),
         };
         let mut items = self.query_at_most(request, wanted).await?;
         // Records written when the sort key was the time × 1000 and a random 0..999 (all
@@ -316,15 +316,7 @@ impl DynamoStore {
         // them, they are read whole. Their ids are older than every id-ordered record's.
         if items.len() == wanted && items.last().is_some_and(has_old_key) {
             let old = self
-                .query_all(
-                    self.client
-                        .query()
-                        .table_name(&self.tables.attempts)
-                        .key_condition_expression("delivery_id = :pk AND #sort < :old_end")
-                        .expression_attribute_names("#sort", "number")
-                        .expression_attribute_values(":pk", s(replays_partition(account)))
-                        .expression_attribute_values(":old_end", n(OLD_KEYS_END)),
-                )
+                .query_all(self.replays_query(account, Some(OLD_KEYS_END)))
                 .await?;
             items.retain(|item| !has_old_key(item));
             items.extend(old);
