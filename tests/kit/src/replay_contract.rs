@@ -9,7 +9,7 @@ use hooklane::{
         Account, AccountId, Decision, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
         EndpointId, EventType, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
-    store::{DisableRequest, PendingRef, ReplayOutcome, ReplayRequest, Store},
+    store::{DisableRequest, PendingRef, ReplayOutcome, ReplayRequest, Store, StoreError},
 };
 
 use crate::fixtures::{at, attempt, endpoint, failed, publish, replay, status_of};
@@ -231,4 +231,42 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
     assert_eq!(filtered.filter, filter);
     assert_eq!(filtered.actor, "admin");
     assert_eq!(all[4].scope, ReplayScope::Delivery(d40[1].id.clone()));
+
+    // A replay whose id is already on record is refused and changes nothing, whether it
+    // matches deliveries (d20's, failed again) or none (d40's, on the disabled endpoint).
+    attempt(store, &d20[0].id, 91, failed()).await;
+    for (taken, delivery) in [(&all[0], &d20[0].id), (&all[1], &d40[1].id)] {
+        let mut again = replay(
+            &account,
+            ReplayScope::Delivery(delivery.clone()),
+            ReplayFilter::single(),
+            92,
+        );
+        again.id = taken.id.clone();
+        let refused = store
+            .replay(&ReplayRequest {
+                replay: again,
+                limit: 1,
+            })
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::Conflict {
+                    entity: "replay",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        status_of(store, &account, &d20[0].id).await.status,
+        DeliveryStatus::Failed
+    );
+    let first = store
+        .list_replays(&account, &hooklane::store::PageAfter::first(10))
+        .await
+        .expect("list");
+    assert_eq!(first.items, all, "the records on file are as they were");
 }

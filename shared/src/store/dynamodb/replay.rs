@@ -140,6 +140,7 @@ impl DynamoStore {
                             Put::builder()
                                 .table_name(&self.tables.attempts)
                                 .set_item(Some(replay_item(&first, sort)))
+                                .condition_expression(NO_RECORD_YET)
                                 .build()
                                 .map_err(build_error)?,
                         )
@@ -161,6 +162,11 @@ impl DynamoStore {
                             position += 1;
                             !failed.contains(&position)
                         });
+                    }
+                    Err(TransactionFailure::Conditions(failed))
+                        if !audit_written && failed.contains(&0) =>
+                    {
+                        return Err(replay_taken(&replay));
                     }
                     Err(failure) if !audit_written => return Err(failure.into_store_error()),
                     Err(failure) => {
@@ -201,13 +207,17 @@ impl DynamoStore {
         replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
         if !audit_written {
             // Nothing matched: the request is still on record.
-            self.client
+            let put = self
+                .client
                 .put_item()
                 .table_name(&self.tables.attempts)
                 .set_item(Some(replay_item(&replay, sort)))
+                .condition_expression(NO_RECORD_YET)
                 .send()
-                .await
-                .map_err(sdk)?;
+                .await;
+            if written(put)?.is_none() {
+                return Err(replay_taken(&replay));
+            }
         }
         Ok(ReplayOutcome { replay, queued })
     }
@@ -332,6 +342,18 @@ impl DynamoStore {
 /// Below this, a replay record's sort key is of the earlier kind (milliseconds × 1000 and a
 /// random 0..999); every id-ordered key (milliseconds << 48 and more) is above it.
 const OLD_KEYS_END: u128 = 1 << 64;
+
+/// A replay's record is put only where none is: its key is 96 bits of its id, and two ids
+/// that share them must not overwrite one another's record (the SQLite store refuses a
+/// second row with the same id the same way).
+const NO_RECORD_YET: &str = "attribute_not_exists(replay_id)";
+
+fn replay_taken(replay: &Replay) -> StoreError {
+    StoreError::Conflict {
+        entity: "replay",
+        id: replay.id.to_string(),
+    }
+}
 
 fn has_old_key(item: &Item) -> bool {
     matches!(item.get("number"), Some(AttributeValue::N(key)) if key.parse::<u128>().is_ok_and(|key| key < OLD_KEYS_END))
