@@ -92,6 +92,14 @@ async fn file_store_with_endpoint(name: &str) -> (std::path::PathBuf, SqliteStor
 /// [`store_that_knows_its_endpoint`] with its second event published, and then every
 /// event's payload changed behind the store's back (no store write does this, so what the
 /// store keeps is not forgotten): a first try that reads the old payload used the kept copy.
+/// Everything past retention before `cutoff`, removed without pauses between slices.
+async fn purge_past(store: &SqliteStore, cutoff: crate::clock::Timestamp) -> Purged {
+    store
+        .purge_before(cutoff, std::time::Duration::ZERO)
+        .await
+        .unwrap()
+}
+
 async fn published_then_changed_behind_the_stores_back() -> (SqliteStore, Event, Delivery) {
     let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
     store
@@ -513,10 +521,7 @@ async fn purging_past_retention_keeps_pending_work_and_the_file_stops_growing() 
                 .unwrap();
         }
         let now = crate::clock::add(at, hour / 2);
-        let purged = store
-            .purge_before(crate::clock::sub(now, retention), std::time::Duration::ZERO)
-            .await
-            .unwrap();
+        let purged = purge_past(&store, crate::clock::sub(now, retention)).await;
         if h >= 2 {
             // The hour that just passed retention: its 399 ended deliveries and events.
             assert_eq!(purged.deliveries, 399, "hour {h}: {purged:?}");
@@ -594,17 +599,11 @@ async fn a_delivery_replayed_late_is_kept_the_retention_from_when_it_ended() {
     attempt(&store, &d.id, 29 * day + 1, failed()).await;
 
     // Published 30 days before the cutoff, ended again 9 days after it: kept.
-    let purged = store
-        .purge_before(at(20 * day), std::time::Duration::ZERO)
-        .await
-        .unwrap();
+    let purged = purge_past(&store, at(20 * day)).await;
     assert_eq!(purged, Purged::default());
     assert!(store.get_delivery(&account, &d.id).await.unwrap().is_some());
     // Once the retention has passed since it ended, it goes with its attempts and event.
-    let purged = store
-        .purge_before(at(29 * day + 2), std::time::Duration::ZERO)
-        .await
-        .unwrap();
+    let purged = purge_past(&store, at(29 * day + 2)).await;
     assert_eq!(
         (purged.deliveries, purged.attempts, purged.events),
         (1, 2, 1)
@@ -658,10 +657,7 @@ async fn the_purge_keeps_to_the_cutoff_within_its_second() {
             .unwrap();
         ended.push(d);
     }
-    let purged = store
-        .purge_before(ms(500), std::time::Duration::ZERO)
-        .await
-        .unwrap();
+    let purged = purge_past(&store, ms(500)).await;
     assert_eq!(purged.deliveries, 1);
     let account = AccountId::from_trusted("acme".into());
     assert!(store
@@ -687,15 +683,7 @@ async fn an_event_kept_by_a_purge_is_found_again_after_the_clock_went_back() {
     use crate::fixtures::{at, attempt, event, publish};
     let (dir, store, ep) = file_store_with_endpoint("purge-clock-back").await;
     let account = AccountId::from_trusted("acme".into());
-    let purge = |cutoff: i64| {
-        let store = store.clone();
-        async move {
-            store
-                .purge_before(at(cutoff), std::time::Duration::ZERO)
-                .await
-                .unwrap()
-        }
-    };
+    let purge = |cutoff: i64| purge_past(&store, at(cutoff));
     let d = publish(&store, &account, 50, "invoice.paid", &[&ep])
         .await
         .remove(0);
@@ -738,12 +726,9 @@ async fn a_purge_that_empties_the_table_starts_from_the_first_row_next_time() {
         }
     };
     let purge = |cutoff: i64| {
-        let store = store.clone();
+        let store = &store;
         async move {
-            let purged = store
-                .purge_before(at(cutoff), std::time::Duration::ZERO)
-                .await
-                .unwrap();
+            let purged = purge_past(store, at(cutoff)).await;
             (purged.deliveries, purged.events)
         }
     };
