@@ -89,9 +89,6 @@ async fn file_store_with_endpoint(name: &str) -> (std::path::PathBuf, SqliteStor
     (dir, store, ep)
 }
 
-/// [`store_that_knows_its_endpoint`] with its second event published, and then every
-/// event's payload changed behind the store's back (no store write does this, so what the
-/// store keeps is not forgotten): a first try that reads the old payload used the kept copy.
 /// Everything past retention before `cutoff`, removed without pauses between slices.
 async fn purge_past(store: &SqliteStore, cutoff: crate::clock::Timestamp) -> Purged {
     store
@@ -100,6 +97,9 @@ async fn purge_past(store: &SqliteStore, cutoff: crate::clock::Timestamp) -> Pur
         .unwrap()
 }
 
+/// [`store_that_knows_its_endpoint`] with its second event published, and then every
+/// event's payload changed behind the store's back (no store write does this, so what the
+/// store keeps is not forgotten): a first try that reads the old payload used the kept copy.
 async fn published_then_changed_behind_the_stores_back() -> (SqliteStore, Event, Delivery) {
     let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
     store
