@@ -4,8 +4,9 @@
 //!
 //! The embedded shape is the only writer of its database, so this copy can be exact. The
 //! store thread updates it right after each commit, in commit order: a publish adds its
-//! deliveries (with their event), an attempt takes its delivery out, and every other write
-//! (and an attempt that starts or stops an endpoint's failing clock) forgets everything.
+//! deliveries (with their event), an attempt takes its delivery out, a purge changes nothing
+//! kept (it removes only ended work), and every other write (and an attempt that starts or
+//! stops an endpoint's failing clock) forgets everything.
 //! Accounts and endpoints are kept from reads; a generation number, bumped by each forget,
 //! keeps a read that overlapped a write from adding what that write changed.
 

@@ -343,6 +343,19 @@ impl SqliteStore {
         .await
     }
 
+    /// [`SqliteStore::run`] for retention's writes, which remove nothing kept: ended
+    /// deliveries with their attempts, events no pending delivery needs, sent notifications
+    /// and old hour counts, never an account, an endpoint or pending work. Forgetting at
+    /// each of a purge's slices had the publishes and first tries beside it read back what
+    /// they had written.
+    async fn run_forgetting_nothing<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        Self::submit(&self.jobs, (None, 1, false), work, |_| {}).await
+    }
+
     /// A read on the store thread, which sees every write acknowledged before it (the
     /// sweeper's reads of what it acts on): it changes nothing, so nothing kept is forgotten.
     async fn read_on_the_store_thread<T, F>(&self, work: F) -> StoreResult<T>

@@ -70,7 +70,7 @@ impl SqliteStore {
         loop {
             let after = events_after;
             let (purged, slice) = self
-                .run(move |conn| {
+                .run_forgetting_nothing(move |conn| {
                     let sp = JobSavepoint::begin(conn).map_err(backend)?;
                     let tail = last_event_rowid(&sp)?;
                     let mut purged = Purged::default();

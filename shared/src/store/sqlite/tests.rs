@@ -612,6 +612,65 @@ async fn a_delivery_replayed_late_is_kept_the_retention_from_when_it_ended() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A purge removes nothing a publish keeps in memory (pending deliveries and their events,
+/// accounts, endpoints): a purge beside steady traffic leaves its publishes and first tries
+/// reading nothing, where forgetting at every slice had them read back what they wrote.
+#[tokio::test]
+async fn a_purge_forgets_nothing_kept() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt, publish};
+    let (dir, store, ep) = file_store_with_endpoint("purge-keeps").await;
+    let account = ep.account_id.clone();
+    let ended = publish(&store, &account, 1, "invoice.paid", &[&ep])
+        .await
+        .remove(0);
+    // Its first try reads the endpoint, which the next publish's deliveries then keep.
+    attempt(&store, &ended.id, 2, Decision::Delivered).await;
+    let pending = publish(&store, &account, 3, "invoice.paid", &[&ep])
+        .await
+        .remove(0);
+    store
+        .run_then(
+            |conn| {
+                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
+                    .map_err(backend)
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
+
+    // What a publish reads, read once: kept from here on.
+    assert!(store.get_account(&account).await.unwrap().is_some());
+    assert_eq!(store.list_endpoints(&account).await.unwrap(), vec![ep]);
+
+    let purged = purge_past(&store, at(10)).await;
+    assert_eq!((purged.deliveries, purged.events), (1, 1), "{purged:?}");
+
+    let (release, holder) = hold(|job| store.read(job)).await;
+    let wait = std::time::Duration::from_secs(10);
+    tokio::time::timeout(wait, store.get_account(&account))
+        .await
+        .expect("the account was read again, behind the held reader")
+        .unwrap();
+    tokio::time::timeout(wait, store.list_endpoints(&account))
+        .await
+        .expect("the endpoints were read again, behind the held reader")
+        .unwrap();
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    let first = store.load_work(&pending.id).await.unwrap().unwrap();
+    assert_ne!(
+        first.event.unwrap().payload,
+        "{\"changed\":1}",
+        "the first try read the database: the purge forgot the kept copy"
+    );
+    let second = store.load_work(&pending.id).await.unwrap().unwrap();
+    assert_eq!(second.event.unwrap().payload, "{\"changed\":1}");
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The purge reads ended deliveries through their partial index, oldest ending first:
 /// every row it reads goes, and a backlog of pending work, however old, is never read.
 #[test]
