@@ -21,7 +21,7 @@ use crate::{
         window::{self, PendingSource},
     },
     service::{deliver, health, notifications},
-    store::sqlite::{Purged, SqliteStore},
+    store::sqlite::{PurgePace, Purged, SqliteStore},
     telemetry, App,
 };
 
@@ -107,6 +107,7 @@ pub async fn start(
         },
     ));
     let retention = app.config.retention;
+    let pace = PurgePace::every(config.purge_interval);
     handles.push(every(
         config.purge_interval,
         shutdown.clone(),
@@ -116,7 +117,7 @@ pub async fn start(
             async move {
                 let cutoff = crate::clock::sub(app.clock.now(), retention);
                 let started = std::time::Instant::now();
-                let purged = store.purge_before(cutoff, PURGE_PAUSE).await?;
+                let purged = store.purge_before(cutoff, pace).await?;
                 if purged != Purged::default() {
                     let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                     tracing::info!(
@@ -146,11 +147,6 @@ pub async fn start(
     ));
     Ok(Running { handles })
 }
-
-/// Between two purge transactions: the store thread is free for attempts meanwhile. With
-/// transactions of 50 rows W6 purges about 11,000 deliveries a second (tokio's timer rounds
-/// the pause up to its next millisecond).
-const PURGE_PAUSE: Duration = Duration::from_micros(2500);
 
 fn every<F, Fut>(
     interval: Duration,

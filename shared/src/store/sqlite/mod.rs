@@ -41,7 +41,7 @@ mod schema;
 mod tests;
 mod worker;
 
-pub use retention::{Purged, SLICE_ROWS};
+pub use retention::{PurgePace, Purged, SLICE_ROWS};
 use rows::*;
 use schema::*;
 use worker::*;

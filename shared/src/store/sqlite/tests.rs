@@ -92,7 +92,7 @@ async fn file_store_with_endpoint(name: &str) -> (std::path::PathBuf, SqliteStor
 /// Everything past retention before `cutoff`, removed without pauses between slices.
 async fn purge_past(store: &SqliteStore, cutoff: crate::clock::Timestamp) -> Purged {
     store
-        .purge_before(cutoff, std::time::Duration::ZERO)
+        .purge_before(cutoff, super::PurgePace::FLAT_OUT)
         .await
         .unwrap()
 }
@@ -669,6 +669,25 @@ async fn a_purge_forgets_nothing_kept() {
     assert_eq!(second.event.unwrap().payload, "{\"changed\":1}");
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `serve`'s purge pauses between slices, and less once it has run past its interval:
+/// a purge still running when the next is due is falling behind what ends.
+#[test]
+fn a_purge_past_its_interval_pauses_less() {
+    use std::time::Duration;
+    let minute = Duration::from_secs(60);
+    let pace = super::PurgePace::every(minute);
+    assert_eq!(pace.pause_after(Duration::ZERO), Duration::from_millis(5));
+    assert_eq!(
+        pace.pause_after(minute - Duration::from_millis(1)),
+        Duration::from_millis(5)
+    );
+    assert_eq!(pace.pause_after(minute), Duration::from_micros(2500));
+    assert_eq!(
+        super::PurgePace::FLAT_OUT.pause_after(minute),
+        Duration::ZERO
+    );
 }
 
 /// The purge reads ended deliveries through their partial index, oldest ending first:
