@@ -97,26 +97,55 @@ async fn purge_past(store: &SqliteStore, cutoff: crate::clock::Timestamp) -> Pur
         .unwrap()
 }
 
-/// [`store_that_knows_its_endpoint`] with its second event published, and then every
-/// event's payload changed behind the store's back (no store write does this, so what the
-/// store keeps is not forgotten): a first try that reads the old payload used the kept copy.
-async fn published_then_changed_behind_the_stores_back() -> (SqliteStore, Event, Delivery) {
-    let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
-    store
-        .publish(&ev2, std::slice::from_ref(&d2))
-        .await
-        .unwrap();
+/// Every event's payload once [`change_payloads_behind_the_stores_back`] has run.
+const CHANGED_PAYLOAD: &str = "{\"changed\":1}";
+
+/// Changes every event's payload behind the store's back (no store write does this, so what
+/// the store keeps is not forgotten): a first try that reads the old payload used the kept copy.
+async fn change_payloads_behind_the_stores_back(store: &SqliteStore) {
     store
         .run_then(
             |conn| {
-                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
+                conn.execute("UPDATE events SET payload = ?1", [CHANGED_PAYLOAD])
                     .map_err(backend)
             },
             |_| {},
         )
         .await
         .unwrap();
+}
+
+/// [`store_that_knows_its_endpoint`] with its second event published, and then every
+/// event's payload changed behind the store's back ([`change_payloads_behind_the_stores_back`]).
+async fn published_then_changed_behind_the_stores_back() -> (SqliteStore, Event, Delivery) {
+    let (store, _, ev2, d2) = store_that_knows_its_endpoint().await;
+    store
+        .publish(&ev2, std::slice::from_ref(&d2))
+        .await
+        .unwrap();
+    change_payloads_behind_the_stores_back(&store).await;
     (store, ev2, d2)
+}
+
+/// `account` and its endpoints as a publish reads them, with the API's reader held: they
+/// come back only if they were kept in memory.
+async fn publish_reads_with_the_reader_held(
+    store: &SqliteStore,
+    account: &AccountId,
+) -> (Option<crate::domain::Account>, Vec<Endpoint>) {
+    let (release, holder) = hold(|job| store.read(job)).await;
+    let wait = std::time::Duration::from_secs(10);
+    let kept = tokio::time::timeout(wait, store.get_account(account))
+        .await
+        .expect("the account was read again, behind the held reader")
+        .unwrap();
+    let endpoints = tokio::time::timeout(wait, store.list_endpoints(account))
+        .await
+        .expect("the endpoints were read again, behind the held reader")
+        .unwrap();
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    (kept, endpoints)
 }
 
 #[tokio::test]
@@ -131,7 +160,7 @@ async fn a_first_try_takes_what_the_publish_wrote_without_reading_it() {
     let read = store.load_work(&d2.id).await.unwrap().unwrap();
     assert_eq!(
         read.event.unwrap().payload,
-        "{\"changed\":1}",
+        CHANGED_PAYLOAD,
         "a second load reads the database"
     );
 }
@@ -629,44 +658,29 @@ async fn a_purge_forgets_nothing_kept() {
     let pending = publish(&store, &account, 3, "invoice.paid", &[&ep])
         .await
         .remove(0);
-    store
-        .run_then(
-            |conn| {
-                conn.execute("UPDATE events SET payload = '{\"changed\":1}'", [])
-                    .map_err(backend)
-            },
-            |_| {},
-        )
-        .await
-        .unwrap();
+    change_payloads_behind_the_stores_back(&store).await;
 
     // What a publish reads, read once: kept from here on.
     assert!(store.get_account(&account).await.unwrap().is_some());
-    assert_eq!(store.list_endpoints(&account).await.unwrap(), vec![ep]);
+    assert_eq!(
+        store.list_endpoints(&account).await.unwrap(),
+        vec![ep.clone()]
+    );
 
     let purged = purge_past(&store, at(10)).await;
     assert_eq!((purged.deliveries, purged.events), (1, 1), "{purged:?}");
 
-    let (release, holder) = hold(|job| store.read(job)).await;
-    let wait = std::time::Duration::from_secs(10);
-    tokio::time::timeout(wait, store.get_account(&account))
-        .await
-        .expect("the account was read again, behind the held reader")
-        .unwrap();
-    tokio::time::timeout(wait, store.list_endpoints(&account))
-        .await
-        .expect("the endpoints were read again, behind the held reader")
-        .unwrap();
-    release.send(()).unwrap();
-    holder.await.unwrap();
+    let (kept, endpoints) = publish_reads_with_the_reader_held(&store, &account).await;
+    assert_eq!(kept.map(|a| a.id), Some(account.clone()));
+    assert_eq!(endpoints, vec![ep]);
     let first = store.load_work(&pending.id).await.unwrap().unwrap();
     assert_ne!(
         first.event.unwrap().payload,
-        "{\"changed\":1}",
+        CHANGED_PAYLOAD,
         "the first try read the database: the purge forgot the kept copy"
     );
     let second = store.load_work(&pending.id).await.unwrap().unwrap();
-    assert_eq!(second.event.unwrap().payload, "{\"changed\":1}");
+    assert_eq!(second.event.unwrap().payload, CHANGED_PAYLOAD);
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -1115,22 +1129,9 @@ async fn a_publish_reads_its_account_and_endpoints_without_the_reader() {
     assert!(store.get_account(&acme).await.unwrap().is_some());
     assert_eq!(store.list_endpoints(&acme).await.unwrap(), vec![ep.clone()]);
 
-    let (release, holder) = hold(|job| store.read(job)).await;
-
-    let wait = std::time::Duration::from_secs(10);
-    let account = tokio::time::timeout(wait, store.get_account(&acme))
-        .await
-        .expect("the account was read again, behind the held reader")
-        .unwrap();
+    let (account, endpoints) = publish_reads_with_the_reader_held(&store, &acme).await;
     assert_eq!(account.map(|a| a.id), Some(acme.clone()));
-    let endpoints = tokio::time::timeout(wait, store.list_endpoints(&acme))
-        .await
-        .expect("the endpoints were read again, behind the held reader")
-        .unwrap();
     assert_eq!(endpoints, vec![ep]);
-
-    release.send(()).unwrap();
-    holder.await.unwrap();
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }
