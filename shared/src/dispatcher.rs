@@ -108,16 +108,18 @@ pub async fn start(
     ));
     let retention = app.config.retention;
     let pace = PurgePace::every(config.purge_interval);
+    let stop = shutdown.clone();
     handles.push(every(
         config.purge_interval,
         shutdown.clone(),
         app.clone(),
         move |app| {
             let store = Arc::clone(&store);
+            let stop = stop.clone();
             async move {
                 let cutoff = crate::clock::sub(app.clock.now(), retention);
                 let started = std::time::Instant::now();
-                let purged = store.purge_before(cutoff, pace).await?;
+                let purged = store.purge_before(cutoff, pace, &stop).await?;
                 if purged != Purged::default() {
                     let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                     tracing::info!(
@@ -126,6 +128,7 @@ pub async fn start(
                         events = purged.events,
                         notifications = purged.notifications,
                         took_ms,
+                        stopped_for_shutdown = *stop.borrow(),
                         "removed what is past retention"
                     );
                 }

@@ -93,8 +93,14 @@ pub(super) struct PurgeMark {
 impl SqliteStore {
     /// Removes everything past retention that was created before `cutoff`, in slices of
     /// [`SLICE_ROWS`], pausing between slices as `pace` says so delivery keeps the store
-    /// thread.
-    pub async fn purge_before(&self, cutoff: Timestamp, pace: PurgePace) -> StoreResult<Purged> {
+    /// thread. Once `stop` holds `true` (`serve` is shutting down) it ends after the slice it
+    /// is in: a first purge of a year-old file takes hours, and a shutdown waited for it.
+    pub async fn purge_before(
+        &self,
+        cutoff: Timestamp,
+        pace: PurgePace,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> StoreResult<Purged> {
         let started = std::time::Instant::now();
         let cutoff = to_millis(cutoff);
         // Taken, not read: a purge that fails leaves the next to start from the first event.
@@ -154,10 +160,12 @@ impl SqliteStore {
                 }
                 None => false,
             };
-            tokio::time::sleep(pace.pause_after(started.elapsed())).await;
-            if finished {
+            // Each slice leaves the walk where the next can go on, so stopping here is as
+            // good as finishing: the next purge starts from the mark set below.
+            if finished || *stop.borrow() {
                 break;
             }
+            tokio::time::sleep(pace.pause_after(started.elapsed())).await;
         }
         *self.purge_mark() = PurgeMark {
             events: if events_tail_removed { 0 } else { events_after },

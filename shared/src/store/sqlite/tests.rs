@@ -92,7 +92,11 @@ async fn file_store_with_endpoint(name: &str) -> (std::path::PathBuf, SqliteStor
 /// Everything past retention before `cutoff`, removed without pauses between slices.
 async fn purge_past(store: &SqliteStore, cutoff: crate::clock::Timestamp) -> Purged {
     store
-        .purge_before(cutoff, super::PurgePace::FLAT_OUT)
+        .purge_before(
+            cutoff,
+            super::PurgePace::FLAT_OUT,
+            &tokio::sync::watch::channel(false).1,
+        )
         .await
         .unwrap()
 }
@@ -681,6 +685,35 @@ async fn a_purge_forgets_nothing_kept() {
     );
     let second = store.load_work(&pending.id).await.unwrap().unwrap();
     assert_eq!(second.event.unwrap().payload, CHANGED_PAYLOAD);
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A purge told to stop ends after the slice it is in, so that a shutdown does not wait for
+/// a backlog of days to be removed; the next purge removes the rest.
+#[tokio::test]
+async fn a_purge_told_to_stop_ends_after_its_slice() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt, publish};
+    let (dir, store, ep) = file_store_with_endpoint("purge-stop").await;
+    let account = ep.account_id.clone();
+    let ended = i64::from(SLICE_ROWS) * 2 + 20;
+    for second in 0..ended {
+        let d = publish(&store, &account, second, "invoice.paid", &[&ep])
+            .await
+            .remove(0);
+        attempt(&store, &d.id, second, Decision::Delivered).await;
+    }
+    let (_stopping, stop) = tokio::sync::watch::channel(true);
+    let purged = store
+        .purge_before(at(ended), super::PurgePace::FLAT_OUT, &stop)
+        .await
+        .unwrap();
+    let slice = u64::from(SLICE_ROWS);
+    assert_eq!((purged.deliveries, purged.events), (slice, slice));
+    let rest = purge_past(&store, at(ended)).await;
+    let left = ended.unsigned_abs() - slice;
+    assert_eq!((rest.deliveries, rest.events), (left, left));
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
