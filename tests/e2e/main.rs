@@ -26,6 +26,7 @@ mod outbox;
 mod portal;
 mod relay;
 mod replay;
+mod retention;
 mod retries;
 mod schema;
 mod secrets;

@@ -141,6 +141,17 @@ impl Server {
         let _ = self.child.wait().await;
     }
 
+    /// SIGTERM, as a service manager stops it; waits for the process to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.pid().expect("serve is running");
+        let sent = std::process::Command::new("sh")
+            .args(["-c", &format!("kill -TERM {pid}")])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid}: {sent}");
+        self.child.wait().await.expect("wait for serve")
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }
