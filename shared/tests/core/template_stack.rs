@@ -843,6 +843,43 @@ fn the_delivery_queue_expires_messages_before_its_dead_letter_queue() {
     );
 }
 
+/// Lambda refuses to create an SQS event source mapping whose function may run longer than
+/// the queue's visibility timeout, and advises six times the function's timeout, so that a
+/// batch held while the function is throttled is still hidden when it runs. The emulator
+/// creates any mapping.
+#[test]
+fn every_queue_hides_a_batch_for_six_runs_of_the_function_it_feeds() {
+    let mut checked = 0;
+    for (mapping, properties_of) in of_type("AWS::Lambda::EventSourceMapping") {
+        let source = render(&properties_of["EventSourceArn"]);
+        let Some(queue) = source
+            .strip_prefix("${")
+            .and_then(|s| s.strip_suffix(".Arn}"))
+            .filter(|q| resource(q)["Type"] == "AWS::SQS::Queue")
+        else {
+            continue;
+        };
+        let function = render(&properties_of["FunctionName"]);
+        let function = function
+            .strip_prefix("${")
+            .and_then(|f| f.strip_suffix('}'))
+            .unwrap_or_else(|| panic!("{mapping}: its function is not in the stack: {function}"));
+        // Lambda's default timeout is 3 s, SQS's default visibility timeout 30 s.
+        let timeout = properties(function)["Timeout"].as_u64().unwrap_or(3);
+        let visibility = properties(queue)["VisibilityTimeout"]
+            .as_u64()
+            .unwrap_or(30);
+        assert!(
+            visibility >= 6 * timeout,
+            "{queue} hides a message {visibility} s, but {function} may run {timeout} s: \
+             Lambda refuses a visibility timeout below the function's timeout and advises six \
+             times it"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "no SQS event source mapping in the stack");
+}
+
 // ---------------------------------------------------------------- 13: least privilege
 
 #[test]
