@@ -524,7 +524,9 @@ fn relay(args: RelayArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    match runtime.block_on(hooklane_cli::relay::run(options, serve::shutdown_signal())) {
+    match runtime
+        .block_on(async { hooklane_cli::relay::run(options, serve::shutdown_signal()).await })
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("hooklane: relay: {error}");

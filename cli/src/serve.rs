@@ -253,6 +253,7 @@ pub fn small_pages() {
 }
 
 pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
+    let shutdown = shutdown_signal();
     small_pages();
     let metrics = install_metrics()?;
     let secrets = secrets_cipher(&config)?;
@@ -349,7 +350,7 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     // With the peer's address, which the audit log records of each change.
     let router = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| ServeError::Startup(format!("server error: {e}")))?;
     tracing::info!("shutting down: finishing attempts in flight");
@@ -358,24 +359,56 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Ctrl-C or SIGTERM, listened for from the moment this is called rather than from the
+/// returned future's first poll: until a listener exists, SIGTERM's default action ends the
+/// process at once, and `serve` printed that it listens before its server polled the future,
+/// so a SIGTERM right after that line killed it with its work in flight. Call it first thing,
+/// inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listeners = [SignalKind::terminate(), SignalKind::interrupt()].map(signal);
+        async move {
+            let [terminate, interrupt] = listeners.map(|listener| async move {
+                match listener {
+                    Ok(mut listener) => {
+                        listener.recv().await;
+                    }
+                    // Not listening for this one: the other may still come.
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            });
+            tokio::select! {
+                () = terminate => {}
+                () = interrupt => {}
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::time::Duration;
+
+    /// SIGTERM between the call and the first poll (where `serve` printed that it listens)
+    /// is heard by the future; it does not end the process.
+    #[tokio::test]
+    async fn a_sigterm_before_the_first_poll_ends_the_wait_not_the_process() {
+        let shutdown = super::shutdown_signal();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM: {sent}");
+        // Time for the signal to land before the future is first polled.
+        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::timeout(Duration::from_secs(5), shutdown)
+            .await
+            .expect("the SIGTERM was not heard");
     }
 }

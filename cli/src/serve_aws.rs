@@ -11,6 +11,7 @@ use hooklane::aws::{
 /// Runs until Ctrl-C or SIGTERM. `provision` names a stack to create (or reuse) on the AWS
 /// endpoint first, in place of the variables a SAM stack would set.
 pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> Result<(), String> {
+    let shutdown = crate::serve::shutdown_signal();
     if let Some(prefix) = provision {
         let provisioned = local::provisioned_vars(prefix)
             .await
@@ -40,8 +41,5 @@ pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> 
     tracing::info!("hooklane serve --backend aws started");
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("hooklane listening on http://{}", running.local_addr);
-    running
-        .run_until(crate::serve::shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    running.run_until(shutdown).await.map_err(|e| e.to_string())
 }
