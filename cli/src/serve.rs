@@ -253,7 +253,6 @@ pub fn small_pages() {
 }
 
 pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
-    let shutdown = shutdown_signal();
     small_pages();
     let metrics = install_metrics()?;
     let secrets = secrets_cipher(&config)?;
@@ -345,6 +344,9 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         source,
     })?;
     tracing::info!(database = %config.database.display(), workers = config.workers, "hooklane serve started");
+    // Before the line below, a signal ends a start at once (the default action); from it on,
+    // it ends the server gracefully.
+    let shutdown = shutdown_signal();
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("hooklane listening on http://{local}");
     // With the peer's address, which the audit log records of each change.
@@ -362,8 +364,8 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
 /// Ctrl-C or SIGTERM, listened for from the moment this is called rather than from the
 /// returned future's first poll: until a listener exists, SIGTERM's default action ends the
 /// process at once, and `serve` printed that it listens before its server polled the future,
-/// so a SIGTERM right after that line killed it with its work in flight. Call it first thing,
-/// inside the runtime.
+/// so a SIGTERM right after that line killed it with its work in flight. Call it inside the
+/// runtime, before saying that the process listens.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {

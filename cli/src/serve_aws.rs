@@ -11,7 +11,6 @@ use hooklane::aws::{
 /// Runs until Ctrl-C or SIGTERM. `provision` names a stack to create (or reuse) on the AWS
 /// endpoint first, in place of the variables a SAM stack would set.
 pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> Result<(), String> {
-    let shutdown = crate::serve::shutdown_signal();
     if let Some(prefix) = provision {
         let provisioned = local::provisioned_vars(prefix)
             .await
@@ -39,6 +38,7 @@ pub async fn run(mut vars: HashMap<String, String>, provision: Option<&str>) -> 
         ),
     }
     tracing::info!("hooklane serve --backend aws started");
+    let shutdown = crate::serve::shutdown_signal();
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("hooklane listening on http://{}", running.local_addr);
     running.run_until(shutdown).await.map_err(|e| e.to_string())
