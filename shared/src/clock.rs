@@ -13,8 +13,10 @@ pub trait Clock: Send + Sync + 'static {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    /// To the millisecond, the precision the stores keep: a write then answers with the
+    /// times a read of it returns, and a `since` taken from an answer finds what it names.
     fn now(&self) -> Timestamp {
-        Utc::now()
+        from_millis(Utc::now().timestamp_millis())
     }
 }
 

@@ -171,3 +171,64 @@ async fn the_log_pages_newest_first_and_filters() {
         "{headers:?}"
     );
 }
+
+/// What a write answers is what a read of it returns, to the millisecond the store keeps:
+/// the times a client files from an answer are those it reads back, and the event's is the
+/// `created` of the webhook's body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_answers_the_times_a_read_returns() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("times-read-back");
+    let server = Server::start(&scratch, &[]).await;
+    let (status, account) = server
+        .post(
+            "/v1/accounts",
+            json!({"id": "acme", "name": "Acme", "owner_email": "owner@acme.example"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{account}");
+    let (_, read) = server.get("/v1/accounts/acme").await;
+    assert_eq!(account["created_at"], read["created_at"], "the account");
+
+    let (status, endpoint) = server
+        .post(
+            "/v1/accounts/acme/endpoints",
+            json!({"url": farm.url("up")}),
+        )
+        .await;
+    assert_eq!(status, 201, "{endpoint}");
+    let id = endpoint["id"].as_str().expect("id");
+    let (_, read) = server
+        .get(&format!("/v1/accounts/acme/endpoints/{id}"))
+        .await;
+    for field in ["created_at", "updated_at"] {
+        assert_eq!(endpoint[field], read[field], "the endpoint's {field}");
+    }
+
+    let event = server.publish("acme", "invoice.paid", json!({})).await;
+    let id = event["id"].as_str().expect("id");
+    let (_, read) = server.get(&format!("/v1/accounts/acme/events/{id}")).await;
+    assert_eq!(event["created_at"], read["created_at"], "the event");
+    let since = event["created_at"].as_str().expect("created_at");
+    let listed = server.deliveries("acme", &format!("&since={since}")).await;
+    let delivery = event["deliveries"][0]["id"].as_str().expect("a delivery");
+    assert!(
+        listed.iter().any(|d| d["id"] == delivery),
+        "since the event's own created_at ({since}), its delivery is not listed: {listed:?}"
+    );
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("up") == 1)
+            .await,
+        "the webhook did not arrive"
+    );
+    let body: Value =
+        serde_json::from_slice(&farm.arrivals("up")[0].body).expect("a JSON webhook body");
+    let time = |value: &Value| {
+        chrono::DateTime::parse_from_rfc3339(value.as_str().expect("a time")).expect("RFC 3339")
+    };
+    assert_eq!(
+        time(&body["created"]),
+        time(&event["created_at"]),
+        "the webhook's body against the publish's answer"
+    );
+}
