@@ -14,7 +14,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     /// To the millisecond, the precision the stores keep: a write then answers with the
-    /// times a read of it returns, and a `since` taken from an answer finds what it names.
+    /// times a read of it returns, and an event's with the `created` of its webhook body.
     fn now(&self) -> Timestamp {
         from_millis(Utc::now().timestamp_millis())
     }
