@@ -49,6 +49,30 @@ impl Clock for ManualClock {
     }
 }
 
+/// How a time is written for people and programs (the API's JSON, the audit log's details):
+/// RFC 3339 in UTC with three fractional digits always, `2026-01-31T12:00:00.000Z`, so that
+/// times compare as their text does. Left to serde, a whole second lost its fraction, and
+/// `…:43Z` sorted after `…:43.110Z`.
+pub fn to_text(at: Timestamp) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// [`to_text`] for a serde field: `#[serde(serialize_with = "crate::clock::as_text")]`.
+pub fn as_text<S: serde::Serializer>(at: &Timestamp, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&to_text(*at))
+}
+
+/// [`as_text`] for an optional time.
+pub fn as_optional_text<S: serde::Serializer>(
+    at: &Option<Timestamp>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => serializer.serialize_some(&to_text(*at)),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// Milliseconds since the epoch, the form timestamps take in storage.
 pub fn to_millis(at: Timestamp) -> i64 {
     at.timestamp_millis()

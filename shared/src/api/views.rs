@@ -26,6 +26,7 @@ pub struct AccountView<'a> {
     pub name: &'a str,
     pub owner_email: &'a str,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub created_at: Timestamp,
     /// The account's own publish rate limit; `null` when the configured default applies.
     #[schema(value_type = Option<PublishRateView>)]
@@ -62,6 +63,7 @@ pub struct EndpointView<'a> {
     pub secret: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub retiring_secret_until: Option<Timestamp>,
     #[schema(value_type = EndpointStatusName)]
     pub status: &'static str,
@@ -75,12 +77,15 @@ pub struct EndpointView<'a> {
     pub headers: std::collections::BTreeMap<&'a str, HeaderView<'a>>,
     #[schema(value_type = Option<String>, format = DateTime)]
     #[schema(required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub failing_since: Option<Timestamp>,
     #[schema(required = true)]
     pub disabled_reason: Option<&'a str>,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub created_at: Timestamp,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub updated_at: Timestamp,
 }
 
@@ -138,8 +143,10 @@ pub struct EventTypeView<'a> {
     pub example: Option<&'a serde_json::Value>,
     pub deprecated: bool,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub created_at: Timestamp,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub updated_at: Timestamp,
 }
 
@@ -163,6 +170,7 @@ pub struct EndpointStatsView<'a> {
     pub endpoint_id: &'a str,
     /// The current hour is the last of `hours`; the counts run up to this time.
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub generated_at: Timestamp,
     pub last_24h: TotalsView,
     pub last_7d: TotalsView,
@@ -170,6 +178,7 @@ pub struct EndpointStatsView<'a> {
     /// the last attempt succeeded.
     #[schema(value_type = Option<String>, format = DateTime)]
     #[schema(required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub failing_since: Option<Timestamp>,
     #[schema(required = true)]
     pub last_failure: Option<LastFailureView<'a>>,
@@ -203,6 +212,7 @@ impl From<Totals> for TotalsView {
 #[derive(Serialize, ToSchema)]
 pub struct PeriodView {
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub start: Timestamp,
     pub succeeded: u64,
     pub failed: u64,
@@ -211,6 +221,7 @@ pub struct PeriodView {
 #[derive(Serialize, ToSchema)]
 pub struct LastFailureView<'a> {
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub at: Timestamp,
     /// `null` when nothing answered (timeout, refused connection, TLS).
     #[schema(required = true)]
@@ -266,12 +277,15 @@ pub struct DeliveryView<'a> {
     pub last_status: Option<u16>,
     #[schema(value_type = Option<String>, format = DateTime)]
     #[schema(required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub next_try_at: Option<Timestamp>,
     #[schema(required = true)]
     pub last_error: Option<&'a str>,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub created_at: Timestamp,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub updated_at: Timestamp,
 }
 
@@ -299,12 +313,14 @@ pub struct EventView<'a> {
     #[serde(rename = "type")]
     pub event_type: &'a str,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub created_at: Timestamp,
     /// The event's `data`; null once erased.
     pub data: serde_json::Value,
     /// When its content was erased on request; only present then.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub erased_at: Option<Timestamp>,
     pub deliveries: Vec<DeliveryView<'a>>,
 }
@@ -328,6 +344,7 @@ pub struct AttemptView<'a> {
     #[schema(value_type = TriggerName)]
     pub trigger: &'static str,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub started_at: Timestamp,
     pub latency_ms: u64,
     #[schema(required = true)]
@@ -371,6 +388,7 @@ pub struct TokenView<'a> {
     pub token_id: &'a str,
     pub account_id: &'a str,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub expires_at: Timestamp,
 }
 
@@ -396,6 +414,7 @@ pub struct WhoamiView<'a> {
     pub token_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub expires_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_id: Option<&'a str>,
@@ -467,12 +486,15 @@ pub struct KeyView<'a> {
     #[schema(required = true)]
     pub accounts: Option<Vec<&'a str>>,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub created_at: Timestamp,
     /// Who made it: `admin` or `key:<key id>`.
     pub created_by: &'a str,
     #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub expires_at: Option<Timestamp>,
     #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub revoked_at: Option<Timestamp>,
 }
 
@@ -528,15 +550,18 @@ pub struct ReplayView<'a> {
     pub endpoint_id: Option<&'a str>,
     #[schema(value_type = Option<String>, format = DateTime)]
     #[schema(required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub since: Option<Timestamp>,
     #[schema(value_type = Option<String>, format = DateTime)]
     #[schema(required = true)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub until: Option<Timestamp>,
     #[schema(value_type = Vec<ReplayableStatus>)]
     pub statuses: Vec<&'static str>,
     #[schema(value_type = Vec<String>)]
     pub event_types: Vec<&'a str>,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub requested_at: Timestamp,
     /// Deliveries put back in the queue for a manual attempt.
     pub count: u32,
@@ -593,6 +618,7 @@ pub struct TokensRevokedView<'a> {
     pub account_id: &'a str,
     /// Tokens issued at or before this time are refused.
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub tokens_revoked_before: Timestamp,
 }
 
@@ -611,6 +637,7 @@ pub struct AuditView<'a> {
     #[schema(required = true)]
     pub account_id: Option<&'a str>,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub at: Timestamp,
     pub actor: AuditActorView<'a>,
     /// One of `account.created`, `account.updated`, `endpoint.created`, `endpoint.updated`,

@@ -118,7 +118,7 @@ async fn issue(
         grant.action,
         AuditTarget::new(TargetKind::Token, &token_id),
         audit::details(serde_json::json!({
-            "expires_at": expires_at.to_rfc3339(),
+            "expires_at": crate::clock::to_text(expires_at),
             "read_only": grant.read_only,
         })),
     )
@@ -190,7 +190,7 @@ pub async fn revoke_all(
         Some(account),
         AuditAction::TokensRevoked,
         AuditTarget::new(TargetKind::Account, account),
-        serde_json::json!({ "tokens_revoked_before": now.to_rfc3339() }),
+        serde_json::json!({ "tokens_revoked_before": crate::clock::to_text(now) }),
     );
     let change = AuditedChange::RevokeAccountTokens {
         account: account.clone(),

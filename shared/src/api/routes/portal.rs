@@ -27,6 +27,7 @@ pub struct PortalLinkView {
     pub token_id: String,
     pub account_id: String,
     #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
     pub expires_at: crate::clock::Timestamp,
     pub read_only: bool,
 }
