@@ -90,12 +90,32 @@ values = [{keys}]
     );
     let config_path = scratch.path().join("schemathesis.toml");
     std::fs::write(&config_path, config).expect("write config");
+    // Generated URLs name real hosts (`0.com`, `false.io`), and the server sends to an
+    // endpoint's URL: every endpoint the run creates or changes points at the farm instead.
+    // Any string goes, since the server's URL parser makes an address of more than looks
+    // like one (` http:0.com`); other types stay, to be refused.
+    let hooks_path = scratch.path().join("loopback_hooks.py");
+    std::fs::write(
+        &hooks_path,
+        format!(
+            r#"import schemathesis
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    if isinstance(case.body, dict) and isinstance(case.body.get("url"), str):
+        case.body["url"] = "{}"
+"#,
+            farm.url("fuzzed")
+        ),
+    )
+    .expect("write hooks");
 
     let started = Instant::now();
     let output = tokio::time::timeout(
         Duration::from_secs(600),
         tokio::process::Command::new(&schemathesis)
             .current_dir(scratch.path())
+            .env("SCHEMATHESIS_HOOKS", &hooks_path)
             .arg("--no-color")
             .arg("--config-file")
             .arg(&config_path)
@@ -159,4 +179,32 @@ values = [{keys}]
     let (chosen, documented) = selected.split_once('/').expect("Selected: a/b");
     assert_eq!(chosen, documented, "operations were left out: {selected}");
     assert_eq!(tested, documented, "not every operation was tested");
+    // Nothing was sent beyond this machine: every endpoint, deleted ones too, is the farm's.
+    let db = rusqlite::Connection::open_with_flags(
+        &server.database,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .expect("open the server's database");
+    let urls: Vec<String> = db
+        .prepare("SELECT url FROM endpoints")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("read the endpoints' URLs");
+    let elsewhere: Vec<&String> = urls
+        .iter()
+        .filter(|url| reqwest::Url::parse(url).map_or(true, |u| u.host_str() != Some("127.0.0.1")))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "{} of {} endpoints point beyond 127.0.0.1: {elsewhere:?}",
+        elsewhere.len(),
+        urls.len()
+    );
+    // Nor did an endpoint deleted meanwhile have a name to look up.
+    let log = server.log_text();
+    let lookups: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("could not resolve host"))
+        .take(3)
+        .collect();
+    assert!(lookups.is_empty(), "names were looked up: {lookups:?}");
 }
