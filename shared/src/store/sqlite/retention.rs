@@ -57,7 +57,7 @@ impl PurgePace {
 
     /// `serve`'s pace for a purge every `interval`. In W6 (steady traffic of 1,000
     /// deliveries a second beside a purge of some 237,000), 5 ms between slices of 50 rows
-    /// purged 7,000-7,200 deliveries a second, with a steady p99 1.2-1.8x the one outside
+    /// purged 6,800-7,200 deliveries a second, with a steady p99 1.2-2.0x the one outside
     /// the purge; 2.5 ms purged 10,500-11,300 a second, at 1.8-2.4x. Tokio's timer rounds a
     /// pause up to its next millisecond.
     pub fn every(interval: Duration) -> Self {
