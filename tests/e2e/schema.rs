@@ -179,7 +179,7 @@ def before_call(context, case, kwargs):
     let (chosen, documented) = selected.split_once('/').expect("Selected: a/b");
     assert_eq!(chosen, documented, "operations were left out: {selected}");
     assert_eq!(tested, documented, "not every operation was tested");
-    // Nothing was sent beyond this machine: every endpoint, deleted ones too, is the farm's.
+    // Nothing was sent beyond this machine: every endpoint left is the farm's.
     let db = rusqlite::Connection::open_with_flags(
         &server.database,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
