@@ -144,8 +144,8 @@ impl Server {
     /// SIGTERM, as a service manager stops it; waits for the process to exit.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.pid().expect("serve is running");
-        let sent = std::process::Command::new("sh")
-            .args(["-c", &format!("kill -TERM {pid}")])
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM {pid}: {sent}");
