@@ -180,7 +180,8 @@ pub fn event_published() {
     counter!(EVENTS_PUBLISHED).increment(1);
 }
 
-/// Deliveries created for an event stored by the outbox helper (not through publish).
+/// Deliveries created by a fan-out, of an event stored alone (a publish through the stream
+/// or the embedded fan-out, or an outbox write).
 pub fn fanned_out(deliveries: usize) {
     counter!(DELIVERIES_CREATED).increment(deliveries as u64);
 }

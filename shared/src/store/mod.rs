@@ -436,6 +436,14 @@ store_port! { $
     /// only if its (event, endpoint) has none yet; returns the ones added. Callers give a
     /// delivery the id derived from its (event, endpoint) (`service::fan_out::delivery_id_for`).
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
+    /// [`Store::add_deliveries`] for the deliveries of one event, as its fan-out adds them.
+    /// The embedded store adds none to an event erased meanwhile, and keeps what it adds for
+    /// the first try, as it keeps a publish's.
+    async fn add_deliveries_of(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
     /// Events stored without their deliveries (`put_event`) whose fan-out is not marked done,
     /// created after `after` (if given) and at or before `created_before`, oldest first, at

@@ -1648,6 +1648,63 @@ pub async fn published_events_are_never_left_unfanned(store: &dyn Store) {
     assert!(unfanned().await.events.is_empty());
 }
 
+/// An event stored alone is listed as unfanned, oldest first and within the window asked
+/// for, until its fan-out is marked done; its deliveries, added then, are added once.
+pub async fn an_event_stored_alone_waits_for_its_fan_out(store: &dyn Store) {
+    let [ep] = account_with_endpoints(store, "acme", ["ep_1"]).await;
+    let (first, second) = (
+        event("acme", "evt_first", t0()),
+        event("acme", "evt_second", add(t0(), secs(1))),
+    );
+    store.put_event(&second).await.unwrap();
+    store.put_event(&first).await.unwrap();
+    let later = add(t0(), secs(86_400));
+    let ids = |page: hooklane::store::UnfannedPage| {
+        page.events
+            .into_iter()
+            .map(|e| e.id.as_str().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let page = store.unfanned_events(None, later, 100).await.unwrap();
+    assert_eq!(page.last, Some(second.created_at));
+    assert_eq!(ids(page), ["evt_first", "evt_second"]);
+    assert_eq!(
+        ids(store.unfanned_events(Some(t0()), later, 100).await.unwrap()),
+        ["evt_second"],
+        "after the first's time"
+    );
+    assert_eq!(
+        ids(store.unfanned_events(None, t0(), 100).await.unwrap()),
+        ["evt_first"],
+        "created at or before t0"
+    );
+    let d = delivery(&first, &ep, t0());
+    assert_eq!(
+        store
+            .add_deliveries_of(&first, std::slice::from_ref(&d))
+            .await
+            .unwrap(),
+        vec![d.clone()]
+    );
+    assert!(store
+        .add_deliveries_of(&first, std::slice::from_ref(&d))
+        .await
+        .unwrap()
+        .is_empty());
+    store
+        .mark_fanned_out(&[FannedOut {
+            event: first.clone(),
+            missed: false,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(store.unfanned_events(None, later, 100).await.unwrap()),
+        ["evt_second"]
+    );
+    assert_eq!(store.deliveries_of_event(&first).await.unwrap(), vec![d]);
+}
+
 /// Erasure takes the payload and the endpoints' answers, keeps the event and its log, ends
 /// what was pending, leaves other events alone, and is idempotent.
 pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store) {
@@ -1796,6 +1853,7 @@ macro_rules! store_contract_tests {
             load_work_sees_writes_made_after_the_publish,
             move_unattempted_changes_only_the_expected_state,
             published_events_are_never_left_unfanned,
+            an_event_stored_alone_waits_for_its_fan_out,
             erase_event_removes_the_content_and_keeps_the_log,
             api_keys_are_kept_listed_and_revoked,
             token_revocations_are_kept_per_account,

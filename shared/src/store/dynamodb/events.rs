@@ -435,6 +435,14 @@ impl DynamoStore {
         conditional_updates(updates).await
     }
 
+    pub(super) async fn add_deliveries_of(
+        &self,
+        _event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<Vec<Delivery>> {
+        self.add_deliveries(deliveries).await
+    }
+
     pub(super) async fn add_deliveries(
         &self,
         deliveries: &[Delivery],

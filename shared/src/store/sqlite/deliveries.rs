@@ -109,7 +109,7 @@ impl SqliteStore {
             Ok((_, true)) | Err(_) => fresh.forget_all(),
         };
         // The delivery's row, the attempt's and the endpoint's hour.
-        let recorded = self.run_for((&record.account_id, 3, false), move |conn| {
+        let recorded = self.run_for((Lane::Account(record.account_id.clone()), 3, false), move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
             let update = r.decision.update(r.attempt.error.as_deref());
             let (status, next_try_at, last_error) =

@@ -6,38 +6,44 @@ use super::*;
 
 impl SqliteStore {
     /// Every item in the one transaction of a store job: an event id that exists returns
-    /// the stored event and its deliveries and writes nothing for that item.
+    /// the stored event and its deliveries and writes nothing for that item. An item
+    /// without deliveries is the event alone, listed as unfanned until its fan-out is done.
     pub(super) async fn publish_batch(
         &self,
         items: &[crate::store::BatchItem],
     ) -> StoreResult<Vec<PublishOutcome>> {
-        let published: Arc<Vec<(Event, Vec<Delivery>)>> = Arc::new(
-            items
-                .iter()
-                .map(|(event, deliveries)| (event.clone(), deliveries.clone().unwrap_or_default()))
-                .collect(),
+        let published: Arc<Vec<crate::store::BatchItem>> = Arc::new(items.to_vec());
+        let (fresh, unfanned, kept) = (
+            Arc::clone(&self.fresh),
+            Arc::clone(&self.unfanned),
+            Arc::clone(&published),
         );
-        let (fresh, kept) = (Arc::clone(&self.fresh), Arc::clone(&published));
         let Some(account) = items.first().map(|(event, _)| event.account_id.clone()) else {
             return Ok(Vec::new());
         };
-        let rows = published.iter().map(|(_, d)| 1 + d.len()).sum();
+        let rows = published
+            .iter()
+            .map(|(_, d)| 1 + d.as_ref().map_or(1, Vec::len))
+            .sum();
         let remember = move |outcome: &StoreResult<Vec<PublishOutcome>>| {
             if let Ok(outcomes) = outcome {
                 for ((event, deliveries), outcome) in kept.iter().zip(outcomes) {
                     if let PublishOutcome::Created = outcome {
-                        fresh.remember_published(event, deliveries);
+                        match deliveries {
+                            Some(deliveries) => fresh.remember_published(event, deliveries),
+                            None => unfanned.signal(&event.account_id),
+                        }
                     }
                 }
             }
         };
         self.run_for(
-            (&account, rows, true),
+            (Lane::Publish(account), rows, true),
             move |conn| {
                 let tx = JobSavepoint::begin(conn).map_err(backend)?;
                 let outcomes = published
                     .iter()
-                    .map(|(event, deliveries)| publish_one(&tx, event, deliveries))
+                    .map(|(event, deliveries)| publish_one(&tx, event, deliveries.as_deref()))
                     .collect::<StoreResult<Vec<_>>>()?;
                 tx.commit().map_err(backend)?;
                 Ok(outcomes)
@@ -58,9 +64,15 @@ impl SqliteStore {
             .ok_or_else(|| StoreError::Backend("a publish of one event answered nothing".into()))
     }
 
+    /// The event alone, listed as unfanned (the embedded shape's change stream) until
+    /// `mark_fanned_out`.
     pub(super) async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
-        // No change stream here: the event alone is a publish without deliveries.
-        Ok(match self.publish(event, &[]).await? {
+        let outcome = self
+            .publish_batch(&[(event.clone(), None)])
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Backend("a publish of one event answered nothing".into()))?;
+        Ok(match outcome {
             PublishOutcome::Created => PutEventOutcome::Created,
             PublishOutcome::AlreadyExists { event, .. } => PutEventOutcome::AlreadyExists(event),
         })
@@ -76,43 +88,38 @@ impl SqliteStore {
         let (deliveries, rows) = (deliveries.to_vec(), deliveries.len());
         let fresh = Arc::clone(&self.fresh);
         self.run_for(
-            (&account, rows, false),
-            move |conn| {
-                let tx = JobSavepoint::begin(conn).map_err(backend)?;
-                let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
-                tx.commit().map_err(backend)?;
-                Ok(deliveries
-                    .into_iter()
-                    .zip(added)
-                    .filter_map(|(d, new)| new.then_some(d))
-                    .collect())
-            },
+            (Lane::Account(account), rows, false),
+            move |conn| add_to(conn, None, deliveries),
             move |_| fresh.forget_all(),
         )
         .await
     }
 
-    pub(super) async fn unfanned_events(
+    /// Not in the account's publish lane, so that its publishes are not queued behind it;
+    /// what it adds is kept for the first try, as a publish's deliveries are.
+    pub(super) async fn add_deliveries_of(
         &self,
-        _after: Option<Timestamp>,
-        _created_before: Timestamp,
-        _limit: u32,
-    ) -> StoreResult<crate::store::UnfannedPage> {
-        // No change stream: an event is written with its deliveries, never left to fan out.
-        Ok(crate::store::UnfannedPage::default())
-    }
-
-    pub(super) async fn mark_fanned_out(
-        &self,
-        events: &[crate::store::FannedOut],
-    ) -> StoreResult<()> {
-        // No change stream, so nothing is ever unfanned; only the missed mark is kept.
-        let missed: Vec<Event> = events
-            .iter()
-            .filter(|done| done.missed)
-            .map(|done| done.event.clone())
-            .collect();
-        self.mark_missed(&missed).await
+        event: &Event,
+        deliveries: &[Delivery],
+    ) -> StoreResult<Vec<Delivery>> {
+        if deliveries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (deliveries, rows) = (deliveries.to_vec(), deliveries.len());
+        let (fresh, kept) = (Arc::clone(&self.fresh), event.clone());
+        let keys = (event.account_id.clone(), event.id.clone());
+        // A request: the event's end-to-end time waits for it, so a quiet account's fan-out
+        // ends a busy batch as its publish does (a busy account's lane is not quiet).
+        self.run_for(
+            (Lane::Account(event.account_id.clone()), rows, true),
+            move |conn| add_to(conn, Some(keys), deliveries),
+            move |added| {
+                if let Ok(added) = added {
+                    fresh.remember_published(&kept, added);
+                }
+            },
+        )
+        .await
     }
 
     pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
@@ -127,16 +134,8 @@ impl SqliteStore {
         self.run_then(
             move |conn| {
                 let tx = JobSavepoint::begin(conn).map_err(backend)?;
-                {
-                    let mut mark = tx
-                        .prepare_cached(
-                            "UPDATE events SET missed = 1 WHERE account_id = ?1 AND id = ?2 AND missed IS NULL \
-                             AND erased_at IS NULL",
-                        )
-                        .map_err(backend)?;
-                    for (account, id) in &keys {
-                        mark.execute(params![account, id]).map_err(backend)?;
-                    }
+                for (account, id) in &keys {
+                    mark_missed_in(&tx, account, id).map_err(backend)?;
                 }
                 tx.commit().map_err(backend)
             },
@@ -219,6 +218,8 @@ impl SqliteStore {
             else {
                 return Ok(None);
             };
+            // Erased before its fan-out: it gets no deliveries.
+            super::unfanned::unlist(&job, &event).map_err(backend)?;
             let event = event.erased(now);
             let erased_at = event.erased_at.map(to_millis);
             job.execute(
@@ -262,11 +263,55 @@ impl SqliteStore {
     }
 }
 
-/// One event and its deliveries inside the caller's transaction.
+/// Marks one event missed (see `Store::mark_missed`), inside the caller's transaction.
+pub(super) fn mark_missed_in(conn: &Connection, account: &str, id: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE events SET missed = 1 WHERE account_id = ?1 AND id = ?2 AND missed IS NULL \
+         AND erased_at IS NULL",
+    )?
+    .execute(params![account, id])
+    .map(|_| ())
+}
+
+/// Inserts the deliveries not there yet and returns those; none if `event` (account, id)
+/// is given and that event has been erased.
+fn add_to(
+    conn: &mut Connection,
+    event: Option<(AccountId, EventId)>,
+    deliveries: Vec<Delivery>,
+) -> StoreResult<Vec<Delivery>> {
+    let tx = JobSavepoint::begin(conn).map_err(backend)?;
+    if let Some((account, id)) = event {
+        let erased = tx
+            .prepare_cached(
+                "SELECT erased_at IS NOT NULL FROM events WHERE account_id = ?1 AND id = ?2",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![account.as_str(), id.as_str()], |r| {
+                    r.get::<_, bool>(0)
+                })
+                .optional()
+            })
+            .map_err(backend)?;
+        if erased == Some(true) {
+            return Ok(Vec::new());
+        }
+    }
+    let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
+    tx.commit().map_err(backend)?;
+    Ok(deliveries
+        .into_iter()
+        .zip(added)
+        .filter_map(|(d, new)| new.then_some(d))
+        .collect())
+}
+
+/// One event and its deliveries inside the caller's transaction; without deliveries
+/// (`None`), the event is listed as unfanned.
 fn publish_one(
     conn: &Connection,
     event: &Event,
-    deliveries: &[Delivery],
+    deliveries: Option<&[Delivery]>,
 ) -> StoreResult<PublishOutcome> {
     let existing = conn
         .prepare_cached(&format!(
@@ -290,6 +335,11 @@ fn publish_one(
         });
     }
     insert_event(conn, event).map_err(backend)?;
-    insert_deliveries(conn, deliveries).map_err(backend)?;
+    match deliveries {
+        Some(deliveries) => {
+            insert_deliveries(conn, deliveries).map_err(backend)?;
+        }
+        None => super::unfanned::list(conn, event).map_err(backend)?,
+    }
     Ok(PublishOutcome::Created)
 }

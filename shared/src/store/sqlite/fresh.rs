@@ -1,10 +1,10 @@
-//! What a publish just wrote, kept so that a delivery's first try does not read it back,
+//! What a publish or a fan-out just wrote, kept so that a delivery's first try does not read it back,
 //! and what every publish reads (its account and the account's endpoints), kept so that a
 //! publish reads nothing.
 //!
 //! The embedded shape is the only writer of its database, so this copy can be exact. The
-//! store thread updates it right after each commit, in commit order: a publish adds its
-//! deliveries (with their event), an attempt takes its delivery out, a purge changes nothing
+//! store thread updates it right after each commit, in commit order: a publish or a fan-out adds
+//! its deliveries (with their event), an attempt takes its delivery out, a purge changes nothing
 //! kept (it removes only ended work), and every other write (and an attempt that starts or
 //! stops an endpoint's failing clock) forgets everything.
 //! Accounts and endpoints are kept from reads; a generation number, bumped by each forget,
@@ -74,8 +74,8 @@ impl FreshWork {
         self.lock().generation
     }
 
-    /// Keeps a committed publish's deliveries. Called on the store thread right after the
-    /// commit, so no later write can have changed them yet. Deliveries to an endpoint known
+    /// Keeps a committed publish's or fan-out's deliveries. Called on the store thread right
+    /// after the commit, so no later write can have changed them yet. Deliveries to an endpoint known
     /// to be failing are not kept: their first tries wait behind its backlog, and during an
     /// outage their copies filled the cache (some 17 MB) for nothing.
     pub(super) fn remember_published(&self, event: &Event, deliveries: &[Delivery]) {

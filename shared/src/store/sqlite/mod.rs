@@ -39,6 +39,7 @@ mod rows;
 mod schema;
 #[cfg(test)]
 mod tests;
+mod unfanned;
 mod worker;
 
 pub use retention::{PurgePace, Purged, SLICE_ROWS};
@@ -80,6 +81,9 @@ pub struct SqliteStore {
     // Held for the life of the store: a second `serve` on the same file is refused.
     _lock: Option<Arc<File>>,
     fresh: Arc<fresh::FreshWork>,
+    /// Accounts whose events have been stored without their deliveries since the fan-out
+    /// last looked.
+    unfanned: Arc<unfanned::Signal>,
     /// `store::LIST_EXAMINE_BUDGET`, smaller in tests.
     list_examine_budget: usize,
     /// Where the last purge stopped.
@@ -322,6 +326,7 @@ impl SqliteStore {
             scans,
             _lock: lock.map(Arc::new),
             fresh: Arc::default(),
+            unfanned: Arc::default(),
             list_examine_budget: super::LIST_EXAMINE_BUDGET,
             purge_mark: Arc::default(),
             secrets,
@@ -337,7 +342,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         let fresh = Arc::clone(&self.fresh);
-        Self::submit(&self.jobs, (None, 1, false), work, move |_| {
+        Self::submit(&self.jobs, (Lane::Shared, 1, false), work, move |_| {
             fresh.forget_all()
         })
         .await
@@ -353,7 +358,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.jobs, (None, 1, false), work, |_| {}).await
+        Self::submit(&self.jobs, (Lane::Shared, 1, false), work, |_| {}).await
     }
 
     /// A read on the store thread, which sees every write acknowledged before it (the
@@ -363,7 +368,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.jobs, (None, 0, false), work, |_| {}).await
+        Self::submit(&self.jobs, (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
@@ -374,7 +379,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(&self.jobs, (None, 1, false), work, after_commit).await
+        Self::submit(&self.jobs, (Lane::Shared, 1, false), work, after_commit).await
     }
 
     /// [`SqliteStore::run_then`] for one account's traffic (a publish, an attempt) of
@@ -382,7 +387,7 @@ impl SqliteStore {
     /// (a publish) is answered soon even beside a busy account's (see `Job::request`).
     async fn run_for<T, F, A>(
         &self,
-        (account, rows, request): (&AccountId, usize, bool),
+        (lane, rows, request): (Lane, usize, bool),
         work: F,
         after_commit: A,
     ) -> StoreResult<T>
@@ -391,13 +396,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(
-            &self.jobs,
-            (Some(account.clone()), rows, request),
-            work,
-            after_commit,
-        )
-        .await
+        Self::submit(&self.jobs, (lane, rows, request), work, after_commit).await
     }
 
     /// Runs read-only `work` where reads go (see [`SqliteStore::reads`]).
@@ -406,7 +405,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.reads, (None, 0, false), work, |_| {}).await
+        Self::submit(&self.reads, (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// Runs the dispatcher's read of what it sends where those go (see [`SqliteStore::sends`]).
@@ -415,7 +414,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.sends, (None, 0, false), work, |_| {}).await
+        Self::submit(&self.sends, (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// Runs a read-only scan where scans go (see [`SqliteStore::scans`]).
@@ -424,7 +423,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.scans, (None, 0, false), work, |_| {}).await
+        Self::submit(&self.scans, (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// Queues `work`; `after_commit` runs on the store thread once the batch has committed

@@ -299,7 +299,8 @@ fn delete_unreferenced_event(
 ) -> StoreResult<u64> {
     conn.prepare_cached(
         "DELETE FROM events WHERE account_id = ?1 AND id = ?2 AND created_at < ?3 \
-         AND NOT EXISTS (SELECT 1 FROM deliveries WHERE account_id = ?1 AND event_id = ?2)",
+         AND NOT EXISTS (SELECT 1 FROM deliveries WHERE account_id = ?1 AND event_id = ?2) \
+         AND NOT EXISTS (SELECT 1 FROM unfanned u WHERE u.account_id = ?1 AND u.created_at = events.created_at AND u.id = ?2)",
     )
     .and_then(|mut s| s.execute(params![account, event, cutoff]))
     .map(|n| n as u64)

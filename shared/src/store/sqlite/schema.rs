@@ -59,6 +59,11 @@ CREATE INDEX IF NOT EXISTS deliveries_by_account_type ON deliveries(account_id, 
 CREATE INDEX IF NOT EXISTS deliveries_by_account_failure ON deliveries(account_id, status, created_at, id) WHERE status IN ('failed', 'abandoned');
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_failure ON deliveries(endpoint_id, status, created_at, id) WHERE status IN ('failed', 'abandoned');
 CREATE INDEX IF NOT EXISTS deliveries_by_account_error_code ON deliveries(account_id, last_status, created_at, id) WHERE last_status >= 300;
+CREATE TABLE IF NOT EXISTS unfanned (
+  account_id TEXT NOT NULL, created_at INTEGER NOT NULL, id TEXT NOT NULL,
+  PRIMARY KEY (account_id, created_at, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS unfanned_by_time ON unfanned(created_at);
 CREATE TABLE IF NOT EXISTS notifications (
   id TEXT PRIMARY KEY,
   account_id TEXT NOT NULL,

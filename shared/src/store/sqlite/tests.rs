@@ -272,7 +272,7 @@ async fn a_quiet_accounts_publish_ends_a_long_batch_early() {
     for i in 0..200 {
         let (running, answered) = (running.clone(), Arc::clone(&answered));
         let write = store.run_for(
-            (&busy, 3, false),
+            (Lane::Account(busy.clone()), 3, false),
             move |_| {
                 if i == 10 {
                     let _ = running.send(());
@@ -1211,4 +1211,62 @@ fn the_catch_up_before_a_wal_restart_stops_when_caught_up_or_outpaced() {
         0,
         "overdue"
     );
+}
+
+/// An event erased before its fan-out leaves the list, and a fan-out already under way adds
+/// nothing to it: its deliveries would send what was erased.
+#[tokio::test]
+async fn an_event_erased_before_its_fan_out_gets_no_deliveries() {
+    use crate::fixtures::{account_with_endpoints, delivery, event, t0};
+    let store = SqliteStore::in_memory().unwrap();
+    let [ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    let ev = event("acme", "evt_1", t0());
+    store.put_event(&ev).await.unwrap();
+    store
+        .erase_event(&ev.account_id, &ev.id, t0())
+        .await
+        .unwrap();
+    let later = t0() + chrono::TimeDelta::days(1);
+    let page = store.unfanned_events(None, later, 10).await.unwrap();
+    assert!(page.events.is_empty(), "{page:?}");
+    let added = store
+        .add_deliveries_of(&ev, &[delivery(&ev, &ep, t0())])
+        .await
+        .unwrap();
+    assert!(added.is_empty(), "{added:?}");
+    assert!(store.deliveries_of_event(&ev).await.unwrap().is_empty());
+}
+
+/// Retention never removes an event still waiting for its fan-out, however old: it has no
+/// deliveries yet, which is what retention looks for.
+#[tokio::test]
+async fn a_purge_keeps_an_event_waiting_for_its_fan_out() {
+    use crate::fixtures::{account_with_endpoints, at, event};
+    let store = SqliteStore::in_memory().unwrap();
+    account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    let (waiting, fanned) = (
+        event("acme", "evt_waiting", at(0)),
+        event("acme", "evt_fanned", at(0)),
+    );
+    store.put_event(&waiting).await.unwrap();
+    store.put_event(&fanned).await.unwrap();
+    store
+        .mark_fanned_out(&[crate::store::FannedOut {
+            event: fanned.clone(),
+            missed: false,
+        }])
+        .await
+        .unwrap();
+    let purged = purge_past(&store, at(86_400)).await;
+    assert_eq!(
+        purged.events, 1,
+        "the fanned-out event, which has no deliveries"
+    );
+    assert!(store
+        .get_event(&waiting.account_id, &waiting.id)
+        .await
+        .unwrap()
+        .is_some());
+    let page = store.unfanned_events(None, at(86_400), 10).await.unwrap();
+    assert_eq!(page.events, vec![waiting]);
 }

@@ -51,14 +51,34 @@ pub(super) struct Job {
     pub(super) lane: Lane,
     /// About how many rows it writes, to bound a batch.
     pub(super) rows: usize,
-    /// A request waits for its answer (a publish): from a quiet lane, it ends the running
-    /// batch early (see [`run_jobs`]).
+    /// Someone waits for its answer (a publish, or the deliveries an event's fan-out adds):
+    /// from a quiet lane, it ends the running batch early (see [`run_jobs`]).
     pub(super) request: bool,
     pub(super) run: Box<dyn FnOnce(&mut Connection) -> Reply + Send>,
 }
 
-/// The account a job writes for; `None` for everything not of one account's traffic.
-pub(super) type Lane = Option<AccountId>;
+/// Whose write a job is. An account's publishes take turns apart from the rest of its
+/// writes (the deliveries its events fan out to, its attempts' records), so that a publish,
+/// which a client waits for, is queued behind neither.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum Lane {
+    /// Everything not of one account's traffic.
+    Shared,
+    /// An account's publishes.
+    Publish(AccountId),
+    /// The rest of an account's traffic.
+    Account(AccountId),
+}
+
+impl Lane {
+    #[cfg(test)]
+    fn account(&self) -> Option<&str> {
+        match self {
+            Self::Shared => None,
+            Self::Publish(account) | Self::Account(account) => Some(account.as_str()),
+        }
+    }
+}
 
 /// How long a batch runs before a quiet account's publish, queued since, ends it.
 pub(super) const CUT_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
@@ -518,7 +538,9 @@ mod tests {
 
     fn job(lane: Option<&str>, rows: usize) -> Job {
         Job {
-            lane: lane.map(|a| AccountId::from_trusted(a.into())),
+            lane: lane.map_or(Lane::Shared, |a| {
+                Lane::Account(AccountId::from_trusted(a.into()))
+            }),
             rows,
             request: false,
             run: Box::new(|_| Box::new(|_| {})),
@@ -526,10 +548,7 @@ mod tests {
     }
 
     fn lanes(batch: &[Job]) -> Vec<(Option<&str>, usize)> {
-        batch
-            .iter()
-            .map(|j| (j.lane.as_ref().map(AccountId::as_str), j.rows))
-            .collect()
+        batch.iter().map(|j| (j.lane.account(), j.rows)).collect()
     }
 
     #[test]
