@@ -291,7 +291,9 @@ pub async fn run(config: ServeConfig) -> Result<(), ServeError> {
         notifier,
         clock: Arc::new(SystemClock),
         config: Arc::new(config.core.clone()),
-        publish: PublishMode::WithDeliveries,
+        // A publish writes its event alone and answers; the dispatcher's fan-out creates
+        // the deliveries right after, as the stream does on AWS.
+        publish: PublishMode::ThroughStream,
     };
     let (stop, stopped) = watch::channel(false);
     let queue_for_gauges = queue.clone();

@@ -1,5 +1,6 @@
-//! The embedded shape's engine room: worker slots over the in-memory lanes, the window's
-//! refill from the store, plus the periodic resync, health check and notification sender.
+//! The embedded shape's engine room: the fan-out of published events, worker slots over the
+//! in-memory lanes, the window's refill from the store, plus the periodic resync, health
+//! check and notification sender.
 
 use std::{
     sync::{
@@ -84,6 +85,11 @@ pub async fn start(
 ) -> Result<Running, crate::service::ServiceError> {
     queue.resync();
     let mut handles = vec![
+        tokio::spawn(crate::queue::fan_out::run(
+            app.clone(),
+            Arc::clone(&store),
+            shutdown.clone(),
+        )),
         tokio::spawn(window::run(
             Arc::clone(&queue),
             Arc::clone(&store) as Arc<dyn PendingSource>,

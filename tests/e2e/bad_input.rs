@@ -274,6 +274,9 @@ async fn no_token_no_access_and_publish_is_idempotent() {
         results[1]["event"]["deliveries"].as_array().map(Vec::len),
         Some(1)
     );
+    for result in results {
+        server.fanned_out("acme", &result["event"]).await;
+    }
     assert_eq!(server.deliveries("acme", "").await.len(), 3);
     let (_, again) = server.post("/v1/accounts/acme/events/batch", batch).await;
     let created: Vec<bool> = again["results"]

@@ -336,7 +336,33 @@ impl Server {
             )
             .await;
         assert_eq!(status, 202, "publish: {body}");
+        self.fanned_out(account, &body).await;
         body
+    }
+
+    /// Waits until every delivery a publish answered (`answer`, its event) exists: the
+    /// call answers once the event is stored, and the fan-out writes them a moment later.
+    pub async fn fanned_out(&self, account: &str, answer: &Value) {
+        let ids: Vec<String> = answer["deliveries"]
+            .as_array()
+            .map(|listed| {
+                listed
+                    .iter()
+                    .filter_map(|d| d["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let start = Instant::now();
+        for id in &ids {
+            let path = format!("/v1/accounts/{account}/deliveries/{id}");
+            while self.get(&path).await.0 != 200 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "delivery {id} of {answer} not written within 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
 
     /// Every delivery of the account, following cursors.

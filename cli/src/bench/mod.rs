@@ -377,6 +377,43 @@ impl Api {
         Ok((json_answer(path, status, &text)?, took))
     }
 
+    /// The server's count of deliveries created so far (its `/metrics`).
+    async fn deliveries_created(&self) -> Result<u64, BenchError> {
+        let path = "/metrics";
+        let request = self.http.get(format!("{}{path}", self.base));
+        let (status, text) = self.send(path, request).await?;
+        if !status.is_success() {
+            return Err(BenchError::Api(format!("{path}: {status}: {text}")));
+        }
+        Ok(text
+            .lines()
+            .filter_map(|line| line.strip_prefix(hooklane::telemetry::DELIVERIES_CREATED))
+            .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
+    }
+
+    /// Waits until the server has created `deliveries` deliveries (publishes answer before
+    /// their fan-out has created them). How long it waited; an error past `limit`.
+    async fn wait_for_deliveries(
+        &self,
+        deliveries: u64,
+        limit: Duration,
+    ) -> Result<(), BenchError> {
+        let started = Instant::now();
+        loop {
+            let created = self.deliveries_created().await?;
+            if created >= deliveries {
+                return Ok(());
+            }
+            if started.elapsed() > limit {
+                return Err(BenchError::Api(format!(
+                    "{created} of {deliveries} deliveries created after {limit:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn setup(
         &self,
         account: &str,

@@ -88,11 +88,21 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         Arc::clone(&stop_healthy),
     ));
 
-    // Phase 1: the outage's events, from 32 publishers at once, each call timed.
+    // Phase 1: the outage's events, from 32 publishers at once, each call timed, and their
+    // fan-out, which goes on after the calls have answered: the phase ends once the server
+    // has created as many deliveries as the outage's events go to (the healthy account's
+    // hundred a second count too, so it ends that much early).
+    let created_before = api.deliveries_created().await?;
     let attempts_before = failing_attempts(&farm, &failing);
     let threads = sched::Phase::start(target.pid());
     let started = Instant::now();
     let calls = publish_timed(&api, &accounts, size.events).await?;
+    let calls_took = started.elapsed();
+    api.wait_for_deliveries(
+        created_before + size.deliveries() as u64,
+        Duration::from_secs(600),
+    )
+    .await?;
     let publishing = started.elapsed();
     let threads = threads.end();
     let attempts_publishing = failing_attempts(&farm, &failing) - attempts_before;
@@ -164,6 +174,7 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         "filtered_log_first_page_p99_ms": round(percentile(&first_pages.filtered, 99.0)),
         "cursor_page_p50_ms": round(percentile(&cursor_pages, 50.0)),
         "cursor_page_p99_ms": round(percentile(&cursor_pages, 99.0)),
+        "publish_calls_s": round3(calls_took.as_secs_f64()),
         "publish_deliveries_per_s": round(deliveries as f64 / publishing.as_secs_f64()),
         "publish_call_p50_ms": round(percentile(&calls, 50.0)),
         "publish_call_p99_ms": round(percentile(&calls, 99.0)),

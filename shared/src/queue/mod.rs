@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::store::PendingRef;
 
 pub mod embedded;
+pub mod fan_out;
 #[cfg(feature = "aws")]
 pub mod sqs;
 pub mod window;

@@ -249,8 +249,10 @@ pub fn environment(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, 
         .collect()
 }
 
-/// The embedded shape's `App` over `store`, reading `clock`: the in-process queue, a real
-/// HTTP sender, mail to the log, default rules. Tests change a part with `App { …, ..app }`.
+/// An embedded `App` over `store`, reading `clock`: the in-process queue, a real HTTP sender,
+/// mail to the log, default rules. It publishes an event with its deliveries, in one
+/// transaction, as no fan-out task runs beside it (`serve` publishes through one:
+/// `PublishMode::ThroughStream`). Tests change a part with `App { …, ..app }`.
 pub fn app_on(
     store: std::sync::Arc<dyn Store>,
     clock: std::sync::Arc<dyn hooklane::Clock>,

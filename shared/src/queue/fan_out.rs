@@ -1,0 +1,332 @@
+//! The embedded shape's fan-out, in the place of AWS's DynamoDB stream: a publish stores its
+//! event alone and answers, and this task creates the event's deliveries a moment later.
+//! Each account's events are fanned out in their own turns, several accounts at once, so a
+//! quiet account's event is not queued behind an outage's thousands (the store thread takes
+//! the accounts' fan-out writes in turn as well). What is listed survives a restart: the
+//! list is in the file, and the task starts with what it holds.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{sync::watch, task::JoinSet};
+
+use crate::{
+    domain::AccountId,
+    service::{fan_out::fan_out_batch, ServiceError},
+    store::{sqlite::SqliteStore, FannedOut},
+    App,
+};
+
+/// Accounts fanned out at the same time.
+const ACCOUNTS_AT_ONCE: usize = 16;
+/// The deliveries an account's turn creates at most (an event's alone may be more); after
+/// it, the account goes to the back of the line. Bounds what a turn holds in memory too.
+const DELIVERIES_PER_TURN: usize = 1_024;
+/// An account's events in one turn at most.
+const EVENTS_PER_TURN: usize = 64;
+/// How long an account whose fan-out failed waits before its next turn.
+const AFTER_A_FAILURE: Duration = Duration::from_secs(1);
+
+/// Runs until `shutdown`; a turn in progress is finished first (what it has not marked is
+/// fanned out again at the next start, which creates nothing twice).
+pub async fn run(app: App, store: Arc<SqliteStore>, mut shutdown: watch::Receiver<bool>) {
+    let mut line = Line::default();
+    loop {
+        match store.accounts_with_unfanned().await {
+            Ok(accounts) => {
+                line.add(accounts);
+                break;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot read the events waiting for fan-out; trying again");
+                tokio::select! {
+                    () = tokio::time::sleep(AFTER_A_FAILURE) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    }
+    let mut turns: JoinSet<(AccountId, bool)> = JoinSet::new();
+    loop {
+        while turns.len() < ACCOUNTS_AT_ONCE {
+            let Some(account) = line.next() else {
+                break;
+            };
+            let (app, store) = (app.clone(), Arc::clone(&store));
+            turns.spawn(async move {
+                let more = match turn(&app, &store, &account).await {
+                    Ok(more) => more,
+                    Err(error) => {
+                        tracing::error!(account.id = %account, %error, "fan-out failed; the account's events wait for its next turn");
+                        // Its next turn comes after a pause, not at once.
+                        tokio::time::sleep(AFTER_A_FAILURE).await;
+                        true
+                    }
+                };
+                (account, more)
+            });
+        }
+        tokio::select! {
+            Some(ended) = turns.join_next() => {
+                // A turn that panicked leaves its events listed, for the next start.
+                if let Ok((account, more)) = ended {
+                    line.turn_ended(account, more);
+                }
+            }
+            accounts = store.unfanned_signalled() => line.add(accounts),
+            _ = shutdown.changed() => break,
+        }
+    }
+    while turns.join_next().await.is_some() {}
+}
+
+/// Fans out the account's oldest listed events, as many as [`DELIVERIES_PER_TURN`] allows
+/// at its number of endpoints. Returns whether more may be waiting.
+async fn turn(app: &App, store: &SqliteStore, account: &AccountId) -> Result<bool, ServiceError> {
+    let endpoints = app.store.list_endpoints(account).await?.len();
+    let limit = (DELIVERIES_PER_TURN / endpoints.max(1)).clamp(1, EVENTS_PER_TURN);
+    let events = store
+        .unfanned_of(account, u32::try_from(limit).unwrap_or(1))
+        .await?;
+    if events.is_empty() {
+        return Ok(false);
+    }
+    let outcome = fan_out_batch(app, &events).await;
+    if !outcome.unknown_account.is_empty() {
+        // The account is gone: its events have no one to go to.
+        let gone: Vec<FannedOut> = outcome
+            .unknown_account
+            .iter()
+            .filter_map(|&position| events.get(position))
+            .map(|event| FannedOut {
+                event: event.clone(),
+                missed: false,
+            })
+            .collect();
+        app.store.mark_fanned_out(&gone).await?;
+    }
+    match outcome.error {
+        Some(error) => Err(error),
+        None => Ok(events.len() == limit),
+    }
+}
+
+/// The accounts waiting for a turn, in order, each once; and those in a turn now, with
+/// whether they were signalled again during it.
+#[derive(Default)]
+struct Line {
+    waiting: VecDeque<AccountId>,
+    queued: HashSet<AccountId>,
+    in_turn: HashSet<AccountId>,
+    again: HashSet<AccountId>,
+}
+
+impl Line {
+    fn add(&mut self, accounts: impl IntoIterator<Item = AccountId>) {
+        for account in accounts {
+            if self.in_turn.contains(&account) {
+                self.again.insert(account);
+            } else if self.queued.insert(account.clone()) {
+                self.waiting.push_back(account);
+            }
+        }
+    }
+
+    fn next(&mut self) -> Option<AccountId> {
+        let account = self.waiting.pop_front()?;
+        self.queued.remove(&account);
+        self.in_turn.insert(account.clone());
+        Some(account)
+    }
+
+    fn turn_ended(&mut self, account: AccountId, more: bool) {
+        self.in_turn.remove(&account);
+        let again = self.again.remove(&account);
+        if more || again {
+            self.add([account]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use tokio::sync::watch;
+
+    use crate::{
+        fixtures::{account_with_endpoints, app_on, event, t0},
+        store::{sqlite::SqliteStore, Store},
+        App, PublishMode, SystemClock,
+    };
+
+    fn app(store: &Arc<SqliteStore>) -> App {
+        App {
+            publish: PublishMode::ThroughStream,
+            ..app_on(Arc::clone(store) as Arc<dyn Store>, Arc::new(SystemClock))
+        }
+    }
+
+    /// Polls `done` every 10 ms for up to 10 s.
+    async fn eventually<F, Fut>(what: &str, mut done: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        for _ in 0..1_000 {
+            if done().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not within 10 s: {what}");
+    }
+
+    async fn unfanned(store: &SqliteStore) -> usize {
+        let later = t0() + chrono::TimeDelta::days(3650);
+        store
+            .unfanned_events(None, later, 10_000)
+            .await
+            .unwrap()
+            .events
+            .len()
+    }
+
+    #[tokio::test]
+    async fn a_published_event_gets_its_deliveries_and_leaves_the_list() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        account_with_endpoints(store.as_ref(), "acme", ["ep_1", "ep_2"]).await;
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        let published = crate::service::publish::publish(
+            &app(&store),
+            &crate::domain::AccountId::parse("acme").unwrap(),
+            crate::service::publish::NewEvent {
+                id: Some("evt_1".into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({"n": 1}),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            published.deliveries.len(),
+            2,
+            "the answer lists what will exist"
+        );
+        let event = published.event.clone();
+        eventually(
+            "both deliveries exist and the event is off the list",
+            || {
+                let (store, event) = (Arc::clone(&store), event.clone());
+                async move {
+                    store.deliveries_of_event(&event).await.unwrap().len() == 2
+                        && unfanned(&store).await == 0
+                }
+            },
+        )
+        .await;
+        let mut stored = store.deliveries_of_event(&event).await.unwrap();
+        let mut answered = published.deliveries;
+        stored.sort_by(|a, b| a.id.cmp(&b.id));
+        answered.sort_by(|a, b| a.id.cmp(&b.id));
+        let ids =
+            |ds: &[crate::domain::Delivery]| ds.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&stored),
+            ids(&answered),
+            "the ones the publish answered"
+        );
+        stop.send(true).unwrap();
+        running.await.unwrap();
+    }
+
+    /// The list is in the file: what a stopped server left is fanned out at the next start.
+    #[tokio::test]
+    async fn what_a_stop_left_listed_is_fanned_out_at_the_next_start() {
+        let dir =
+            std::env::temp_dir().join(format!("hooklane-fan-out-restart-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hooklane.db");
+        let secrets = || crate::testing::test_secrets(None);
+        let events: Vec<_> = (0..70)
+            .map(|i| event("acme", &format!("evt_{i}"), t0()))
+            .collect();
+        {
+            let store = SqliteStore::open(&path, secrets()).unwrap();
+            account_with_endpoints(&store, "acme", ["ep_1"]).await;
+            for event in &events {
+                store.put_event(event).await.unwrap();
+            }
+            assert_eq!(unfanned(&store).await, 70);
+        }
+        let store = Arc::new(SqliteStore::open(&path, secrets()).unwrap());
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        eventually("every event fanned out", || {
+            let store = Arc::clone(&store);
+            async move { unfanned(&store).await == 0 }
+        })
+        .await;
+        for event in &events {
+            assert_eq!(store.deliveries_of_event(event).await.unwrap().len(), 1);
+        }
+        stop.send(true).unwrap();
+        running.await.unwrap();
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A quiet account's event is fanned out while a busy account's backlog still waits.
+    #[tokio::test]
+    async fn a_quiet_account_is_not_queued_behind_a_busy_ones_backlog() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        account_with_endpoints(store.as_ref(), "busy", ["ep_b1", "ep_b2", "ep_b3"]).await;
+        account_with_endpoints(store.as_ref(), "quiet", ["ep_q"]).await;
+        for i in 0..3_000 {
+            store
+                .put_event(&event("busy", &format!("evt_{i}"), t0()))
+                .await
+                .unwrap();
+        }
+        let quiet = event("quiet", "evt_q", t0() + chrono::TimeDelta::seconds(1));
+        store.put_event(&quiet).await.unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        eventually("the quiet account's delivery exists", || {
+            let (store, quiet) = (Arc::clone(&store), quiet.clone());
+            async move { !store.deliveries_of_event(&quiet).await.unwrap().is_empty() }
+        })
+        .await;
+        let left = unfanned(&store).await;
+        assert!(
+            left > 1_000,
+            "the busy account's backlog was mostly fanned out first: {left} of 3,000 events left"
+        );
+        stop.send(true).unwrap();
+        running.await.unwrap();
+    }
+
+    /// An event of an account that does not exist (gone since) gets no deliveries and is
+    /// taken off the list, not read again and again.
+    #[tokio::test]
+    async fn an_event_of_no_account_leaves_the_list() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let stray = event("gone", "evt_stray", t0());
+        store.put_event(&stray).await.unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        eventually("the stray event is off the list", || {
+            let store = Arc::clone(&store);
+            async move { unfanned(&store).await == 0 }
+        })
+        .await;
+        assert!(store.deliveries_of_event(&stray).await.unwrap().is_empty());
+        stop.send(true).unwrap();
+        running.await.unwrap();
+    }
+}
