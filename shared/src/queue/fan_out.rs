@@ -170,6 +170,18 @@ mod tests {
         }
     }
 
+    /// The fan-out task on `store`, until [`stop`] ends it.
+    fn start(store: &Arc<SqliteStore>) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(super::run(app(store), Arc::clone(store), stopped));
+        (stop, running)
+    }
+
+    async fn stop((stop, running): (watch::Sender<bool>, tokio::task::JoinHandle<()>)) {
+        stop.send(true).unwrap();
+        running.await.unwrap();
+    }
+
     /// Polls `done` every 10 ms for up to 10 s.
     async fn eventually<F, Fut>(what: &str, mut done: F)
     where
@@ -199,8 +211,7 @@ mod tests {
     async fn a_published_event_gets_its_deliveries_and_leaves_the_list() {
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         account_with_endpoints(store.as_ref(), "acme", ["ep_1", "ep_2"]).await;
-        let (stop, stopped) = watch::channel(false);
-        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        let task = start(&store);
         let published = crate::service::publish::publish(
             &app(&store),
             &crate::domain::AccountId::parse("acme").unwrap(),
@@ -240,8 +251,7 @@ mod tests {
             ids(&answered),
             "the ones the publish answered"
         );
-        stop.send(true).unwrap();
-        running.await.unwrap();
+        stop(task).await;
     }
 
     /// The list is in the file: what a stopped server left is fanned out at the next start.
@@ -265,8 +275,7 @@ mod tests {
             assert_eq!(unfanned(&store).await, 70);
         }
         let store = Arc::new(SqliteStore::open(&path, secrets()).unwrap());
-        let (stop, stopped) = watch::channel(false);
-        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        let task = start(&store);
         eventually("every event fanned out", || {
             let store = Arc::clone(&store);
             async move { unfanned(&store).await == 0 }
@@ -275,8 +284,7 @@ mod tests {
         for event in &events {
             assert_eq!(store.deliveries_of_event(event).await.unwrap().len(), 1);
         }
-        stop.send(true).unwrap();
-        running.await.unwrap();
+        stop(task).await;
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -295,8 +303,7 @@ mod tests {
         }
         let quiet = event("quiet", "evt_q", t0() + chrono::TimeDelta::seconds(1));
         store.put_event(&quiet).await.unwrap();
-        let (stop, stopped) = watch::channel(false);
-        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        let task = start(&store);
         eventually("the quiet account's delivery exists", || {
             let (store, quiet) = (Arc::clone(&store), quiet.clone());
             async move { !store.deliveries_of_event(&quiet).await.unwrap().is_empty() }
@@ -307,8 +314,7 @@ mod tests {
             left > 1_000,
             "the busy account's backlog was mostly fanned out first: {left} of 3,000 events left"
         );
-        stop.send(true).unwrap();
-        running.await.unwrap();
+        stop(task).await;
     }
 
     /// An event of an account that does not exist (gone since) gets no deliveries and is
@@ -318,15 +324,13 @@ mod tests {
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         let stray = event("gone", "evt_stray", t0());
         store.put_event(&stray).await.unwrap();
-        let (stop, stopped) = watch::channel(false);
-        let running = tokio::spawn(super::run(app(&store), Arc::clone(&store), stopped));
+        let task = start(&store);
         eventually("the stray event is off the list", || {
             let store = Arc::clone(&store);
             async move { unfanned(&store).await == 0 }
         })
         .await;
         assert!(store.deliveries_of_event(&stray).await.unwrap().is_empty());
-        stop.send(true).unwrap();
-        running.await.unwrap();
+        stop(task).await;
     }
 }
