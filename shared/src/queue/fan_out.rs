@@ -6,7 +6,7 @@
 //! list is in the file, and the task starts with what it holds.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::Duration,
 };
@@ -50,13 +50,15 @@ pub async fn run(app: App, store: Arc<SqliteStore>, mut shutdown: watch::Receive
         }
     }
     let mut turns: JoinSet<(AccountId, bool)> = JoinSet::new();
+    // Whose turn each task is, for one that panics.
+    let mut whose: HashMap<tokio::task::Id, AccountId> = HashMap::new();
     loop {
         while turns.len() < ACCOUNTS_AT_ONCE {
             let Some(account) = line.next() else {
                 break;
             };
-            let (app, store) = (app.clone(), Arc::clone(&store));
-            turns.spawn(async move {
+            let (app, store, mine) = (app.clone(), Arc::clone(&store), account.clone());
+            let task = turns.spawn(async move {
                 let more = match turn(&app, &store, &account).await {
                     Ok(more) => more,
                     Err(error) => {
@@ -68,11 +70,16 @@ pub async fn run(app: App, store: Arc<SqliteStore>, mut shutdown: watch::Receive
                 };
                 (account, more)
             });
+            whose.insert(task.id(), mine);
         }
         tokio::select! {
-            Some(ended) = turns.join_next() => {
-                // A turn that panicked leaves its events listed, for the next start.
-                if let Ok((account, more)) = ended {
+            Some(ended) = turns.join_next_with_id() => {
+                let (id, account, more) = match ended {
+                    Ok((id, (account, more))) => (id, Some(account), more),
+                    // A turn that panicked left its events listed: the account goes on.
+                    Err(failed) => (failed.id(), None, true),
+                };
+                if let Some(account) = whose.remove(&id).or(account) {
                     line.turn_ended(account, more);
                 }
             }
