@@ -393,7 +393,7 @@ impl Api {
     }
 
     /// Waits until the server has created `deliveries` deliveries (publishes answer before
-    /// their fan-out has created them). How long it waited; an error past `limit`.
+    /// their fan-out has created them); an error once `limit` has passed.
     async fn wait_for_deliveries(
         &self,
         deliveries: u64,
