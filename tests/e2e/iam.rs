@@ -518,8 +518,10 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
             // A retry after 1500–3000 s goes through a schedule; time runs 600× faster.
             ("HOOKLANE_RETRY_SCHEDULE", "3000"),
             ("HOOKLANE_LOCAL_TIME_SCALE", "600"),
-            // Longer than `later`'s retry takes, so that only `down` is disabled.
-            ("HOOKLANE_DISABLE_AFTER", "8s"),
+            // Longer than `later`'s retry takes (2.5-5 s), with room for a stall of the
+            // emulator or the machine (one of 12 s disabled `later` too at 8 s), so that
+            // only `down` is disabled.
+            ("HOOKLANE_DISABLE_AFTER", "20s"),
             ("HOOKLANE_HEALTH_INTERVAL", "500ms"),
             ("HOOKLANE_SWEEP_INTERVAL", "500ms"),
             ("HOOKLANE_SWEEP_GRACE", "1s"),
