@@ -375,7 +375,14 @@ fn main() -> ExitCode {
                 Ok(runtime) => runtime,
                 Err(code) => return code,
             };
-            match runtime.block_on(serve::run(config)) {
+            let background = match serve::background_runtime() {
+                Ok(background) => background,
+                Err(error) => {
+                    eprintln!("hooklane: cannot start the runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(serve::run(config, background.handle().clone())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("hooklane: {error}");

@@ -114,3 +114,91 @@ async fn one_accounts_backlog_does_not_starve_anothers_fresh_event() {
         "the fresh event waited {waited:?} behind another account's backlog"
     );
 }
+
+/// The threads of a process whose name starts with `prefix`: (nice value, nanoseconds on a CPU).
+#[cfg(target_os = "linux")]
+fn threads(pid: u32, prefix: &str) -> Vec<(i64, u64)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("read the task list");
+    let mut found = Vec::new();
+    for task in tasks.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).expect("read a thread's stat");
+        // After the name in parentheses: state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')').expect("stat has the name") + 2..];
+        let nice: i64 = rest
+            .split(' ')
+            .nth(16)
+            .expect("nice")
+            .parse()
+            .expect("number");
+        let schedstat = std::fs::read_to_string(path.join("schedstat")).expect("schedstat");
+        let on_cpu: u64 = schedstat
+            .split(' ')
+            .next()
+            .expect("run time")
+            .parse()
+            .expect("ns");
+        found.push((nice, on_cpu));
+    }
+    found
+}
+
+/// `serve` sends, fans out and pages due work on a runtime of its own whose threads run 5
+/// nice steps below the API's, so that on a busy machine a publish call waits for the store
+/// and not for a core that the sends hold.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_run_below_the_apis_cpu_priority() {
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("priority");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let names: Vec<String> = (0..10).map(|i| format!("ok{i}")).collect();
+    for name in &names {
+        server
+            .create_endpoint("acme", &farm.url(name), json!({}))
+            .await;
+    }
+    for i in 0..100 {
+        server
+            .publish("acme", "invoice.paid", json!({"invoice": i}))
+            .await;
+    }
+    let arrived = |farm: &Farm| {
+        names
+            .iter()
+            .map(|n| farm.distinct_ids_succeeded(n))
+            .sum::<usize>()
+    };
+    assert!(
+        farm.wait_until(Duration::from_secs(30), |f| arrived(f) >= 1_000)
+            .await,
+        "{} of 1,000 deliveries arrived",
+        arrived(&farm)
+    );
+    let pid = server.pid().expect("serve runs");
+    let api = threads(pid, "tokio-rt-worker");
+    let dispatch = threads(pid, "hooklane-dispat");
+    assert!(
+        !api.is_empty() && !dispatch.is_empty(),
+        "api {api:?}, dispatch {dispatch:?}"
+    );
+    let api_nice = api[0].0;
+    assert!(
+        dispatch
+            .iter()
+            .all(|(nice, _)| *nice == (api_nice + 5).min(19)),
+        "api threads at {api_nice}, dispatcher's {dispatch:?}"
+    );
+    // A thousand signed sends take tens of milliseconds; the dispatcher's threads do
+    // nothing else but wait.
+    let on_cpu_ms = dispatch.iter().map(|(_, ns)| ns).sum::<u64>() / 1_000_000;
+    assert!(
+        on_cpu_ms >= 20,
+        "the dispatcher's threads ran {on_cpu_ms} ms for 1,000 sends"
+    );
+}
