@@ -73,16 +73,7 @@ pub async fn run(app: App, store: Arc<SqliteStore>, mut shutdown: watch::Receive
             whose.insert(task.id(), mine);
         }
         tokio::select! {
-            Some(ended) = turns.join_next_with_id() => {
-                let (id, account, more) = match ended {
-                    Ok((id, (account, more))) => (id, Some(account), more),
-                    // A turn that panicked left its events listed: the account goes on.
-                    Err(failed) => (failed.id(), None, true),
-                };
-                if let Some(account) = whose.remove(&id).or(account) {
-                    line.turn_ended(account, more);
-                }
-            }
+            Some(ended) = turns.join_next_with_id() => line.task_ended(&mut whose, ended),
             accounts = store.unfanned_signalled() => line.add(accounts),
             _ = shutdown.changed() => break,
         }
@@ -147,6 +138,23 @@ impl Line {
         self.queued.remove(&account);
         self.in_turn.insert(account.clone());
         Some(account)
+    }
+
+    /// A turn's task ended, `whose` telling whose it was: its account goes back in line
+    /// if it may have more. A turn that panicked left its events listed, so its account
+    /// goes on; without this it stayed in its turn until the next start.
+    fn task_ended(
+        &mut self,
+        whose: &mut HashMap<tokio::task::Id, AccountId>,
+        ended: Result<(tokio::task::Id, (AccountId, bool)), tokio::task::JoinError>,
+    ) {
+        let (id, account, more) = match ended {
+            Ok((id, (account, more))) => (id, Some(account), more),
+            Err(failed) => (failed.id(), None, true),
+        };
+        if let Some(account) = whose.remove(&id).or(account) {
+            self.turn_ended(account, more);
+        }
     }
 
     fn turn_ended(&mut self, account: AccountId, more: bool) {
@@ -339,5 +347,37 @@ mod tests {
         .await;
         assert!(store.deliveries_of_event(&stray).await.unwrap().is_empty());
         stop(task).await;
+    }
+
+    /// A turn whose task panicked gives its account back to the line (its events are still
+    /// listed), and a turn that ended with more waiting does too; one that found its
+    /// account's list empty does not.
+    #[tokio::test]
+    async fn a_turn_that_panicked_gives_its_account_back_to_the_line() {
+        let account = |name: &str| crate::domain::AccountId::parse(name).unwrap();
+        let mut line = super::Line::default();
+        line.add([account("panics"), account("done"), account("more")]);
+        let mut turns = tokio::task::JoinSet::new();
+        let mut whose = std::collections::HashMap::new();
+        while let Some(next) = line.next() {
+            let mine = next.clone();
+            let task = turns.spawn(async move {
+                match next.as_str() {
+                    "panics" => panic!("a turn panicked"),
+                    "done" => (next, false),
+                    _ => (next, true),
+                }
+            });
+            whose.insert(task.id(), mine);
+        }
+        while let Some(ended) = turns.join_next_with_id().await {
+            line.task_ended(&mut whose, ended);
+        }
+        assert!(whose.is_empty(), "{whose:?}");
+        let mut back: Vec<String> = std::iter::from_fn(|| line.next())
+            .map(|a| a.as_str().to_owned())
+            .collect();
+        back.sort();
+        assert_eq!(back, ["more", "panics"]);
     }
 }
