@@ -47,6 +47,14 @@ async fn bad_input_is_refused_with_the_field_named() {
             409,
             None,
         ),
+        // An object nested in the body is read from an object only: serde would fill it
+        // from an array as well.
+        (
+            accounts,
+            json!({"name": "x", "owner_email": "a@b.co", "publish_rate_limit": [5]}),
+            400,
+            Some("publish_rate_limit"),
+        ),
         (endpoints, json!({}), 400, Some("url")),
         (endpoints, json!({"url": 42}), 400, Some("url")),
         (endpoints, json!({"url": "not a url"}), 422, Some("url")),
@@ -186,6 +194,9 @@ async fn bad_input_is_refused_with_the_field_named() {
     expect_error(&server, batch, oversize, 413, Some("events[1]")).await;
     let no_data = json!({"events": [{"type": "a.b"}]});
     expect_error(&server, batch, no_data, 400, Some("events[0].data")).await;
+    let as_array =
+        json!({"events": [{"id": "evt_batch_ok", "type": "a.b", "data": {}}, ["a.b", {}]]});
+    expect_error(&server, batch, as_array, 400, Some("events[1]")).await;
     let (status, _) = server.get("/v1/accounts/acme/events/evt_batch_ok").await;
     assert_eq!(status, 404, "nothing of a refused batch is written");
 

@@ -222,6 +222,58 @@ pub mod whole {
     }
 }
 
+/// Objects nested in request bodies. serde fills a struct from a JSON array as well as from
+/// an object (`"publish_rate_limit": [5]` read as `{"per_second": 5}`), which no route
+/// documents or means; [`parse_object`] refuses an array for the body itself, and these
+/// refuse one for a field.
+pub mod object {
+    use std::{fmt, marker::PhantomData};
+
+    use serde::{
+        de::{value::MapAccessDeserializer, MapAccess, Visitor},
+        Deserialize, Deserializer,
+    };
+
+    /// A `T` read only from a JSON object.
+    pub struct Object<T>(pub T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct OnlyAnObject<T>(PhantomData<T>);
+            impl<'de, T: Deserialize<'de>> Visitor<'de> for OnlyAnObject<T> {
+                type Value = T;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                    T::deserialize(MapAccessDeserializer::new(map))
+                }
+            }
+            d.deserialize_map(OnlyAnObject(PhantomData)).map(Object)
+        }
+    }
+
+    pub fn option<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        Ok(Option::<Object<T>>::deserialize(d)?.map(|Object(t)| t))
+    }
+
+    /// For PATCH fields where `null` clears the value: absent is `None`, `null` is `Some(None)`.
+    pub fn double_option<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        option(d).map(Some)
+    }
+
+    pub fn list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        Ok(Vec::<Object<T>>::deserialize(d)?
+            .into_iter()
+            .map(|Object(t)| t)
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +285,18 @@ mod tests {
         url: String,
         #[serde(default, deserialize_with = "whole::option")]
         max_in_flight: Option<u32>,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        #[serde(default, deserialize_with = "object::option")]
+        one: Option<Input>,
+        #[serde(deserialize_with = "object::list")]
+        many: Vec<Input>,
+        #[serde(default, deserialize_with = "object::double_option")]
+        patch: Option<Option<Input>>,
     }
 
     #[test]
@@ -257,6 +321,33 @@ mod tests {
         let garbage = parse_object::<Input>(b"nope").unwrap_err();
         assert_eq!(garbage.code, "malformed_json");
         assert!(parse_object::<Input>(br#" {"url": "x"}"#).is_ok());
+        let nested = parse::<Outer>(br#"{"one": {"url": "x"}, "many": [{"url": "y"}]}"#).unwrap();
+        assert_eq!(
+            (
+                nested.one.map(|i| i.url),
+                nested.many.len(),
+                nested.patch.is_none()
+            ),
+            (Some("x".to_owned()), 1, true)
+        );
+        let cleared = parse::<Outer>(br#"{"many": [], "patch": null}"#).unwrap();
+        assert!(matches!(cleared.patch, Some(None)), "null clears");
+        for (body, field) in [
+            (&br#"{"one": ["x"], "many": []}"#[..], "one"),
+            (br#"{"many": [{"url": "y"}, ["z"]]}"#, "many[1]"),
+            (br#"{"many": [], "patch": ["x"]}"#, "patch"),
+            (br#"{"many": [{"url": "y", "nope": 1}]}"#, "many[0].nope"),
+            (br#"{"one": {}, "many": []}"#, "one.url"),
+        ] {
+            let refused = parse::<Outer>(body).unwrap_err();
+            assert_eq!(
+                (refused.code, refused.field.as_deref()),
+                ("invalid_field", Some(field)),
+                "{}: {}",
+                String::from_utf8_lossy(body),
+                refused.message
+            );
+        }
         let malformed = parse::<Input>(br#"{"url": "#).unwrap_err();
         assert_eq!(malformed.code, "malformed_json");
         assert_eq!(malformed.status, StatusCode::BAD_REQUEST);

@@ -15,6 +15,7 @@ pub struct CreateAccount {
     #[schema(format = "email", example = "ops@acme.example")]
     owner_email: String,
     /// This account's own publish rate limit; without one, the configured default applies.
+    #[serde(default, deserialize_with = "crate::api::json::object::option")]
     publish_rate_limit: Option<PublishRateLimit>,
 }
 
@@ -93,7 +94,7 @@ pub struct UpdateAccount {
     #[schema(format = "email")]
     owner_email: Option<String>,
     /// `null` removes the account's own limit: the configured default applies again.
-    #[serde(default, deserialize_with = "double_option")]
+    #[serde(default, deserialize_with = "crate::api::json::object::double_option")]
     publish_rate_limit: Option<Option<PublishRateLimit>>,
 }
 

@@ -69,6 +69,7 @@ pub async fn publish_event(
 pub struct PublishBatch {
     /// 1 to 100 events, each as `POST /v1/accounts/{account}/events` takes it.
     #[schema(min_items = 1, max_items = 100)]
+    #[serde(deserialize_with = "crate::api::json::object::list")]
     events: Vec<PublishEvent>,
 }
 
