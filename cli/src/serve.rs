@@ -279,7 +279,11 @@ fn lower_priority() {
         if let Err(error) =
             rustix::process::setpriority_process(Some(thread), now + BACKGROUND_NICENESS)
         {
-            tracing::warn!(%error, "cannot lower the dispatcher thread's CPU priority");
+            // Once: blocking threads come and go for as long as the process runs.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(%error, "cannot lower the dispatcher threads' CPU priority; they run at the API's");
+            });
         }
     }
 }
