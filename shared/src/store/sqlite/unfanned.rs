@@ -39,28 +39,31 @@ impl Signal {
 
 /// Lists `event` as unfanned, inside the caller's transaction.
 pub(super) fn list(conn: &Connection, event: &Event) -> rusqlite::Result<()> {
-    conn.prepare_cached(
+    on_key(
+        conn,
         "INSERT OR IGNORE INTO unfanned (account_id, created_at, id) VALUES (?1, ?2, ?3)",
-    )?
-    .execute(params![
-        event.account_id.as_str(),
-        to_millis(event.created_at),
-        event.id.as_str()
-    ])
-    .map(|_| ())
+        event,
+    )
 }
 
 /// Takes `event` off the list, inside the caller's transaction.
 pub(super) fn unlist(conn: &Connection, event: &Event) -> rusqlite::Result<()> {
-    conn.prepare_cached(
+    on_key(
+        conn,
         "DELETE FROM unfanned WHERE account_id = ?1 AND created_at = ?2 AND id = ?3",
-    )?
-    .execute(params![
-        event.account_id.as_str(),
-        to_millis(event.created_at),
-        event.id.as_str()
-    ])
-    .map(|_| ())
+        event,
+    )
+}
+
+/// Runs `sql` on the event's key in the list: account, creation time, id.
+fn on_key(conn: &Connection, sql: &str, event: &Event) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?
+        .execute(params![
+            event.account_id.as_str(),
+            to_millis(event.created_at),
+            event.id.as_str()
+        ])
+        .map(|_| ())
 }
 
 const EVENTS_OF_UNFANNED: &str =
