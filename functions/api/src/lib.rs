@@ -92,6 +92,31 @@ mod tests {
         request.to_string()
     }
 
+    /// Bad input through API Gateway gets the router's 400 naming the field, and nothing is
+    /// written: an object nested in the body is read from an object only, not an array.
+    #[tokio::test]
+    async fn a_nested_object_given_as_an_array_is_refused_through_api_gateway() {
+        let (mut settings, shape) = emulated_shape().await;
+        settings.admin_token = Some("hl_admin_fixture".into());
+        let router = api_router(&shape, &settings).await.unwrap();
+        let body = serde_json::json!({
+            "id": "arrayed", "name": "Arrayed", "owner_email": "ops@acme.example",
+            "publish_rate_limit": [5],
+        });
+        let create = request("POST", "/v1/accounts", "hl_admin_fixture", &body);
+        let (status, error) = call(&router, &create).await;
+        assert_eq!(status, 400, "{error}");
+        assert_eq!(error["error"]["code"], "invalid_field", "{error}");
+        assert_eq!(error["error"]["field"], "publish_rate_limit", "{error}");
+        let stored = shape
+            .app
+            .store
+            .get_account(&AccountId::parse("arrayed").unwrap())
+            .await
+            .unwrap();
+        assert!(stored.is_none(), "nothing is written: {stored:?}");
+    }
+
     /// The audit log records API Gateway's source IP of the fixture as the client's address.
     #[tokio::test]
     async fn a_change_is_audited_with_api_gateways_source_ip() {
