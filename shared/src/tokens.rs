@@ -77,7 +77,7 @@ impl TokenKey {
 
     /// The hex form kept in the store's settings.
     pub fn to_hex(&self) -> String {
-        self.key.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(self.key)
     }
 
     pub fn from_hex(raw: &str) -> Result<Self, BadKey> {

@@ -68,7 +68,7 @@ impl Key {
 /// The key id of a 32-byte key: what a sealed value names and the start-up log shows.
 pub fn key_id(bytes: &[u8; 32]) -> String {
     let digest = Sha256::digest(bytes);
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&digest[..8])
 }
 
 /// Parses a key given as 64 hex digits or base64 (standard or URL-safe, padded or not) of
@@ -131,7 +131,7 @@ pub fn generate_key() -> Result<String, SecretsError> {
     SystemRandom::new()
         .fill(&mut bytes)
         .map_err(|_| SecretsError::Random)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(bytes))
 }
 
 /// The keys secrets are sealed and opened with: the current one seals, both open. Cheap to

@@ -46,10 +46,7 @@ pub enum AuthError {
 
 /// The lower-case hex SHA-256 of `secret`: how key secrets and the admin token are kept.
 pub fn sha256_hex(secret: &str) -> String {
-    Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
 fn same_digest(a: &str, b: &str) -> bool {
@@ -100,8 +97,7 @@ impl AdminToken {
 pub fn new_admin_token() -> String {
     let mut bytes = [0u8; 24];
     rand::rng().fill_bytes(&mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("hl_admin_{hex}")
+    format!("hl_admin_{}", hex::encode(bytes))
 }
 
 #[derive(Debug, thiserror::Error)]
