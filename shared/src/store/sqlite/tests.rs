@@ -1270,3 +1270,54 @@ async fn a_purge_keeps_an_event_waiting_for_its_fan_out() {
     let page = store.unfanned_events(None, at(86_400), 10).await.unwrap();
     assert_eq!(page.events, vec![waiting]);
 }
+
+/// An event's fan-out writes without a savepoint: one that fails part-way leaves its first
+/// deliveries, and the next fan-out of the event adds the rest, each delivery once, all of
+/// them pending and due for the dispatcher.
+#[tokio::test]
+async fn a_fan_out_that_fails_part_way_is_completed_by_the_next_with_each_delivery_once() {
+    use crate::fixtures::{account_with_endpoints, delivery, event, t0};
+    let store = SqliteStore::in_memory().unwrap();
+    let endpoints = account_with_endpoints(&store, "acme", ["ep_1", "ep_2", "ep_3"]).await;
+    let ev = event("acme", "evt_1", t0());
+    store.put_event(&ev).await.unwrap();
+    let planned: Vec<Delivery> = endpoints.iter().map(|ep| delivery(&ev, ep, t0())).collect();
+    let ids = |deliveries: &[Delivery]| {
+        let mut ids: Vec<String> = deliveries.iter().map(|d| d.id.to_string()).collect();
+        ids.sort();
+        ids
+    };
+    // The third insert fails after the first two were written.
+    store
+        .run(|conn| {
+            conn.execute_batch(
+                "CREATE TEMP TRIGGER fail_third BEFORE INSERT ON deliveries \
+                 WHEN NEW.endpoint_id = 'ep_3' BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;",
+            )
+            .map_err(backend)
+        })
+        .await
+        .unwrap();
+    let failed = store.add_deliveries_of(&ev, &planned).await;
+    assert!(failed.is_err(), "{failed:?}");
+    let left = store.deliveries_of_event(&ev).await.unwrap();
+    assert_eq!(ids(&left), ids(&planned[..2]), "the first two stay");
+    store
+        .run(|conn| {
+            conn.execute_batch("DROP TRIGGER temp.fail_third")
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+    let added = store.add_deliveries_of(&ev, &planned).await.unwrap();
+    assert_eq!(ids(&added), ids(&planned[2..]), "the next adds the rest");
+    let stored = store.deliveries_of_event(&ev).await.unwrap();
+    assert_eq!(ids(&stored), ids(&planned), "each once");
+    let due = store
+        .pending_deliveries(t0(), &crate::store::PageAfter::first(10))
+        .await
+        .unwrap();
+    let mut due: Vec<String> = due.iter().map(|p| p.delivery_id.to_string()).collect();
+    due.sort();
+    assert_eq!(due, ids(&planned), "all pending and due");
+}
