@@ -1321,3 +1321,43 @@ async fn a_fan_out_that_fails_part_way_is_completed_by_the_next_with_each_delive
     due.sort();
     assert_eq!(due, ids(&planned), "all pending and due");
 }
+
+/// SQLite rolls the whole transaction back on some errors (a full disk, an I/O error in a
+/// statement without a journal of its own). The jobs after it in the batch then wait for
+/// the next: run outside a transaction, each would commit on its own and still be answered
+/// with the batch's failure.
+#[tokio::test]
+async fn the_jobs_after_a_transaction_that_sqlite_rolled_back_wait_for_the_next_batch() {
+    let store = SqliteStore::in_memory().unwrap();
+    store
+        .run(|conn| conn.execute_batch("CREATE TABLE t (x)").map_err(backend))
+        .await
+        .unwrap();
+    let (release, holder) = hold_store_thread(&store).await;
+    // Queued while the store thread is held, so one batch: the first ends the transaction
+    // as SQLite's own rollback would.
+    let mut lost = Box::pin(store.run(|conn| {
+        conn.execute_batch("INSERT INTO t VALUES (1); ROLLBACK")
+            .map_err(backend)
+    }));
+    let mut after = Box::pin(store.run(|conn| {
+        conn.execute("INSERT INTO t VALUES (2)", [])
+            .map(|_| ())
+            .map_err(backend)
+    }));
+    assert!(poll_once(lost.as_mut()).await.is_pending());
+    assert!(poll_once(after.as_mut()).await.is_pending());
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    assert!(lost.await.is_err(), "its transaction is gone");
+    after.await.expect("run in the next batch, and committed");
+    let rows: Vec<i64> = store
+        .run(|conn| {
+            conn.prepare("SELECT x FROM t ORDER BY rowid")
+                .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows, [2]);
+}

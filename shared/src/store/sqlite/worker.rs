@@ -425,6 +425,13 @@ pub(super) fn run_jobs(
                         Box::new(|_| {})
                     }),
             );
+            // SQLite rolls the whole transaction back on some errors (a full disk, an I/O
+            // error in a statement without a journal of its own). The jobs after it would
+            // each commit on their own, answered with the batch's failure: they wait for
+            // the next batch instead.
+            if conn.is_autocommit() {
+                break;
+            }
             // A publish waits for the commit of the batch running when it came, which took
             // up to a quarter of a second in the W5 outage: past `CUT_AFTER`, a quiet
             // account's publish has the batch commit what it ran, and goes next.
