@@ -280,9 +280,10 @@ pub(super) fn mark_missed_in(conn: &Connection, account: &str, id: &str) -> rusq
 /// inserts touched (7 % of the store thread's time while W1 publishes). Its only writes are
 /// one `INSERT OR IGNORE` per delivery, and SQLite undoes a statement that fails part-way,
 /// or the whole transaction, so at worst a failure leaves the first deliveries of the event
-/// in place and answers an error: the event stays unfanned, its next fan-out adds the rest
-/// (the ids are derived, so nothing twice), and the dispatcher finds the first ones by due
-/// time. A replay's rows (`event` none) keep their savepoint: it counts what it adds.
+/// in place and answers an error: the event stays unfanned, and its next fan-out adds the
+/// rest (the ids are derived, so nothing twice) and queues the first ones with them, as it
+/// does any delivery an earlier run created but never tried. A replay's rows (`event` none)
+/// keep their savepoint: it counts what it adds.
 fn add_to(
     conn: &mut Connection,
     event: Option<(AccountId, EventId)>,
