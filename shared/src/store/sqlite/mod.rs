@@ -442,12 +442,22 @@ impl SqliteStore {
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        let run: Box<dyn FnOnce(&mut Connection) -> Reply + Send> = Box::new(move |conn| {
-            let result = work(conn);
+        let run: RunJob = Box::new(move |conn| {
+            // None: the batch could not begin, and `work` does not run.
+            let result = conn.map(work);
             Box::new(move |commit_error: Option<&StoreError>| {
-                let result = match commit_error {
-                    Some(error) => Err(StoreError::Backend(format!("commit failed: {error}"))),
-                    None => result,
+                let result = match (commit_error, result) {
+                    (None, Some(result)) => result,
+                    // The job's own error says more: SQLite may have rolled the batch back
+                    // because of it (a full disk), and its savepoint undid it anyway.
+                    (Some(_), Some(Err(own))) => Err(own),
+                    (Some(error), Some(Ok(_))) => {
+                        Err(StoreError::Backend(format!("commit failed: {error}")))
+                    }
+                    (Some(error), None) => Err(StoreError::Backend(format!(
+                        "not written, the store could not begin a transaction: {error}"
+                    ))),
+                    (None, None) => Err(StoreError::Backend("not written".into())),
                 };
                 after_commit(&result);
                 let _ = answer.send(result);

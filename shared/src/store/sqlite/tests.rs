@@ -1338,7 +1338,8 @@ async fn the_jobs_after_a_transaction_that_sqlite_rolled_back_wait_for_the_next_
     // as SQLite's own rollback would.
     let mut lost = Box::pin(store.run(|conn| {
         conn.execute_batch("INSERT INTO t VALUES (1); ROLLBACK")
-            .map_err(backend)
+            .map_err(backend)?;
+        StoreResult::<()>::Err(StoreError::Backend("database or disk is full".into()))
     }));
     let mut after = Box::pin(store.run(|conn| {
         conn.execute("INSERT INTO t VALUES (2)", [])
@@ -1349,7 +1350,11 @@ async fn the_jobs_after_a_transaction_that_sqlite_rolled_back_wait_for_the_next_
     assert!(poll_once(after.as_mut()).await.is_pending());
     release.send(()).unwrap();
     holder.await.unwrap();
-    assert!(lost.await.is_err(), "its transaction is gone");
+    let lost = lost.await;
+    assert!(
+        matches!(&lost, Err(StoreError::Backend(e)) if e == "database or disk is full"),
+        "answered with its own error, not the commit's: {lost:?}"
+    );
     after.await.expect("run in the next batch, and committed");
     let rows: Vec<i64> = store
         .run(|conn| {
@@ -1360,4 +1365,44 @@ async fn the_jobs_after_a_transaction_that_sqlite_rolled_back_wait_for_the_next_
         .await
         .unwrap();
     assert_eq!(rows, [2]);
+}
+
+/// A batch that cannot begin its transaction (another process holds the file's write lock
+/// past the busy timeout) runs none of its jobs: outside a transaction each would commit on
+/// its own, and still be answered with the failure.
+#[tokio::test]
+async fn a_batch_that_cannot_begin_runs_none_of_its_jobs() {
+    let (dir, store, _) = file_store_with_endpoint("cannot-begin").await;
+    store
+        .run(|conn| {
+            conn.busy_timeout(std::time::Duration::from_millis(20))
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+    let other = Connection::open(dir.join("cannot-begin.db")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&ran);
+    let answer = store
+        .run(move |_| {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .await;
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the job ran without a transaction: {answer:?}"
+    );
+    assert!(
+        matches!(&answer, Err(StoreError::Backend(e)) if e.contains("could not begin")),
+        "{answer:?}"
+    );
+    other.execute_batch("COMMIT").unwrap();
+    store
+        .run(|conn| conn.execute_batch("CREATE TABLE t (x)").map_err(backend))
+        .await
+        .expect("written once the lock is free");
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
 }

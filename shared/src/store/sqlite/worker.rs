@@ -45,6 +45,10 @@ pub(super) const MAX_BATCH_ROWS: usize = 2_048;
 /// Sends a job's result once the transaction that ran it has committed (or failed to).
 pub(super) type Reply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 
+/// Runs a job and gives its reply; `None` when its batch could not begin a transaction:
+/// the job then writes nothing and its reply carries that error.
+pub(super) type RunJob = Box<dyn FnOnce(Option<&mut Connection>) -> Reply + Send>;
+
 /// Work for a store, reader or scan thread.
 pub(super) struct Job {
     /// Whose write this is: the store thread takes each account's jobs in turn.
@@ -54,7 +58,7 @@ pub(super) struct Job {
     /// Someone waits for its answer (a publish, or the deliveries an event's fan-out adds):
     /// from a quiet lane, it ends the running batch early (see [`run_jobs`]).
     pub(super) request: bool,
-    pub(super) run: Box<dyn FnOnce(&mut Connection) -> Reply + Send>,
+    pub(super) run: RunJob,
 }
 
 /// Whose write a job is. An account's publishes take turns apart from the rest of its
@@ -385,7 +389,9 @@ pub(super) fn run_reads(mut conn: Connection, reads: mpsc::Receiver<Job>) {
         }
         let began = run_cached(&conn, "BEGIN");
         for job in batch {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.run)(&mut conn))) {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (job.run)(Some(&mut conn))
+            })) {
                 Ok(reply) => reply(None),
                 Err(_) => tracing::error!("a store read panicked; its caller gets an error"),
             }
@@ -418,8 +424,11 @@ pub(super) fn run_jobs(
         let started = std::time::Instant::now();
         let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
         for job in batch.by_ref() {
+            // Without a transaction a job's writes would each commit on their own, and it
+            // would still be answered with the batch's failure: it is answered unrun.
+            let within = began.is_ok().then_some(&mut conn);
             replies.push(
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.run)(&mut conn)))
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.run)(within)))
                     .unwrap_or_else(|_| {
                         tracing::error!("a store job panicked; its caller gets an error");
                         Box::new(|_| {})
@@ -429,7 +438,7 @@ pub(super) fn run_jobs(
             // error in a statement without a journal of its own). The jobs after it would
             // each commit on their own, answered with the batch's failure: they wait for
             // the next batch instead.
-            if conn.is_autocommit() {
+            if began.is_ok() && conn.is_autocommit() {
                 break;
             }
             // A publish waits for the commit of the batch running when it came, which took
