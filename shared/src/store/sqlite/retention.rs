@@ -218,11 +218,36 @@ pub(super) const ENDED_BEFORE_SQL: &str =
      WHERE status != 'pending' AND updated_at / 1000 <= ?1 AND updated_at < ?2 \
      ORDER BY updated_at / 1000 LIMIT ?3";
 
+/// [`ENDED_BEFORE_SQL`] less the deliveries of events still listed as unfanned. A fan-out
+/// that failed part-way leaves the deliveries it wrote, and its next run adds only the rest
+/// (`INSERT OR IGNORE`): had those gone meanwhile, it would create and send them again.
+pub(super) const ENDED_BEFORE_KEEPING_UNFANNED_SQL: &str =
+    "SELECT d.rowid, d.id, d.account_id, d.event_id, d.created_at FROM deliveries d \
+     WHERE d.status != 'pending' AND d.updated_at / 1000 <= ?1 AND d.updated_at < ?2 \
+     AND NOT EXISTS (SELECT 1 FROM events e JOIN unfanned u \
+       ON u.account_id = e.account_id AND u.created_at = e.created_at AND u.id = e.id \
+       WHERE e.account_id = d.account_id AND e.id = d.event_id) \
+     ORDER BY d.updated_at / 1000 LIMIT ?3";
+
+/// Whether an event created before the cutoff is still listed as unfanned: only then can a
+/// delivery past retention belong to one (it ended after its event was created). A healthy
+/// store has none, so the purge's usual query needs no look-up per row.
+fn unfanned_before(conn: &Connection, cutoff: i64) -> StoreResult<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM unfanned WHERE created_at < ?1)")
+        .and_then(|mut s| s.query_row(params![cutoff], |r| r.get(0)))
+        .map_err(backend)
+}
+
 /// One slice of the ended deliveries past retention (a delivery counts from when it ended:
 /// one replayed late is kept that long again): returns whether none are left.
 fn purge_deliveries(conn: &Connection, cutoff: i64, purged: &mut Purged) -> StoreResult<bool> {
+    let sql = if unfanned_before(conn, cutoff)? {
+        ENDED_BEFORE_KEEPING_UNFANNED_SQL
+    } else {
+        ENDED_BEFORE_SQL
+    };
     let rows: Vec<(i64, String, String, String, i64)> = conn
-        .prepare_cached(ENDED_BEFORE_SQL)
+        .prepare_cached(sql)
         .and_then(|mut s| {
             s.query_map(params![cutoff.div_euclid(1000), cutoff, SLICE_ROWS], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))

@@ -760,6 +760,28 @@ fn the_purge_reads_ended_deliveries_from_their_index() {
         "{plan}"
     );
     assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
+    // While an old event is unfanned: the same walk, with two key look-ups per row.
+    let plan: Vec<String> = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::retention::ENDED_BEFORE_KEEPING_UNFANNED_SQL
+        ))
+        .unwrap()
+        .query_map(params![0, 0, 100], |row| row.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let plan = plan.join("; ");
+    println!("ended deliveries, keeping unfanned events': {plan}");
+    for step in [
+        "SEARCH d USING INDEX deliveries_ended (<expr><?)",
+        "SEARCH e USING INDEX sqlite_autoindex_events_1 (account_id=? AND id=?)",
+        "SEARCH u USING ",
+    ] {
+        assert!(plan.contains(step), "no {step:?}: {plan}");
+    }
+    assert!(!plan.contains("SCAN"), "a scan: {plan}");
+    assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
 }
 
 /// The index counts ended deliveries by the second; the purge still keeps to the cutoff to
@@ -1320,6 +1342,97 @@ async fn a_fan_out_that_fails_part_way_is_completed_by_the_next_with_each_delive
     let mut due: Vec<String> = due.iter().map(|p| p.delivery_id.to_string()).collect();
     due.sort();
     assert_eq!(due, ids(&planned), "all pending and due");
+}
+
+/// A fan-out that failed part-way leaves the deliveries it wrote, and they may be sent and
+/// end long before the event's fan-out succeeds. Retention keeps them while the event is
+/// still unfanned: purged, they would be created and sent again by the fan-out that adds
+/// the rest. Other deliveries past retention go as usual.
+#[tokio::test]
+async fn retention_keeps_what_a_failed_fan_out_left_until_the_event_is_fanned_out() {
+    use crate::domain::Decision;
+    use crate::fixtures::{account_with_endpoints, at, attempt_record, delivery, event};
+    use crate::store::FannedOut;
+    let store = SqliteStore::in_memory().unwrap();
+    let endpoints = account_with_endpoints(&store, "acme", ["ep_1", "ep_2"]).await;
+    let delivered =
+        |d: &Delivery, second: i64| attempt_record(d, 1, Decision::Delivered, true, at(second));
+    // An event fanned out in full, delivered at second 20: past retention at 100.
+    let whole = event("acme", "evt_whole", at(10));
+    let whole_deliveries: Vec<Delivery> = endpoints
+        .iter()
+        .map(|ep| delivery(&whole, ep, at(10)))
+        .collect();
+    store.publish(&whole, &whole_deliveries).await.unwrap();
+    for d in &whole_deliveries {
+        store.record_attempt(&delivered(d, 20)).await.unwrap();
+    }
+    // An event whose fan-out fails at its second endpoint; the first delivery is sent.
+    let ev = event("acme", "evt_1", at(10));
+    store.put_event(&ev).await.unwrap();
+    let planned: Vec<Delivery> = endpoints
+        .iter()
+        .map(|ep| delivery(&ev, ep, at(10)))
+        .collect();
+    store
+        .run(|conn| {
+            conn.execute_batch(
+                "CREATE TEMP TRIGGER fail_second BEFORE INSERT ON deliveries \
+                 WHEN NEW.endpoint_id = 'ep_2' BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;",
+            )
+            .map_err(backend)
+        })
+        .await
+        .unwrap();
+    assert!(store.add_deliveries_of(&ev, &planned).await.is_err());
+    store
+        .record_attempt(&delivered(&planned[0], 20))
+        .await
+        .unwrap();
+
+    let purged = purge_past(&store, at(100)).await;
+    assert_eq!(
+        purged.deliveries, 2,
+        "the whole event's deliveries go: {purged:?}"
+    );
+    let account = AccountId::from_trusted("acme".into());
+    let kept = store.get_delivery(&account, &planned[0].id).await.unwrap();
+    assert!(
+        kept.is_some(),
+        "the unfanned event's sent delivery was purged"
+    );
+
+    store
+        .run(|conn| {
+            conn.execute_batch("DROP TRIGGER temp.fail_second")
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+    let added = store.add_deliveries_of(&ev, &planned).await.unwrap();
+    let added: Vec<&DeliveryId> = added.iter().map(|d| &d.id).collect();
+    assert_eq!(
+        added,
+        [&planned[1].id],
+        "the fan-out adds only what is missing"
+    );
+    store
+        .mark_fanned_out(&[FannedOut {
+            event: ev.clone(),
+            missed: false,
+        }])
+        .await
+        .unwrap();
+    store
+        .record_attempt(&delivered(&planned[1], 30))
+        .await
+        .unwrap();
+    let purged = purge_past(&store, at(100)).await;
+    assert_eq!(
+        (purged.deliveries, purged.events),
+        (2, 1),
+        "once fanned out, its deliveries and its event go: {purged:?}"
+    );
 }
 
 /// SQLite rolls the whole transaction back on some errors (a full disk, an I/O error in a
