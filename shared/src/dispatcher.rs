@@ -133,6 +133,7 @@ pub async fn start(
                         attempts = purged.attempts,
                         events = purged.events,
                         notifications = purged.notifications,
+                        overdue_s = purged.overdue.as_secs(),
                         took_ms,
                         stopped_for_shutdown = *stop.borrow(),
                         "removed what is past retention"

@@ -20,6 +20,9 @@ pub struct Purged {
     pub attempts: u64,
     pub events: u64,
     pub notifications: u64,
+    /// How long before the cutoff the oldest delivery it removed had ended (or the oldest
+    /// event it removed was created): how far behind retention the purge is.
+    pub overdue: Duration,
 }
 
 impl Purged {
@@ -28,6 +31,7 @@ impl Purged {
         self.attempts += other.attempts;
         self.events += other.events;
         self.notifications += other.notifications;
+        self.overdue = self.overdue.max(other.overdue);
     }
 }
 
@@ -38,12 +42,13 @@ impl Purged {
 /// (see [`PurgePace`]), against 13,000 and a p99 of 5 to 9.5 ms for slices of 100, 5 ms apart.
 pub const SLICE_ROWS: u32 = 50;
 
-/// How a purge paces its slices: a pause between two, shorter once the purge has run for
-/// longer than the purge interval (it is falling behind what ends, and the next is due).
+/// How a purge paces its slices: a pause between two, shorter while what it removes is
+/// long past retention (more ends than the gentle pace removes, or the file is old).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PurgePace {
     pub pause: Duration,
-    pub behind_after: Duration,
+    /// Rows this long past the cutoff, or longer, mean the purge is behind.
+    pub behind_by: Duration,
     pub behind_pause: Duration,
 }
 
@@ -51,32 +56,38 @@ impl PurgePace {
     /// No pause: for a purge with nothing beside it.
     pub const FLAT_OUT: Self = Self {
         pause: Duration::ZERO,
-        behind_after: Duration::ZERO,
+        behind_by: Duration::ZERO,
         behind_pause: Duration::ZERO,
     };
 
-    /// `serve`'s pace for a purge every `interval`. In W6 (steady traffic of 1,000
-    /// deliveries a second beside a purge of some 237,000), 5 ms between slices of 50 rows
-    /// purged 6,800-7,200 deliveries a second, with a steady p99 1.2-2.0x the one outside
-    /// the purge; 2.5 ms purged 10,500-11,300 a second, at 1.8-2.4x. Tokio's timer rounds a
-    /// pause up to its next millisecond.
+    /// `serve`'s pace for a purge every `interval`. A purge that keeps up removes what
+    /// ended within about an interval before the cutoff, so it counts as behind only past an
+    /// hour (or two intervals, if longer). In W6 (steady traffic of 1,000 deliveries a
+    /// second beside a purge of some 237,000), 20 ms between slices of 50 rows purged 2,200
+    /// deliveries a second with the steady p99 close to the one outside the purge; 5 ms
+    /// purged 6,800-7,200 a second at 1.2-2.0x, 2.5 ms 10,500-11,300 a second at 1.8-2.4x.
+    /// Tokio's timer rounds a pause up to its next millisecond.
     pub fn every(interval: Duration) -> Self {
         Self {
-            pause: Duration::from_millis(5),
-            behind_after: interval,
+            pause: Duration::from_millis(20),
+            behind_by: BEHIND_BY.max(interval.saturating_mul(2)),
             behind_pause: Duration::from_micros(2500),
         }
     }
 
-    /// The pause before the next slice of a purge that has run for `running`.
-    pub fn pause_after(&self, running: Duration) -> Duration {
-        if running >= self.behind_after {
+    /// The pause before the next slice, after one whose oldest row was `overdue` past the
+    /// cutoff.
+    pub fn pause_after(&self, overdue: Duration) -> Duration {
+        if overdue >= self.behind_by {
             self.behind_pause
         } else {
             self.pause
         }
     }
 }
+
+/// How far past retention a purge's rows may be before it hurries: an hour's extra disk.
+const BEHIND_BY: Duration = Duration::from_secs(3600);
 
 /// Where the last purge's walk of the events stopped, and at which cutoff. The events
 /// before it that were kept are referenced by a delivery, and leave with the last of those;
@@ -101,7 +112,6 @@ impl SqliteStore {
         pace: PurgePace,
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> StoreResult<Purged> {
-        let started = std::time::Instant::now();
         let cutoff = to_millis(cutoff);
         // Taken, not read: a purge that fails leaves the next to start from the first event.
         let mark = std::mem::take(&mut *self.purge_mark());
@@ -128,9 +138,12 @@ impl SqliteStore {
                     };
                     let slice = Slice {
                         deliveries_done,
-                        events,
+                        events: events.map(|(last, done, _)| (last, done)),
                         tail_removed: last_event_rowid(&sp)? < tail,
                     };
+                    if let Some((_, _, Some(oldest))) = events {
+                        purged.overdue = overdue(cutoff, oldest);
+                    }
                     if slice.events.is_some_and(|(_, done)| done) {
                         purged.notifications = sp
                             .prepare_cached(
@@ -165,7 +178,7 @@ impl SqliteStore {
             if finished || *stop.borrow() {
                 break;
             }
-            tokio::time::sleep(pace.pause_after(started.elapsed())).await;
+            tokio::time::sleep(pace.pause_after(purged.overdue)).await;
         }
         *self.purge_mark() = PurgeMark {
             events: if events_tail_removed { 0 } else { events_after },
@@ -209,12 +222,12 @@ struct Slice {
 }
 
 /// Ended deliveries by the second they ended in, up to the cutoff's second `?1`, before the
-/// cutoff `?2`, through their partial index: every row it reads is removed. Within a second
-/// the index holds them in rowid order, so a slice takes rows written together, on few
-/// pages; ordered by their end time alone, they lay on more pages and slices held the store
-/// thread about twice as long.
+/// cutoff `?2`, through their partial index: every row it reads is removed, oldest first.
+/// Within a second the index holds them in rowid order, so a slice takes rows written
+/// together, on few pages; ordered by their end time alone, they lay on more pages and
+/// slices held the store thread about twice as long.
 pub(super) const ENDED_BEFORE_SQL: &str =
-    "SELECT rowid, id, account_id, event_id, created_at FROM deliveries \
+    "SELECT rowid, id, account_id, event_id, created_at, updated_at FROM deliveries \
      WHERE status != 'pending' AND updated_at / 1000 <= ?1 AND updated_at < ?2 \
      ORDER BY updated_at / 1000 LIMIT ?3";
 
@@ -222,7 +235,7 @@ pub(super) const ENDED_BEFORE_SQL: &str =
 /// that failed part-way leaves the deliveries it wrote, and its next run adds only the rest
 /// (`INSERT OR IGNORE`): had those gone meanwhile, it would create and send them again.
 pub(super) const ENDED_BEFORE_KEEPING_UNFANNED_SQL: &str =
-    "SELECT d.rowid, d.id, d.account_id, d.event_id, d.created_at FROM deliveries d \
+    "SELECT d.rowid, d.id, d.account_id, d.event_id, d.created_at, d.updated_at FROM deliveries d \
      WHERE d.status != 'pending' AND d.updated_at / 1000 <= ?1 AND d.updated_at < ?2 \
      AND NOT EXISTS (SELECT 1 FROM events e JOIN unfanned u \
        ON u.account_id = e.account_id AND u.created_at = e.created_at AND u.id = e.id \
@@ -246,18 +259,28 @@ fn purge_deliveries(conn: &Connection, cutoff: i64, purged: &mut Purged) -> Stor
     } else {
         ENDED_BEFORE_SQL
     };
-    let rows: Vec<(i64, String, String, String, i64)> = conn
+    let rows: Vec<(i64, String, String, String, i64, i64)> = conn
         .prepare_cached(sql)
         .and_then(|mut s| {
             s.query_map(params![cutoff.div_euclid(1000), cutoff, SLICE_ROWS], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })?
             .collect()
         })
         .map_err(backend)?;
     let done = rows.len() < SLICE_ROWS as usize;
+    if let Some(oldest) = rows.iter().map(|row| row.5).min() {
+        purged.overdue = overdue(cutoff, oldest);
+    }
     let mut events = Vec::new();
-    for (rowid, id, account, event, created_at) in rows {
+    for (rowid, id, account, event, created_at, _) in rows {
         purged.attempts += conn
             .prepare_cached(
                 "DELETE FROM attempts WHERE delivery_created_at = ?1 AND delivery_id = ?2",
@@ -278,14 +301,20 @@ fn purge_deliveries(conn: &Connection, cutoff: i64, purged: &mut Purged) -> Stor
     Ok(done)
 }
 
+/// How long before `cutoff` (milliseconds) a row of time `at` is.
+fn overdue(cutoff: i64, at: i64) -> Duration {
+    Duration::from_millis(u64::try_from(cutoff.saturating_sub(at)).unwrap_or(0))
+}
+
 /// One slice of the events table: events that no delivery refers to (none matched an
-/// endpoint, or theirs were purged in an earlier pass).
+/// endpoint, or theirs were purged in an earlier pass). Returns the last event visited,
+/// whether the walk is done, and when the oldest one it removed was created.
 fn purge_events(
     conn: &Connection,
     cutoff: i64,
     after: i64,
     purged: &mut Purged,
-) -> StoreResult<(i64, bool)> {
+) -> StoreResult<(i64, bool, Option<i64>)> {
     let rows: Vec<(i64, String, String, i64)> = conn
         .prepare_cached(
             "SELECT rowid, account_id, id, created_at FROM events WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
@@ -298,15 +327,19 @@ fn purge_events(
         })
         .map_err(backend)?;
     let full = rows.len() == SLICE_ROWS as usize;
-    let mut last = after;
+    let (mut last, mut oldest) = (after, None);
     for (rowid, account, event, created_at) in rows {
         if created_at >= cutoff {
-            return Ok((last, true));
+            return Ok((last, true, oldest));
         }
         last = rowid;
-        purged.events += delete_unreferenced_event(conn, cutoff, &account, &event)?;
+        let removed = delete_unreferenced_event(conn, cutoff, &account, &event)?;
+        if removed > 0 {
+            oldest = Some(oldest.map_or(created_at, |o: i64| o.min(created_at)));
+        }
+        purged.events += removed;
     }
-    Ok((last, !full))
+    Ok((last, !full, oldest))
 }
 
 /// The events table's largest rowid (0 when empty).

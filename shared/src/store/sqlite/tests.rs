@@ -718,23 +718,59 @@ async fn a_purge_told_to_stop_ends_after_its_slice() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `serve`'s purge pauses between slices, and less once it has run past its interval:
-/// a purge still running when the next is due is falling behind what ends.
+/// `serve`'s purge pauses between slices, and less once what it removes is an hour or more
+/// past retention (or two intervals, if longer): a purge that keeps up removes what ended
+/// within about an interval before the cutoff.
 #[test]
-fn a_purge_past_its_interval_pauses_less() {
+fn a_purge_far_past_retention_pauses_less() {
     use std::time::Duration;
-    let minute = Duration::from_secs(60);
+    let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3600));
     let pace = super::PurgePace::every(minute);
-    assert_eq!(pace.pause_after(Duration::ZERO), Duration::from_millis(5));
+    assert_eq!(pace.pause_after(Duration::ZERO), Duration::from_millis(20));
     assert_eq!(
-        pace.pause_after(minute - Duration::from_millis(1)),
-        Duration::from_millis(5)
+        pace.pause_after(hour - Duration::from_millis(1)),
+        Duration::from_millis(20)
     );
-    assert_eq!(pace.pause_after(minute), Duration::from_micros(2500));
+    assert_eq!(pace.pause_after(hour), Duration::from_micros(2500));
+    let daily = super::PurgePace::every(hour * 24);
+    assert_eq!(daily.pause_after(hour * 47), Duration::from_millis(20));
+    assert_eq!(daily.pause_after(hour * 48), Duration::from_micros(2500));
     assert_eq!(
         super::PurgePace::FLAT_OUT.pause_after(minute),
         Duration::ZERO
     );
+}
+
+/// A purge says how far behind retention it is: how long before the cutoff the oldest
+/// delivery it removed ended, or, when it removed none, the oldest event it looked at was
+/// created. Its pace follows from it.
+#[tokio::test]
+async fn a_purge_says_how_long_past_retention_what_it_removed_was() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt, publish};
+    use std::time::Duration;
+    let (dir, store, ep) = file_store_with_endpoint("purge-overdue").await;
+    let account = ep.account_id.clone();
+    for second in [10, 40] {
+        let d = publish(&store, &account, second, "invoice.paid", &[&ep])
+            .await
+            .remove(0);
+        attempt(&store, &d.id, second + 5, Decision::Delivered).await;
+    }
+    let purged = purge_past(&store, at(100)).await;
+    assert_eq!(purged.deliveries, 2);
+    assert_eq!(purged.overdue, Duration::from_secs(85), "{purged:?}");
+    // Nothing left to remove: nothing overdue.
+    assert_eq!(purge_past(&store, at(200)).await, Purged::default());
+    // An event no delivery needs, which went to no endpoint.
+    publish(&store, &account, 150, "invoice.paid", &[]).await;
+    let purged = purge_past(&store, at(300)).await;
+    assert_eq!(
+        (purged.events, purged.overdue),
+        (1, Duration::from_secs(150))
+    );
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The purge reads ended deliveries through their partial index, oldest ending first:
