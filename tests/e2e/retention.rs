@@ -44,9 +44,9 @@ async fn a_shutdown_stops_a_purge_in_progress_and_the_next_start_removes_the_res
         .await;
     assert!(all_delivered, "{} arrived", farm.success_count("purged"));
 
-    // Past a retention of 1 s, all of it goes in the purge that starts with `serve`, before
-    // it listens; SIGTERM comes as soon as it does.
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Past a retention of 1 s by more than a second, all of it goes in the purge that starts
+    // with `serve`, before it listens; SIGTERM comes as soon as it does.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
     server.restart_with(&[("HOOKLANE_RETENTION", "1s")]).await;
     let exit = server.terminate().await;
     assert!(exit.success(), "serve exited with {exit}");
@@ -54,6 +54,9 @@ async fn a_shutdown_stops_a_purge_in_progress_and_the_next_start_removes_the_res
     assert_eq!(stopped.len(), 1, "{stopped:?}");
     assert_eq!(stopped[0]["stopped_for_shutdown"], true, "{stopped:?}");
     let first = stopped[0]["deliveries"].as_u64().expect("deliveries");
+    // Ended over a second before the cutoff, an hour after it at most: not behind.
+    let overdue = stopped[0]["overdue_s"].as_u64().expect("overdue_s");
+    assert!((1..3600).contains(&overdue), "{stopped:?}");
     assert!(
         first < events as u64,
         "the shutdown waited for the whole purge: {stopped:?}"
@@ -68,9 +71,6 @@ async fn a_shutdown_stops_a_purge_in_progress_and_the_next_start_removes_the_res
     let both = purges(&server);
     assert!(finished, "{both:?}");
     assert_eq!(both[1]["stopped_for_shutdown"], false, "{both:?}");
-    // Data a few seconds past a retention of 1 s: the purge is not behind.
-    let overdue = both[1]["overdue_s"].as_u64().expect("overdue_s");
-    assert!(overdue < 60, "{both:?}");
     assert_eq!(
         first + both[1]["deliveries"].as_u64().expect("deliveries"),
         events as u64,

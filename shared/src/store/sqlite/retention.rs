@@ -20,8 +20,8 @@ pub struct Purged {
     pub attempts: u64,
     pub events: u64,
     pub notifications: u64,
-    /// How long before the cutoff the oldest delivery it removed had ended (or the oldest
-    /// event it removed was created): how far behind retention the purge is.
+    /// How long before the cutoff the oldest delivery it removed had ended, or the oldest
+    /// event it removed was created, whichever is longer: how far behind retention it is.
     pub overdue: Duration,
 }
 
@@ -82,6 +82,17 @@ impl PurgePace {
             self.behind_pause
         } else {
             self.pause
+        }
+    }
+
+    /// The pause after a slice that removed `purged`. One that removed nothing only read (a
+    /// walk over events that pending deliveries still need, after a restart): it wrote no
+    /// pages for the next writes to wait on, so the next follows at the shorter pause.
+    pub fn pause_after_slice(&self, purged: &Purged) -> Duration {
+        if purged.deliveries == 0 && purged.events == 0 {
+            self.behind_pause
+        } else {
+            self.pause_after(purged.overdue)
         }
     }
 }
@@ -178,7 +189,7 @@ impl SqliteStore {
             if finished || *stop.borrow() {
                 break;
             }
-            tokio::time::sleep(pace.pause_after(purged.overdue)).await;
+            tokio::time::sleep(pace.pause_after_slice(&purged)).await;
         }
         *self.purge_mark() = PurgeMark {
             events: if events_tail_removed { 0 } else { events_after },
@@ -234,12 +245,14 @@ pub(super) const ENDED_BEFORE_SQL: &str =
 /// [`ENDED_BEFORE_SQL`] less the deliveries of events still listed as unfanned. A fan-out
 /// that failed part-way leaves the deliveries it wrote, and its next run adds only the rest
 /// (`INSERT OR IGNORE`): had those gone meanwhile, it would create and send them again.
+/// A delivery's `created_at` is its event's (the log places it by its event), so the list's
+/// key is the delivery's own. Every slice reads the ones it keeps again (they are the
+/// oldest): only such a failure leaves them, and only a few.
 pub(super) const ENDED_BEFORE_KEEPING_UNFANNED_SQL: &str =
     "SELECT d.rowid, d.id, d.account_id, d.event_id, d.created_at, d.updated_at FROM deliveries d \
      WHERE d.status != 'pending' AND d.updated_at / 1000 <= ?1 AND d.updated_at < ?2 \
-     AND NOT EXISTS (SELECT 1 FROM events e JOIN unfanned u \
-       ON u.account_id = e.account_id AND u.created_at = e.created_at AND u.id = e.id \
-       WHERE e.account_id = d.account_id AND e.id = d.event_id) \
+     AND NOT EXISTS (SELECT 1 FROM unfanned u \
+       WHERE u.account_id = d.account_id AND u.created_at = d.created_at AND u.id = d.event_id) \
      ORDER BY d.updated_at / 1000 LIMIT ?3";
 
 /// Whether an event created before the cutoff is still listed as unfanned: only then can a
