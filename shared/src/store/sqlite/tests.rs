@@ -784,23 +784,29 @@ async fn a_purge_says_how_long_past_retention_what_it_removed_was() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// SQLite's plan for `sql` with `params`, its steps joined by "; ".
+fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> String {
+    let steps: Vec<String> = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap()
+        .query_map(params, |row| row.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    steps.join("; ")
+}
+
 /// The purge reads ended deliveries through their partial index, oldest ending first:
 /// every row it reads goes, and a backlog of pending work, however old, is never read.
 #[test]
 fn the_purge_reads_ended_deliveries_from_their_index() {
     let conn = Connection::open_in_memory().unwrap();
     conn.execute_batch(SCHEMA).unwrap();
-    let plan: Vec<String> = conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            super::retention::ENDED_BEFORE_SQL
-        ))
-        .unwrap()
-        .query_map(params![0, 0, 100], |row| row.get::<_, String>(3))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
-    let plan = plan.join("; ");
+    let plan = query_plan(
+        &conn,
+        super::retention::ENDED_BEFORE_SQL,
+        params![0, 0, 100],
+    );
     println!("ended deliveries: {plan}");
     assert!(
         plan.contains("SEARCH deliveries USING INDEX deliveries_ended (<expr><?)"),
@@ -808,17 +814,11 @@ fn the_purge_reads_ended_deliveries_from_their_index() {
     );
     assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
     // While an old event is unfanned: the same walk, with a key look-up per row.
-    let plan: Vec<String> = conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            super::retention::ENDED_BEFORE_KEEPING_UNFANNED_SQL
-        ))
-        .unwrap()
-        .query_map(params![0, 0, 100], |row| row.get::<_, String>(3))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
-    let plan = plan.join("; ");
+    let plan = query_plan(
+        &conn,
+        super::retention::ENDED_BEFORE_KEEPING_UNFANNED_SQL,
+        params![0, 0, 100],
+    );
     println!("ended deliveries, keeping unfanned events': {plan}");
     for step in [
         "SEARCH d USING INDEX deliveries_ended (<expr><?)",
@@ -979,16 +979,7 @@ fn every_log_query_reads_an_index_in_order() {
                             };
                             let (sql, args) =
                                 super::deliveries::list_sql(&account, &query).unwrap();
-                            let plan: Vec<String> = conn
-                                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                                .unwrap()
-                                .query_map(rusqlite::params_from_iter(args), |row| {
-                                    row.get::<_, String>(3)
-                                })
-                                .unwrap()
-                                .collect::<rusqlite::Result<_>>()
-                                .unwrap();
-                            let plan = plan.join("; ");
+                            let plan = query_plan(&conn, &sql, rusqlite::params_from_iter(args));
                             // The index that must be searched: a failure status's partial
                             // index (the endpoint's or the account's), else the endpoint's
                             // log, else the account's by type, by error code (300 and up),
@@ -1051,14 +1042,7 @@ fn the_window_reads_pending_rows_in_due_order_from_their_indexes() {
             "deliveries_pending_by_endpoint",
         ),
     ] {
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap()
-            .query_map(params![0, "x", 10], |row| row.get::<_, String>(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
-        let plan = plan.join("; ");
+        let plan = query_plan(&conn, &sql, params![0, "x", 10]);
         println!("{index}: {plan}");
         assert!(
             plan.contains(&format!("SEARCH d USING INDEX {index} ")),
@@ -1075,17 +1059,11 @@ fn a_replay_page_seeks_to_its_cursor() {
     let conn = Connection::open_in_memory().unwrap();
     conn.execute_batch(SCHEMA).unwrap();
     add_missing_columns(&conn, "replays", ADDED_REPLAY_COLUMNS).unwrap();
-    let plan: Vec<String> = conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            super::replay::REPLAYS_PAGE_SQL
-        ))
-        .unwrap()
-        .query_map(params!["acme", "rpl_x", 10], |row| row.get::<_, String>(3))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
-    let plan = plan.join("; ");
+    let plan = query_plan(
+        &conn,
+        super::replay::REPLAYS_PAGE_SQL,
+        params!["acme", "rpl_x", 10],
+    );
     println!("replays page: {plan}");
     assert!(
         plan.contains("SEARCH replays USING INDEX replays_by_account (account_id=? AND id<?)"),
