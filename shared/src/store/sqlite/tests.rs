@@ -1317,6 +1317,30 @@ async fn a_purge_keeps_an_event_waiting_for_its_fan_out() {
     assert_eq!(page.events, vec![waiting]);
 }
 
+/// Makes every insert of a delivery to `endpoint` fail, as a full disk would part-way
+/// through a fan-out, until [`stop_failing_inserts`]. The statement fails alone: the
+/// transaction goes on.
+async fn fail_inserts_to(store: &SqliteStore, endpoint: &str) {
+    let sql = format!(
+        "CREATE TEMP TRIGGER fail_inserts BEFORE INSERT ON deliveries \
+         WHEN NEW.endpoint_id = '{endpoint}' BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;"
+    );
+    store
+        .run(move |conn| conn.execute_batch(&sql).map_err(backend))
+        .await
+        .unwrap();
+}
+
+async fn stop_failing_inserts(store: &SqliteStore) {
+    store
+        .run(|conn| {
+            conn.execute_batch("DROP TRIGGER temp.fail_inserts")
+                .map_err(backend)
+        })
+        .await
+        .unwrap();
+}
+
 /// An event's fan-out writes without a savepoint: one that fails part-way leaves its first
 /// deliveries, and the next fan-out of the event adds the rest, each delivery once, all of
 /// them pending and due for the dispatcher.
@@ -1334,27 +1358,12 @@ async fn a_fan_out_that_fails_part_way_is_completed_by_the_next_with_each_delive
         ids
     };
     // The third insert fails after the first two were written.
-    store
-        .run(|conn| {
-            conn.execute_batch(
-                "CREATE TEMP TRIGGER fail_third BEFORE INSERT ON deliveries \
-                 WHEN NEW.endpoint_id = 'ep_3' BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;",
-            )
-            .map_err(backend)
-        })
-        .await
-        .unwrap();
+    fail_inserts_to(&store, "ep_3").await;
     let failed = store.add_deliveries_of(&ev, &planned).await;
     assert!(failed.is_err(), "{failed:?}");
     let left = store.deliveries_of_event(&ev).await.unwrap();
     assert_eq!(ids(&left), ids(&planned[..2]), "the first two stay");
-    store
-        .run(|conn| {
-            conn.execute_batch("DROP TRIGGER temp.fail_third")
-                .map_err(backend)
-        })
-        .await
-        .unwrap();
+    stop_failing_inserts(&store).await;
     let added = store.add_deliveries_of(&ev, &planned).await.unwrap();
     assert_eq!(ids(&added), ids(&planned[2..]), "the next adds the rest");
     let stored = store.deliveries_of_event(&ev).await.unwrap();
@@ -1398,16 +1407,7 @@ async fn retention_keeps_what_a_failed_fan_out_left_until_the_event_is_fanned_ou
         .iter()
         .map(|ep| delivery(&ev, ep, at(10)))
         .collect();
-    store
-        .run(|conn| {
-            conn.execute_batch(
-                "CREATE TEMP TRIGGER fail_second BEFORE INSERT ON deliveries \
-                 WHEN NEW.endpoint_id = 'ep_2' BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;",
-            )
-            .map_err(backend)
-        })
-        .await
-        .unwrap();
+    fail_inserts_to(&store, "ep_2").await;
     assert!(store.add_deliveries_of(&ev, &planned).await.is_err());
     store
         .record_attempt(&delivered(&planned[0], 20))
@@ -1426,13 +1426,7 @@ async fn retention_keeps_what_a_failed_fan_out_left_until_the_event_is_fanned_ou
         "the unfanned event's sent delivery was purged"
     );
 
-    store
-        .run(|conn| {
-            conn.execute_batch("DROP TRIGGER temp.fail_second")
-                .map_err(backend)
-        })
-        .await
-        .unwrap();
+    stop_failing_inserts(&store).await;
     let added = store.add_deliveries_of(&ev, &planned).await.unwrap();
     let added: Vec<&DeliveryId> = added.iter().map(|d| &d.id).collect();
     assert_eq!(
