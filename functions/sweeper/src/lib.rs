@@ -86,6 +86,44 @@ mod tests {
         assert_eq!(left_unfanned(store, now).await, vec!["evt_fresh_record"]);
     }
 
+    /// An event whose fan-out keeps failing is pending work, which is never removed: TTL
+    /// (modelled here; the emulator deletes nothing) leaves it, however far past the
+    /// retention, and the sweeper still fans it out. Its TTL is set then, past the retries
+    /// its deliveries start.
+    #[tokio::test]
+    async fn an_event_unfanned_for_longer_than_the_retention_is_still_fanned_out() {
+        let (settings, shape) = emulated_shape().await;
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        let now = shape.app.clock.now();
+        let retention = hooklane::store::dynamodb::Retention::default();
+        let long_ago = hooklane::clock::from_millis(
+            hooklane::clock::to_millis(now) - retention.events.as_millis() as i64 - 86_400_000,
+        );
+        let event = fixtures::event("acme", "evt_long_unfanned", long_ago);
+        store.put_event(&event).await.unwrap();
+
+        let client = shape.store.client();
+        let expired =
+            hooklane_testkit::testing::expire_as_ttl_would(client, &settings.tables.events, now)
+                .await;
+        assert_eq!(expired, 0, "TTL deleted the unfanned event");
+        handle(&shape, Duration::from_secs(300), scheduled())
+            .await
+            .unwrap();
+        assert_eq!(store.deliveries_of_event(&event).await.unwrap().len(), 1);
+        let item =
+            hooklane_testkit::testing::stored_event_item(&shape.store, "acme", "evt_long_unfanned")
+                .await;
+        let expires: i64 = item["expires_at"].as_n().unwrap().parse().unwrap();
+        let retries_end =
+            hooklane::clock::to_millis(now) / 1000 + retention.retries.as_secs() as i64;
+        assert!(
+            expires >= retries_end,
+            "expires at {expires}, before its delivery's retries end at {retries_end}"
+        );
+    }
+
     /// An event the sweeper cannot fan out (its account's endpoints cannot be read) does
     /// not hold back the events behind it.
     #[tokio::test]

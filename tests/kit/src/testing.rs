@@ -263,6 +263,64 @@ pub async fn stored_event_item(
     stored_item(store.client(), &store.tables().events, key.into()).await
 }
 
+/// Deletes what DynamoDB's TTL would from `table` by `now`: every item whose `expires_at` is
+/// a Number of epoch seconds before it. The emulator never expires anything, so tests that
+/// depend on what TTL leaves behind apply the rule themselves. Returns how many it deleted.
+#[cfg(feature = "aws")]
+pub async fn expire_as_ttl_would(
+    client: &hooklane::aws::aws_sdk_dynamodb::Client,
+    table: &str,
+    now: hooklane::clock::Timestamp,
+) -> usize {
+    let now_secs = hooklane::clock::to_millis(now).div_euclid(1000);
+    let described = client.describe_table().table_name(table).send().await;
+    let key_names: Vec<String> = described
+        .unwrap()
+        .table
+        .expect("the table")
+        .key_schema()
+        .iter()
+        .map(|k| k.attribute_name().to_owned())
+        .collect();
+    let mut deleted = 0;
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(table)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .unwrap();
+        for item in page.items() {
+            // TTL ignores an attribute that is not a Number (or is missing).
+            let expired = item
+                .get("expires_at")
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| n.parse::<i64>().ok())
+                .is_some_and(|at| at < now_secs);
+            if expired {
+                let key = key_names
+                    .iter()
+                    .map(|name| (name.clone(), item[name].clone()))
+                    .collect();
+                client
+                    .delete_item()
+                    .table_name(table)
+                    .set_key(Some(key))
+                    .send()
+                    .await
+                    .unwrap();
+                deleted += 1;
+            }
+        }
+        match page.last_evaluated_key {
+            Some(key) => start = Some(key),
+            None => return deleted,
+        }
+    }
+}
+
 /// [`emulated_shape`] with chosen settings (e.g. a short request deadline, so that slot
 /// leases run out within a test); loopback receivers are allowed whatever `core` says.
 #[cfg(feature = "aws")]

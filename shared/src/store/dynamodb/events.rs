@@ -37,19 +37,21 @@ impl DynamoStore {
     }
 
     pub(super) fn event_item(&self, event: &Event, fanned_out: bool) -> Item {
-        let expires = self.event_expiry(event.created_at);
         let mut item = Item::new();
         item.insert("account_id".into(), s(event.account_id.as_str()));
         item.insert("id".into(), s(event.id.as_str()));
         item.insert("type".into(), s(event.event_type.as_str()));
         item.insert("created_at".into(), n(to_millis(event.created_at)));
         item.insert("payload".into(), s(&event.payload));
-        item.insert("expires_at".into(), n(expires));
         // Written together with its deliveries: the stream's fan-out has nothing to do.
         item.insert("fanned_out".into(), AttributeValue::Bool(fanned_out));
-        if !fanned_out {
+        if fanned_out {
+            item.insert("expires_at".into(), n(self.event_expiry(event.created_at)));
+        } else {
             // In the `unfanned` index until fan-out marks it done: if its stream record is
-            // lost, the sweeper finds it there.
+            // lost, the sweeper finds it there. No TTL until then (the mark sets it): pending
+            // work is never removed, and an event whose fan-out fails for longer than the
+            // retention would otherwise leave the index, and its endpoints never get it.
             item.insert(UNFANNED_SHARD.into(), s(unfanned_shard(event.id.as_str())));
         }
         item
