@@ -124,6 +124,39 @@ mod tests {
         );
     }
 
+    /// A late fan-out (here of an event older than the retention) that fails once its
+    /// deliveries exist (the queue refuses them) leaves its event unfanned, and still with no
+    /// TTL: had it been given one for its deliveries' retries, a fan-out failing for longer
+    /// would lose it all the same.
+    #[tokio::test]
+    async fn a_late_fan_out_that_fails_leaves_its_event_without_a_ttl() {
+        let (settings, shape) = emulated_shape().await;
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        let now = shape.app.clock.now();
+        let retention = hooklane::store::dynamodb::Retention::default();
+        let long_ago = hooklane::clock::from_millis(
+            hooklane::clock::to_millis(now) - retention.events.as_millis() as i64 - 86_400_000,
+        );
+        let event = fixtures::event("acme", "evt_late_failing", long_ago);
+        store.put_event(&event).await.unwrap();
+        hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await)
+            .delete_queue()
+            .queue_url(&settings.queue_url)
+            .send()
+            .await
+            .unwrap();
+
+        let result = handle(&shape, Duration::from_secs(300), scheduled()).await;
+        assert!(result.is_err(), "the queue refused the deliveries");
+        assert_eq!(store.deliveries_of_event(&event).await.unwrap().len(), 1);
+        assert_eq!(left_unfanned(store, now).await, vec!["evt_late_failing"]);
+        let item =
+            hooklane_testkit::testing::stored_event_item(&shape.store, "acme", "evt_late_failing")
+                .await;
+        assert_eq!(item.get("expires_at"), None, "an unfanned event has a TTL");
+    }
+
     /// An event the sweeper cannot fan out (its account's endpoints cannot be read) does
     /// not hold back the events behind it.
     #[tokio::test]

@@ -396,7 +396,8 @@ impl DynamoStore {
     /// is set when it is written, and a delivery replayed or added late in the retention
     /// would otherwise find its event gone part way through its retries. Runs before the
     /// deliveries are written, so none is pending with its event due to go first; a TTL
-    /// already later is left (the write's condition), and so is an event that is gone.
+    /// already later is left (the write's condition), and so is an event that is gone, or
+    /// still unfanned (its fan-out's mark sets its TTL, this far ahead if need be).
     pub(super) async fn keep_events_for_retries<'a>(
         &self,
         deliveries: impl IntoIterator<Item = &'a Delivery>,
@@ -426,11 +427,15 @@ impl DynamoStore {
                     .key("account_id", s(account))
                     .key("id", s(event))
                     .update_expression("SET expires_at = :expires")
-                    // An outbox writer may leave the TTL out (fan-out sets it later): a
-                    // comparison with a missing attribute is false.
+                    // An event still unfanned has no TTL, and gets none here: the mark
+                    // sets it once the fan-out is done (a late one's past its retries).
+                    // One without (an outbox writer may leave it out) is kept for the
+                    // retries: a comparison with a missing attribute is false.
                     .condition_expression(
-                        "attribute_exists(id) AND (attribute_not_exists(expires_at) OR expires_at < :expires)",
+                        "attribute_exists(id) AND attribute_not_exists(#shard) \
+                         AND (attribute_not_exists(expires_at) OR expires_at < :expires)",
                     )
+                    .expression_attribute_names("#shard", UNFANNED_SHARD)
                     .expression_attribute_values(":expires", n(expires))
             })
             .collect();
@@ -598,12 +603,18 @@ impl DynamoStore {
         &self,
         events: &[crate::store::FannedOut],
     ) -> StoreResult<()> {
+        let retries_end = to_millis(crate::clock::add(
+            chrono::Utc::now(),
+            self.retention.retries,
+        ))
+        .div_euclid(1000);
         let updates: Vec<_> = events
             .iter()
             .map(|done| {
                 let event = &done.event;
-                // An outbox writer may leave the TTL out: it gets the retention's. An event a
-                // disabled endpoint missed enters the `missed` index in the same write.
+                // The event's TTL, unless an outbox writer set one: the retention's, or for a
+                // late fan-out the end of its deliveries' retries. An event a disabled
+                // endpoint missed enters the `missed` index in the same write.
                 let missed = if done.missed { ", #missed = :at" } else { "" };
                 let update = self
                     .client
@@ -620,7 +631,10 @@ impl DynamoStore {
                     .condition_expression("attribute_exists(#shard)")
                     .expression_attribute_names("#shard", UNFANNED_SHARD)
                     .expression_attribute_values(":done", AttributeValue::Bool(true))
-                    .expression_attribute_values(":expires", n(self.event_expiry(event.created_at)));
+                    .expression_attribute_values(
+                        ":expires",
+                        n(self.event_expiry(event.created_at).max(retries_end)),
+                    );
                 if done.missed {
                     update
                         .expression_attribute_names("#missed", MISSED_AT)
