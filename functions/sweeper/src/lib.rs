@@ -119,8 +119,79 @@ mod tests {
         let retries_end =
             hooklane::clock::to_millis(now) / 1000 + retention.retries.as_secs() as i64;
         assert!(
-            expires >= retries_end,
-            "expires at {expires}, before its delivery's retries end at {retries_end}"
+            (retries_end..retries_end + 60).contains(&expires),
+            "expires at {expires}, not when its delivery's retries end ({retries_end})"
+        );
+        let before_the_end = hooklane::clock::from_millis((retries_end - 1) * 1000);
+        assert_eq!(
+            hooklane_testkit::testing::expire_as_ttl_would(
+                client,
+                &settings.tables.events,
+                before_the_end
+            )
+            .await,
+            0,
+            "TTL deleted the event before its delivery's retries end"
+        );
+    }
+
+    /// An outbox writer's own TTL holds before fan-out, and the fan-out keeps it (the
+    /// writer chose it). One fanned out late, when the TTL comes before the retries its
+    /// deliveries start end, is moved past them, as a replay moves it.
+    #[tokio::test]
+    async fn a_late_fan_out_moves_the_writers_ttl_past_its_retries() {
+        use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
+        let (settings, shape) = emulated_shape().await;
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        let now = shape.app.clock.now();
+        let now_secs = hooklane::clock::to_millis(now) / 1000;
+        let minutes_ago =
+            |m: i64| hooklane::clock::from_millis(hooklane::clock::to_millis(now) - m * 60_000);
+        // Both expire in an hour, as their writer set: one created 20 minutes ago, the
+        // other long ago (its fan-out is late).
+        let recent = fixtures::event("acme", "evt_recent_own_ttl", minutes_ago(20));
+        let late = fixtures::event("acme", "evt_late_own_ttl", minutes_ago(40 * 24 * 60));
+        for event in [&recent, &late] {
+            store.put_event(event).await.unwrap();
+            shape
+                .store
+                .client()
+                .update_item()
+                .table_name(&settings.tables.events)
+                .key("account_id", AttributeValue::S("acme".into()))
+                .key("id", AttributeValue::S(event.id.to_string()))
+                .update_expression("SET expires_at = :at")
+                .expression_attribute_values(
+                    ":at",
+                    AttributeValue::N((now_secs + 3_600).to_string()),
+                )
+                .send()
+                .await
+                .unwrap();
+        }
+
+        handle(&shape, Duration::from_secs(300), scheduled())
+            .await
+            .unwrap();
+        let expiry = |id: &'static str| {
+            let store = &shape.store;
+            async move {
+                let item = hooklane_testkit::testing::stored_event_item(store, "acme", id).await;
+                item["expires_at"].as_n().unwrap().parse::<i64>().unwrap()
+            }
+        };
+        assert_eq!(
+            expiry("evt_recent_own_ttl").await,
+            now_secs + 3_600,
+            "the writer's TTL"
+        );
+        let retries = hooklane::store::dynamodb::Retention::default()
+            .retries
+            .as_secs() as i64;
+        assert!(
+            expiry("evt_late_own_ttl").await >= now_secs + retries,
+            "the late fan-out's event expires before its deliveries' retries end"
         );
     }
 

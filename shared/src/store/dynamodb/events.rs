@@ -392,29 +392,33 @@ impl DynamoStore {
     }
 
     /// Moves the TTL of the events of `deliveries`, made pending at `now`, to the end of
-    /// their retries (`Retention::retries` from `now`) where it comes sooner. An event's TTL
-    /// is set when it is written, and a delivery replayed or added late in the retention
-    /// would otherwise find its event gone part way through its retries. Runs before the
-    /// deliveries are written, so none is pending with its event due to go first; a TTL
-    /// already later is left (the write's condition), and so is an event that is gone, or
-    /// still unfanned (its fan-out's mark sets its TTL, this far ahead if need be).
+    /// their retries (`Retention::retries` from `now`) where it comes sooner. A fanned-out
+    /// event's TTL runs from its creation, and a delivery replayed or added late in the
+    /// retention would otherwise find its event gone part way through its retries. Runs
+    /// before the deliveries are written, so none is pending with its event due to go first.
     pub(super) async fn keep_events_for_retries<'a>(
         &self,
         deliveries: impl IntoIterator<Item = &'a Delivery>,
         now: Timestamp,
     ) -> StoreResult<()> {
         let until = crate::clock::add(now, self.retention.retries);
-        let mut events: Vec<(String, String)> = deliveries
+        let events = deliveries
             .into_iter()
-            // A delivery's `created_at` is its event's: from that, the TTL written with it.
+            // A delivery's `created_at` is its event's, from which its event's TTL runs.
             .filter(|d| crate::clock::add(d.created_at, self.retention.events) < until)
-            .map(|d| {
-                (
-                    d.account_id.as_str().to_owned(),
-                    d.event_id.as_str().to_owned(),
-                )
-            })
+            .map(|d| (d.account_id.to_string(), d.event_id.to_string()))
             .collect();
+        self.keep_events_until(events, until).await
+    }
+
+    /// Moves the TTL of these events (account, id) to `until` where it comes sooner. A TTL
+    /// already later is left (the write's condition), and so is an event that is gone, or
+    /// still unfanned (its fan-out's mark sets its TTL, as far ahead as its retries need).
+    async fn keep_events_until(
+        &self,
+        mut events: Vec<(String, String)>,
+        until: Timestamp,
+    ) -> StoreResult<()> {
         events.sort_unstable();
         events.dedup();
         let expires = to_millis(until).div_euclid(1000);
@@ -427,10 +431,9 @@ impl DynamoStore {
                     .key("account_id", s(account))
                     .key("id", s(event))
                     .update_expression("SET expires_at = :expires")
-                    // An event still unfanned has no TTL, and gets none here: the mark
-                    // sets it once the fan-out is done (a late one's past its retries).
-                    // One without (an outbox writer may leave it out) is kept for the
-                    // retries: a comparison with a missing attribute is false.
+                    // An event still unfanned has no TTL, and gets none here. One marked
+                    // done without one (an outbox writer's, written as fanned out) is kept
+                    // for the retries: a comparison with a missing attribute is false.
                     .condition_expression(
                         "attribute_exists(id) AND attribute_not_exists(#shard) \
                          AND (attribute_not_exists(expires_at) OR expires_at < :expires)",
@@ -603,11 +606,8 @@ impl DynamoStore {
         &self,
         events: &[crate::store::FannedOut],
     ) -> StoreResult<()> {
-        let retries_end = to_millis(crate::clock::add(
-            chrono::Utc::now(),
-            self.retention.retries,
-        ))
-        .div_euclid(1000);
+        let until = crate::clock::add(chrono::Utc::now(), self.retention.retries);
+        let retries_end = to_millis(until).div_euclid(1000);
         let updates: Vec<_> = events
             .iter()
             .map(|done| {
@@ -645,7 +645,16 @@ impl DynamoStore {
             })
             .collect();
         // One already marked (a repeat), or expired meanwhile, has nothing left to do.
-        conditional_updates(updates).await
+        conditional_updates(updates).await?;
+        // A TTL the outbox writer set is kept by the mark; a late fan-out moves it past the
+        // retries it started, as a replay would.
+        let late = events
+            .iter()
+            .map(|done| &done.event)
+            .filter(|event| self.event_expiry(event.created_at) < retries_end)
+            .map(|event| (event.account_id.to_string(), event.id.to_string()))
+            .collect();
+        self.keep_events_until(late, until).await
     }
 
     pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {

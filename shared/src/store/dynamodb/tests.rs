@@ -987,8 +987,8 @@ async fn a_delivery_is_replayable_while_its_event_is_kept_however_its_ttl_was_se
     );
 }
 
-/// An outbox writer may leave `expires_at` out; fan-out sets it when it marks the event done.
-/// A delivery added before then, late in the retention (a fan-out long delayed), still keeps
+/// An event item marked done may have no `expires_at` (an outbox writer's, written as fanned
+/// out). A delivery added late in the retention (a resend with `include_missed`) still keeps
 /// the event for its retries: in a condition, DynamoDB compares a missing attribute as false.
 #[tokio::test]
 async fn a_late_delivery_keeps_an_event_written_without_a_ttl() {
