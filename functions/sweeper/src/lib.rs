@@ -37,6 +37,29 @@ mod tests {
         page.events.iter().map(|e| e.id.to_string()).collect()
     }
 
+    /// A shape with account acme and its endpoint ep_1, and the event `id` published, not
+    /// fanned out, a day longer ago than the events' retention.
+    async fn unfanned_past_the_retention(
+        id: &str,
+    ) -> (
+        hooklane::aws::settings::AwsSettings,
+        AwsShape,
+        hooklane::domain::Event,
+    ) {
+        let (settings, shape) = emulated_shape().await;
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        let retention = hooklane::store::dynamodb::Retention::default().events;
+        let long_ago = hooklane::clock::from_millis(
+            hooklane::clock::to_millis(shape.app.clock.now())
+                - retention.as_millis() as i64
+                - 86_400_000,
+        );
+        let event = fixtures::event("acme", id, long_ago);
+        store.put_event(&event).await.unwrap();
+        (settings, shape, event)
+    }
+
     #[tokio::test]
     async fn an_event_whose_stream_record_was_lost_is_fanned_out_by_the_sweeper() {
         let (settings, shape) = emulated_shape().await;
@@ -92,16 +115,10 @@ mod tests {
     /// its deliveries start.
     #[tokio::test]
     async fn an_event_unfanned_for_longer_than_the_retention_is_still_fanned_out() {
-        let (settings, shape) = emulated_shape().await;
+        let (settings, shape, event) = unfanned_past_the_retention("evt_long_unfanned").await;
         let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
         let now = shape.app.clock.now();
         let retention = hooklane::store::dynamodb::Retention::default();
-        let long_ago = hooklane::clock::from_millis(
-            hooklane::clock::to_millis(now) - retention.events.as_millis() as i64 - 86_400_000,
-        );
-        let event = fixtures::event("acme", "evt_long_unfanned", long_ago);
-        store.put_event(&event).await.unwrap();
 
         let client = shape.store.client();
         let expired =
@@ -201,16 +218,9 @@ mod tests {
     /// would lose it all the same.
     #[tokio::test]
     async fn a_late_fan_out_that_fails_leaves_its_event_without_a_ttl() {
-        let (settings, shape) = emulated_shape().await;
+        let (settings, shape, event) = unfanned_past_the_retention("evt_late_failing").await;
         let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
         let now = shape.app.clock.now();
-        let retention = hooklane::store::dynamodb::Retention::default();
-        let long_ago = hooklane::clock::from_millis(
-            hooklane::clock::to_millis(now) - retention.events.as_millis() as i64 - 86_400_000,
-        );
-        let event = fixtures::event("acme", "evt_late_failing", long_ago);
-        store.put_event(&event).await.unwrap();
         hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await)
             .delete_queue()
             .queue_url(&settings.queue_url)
