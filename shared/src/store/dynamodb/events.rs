@@ -648,13 +648,19 @@ impl DynamoStore {
         conditional_updates(updates).await?;
         // A TTL the outbox writer set is kept by the mark; a late fan-out moves it past the
         // retries it started, as a replay would.
-        let late = events
+        let late: Vec<_> = events
             .iter()
             .map(|done| &done.event)
             .filter(|event| self.event_expiry(event.created_at) < retries_end)
             .map(|event| (event.account_id.to_string(), event.id.to_string()))
             .collect();
-        self.keep_events_until(late, until).await
+        let count = late.len();
+        if let Err(error) = self.keep_events_until(late, until).await {
+            // The marks are written: the caller's "not marked" would be wrong, and the
+            // sweeper no longer finds these events to try again.
+            tracing::warn!(%error, events = count, "events fanned out late and marked, but their own TTL was not moved past their retries");
+        }
+        Ok(())
     }
 
     pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
