@@ -143,6 +143,11 @@ struct Lanes {
     in_flight_total: usize,
     /// Leases whose endpoint slot was given back before the lease completed.
     slot_released: HashSet<DeliveryId>,
+    /// Leases taken and not completed.
+    leased: HashSet<DeliveryId>,
+    /// Deliveries queued again while leased (a replay of one whose attempt has just ended
+    /// it): queued when the lease completes.
+    after_lease: HashMap<DeliveryId, PendingRef>,
     /// The dispatcher's bound on leases taken and not completed (each holds a recording
     /// permit until its attempt is written); 0 when none is shared out.
     in_flight_bound: usize,
@@ -165,6 +170,16 @@ pub struct QueueStats {
 }
 
 impl Lanes {
+    /// [`Lanes::add`] for work queued by request (a publish, a replay, a follow-up), not
+    /// read from the store: one for a leased delivery is kept for the lease's end.
+    fn add_requested(&mut self, item: PendingRef) {
+        if self.leased.contains(&item.delivery_id) {
+            self.after_lease.insert(item.delivery_id.clone(), item);
+        } else {
+            self.add(item);
+        }
+    }
+
     fn add(&mut self, item: PendingRef) {
         if !self.known.insert(item.delivery_id.clone()) {
             return;
@@ -386,6 +401,7 @@ impl Lanes {
                 bucket.take();
             }
             self.in_flight_total += 1;
+            self.leased.insert(lease.delivery_id.clone());
             *self
                 .outstanding
                 .entry(lease.account_id.clone())
@@ -404,6 +420,10 @@ impl Lanes {
 
     fn complete(&mut self, lease: &Lease, now_ms: i64) {
         self.known.remove(&lease.delivery_id);
+        self.leased.remove(&lease.delivery_id);
+        if let Some(again) = self.after_lease.remove(&lease.delivery_id) {
+            self.add(again);
+        }
         self.in_flight_total = self.in_flight_total.saturating_sub(1);
         let mut shares_grew = false;
         if let Some(count) = self.outstanding.get_mut(&lease.account_id) {
@@ -591,7 +611,7 @@ impl EmbeddedQueue {
     pub fn add(&self, items: Vec<PendingRef>) {
         self.with_lanes(|lanes| {
             for item in items {
-                lanes.add(item);
+                lanes.add_requested(item);
             }
         });
         self.wake.notify_one();
@@ -822,6 +842,28 @@ mod tests {
                 in_flight: 4
             }
         );
+    }
+
+    /// A replay asked for between an attempt's record (which ended the delivery) and the
+    /// lease's completion is queued once the lease completes, not dropped as known: it was
+    /// left to the periodic sweep (an end-to-end replay test waited 30 s for it). A page of
+    /// the store read meanwhile still skips the leased delivery, whose row is pending while
+    /// it is tried.
+    #[test]
+    fn a_delivery_queued_again_while_leased_is_queued_when_the_lease_completes() {
+        let queue = EmbeddedQueue::new();
+        queue.add(vec![item("d1", "e1", "a", 0, 4)]);
+        let taken = drain(&queue, 0);
+        assert_eq!(taken.len(), 1);
+        queue.add_page(vec![item("d1", "e1", "a", 0, 4)], None, from_millis(1));
+        queue.add(vec![item("d1", "e1", "a", 1, 4)]);
+        assert!(drain(&queue, 1).is_empty(), "not twice at once");
+        queue.complete(&taken[0], from_millis(2));
+        let again = drain(&queue, 2);
+        assert_eq!(again.len(), 1, "the replay is queued");
+        assert_eq!(again[0].due, from_millis(1), "the replay's, not the page's");
+        queue.complete(&again[0], from_millis(3));
+        assert!(drain(&queue, 3).is_empty(), "and only once");
     }
 
     #[test]
