@@ -7,7 +7,8 @@
 //! complete while the others are taken. The store stays the source of truth and the window
 //! holds only part of it (see [`WindowLimits`]): what does not fit stays in the store, and
 //! `queue::window` pages it back in by due time as room frees up. Enqueueing a known
-//! delivery again is a no-op.
+//! delivery again is a no-op, except a replay of one whose lease is still out (its attempt
+//! has just ended it): that is queued when the lease completes.
 
 use std::{
     cmp::Reverse,
@@ -119,7 +120,8 @@ impl Default for WindowLimits {
 #[derive(Debug, Default)]
 struct Lanes {
     limits: WindowLimits,
-    /// Queued (waiting or due) or in flight; enqueueing these again is a no-op.
+    /// Queued (waiting or due) or in flight; enqueueing these again is a no-op (but see
+    /// `after_lease`).
     known: HashSet<DeliveryId>,
     /// Not yet due, in due order.
     waiting: BTreeMap<DueKey, PendingRef>,
@@ -145,8 +147,8 @@ struct Lanes {
     slot_released: HashSet<DeliveryId>,
     /// Leases taken and not completed.
     leased: HashSet<DeliveryId>,
-    /// Deliveries queued again while leased (a replay of one whose attempt has just ended
-    /// it): queued when the lease completes.
+    /// Deliveries a replay queued while leased (the attempt had just ended them, and the
+    /// lease was not yet completed): queued when the lease completes.
     after_lease: HashMap<DeliveryId, PendingRef>,
     /// The dispatcher's bound on leases taken and not completed (each holds a recording
     /// permit until its attempt is written); 0 when none is shared out.
@@ -170,9 +172,11 @@ pub struct QueueStats {
 }
 
 impl Lanes {
-    /// [`Lanes::add`] for work queued by request (a publish, a replay, a follow-up), not
-    /// read from the store: one for a leased delivery is kept for the lease's end.
-    fn add_requested(&mut self, item: PendingRef) {
+    /// [`Lanes::add`] for a replay: one of a leased delivery is kept for the lease's end.
+    /// Only a replay: everything else that queues a leased delivery (the window's reads of
+    /// the store, whose row is pending while it is tried; a fan-out's repeat) would send
+    /// it again before its schedule says so.
+    fn add_replayed(&mut self, item: PendingRef) {
         if self.leased.contains(&item.delivery_id) {
             self.after_lease.insert(item.delivery_id.clone(), item);
         } else {
@@ -611,7 +615,17 @@ impl EmbeddedQueue {
     pub fn add(&self, items: Vec<PendingRef>) {
         self.with_lanes(|lanes| {
             for item in items {
-                lanes.add_requested(item);
+                lanes.add(item);
+            }
+        });
+        self.wake.notify_one();
+    }
+
+    /// [`EmbeddedQueue::add`] for deliveries a replay made pending again.
+    pub fn add_replayed(&self, items: Vec<PendingRef>) {
+        self.with_lanes(|lanes| {
+            for item in items {
+                lanes.add_replayed(item);
             }
         });
         self.wake.notify_one();
@@ -686,6 +700,11 @@ impl EmbeddedQueue {
 impl Queue for EmbeddedQueue {
     async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
         self.add(items);
+        Ok(())
+    }
+
+    async fn enqueue_replayed(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
+        self.add_replayed(items);
         Ok(())
     }
 
@@ -847,21 +866,31 @@ mod tests {
     /// A replay asked for between an attempt's record (which ended the delivery) and the
     /// lease's completion is queued once the lease completes, not dropped as known: it was
     /// left to the periodic sweep (an end-to-end replay test waited 30 s for it). A page of
-    /// the store read meanwhile still skips the leased delivery, whose row is pending while
-    /// it is tried.
+    /// the store, or any other enqueue, meanwhile still skips the leased delivery: its row
+    /// is pending while it is tried, and queuing it for later would send it again early.
     #[test]
-    fn a_delivery_queued_again_while_leased_is_queued_when_the_lease_completes() {
+    fn a_replay_of_a_leased_delivery_is_queued_when_the_lease_completes() {
         let queue = EmbeddedQueue::new();
-        queue.add(vec![item("d1", "e1", "a", 0, 4)]);
+        queue.add(vec![
+            item("d1", "e1", "a", 0, 4),
+            item("d2", "e1", "a", 0, 4),
+        ]);
         let taken = drain(&queue, 0);
-        assert_eq!(taken.len(), 1);
+        assert_eq!(taken.len(), 2);
+        queue.add_replayed(vec![item("d1", "e1", "a", 1, 4)]);
         queue.add_page(vec![item("d1", "e1", "a", 0, 4)], None, from_millis(1));
-        queue.add(vec![item("d1", "e1", "a", 1, 4)]);
+        queue.add_page(vec![item("d2", "e1", "a", 0, 4)], None, from_millis(1));
+        queue.add(vec![item("d2", "e1", "a", 0, 4)]);
         assert!(drain(&queue, 1).is_empty(), "not twice at once");
         queue.complete(&taken[0], from_millis(2));
+        queue.complete(&taken[1], from_millis(2));
         let again = drain(&queue, 2);
-        assert_eq!(again.len(), 1, "the replay is queued");
-        assert_eq!(again[0].due, from_millis(1), "the replay's, not the page's");
+        assert_eq!(again.len(), 1, "only the replay is queued: {again:?}");
+        assert_eq!(
+            (again[0].delivery_id.as_str(), again[0].due),
+            ("d1", from_millis(1)),
+            "the replay's"
+        );
         queue.complete(&again[0], from_millis(3));
         assert!(drain(&queue, 3).is_empty(), "and only once");
     }

@@ -18,6 +18,12 @@ pub struct QueueError(pub String);
 pub trait Queue: Send + Sync + 'static {
     /// Schedules deliveries for their due time. Enqueueing one that is already queued is harmless.
     async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError>;
+    /// [`Queue::enqueue`] for deliveries a replay made pending again. One whose last attempt
+    /// ended it a moment ago may still be held by that attempt's worker: it is queued once
+    /// the worker lets go, not dropped as already queued.
+    async fn enqueue_replayed(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
+        self.enqueue(items).await
+    }
     /// An endpoint's lane limits changed (cap, rate limit).
     async fn update_lane(
         &self,

@@ -40,7 +40,7 @@ async fn carry_out(
     let outcome = app.store.replay(&ReplayRequest { replay, limit }).await?;
     if !outcome.queued.is_empty() {
         // The rows are pending and due now: if the queue fails, the sweeper sends them.
-        if let Err(error) = app.queue.enqueue(outcome.queued).await {
+        if let Err(error) = app.queue.enqueue_replayed(outcome.queued).await {
             tracing::error!(replay.id = %outcome.replay.id, %error, "enqueue after replay failed; the sweeper will retry");
         }
     }
