@@ -149,12 +149,9 @@ impl SqliteStore {
                     };
                     let slice = Slice {
                         deliveries_done,
-                        events: events.map(|(last, done, _)| (last, done)),
+                        events,
                         tail_removed: last_event_rowid(&sp)? < tail,
                     };
-                    if let Some((_, _, Some(oldest))) = events {
-                        purged.overdue = overdue(cutoff, oldest);
-                    }
                     if slice.events.is_some_and(|(_, done)| done) {
                         purged.notifications = sp
                             .prepare_cached(
@@ -320,14 +317,14 @@ fn overdue(cutoff: i64, at: i64) -> Duration {
 }
 
 /// One slice of the events table: events that no delivery refers to (none matched an
-/// endpoint, or theirs were purged in an earlier pass). Returns the last event visited,
-/// whether the walk is done, and when the oldest one it removed was created.
+/// endpoint, or theirs were purged in an earlier pass). Returns the last event visited and
+/// whether the walk is done.
 fn purge_events(
     conn: &Connection,
     cutoff: i64,
     after: i64,
     purged: &mut Purged,
-) -> StoreResult<(i64, bool, Option<i64>)> {
+) -> StoreResult<(i64, bool)> {
     let rows: Vec<(i64, String, String, i64)> = conn
         .prepare_cached(
             "SELECT rowid, account_id, id, created_at FROM events WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
@@ -340,19 +337,22 @@ fn purge_events(
         })
         .map_err(backend)?;
     let full = rows.len() == SLICE_ROWS as usize;
-    let (mut last, mut oldest) = (after, None);
+    let mut last = after;
+    let mut done = !full;
     for (rowid, account, event, created_at) in rows {
         if created_at >= cutoff {
-            return Ok((last, true, oldest));
+            done = true;
+            break;
         }
         last = rowid;
         let removed = delete_unreferenced_event(conn, cutoff, &account, &event)?;
         if removed > 0 {
-            oldest = Some(oldest.map_or(created_at, |o: i64| o.min(created_at)));
+            // In rowid order, not creation order: the oldest is the largest overdue.
+            purged.overdue = purged.overdue.max(overdue(cutoff, created_at));
         }
         purged.events += removed;
     }
-    Ok((last, !full, oldest))
+    Ok((last, done))
 }
 
 /// The events table's largest rowid (0 when empty).
