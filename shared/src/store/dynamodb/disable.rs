@@ -286,12 +286,15 @@ impl DynamoStore {
         }
         let mut later: Vec<&Delivery> = Vec::new();
         if let Some((event, deliveries)) = &r.operational_event {
+            let room = MAX_TRANSACTION_ITEMS - items.len() - 1;
+            // Deliveries that do not fit are written after the transaction; until they are,
+            // the event is left unfanned, so if that fails the stream's fan-out (or the
+            // sweeper's) writes the rest rather than no one.
             items.push(put_if_absent(
                 &self.tables.events,
-                self.event_item(event, true),
+                self.event_item(event, deliveries.len() <= room),
                 "id",
             )?);
-            let room = MAX_TRANSACTION_ITEMS - items.len();
             for delivery in deliveries.iter().take(room) {
                 items.push(put_if_absent(
                     &self.tables.deliveries,
@@ -306,7 +309,9 @@ impl DynamoStore {
             Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => return Ok(None),
             Err(other) => return Err(other.into_store_error()),
         }
-        // More operations endpoints than one transaction holds: the rest.
+        // More operations endpoints than one transaction holds: the rest. The event's stream
+        // record then fans it out again, which finds these written (and queues the pending
+        // ones again; a sender takes a delivery once) and marks the event.
         self.put_deliveries_if_absent(&later).await?;
         // The endpoint is disabled (so its pending deliveries are inert: no sender takes
         // them and the sweeper skips them); abandon them now, one conditional write each.

@@ -253,10 +253,13 @@ impl DynamoStore {
         derived_ids_only(deliveries)?;
         // The event and its first deliveries in one transaction; an account with more
         // endpoints than one transaction holds gets the rest in follow-up transactions,
-        // each put conditional, so repeating them is harmless.
+        // each put conditional, so repeating them is harmless. Such an event is written
+        // unfanned: if a follow-up fails, the stream's fan-out (or the sweeper's) writes the
+        // rest, and otherwise finds them written and marks the event.
+        let fits = deliveries.len() < MAX_TRANSACTION_ITEMS;
         let mut items = vec![put_if_absent(
             &self.tables.events,
-            self.event_item(event, true),
+            self.event_item(event, fits),
             "id",
         )?];
         let mut rest = deliveries.iter();

@@ -1026,3 +1026,156 @@ async fn a_late_delivery_keeps_an_event_written_without_a_ttl() {
         "{kept:?}: not past the retries of a delivery added now"
     );
 }
+
+/// Refuses every `TransactWriteItems` after the first `allowed`, as a throttled or failing
+/// table would.
+#[derive(Debug)]
+struct TransactionsRefusedAfter(std::sync::atomic::AtomicUsize);
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for TransactionsRefusedAfter {
+    fn name(&self) -> &'static str {
+        "TransactionsRefusedAfter"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput;
+        use std::sync::atomic::Ordering;
+        if context
+            .input()
+            .downcast_ref::<TransactWriteItemsInput>()
+            .is_none()
+        {
+            return Ok(());
+        }
+        match self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            }) {
+            Ok(_) => Ok(()),
+            Err(_) => Err("TransactWriteItems refused by the test".into()),
+        }
+    }
+}
+
+/// The store on the same tables through a client that refuses transactions after the first
+/// `allowed`.
+fn refusing_transactions_after(store: &DynamoStore, allowed: usize) -> DynamoStore {
+    let refused = TransactionsRefusedAfter(std::sync::atomic::AtomicUsize::new(allowed));
+    let config = store
+        .client()
+        .config()
+        .to_builder()
+        .interceptor(refused)
+        .build();
+    DynamoStore {
+        client: aws_sdk_dynamodb::Client::from_conf(config),
+        ..store.clone()
+    }
+}
+
+/// An event published with more deliveries than one transaction holds is written unfanned,
+/// so when a follow-up transaction fails the fan-out still writes the rest.
+#[tokio::test]
+async fn an_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_out() {
+    use crate::fixtures::{delivery, endpoint, event, t0};
+    let store = emulator_store().await;
+    let [first] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_000"]).await;
+    let ev = event("acme", "evt_wide", t0());
+    let mut deliveries = vec![delivery(&ev, &first, t0())];
+    for i in 1..150 {
+        let ep = endpoint("acme", &format!("ep_{i:03}"), t0());
+        store.create_endpoint(&ep).await.unwrap();
+        deliveries.push(delivery(&ev, &ep, t0()));
+    }
+    let failing = refusing_transactions_after(&store, 1);
+    assert!(failing.publish(&ev, &deliveries).await.is_err());
+    let written = store.deliveries_of_event(&ev).await.unwrap().len();
+    assert!((1..150).contains(&written), "{written} written");
+    let later = crate::clock::add(t0(), std::time::Duration::from_secs(60));
+    let unfanned = store.unfanned_events(None, later, 10).await.unwrap();
+    assert_eq!(
+        unfanned.events.iter().map(|e| &e.id).collect::<Vec<_>>(),
+        [&ev.id],
+        "the event is left for the fan-out"
+    );
+    // An event whose deliveries fit in its transaction is written fanned out.
+    let narrow = event("acme", "evt_narrow", t0());
+    store
+        .publish(&narrow, &[delivery(&narrow, &first, t0())])
+        .await
+        .unwrap();
+    let unfanned = store.unfanned_events(None, later, 10).await.unwrap();
+    assert_eq!(unfanned.events.len(), 1);
+}
+
+/// An operations event with more deliveries than the disabling transaction holds is written
+/// unfanned, so when the rest of its deliveries cannot be written the fan-out (its stream
+/// record, or the sweeper) still writes them; marked fanned out, they would never be.
+#[tokio::test]
+async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_out() {
+    use crate::fixtures::{account, delivery, endpoint, t0, typed_event};
+    let store = emulator_store().await;
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_down"]).await;
+    store.create_account(&account("ops")).await.unwrap();
+    let op_event = typed_event("ops", "evt_op_rest", "endpoint.disabled", t0());
+    let mut op_deliveries = Vec::new();
+    for i in 0..150 {
+        let listener = endpoint("ops", &format!("ep_ops_{i:03}"), t0());
+        store.create_endpoint(&listener).await.unwrap();
+        op_deliveries.push(delivery(&op_event, &listener, t0()));
+    }
+    let now = crate::clock::add(t0(), std::time::Duration::from_secs(3 * 86_400));
+    let request = DisableRequest {
+        account_id: ep.account_id.clone(),
+        endpoint_id: ep.id.clone(),
+        reason: "failing for 3 days".into(),
+        now,
+        expected_failing_since: None,
+        notification: None,
+        operational_event: Some((op_event.clone(), op_deliveries.clone())),
+    };
+    // The disabling transaction goes through; the follow-up with the other deliveries fails.
+    let failing = refusing_transactions_after(&store, 1);
+    assert!(failing.disable_endpoint(&request).await.is_err());
+    let stored = store.get_endpoint(&ep.account_id, &ep.id).await.unwrap();
+    assert_eq!(
+        stored.map(|e| e.status),
+        Some(crate::domain::EndpointStatus::Disabled)
+    );
+    let written = store.deliveries_of_event(&op_event).await.unwrap().len();
+    assert!((1..150).contains(&written), "{written} written");
+    let unfanned = store.unfanned_events(None, now, 10).await.unwrap();
+    assert_eq!(
+        unfanned.events.iter().map(|e| &e.id).collect::<Vec<_>>(),
+        [&op_event.id],
+        "the event is left for the fan-out"
+    );
+
+    // What the fan-out does with it: the rest written, the event marked.
+    store
+        .add_deliveries_of(&op_event, &op_deliveries)
+        .await
+        .unwrap();
+    store
+        .mark_fanned_out(&[crate::store::FannedOut {
+            event: op_event.clone(),
+            missed: false,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.deliveries_of_event(&op_event).await.unwrap().len(),
+        150
+    );
+    assert!(store
+        .unfanned_events(None, now, 10)
+        .await
+        .unwrap()
+        .events
+        .is_empty());
+}
