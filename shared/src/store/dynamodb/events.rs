@@ -593,7 +593,12 @@ impl DynamoStore {
                         None => Err(crate::domain::event::unknown_account(&event.account_id)),
                     }
                 }
-                Ok(super::outbox::OutboxItem::AlreadyFannedOut) => Ok(None),
+                Ok(super::outbox::OutboxItem::AlreadyFannedOut) => {
+                    // Written fanned out, but with a shard (docs/OUTBOX.md allows both): out
+                    // of the index, or every sweep reads it again.
+                    self.leave_unfanned_index(&account, &id).await?;
+                    Ok(None)
+                }
                 Err(reason) => Err(reason),
             };
             match checked {
@@ -603,6 +608,24 @@ impl DynamoStore {
             }
         }
         Ok(crate::store::UnfannedPage { events, last })
+    }
+
+    /// Takes an event written fanned out out of the `unfanned` index, and changes nothing
+    /// else (its TTL is its writer's).
+    async fn leave_unfanned_index(&self, account: &str, id: &str) -> StoreResult<()> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(account_key(account, id)))
+            .update_expression("REMOVE #shard")
+            .condition_expression("fanned_out = :done")
+            .expression_attribute_names("#shard", UNFANNED_SHARD)
+            .expression_attribute_values(":done", AttributeValue::Bool(true))
+            .send()
+            .await;
+        written(update)?;
+        Ok(())
     }
 
     pub(super) async fn mark_fanned_out(

@@ -1179,3 +1179,54 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
         .events
         .is_empty());
 }
+
+/// An outbox item written already fanned out but with a shard (the contract allows both)
+/// leaves the `unfanned` index at the sweeper's first look, so later sweeps do not read it
+/// again; it keeps its writer's TTL and gets no deliveries.
+#[tokio::test]
+async fn an_item_written_fanned_out_with_a_shard_leaves_the_sweepers_index() {
+    use crate::fixtures::t0;
+    let store = emulator_store().await;
+    crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let created = to_millis(t0());
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().events)
+        .item("account_id", s("acme"))
+        .item("id", s("evt_done"))
+        .item("type", s("invoice.paid"))
+        .item("created_at", n(created))
+        .item("payload", s("{}"))
+        .item("fanned_out", AttributeValue::Bool(true))
+        .item(UNFANNED_SHARD, s("2"))
+        .item("expires_at", n(created / 1000 + 3600))
+        .send()
+        .await
+        .unwrap();
+    let later = crate::clock::add(t0(), std::time::Duration::from_secs(60));
+    let page = store.unfanned_events(None, later, 10).await.unwrap();
+    assert!(page.events.is_empty());
+    let item = store
+        .get(&store.tables().events, account_key("acme", "evt_done"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !item.contains_key(UNFANNED_SHARD),
+        "still in the sweeper's index: {item:?}"
+    );
+    assert_eq!(
+        opt_n::<i64>(&item, "expires_at").unwrap(),
+        Some(created / 1000 + 3600)
+    );
+    assert_eq!(
+        store.unfanned_events(None, later, 10).await.unwrap().last,
+        None
+    );
+    assert!(store
+        .deliveries_of_event(&crate::fixtures::event("acme", "evt_done", t0()))
+        .await
+        .unwrap()
+        .is_empty());
+}
