@@ -311,8 +311,14 @@ impl DynamoStore {
         }
         // More operations endpoints than one transaction holds: the rest. The event's stream
         // record then fans it out again, which finds these written (and queues the pending
-        // ones again; a sender takes a delivery once) and marks the event.
-        self.put_deliveries_if_absent(&later).await?;
+        // ones again; a sender takes a delivery once) and marks the event. If they cannot be
+        // written now, that fan-out writes them; the disabling goes on (its abandon, audit
+        // entry and mail do not wait for them).
+        if let Err(error) = self.put_deliveries_if_absent(&later).await {
+            if let Some((event, _)) = &r.operational_event {
+                tracing::warn!(event.id = %event.id, %error, "the operational event's other deliveries were not written; its fan-out writes them");
+            }
+        }
         // The endpoint is disabled (so its pending deliveries are inert: no sender takes
         // them and the sweeper skips them); abandon them now, one conditional write each.
         let abandoned = self

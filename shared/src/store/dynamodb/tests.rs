@@ -1115,7 +1115,8 @@ async fn an_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_ou
 
 /// An operations event with more deliveries than the disabling transaction holds is written
 /// unfanned, so when the rest of its deliveries cannot be written the fan-out (its stream
-/// record, or the sweeper) still writes them; marked fanned out, they would never be.
+/// record, or the sweeper) still writes them; marked fanned out, they would never be. The
+/// disabling does not fail for them.
 #[tokio::test]
 async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_out() {
     use crate::fixtures::{account, delivery, endpoint, t0, typed_event};
@@ -1139,9 +1140,21 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
         notification: None,
         operational_event: Some((op_event.clone(), op_deliveries.clone())),
     };
-    // The disabling transaction goes through; the follow-up with the other deliveries fails.
+    // The disabling transaction goes through; the follow-up with the other deliveries fails,
+    // and the disabling is finished all the same.
     let failing = refusing_transactions_after(&store, 1);
-    assert!(failing.disable_endpoint(&request).await.is_err());
+    let outcome = failing.disable_endpoint(&request).await.unwrap();
+    assert!(outcome.is_some(), "disabled");
+    let item = store
+        .get(&store.tables().endpoints, account_key("acme", "ep_down"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        opt_s(&item, "failing_shard").as_deref(),
+        Some(FAILING_SHARD),
+        "the disabling finished"
+    );
     let stored = store.get_endpoint(&ep.account_id, &ep.id).await.unwrap();
     assert_eq!(
         stored.map(|e| e.status),
