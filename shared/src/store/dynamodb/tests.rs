@@ -216,17 +216,22 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
             Some("abandoned: failing for 3 days")
         );
     }
-    let item = store
-        .get(&store.tables().endpoints, account_key("acme", "ep_half"))
-        .await
-        .unwrap()
-        .unwrap();
     assert_eq!(
-        opt_s(&item, "failing_shard").as_deref(),
+        failing_shard_of(&store, "acme", "ep_half").await.as_deref(),
         Some(FAILING_SHARD)
     );
     // Finished: the next check has nothing left to do.
     assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+}
+
+/// The endpoint's partition of the `failing` index (`disabling` until a disabling is done).
+async fn failing_shard_of(store: &DynamoStore, account: &str, endpoint: &str) -> Option<String> {
+    let item = store
+        .get(&store.tables().endpoints, account_key(account, endpoint))
+        .await
+        .unwrap()
+        .unwrap();
+    opt_s(&item, "failing_shard")
 }
 
 #[tokio::test]
@@ -1145,13 +1150,8 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
     let failing = refusing_transactions_after(&store, 1);
     let outcome = failing.disable_endpoint(&request).await.unwrap();
     assert!(outcome.is_some(), "disabled");
-    let item = store
-        .get(&store.tables().endpoints, account_key("acme", "ep_down"))
-        .await
-        .unwrap()
-        .unwrap();
     assert_eq!(
-        opt_s(&item, "failing_shard").as_deref(),
+        failing_shard_of(&store, "acme", "ep_down").await.as_deref(),
         Some(FAILING_SHARD),
         "the disabling finished"
     );
