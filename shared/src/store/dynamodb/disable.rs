@@ -284,7 +284,7 @@ impl DynamoStore {
                 "pk",
             )?);
         }
-        let mut later: Vec<&Delivery> = Vec::new();
+        let mut later: Option<(&Event, Vec<&Delivery>)> = None;
         if let Some((event, deliveries)) = &r.operational_event {
             let room = MAX_TRANSACTION_ITEMS - items.len() - 1;
             // Deliveries that do not fit are written after the transaction; until they are,
@@ -302,7 +302,7 @@ impl DynamoStore {
                     "id",
                 )?);
             }
-            later.extend(deliveries.iter().skip(room));
+            later = Some((event, deliveries.iter().skip(room).collect()));
         }
         match self.transact(items).await {
             Ok(()) => {}
@@ -314,8 +314,8 @@ impl DynamoStore {
         // ones again; a sender takes a delivery once) and marks the event. If they cannot be
         // written now, that fan-out writes them; the disabling goes on (its abandon, audit
         // entry and mail do not wait for them).
-        if let Err(error) = self.put_deliveries_if_absent(&later).await {
-            if let Some((event, _)) = &r.operational_event {
+        if let Some((event, rest)) = later {
+            if let Err(error) = self.put_deliveries_if_absent(&rest).await {
                 tracing::warn!(event.id = %event.id, %error, "the operational event's other deliveries were not written; its fan-out writes them");
             }
         }
