@@ -82,7 +82,7 @@ pub fn describe() {
         EVENTS_PUBLISHED,
         "Events accepted by publish (repeats of an id not counted)"
     );
-    describe_counter!(DELIVERIES_CREATED, "Deliveries created by fan-out");
+    describe_counter!(DELIVERIES_CREATED, "Deliveries written by the store");
     describe_counter!(ATTEMPTS, "HTTP attempts by outcome (success, http_error, redirect, transport_error) and attempt number");
     describe_histogram!(
         ATTEMPT_DURATION,
@@ -170,20 +170,18 @@ fn attempt_label(number: u32) -> String {
     }
 }
 
-pub fn published(deliveries: usize) {
-    event_published();
-    counter!(DELIVERIES_CREATED).increment(deliveries as u64);
-}
-
-/// An event published without its deliveries: fan-out creates them (and counts them).
+/// An event accepted by publish (its deliveries are counted by the store that writes them).
 pub fn event_published() {
     counter!(EVENTS_PUBLISHED).increment(1);
 }
 
-/// Deliveries created by a fan-out, of an event stored alone (a publish through the stream
-/// or the embedded fan-out, or an outbox write).
-pub fn fanned_out(deliveries: usize) {
-    counter!(DELIVERIES_CREATED).increment(deliveries as u64);
+/// Delivery rows a store wrote, whoever asked (publish, fan-out, replay, an operational
+/// event). Counted by the store as each write commits, so a write that fails part-way counts
+/// what it wrote, and the retry that finds those rows written counts only the rest.
+pub fn deliveries_created(deliveries: usize) {
+    if deliveries > 0 {
+        counter!(DELIVERIES_CREATED).increment(deliveries as u64);
+    }
 }
 
 pub fn attempt_recorded(

@@ -233,7 +233,6 @@ async fn fan_out_one(
     let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) =
         deliveries_to(event, endpoints, now).into_iter().unzip();
     let added = app.store.add_deliveries_of(event, &deliveries).await?;
-    crate::telemetry::fanned_out(added.len());
     let mut to_queue: Vec<Delivery> = added.clone();
     if added.len() < deliveries.len() {
         // A replay: queue again what an earlier run created but may not have queued.

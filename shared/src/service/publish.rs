@@ -111,7 +111,7 @@ pub(super) async fn write_with_deliveries(
                 .zip(&receivers)
                 .map(|(d, e)| PendingRef::new(d, e, now))
                 .collect();
-            crate::telemetry::published(deliveries.len());
+            crate::telemetry::event_published();
             // The event is committed; if the queue fails now, the sweeper picks the rows up.
             if let Err(error) = app.queue.enqueue(refs).await {
                 tracing::error!(event.id = %event.id, %error, "enqueue after publish failed; the sweeper will retry");
@@ -236,16 +236,13 @@ pub async fn publish_batch_limited(
     for ((event, deliveries), outcome) in items.into_iter().zip(outcomes) {
         published.push(match outcome {
             PublishOutcome::Created => {
+                crate::telemetry::event_published();
                 let deliveries = match deliveries {
                     Some(deliveries) => {
                         queued.extend(pending_refs(&event, &deliveries, &endpoints));
-                        crate::telemetry::published(deliveries.len());
                         deliveries
                     }
-                    None => {
-                        crate::telemetry::event_published();
-                        planned_deliveries(&event, &endpoints)
-                    }
+                    None => planned_deliveries(&event, &endpoints),
                 };
                 Published {
                     event,

@@ -205,7 +205,6 @@ async fn recover_missed(
             rest = later;
             let added = app.store.add_deliveries(slice).await?;
             created += added.len();
-            crate::telemetry::fanned_out(added.len());
             if added.is_empty() {
                 continue;
             }

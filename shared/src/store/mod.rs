@@ -422,6 +422,11 @@ store_port! { $
     /// Deletes the endpoint and abandons its pending deliveries; the history stays.
     async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool>;
 
+    // Every method that writes deliveries (the publishes, the two `add_deliveries`, and
+    // `disable_endpoint`'s operational event) counts them in `telemetry::deliveries_created`
+    // as each of its writes commits: only the store knows how many a write that failed
+    // part-way wrote, and a retry finds those written and counts none of them again.
+
     /// Writes the event and its deliveries in one transaction (the outbox).
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
     /// Several publishes at once, each idempotent on its event id as [`Store::publish`] is,

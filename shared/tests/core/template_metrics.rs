@@ -185,8 +185,8 @@ fn emitted() -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
         telemetry::describe();
         let endpoint = EndpointId::from_trusted("ep_1".into());
         let account = AccountId::from_trusted("acme".into());
-        telemetry::published(2);
-        telemetry::fanned_out(1);
+        telemetry::event_published();
+        telemetry::deliveries_created(1);
         let outcomes = [
             AttemptOutcome::Success { status: 200 },
             AttemptOutcome::Rejected {

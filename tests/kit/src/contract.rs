@@ -27,6 +27,7 @@ pub use crate::audit_contract::{
     audited_changes_are_written_with_their_entries,
 };
 pub use crate::catalog_contract::the_event_type_catalog_is_kept_by_name;
+pub use crate::created_contract::every_delivery_written_is_counted_once;
 use crate::fixtures::{
     account, account_with_endpoints, attempt_record, delivery, endpoint, event, publish_each,
     publish_one, t0, typed_event,
@@ -1881,6 +1882,7 @@ macro_rules! store_contract_tests {
             attempts_are_counted_by_endpoint_and_hour,
             the_event_type_catalog_is_kept_by_name,
             missed_events_are_listed_by_account_and_time,
+            every_delivery_written_is_counted_once,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

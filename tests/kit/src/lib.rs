@@ -13,6 +13,7 @@ pub mod catalog_contract;
 pub mod contract;
 #[cfg(all(test, feature = "aws"))]
 mod cost;
+pub mod created_contract;
 pub mod farm;
 pub mod fixtures;
 #[cfg(feature = "aws")]

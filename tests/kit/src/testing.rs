@@ -385,6 +385,19 @@ pub fn capture_lambda_metrics(
     (publisher, capture, guard)
 }
 
+/// What `recorder` counted in `hooklane_deliveries_created_total` since its last flush.
+pub fn deliveries_counted(recorder: &hooklane::telemetry::emf::EmfRecorder) -> u64 {
+    recorder
+        .flush(0)
+        .iter()
+        .find_map(|document| {
+            document
+                .get(hooklane::telemetry::DELIVERIES_CREATED)?
+                .as_u64()
+        })
+        .unwrap_or(0)
+}
+
 /// `infra/template.yaml` as CloudFormation deploys it, translated by aws-sam-translator
 /// (`tests/sam_translate.py` in the test venv, `HOOKLANE_TEST_PYTHON`); with
 /// `--managed-policies ARN...` as `args`, those AWS managed policies' documents instead.

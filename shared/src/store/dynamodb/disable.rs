@@ -285,8 +285,10 @@ impl DynamoStore {
             )?);
         }
         let mut later: Option<(&Event, Vec<&Delivery>)> = None;
+        let mut first = 0;
         if let Some((event, deliveries)) = &r.operational_event {
             let room = MAX_TRANSACTION_ITEMS - items.len() - 1;
+            first = deliveries.len().min(room);
             // Deliveries that do not fit are written after the transaction; until they are,
             // the event is left unfanned, so if that fails the stream's fan-out (or the
             // sweeper's) writes the rest rather than no one.
@@ -305,7 +307,7 @@ impl DynamoStore {
             later = Some((event, deliveries.iter().skip(room).collect()));
         }
         match self.transact(items).await {
-            Ok(()) => {}
+            Ok(()) => crate::telemetry::deliveries_created(first),
             Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => return Ok(None),
             Err(other) => return Err(other.into_store_error()),
         }

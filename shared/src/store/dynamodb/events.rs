@@ -74,7 +74,10 @@ impl DynamoStore {
                 .map(|d| put_if_absent(&self.tables.deliveries, self.delivery_item(d)?, "id"))
                 .collect::<StoreResult<Vec<_>>>()?;
             match self.transact(items).await {
-                Ok(()) | Err(TransactionFailure::Conditions(_)) => {}
+                Ok(()) => crate::telemetry::deliveries_created(chunk.len()),
+                // Some exist (a concurrent fan-out wrote them): the transaction wrote none,
+                // and that fan-out writes the rest.
+                Err(TransactionFailure::Conditions(_)) => {}
                 Err(TransactionFailure::Other(e)) => return Err(e),
             }
         }
@@ -270,8 +273,9 @@ impl DynamoStore {
                 "id",
             )?);
         }
+        let first = items.len() - 1;
         match self.transact(items).await {
-            Ok(()) => {}
+            Ok(()) => crate::telemetry::deliveries_created(first),
             Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
                 let existing = self
                     .get_event_item(event.account_id.as_str(), event.id.as_str())
@@ -481,13 +485,22 @@ impl DynamoStore {
             .buffered(WRITE_CONCURRENCY)
             .collect()
             .await;
+        // Every put has run: those written are counted even when another failed (its retry
+        // finds them written and counts only the rest).
         let mut added = Vec::new();
+        let mut failure = None;
         for (delivery, result) in deliveries.iter().zip(results) {
-            if written(result)?.is_some() {
-                added.push(delivery.clone());
+            match written(result) {
+                Ok(Some(_)) => added.push(delivery.clone()),
+                Ok(None) => {}
+                Err(error) => failure = failure.or(Some(error)),
             }
         }
-        Ok(added)
+        crate::telemetry::deliveries_created(added.len());
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(added),
+        }
     }
 
     pub(super) async fn get_event(

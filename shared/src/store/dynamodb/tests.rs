@@ -1032,14 +1032,19 @@ async fn a_late_delivery_keeps_an_event_written_without_a_ttl() {
     );
 }
 
-/// Refuses every `TransactWriteItems` after the first `allowed`, as a throttled or failing
-/// table would.
+/// Refuses every request whose input is a `T` (`TransactWriteItemsInput`, `PutItemInput`)
+/// after the first `allowed`, as a throttled or failing table would.
 #[derive(Debug)]
-struct TransactionsRefusedAfter(std::sync::atomic::AtomicUsize);
+struct RefusedAfter<T>(
+    std::sync::atomic::AtomicUsize,
+    std::marker::PhantomData<fn() -> T>,
+);
 
-impl aws_smithy_runtime_api::client::interceptors::Intercept for TransactionsRefusedAfter {
+impl<T: std::fmt::Debug + Send + Sync + 'static>
+    aws_smithy_runtime_api::client::interceptors::Intercept for RefusedAfter<T>
+{
     fn name(&self) -> &'static str {
-        "TransactionsRefusedAfter"
+        "RefusedAfter"
     }
 
     fn read_before_execution(
@@ -1047,13 +1052,8 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for TransactionsRef
         context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
         _: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput;
         use std::sync::atomic::Ordering;
-        if context
-            .input()
-            .downcast_ref::<TransactWriteItemsInput>()
-            .is_none()
-        {
+        if context.input().downcast_ref::<T>().is_none() {
             return Ok(());
         }
         match self
@@ -1062,15 +1062,21 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for TransactionsRef
                 left.checked_sub(1)
             }) {
             Ok(_) => Ok(()),
-            Err(_) => Err("TransactWriteItems refused by the test".into()),
+            Err(_) => Err(format!("{} refused by the test", std::any::type_name::<T>()).into()),
         }
     }
 }
 
-/// The store on the same tables through a client that refuses transactions after the first
-/// `allowed`.
-fn refusing_transactions_after(store: &DynamoStore, allowed: usize) -> DynamoStore {
-    let refused = TransactionsRefusedAfter(std::sync::atomic::AtomicUsize::new(allowed));
+/// The store on the same tables through a client that refuses requests of input `T` after
+/// the first `allowed`.
+fn refusing_after<T: std::fmt::Debug + Send + Sync + 'static>(
+    store: &DynamoStore,
+    allowed: usize,
+) -> DynamoStore {
+    let refused = RefusedAfter::<T>(
+        std::sync::atomic::AtomicUsize::new(allowed),
+        std::marker::PhantomData,
+    );
     let config = store
         .client()
         .config()
@@ -1083,11 +1089,50 @@ fn refusing_transactions_after(store: &DynamoStore, allowed: usize) -> DynamoSto
     }
 }
 
+fn refusing_transactions_after(store: &DynamoStore, allowed: usize) -> DynamoStore {
+    refusing_after::<aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput>(
+        store, allowed,
+    )
+}
+
+/// A fan-out whose puts fail part-way answers the error, and counts the deliveries it did
+/// write: its retry finds those written and counts only the rest, so the count is exact.
+#[tokio::test]
+async fn a_fan_out_that_fails_part_way_counts_what_it_wrote() {
+    use crate::fixtures::{delivery, endpoint, event, t0};
+    use crate::testing::deliveries_counted;
+    let store = emulator_store().await;
+    let ev = event("acme", "evt_partial", t0());
+    let [first] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_000"]).await;
+    let mut deliveries = vec![delivery(&ev, &first, t0())];
+    for i in 1..40 {
+        let ep = endpoint("acme", &format!("ep_{i:03}"), t0());
+        store.create_endpoint(&ep).await.unwrap();
+        deliveries.push(delivery(&ev, &ep, t0()));
+    }
+    store.put_event(&ev).await.unwrap();
+    let recorder = crate::telemetry::emf::EmfRecorder::new("Hooklane", Vec::new());
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let failing = refusing_after::<aws_sdk_dynamodb::operation::put_item::PutItemInput>(&store, 25);
+    assert!(failing.add_deliveries_of(&ev, &deliveries).await.is_err());
+    let written = store.deliveries_of_event(&ev).await.unwrap().len();
+    assert_eq!(written, 25, "the puts the table took");
+    assert_eq!(
+        deliveries_counted(&recorder),
+        25,
+        "what the failed fan-out wrote"
+    );
+    let added = store.add_deliveries_of(&ev, &deliveries).await.unwrap();
+    assert_eq!(added.len(), 15);
+    assert_eq!(deliveries_counted(&recorder), 15, "what its retry wrote");
+}
+
 /// An event published with more deliveries than one transaction holds is written unfanned,
 /// so when a follow-up transaction fails the fan-out still writes the rest.
 #[tokio::test]
 async fn an_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_out() {
     use crate::fixtures::{delivery, endpoint, event, t0};
+    use crate::testing::deliveries_counted;
     let store = emulator_store().await;
     let [first] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_000"]).await;
     let ev = event("acme", "evt_wide", t0());
@@ -1097,10 +1142,20 @@ async fn an_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_ou
         store.create_endpoint(&ep).await.unwrap();
         deliveries.push(delivery(&ev, &ep, t0()));
     }
+    let recorder = crate::telemetry::emf::EmfRecorder::new("Hooklane", Vec::new());
+    let _local = metrics::set_default_local_recorder(&recorder);
     let failing = refusing_transactions_after(&store, 1);
     assert!(failing.publish(&ev, &deliveries).await.is_err());
     let written = store.deliveries_of_event(&ev).await.unwrap().len();
     assert!((1..150).contains(&written), "{written} written");
+    assert_eq!(
+        deliveries_counted(&recorder),
+        written as u64,
+        "what the publish wrote"
+    );
+    // Its fan-out writes and counts the rest.
+    store.add_deliveries_of(&ev, &deliveries).await.unwrap();
+    assert_eq!(deliveries_counted(&recorder), 150 - written as u64);
     let later = crate::clock::add(t0(), std::time::Duration::from_secs(60));
     let unfanned = store.unfanned_events(None, later, 10).await.unwrap();
     assert_eq!(
@@ -1125,6 +1180,7 @@ async fn an_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_ou
 #[tokio::test]
 async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_out() {
     use crate::fixtures::{account, delivery, endpoint, t0, typed_event};
+    use crate::testing::deliveries_counted;
     let store = emulator_store().await;
     let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_down"]).await;
     store.create_account(&account("ops")).await.unwrap();
@@ -1147,6 +1203,8 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
     };
     // The disabling transaction goes through; the follow-up with the other deliveries fails,
     // and the disabling is finished all the same.
+    let recorder = crate::telemetry::emf::EmfRecorder::new("Hooklane", Vec::new());
+    let _local = metrics::set_default_local_recorder(&recorder);
     let failing = refusing_transactions_after(&store, 1);
     let outcome = failing.disable_endpoint(&request).await.unwrap();
     assert!(outcome.is_some(), "disabled");
@@ -1162,6 +1220,11 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
     );
     let written = store.deliveries_of_event(&op_event).await.unwrap().len();
     assert!((1..150).contains(&written), "{written} written");
+    assert_eq!(
+        deliveries_counted(&recorder),
+        written as u64,
+        "what the disabling wrote"
+    );
     let unfanned = store.unfanned_events(None, now, 10).await.unwrap();
     assert_eq!(
         unfanned.events.iter().map(|e| &e.id).collect::<Vec<_>>(),
@@ -1174,6 +1237,11 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
         .add_deliveries_of(&op_event, &op_deliveries)
         .await
         .unwrap();
+    assert_eq!(
+        deliveries_counted(&recorder),
+        150 - written as u64,
+        "what the fan-out wrote"
+    );
     store
         .mark_fanned_out(&[crate::store::FannedOut {
             event: op_event.clone(),

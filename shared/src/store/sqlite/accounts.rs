@@ -151,7 +151,7 @@ impl SqliteStore {
         request: &DisableRequest,
     ) -> StoreResult<Option<DisableOutcome>> {
         let r = request.clone();
-        self.run(move |conn| {
+        let outcome = self.run(move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
             let changed = tx
                 .execute(
@@ -192,7 +192,16 @@ impl SqliteStore {
                 abandoned: u64::try_from(abandoned).unwrap_or(0),
             }))
         })
-        .await
+        .await?;
+        if outcome.is_some() {
+            crate::telemetry::deliveries_created(
+                request
+                    .operational_event
+                    .as_ref()
+                    .map_or(0, |(_, d)| d.len()),
+            );
+        }
+        Ok(outcome)
     }
 
     pub(super) async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {

@@ -37,20 +37,30 @@ impl SqliteStore {
                 }
             }
         };
-        self.run_for(
-            (Lane::Publish(account), rows, true),
-            move |conn| {
-                let tx = JobSavepoint::begin(conn).map_err(backend)?;
-                let outcomes = published
-                    .iter()
-                    .map(|(event, deliveries)| publish_one(&tx, event, deliveries.as_deref()))
-                    .collect::<StoreResult<Vec<_>>>()?;
-                tx.commit().map_err(backend)?;
-                Ok(outcomes)
-            },
-            remember,
-        )
-        .await
+        let outcomes = self
+            .run_for(
+                (Lane::Publish(account), rows, true),
+                move |conn| {
+                    let tx = JobSavepoint::begin(conn).map_err(backend)?;
+                    let outcomes = published
+                        .iter()
+                        .map(|(event, deliveries)| publish_one(&tx, event, deliveries.as_deref()))
+                        .collect::<StoreResult<Vec<_>>>()?;
+                    tx.commit().map_err(backend)?;
+                    Ok(outcomes)
+                },
+                remember,
+            )
+            .await?;
+        crate::telemetry::deliveries_created(
+            items
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, outcome)| matches!(outcome, PublishOutcome::Created))
+                .map(|((_, deliveries), _)| deliveries.as_ref().map_or(0, Vec::len))
+                .sum(),
+        );
+        Ok(outcomes)
     }
 
     pub(super) async fn publish(
@@ -87,12 +97,15 @@ impl SqliteStore {
         };
         let (deliveries, rows) = (deliveries.to_vec(), deliveries.len());
         let fresh = Arc::clone(&self.fresh);
-        self.run_for(
-            (Lane::Account(account), rows, false),
-            move |conn| add_to(conn, None, deliveries),
-            move |_| fresh.forget_all(),
-        )
-        .await
+        let added = self
+            .run_for(
+                (Lane::Account(account), rows, false),
+                move |conn| add_to(conn, None, deliveries),
+                move |_| fresh.forget_all(),
+            )
+            .await?;
+        crate::telemetry::deliveries_created(added.len());
+        Ok(added)
     }
 
     /// Not in the account's publish lane, so that its publishes are not queued behind it;
@@ -110,16 +123,19 @@ impl SqliteStore {
         let keys = (event.account_id.clone(), event.id.clone());
         // A request: the event's end-to-end time waits for it, so a quiet account's fan-out
         // ends a busy batch as its publish does (a busy account's lane is not quiet).
-        self.run_for(
-            (Lane::Account(event.account_id.clone()), rows, true),
-            move |conn| add_to(conn, Some(keys), deliveries),
-            move |added| {
-                if let Ok(added) = added {
-                    fresh.remember_published(&kept, added);
-                }
-            },
-        )
-        .await
+        let added = self
+            .run_for(
+                (Lane::Account(event.account_id.clone()), rows, true),
+                move |conn| add_to(conn, Some(keys), deliveries),
+                move |added| {
+                    if let Ok(added) = added {
+                        fresh.remember_published(&kept, added);
+                    }
+                },
+            )
+            .await?;
+        crate::telemetry::deliveries_created(added.len());
+        Ok(added)
     }
 
     pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
