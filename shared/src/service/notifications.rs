@@ -1,10 +1,25 @@
 use super::ServiceResult;
 use crate::App;
 
-/// Sends queued owner notifications; a failed one stays queued for the next pass.
+/// How long a sender holds a notification it took: longer than a send takes, short enough
+/// that one whose sender died on the way is sent at a later pass.
+const CLAIM: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Sends queued owner notifications; a failed one stays queued, for the first pass after its
+/// claim has run out. Each is claimed first, so that two passes at once (serve's mail loop beside a disabling; on AWS,
+/// two functions, or a pass whose listing still shows what the last one sent) mail it once.
 pub async fn flush(app: &App) -> ServiceResult<usize> {
     let mut sent = 0;
     for notification in app.store.unsent_notifications(100).await? {
+        let now = app.clock.now();
+        let until = crate::clock::add(now, CLAIM);
+        if !app
+            .store
+            .claim_notification(&notification.id, now, until)
+            .await?
+        {
+            continue;
+        }
         match app.notifier.send(&notification).await {
             Ok(()) => {
                 app.store
@@ -62,10 +77,36 @@ mod tests {
         let _local = metrics::set_default_local_recorder(&recorder);
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         let notifier = Arc::new(Refusing(AtomicBool::new(true)));
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
         let app = App {
             notifier: notifier.clone(),
-            ..fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())))
+            ..fixtures::app_on(store.clone(), clock.clone())
         };
+        disable_with_mail(&*store).await;
+
+        assert_eq!(flush(&app).await.unwrap(), 0);
+        let documents = recorder.flush(0);
+        assert!(
+            documents
+                .iter()
+                .any(|d| d.get(telemetry::NOTIFICATIONS_FAILED) == Some(&serde_json::json!(1))),
+            "{documents:?}"
+        );
+        assert_eq!(
+            store.unsent_notifications(10).await.unwrap().len(),
+            1,
+            "kept"
+        );
+
+        notifier.0.store(false, Ordering::SeqCst);
+        assert_eq!(flush(&app).await.unwrap(), 0, "its claim has not run out");
+        clock.advance(CLAIM);
+        assert_eq!(flush(&app).await.unwrap(), 1, "sent on the next run");
+        assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+    }
+
+    /// An endpoint of `acme` disabled with mail for its owner queued.
+    async fn disable_with_mail(store: &dyn Store) {
         store
             .create_account(&fixtures::account("acme"))
             .await
@@ -92,23 +133,34 @@ mod tests {
             })
             .await
             .unwrap();
+    }
 
-        assert_eq!(flush(&app).await.unwrap(), 0);
-        let documents = recorder.flush(0);
-        assert!(
-            documents
-                .iter()
-                .any(|d| d.get(telemetry::NOTIFICATIONS_FAILED) == Some(&serde_json::json!(1))),
-            "{documents:?}"
-        );
-        assert_eq!(
-            store.unsent_notifications(10).await.unwrap().len(),
-            1,
-            "kept"
-        );
+    /// Takes a while to send, as SES does, and counts what it sent.
+    struct Slow(std::sync::atomic::AtomicUsize);
 
-        notifier.0.store(false, Ordering::SeqCst);
-        assert_eq!(flush(&app).await.unwrap(), 1, "sent on the next run");
+    #[async_trait::async_trait]
+    impl Notifier for Slow {
+        async fn send(&self, _: &Notification) -> Result<(), NotifyError> {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// Two passes at once (serve's mail loop and a disabling's own pass) both list the mail;
+    /// its owner gets it once.
+    #[tokio::test]
+    async fn two_passes_at_once_send_a_mail_once() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let notifier = Arc::new(Slow(std::sync::atomic::AtomicUsize::new(0)));
+        let app = App {
+            notifier: notifier.clone(),
+            ..fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())))
+        };
+        disable_with_mail(&*store).await;
+        let (first, second) = tokio::join!(flush(&app), flush(&app));
+        assert_eq!(first.unwrap() + second.unwrap(), 1);
+        assert_eq!(notifier.0.load(Ordering::SeqCst), 1, "mails sent");
         assert!(store.unsent_notifications(10).await.unwrap().is_empty());
     }
 }

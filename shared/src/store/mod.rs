@@ -538,7 +538,17 @@ store_port! { $
         request: &DisableRequest,
     ) -> StoreResult<Option<DisableOutcome>>;
 
+    /// Notifications not yet sent, oldest first (claimed ones included: a claim may have
+    /// run out). On DynamoDB an index read, which may lag the last second of writes.
     async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>>;
+    /// Takes an unsent notification for sending until `until`, so that one sender sends it:
+    /// false when it is sent already, or another sender's claim has not run out at `now`.
+    async fn claim_notification(
+        &self,
+        id: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreResult<bool>;
     async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()>;
 
     /// Stores a new API key; a key of the same id is a conflict.

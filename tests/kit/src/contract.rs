@@ -837,11 +837,32 @@ pub async fn notification_outbox(store: &dyn Store) {
         store.unsent_notifications(10).await.unwrap(),
         vec![note.clone()]
     );
+    // One sender at a time: a claim holds until it runs out, and a claim that ran out (its
+    // sender died, or failed to send) can be taken again.
+    let claim = |at: u64, until: u64| {
+        store.claim_notification(&note.id, add(t0(), secs(at)), add(t0(), secs(until)))
+    };
+    assert!(claim(0, 300).await.unwrap(), "unclaimed");
+    assert!(!claim(299, 599).await.unwrap(), "claimed until 300");
+    assert!(claim(300, 600).await.unwrap(), "the claim ran out");
+    assert_eq!(
+        store.unsent_notifications(10).await.unwrap(),
+        vec![note.clone()],
+        "a claimed notification is not sent yet"
+    );
     store
         .mark_notification_sent(&note.id, add(t0(), secs(1)))
         .await
         .unwrap();
     assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+    assert!(
+        !claim(900, 1200).await.unwrap(),
+        "a sent notification is not sent again, whatever an index still lists"
+    );
+    assert!(!store
+        .claim_notification("ntf_unknown", t0(), add(t0(), secs(300)))
+        .await
+        .unwrap());
     store
         .mark_notification_sent("ntf_unknown", t0())
         .await

@@ -101,6 +101,32 @@ impl DynamoStore {
             .collect()
     }
 
+    /// Conditional on the item itself, which is read consistently: the `unsent` index a
+    /// sender listed it from lags its writes, so it may still list a notification that was
+    /// just sent, or that another sender is sending.
+    pub(super) async fn claim_notification(
+        &self,
+        id: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreResult<bool> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", s(format!("notification#{id}")))
+            .update_expression("SET claimed_until = :until")
+            .condition_expression(
+                "attribute_exists(#u) AND (attribute_not_exists(claimed_until) OR claimed_until <= :now)",
+            )
+            .expression_attribute_names("#u", UNSENT)
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .expression_attribute_values(":until", n(to_millis(until)))
+            .send()
+            .await;
+        Ok(written(result)?.is_some())
+    }
+
     pub(super) async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
         let result = self
             .client

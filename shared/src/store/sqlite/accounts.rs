@@ -229,6 +229,26 @@ impl SqliteStore {
         .await
     }
 
+    pub(super) async fn claim_notification(
+        &self,
+        id: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> StoreResult<bool> {
+        let id = id.to_owned();
+        self.run(move |conn| {
+            let claimed = conn
+                .execute(
+                    "UPDATE notifications SET claimed_until = ?3 WHERE id = ?1 AND sent_at IS NULL \
+                     AND (claimed_until IS NULL OR claimed_until <= ?2)",
+                    params![id, to_millis(now), to_millis(until)],
+                )
+                .map_err(backend)?;
+            Ok(claimed == 1)
+        })
+        .await
+    }
+
     pub(super) async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()> {
         let id = id.to_owned();
         self.run(move |conn| {

@@ -305,6 +305,7 @@ impl SqliteStore {
         add_missing_columns(&conn, "accounts", ADDED_ACCOUNT_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "endpoints", ADDED_ENDPOINT_COLUMNS).map_err(backend)?;
         add_missing_columns(&conn, "replays", ADDED_REPLAY_COLUMNS).map_err(backend)?;
+        add_missing_columns(&conn, "notifications", ADDED_NOTIFICATION_COLUMNS).map_err(backend)?;
         conn.execute_batch(INDEXES_OF_ADDED_COLUMNS)
             .map_err(backend)?;
         migrate_attempts_to_time_order(&conn).map_err(backend)?;

@@ -71,7 +71,8 @@ CREATE TABLE IF NOT EXISTS notifications (
   subject TEXT NOT NULL,
   body TEXT NOT NULL,
   created_at INTEGER NOT NULL,
-  sent_at INTEGER
+  sent_at INTEGER,
+  claimed_until INTEGER
 );
 CREATE INDEX IF NOT EXISTS notifications_unsent ON notifications(created_at) WHERE sent_at IS NULL;
 CREATE TABLE IF NOT EXISTS replays (
@@ -245,6 +246,8 @@ pub(super) const ADDED_REPLAY_COLUMNS: &[(&str, &str)] = &[
     ("include_missed", "INTEGER NOT NULL DEFAULT 0"),
     ("missed", "INTEGER NOT NULL DEFAULT 0"),
 ];
+
+pub(super) const ADDED_NOTIFICATION_COLUMNS: &[(&str, &str)] = &[("claimed_until", "INTEGER")];
 
 pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] =
     &[("erased_at", "INTEGER"), ("missed", "INTEGER")];

@@ -1560,3 +1560,36 @@ async fn a_batch_that_cannot_begin_runs_none_of_its_jobs() {
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file whose notifications table predates claims opens with the column added, and the
+/// mail queued in it is claimed and sent once.
+#[tokio::test]
+async fn mail_queued_in_a_file_without_claims_is_claimed_once() {
+    use crate::fixtures::t0;
+    let dir = std::env::temp_dir().join(format!("hooklane-claims-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("old.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE notifications (id TEXT PRIMARY KEY, account_id TEXT NOT NULL, \
+         recipient TEXT NOT NULL, subject TEXT NOT NULL, body TEXT NOT NULL, \
+         created_at INTEGER NOT NULL, sent_at INTEGER); \
+         INSERT INTO notifications VALUES ('ntf_old', 'acme', 'owner@acme.example', 's', 'b', 0, NULL);",
+    )
+    .unwrap();
+    drop(conn);
+    let store =
+        SqliteStore::open(&path, crate::secrets::SecretsCipher::ephemeral().unwrap()).unwrap();
+    let until = crate::clock::add(t0(), std::time::Duration::from_secs(300));
+    assert!(store
+        .claim_notification("ntf_old", t0(), until)
+        .await
+        .unwrap());
+    assert!(!store
+        .claim_notification("ntf_old", t0(), until)
+        .await
+        .unwrap());
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
