@@ -325,9 +325,35 @@ fn add_to(
         }
         None => {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            let added = insert_deliveries(&tx, &deliveries).map_err(backend)?;
+            // Only deliveries of events still stored: a purge may have removed the event
+            // since the caller read it (a missed event a resend recovers), and a delivery
+            // whose event is gone could never be sent.
+            let mut stored = tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM events WHERE account_id = ?1 AND id = ?2)",
+                )
+                .map_err(backend)?;
+            let live = deliveries
+                .iter()
+                .map(|d| {
+                    stored.query_row(params![d.account_id.as_str(), d.event_id.as_str()], |r| {
+                        r.get::<_, bool>(0)
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<bool>>>()
+                .map_err(backend)?;
+            drop(stored);
+            let kept: Vec<Delivery> = deliveries
+                .iter()
+                .zip(&live)
+                .filter(|(_, live)| **live)
+                .map(|(d, _)| d.clone())
+                .collect();
+            let mut inserted = insert_deliveries(&tx, &kept).map_err(backend)?.into_iter();
             tx.commit().map_err(backend)?;
-            added
+            live.into_iter()
+                .map(|live| live && inserted.next().unwrap_or(false))
+                .collect()
         }
     };
     Ok(deliveries

@@ -102,7 +102,9 @@ const BEHIND_BY: Duration = Duration::from_secs(3600);
 
 /// Where the last purge's walk of the events stopped, and at which cutoff. The events
 /// before it that were kept are referenced by a delivery, and leave with the last of those;
-/// only the purge removes events, so events written since come after it. A purge that
+/// only the purge removes events, so events written since come after it. The walk stops its
+/// mark before the first event it kept because it was still unfanned: that event's fan-out
+/// may end with no delivery, and then only the walk can remove it. A purge that
 /// removes the table's last row leaves none: SQLite gives a new row the largest rowid + 1,
 /// so new events could then take rowids before it. An earlier cutoff (the clock went back)
 /// starts from the first event again.
@@ -134,6 +136,7 @@ impl SqliteStore {
         let mut total = Purged::default();
         let mut deliveries_done = false;
         let mut events_tail_removed = false;
+        let mut held: Option<i64> = None;
         loop {
             let after = events_after;
             let (purged, slice) = self
@@ -149,13 +152,14 @@ impl SqliteStore {
                     };
                     let slice = Slice {
                         deliveries_done,
-                        events,
+                        events: events.map(|walked| (walked.last, walked.done)),
+                        held: events.and_then(|walked| walked.first_unfanned),
                         tail_removed: last_event_rowid(&sp)? < tail,
                     };
                     if slice.events.is_some_and(|(_, done)| done) {
                         purged.notifications = sp
                             .prepare_cached(
-                                "DELETE FROM notifications WHERE sent_at IS NOT NULL AND created_at < ?1",
+                                "DELETE FROM notifications WHERE sent_at < ?1",
                             )
                             .and_then(|mut s| s.execute(params![cutoff]))
                             .map_err(backend)? as u64;
@@ -174,6 +178,7 @@ impl SqliteStore {
             total.add(purged);
             deliveries_done = slice.deliveries_done;
             events_tail_removed |= slice.tail_removed;
+            held = held.or(slice.held);
             let finished = match slice.events {
                 Some((last, done)) => {
                     events_after = last;
@@ -189,7 +194,11 @@ impl SqliteStore {
             tokio::time::sleep(pace.pause_after_slice(&purged)).await;
         }
         *self.purge_mark() = PurgeMark {
-            events: if events_tail_removed { 0 } else { events_after },
+            events: match (events_tail_removed, held) {
+                (true, _) => 0,
+                (false, Some(unfanned)) => unfanned - 1,
+                (false, None) => events_after,
+            },
             cutoff,
         };
         Ok(total)
@@ -225,6 +234,8 @@ struct Slice {
     deliveries_done: bool,
     /// The last event visited, and whether the walk of the events is done.
     events: Option<(i64, bool)>,
+    /// The first event the walk kept because it was still unfanned.
+    held: Option<i64>,
     /// The events table's last row was removed.
     tail_removed: bool,
 }
@@ -316,15 +327,24 @@ fn overdue(cutoff: i64, at: i64) -> Duration {
     Duration::from_millis(u64::try_from(cutoff.saturating_sub(at)).unwrap_or(0))
 }
 
+/// Where a slice of the events walk got to.
+#[derive(Debug, Clone, Copy)]
+struct Walked {
+    /// The last event visited.
+    last: i64,
+    done: bool,
+    /// The first event kept because it is still unfanned.
+    first_unfanned: Option<i64>,
+}
+
 /// One slice of the events table: events that no delivery refers to (none matched an
-/// endpoint, or theirs were purged in an earlier pass). Returns the last event visited and
-/// whether the walk is done.
+/// endpoint, or theirs were purged in an earlier pass).
 fn purge_events(
     conn: &Connection,
     cutoff: i64,
     after: i64,
     purged: &mut Purged,
-) -> StoreResult<(i64, bool)> {
+) -> StoreResult<Walked> {
     let rows: Vec<(i64, String, String, i64)> = conn
         .prepare_cached(
             "SELECT rowid, account_id, id, created_at FROM events WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
@@ -337,22 +357,44 @@ fn purge_events(
         })
         .map_err(backend)?;
     let full = rows.len() == SLICE_ROWS as usize;
-    let mut last = after;
-    let mut done = !full;
+    let mut walked = Walked {
+        last: after,
+        done: !full,
+        first_unfanned: None,
+    };
+    let any_unfanned = unfanned_before(conn, cutoff)?;
     for (rowid, account, event, created_at) in rows {
         if created_at >= cutoff {
-            done = true;
+            walked.done = true;
             break;
         }
-        last = rowid;
+        walked.last = rowid;
         let removed = delete_unreferenced_event(conn, cutoff, &account, &event)?;
         if removed > 0 {
             // In rowid order, not creation order: the oldest is the largest overdue.
             purged.overdue = purged.overdue.max(overdue(cutoff, created_at));
+        } else if any_unfanned
+            && walked.first_unfanned.is_none()
+            && is_unfanned(conn, &account, created_at, &event)?
+        {
+            walked.first_unfanned = Some(rowid);
         }
         purged.events += removed;
     }
-    Ok((last, done))
+    Ok(walked)
+}
+
+fn is_unfanned(
+    conn: &Connection,
+    account: &str,
+    created_at: i64,
+    event: &str,
+) -> StoreResult<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM unfanned WHERE account_id = ?1 AND created_at = ?2 AND id = ?3)",
+    )
+    .and_then(|mut s| s.query_row(params![account, created_at, event], |r| r.get(0)))
+    .map_err(backend)
 }
 
 /// The events table's largest rowid (0 when empty).

@@ -1593,3 +1593,110 @@ async fn mail_queued_in_a_file_without_claims_is_claimed_once() {
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An event a purge kept because it was still unfanned, whose fan-out then gives it no
+/// delivery, is removed by the next purge: the walk's mark did not move past it.
+#[tokio::test]
+async fn an_event_fanned_out_to_nothing_after_a_purge_kept_it_is_removed_by_the_next() {
+    use crate::fixtures::{account, at, event};
+    let store = SqliteStore::in_memory().unwrap();
+    store.create_account(&account("acme")).await.unwrap();
+    let old = event("acme", "evt_old", at(0));
+    store.put_event(&old).await.unwrap();
+    let young = event("acme", "evt_young", at(10_000));
+    store.publish(&young, &[]).await.unwrap();
+    assert_eq!(
+        purge_past(&store, at(100)).await.events,
+        0,
+        "unfanned: kept"
+    );
+    store
+        .mark_fanned_out(&[crate::store::FannedOut {
+            event: old.clone(),
+            missed: false,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(purge_past(&store, at(200)).await.events, 1);
+    assert_eq!(
+        store.get_event(&old.account_id, &old.id).await.unwrap(),
+        None
+    );
+    assert!(store
+        .get_event(&young.account_id, &young.id)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+/// A missed event that a purge removes after a resend read it gets no delivery from that
+/// resend: one whose event is gone could never be sent.
+#[tokio::test]
+async fn a_resend_adds_no_delivery_for_a_missed_event_purged_since_it_was_read() {
+    use crate::fixtures::{account_with_endpoints, at, event};
+    let store = SqliteStore::in_memory().unwrap();
+    let [ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    let ev = event("acme", "evt_missed", at(0));
+    store.put_event(&ev).await.unwrap();
+    store
+        .mark_fanned_out(&[crate::store::FannedOut {
+            event: ev.clone(),
+            missed: true,
+        }])
+        .await
+        .unwrap();
+    let missed = store
+        .missed_events(&crate::store::MissedQuery {
+            account: ev.account_id.clone(),
+            since: at(-10),
+            until: None,
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(missed.len(), 1);
+    assert_eq!(purge_past(&store, at(100)).await.events, 1);
+    let recovered = Delivery::recovered(&missed[0], ep.id.clone(), at(200));
+    let added = store
+        .add_deliveries(std::slice::from_ref(&recovered))
+        .await
+        .unwrap();
+    assert!(added.is_empty(), "added {added:?}");
+    assert!(store.load_work(&recovered.id).await.unwrap().is_none());
+}
+
+/// Sent owner mail is kept a retention after it was sent, not after it was queued.
+#[tokio::test]
+async fn sent_mail_is_kept_a_retention_after_it_was_sent() {
+    use crate::fixtures::{account_with_endpoints, at};
+    let store = SqliteStore::in_memory().unwrap();
+    let [mut ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    ep.failing_since = Some(at(0));
+    store.update_endpoint(&ep).await.unwrap();
+    store
+        .disable_endpoint(&crate::store::DisableRequest {
+            account_id: ep.account_id.clone(),
+            endpoint_id: ep.id.clone(),
+            reason: "failing".into(),
+            now: at(0),
+            expected_failing_since: Some(at(0)),
+            notification: Some(crate::store::Notification {
+                id: "ntf_1".into(),
+                account_id: ep.account_id.clone(),
+                recipient: crate::domain::EmailAddress::parse("owner@acme.example").unwrap(),
+                subject: "disabled".into(),
+                body: "your endpoint".into(),
+                created_at: at(0),
+            }),
+            operational_event: None,
+        })
+        .await
+        .unwrap();
+    store
+        .mark_notification_sent("ntf_1", at(1_000))
+        .await
+        .unwrap();
+    assert_eq!(purge_past(&store, at(500)).await.notifications, 0);
+    assert_eq!(purge_past(&store, at(1_500)).await.notifications, 1);
+}
