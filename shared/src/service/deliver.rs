@@ -22,7 +22,7 @@ const EARLY_TOLERANCE: Duration = Duration::from_millis(500);
 /// What an attempt came to, for the caller's bookkeeping.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptResult {
-    /// Nothing to do: delivered, final, or its endpoint is gone or disabled.
+    /// Nothing to do: not found, or no longer pending.
     Skipped,
     /// The ticket came early; try again at this time.
     NotYetDue(PendingRef),
@@ -33,8 +33,8 @@ pub enum AttemptResult {
     },
     /// The attempt was sent, but someone else had already moved the delivery on.
     Stale,
-    /// Its event is past retention or erased: the delivery ended `failed` without an
-    /// attempt.
+    /// The delivery ended without an attempt: `failed` when its event is past retention or
+    /// erased, `abandoned` when its endpoint is disabled or deleted.
     Unsendable,
 }
 
@@ -89,7 +89,7 @@ pub async fn attempt_reporting_answer(
         .as_ref()
         .filter(|e| e.status == EndpointStatus::Active)
     else {
-        return Ok(AttemptResult::Skipped);
+        return abandoned(app, &work).await;
     };
     if endpoint.secret.is_withheld() {
         // A store without the secrets key read this endpoint: sending unsigned is never an
@@ -218,6 +218,29 @@ pub async fn attempt_reporting_answer(
 pub const EVENT_EXPIRED: &str =
     "its event is past retention and no longer stored; it cannot be sent";
 
+/// A pending delivery of an endpoint disabled or deleted ends `abandoned`, as the endpoint's
+/// other pending work did when it was disabled or deleted. On DynamoDB that abandon reads the
+/// `pending` index, which may lag its last second of writes, so a delivery whose retry was
+/// being recorded then can be missed; its own next try ends it here.
+async fn abandoned(app: &App, work: &DeliveryWork) -> ServiceResult<AttemptResult> {
+    let delivery = &work.delivery;
+    let reason = match &work.endpoint {
+        None => "endpoint deleted",
+        Some(_) => "abandoned: endpoint disabled",
+    };
+    let change = UnattemptedMove::of(
+        delivery,
+        Unattempted::Abandon(reason.into()),
+        app.clock.now(),
+    );
+    if !app.store.move_unattempted(&change).await? {
+        return Ok(AttemptResult::Stale);
+    }
+    tracing::warn!(delivery.id = %delivery.id, endpoint.id = %delivery.endpoint_id, reason, "pending delivery of an inactive endpoint abandoned");
+    crate::telemetry::completed(&delivery.account_id, "abandoned", 1);
+    Ok(AttemptResult::Unsendable)
+}
+
 /// A pending delivery whose event is gone (past retention) or erased ends `failed` at
 /// once, without an attempt, saying why: no retry can bring the event back.
 async fn ended_unsent(
@@ -253,5 +276,69 @@ fn classify(response: &OutboundResponse, now: Timestamp) -> AttemptOutcome {
         (None, None) => AttemptOutcome::TransportError {
             message: "no response".into(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        fixtures,
+        store::{sqlite::SqliteStore, EndpointDeletion, Store},
+    };
+
+    /// A pending delivery of an endpoint whose disabling or deletion missed it (on DynamoDB,
+    /// the `pending` index that abandon reads had not caught up with its retry) ends
+    /// abandoned at its next try, unsent, instead of staying pending for good.
+    #[tokio::test]
+    async fn a_delivery_its_endpoints_disabling_missed_is_abandoned_at_its_next_try() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let app = fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())));
+        let [mut disabled, deleted] =
+            fixtures::account_with_endpoints(&*store, "acme", ["ep_off", "ep_gone"]).await;
+        let event = fixtures::event("acme", "evt_1", fixtures::t0());
+        let to_disabled = fixtures::delivery(&event, &disabled, fixtures::t0());
+        store
+            .publish(&event, std::slice::from_ref(&to_disabled))
+            .await
+            .unwrap();
+        // Disabled, this delivery left pending.
+        disabled.status = EndpointStatus::Disabled;
+        store.update_endpoint(&disabled).await.unwrap();
+        // Deleted, then a delivery to it written (as a fan-out racing the deletion would).
+        assert!(store
+            .delete_endpoint(&EndpointDeletion {
+                account_id: deleted.account_id.clone(),
+                endpoint_id: deleted.id.clone(),
+                at: fixtures::t0(),
+            })
+            .await
+            .unwrap());
+        let to_deleted = fixtures::delivery(&event, &deleted, fixtures::t0());
+        store
+            .add_deliveries(std::slice::from_ref(&to_deleted))
+            .await
+            .unwrap();
+
+        for (delivery, reason) in [
+            (&to_disabled, "abandoned: endpoint disabled"),
+            (&to_deleted, "endpoint deleted"),
+        ] {
+            let result = attempt(&app, &delivery.id, Trigger::Scheduled)
+                .await
+                .unwrap();
+            assert_eq!(result, AttemptResult::Unsendable, "{reason}");
+            let stored = store
+                .get_delivery(&delivery.account_id, &delivery.id)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(stored.status, DeliveryStatus::Abandoned, "{reason}");
+            assert_eq!(stored.attempts, 0);
+            assert_eq!(stored.last_error.as_deref(), Some(reason));
+        }
     }
 }

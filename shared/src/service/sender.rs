@@ -64,7 +64,7 @@ pub enum Handled {
     Attempted(AttemptResult),
     /// The endpoint is busy or over its rate: the message was queued again for later.
     Requeued { after: Duration, busy: Busy },
-    /// The endpoint is gone or disabled: nothing to do.
+    /// Nothing to do: the delivery is no longer pending, or its endpoint is gone or disabled.
     Skipped,
 }
 
@@ -201,7 +201,21 @@ async fn handle_endpoint_group(
     };
     let endpoint = match app.store.get_endpoint(account_id, endpoint_id).await {
         Ok(Some(endpoint)) if endpoint.status == EndpointStatus::Active => endpoint,
-        Ok(_) => return group.iter().map(|_| Ok(Handled::Skipped)).collect(),
+        // Disabled or deleted, which abandoned its pending work; a delivery that abandon
+        // missed (it reads the `pending` index, which lags its last writes) ends here, unsent,
+        // rather than staying pending. Rare, so each is looked at on its own.
+        Ok(_) => {
+            return join_all(group.iter().map(|&(app, delivery)| async move {
+                match deliver::attempt(app, delivery, Trigger::Scheduled).await {
+                    Ok(AttemptResult::Unsendable) => {
+                        Ok(Handled::Attempted(AttemptResult::Unsendable))
+                    }
+                    Ok(_) => Ok(Handled::Skipped),
+                    Err(error) => Err(error.into()),
+                }
+            }))
+            .await
+        }
         Err(error) => {
             let text = error.to_string();
             return group
@@ -876,7 +890,8 @@ mod tests {
             "the re-queued message waits its delay"
         );
 
-        // A disabled endpoint's messages are dropped.
+        // A disabled endpoint's messages are dropped, unsent; a delivery its disabling left
+        // pending (on AWS, the `pending` index had not caught up with it) ends abandoned.
         let mut disabled = app
             .store
             .get_endpoint(&account, &endpoint)
@@ -888,7 +903,17 @@ mod tests {
         let handled = handle_message(&app, lanes, &delivery, &endpoint_id, &account_id)
             .await
             .unwrap();
-        assert_eq!(handled, Handled::Skipped);
+        assert_eq!(handled, Handled::Attempted(AttemptResult::Unsendable));
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
+        let ended = self::stored(&app, &account, &delivery).await;
+        assert_eq!(
+            (ended.status, ended.attempts),
+            (DeliveryStatus::Abandoned, 0)
+        );
+        let again = handle_message(&app, lanes, &delivery, &endpoint_id, &account_id)
+            .await
+            .unwrap();
+        assert_eq!(again, Handled::Skipped);
     }
 
     #[tokio::test]

@@ -143,6 +143,20 @@ pub enum Unattempted {
     Defer(Timestamp),
     /// It can never be sent (its event is past retention): it ends `failed` with this reason.
     Fail(String),
+    /// Its endpoint is disabled or deleted, which abandons the endpoint's pending work, and
+    /// this one was missed: it ends `abandoned` with this reason.
+    Abandon(String),
+}
+
+impl Unattempted {
+    /// The status and reason a change that ends the delivery gives it.
+    pub fn ending(&self) -> Option<(DeliveryStatus, &str)> {
+        match self {
+            Self::Defer(_) => None,
+            Self::Fail(reason) => Some((DeliveryStatus::Failed, reason)),
+            Self::Abandon(reason) => Some((DeliveryStatus::Abandoned, reason)),
+        }
+    }
 }
 
 /// Moving a delivery on without an attempt, only if it is still pending with

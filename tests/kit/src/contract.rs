@@ -1638,6 +1638,21 @@ pub async fn move_unattempted_changes_only_the_expected_state(store: &dyn Store)
         .await
         .unwrap());
     assert_eq!(ep.id, stored.endpoint_id);
+
+    // A delivery its endpoint's disabling missed ends abandoned, and leaves the due work.
+    let (_, missed) = publish_one(store, &ep, "evt_missed_by_abandon").await;
+    let abandon = Unattempted::Abandon("abandoned: endpoint disabled".into());
+    assert!(store
+        .move_unattempted(&seen(&missed, 0, &abandon))
+        .await
+        .unwrap());
+    let stored = self::stored(store, &missed).await;
+    assert_eq!(stored.status, DeliveryStatus::Abandoned);
+    assert_eq!(
+        stored.last_error.as_deref(),
+        Some("abandoned: endpoint disabled")
+    );
+    assert!(due_ids(add(t0(), secs(86_400))).await.is_empty());
 }
 
 /// Events published with their deliveries never need a fan-out: they are not listed as

@@ -56,14 +56,17 @@ impl DynamoStore {
                 .expression_attribute_values(":until", n(to_millis(*until)))
                 .expression_attribute_values(":due_key", s(time_key(*until, id)))
                 .expression_attribute_values(":shard", s(pending_shard(id))),
-            Unattempted::Fail(reason) => request
-                .update_expression(
-                    "SET #status = :failed, last_error = :reason, updated_at = :now, expires_at = :expires \
-                     REMOVE next_try_at, pending_shard, due_key",
-                )
-                .expression_attribute_values(":expires", self.log_expiry(now))
-                .expression_attribute_values(":failed", s(DeliveryStatus::Failed.as_str()))
-                .expression_attribute_values(":reason", s(reason)),
+            Unattempted::Fail(_) | Unattempted::Abandon(_) => {
+                let (status, reason) = change.ending().unwrap_or((DeliveryStatus::Failed, ""));
+                request
+                    .update_expression(
+                        "SET #status = :ended, last_error = :reason, updated_at = :now, expires_at = :expires \
+                         REMOVE next_try_at, pending_shard, due_key",
+                    )
+                    .expression_attribute_values(":expires", self.log_expiry(now))
+                    .expression_attribute_values(":ended", s(status.as_str()))
+                    .expression_attribute_values(":reason", s(reason))
+            }
         };
         Ok(written(request.send().await)?.is_some())
     }

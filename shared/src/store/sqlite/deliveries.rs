@@ -83,11 +83,15 @@ impl SqliteStore {
                          WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
                         params![id.as_str(), expected_attempts, to_millis(until), to_millis(now)],
                     ),
-                    Unattempted::Fail(reason) => conn.execute(
-                        "UPDATE deliveries SET status = 'failed', next_try_at = NULL, last_error = ?3, \
-                         updated_at = ?4 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
-                        params![id.as_str(), expected_attempts, reason, to_millis(now)],
-                    ),
+                    Unattempted::Fail(_) | Unattempted::Abandon(_) => {
+                        let (status, reason) =
+                            change.ending().unwrap_or((DeliveryStatus::Failed, ""));
+                        conn.execute(
+                            "UPDATE deliveries SET status = ?5, next_try_at = NULL, last_error = ?3, \
+                             updated_at = ?4 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                            params![id.as_str(), expected_attempts, reason, to_millis(now), status.as_str()],
+                        )
+                    }
                 }
                 .map_err(backend)?;
                 Ok(changed > 0)
