@@ -6,8 +6,9 @@ use crate::App;
 const CLAIM: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Sends queued owner notifications; a failed one stays queued, for the first pass after its
-/// claim has run out. Each is claimed first, so that two passes at once (serve's mail loop beside a disabling; on AWS,
-/// two functions, or a pass whose listing still shows what the last one sent) mail it once.
+/// claim has run out. Each is claimed first, so that two passes at once (serve's mail loop
+/// beside a disabling; on AWS, two functions, or a pass whose listing still shows what the
+/// last one sent) mail it once.
 pub async fn flush(app: &App) -> ServiceResult<usize> {
     let mut sent = 0;
     for notification in app.store.unsent_notifications(100).await? {

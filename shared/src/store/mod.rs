@@ -148,17 +148,6 @@ pub enum Unattempted {
     Abandon(String),
 }
 
-impl Unattempted {
-    /// The status and reason a change that ends the delivery gives it.
-    pub fn ending(&self) -> Option<(DeliveryStatus, &str)> {
-        match self {
-            Self::Defer(_) => None,
-            Self::Fail(reason) => Some((DeliveryStatus::Failed, reason)),
-            Self::Abandon(reason) => Some((DeliveryStatus::Abandoned, reason)),
-        }
-    }
-}
-
 /// Moving a delivery on without an attempt, only if it is still pending with
 /// `expected_attempts` (the attempts it had when it was seen).
 #[derive(Debug, Clone, PartialEq)]

@@ -56,19 +56,30 @@ impl DynamoStore {
                 .expression_attribute_values(":until", n(to_millis(*until)))
                 .expression_attribute_values(":due_key", s(time_key(*until, id)))
                 .expression_attribute_values(":shard", s(pending_shard(id))),
-            Unattempted::Fail(_) | Unattempted::Abandon(_) => {
-                let (status, reason) = change.ending().unwrap_or((DeliveryStatus::Failed, ""));
-                request
-                    .update_expression(
-                        "SET #status = :ended, last_error = :reason, updated_at = :now, expires_at = :expires \
-                         REMOVE next_try_at, pending_shard, due_key",
-                    )
-                    .expression_attribute_values(":expires", self.log_expiry(now))
-                    .expression_attribute_values(":ended", s(status.as_str()))
-                    .expression_attribute_values(":reason", s(reason))
+            Unattempted::Fail(reason) => self.end_unattempted(request, DeliveryStatus::Failed, reason, now),
+            Unattempted::Abandon(reason) => {
+                self.end_unattempted(request, DeliveryStatus::Abandoned, reason, now)
             }
         };
         Ok(written(request.send().await)?.is_some())
+    }
+
+    /// `request` made to end the delivery as `status`, saying why, out of the due work.
+    fn end_unattempted(
+        &self,
+        request: aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder,
+        status: DeliveryStatus,
+        reason: &str,
+        now: Timestamp,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        request
+            .update_expression(
+                "SET #status = :ended, last_error = :reason, updated_at = :now, expires_at = :expires \
+                 REMOVE next_try_at, pending_shard, due_key",
+            )
+            .expression_attribute_values(":expires", self.log_expiry(now))
+            .expression_attribute_values(":ended", s(status.as_str()))
+            .expression_attribute_values(":reason", s(reason))
     }
 
     pub(super) async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {

@@ -75,23 +75,34 @@ impl SqliteStore {
         let (fresh, moved) = (Arc::clone(&self.fresh), id.clone());
         self.run_then(
             move |conn| {
+                let end = |status: DeliveryStatus, reason: String| {
+                    conn.execute(
+                        "UPDATE deliveries SET status = ?5, next_try_at = NULL, last_error = ?3, \
+                         updated_at = ?4 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
+                        params![
+                            id.as_str(),
+                            expected_attempts,
+                            reason,
+                            to_millis(now),
+                            status.as_str()
+                        ],
+                    )
+                };
                 let changed = match change {
                     // One due time here, and the embedded dispatcher never defers (it takes
                     // only work whose endpoint has room): the next try moves.
                     Unattempted::Defer(until) => conn.execute(
                         "UPDATE deliveries SET next_try_at = ?3, updated_at = ?4 \
                          WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
-                        params![id.as_str(), expected_attempts, to_millis(until), to_millis(now)],
+                        params![
+                            id.as_str(),
+                            expected_attempts,
+                            to_millis(until),
+                            to_millis(now)
+                        ],
                     ),
-                    Unattempted::Fail(_) | Unattempted::Abandon(_) => {
-                        let (status, reason) =
-                            change.ending().unwrap_or((DeliveryStatus::Failed, ""));
-                        conn.execute(
-                            "UPDATE deliveries SET status = ?5, next_try_at = NULL, last_error = ?3, \
-                             updated_at = ?4 WHERE id = ?1 AND status = 'pending' AND attempts = ?2",
-                            params![id.as_str(), expected_attempts, reason, to_millis(now), status.as_str()],
-                        )
-                    }
+                    Unattempted::Fail(reason) => end(DeliveryStatus::Failed, reason),
+                    Unattempted::Abandon(reason) => end(DeliveryStatus::Abandoned, reason),
                 }
                 .map_err(backend)?;
                 Ok(changed > 0)
