@@ -89,7 +89,7 @@ pub async fn attempt_reporting_answer(
         .as_ref()
         .filter(|e| e.status == EndpointStatus::Active)
     else {
-        return abandoned(app, &work).await;
+        return abandoned(app, &work.delivery, work.endpoint.is_none()).await;
     };
     if endpoint.secret.is_withheld() {
         // A store without the secrets key read this endpoint: sending unsigned is never an
@@ -222,11 +222,15 @@ pub const EVENT_EXPIRED: &str =
 /// other pending work did when it was disabled or deleted. On DynamoDB that abandon reads the
 /// `pending` index, which may lag its last second of writes, so a delivery whose retry was
 /// being recorded then can be missed; its own next try ends it here.
-async fn abandoned(app: &App, work: &DeliveryWork) -> ServiceResult<AttemptResult> {
-    let delivery = &work.delivery;
-    let reason = match &work.endpoint {
-        None => "endpoint deleted",
-        Some(_) => "abandoned: endpoint disabled",
+async fn abandoned(
+    app: &App,
+    delivery: &crate::domain::Delivery,
+    deleted: bool,
+) -> ServiceResult<AttemptResult> {
+    let reason = if deleted {
+        "endpoint deleted"
+    } else {
+        "abandoned: endpoint disabled"
     };
     let change = UnattemptedMove::of(
         delivery,
@@ -239,6 +243,26 @@ async fn abandoned(app: &App, work: &DeliveryWork) -> ServiceResult<AttemptResul
     tracing::warn!(delivery.id = %delivery.id, endpoint.id = %delivery.endpoint_id, reason, "pending delivery of an inactive endpoint abandoned");
     crate::telemetry::completed(&delivery.account_id, "abandoned", 1);
     Ok(AttemptResult::Unsendable)
+}
+
+/// For a message to `endpoint`, read as disabled or (`deleted`) gone: ends its delivery
+/// `abandoned` if it is still pending, and never sends (the endpoint may be enabled again
+/// meanwhile; its slots and rate were not taken for this). One read of the delivery.
+pub async fn abandon_if_pending(
+    app: &App,
+    account: &crate::domain::AccountId,
+    delivery_id: &DeliveryId,
+    endpoint: &crate::domain::EndpointId,
+    deleted: bool,
+) -> ServiceResult<AttemptResult> {
+    match app.store.get_delivery(account, delivery_id).await? {
+        Some(delivery)
+            if delivery.status == DeliveryStatus::Pending && &delivery.endpoint_id == endpoint =>
+        {
+            abandoned(app, &delivery, deleted).await
+        }
+        _ => Ok(AttemptResult::Skipped),
+    }
 }
 
 /// A pending delivery whose event is gone (past retention) or erased ends `failed` at
@@ -286,6 +310,7 @@ mod tests {
     use super::*;
     use crate::{
         clock::ManualClock,
+        domain::Delivery,
         fixtures,
         store::{sqlite::SqliteStore, EndpointDeletion, Store},
     };
@@ -340,5 +365,50 @@ mod tests {
             assert_eq!(stored.attempts, 0);
             assert_eq!(stored.last_error.as_deref(), Some(reason));
         }
+    }
+
+    /// The sender's way for messages of an endpoint it read as inactive: abandons only a
+    /// pending delivery of that endpoint, and never sends.
+    #[tokio::test]
+    async fn a_message_of_an_inactive_endpoint_abandons_only_its_own_pending_delivery() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let app = fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())));
+        let [off, other] =
+            fixtures::account_with_endpoints(&*store, "acme", ["ep_off", "ep_other"]).await;
+        let event = fixtures::event("acme", "evt_1", fixtures::t0());
+        let to_off = fixtures::delivery(&event, &off, fixtures::t0());
+        let to_other = fixtures::delivery(&event, &other, fixtures::t0());
+        store
+            .publish(&event, &[to_off.clone(), to_other.clone()])
+            .await
+            .unwrap();
+        let account = &to_off.account_id;
+        assert_eq!(
+            abandon_if_pending(&app, account, &to_other.id, &off.id, false)
+                .await
+                .unwrap(),
+            AttemptResult::Skipped,
+            "another endpoint's delivery"
+        );
+        for expected in [AttemptResult::Unsendable, AttemptResult::Skipped] {
+            let result = abandon_if_pending(&app, account, &to_off.id, &off.id, false)
+                .await
+                .unwrap();
+            assert_eq!(result, expected);
+        }
+        let status = |d: &Delivery| {
+            let store = store.clone();
+            let (account, id) = (d.account_id.clone(), d.id.clone());
+            async move {
+                store
+                    .get_delivery(&account, &id)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .status
+            }
+        };
+        assert_eq!(status(&to_off).await, DeliveryStatus::Abandoned);
+        assert_eq!(status(&to_other).await, DeliveryStatus::Pending);
     }
 }

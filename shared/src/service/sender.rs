@@ -203,10 +203,13 @@ async fn handle_endpoint_group(
         Ok(Some(endpoint)) if endpoint.status == EndpointStatus::Active => endpoint,
         // Disabled or deleted, which abandoned its pending work; a delivery that abandon
         // missed (it reads the `pending` index, which lags its last writes) ends here, unsent,
-        // rather than staying pending. Rare, so each is looked at on its own.
-        Ok(_) => {
+        // rather than staying pending: one read of each delivery.
+        Ok(inactive) => {
+            let deleted = inactive.is_none();
             return join_all(group.iter().map(|&(app, delivery)| async move {
-                match deliver::attempt(app, delivery, Trigger::Scheduled).await {
+                match deliver::abandon_if_pending(app, account_id, delivery, endpoint_id, deleted)
+                    .await
+                {
                     Ok(AttemptResult::Unsendable) => {
                         Ok(Handled::Attempted(AttemptResult::Unsendable))
                     }
@@ -214,7 +217,7 @@ async fn handle_endpoint_group(
                     Err(error) => Err(error.into()),
                 }
             }))
-            .await
+            .await;
         }
         Err(error) => {
             let text = error.to_string();
