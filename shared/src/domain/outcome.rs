@@ -153,6 +153,16 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// The longest time from a delivery's first attempt to its last: the schedule with every
+    /// failure asking for the longest `Retry-After`, which may stretch each delay to it.
+    pub fn longest_span(&self) -> Duration {
+        self.schedule
+            .delays()
+            .iter()
+            .map(|delay| (*delay).max(self.max_retry_after))
+            .sum()
+    }
+
     pub fn is_client_error(&self, outcome: &AttemptOutcome) -> bool {
         matches!(outcome, AttemptOutcome::Rejected { status, .. } if self.client_error_statuses.contains(status))
     }
@@ -196,10 +206,43 @@ impl RetryPolicy {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::clock::from_millis;
     use rand::{rngs::StdRng, SeedableRng};
+
+    /// The time from a first attempt to the last of a delivery whose every try is answered
+    /// 503 with `retry_after` (as `decide` schedules it).
+    pub(crate) fn span_answered_with(
+        policy: &RetryPolicy,
+        retry_after: Option<Duration>,
+    ) -> Duration {
+        let mut rng = StdRng::seed_from_u64(7);
+        let first = from_millis(1_700_000_000_000);
+        let mut now = first;
+        let outcome = AttemptOutcome::Rejected {
+            status: 503,
+            retry_after,
+        };
+        for attempts in 1.. {
+            match policy.decide(attempts, 0, &outcome, now, &mut rng) {
+                Decision::RetryAt(at) => now = at,
+                _ => break,
+            }
+        }
+        (now - first).to_std().unwrap()
+    }
+
+    /// An endpoint that asks for more than the longest `Retry-After` at every try takes the
+    /// longest span; one that asks for nothing takes no longer than the schedule.
+    #[test]
+    fn the_longest_span_is_every_try_waiting_the_longest_retry_after() {
+        let policy = RetryPolicy::default();
+        let stretched = span_answered_with(&policy, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(stretched, policy.longest_span());
+        assert_eq!(stretched, Duration::from_secs(10 * 86_400));
+        assert!(span_answered_with(&policy, None) <= policy.schedule.total_span());
+    }
 
     #[test]
     fn a_decision_sets_status_next_try_and_the_error_kept() {

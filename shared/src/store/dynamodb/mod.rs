@@ -186,8 +186,9 @@ pub struct Retention {
     pub events: std::time::Duration,
     pub attempts: std::time::Duration,
     pub deliveries: std::time::Duration,
-    /// How long a delivery made pending now may need its event: the retry schedule and a
-    /// day. A replay or a late delivery keeps its event at least this long from then on.
+    /// How long a delivery made pending now may need its event: the longest its retries can
+    /// take, and a day. A replay or a late delivery keeps its event at least this long from
+    /// then on.
     pub retries: std::time::Duration,
 }
 
@@ -198,16 +199,18 @@ impl Default for Retention {
 }
 
 impl Retention {
-    /// `HOOKLANE_RETENTION` for every table; an event and an attempt are kept at least a
-    /// day past the retry schedule, so a delivery still being retried always finds its
-    /// event, and its log its attempts (their TTL runs from when they were written).
+    /// `HOOKLANE_RETENTION` for every table; an event is kept at least a day past the
+    /// longest its retries can take (every failure asking for the longest `Retry-After`),
+    /// so a delivery still being retried always finds it. An attempt is kept that long plus
+    /// the retention (its TTL runs from when it was made): its delivery ends at most that
+    /// long after it, and the delivery's log row is kept the retention from then.
     pub fn from_core(core: &crate::config::CoreConfig) -> Self {
-        let schedule = core.retry.schedule.total_span() + std::time::Duration::from_secs(86_400);
+        let retries = core.retry.longest_span() + std::time::Duration::from_secs(86_400);
         Self {
-            events: core.retention.max(schedule),
-            attempts: core.retention.max(schedule),
+            events: core.retention.max(retries),
+            attempts: core.retention + retries,
             deliveries: core.retention,
-            retries: schedule,
+            retries,
         }
     }
 }

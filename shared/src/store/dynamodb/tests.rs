@@ -719,19 +719,18 @@ fn a_short_retention_keeps_attempts_and_events_through_the_retries() {
         ..crate::config::CoreConfig::default()
     };
     let retention = Retention::from_core(&core);
-    let retries = core.retry.schedule.total_span() + std::time::Duration::from_secs(86_400);
+    let retries = core.retry.longest_span() + std::time::Duration::from_secs(86_400);
     assert_eq!(retention.retries, retries);
     assert_eq!(retention.events, retries);
-    assert_eq!(retention.attempts, retries);
+    assert_eq!(retention.attempts, core.retention + retries);
     assert_eq!(
         retention.deliveries, core.retention,
         "from when a delivery ends"
     );
     let long = Retention::default();
-    assert_eq!(
-        long.attempts,
-        crate::config::CoreConfig::default().retention
-    );
+    let thirty_days = crate::config::CoreConfig::default().retention;
+    assert_eq!(long.events, thirty_days);
+    assert_eq!(long.attempts, thirty_days + retries);
 }
 
 /// DynamoDB's TTL deletes an expired item within days, not at once, and reads return it
@@ -1310,4 +1309,27 @@ async fn an_item_written_fanned_out_with_a_shard_leaves_the_sweepers_index() {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// The TTLs hold for the longest a delivery can be retried: every try answered 503 with a
+/// `Retry-After` past the longest allowed stretches each delay to it. An event outlives those
+/// retries from when they start, and an attempt outlives its delivery's log row.
+#[test]
+fn events_and_attempts_outlive_retries_stretched_by_retry_after() {
+    let core = crate::config::CoreConfig::default();
+    let retention = Retention::from_core(&core);
+    let asked = std::time::Duration::from_secs(30 * 86_400);
+    let longest = crate::domain::outcome::tests::span_answered_with(&core.retry, Some(asked));
+    assert!(
+        retention.retries > longest,
+        "events kept {:?} past a replay; its retries can take {longest:?}",
+        retention.retries
+    );
+    assert!(retention.events >= retention.retries);
+    assert!(
+        retention.attempts >= longest + retention.deliveries,
+        "an attempt kept {:?}; its delivery may end {longest:?} later and is kept {:?} more",
+        retention.attempts,
+        retention.deliveries
+    );
 }
