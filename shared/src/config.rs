@@ -29,6 +29,9 @@ pub const CORE_SETTINGS: [(&str, &str); 13] = [
 /// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
 pub const MAX_PAYLOAD_CEILING: usize = 16 * 1024 * 1024;
 
+/// [`CoreConfig::batch_body_limit`] for the usual event sizes.
+pub const BATCH_BODY_BYTES: usize = 3_700_000;
+
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
     pub retry: RetryPolicy,
@@ -91,10 +94,11 @@ impl CoreConfig {
     }
 
     /// The largest body of a batch publish: [`MAX_BATCH`](crate::service::publish::MAX_BATCH)
-    /// events at most, together within 4 MiB (what one DynamoDB transaction holds), and
-    /// never less than what one event may be.
+    /// events at most, together within 3.7 MB, so that on AWS the batch's event items fit
+    /// one DynamoDB transaction (4 MB, with the items' other attributes), and never less
+    /// than what one event may be.
     pub fn batch_body_limit(&self) -> usize {
-        (4 * 1024 * 1024).max(self.body_limit())
+        BATCH_BODY_BYTES.max(self.body_limit())
     }
 
     /// This configuration with the [`CORE_SETTINGS`] that `get` has (asked by variable

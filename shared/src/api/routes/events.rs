@@ -79,7 +79,7 @@ pub struct PublishBatch {
     security(("bearer" = ["events:publish"])),
     tag = "events",
     summary = "Publishes up to 100 events at once, each idempotent on its id.",
-    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. On the embedded shape the batch is one transaction; on the AWS shape the events are written in one transaction per 100 events or 4 MB, and a retry of the same batch completes one that failed part-way.",
+    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. The batch is one transaction in both shapes: its body may be 3.7 MB, so that on AWS its events fit one DynamoDB transaction.",
     params(AccountPath),
     request_body = PublishBatch,
     responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), ReadErrors, BodyErrors, PublishErrors),

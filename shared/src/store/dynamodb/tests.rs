@@ -1333,3 +1333,45 @@ fn events_and_attempts_outlive_retries_stretched_by_retry_after() {
         retention.deliveries
     );
 }
+
+/// The largest batch the API takes on AWS (100 events, ids and types as long as allowed,
+/// the body at its limit) is one transaction: its event items fit DynamoDB's 4 MB, so a
+/// batch is never written part-way.
+#[tokio::test]
+async fn the_largest_batch_the_api_takes_is_one_transaction() {
+    let store = emulator_store().await;
+    let limit = crate::config::CoreConfig::default().batch_body_limit();
+    let long_id = |i: usize| format!("evt_{i:03}_{}", "x".repeat(128 - 8));
+    let kind = format!(
+        "a.{}",
+        "b".repeat(crate::domain::event::MAX_EVENT_TYPE_LEN - 2)
+    );
+    // The body with empty payloads, then the payloads share what is left of the limit.
+    let body = |payload: &str| {
+        let events: Vec<String> = (0..100)
+            .map(|i| {
+                format!(
+                    r#"{{"id":"{}","type":"{kind}","data":{{"v":"{payload}"}}}}"#,
+                    long_id(i)
+                )
+            })
+            .collect();
+        format!(r#"{{"events":[{}]}}"#, events.join(","))
+    };
+    let room = (limit - body("").len()) / 100;
+    let payload = "p".repeat(room);
+    assert!(body(&payload).len() <= limit);
+    let items: usize = (0..100)
+        .map(|i| {
+            let mut ev =
+                crate::fixtures::typed_event("acme", &long_id(i), &kind, crate::fixtures::t0());
+            ev.payload = format!(r#"{{"v":"{payload}"}}"#);
+            item_size(&store.event_item(&ev, false))
+        })
+        .sum();
+    assert!(
+        items <= MAX_TRANSACTION_BYTES,
+        "{items} bytes of items from a {} byte body; one transaction holds {MAX_TRANSACTION_BYTES}",
+        body(&payload).len()
+    );
+}
