@@ -114,7 +114,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.control)
-            .key("pk", s(format!("notification#{id}")))
+            .key("pk", notification_pk(id))
             .update_expression("SET claimed_until = :until")
             .condition_expression(
                 "attribute_exists(#u) AND (attribute_not_exists(claimed_until) OR claimed_until <= :now)",
@@ -132,7 +132,7 @@ impl DynamoStore {
             .client
             .update_item()
             .table_name(&self.tables.control)
-            .key("pk", s(format!("notification#{id}")))
+            .key("pk", notification_pk(id))
             // Sent mail goes with the retention, as the SQLite store's purge removes it.
             .update_expression("SET sent_at = :now, expires_at = :expires REMOVE #u")
             .condition_expression("attribute_exists(pk)")

@@ -606,9 +606,14 @@ pub(super) fn notification_from_item(item: &Item) -> StoreResult<Notification> {
     })
 }
 
+/// The control table's key of a notification: written, claimed and marked sent by it.
+pub(super) fn notification_pk(id: &str) -> AttributeValue {
+    s(format!("notification#{id}"))
+}
+
 pub(super) fn notification_item(n_: &Notification) -> Item {
     Item::from([
-        ("pk".into(), s(format!("notification#{}", n_.id))),
+        ("pk".into(), notification_pk(&n_.id)),
         ("id".into(), s(&n_.id)),
         ("account_id".into(), s(n_.account_id.as_str())),
         ("recipient".into(), s(n_.recipient.as_str())),
