@@ -118,11 +118,30 @@ async fn bad_input_is_refused_with_the_field_named() {
     for (path, body, status, field) in refused {
         expect_error(&server, path, body, status, field).await;
     }
-    let big = "x".repeat(300 * 1024);
+    // Over the request's limit: the body is refused as a whole, naming no field.
     let (status, body) = server
-        .post(events, json!({"type": "a.b", "data": {"blob": big}}))
+        .post(
+            events,
+            json!({"type": "a.b", "data": {"blob": "x".repeat(300 * 1024)}}),
+        )
         .await;
-    assert_eq!(status, 413, "{body}");
+    assert_eq!(
+        (status, &body["error"]["field"]),
+        (413, &Value::Null),
+        "{body}"
+    );
+    // Within it, but the webhook body is over HOOKLANE_MAX_PAYLOAD: `data` is named.
+    let (status, body) = server
+        .post(
+            events,
+            json!({"type": "a.b", "data": {"blob": "x".repeat(260 * 1024)}}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["field"]),
+        (413, &json!("data")),
+        "{body}"
+    );
 
     let (status, body) = server
         .raw_post(endpoints, "application/json", "{\"url\": ")
@@ -191,7 +210,7 @@ async fn bad_input_is_refused_with_the_field_named() {
     let big = "x".repeat(300 * 1024);
     let oversize =
         json!({"events": [{"type": "a.b", "data": {}}, {"type": "a.b", "data": {"big": big}}]});
-    expect_error(&server, batch, oversize, 413, Some("events[1]")).await;
+    expect_error(&server, batch, oversize, 413, Some("events[1].data")).await;
     let no_data = json!({"events": [{"type": "a.b"}]});
     expect_error(&server, batch, no_data, 400, Some("events[0].data")).await;
     let as_array =

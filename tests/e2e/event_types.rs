@@ -138,6 +138,20 @@ async fn the_catalog_checks_what_is_published(server: &Server) {
         "events[1].data.amount",
         "integer",
     );
+    // A batch over 100 is refused for its length, before any item is checked.
+    let mut too_long =
+        vec![json!({"type": "invoice.paid", "data": {"invoice_id": "in_6", "amount": 1}}); 150];
+    too_long[120]["data"]["amount"] = json!("1");
+    refused(
+        &server
+            .post(
+                "/v1/accounts/acme/events/batch",
+                json!({"events": too_long}),
+            )
+            .await,
+        "events",
+        "at most 100",
+    );
     assert_eq!(
         server
             .get(&format!("/v1/accounts/acme/events/{}", id("b0")))

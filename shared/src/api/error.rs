@@ -121,8 +121,9 @@ impl From<ServiceError> for ApiError {
             }
             ServiceError::NotFound(what) => Self::not_found(what),
             ServiceError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
-            ServiceError::TooLarge(message) => {
+            ServiceError::TooLarge { field, message } => {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+                    .with_field(field)
             }
             ServiceError::RateLimited {
                 per_second,

@@ -116,7 +116,7 @@ pub enum ReadErrors {
 pub enum BodyErrors {
     #[response(
         status = 413,
-        description = "The request body is over its limit (the message names it; a `Content-Length` over it is refused before the body is read), or an event's webhook body is over `HOOKLANE_MAX_PAYLOAD` (256 KiB by default). A request body may be 16 KiB more than `HOOKLANE_MAX_PAYLOAD`; a batch's, 4 MiB"
+        description = "The request body is over its limit (the message names it; a `Content-Length` over it is refused before the body is read), or an event's webhook body is over `HOOKLANE_MAX_PAYLOAD` (256 KiB by default). A request body may be 16 KiB more than `HOOKLANE_MAX_PAYLOAD`; a batch's, 3.7 MB"
     )]
     TooLarge(ErrorBody<'static>),
     #[response(status = 415, description = "The body is not `application/json`")]

@@ -29,8 +29,12 @@ pub enum ServiceError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
-    #[error("{0}")]
-    TooLarge(String),
+    /// `field` is over its size limit.
+    #[error("{message}")]
+    TooLarge {
+        field: &'static str,
+        message: String,
+    },
     /// The account's publish rate limit is used up; a token is back after `retry_after`.
     #[error("publish rate limit of {per_second} events/s (bursts of {burst}) reached")]
     RateLimited {

@@ -172,6 +172,24 @@ pub async fn publish_batch(
     publish_batch_limited(app, &Unlimited, account, inputs).await
 }
 
+/// Refuses a batch of no event or of more than [`MAX_BATCH`]; checked before any item is,
+/// so that an oversized batch is answered for its size, not for its 150th item.
+pub fn check_batch_size(len: usize) -> Result<(), InvalidField> {
+    if len == 0 {
+        return Err(InvalidField::new(
+            "events",
+            "a batch holds at least one event",
+        ));
+    }
+    if len > MAX_BATCH {
+        return Err(InvalidField::new(
+            "events",
+            format!("a batch holds at most {MAX_BATCH} events, not {len}"),
+        ));
+    }
+    Ok(())
+}
+
 /// [`publish_batch`] within the account's publish rate limit, each event taking a token.
 pub async fn publish_batch_limited(
     app: &App,
@@ -179,19 +197,7 @@ pub async fn publish_batch_limited(
     account: &AccountId,
     inputs: Vec<NewEvent>,
 ) -> ServiceResult<Vec<Published>> {
-    if inputs.is_empty() {
-        return Err(InvalidField::new("events", "a batch holds at least one event").into());
-    }
-    if inputs.len() > MAX_BATCH {
-        return Err(InvalidField::new(
-            "events",
-            format!(
-                "a batch holds at most {MAX_BATCH} events, not {}",
-                inputs.len()
-            ),
-        )
-        .into());
-    }
+    check_batch_size(inputs.len())?;
     let now = app.clock.now();
     let mut events = Vec::with_capacity(inputs.len());
     let mut seen = std::collections::HashMap::new();
@@ -322,11 +328,14 @@ fn new_event(
     let event = Event::new(id, account.clone(), event_type, now, &input.data)
         .map_err(|e| InvalidField::new("data", e.to_string()))?;
     if event.payload.len() > app.config.max_payload_bytes {
-        return Err(ServiceError::TooLarge(format!(
-            "event body is {} bytes; the limit is {} bytes (send ids and let receivers fetch details)",
-            event.payload.len(),
-            app.config.max_payload_bytes
-        )));
+        return Err(ServiceError::TooLarge {
+            field: "data",
+            message: format!(
+                "event body is {} bytes; the limit is {} bytes (send ids and let receivers fetch details)",
+                event.payload.len(),
+                app.config.max_payload_bytes
+            ),
+        });
     }
     Ok(event)
 }

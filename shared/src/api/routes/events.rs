@@ -89,6 +89,7 @@ pub async fn publish_batch(
     Scoped(account): Scoped,
     JsonBody(body): JsonBody<PublishBatch>,
 ) -> ApiResult<Response> {
+    publish::check_batch_size(body.events.len())?;
     // Every item is checked before any is written: one bad item refuses the batch.
     for (index, event) in body.events.iter().enumerate() {
         if let Err(error) = state
