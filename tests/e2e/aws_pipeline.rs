@@ -704,7 +704,7 @@ async fn the_health_check_disables_a_failing_endpoint_and_mails_its_owner() {
 }
 
 /// Seconds a received message stays hidden before the queue hands it out again. The
-/// template's queue hides it for 180 s (six times the sender's timeout); a crash test waits
+/// template's queue hides it for 360 s (six times the sender's timeout); a crash test waits
 /// for it after every kill, so it shortens it on its own queue. A live sender's batch (10 requests of at most
 /// 100 ms plus their bookkeeping) is handled well within it, so redelivery follows a kill.
 const CRASH_VISIBILITY_TIMEOUT_SECONDS: &str = "6";

@@ -45,6 +45,14 @@ pub fn slot_lease(request_deadline: Duration) -> Duration {
     lease_for(request_deadline * 2)
 }
 
+/// The longest a queue batch can take the sender: a one-slot endpoint's wait for the slot,
+/// the hold that starts further attempts, and the last attempt started at its end, each up to
+/// one request deadline; and 15 s more for the writes that record the attempts and queue
+/// their follow-ups, throttled and retried by the SDK. The function's timeout covers it.
+pub fn longest_batch(request_deadline: Duration) -> Duration {
+    request_deadline * 3 + Duration::from_secs(15)
+}
+
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
 

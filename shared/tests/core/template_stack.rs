@@ -880,6 +880,24 @@ fn every_queue_hides_a_batch_for_six_runs_of_the_function_it_feeds() {
     assert!(checked > 0, "no SQS event source mapping in the stack");
 }
 
+/// Lambda stops an invocation at its timeout, whatever it is doing; the local runner and
+/// the emulator never do. A sender stopped mid-batch has sent requests it never recorded, so
+/// their deliveries go again: its timeout must cover the longest batch it can run.
+#[test]
+fn the_sender_may_run_its_longest_batch_to_the_end() {
+    let deadline = hooklane::http::sender::SenderConfig::default().deadline;
+    let longest = hooklane::service::sender::longest_batch(deadline);
+    let timeout = properties("SenderFunction")["Timeout"]
+        .as_u64()
+        .unwrap_or(3);
+    assert!(
+        std::time::Duration::from_secs(timeout) >= longest,
+        "the sender may run {timeout} s, but a batch may take {longest:?} \
+         (a slot's wait, its hold and the last attempt, each up to the {deadline:?} deadline, \
+         and the writes that record them)"
+    );
+}
+
 // ---------------------------------------------------------------- 13: least privilege
 
 #[test]
