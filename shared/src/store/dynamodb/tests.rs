@@ -1375,3 +1375,61 @@ async fn the_largest_batch_the_api_takes_is_one_transaction() {
         body(&payload).len()
     );
 }
+
+/// An outbox write that fan-out rejected keeps its `data` for the operator; a deletion
+/// request for it removes that as it would an event's payload, and answers what the item
+/// says of the event (it has no deliveries).
+#[tokio::test]
+async fn erasing_a_rejected_outbox_write_removes_its_data() {
+    use crate::fixtures::{account_with_endpoints, at};
+    let store = emulator_store().await;
+    account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let key = account_key("acme", "evt_rejected");
+    let mut item = key.clone();
+    item.extend([
+        ("id".to_owned(), s("evt_rejected")),
+        ("account_id".to_owned(), s("acme")),
+        ("type".to_owned(), s("customer.updated")),
+        // In seconds, not milliseconds: the kind of write fan-out rejects.
+        ("created_at".to_owned(), n(1_700_000_000)),
+        ("data".to_owned(), s(r#"{"email":"someone@example.com"}"#)),
+    ]);
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().events)
+        .set_item(Some(item))
+        .send()
+        .await
+        .unwrap();
+    store
+        .reject_event("acme", "evt_rejected", "created_at is in seconds")
+        .await
+        .unwrap();
+
+    let account = AccountId::from_trusted("acme".into());
+    let id = EventId::from_trusted("evt_rejected".into());
+    let erasure = store.erase_event(&account, &id, at(9)).await.unwrap();
+    let erasure = erasure.expect("the rejected write is found");
+    assert_eq!(
+        (erasure.event.id.as_str(), erasure.event.event_type.as_str()),
+        ("evt_rejected", "customer.updated")
+    );
+    assert!(erasure.event.is_erased() && erasure.deliveries.is_empty());
+    let stored = store
+        .client()
+        .get_item()
+        .table_name(&store.tables().events)
+        .set_key(Some(key))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert!(
+        !stored.contains_key("data") && !stored.contains_key("payload"),
+        "erased, yet kept: {stored:?}"
+    );
+    assert!(stored.contains_key("erased_at") && stored.contains_key("rejected"));
+}
