@@ -653,6 +653,33 @@ fn samconfig() -> toml::Table {
     text.parse().unwrap()
 }
 
+/// EventBridge Scheduler takes group names of 64 characters at most, CloudFormation stack
+/// names of 128: the template's group name is made from the stack name, so infra/README.md
+/// states the longest stack name that deploys, and samconfig's fits it.
+#[test]
+fn the_stack_name_limit_in_the_docs_is_the_schedule_group_s() {
+    let name = render(&properties("RetryScheduleGroup")["Name"]);
+    let suffix = name
+        .strip_prefix("${AWS::StackName}")
+        .unwrap_or_else(|| panic!("the group name is not made from the stack name: {name}"));
+    let longest = 64 - suffix.len();
+    let readme = std::fs::read_to_string(root().join("infra/README.md"))
+        .unwrap()
+        .replace('\n', " ");
+    let stated = format!("The stack name may be at most {longest} characters");
+    assert!(
+        readme.contains(&stated),
+        "infra/README.md does not say {stated:?}"
+    );
+    let stack_name = samconfig()["default"]["global"]["parameters"]["stack_name"]
+        .as_str()
+        .map(str::len);
+    assert!(
+        stack_name.is_some_and(|n| n <= longest),
+        "samconfig's stack_name: {stack_name:?}"
+    );
+}
+
 #[test]
 fn build_and_deploy_read_the_same_architecture() {
     let config = samconfig();
