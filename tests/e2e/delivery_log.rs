@@ -232,3 +232,80 @@ async fn a_write_answers_the_times_a_read_returns() {
         "the webhook's body against the publish's answer"
     );
 }
+
+/// An attempt keeps up to 64 KiB of the endpoint's answer, which as JSON can be six times
+/// that (control bytes are escaped): a delivery's attempts come a page of about 1 MiB at a
+/// time, so that on AWS the answer stays within what a Lambda function may return (6 MB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_s_attempts_come_in_pages_of_bounded_size() {
+    let farm = Farm::start().await.expect("farm");
+    farm.configure(
+        "junk",
+        Behavior::status(500).with_body(vec![0x01_u8; 64 * 1024]),
+    );
+    let scratch = Scratch::new("attempt-pages");
+    let server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "1,1,1")]).await;
+    server.create_account("acme").await;
+    let [_junk] = server.farm_endpoints("acme", &farm, ["junk"]).await;
+    server.publish("acme", "a.x", json!({})).await;
+    let ended = server
+        .eventually(Duration::from_secs(30), || async {
+            server
+                .deliveries("acme", "")
+                .await
+                .first()
+                .is_some_and(|d| d["status"] == "failed" && d["attempts"] == 4)
+        })
+        .await;
+    assert!(ended, "four attempts did not end the delivery");
+    let delivery = server.deliveries("acme", "").await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let attempts = format!("/v1/accounts/acme/deliveries/{delivery}/attempts");
+
+    let read_all = |query: &'static str| {
+        let (server, attempts) = (&server, &attempts);
+        async move {
+            let (mut numbers, mut sizes) = (Vec::new(), Vec::new());
+            let mut cursor: Option<String> = None;
+            loop {
+                let path = match &cursor {
+                    Some(c) => format!("{attempts}?{query}cursor={c}"),
+                    None => format!("{attempts}?{query}"),
+                };
+                let (status, page) = server.get(&path).await;
+                assert_eq!(status, 200, "{path}");
+                sizes.push(page.to_string().len());
+                numbers.extend(
+                    page["data"]
+                        .as_array()
+                        .expect("data")
+                        .iter()
+                        .map(|a| a["number"].clone()),
+                );
+                match page["next_cursor"].as_str() {
+                    Some(next) => cursor = Some(next.to_owned()),
+                    None => break (numbers, sizes),
+                }
+            }
+        }
+    };
+    let (numbers, sizes) = read_all("").await;
+    assert_eq!(numbers, [1, 2, 3, 4], "each attempt once, oldest first");
+    assert!(
+        sizes.len() >= 2 && sizes.iter().all(|&size| size <= 2 << 20),
+        "pages of {sizes:?} bytes"
+    );
+    let (numbers, sizes) = read_all("limit=1&").await;
+    assert_eq!((numbers.len(), sizes.len()), (4, 4));
+
+    // A cursor of another delivery's attempts is refused, naming it.
+    let foreign = hooklane::store::cursor::encode(1, "dlv_another");
+    let (status, body) = server.get(&format!("{attempts}?cursor={foreign}")).await;
+    assert_eq!(
+        (status, &body["error"]["field"]),
+        (400, &json!("cursor")),
+        "{body}"
+    );
+}

@@ -314,6 +314,8 @@ pub struct DeliveryList {
 #[derive(ToSchema)]
 pub struct AttemptList {
     data: Vec<AttemptView<'static>>,
+    /// Present when there are more attempts to read.
+    next_cursor: Option<String>,
 }
 
 #[derive(ToSchema)]

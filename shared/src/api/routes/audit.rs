@@ -9,9 +9,13 @@ use crate::{
 };
 
 /// `cursor` and `limit`, as the delivery log reads them.
-fn page_params(params: Vec<(String, String)>) -> ApiResult<(Option<String>, u32)> {
+/// A page's `cursor` (checked to be one of ours) and `limit` (`default` when not given).
+pub(super) fn page_params(
+    params: Vec<(String, String)>,
+    default: u32,
+) -> ApiResult<(Option<String>, u32)> {
     let mut after = None;
-    let mut limit = 50;
+    let mut limit = default;
     for (name, value) in params {
         match name.as_str() {
             "cursor" => {
@@ -35,7 +39,7 @@ async fn page(
     account: Option<&AccountId>,
     params: Vec<(String, String)>,
 ) -> ApiResult<Response> {
-    let (after, limit) = page_params(params)?;
+    let (after, limit) = page_params(params, 50)?;
     let page = audit::list(&state.app, account, after.as_deref(), limit).await?;
     Ok(Json(ListView {
         data: page.items.iter().map(AuditView::from).collect(),

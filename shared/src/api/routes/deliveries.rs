@@ -194,13 +194,28 @@ async fn existing_delivery(
     security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "Attempt detail: status, latency, response headers and body, error, trigger.",
-    params(DeliveryPath),
-    responses((status = 200, description = "Every attempt of the delivery, oldest first", body = AttemptList), ReadErrors),
+    description = "Oldest first, `limit` attempts a page (100 by default), and about 1 MiB of them at most: an attempt keeps up to 64 KiB of response body and its headers, so a page of them could otherwise outgrow what Lambda can answer (6 MB).",
+    params(DeliveryPath, PageParams),
+    responses((status = 200, description = "A page of the delivery's attempts, oldest first", body = AttemptList), ReadErrors),
 )]
 pub async fn list_attempts(
     State(state): State<ApiState>,
     ScopedId(account, delivery): ScopedId<DeliveryId>,
+    Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
+    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    // The number of the last attempt the previous page held, of this delivery.
+    let after = match cursor.as_deref().and_then(cursor::decode) {
+        None => 0,
+        Some((number, of)) if of == delivery.as_str() => u32::try_from(number)
+            .map_err(|_| ApiError::bad_request("cursor", "cursor is not one this API returned"))?,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "cursor",
+                "cursor is of another delivery's attempts",
+            ))
+        }
+    };
     existing_delivery(&state, &account, &delivery).await?;
     let attempts = state
         .app
@@ -208,9 +223,24 @@ pub async fn list_attempts(
         .list_attempts(&delivery)
         .await
         .map_err(crate::service::ServiceError::from)?;
-    Ok(Json(ListView {
-        data: attempts.iter().map(AttemptView::from).collect(),
-        next_cursor: None,
-    })
-    .into_response())
+    let mut data = Vec::new();
+    let mut bytes = 0;
+    let mut next_cursor = None;
+    for attempt in attempts.iter().filter(|a| a.number > after) {
+        if data.len() >= limit as usize || bytes >= ATTEMPT_PAGE_BYTES {
+            next_cursor = data.last().map(|last: &AttemptView| {
+                cursor::encode(i64::from(last.number), delivery.as_str())
+            });
+            break;
+        }
+        let view = AttemptView::from(attempt);
+        bytes += serde_json::to_vec(&view).map_or(0, |json| json.len());
+        data.push(view);
+    }
+    Ok(Json(ListView { data, next_cursor }).into_response())
 }
+
+/// A page of attempts stops once it holds this many bytes of them: with one more attempt
+/// (at most about 800 KB as JSON: 64 KiB of control bytes escaped six-fold, and its
+/// headers), a page stays well inside the 6 MB a Lambda function may answer.
+const ATTEMPT_PAGE_BYTES: usize = 1 << 20;

@@ -686,7 +686,15 @@ async function showDelivery(id) {
   // could come from before an attempt's record and the status from after it, showing
   // "delivered" over the old attempts.
   const delivery = await api(accountPath(`/deliveries/${encodeURIComponent(id)}`));
-  const attempts = await api(accountPath(`/deliveries/${encodeURIComponent(id)}/attempts`));
+  const attempts = { data: [] };
+  // Attempts come a page at a time (about 1 MiB each); a delivery rarely has more than one.
+  for (let cursor = null, pages = 0; pages < 20; pages++) {
+    const query = cursor ? `?cursor=${encodeURIComponent(cursor)}` : "";
+    const page = await api(accountPath(`/deliveries/${encodeURIComponent(id)}/attempts${query}`));
+    attempts.data.push(...page.data);
+    cursor = page.next_cursor;
+    if (!cursor) break;
+  }
   $("detail-title").textContent = `Delivery of ${delivery.event_type}`;
   const summary = $("detail-summary");
   summary.replaceChildren();
