@@ -226,6 +226,7 @@ pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResul
         requeued = report.requeued,
         due = report.due,
         oldest_due = ?report.oldest_due,
+        complete = report.complete,
         "swept"
     );
     recovered?;

@@ -193,6 +193,22 @@ impl<Id> PageAfter<Id> {
     }
 }
 
+/// Where a walk of due deliveries stands: the due time and id of the last delivery it looked
+/// at (listed, or left out as its endpoint's is inactive).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueCursor {
+    pub due: Timestamp,
+    pub id: DeliveryId,
+}
+
+/// A page of due deliveries ([`Store::pending_deliveries`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PendingPage {
+    pub refs: Vec<PendingRef>,
+    /// Where the next page starts; `None` when nothing more is due.
+    pub next: Option<DueCursor>,
+}
+
 /// One account token, by its account and id (tokens themselves are not stored).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRef {
@@ -501,12 +517,14 @@ store_port! { $
     /// first (DynamoDB: one write per endpoint and hour, not one per attempt). Callers call it
     /// when a batch of attempts is done; counts not yet written are lost with the process.
     async fn flush_hour_counts(&self) -> StoreResult<()>;
-    /// Pending deliveries in due order, due at or before `due_before`, after `after` (paging).
+    /// Pending deliveries of active endpoints due at or before `due_before`, at most `limit`
+    /// of them in due order (then id), after `after`; and where the next page starts. A page
+    /// costs reads in proportion to its length, not to how many are due.
     async fn pending_deliveries(
         &self,
         due_before: Timestamp,
-        page: &PageAfter<DeliveryId>,
-    ) -> StoreResult<Vec<PendingRef>>;
+        page: &PageAfter<DueCursor>,
+    ) -> StoreResult<PendingPage>;
 
     async fn get_delivery(
         &self,

@@ -39,7 +39,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         publish_is_idempotent_on_the_event_id,
         record_attempt_applies_once_per_expected_state,
         failed_is_final,
-        pending_deliveries_page_by_id_and_skip_inactive_endpoints,
+        pending_deliveries_page_in_due_order_and_skip_inactive_endpoints,
         list_deliveries_newest_first_with_filters_and_cursor,
         failing_endpoints_are_the_active_ones_failing_long_enough,
         disable_endpoint_is_conditional_and_complete,

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    DeliveryQuery, DisableRequest, EndpointDeletion, FannedOut, Notification, PageAfter,
+    DeliveryQuery, DisableRequest, DueCursor, EndpointDeletion, FannedOut, Notification, PageAfter,
     PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, Store, StoreError, TokenRef,
     Unattempted, UnattemptedMove,
 };
@@ -87,12 +87,13 @@ async fn stored_endpoint(store: &dyn Store, ep: &Endpoint) -> Endpoint {
         .expect("the endpoint is stored")
 }
 
-/// The first `limit` deliveries due at `at`, in id order.
+/// The first `limit` deliveries due at `at`, in due order.
 async fn due_work(store: &dyn Store, at: Timestamp, limit: u32) -> Vec<PendingRef> {
     store
         .pending_deliveries(at, &PageAfter { after: None, limit })
         .await
         .unwrap()
+        .refs
 }
 
 /// A failed first attempt at `failed_at`, retried at 60 s: the endpoint starts failing then.
@@ -379,7 +380,7 @@ pub async fn failed_is_final(store: &dyn Store) {
         .is_empty());
 }
 
-pub async fn pending_deliveries_page_by_id_and_skip_inactive_endpoints(store: &dyn Store) {
+pub async fn pending_deliveries_page_in_due_order_and_skip_inactive_endpoints(store: &dyn Store) {
     store.create_account(&account("acme")).await.unwrap();
     let live = endpoint("acme", "ep_live", t0());
     let mut off = endpoint("acme", "ep_off", t0());
@@ -406,7 +407,8 @@ pub async fn pending_deliveries_page_by_id_and_skip_inactive_endpoints(store: &d
 
     let cutoff = add(t0(), secs(100));
     let mut seen = Vec::new();
-    let mut after: Option<DeliveryId> = None;
+    let mut after: Option<DueCursor> = None;
+    let mut pages = 0;
     loop {
         let page = store
             .pending_deliveries(
@@ -418,21 +420,26 @@ pub async fn pending_deliveries_page_by_id_and_skip_inactive_endpoints(store: &d
             )
             .await
             .unwrap();
-        assert!(page.len() <= 3);
-        if page.is_empty() {
-            break;
-        }
-        for r in &page {
+        pages += 1;
+        assert!(page.refs.len() <= 3);
+        for r in &page.refs {
             assert_eq!(r.endpoint_id, live.id, "only active endpoints' work");
             assert_eq!(r.max_in_flight, 4);
             assert!(r.due <= cutoff);
         }
-        after = page.last().map(|r| r.delivery_id.clone());
-        seen.extend(page.into_iter().map(|r| r.delivery_id));
+        seen.extend(page.refs.into_iter().map(|r| (r.due, r.delivery_id)));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+        assert!(pages < 10, "the pages never end");
     }
-    let mut expected: Vec<DeliveryId> = due.iter().map(|d| d.id.clone()).collect();
+    let mut expected: Vec<(Timestamp, DeliveryId)> = due
+        .iter()
+        .map(|d| (d.next_try_at.expect("pending"), d.id.clone()))
+        .collect();
     expected.sort();
-    assert_eq!(seen, expected, "every due delivery once, in id order");
+    assert_eq!(seen, expected, "every due delivery once, in due order");
     let early = due_work(store, add(t0(), secs(60)), 100).await;
     assert_eq!(
         early.len(),
@@ -1893,7 +1900,7 @@ macro_rules! store_contract_tests {
             record_attempt_applies_once_per_expected_state,
             list_attempts_returns_every_attempt_in_order,
             failed_is_final,
-            pending_deliveries_page_by_id_and_skip_inactive_endpoints,
+            pending_deliveries_page_in_due_order_and_skip_inactive_endpoints,
             list_deliveries_newest_first_with_filters_and_cursor,
             list_deliveries_pages_through_filters_without_gaps,
             failing_endpoints_are_the_active_ones_failing_long_enough,

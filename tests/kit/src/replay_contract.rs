@@ -130,6 +130,7 @@ pub async fn replays_follow_the_contract(store: &dyn Store) {
         .pending_deliveries(at(50), &hooklane::store::PageAfter::first(100))
         .await
         .expect("pending")
+        .refs
         .iter()
         .any(|p| p.delivery_id == d30[0].id));
 

@@ -140,11 +140,93 @@ pub fn require_emulator() {
     );
 }
 
-/// A DynamoDB client for the emulator; fails loudly without one.
+/// A DynamoDB client for the emulator, which refuses what DynamoDB refuses in a query's
+/// key condition ([`KeyConditionRules`]); fails loudly without an emulator.
 #[cfg(feature = "aws")]
 pub async fn emulator_client() -> hooklane::aws::aws_sdk_dynamodb::Client {
     require_emulator();
-    hooklane::aws::aws_sdk_dynamodb::Client::new(&hooklane::aws::load_sdk_config().await)
+    let config = hooklane::aws::aws_sdk_dynamodb::config::Builder::from(
+        &hooklane::aws::load_sdk_config().await,
+    )
+    .interceptor(KeyConditionRules)
+    .build();
+    hooklane::aws::aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// What DynamoDB refuses in a query's key condition and the emulator answers: an empty string
+/// as a key value, and a `BETWEEN` whose lower bound is above its upper one (DynamoDB
+/// compares strings by their UTF-8 bytes). Installed on [`emulator_client`], so that a store
+/// test fails where AWS would.
+#[cfg(feature = "aws")]
+#[derive(Debug)]
+pub struct KeyConditionRules;
+
+#[cfg(feature = "aws")]
+impl aws_smithy_runtime_api::client::interceptors::Intercept for KeyConditionRules {
+    fn name(&self) -> &'static str {
+        "KeyConditionRules"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use hooklane::aws::aws_sdk_dynamodb::operation::query::QueryInput;
+        let Some(query) = context.input().downcast_ref::<QueryInput>() else {
+            return Ok(());
+        };
+        check_key_condition(
+            query.key_condition_expression().unwrap_or_default(),
+            query.expression_attribute_values(),
+        )
+        .map_err(|message| format!("ValidationException (as DynamoDB answers): {message}").into())
+    }
+}
+
+/// [`KeyConditionRules`] over one key condition and its values.
+#[cfg(feature = "aws")]
+pub fn check_key_condition(
+    expression: &str,
+    values: Option<
+        &std::collections::HashMap<String, hooklane::aws::aws_sdk_dynamodb::types::AttributeValue>,
+    >,
+) -> Result<(), String> {
+    use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
+    let value = |name: &str| values.and_then(|values| values.get(name));
+    let words: Vec<&str> = expression
+        .split(|c: char| c.is_whitespace() || matches!(c, '(' | ')' | ','))
+        .filter(|w| !w.is_empty())
+        .collect();
+    for word in &words {
+        if let Some(AttributeValue::S(text)) = value(word) {
+            if text.is_empty() {
+                return Err(format!(
+                    "the AttributeValue for a key attribute cannot contain an empty string value ({word})"
+                ));
+            }
+        }
+    }
+    for w in words.windows(4) {
+        if !(w[0].eq_ignore_ascii_case("BETWEEN") && w[2].eq_ignore_ascii_case("AND")) {
+            continue;
+        }
+        let reversed = match (value(w[1]), value(w[3])) {
+            (Some(AttributeValue::S(low)), Some(AttributeValue::S(high))) => low > high,
+            (Some(AttributeValue::N(low)), Some(AttributeValue::N(high))) => {
+                low.parse::<f64>().ok() > high.parse::<f64>().ok()
+            }
+            _ => false,
+        };
+        if reversed {
+            return Err(format!(
+                "Invalid KeyConditionExpression: the BETWEEN operator requires upper bound to be \
+                 greater than or equal to lower bound ({} > {})",
+                w[1], w[3]
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The key the tests' stores seal endpoint secrets with.
@@ -431,4 +513,39 @@ fn repository_root() -> std::path::PathBuf {
         );
     }
     dir
+}
+
+#[cfg(all(test, feature = "aws"))]
+mod key_condition_rules {
+    use super::check_key_condition;
+    use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
+
+    fn values(
+        pairs: &[(&str, AttributeValue)],
+    ) -> std::collections::HashMap<String, AttributeValue> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_reversed_between_and_an_empty_key_value_are_refused_as_dynamodb_does() {
+        let s = |v: &str| AttributeValue::S(v.to_owned());
+        let n = |v: &str| AttributeValue::N(v.to_owned());
+        let between = "pk = :p AND sk BETWEEN :a AND :b";
+        let ok = values(&[(":p", s("x")), (":a", s("0001#a")), (":b", s("0002#~"))]);
+        assert_eq!(check_key_condition(between, Some(&ok)), Ok(()));
+        let reversed = values(&[(":p", s("x")), (":a", s("0003#a")), (":b", s("0002#~"))]);
+        assert!(check_key_condition(between, Some(&reversed)).is_err());
+        let numbers = values(&[(":p", s("x")), (":a", n("10")), (":b", n("9"))]);
+        assert!(
+            check_key_condition(between, Some(&numbers)).is_err(),
+            "10 > 9, not as text"
+        );
+        let empty = values(&[(":p", s("x")), (":a", s("")), (":b", s("0002#~"))]);
+        assert!(check_key_condition(between, Some(&empty)).is_err());
+        let prefix = values(&[(":p", s("x")), (":a", s(""))]);
+        assert!(check_key_condition("pk = :p AND begins_with(sk, :a)", Some(&prefix)).is_err());
+    }
 }

@@ -214,77 +214,169 @@ impl DynamoStore {
     pub(super) async fn pending_deliveries(
         &self,
         due_before: Timestamp,
-        page: &PageAfter<DeliveryId>,
-    ) -> StoreResult<Vec<PendingRef>> {
-        let (after, limit) = (page.after.as_ref(), page.limit);
-        // The index is ordered by due time within each shard, but the port pages by
-        // delivery id: gather every due entry, then order and cut by id. Due-but-unsent
-        // entries are few in practice (the sweeper looks only past a grace period).
-        let upper = format!("{}#~", time_bound(due_before));
-        let mut due: BTreeMap<String, Item> = BTreeMap::new();
+        page: &PageAfter<DueCursor>,
+    ) -> StoreResult<PendingPage> {
+        let limit = page.limit as usize;
+        // Entries by due key (`due#id`), in the index's own order: due time, then id.
+        let mut found: BTreeMap<String, Item> = BTreeMap::new();
         // A sweep's first page brings new deliveries that are still unsent into the index
         // (and lists them here, as the index may not show them yet).
-        if after.is_none() {
+        if page.after.is_none() {
             for item in self.walk_unsent_first_tries(due_before).await? {
                 let due_at = opt_n::<i64>(&item, "next_try_at")?.map(from_millis);
-                if due_at.is_some_and(|at| at <= due_before) {
-                    due.insert(get_s(&item, "id")?, item);
+                if let Some(due) = due_at.filter(|at| *at <= due_before) {
+                    found.insert(time_key(due, &get_s(&item, "id")?), item);
                 }
             }
         }
-        for shard in 0..PENDING_SHARDS {
-            let items = self
-                .query_all(
-                    self.client
-                        .query()
-                        .table_name(&self.tables.deliveries)
-                        .index_name("pending")
-                        .key_condition_expression("pending_shard = :shard AND due_key <= :upper")
-                        .expression_attribute_values(":shard", s(shard.to_string()))
-                        .expression_attribute_values(":upper", s(upper.clone())),
-                )
-                .await?;
-            for item in items {
-                let id = get_s(&item, "id")?;
-                if after.is_none_or(|after| id.as_str() > after.as_str()) {
-                    due.insert(id, item);
-                }
-            }
-        }
+        let mut after = page.after.as_ref().map(|c| time_key(c.due, c.id.as_str()));
+        // Each shard is read a few entries at a time from the cursor, the one furthest
+        // behind first: up to the least key a shard with more has reached, every entry is
+        // known, in order. So a page costs about its own length in reads.
+        let chunk = limit.div_ceil(PENDING_SHARDS as usize) + 1;
+        let mut shards: Vec<ShardWalk> = (0..PENDING_SHARDS)
+            .map(|shard| ShardWalk {
+                shard,
+                last: after.clone(),
+                done: false,
+            })
+            .collect();
+        let mut listed = HashSet::new();
         let mut endpoints: HashMap<(String, String), Option<Endpoint>> = HashMap::new();
         let mut refs = Vec::new();
-        for (id, item) in due {
-            if refs.len() >= limit as usize {
-                break;
+        let mut first = true;
+        loop {
+            let behind = shards
+                .iter()
+                .filter(|w| !w.done)
+                .map(|w| w.last.clone())
+                .min();
+            for walk in shards.iter_mut().filter(|w| !w.done) {
+                if first || Some(&walk.last) == behind.as_ref() {
+                    self.read_shard(walk, due_before, chunk, &mut found).await?;
+                }
             }
-            let account = get_s(&item, "account_id")?;
-            let endpoint_id = get_s(&item, "endpoint_id")?;
-            let key = (account.clone(), endpoint_id.clone());
-            if !endpoints.contains_key(&key) {
-                let endpoint = self
-                    .get_endpoint_item(
-                        &AccountId::from_trusted(account.clone()),
-                        &EndpointId::from_trusted(endpoint_id.clone()),
-                    )
-                    .await?;
-                endpoints.insert(key.clone(), endpoint);
+            first = false;
+            // Known in order up to here (everything, once every shard is read to its end).
+            let known_to = shards
+                .iter()
+                .filter(|w| !w.done)
+                .map(|w| w.last.clone())
+                .min();
+            while refs.len() < limit {
+                let Some(entry) = found.first_entry() else {
+                    break;
+                };
+                if known_to
+                    .as_ref()
+                    .is_some_and(|to| to.as_ref().is_none_or(|to| entry.key() > to))
+                {
+                    break;
+                }
+                let (key, item) = entry.remove_entry();
+                after = Some(key);
+                let id = get_s(&item, "id")?;
+                if !listed.insert(id.clone()) {
+                    continue;
+                }
+                if let Some(pending) = self.pending_ref(id, &item, &mut endpoints).await? {
+                    refs.push(pending);
+                }
             }
-            let Some(Some(endpoint)) = endpoints.get(&key) else {
-                continue;
-            };
-            if endpoint.status != EndpointStatus::Active {
-                continue;
+            let exhausted = known_to.is_none() && found.is_empty();
+            if refs.len() >= limit || exhausted {
+                let next = if exhausted {
+                    None
+                } else {
+                    after.as_deref().and_then(due_cursor)
+                };
+                return Ok(PendingPage { refs, next });
             }
-            refs.push(PendingRef {
-                delivery_id: DeliveryId::from_trusted(id),
-                endpoint_id: endpoint.id.clone(),
-                account_id: endpoint.account_id.clone(),
-                due: indexed_due(&item)?,
-                max_in_flight: endpoint.max_in_flight,
-                rate_limit_per_second: endpoint.rate_limit_per_second,
-            });
         }
-        Ok(refs)
+    }
+
+    /// Reads the next `chunk` entries of one shard of the `pending` index past where its
+    /// walk stands, due by `due_before`, into `found`.
+    async fn read_shard(
+        &self,
+        walk: &mut ShardWalk,
+        due_before: Timestamp,
+        chunk: usize,
+        found: &mut BTreeMap<String, Item>,
+    ) -> StoreResult<()> {
+        let upper = format!("{}#~", time_bound(due_before));
+        let query = self
+            .client
+            .query()
+            .table_name(&self.tables.deliveries)
+            .index_name("pending")
+            .expression_attribute_values(":shard", s(walk.shard.to_string()))
+            .expression_attribute_values(":upper", s(upper.clone()));
+        // Past `last`, which BETWEEN includes (one more is read for it). A key value may not
+        // be an empty string, so a walk from the start has no lower bound.
+        let (query, wanted) = match &walk.last {
+            Some(last) if last.as_str() >= upper.as_str() => {
+                // DynamoDB refuses a BETWEEN whose bounds are the wrong way round.
+                walk.done = true;
+                return Ok(());
+            }
+            Some(last) => (
+                query
+                    .key_condition_expression(
+                        "pending_shard = :shard AND due_key BETWEEN :after AND :upper",
+                    )
+                    .expression_attribute_values(":after", s(last)),
+                chunk + 1,
+            ),
+            None => (
+                query.key_condition_expression("pending_shard = :shard AND due_key <= :upper"),
+                chunk,
+            ),
+        };
+        let items = self.query_at_most(query, wanted).await?;
+        walk.done = items.len() < wanted;
+        for item in items {
+            let key = get_s(&item, "due_key")?;
+            if walk.last.as_ref().is_none_or(|last| key > *last) {
+                walk.last = Some(key.clone());
+                found.insert(key, item);
+            }
+        }
+        Ok(())
+    }
+
+    /// The due delivery `id` as the sweeper hands it on; `None` when its endpoint is gone or
+    /// not active. Each endpoint is read once per page.
+    async fn pending_ref(
+        &self,
+        id: String,
+        item: &Item,
+        endpoints: &mut HashMap<(String, String), Option<Endpoint>>,
+    ) -> StoreResult<Option<PendingRef>> {
+        let key = (get_s(item, "account_id")?, get_s(item, "endpoint_id")?);
+        if !endpoints.contains_key(&key) {
+            let endpoint = self
+                .get_endpoint_item(
+                    &AccountId::from_trusted(key.0.clone()),
+                    &EndpointId::from_trusted(key.1.clone()),
+                )
+                .await?;
+            endpoints.insert(key.clone(), endpoint);
+        }
+        let Some(Some(endpoint)) = endpoints.get(&key) else {
+            return Ok(None);
+        };
+        if endpoint.status != EndpointStatus::Active {
+            return Ok(None);
+        }
+        Ok(Some(PendingRef {
+            delivery_id: DeliveryId::from_trusted(id),
+            endpoint_id: endpoint.id.clone(),
+            account_id: endpoint.account_id.clone(),
+            due: indexed_due(item)?,
+            max_in_flight: endpoint.max_in_flight,
+            rate_limit_per_second: endpoint.rate_limit_per_second,
+        }))
     }
 
     pub(super) async fn list_attempts(&self, delivery: &DeliveryId) -> StoreResult<Vec<Attempt>> {
@@ -320,4 +412,21 @@ impl DynamoStore {
         attempts.sort_by_key(|a| a.number);
         Ok(attempts)
     }
+}
+
+/// Where the walk of one shard of the `pending` index stands: the last key it read (or the
+/// cursor it started from), and whether it has read to the end.
+struct ShardWalk {
+    shard: u32,
+    last: Option<String>,
+    done: bool,
+}
+
+/// The cursor after the entry of due key `key` (`due#id`).
+fn due_cursor(key: &str) -> Option<DueCursor> {
+    let (due, id) = key.split_once('#')?;
+    Some(DueCursor {
+        due: from_millis(due.parse().ok()?),
+        id: DeliveryId::from_trusted(id.to_owned()),
+    })
 }

@@ -42,7 +42,7 @@ pub use reseal::ResealReport;
 pub use schema::create_tables;
 pub use size::item_size;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aws_sdk_dynamodb::{
     error::{ProvideErrorMetadata, SdkError},
@@ -54,9 +54,9 @@ use futures_util::StreamExt;
 
 use super::{
     AttemptRecord, AuditedChange, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest,
-    EndpointDeletion, Notification, Page, PageAfter, PendingRef, PublishOutcome, PutEventOutcome,
-    RecordOutcome, ReplayOutcome, ReplayRequest, StoreError, StoreResult, Unattempted,
-    UnattemptedMove,
+    DueCursor, EndpointDeletion, Notification, Page, PageAfter, PendingPage, PendingRef,
+    PublishOutcome, PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest, StoreError,
+    StoreResult, Unattempted, UnattemptedMove,
 };
 use crate::{
     aws::error_text,

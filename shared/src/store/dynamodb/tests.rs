@@ -337,7 +337,8 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     let swept = store
         .pending_deliveries(add(t0(), secs(10)), &PageAfter::first(100))
         .await
-        .unwrap();
+        .unwrap()
+        .refs;
     assert_eq!(
         swept.iter().map(|r| &r.delivery_id).collect::<Vec<_>>(),
         vec![&lost.id]
@@ -352,7 +353,8 @@ async fn first_tries_enter_the_pending_index_only_when_unsent_or_retried() {
     let swept = store
         .pending_deliveries(add(t0(), secs(100)), &PageAfter::first(100))
         .await
-        .unwrap();
+        .unwrap()
+        .refs;
     let mut ids: Vec<&DeliveryId> = swept.iter().map(|r| &r.delivery_id).collect();
     ids.sort();
     let mut expected = vec![&lost.id, &retried.id, &late.id];
@@ -1432,4 +1434,108 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
         "erased, yet kept: {stored:?}"
     );
     assert!(stored.contains_key("erased_at") && stored.contains_key("rejected"));
+}
+
+/// Counts the items every query answers.
+#[derive(Debug, Default)]
+struct QueriedItems(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for QueriedItems {
+    fn name(&self) -> &'static str {
+        "QueriedItems"
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::AfterDeserializationInterceptorContextRef<'_>,
+        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        if let Ok(output) = context.output_or_error() {
+            if let Some(query) =
+                output.downcast_ref::<aws_sdk_dynamodb::operation::query::QueryOutput>()
+            {
+                let count = usize::try_from(query.count()).unwrap_or_default();
+                self.0.fetch_add(count, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The sweeper walks a due backlog a page at a time; each page reads about its own length
+/// from the `pending` index (a few entries per shard), not every due entry again, so a walk
+/// of N due deliveries costs O(N) reads, not O(N²/page).
+#[tokio::test]
+async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
+    use crate::clock::add;
+    use crate::fixtures::{delivery, endpoint, event, t0};
+    use std::time::Duration;
+    let store = emulator_store().await;
+    let [live] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_live"]).await;
+    let mut off = endpoint("acme", "ep_off", t0());
+    off.status = EndpointStatus::Disabled;
+    store.create_endpoint(&off).await.unwrap();
+    const DUE: i64 = 100;
+    let mut expected = Vec::new();
+    for i in 0..DUE {
+        // Ids in the reverse of due order.
+        let at = add(t0(), Duration::from_secs(i as u64));
+        let ev = event("acme", &format!("evt_{:03}", DUE - i), at);
+        let d = delivery(&ev, &live, at);
+        store
+            .publish(&ev, &[d.clone(), delivery(&ev, &off, at)])
+            .await
+            .unwrap();
+        expected.push((at, d.id));
+    }
+    let read = QueriedItems::default();
+    let count = read.0.clone();
+    let config = store
+        .client()
+        .config()
+        .to_builder()
+        .interceptor(read)
+        .build();
+    let counted = DynamoStore {
+        client: aws_sdk_dynamodb::Client::from_conf(config),
+        ..store.clone()
+    };
+
+    let due_before = add(t0(), Duration::from_secs(3600));
+    let (limit, mut pages, mut seen) = (10, 0, Vec::new());
+    let mut page = PageAfter::first(limit);
+    loop {
+        let found = counted.pending_deliveries(due_before, &page).await.unwrap();
+        pages += 1;
+        seen.extend(found.refs.into_iter().map(|r| (r.due, r.delivery_id)));
+        match found.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+        assert!(pages <= DUE, "the walk never ends");
+    }
+    assert_eq!(seen, expected, "every due delivery once, in due order");
+    // The first page walks the new deliveries' log once (both endpoints'); the walk then
+    // reads each index entry (both endpoints') about once, and each page a few more from
+    // every shard: its first read of each, and the one entry BETWEEN brings back.
+    let (shards, limit_items) = (PENDING_SHARDS as usize, limit as usize);
+    let per_shard = limit_items.div_ceil(shards) + 2;
+    let most = 2 * DUE as usize + 2 * DUE as usize + pages as usize * shards * per_shard;
+    let queried = count.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        queried <= most,
+        "{pages} pages of {limit} read {queried} items; at most {most} were needed"
+    );
+
+    // A cursor past the end answers nothing, and asks DynamoDB nothing it refuses.
+    let past = PageAfter {
+        after: Some(DueCursor {
+            due: add(due_before, Duration::from_secs(1)),
+            id: DeliveryId::from_trusted("dlv_zzz".into()),
+        }),
+        limit,
+    };
+    let found = store.pending_deliveries(due_before, &past).await.unwrap();
+    assert_eq!(found, PendingPage::default());
 }

@@ -210,28 +210,43 @@ impl SqliteStore {
     pub(super) async fn pending_deliveries(
         &self,
         due_before: Timestamp,
-        page: &PageAfter<DeliveryId>,
-    ) -> StoreResult<Vec<PendingRef>> {
-        let after = page.after.as_ref().map(|a| a.as_str().to_owned());
+        page: &PageAfter<DueCursor>,
+    ) -> StoreResult<PendingPage> {
+        // From the last one looked at, in (due, id) order: `deliveries_pending` holds that
+        // order, so a page reads its own rows and no more.
+        let (after_due, after_id) = match &page.after {
+            Some(cursor) => (to_millis(cursor.due), cursor.id.as_str().to_owned()),
+            None => (i64::MIN, String::new()),
+        };
         let limit = page.limit;
-        self.scan(move |conn| {
-            // Paging is by delivery id (unique) so a page boundary never skips rows.
-            let mut stmt = conn
-                .prepare_cached(&format!(
-                    "SELECT {PENDING_COLUMNS} FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
-                     WHERE d.status = 'pending' AND d.next_try_at <= ?1 AND d.id > ?2 AND e.status = 'active' \
-                     ORDER BY d.id LIMIT ?3"
-                ))
-                .map_err(backend)?;
-            let rows = stmt
-                .query_map(
-                    params![to_millis(due_before), after.unwrap_or_default(), limit],
-                    pending_from_row,
-                )
-                .map_err(backend)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
-        })
-        .await
+        let refs = self
+            .scan(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(&format!(
+                        "SELECT {PENDING_COLUMNS} FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id \
+                         WHERE d.status = 'pending' AND d.next_try_at <= ?1 \
+                         AND (d.next_try_at, d.id) > (?2, ?3) AND e.status = 'active' \
+                         ORDER BY d.next_try_at, d.id LIMIT ?4"
+                    ))
+                    .map_err(backend)?;
+                let rows = stmt
+                    .query_map(
+                        params![to_millis(due_before), after_due, after_id, limit],
+                        pending_from_row,
+                    )
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+            })
+            .await?;
+        // A short page is the last: the query skipped inactive endpoints' rows itself.
+        let next = (refs.len() >= limit as usize)
+            .then(|| refs.last())
+            .flatten()
+            .map(|last| DueCursor {
+                due: last.due,
+                id: last.delivery_id.clone(),
+            });
+        Ok(PendingPage { refs, next })
     }
 
     pub(super) async fn get_delivery(

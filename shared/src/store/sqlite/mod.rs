@@ -9,9 +9,10 @@ use std::{
 use rusqlite::{params, types::Value, Connection, OptionalExtension, Row};
 
 use super::{
-    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, EndpointDeletion,
-    Notification, Page, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
-    ReplayOutcome, ReplayRequest, StoreError, StoreResult, Unattempted, UnattemptedMove,
+    AttemptRecord, DeliveryQuery, DeliveryWork, DisableOutcome, DisableRequest, DueCursor,
+    EndpointDeletion, Notification, Page, PageAfter, PendingPage, PendingRef, PublishOutcome,
+    PutEventOutcome, RecordOutcome, ReplayOutcome, ReplayRequest, StoreError, StoreResult,
+    Unattempted, UnattemptedMove,
 };
 use crate::{
     clock::{from_millis, to_millis, Timestamp},

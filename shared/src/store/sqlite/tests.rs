@@ -1394,7 +1394,8 @@ async fn a_fan_out_that_fails_part_way_is_completed_by_the_next_with_each_delive
     let due = store
         .pending_deliveries(t0(), &crate::store::PageAfter::first(10))
         .await
-        .unwrap();
+        .unwrap()
+        .refs;
     let mut due: Vec<String> = due.iter().map(|p| p.delivery_id.to_string()).collect();
     due.sort();
     assert_eq!(due, ids(&planned), "all pending and due");
