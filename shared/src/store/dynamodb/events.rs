@@ -647,58 +647,84 @@ impl DynamoStore {
     ) -> StoreResult<()> {
         let until = crate::clock::add(chrono::Utc::now(), self.retention.retries);
         let retries_end = to_millis(until).div_euclid(1000);
-        let updates: Vec<_> = events
+        let marks: Vec<_> = events
             .iter()
-            .map(|done| {
-                let event = &done.event;
-                // The event's TTL, unless an outbox writer set one: the retention's, or for a
-                // late fan-out the end of its deliveries' retries. An event a disabled
-                // endpoint missed enters the `missed` index in the same write.
-                let missed = if done.missed { ", #missed = :at" } else { "" };
-                let update = self
-                    .client
-                    .update_item()
-                    .table_name(&self.tables.events)
-                    .set_key(Some(account_key(
-                        event.account_id.as_str(),
-                        event.id.as_str(),
-                    )))
-                    .update_expression(format!(
-                        "SET fanned_out = :done, expires_at = if_not_exists(expires_at, :expires){missed} \
-                         REMOVE #shard"
-                    ))
-                    .condition_expression("attribute_exists(#shard)")
-                    .expression_attribute_names("#shard", UNFANNED_SHARD)
-                    .expression_attribute_values(":done", AttributeValue::Bool(true))
-                    .expression_attribute_values(
-                        ":expires",
-                        n(self.event_expiry(event.created_at).max(retries_end)),
-                    );
-                if done.missed {
-                    update
-                        .expression_attribute_names("#missed", MISSED_AT)
-                        .expression_attribute_values(":at", n(to_millis(event.created_at)))
-                } else {
-                    update
-                }
-            })
+            .map(|done| self.mark_one_fanned_out(done, retries_end))
             .collect();
-        // One already marked (a repeat), or expired meanwhile, has nothing left to do.
-        conditional_updates(updates).await?;
-        // A TTL the outbox writer set is kept by the mark; a late fan-out moves it past the
-        // retries it started, as a replay would.
-        let late: Vec<_> = events
-            .iter()
-            .map(|done| &done.event)
-            .filter(|event| self.event_expiry(event.created_at) < retries_end)
-            .map(|event| (event.account_id.to_string(), event.id.to_string()))
-            .collect();
-        let count = late.len();
-        if let Err(error) = self.keep_events_until(late, until).await {
-            // The marks are written: the caller's "not marked" would be wrong, and the
-            // sweeper no longer finds these events to try again.
-            tracing::warn!(%error, events = count, "events fanned out late and marked, but their own TTL was not moved past their retries");
+        let results: Vec<_> = futures_util::stream::iter(marks)
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    /// Marks one event done, leaving the `unfanned` index. Its TTL: the retention's, or past
+    /// the end of the retries its fan-out starts if that is later (a late fan-out). An outbox
+    /// writer's own TTL is kept unless it comes before that end, which it is then moved to:
+    /// DynamoDB must not delete the event while its retries are left. An event a disabled
+    /// endpoint missed enters the `missed` index in the same write.
+    async fn mark_one_fanned_out(
+        &self,
+        done: &crate::store::FannedOut,
+        retries_end: i64,
+    ) -> StoreResult<()> {
+        let event = &done.event;
+        let mark = |expires_at: &str| {
+            let missed = if done.missed { ", #missed = :at" } else { "" };
+            let update = self
+                .client
+                .update_item()
+                .table_name(&self.tables.events)
+                .set_key(Some(account_key(
+                    event.account_id.as_str(),
+                    event.id.as_str(),
+                )))
+                .update_expression(format!(
+                    "SET fanned_out = :done, expires_at = {expires_at}{missed} REMOVE #shard"
+                ))
+                .expression_attribute_names("#shard", UNFANNED_SHARD)
+                .expression_attribute_values(":done", AttributeValue::Bool(true))
+                .expression_attribute_values(":retries_end", n(retries_end));
+            if done.missed {
+                update
+                    .expression_attribute_names("#missed", MISSED_AT)
+                    .expression_attribute_values(":at", n(to_millis(event.created_at)))
+            } else {
+                update
+            }
+        };
+        let first = mark("if_not_exists(expires_at, :expires)")
+            .condition_expression(
+                "attribute_exists(#shard) \
+                 AND (attribute_not_exists(expires_at) OR expires_at >= :retries_end)",
+            )
+            .expression_attribute_values(
+                ":expires",
+                n(self.event_expiry(event.created_at).max(retries_end)),
+            )
+            .return_values_on_condition_check_failure(
+                aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+            )
+            .send()
+            .await;
+        let seen = match first {
+            Ok(_) => return Ok(()),
+            Err(e) if is_condition_failed(&e) => match e.as_service_error() {
+                Some(aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed)) => failed.item().cloned(),
+                _ => None,
+            },
+            Err(e) => return Err(sdk(e)),
+        };
+        // Already marked (a repeat), or expired meanwhile: nothing left to do. Otherwise
+        // its TTL comes before the retries' end: the writer's, moved there.
+        if !seen.is_some_and(|item| item.contains_key(UNFANNED_SHARD)) {
+            return Ok(());
         }
+        let moved = mark(":retries_end")
+            .condition_expression("attribute_exists(#shard) AND expires_at < :retries_end")
+            .send()
+            .await;
+        written(moved)?;
         Ok(())
     }
 

@@ -1539,3 +1539,62 @@ async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
     let found = store.pending_deliveries(due_before, &past).await.unwrap();
     assert_eq!(found, PendingPage::default());
 }
+
+/// An outbox writer may set the event's TTL itself (docs/OUTBOX.md); one that comes before
+/// the retries its fan-out starts could end would let DynamoDB delete the event while they
+/// are left, so the fan-out's mark moves it to their end, as a replay does. A later one is
+/// kept.
+#[tokio::test]
+async fn a_writer_s_ttl_sooner_than_the_retries_is_moved_past_them_by_the_fan_out() {
+    use crate::store::FannedOut;
+    let store = emulator_store().await;
+    crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let now = chrono::Utc::now();
+    let retries = Retention::default().retries.as_secs() as i64;
+    let now_secs = to_millis(now) / 1000;
+    for (id, writers) in [
+        ("evt_soon", now_secs + 3600),
+        ("evt_late", now_secs + 2 * retries),
+    ] {
+        let event = crate::fixtures::typed_event("acme", id, "invoice.paid", now);
+        let mut item = store.event_item(&event, false);
+        item.insert("expires_at".into(), n(writers));
+        store
+            .client()
+            .put_item()
+            .table_name(&store.tables().events)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+        store
+            .mark_fanned_out(&[FannedOut {
+                event,
+                missed: false,
+            }])
+            .await
+            .unwrap();
+    }
+    let soon = event_expires_at(&store, "acme", "evt_soon").await;
+    assert!(
+        soon >= now_secs + retries,
+        "kept until {soon}: the retries started now may last until {}",
+        now_secs + retries
+    );
+    let late = event_expires_at(&store, "acme", "evt_late").await;
+    assert_eq!(
+        late,
+        now_secs + 2 * retries,
+        "a later TTL of the writer's is kept"
+    );
+    // Marked done either way: out of the sweeper's index.
+    for id in ["evt_soon", "evt_late"] {
+        let key = account_key("acme", id);
+        let item = store
+            .get(&store.tables().events, key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!item.contains_key(UNFANNED_SHARD), "{id} still unfanned");
+    }
+}
