@@ -404,8 +404,10 @@ impl DynamoStore {
                 delivery.as_str(),
             ))
             .await?;
+        // Past its expiry, as the delivery log leaves such deliveries out.
         let mut attempts = items
             .iter()
+            .filter(|item| self.is_shown(item))
             .map(attempt_from_item)
             .collect::<StoreResult<Vec<_>>>()?;
         attempts.extend(first_try);

@@ -1598,3 +1598,34 @@ async fn a_writer_s_ttl_sooner_than_the_retries_is_moved_past_them_by_the_fan_ou
         assert!(!item.contains_key(UNFANNED_SHARD), "{id} still unfanned");
     }
 }
+
+/// The same for the rows of a delivery's attempts: one past its `expires_at` (an old
+/// attempt of a delivery replayed late in its retention) is left out until TTL deletes it.
+#[tokio::test]
+async fn an_attempt_past_its_expiry_that_ttl_has_not_deleted_yet_is_not_listed() {
+    use crate::fixtures::{attempt, failed};
+    let store = store_hiding_expired().await;
+    let (_, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, failed()).await;
+    let numbers = || async {
+        let attempts = store.list_attempts(&delivery.id).await.unwrap();
+        attempts.iter().map(|a| a.number).collect::<Vec<_>>()
+    };
+    assert_eq!(numbers().await, [1]);
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().attempts)
+        .key("delivery_id", s(delivery.id.as_str()))
+        .key("number", n(1))
+        .update_expression("SET expires_at = :past")
+        .expression_attribute_values(":past", n(chrono::Utc::now().timestamp() - 60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        numbers().await,
+        Vec::<u32>::new(),
+        "expired, not yet deleted"
+    );
+}
