@@ -194,7 +194,7 @@ async fn existing_delivery(
     security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "Attempt detail: status, latency, response headers and body, error, trigger.",
-    description = "Oldest first, `limit` attempts a page (100 by default), and about 1 MiB of them at most: an attempt keeps up to 64 KiB of response body and its headers, so a page of them could otherwise outgrow what Lambda can answer (6 MB).",
+    description = "Oldest first, `limit` attempts a page (100 by default), and no more once a page holds 1 MiB of them (so at most 1 MiB and one attempt, under 2 MB): an attempt keeps up to 64 KiB of response body and its headers, so a page of them could otherwise outgrow what Lambda can answer (6 MB).",
     params(DeliveryPath, PageParams),
     responses((status = 200, description = "A page of the delivery's attempts, oldest first", body = AttemptList), ReadErrors),
 )]

@@ -149,7 +149,9 @@ pub async fn get_event(
     description = "Removes the event's payload and the response bodies of the attempts to send it. \
         The event, its deliveries and their attempts stay in the log, the event marked with `erased_at` \
         and `data` null; deliveries still pending end `failed` and are never sent. Erasing again \
-        changes nothing; publishing the id again returns the erased event.",
+        changes nothing; publishing the id again returns the erased event. An event item written \
+        through the outbox that fan-out could not read (docs/OUTBOX.md) loses its `data` the same way \
+        and stays refused.",
     params(EventPath),
     responses((status = 200, description = "The event as it is now, with its deliveries", body = EventView), ReadErrors),
 )]

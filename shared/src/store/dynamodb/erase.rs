@@ -25,9 +25,12 @@ impl DynamoStore {
         };
         let stored = match event_from_item(&item) {
             Ok(event) => event,
-            // An outbox write fan-out rejected keeps its `data` for the operator; it may be
-            // what the request is about, so it goes too. It has no deliveries.
-            Err(StoreError::Rejected(_)) => rejected_write(&item, account, id, now),
+            // An outbox write fan-out rejected (or will, or could not mark) keeps its `data`
+            // for the operator; it may be what the request is about, so it goes too. It has
+            // no deliveries.
+            Err(StoreError::Rejected(_) | StoreError::Corrupt(_)) => {
+                rejected_write(&item, account, id, now)
+            }
             Err(error) => return Err(error),
         };
         let event = stored.erased(now);

@@ -1386,54 +1386,67 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
     use crate::fixtures::{account_with_endpoints, at};
     let store = emulator_store().await;
     account_with_endpoints(&store, "acme", ["ep_a"]).await;
-    let key = account_key("acme", "evt_rejected");
-    let mut item = key.clone();
-    item.extend([
-        ("id".to_owned(), s("evt_rejected")),
-        ("account_id".to_owned(), s("acme")),
-        ("type".to_owned(), s("customer.updated")),
-        // In seconds, not milliseconds: the kind of write fan-out rejects.
-        ("created_at".to_owned(), n(1_700_000_000)),
-        ("data".to_owned(), s(r#"{"email":"someone@example.com"}"#)),
-    ]);
-    store
-        .client()
-        .put_item()
-        .table_name(&store.tables().events)
-        .set_item(Some(item))
-        .send()
-        .await
-        .unwrap();
-    store
-        .reject_event("acme", "evt_rejected", "created_at is in seconds")
-        .await
-        .unwrap();
+    // One that fan-out rejected, and one it has not marked (yet, or ever: the rejection's
+    // write failed, or its stream record was given up).
+    for (id, rejected) in [("evt_rejected", true), ("evt_unmarked", false)] {
+        let key = account_key("acme", id);
+        let mut item = key.clone();
+        item.extend([
+            ("id".to_owned(), s(id)),
+            ("account_id".to_owned(), s("acme")),
+            ("type".to_owned(), s("customer.updated")),
+            // In seconds, not milliseconds: the kind of write fan-out rejects.
+            ("created_at".to_owned(), n(1_700_000_000)),
+        ]);
+        // The unmarked one also has its `data` as a map, which no read takes for an event.
+        let data = if rejected {
+            s(r#"{"email":"someone@example.com"}"#)
+        } else {
+            AttributeValue::M([("email".to_owned(), s("someone@example.com"))].into())
+        };
+        item.insert("data".to_owned(), data);
+        store
+            .client()
+            .put_item()
+            .table_name(&store.tables().events)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+        if rejected {
+            store
+                .reject_event("acme", id, "created_at is in seconds")
+                .await
+                .unwrap();
+        }
 
-    let account = AccountId::from_trusted("acme".into());
-    let id = EventId::from_trusted("evt_rejected".into());
-    let erasure = store.erase_event(&account, &id, at(9)).await.unwrap();
-    let erasure = erasure.expect("the rejected write is found");
-    assert_eq!(
-        (erasure.event.id.as_str(), erasure.event.event_type.as_str()),
-        ("evt_rejected", "customer.updated")
-    );
-    assert!(erasure.event.is_erased() && erasure.deliveries.is_empty());
-    let stored = store
-        .client()
-        .get_item()
-        .table_name(&store.tables().events)
-        .set_key(Some(key))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .unwrap();
-    assert!(
-        !stored.contains_key("data") && !stored.contains_key("payload"),
-        "erased, yet kept: {stored:?}"
-    );
-    assert!(stored.contains_key("erased_at") && stored.contains_key("rejected"));
+        let account = AccountId::from_trusted("acme".into());
+        let event = EventId::from_trusted(id.into());
+        let erasure = store.erase_event(&account, &event, at(9)).await;
+        let erasure = erasure.unwrap().expect("the write is found");
+        assert_eq!(
+            (erasure.event.id.as_str(), erasure.event.event_type.as_str()),
+            (id, "customer.updated")
+        );
+        assert!(erasure.event.is_erased() && erasure.deliveries.is_empty());
+        let stored = store
+            .client()
+            .get_item()
+            .table_name(&store.tables().events)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .unwrap();
+        assert!(
+            !stored.contains_key("data") && !stored.contains_key("payload"),
+            "erased, yet kept: {stored:?}"
+        );
+        assert!(stored.contains_key("erased_at"));
+        assert_eq!(stored.contains_key("rejected"), rejected);
+    }
 }
 
 /// Counts the items every query answers.
