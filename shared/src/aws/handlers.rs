@@ -220,7 +220,14 @@ pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResul
     // Events first: their deliveries are then due, and the walk below sees them. A failure
     // there does not keep the deliveries from being swept; the run still fails, afterwards.
     let recovered = recover_unfanned(&shape.app, now, grace).await;
-    let report = sweep_overdue(&shape.app, now, grace).await?;
+    let resume = shape.store.due_walk_resume().await?;
+    let report = sweep_overdue(&shape.app, now, grace, resume.clone()).await?;
+    if report.resume_at != resume {
+        shape
+            .store
+            .set_due_walk_resume(report.resume_at.as_ref())
+            .await?;
+    }
     tracing::info!(
         recovered = recovered.as_ref().ok(),
         requeued = report.requeued,

@@ -12,8 +12,7 @@ use crate::{
 const PAGE: u32 = 1000;
 
 /// How long the scheduled sweep walks due deliveries: with the unfanned events' recovery
-/// before it (60 s at most), well inside the sweeper's 240 s timeout. A backlog larger
-/// than one walk is taken oldest first; the rest waits for a later run.
+/// before it (60 s at most), well inside the sweeper's 240 s timeout.
 const WALK_BUDGET: Duration = Duration::from_secs(120);
 
 /// The pending deliveries due at or before a time, page by page in due order.
@@ -66,22 +65,29 @@ pub struct SweepReport {
     /// Deliveries handed back to the queue (due for longer than the grace period).
     pub requeued: usize,
     /// Deliveries due at `now`, requeued or not: the due backlog (of those walked, when the
-    /// walk was cut short).
+    /// walk did not cover them all).
     pub due: usize,
-    /// The earliest due time among them (exact either way: the walk goes oldest first).
+    /// The earliest due time among them (exact either way: every walk starts with the
+    /// oldest).
     pub oldest_due: Option<Timestamp>,
-    /// Whether the walk reached the end of the due deliveries within its time.
+    /// Whether this walk covered every due delivery.
     pub complete: bool,
+    /// Where the next sweep goes on after its first page, when this one ran out of time.
+    pub resume_at: Option<DueCursor>,
 }
 
 /// The scheduled sweep of the AWS shape: re-queues what has been due for longer than `grace`
 /// (its message was lost, or its schedule never fired), and measures the due backlog.
+/// A backlog more than one sweep walks in its time is covered over several: each starts
+/// with the oldest page, then goes on from `resume` (where the last one stopped), and says
+/// where the next should go on.
 pub async fn sweep_overdue(
     app: &App,
     now: Timestamp,
     grace: Duration,
+    resume: Option<DueCursor>,
 ) -> ServiceResult<SweepReport> {
-    sweep_overdue_within(app, now, grace, PAGE, WALK_BUDGET).await
+    sweep_overdue_within(app, now, grace, resume, PAGE, WALK_BUDGET).await
 }
 
 /// [`sweep_overdue`] in pages of `page`, starting no page once `budget` has passed.
@@ -89,6 +95,7 @@ async fn sweep_overdue_within(
     app: &App,
     now: Timestamp,
     grace: Duration,
+    resume: Option<DueCursor>,
     page: u32,
     budget: Duration,
 ) -> ServiceResult<SweepReport> {
@@ -99,8 +106,10 @@ async fn sweep_overdue_within(
         due: 0,
         oldest_due: None,
         complete: true,
+        resume_at: None,
     };
     let mut pages = PendingPages::new(now, page);
+    let mut resume = resume;
     while let Some(page) = pages.next(app).await? {
         report.due += page.len();
         for pending in &page {
@@ -114,12 +123,22 @@ async fn sweep_overdue_within(
         if !overdue.is_empty() {
             app.queue.enqueue(overdue).await?;
         }
+        // After the first page, on from where the last sweep stopped, if that is further:
+        // at least a page from there, so that sweeps out of time still cover the backlog.
+        if let Some(from) = resume.take() {
+            if !pages.done && pages.page.after.as_ref().is_some_and(|at| *at <= from) {
+                pages.page.after = Some(from);
+                report.complete = false;
+                continue;
+            }
+        }
         if !pages.done && started.elapsed() >= budget {
             report.complete = false;
+            report.resume_at = pages.page.after.clone();
             tracing::warn!(
                 due = report.due,
                 requeued = report.requeued,
-                "the due backlog is more than one sweep walks: the oldest were re-queued, the rest wait for a later sweep"
+                "the due backlog is more than one sweep walks in its time: the next goes on from here"
             );
             break;
         }
@@ -178,7 +197,7 @@ mod tests {
             store.publish(&event, &[delivery]).await.unwrap();
         }
 
-        let report = sweep_overdue(&app, clock.now(), Duration::from_secs(300))
+        let report = sweep_overdue(&app, clock.now(), Duration::from_secs(300), None)
             .await
             .unwrap();
         assert_eq!(
@@ -188,6 +207,7 @@ mod tests {
                 due: 2,
                 oldest_due: Some(fixtures::t0()),
                 complete: true,
+                resume_at: None,
             }
         );
         assert!(queue.is_known(&ids[0]));
@@ -203,52 +223,84 @@ mod tests {
         assert_eq!(gauge(telemetry::OLDEST_DUE_AGE), 3600.0);
     }
 
-    /// A backlog more than one sweep can walk in its time is walked oldest first as far as
-    /// the time allows: the oldest are re-queued, and the report says the walk stopped.
+    /// A backlog more than one sweep can walk in its time is covered over several: each
+    /// starts with the oldest page (so the oldest due time it reports is exact), then goes on
+    /// from where the last stopped, and says where the next should; once a walk reaches the
+    /// end, the next starts over.
     #[tokio::test]
-    async fn a_sweep_out_of_time_requeues_the_oldest_and_says_it_stopped() {
+    async fn sweeps_out_of_time_go_on_from_where_the_last_stopped() {
         let now = add(fixtures::t0(), Duration::from_secs(3600));
         let clock = Arc::new(ManualClock::new(now));
         let store = Arc::new(SqliteStore::in_memory().unwrap());
-        let queue = Arc::new(EmbeddedQueue::new());
-        let app = App {
-            queue: queue.clone(),
-            ..fixtures::app_on(store.clone(), clock.clone())
-        };
+        let app = fixtures::app_on(store.clone(), clock.clone());
         let [endpoint] = fixtures::account_with_endpoints(store.as_ref(), "acme", ["ep_1"]).await;
         let mut ids = Vec::new();
-        // Five overdue, oldest last in id order.
-        for n in 0..5_u64 {
-            let due = add(fixtures::t0(), Duration::from_secs(60 * (5 - n)));
+        // Seven overdue; in due order, the last first.
+        for n in 0..7_u64 {
+            let due = add(fixtures::t0(), Duration::from_secs(60 * (7 - n)));
             let event = fixtures::event("acme", &format!("evt_{n}"), due);
             let delivery = fixtures::delivery(&event, &endpoint, due);
             ids.push(delivery.id.clone());
             store.publish(&event, &[delivery]).await.unwrap();
         }
+        ids.reverse();
         let grace = Duration::from_secs(300);
+        // Each sweep on a queue of its own, to see what it re-queued.
+        let sweep = |resume: Option<DueCursor>| {
+            let queue = Arc::new(EmbeddedQueue::new());
+            let app = App {
+                queue: queue.clone(),
+                ..app.clone()
+            };
+            let ids = ids.clone();
+            async move {
+                let report = sweep_overdue_within(&app, now, grace, resume, 2, Duration::ZERO)
+                    .await
+                    .unwrap();
+                let requeued: Vec<usize> = (0..ids.len())
+                    .filter(|&n| queue.is_known(&ids[n]))
+                    .collect();
+                (report, requeued)
+            }
+        };
 
-        let report = sweep_overdue_within(&app, now, grace, 2, Duration::ZERO)
-            .await
-            .unwrap();
+        let (first, requeued) = sweep(None).await;
+        assert_eq!(requeued, [0, 1], "the oldest page");
+        assert_eq!((first.due, first.complete), (2, false));
         assert_eq!(
-            (report.requeued, report.due, report.complete),
-            (2, 2, false)
-        );
-        assert_eq!(
-            report.oldest_due,
+            first.oldest_due,
             Some(add(fixtures::t0(), Duration::from_secs(60)))
         );
-        let requeued: Vec<bool> = ids.iter().map(|id| queue.is_known(id)).collect();
+        let (second, requeued) = sweep(first.resume_at.clone()).await;
         assert_eq!(
             requeued,
-            [false, false, false, true, true],
-            "the two oldest"
+            [0, 1, 2, 3],
+            "the oldest page, then on from the first sweep"
+        );
+        assert!(!second.complete && second.resume_at > first.resume_at);
+        let (third, requeued) = sweep(second.resume_at.clone()).await;
+        assert_eq!(requeued, [0, 1, 4, 5]);
+        let (fourth, requeued) = sweep(third.resume_at.clone()).await;
+        assert_eq!(requeued, [0, 1, 6], "to the end");
+        assert_eq!(
+            (fourth.complete, fourth.resume_at),
+            (false, None),
+            "starts over next"
         );
 
-        let report = sweep_overdue_within(&app, now, grace, 2, Duration::from_secs(60))
+        // Time enough: every one, in one sweep.
+        let queue = Arc::new(EmbeddedQueue::new());
+        let app = App {
+            queue: queue.clone(),
+            ..app.clone()
+        };
+        let report = sweep_overdue_within(&app, now, grace, None, 2, Duration::from_secs(60))
             .await
             .unwrap();
-        assert_eq!((report.due, report.complete), (5, true));
+        assert_eq!(
+            (report.due, report.complete, report.resume_at),
+            (7, true, None)
+        );
         assert!(ids.iter().all(|id| queue.is_known(id)));
     }
 }

@@ -195,7 +195,7 @@ impl<Id> PageAfter<Id> {
 
 /// Where a walk of due deliveries stands: the due time and id of the last delivery it looked
 /// at (listed, or left out as its endpoint's is inactive).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DueCursor {
     pub due: Timestamp,
     pub id: DeliveryId,
@@ -519,7 +519,9 @@ store_port! { $
     async fn flush_hour_counts(&self) -> StoreResult<()>;
     /// Pending deliveries of active endpoints due at or before `due_before`, at most `limit`
     /// of them in due order (then id), after `after`; and where the next page starts. A page
-    /// costs reads in proportion to its length, not to how many are due.
+    /// costs reads in proportion to its length, not to how many are due: one that passes over
+    /// many deliveries of inactive endpoints may hold fewer than `limit`, even none, and
+    /// still have a next.
     async fn pending_deliveries(
         &self,
         due_before: Timestamp,

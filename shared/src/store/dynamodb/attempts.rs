@@ -245,6 +245,10 @@ impl DynamoStore {
         let mut endpoints: HashMap<(String, String), Option<Endpoint>> = HashMap::new();
         let mut refs = Vec::new();
         let mut first = true;
+        // Entries of inactive endpoints are passed over, not listed: a page looks at this
+        // many at most, and may then hold fewer than `limit` (even none) and go on.
+        let most = limit.saturating_mul(4);
+        let mut examined = 0;
         loop {
             let behind = shards
                 .iter()
@@ -263,7 +267,7 @@ impl DynamoStore {
                 .filter(|w| !w.done)
                 .map(|w| w.last.clone())
                 .min();
-            while refs.len() < limit {
+            while refs.len() < limit && examined < most {
                 let Some(entry) = found.first_entry() else {
                     break;
                 };
@@ -275,6 +279,7 @@ impl DynamoStore {
                 }
                 let (key, item) = entry.remove_entry();
                 after = Some(key);
+                examined += 1;
                 let id = get_s(&item, "id")?;
                 if !listed.insert(id.clone()) {
                     continue;
@@ -284,7 +289,7 @@ impl DynamoStore {
                 }
             }
             let exhausted = known_to.is_none() && found.is_empty();
-            if refs.len() >= limit || exhausted {
+            if refs.len() >= limit || examined >= most || exhausted {
                 let next = if exhausted {
                     None
                 } else {
@@ -293,6 +298,46 @@ impl DynamoStore {
                 return Ok(PendingPage { refs, next });
             }
         }
+    }
+
+    /// Where the sweeper's walk of due deliveries goes on after its first page, as the last
+    /// run that ran out of time left it (`None`: from the start).
+    pub async fn due_walk_resume(&self) -> StoreResult<Option<DueCursor>> {
+        let Some(item) = self.get(&self.tables.control, key1("pk", DUE_WALK)).await? else {
+            return Ok(None);
+        };
+        Ok(Some(DueCursor {
+            due: from_millis(get_n(&item, "due")?),
+            id: DeliveryId::from_trusted(get_s(&item, "id")?),
+        }))
+    }
+
+    /// Keeps where the next sweep's walk goes on (`None`: it starts over).
+    pub async fn set_due_walk_resume(&self, at: Option<&DueCursor>) -> StoreResult<()> {
+        match at {
+            Some(at) => {
+                let mut item = key1("pk", DUE_WALK);
+                item.insert("due".into(), n(to_millis(at.due)));
+                item.insert("id".into(), s(at.id.as_str()));
+                self.client
+                    .put_item()
+                    .table_name(&self.tables.control)
+                    .set_item(Some(item))
+                    .send()
+                    .await
+                    .map_err(sdk)?;
+            }
+            None => {
+                self.client
+                    .delete_item()
+                    .table_name(&self.tables.control)
+                    .set_key(Some(key1("pk", DUE_WALK)))
+                    .send()
+                    .await
+                    .map_err(sdk)?;
+            }
+        }
+        Ok(())
     }
 
     /// Reads the next `chunk` entries of one shard of the `pending` index past where its

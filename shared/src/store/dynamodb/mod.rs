@@ -92,6 +92,8 @@ const MISSED_AT: &str = "missed_at";
 pub const UNFANNED_SHARDS: u32 = 4;
 /// The control item holding how far `walk_unsent_first_tries` has looked.
 const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
+/// The control-table item of where the sweeper's walk of due deliveries goes on.
+const DUE_WALK: &str = "sweep#due_walk";
 /// How far back before its watermark the walk looks again: a delivery is written a while
 /// after the time it is created with (its event's), at most `LATE_FAN_OUT` later before it
 /// goes straight into the `pending` index instead.

@@ -1642,3 +1642,54 @@ async fn an_attempt_past_its_expiry_that_ttl_has_not_deleted_yet_is_not_listed()
         "expired, not yet deleted"
     );
 }
+
+/// Due entries of an inactive endpoint are passed over, not listed: a page looks at four
+/// times its length at most, so a walk over thousands of them (an endpoint disabled while
+/// its deliveries were still being abandoned) costs each page little, and goes on.
+#[tokio::test]
+async fn a_page_passes_over_a_bounded_number_of_inactive_endpoints_entries() {
+    use crate::clock::add;
+    use crate::fixtures::{delivery, endpoint, event, t0};
+    use std::time::Duration;
+    let store = emulator_store().await;
+    let [live] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_live"]).await;
+    let mut off = endpoint("acme", "ep_off", t0());
+    off.status = EndpointStatus::Disabled;
+    store.create_endpoint(&off).await.unwrap();
+    for i in 0..30_u64 {
+        let ev = event(
+            "acme",
+            &format!("evt_off_{i:02}"),
+            add(t0(), Duration::from_secs(i)),
+        );
+        store
+            .publish(&ev, &[delivery(&ev, &off, ev.created_at)])
+            .await
+            .unwrap();
+    }
+    let last = event("acme", "evt_live", add(t0(), Duration::from_secs(100)));
+    let live_delivery = delivery(&last, &live, last.created_at);
+    store
+        .publish(&last, std::slice::from_ref(&live_delivery))
+        .await
+        .unwrap();
+
+    let due_before = add(t0(), Duration::from_secs(3600));
+    let mut page = PageAfter::first(2);
+    let (mut pages, mut listed) = (0, Vec::new());
+    loop {
+        let found = store.pending_deliveries(due_before, &page).await.unwrap();
+        pages += 1;
+        listed.extend(found.refs.into_iter().map(|r| r.delivery_id));
+        match found.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+        assert!(pages <= 31, "the walk never ends");
+    }
+    assert_eq!(listed, [live_delivery.id]);
+    assert!(
+        pages >= 4,
+        "31 entries looked at 8 a page take 4 pages, not {pages}"
+    );
+}

@@ -219,7 +219,7 @@ impl SqliteStore {
             None => (i64::MIN, String::new()),
         };
         let limit = page.limit;
-        let refs = self
+        let mut refs = self
             .scan(move |conn| {
                 let mut stmt = conn
                     .prepare_cached(&format!(
@@ -231,21 +231,20 @@ impl SqliteStore {
                     .map_err(backend)?;
                 let rows = stmt
                     .query_map(
-                        params![to_millis(due_before), after_due, after_id, limit],
+                        // One more than a page: whether there is a next one.
+                        params![to_millis(due_before), after_due, after_id, limit + 1],
                         pending_from_row,
                     )
                     .map_err(backend)?;
                 rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
             })
             .await?;
-        // A short page is the last: the query skipped inactive endpoints' rows itself.
-        let next = (refs.len() >= limit as usize)
-            .then(|| refs.last())
-            .flatten()
-            .map(|last| DueCursor {
-                due: last.due,
-                id: last.delivery_id.clone(),
-            });
+        let more = refs.len() > limit as usize;
+        refs.truncate(limit as usize);
+        let next = refs.last().filter(|_| more).map(|last| DueCursor {
+            due: last.due,
+            id: last.delivery_id.clone(),
+        });
         Ok(PendingPage { refs, next })
     }
 
