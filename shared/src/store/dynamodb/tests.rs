@@ -1693,3 +1693,18 @@ async fn a_page_passes_over_a_bounded_number_of_inactive_endpoints_entries() {
         "31 entries looked at 8 a page take 4 pages, not {pages}"
     );
 }
+
+/// Where the sweeper's walk goes on is kept between runs, and forgotten once a walk ends.
+#[tokio::test]
+async fn the_due_walk_s_resume_point_is_kept_and_cleared() {
+    let store = emulator_store().await;
+    assert_eq!(store.due_walk_resume().await.unwrap(), None);
+    let at = DueCursor {
+        due: crate::fixtures::at(7),
+        id: DeliveryId::from_trusted("dlv_7".into()),
+    };
+    store.set_due_walk_resume(Some(&at)).await.unwrap();
+    assert_eq!(store.due_walk_resume().await.unwrap(), Some(at));
+    store.set_due_walk_resume(None).await.unwrap();
+    assert_eq!(store.due_walk_resume().await.unwrap(), None);
+}
