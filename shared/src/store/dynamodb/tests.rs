@@ -1476,19 +1476,45 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for QueriedItems {
     }
 }
 
+/// Account `acme` with an active endpoint and a disabled one.
+async fn live_and_disabled_endpoints(store: &DynamoStore) -> (Endpoint, Endpoint) {
+    let [live] = crate::fixtures::account_with_endpoints(store, "acme", ["ep_live"]).await;
+    let mut off = crate::fixtures::endpoint("acme", "ep_off", crate::fixtures::t0());
+    off.status = EndpointStatus::Disabled;
+    store.create_endpoint(&off).await.unwrap();
+    (live, off)
+}
+
+/// Every delivery due by `due_before`, walked in pages of `limit` as the sweeper walks
+/// them; and how many pages that took.
+async fn walk_due(
+    store: &DynamoStore,
+    due_before: Timestamp,
+    limit: u32,
+) -> (usize, Vec<PendingRef>) {
+    let (mut page, mut pages, mut walked) = (PageAfter::first(limit), 0, Vec::new());
+    loop {
+        let found = store.pending_deliveries(due_before, &page).await.unwrap();
+        pages += 1;
+        walked.extend(found.refs);
+        match found.next {
+            Some(next) => page.after = Some(next),
+            None => return (pages, walked),
+        }
+        assert!(pages <= 1000, "the walk never ends");
+    }
+}
+
 /// The sweeper walks a due backlog a page at a time; each page reads about its own length
 /// from the `pending` index (a few entries per shard), not every due entry again, so a walk
 /// of N due deliveries costs O(N) reads, not O(N²/page).
 #[tokio::test]
 async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
     use crate::clock::add;
-    use crate::fixtures::{delivery, endpoint, event, t0};
+    use crate::fixtures::{delivery, event, t0};
     use std::time::Duration;
     let store = emulator_store().await;
-    let [live] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_live"]).await;
-    let mut off = endpoint("acme", "ep_off", t0());
-    off.status = EndpointStatus::Disabled;
-    store.create_endpoint(&off).await.unwrap();
+    let (live, off) = live_and_disabled_endpoints(&store).await;
     const DUE: i64 = 100;
     let mut expected = Vec::new();
     for i in 0..DUE {
@@ -1516,25 +1542,16 @@ async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
     };
 
     let due_before = add(t0(), Duration::from_secs(3600));
-    let (limit, mut pages, mut seen) = (10, 0, Vec::new());
-    let mut page = PageAfter::first(limit);
-    loop {
-        let found = counted.pending_deliveries(due_before, &page).await.unwrap();
-        pages += 1;
-        seen.extend(found.refs.into_iter().map(|r| (r.due, r.delivery_id)));
-        match found.next {
-            Some(next) => page.after = Some(next),
-            None => break,
-        }
-        assert!(pages <= DUE, "the walk never ends");
-    }
+    let limit = 10;
+    let (pages, walked) = walk_due(&counted, due_before, limit).await;
+    let seen: Vec<_> = walked.into_iter().map(|r| (r.due, r.delivery_id)).collect();
     assert_eq!(seen, expected, "every due delivery once, in due order");
     // The first page walks the new deliveries' log once (both endpoints'); the walk then
     // reads each index entry (both endpoints') about once, and each page a few more from
     // every shard: its first read of each, and the one entry BETWEEN brings back.
     let (shards, limit_items) = (PENDING_SHARDS as usize, limit as usize);
     let per_shard = limit_items.div_ceil(shards) + 2;
-    let most = 2 * DUE as usize + 2 * DUE as usize + pages as usize * shards * per_shard;
+    let most = 2 * DUE as usize + 2 * DUE as usize + pages * shards * per_shard;
     let queried = count.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         queried <= most,
@@ -1649,13 +1666,10 @@ async fn an_attempt_past_its_expiry_that_ttl_has_not_deleted_yet_is_not_listed()
 #[tokio::test]
 async fn a_page_passes_over_a_bounded_number_of_inactive_endpoints_entries() {
     use crate::clock::add;
-    use crate::fixtures::{delivery, endpoint, event, t0};
+    use crate::fixtures::{delivery, event, t0};
     use std::time::Duration;
     let store = emulator_store().await;
-    let [live] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_live"]).await;
-    let mut off = endpoint("acme", "ep_off", t0());
-    off.status = EndpointStatus::Disabled;
-    store.create_endpoint(&off).await.unwrap();
+    let (live, off) = live_and_disabled_endpoints(&store).await;
     for i in 0..30_u64 {
         let ev = event(
             "acme",
@@ -1674,19 +1688,8 @@ async fn a_page_passes_over_a_bounded_number_of_inactive_endpoints_entries() {
         .await
         .unwrap();
 
-    let due_before = add(t0(), Duration::from_secs(3600));
-    let mut page = PageAfter::first(2);
-    let (mut pages, mut listed) = (0, Vec::new());
-    loop {
-        let found = store.pending_deliveries(due_before, &page).await.unwrap();
-        pages += 1;
-        listed.extend(found.refs.into_iter().map(|r| r.delivery_id));
-        match found.next {
-            Some(next) => page.after = Some(next),
-            None => break,
-        }
-        assert!(pages <= 31, "the walk never ends");
-    }
+    let (pages, walked) = walk_due(&store, add(t0(), Duration::from_secs(3600)), 2).await;
+    let listed: Vec<_> = walked.into_iter().map(|r| r.delivery_id).collect();
     assert_eq!(listed, [live_delivery.id]);
     assert!(
         pages >= 4,
