@@ -100,7 +100,9 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
         scopes,
         ["accounts:read", "deliveries:read", "endpoints:read"]
     );
-    let (status, _) = server
+    // It reads the endpoints, but not their signing secrets: whoever holds one can sign
+    // webhooks the receiver takes for genuine. A token that may change them sees them.
+    let (status, list) = server
         .request_as(
             &reader,
             reqwest::Method::GET,
@@ -109,6 +111,43 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
         )
         .await;
     assert_eq!(status, 200);
+    let listed = list["data"].as_array().expect("data");
+    assert!(!listed.is_empty(), "{list}");
+    let one = listed[0]["id"].as_str().expect("id").to_owned();
+    let (status, read) = server
+        .request_as(
+            &reader,
+            reqwest::Method::GET,
+            &format!("/v1/accounts/acme/endpoints/{one}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    for endpoint in listed.iter().chain([&read]) {
+        assert!(
+            endpoint.get("secret").is_none(),
+            "a read-only link is shown {endpoint}"
+        );
+    }
+    let (status, minted) = server
+        .post("/v1/accounts/acme/tokens", json!({"ttl_seconds": 60}))
+        .await;
+    assert_eq!(status, 201, "{minted}");
+    let writer = minted["token"].as_str().expect("token").to_owned();
+    let (_, read) = server
+        .request_as(
+            &writer,
+            reqwest::Method::GET,
+            &format!("/v1/accounts/acme/endpoints/{one}"),
+            None,
+        )
+        .await;
+    assert!(
+        read["secret"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("whsec_")),
+        "{read}"
+    );
     for (path, body) in [
         (
             "/v1/accounts/acme/endpoints",

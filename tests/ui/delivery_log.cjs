@@ -154,9 +154,11 @@ async function main() {
     // The endpoint panel opens, with nothing in it that changes the endpoint.
     await page.getByRole("button", { name: /Manage .*\/ep\/shop/ }).click();
     await page.locator("#endpoint-detail").waitFor({ state: "visible" });
-    for (const id of ["ep-edit", "ep-rotate", "ep-toggle", "ep-delete"]) {
+    for (const id of ["ep-edit", "ep-rotate", "ep-toggle", "ep-delete", "ep-reveal", "ep-copy"]) {
       check(await page.locator(`#${id}`).isHidden(), `a read-only link offers #${id}`);
     }
+    const secretShown = await page.locator("#ep-secret").textContent();
+    check(!secretShown.includes("whsec_"), `a read-only link shows the secret: ${secretShown}`);
     await page.locator(`#deliveries tr[data-delivery="${replayed}"]`).getByRole("button").click();
     await page.locator("#detail").waitFor({ state: "visible" });
     check(await page.locator("#replay").isHidden(), "a read-only link offers Replay");

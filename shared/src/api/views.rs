@@ -59,8 +59,11 @@ pub struct EndpointView<'a> {
     pub account_id: &'a str,
     pub url: &'a str,
     pub description: &'a str,
-    /// Shown to the endpoint's owner so that they can verify signatures.
-    pub secret: String,
+    /// The signing secret, for verifying signatures: shown only to a caller that may change
+    /// the endpoint (`endpoints:write`); whoever holds it can sign webhooks the receiver
+    /// takes for genuine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     #[serde(serialize_with = "crate::clock::as_optional_text")]
@@ -89,6 +92,25 @@ pub struct EndpointView<'a> {
     pub updated_at: Timestamp,
 }
 
+impl<'a> EndpointView<'a> {
+    /// The endpoint as a caller that may only read it sees it: without its secret.
+    pub fn without_secret(e: &'a Endpoint) -> Self {
+        Self {
+            secret: None,
+            ..Self::from(e)
+        }
+    }
+
+    /// The endpoint, its secret shown when `principal` may change it.
+    pub fn for_principal(e: &'a Endpoint, principal: &crate::domain::Principal) -> Self {
+        if principal.has_scope(crate::domain::Scope::EndpointsWrite) {
+            Self::from(e)
+        } else {
+            Self::without_secret(e)
+        }
+    }
+}
+
 impl<'a> From<&'a Endpoint> for EndpointView<'a> {
     fn from(e: &'a Endpoint) -> Self {
         Self {
@@ -96,7 +118,7 @@ impl<'a> From<&'a Endpoint> for EndpointView<'a> {
             account_id: e.account_id.as_str(),
             url: e.url.as_str(),
             description: &e.description,
-            secret: e.secret.expose(),
+            secret: Some(e.secret.expose()),
             retiring_secret_until: e.retiring_secret.as_ref().map(|r| r.until),
             status: e.status.as_str(),
             event_types: e.event_types.patterns(),

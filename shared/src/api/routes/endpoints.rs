@@ -96,10 +96,14 @@ pub async fn create_endpoint(
 pub async fn list_endpoints(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
+    Extension(principal): Extension<Principal>,
 ) -> ApiResult<Response> {
     let list = endpoints::list(&state.app, &account).await?;
     Ok(Json(ListView {
-        data: list.iter().map(EndpointView::from).collect(),
+        data: list
+            .iter()
+            .map(|e| EndpointView::for_principal(e, &principal))
+            .collect(),
         next_cursor: None,
     })
     .into_response())
@@ -117,9 +121,10 @@ pub async fn list_endpoints(
 pub async fn get_endpoint(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
+    Extension(principal): Extension<Principal>,
 ) -> ApiResult<Response> {
     let endpoint = endpoints::get(&state.app, &account, &endpoint).await?;
-    Ok(Json(EndpointView::from(&endpoint)).into_response())
+    Ok(Json(EndpointView::for_principal(&endpoint, &principal)).into_response())
 }
 
 #[derive(Deserialize, ToSchema)]

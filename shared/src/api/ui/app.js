@@ -246,7 +246,13 @@ function showEndpoint() {
       el("li", { class: "mono", text: `${name}: ${h.secret ? "(secret)" : h.value}` })))
     : "none");
   summaryItem(summary, "Created", formatTime(endpoint.created_at));
-  $("ep-secret").textContent = state.secretShown ? endpoint.secret : MASKED;
+  // A read-only link is not given the secret: it is for those who may change the endpoint.
+  const hasSecret = typeof endpoint.secret === "string";
+  $("ep-secret").textContent = !hasSecret
+    ? "shown to those who may change the endpoint"
+    : state.secretShown ? endpoint.secret : MASKED;
+  $("ep-reveal").hidden = !hasSecret;
+  $("ep-copy").hidden = !hasSecret;
   $("ep-reveal").textContent = state.secretShown ? "Hide secret" : "Reveal secret";
   const retiring = $("ep-retiring");
   retiring.hidden = !endpoint.retiring_secret_until;
@@ -285,7 +291,7 @@ function currentEndpoint() {
 
 async function copySecret() {
   const endpoint = currentEndpoint();
-  if (!endpoint) return;
+  if (!endpoint || typeof endpoint.secret !== "string") return;
   try {
     await navigator.clipboard.writeText(endpoint.secret);
     notify("Signing secret copied to the clipboard.");
