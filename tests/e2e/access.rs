@@ -283,7 +283,13 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
     let mut right = std::collections::HashMap::new();
     let mut wrong = std::collections::HashMap::new();
     for scope in SCOPES {
-        right.insert(scope, key(server, &[scope], None, None).await.0);
+        // Minting a token needs the scopes the token carries too (a credential hands on no
+        // more than it holds); the key with only `tokens:write` is refused below.
+        let mut holds = vec![scope];
+        if scope == "tokens:write" {
+            holds.extend(ACCOUNT_TOKEN_SCOPES);
+        }
+        right.insert(scope, key(server, &holds, None, None).await.0);
         let others: Vec<&str> = SCOPES
             .iter()
             .copied()
@@ -420,6 +426,28 @@ async fn every_route_answers_every_kind_of_credential_as_documented() {
         .await
         .expect("ui");
     assert_eq!(page.status().as_u16(), 200);
+}
+
+/// A key that may mint tokens but holds fewer scopes than an account token carries cannot
+/// mint one: it would hand on more than it holds (a `tokens:write` key minting a token that
+/// publishes and erases). One that holds them all, or the admin token, can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_mints_no_token_broader_than_itself() {
+    let scratch = Scratch::new("mint-scopes");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let path = "/v1/accounts/acme/tokens";
+    let (narrow, _) = key(&server, &["tokens:write"], Some(&["acme"]), None).await;
+    let (status, body) = call(&server, "POST", path, Some(&narrow)).await;
+    assert_eq!(status, 403, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("events:publish"), "{message}");
+    let mut all = vec!["tokens:write"];
+    all.extend(ACCOUNT_TOKEN_SCOPES);
+    let (full, _) = key(&server, &all, Some(&["acme"]), None).await;
+    let (status, body) = call(&server, "POST", path, Some(&full)).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(mint(&server, "acme", 60).await["account_id"], "acme");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

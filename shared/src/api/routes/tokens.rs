@@ -19,6 +19,7 @@ pub struct CreateToken {
     security(("bearer" = ["tokens:write"])),
     tag = "access",
     summary = "Mints an expiring account token.",
+    description = "The token holds the account-token scopes (docs/ACCESS.md) on this account; the credential that mints it must hold each of them too (`admin` does), or the answer is 403.",
     params(AccountPath),
     request_body = CreateToken,
     responses((status = 201, description = "A token that reaches only this account", body = TokenView), ReadErrors, BodyErrors),
@@ -27,8 +28,26 @@ pub async fn create_token(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
     caller: Caller,
+    Extension(principal): Extension<Principal>,
     JsonBody(body): JsonBody<CreateToken>,
 ) -> ApiResult<Response> {
+    // A credential hands on no more than it holds: a key that may mint tokens but not, say,
+    // publish, cannot mint a token that publishes.
+    let carried = crate::domain::Scope::of_account_token(false);
+    let missing: Vec<&str> = carried
+        .filter(|scope| !principal.has_scope(*scope))
+        .map(|scope| scope.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "an account token carries scopes this credential does not hold ({}): a credential mints no more than it holds",
+                missing.join(", ")
+            ),
+        ));
+    }
     let ttl = body
         .ttl_seconds
         .map_or(tokens::DEFAULT_TTL, Duration::from_secs);
