@@ -16,8 +16,6 @@ const MAX_NAME_BYTES: usize = 64;
 /// Names Hooklane sets itself or that belong to one connection, not to a message.
 const RESERVED: &[&str] = &[
     "connection",
-    "content-length",
-    "content-type",
     "host",
     "keep-alive",
     "proxy-authenticate",
@@ -119,7 +117,11 @@ fn header_name(raw: &str) -> Result<String, InvalidField> {
         ));
     }
     let name = raw.to_ascii_lowercase();
-    if RESERVED.contains(&name.as_str()) || name.starts_with("webhook-") {
+    // `content-*` describe the body, which is Hooklane's (JSON, as it sends it).
+    if RESERVED.contains(&name.as_str())
+        || name.starts_with("webhook-")
+        || name.starts_with("content-")
+    {
         return Err(InvalidField::new(
             field(),
             format!(
@@ -234,6 +236,10 @@ mod tests {
             "Connection",
             "webhook-id",
             "Webhook-Signature",
+            // The body is Hooklane's: a header describing it otherwise (`gzip`) would make
+            // every receiver misread it.
+            "Content-Encoding",
+            "content-language",
         ] {
             assert_eq!(field_of(json!({name: "x"})), format!("headers.{name}"));
         }
