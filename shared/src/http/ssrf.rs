@@ -36,6 +36,10 @@ pub enum SsrfError {
     LocalHostname { host: String },
     #[error("address {ip} is not allowed: {reason}")]
     Forbidden { ip: IpAddr, reason: &'static str },
+    /// A name that resolves to a refused address. The address is not named: the message
+    /// reaches whoever set the URL, and the server's DNS view of its own network is not theirs.
+    #[error("host `{host}` resolves to an address that is not allowed: {reason}")]
+    ResolvesForbidden { host: String, reason: &'static str },
     #[error("host `{host}` did not resolve to any address")]
     Unresolvable { host: String },
     #[error("could not resolve host `{host}`: {reason}")]
@@ -290,8 +294,18 @@ impl AddressPolicy {
                 host: host.to_owned(),
             });
         }
+        let literal = bare_host.parse::<IpAddr>().is_ok();
         for address in &addresses {
-            self.check_ip(address.ip())?;
+            match self.check_ip(address.ip()) {
+                Err(SsrfError::Forbidden { ip, reason }) if !literal => {
+                    tracing::info!(host, %ip, reason, "a webhook host resolves to a refused address");
+                    return Err(SsrfError::ResolvesForbidden {
+                        host: host.to_owned(),
+                        reason,
+                    });
+                }
+                checked => checked?,
+            }
         }
         Ok(addresses)
     }
@@ -626,12 +640,18 @@ mod tests {
         assert!(
             matches!(
                 refused,
-                Err(SsrfError::Forbidden {
+                Err(SsrfError::ResolvesForbidden {
                     reason: LOOPBACK,
                     ..
                 })
             ),
             "{refused:?}"
+        );
+        // Whoever set the URL learns the kind of address, not the address.
+        let message = refused.unwrap_err().to_string();
+        assert!(
+            !message.contains("127.0.0.1") && !message.contains("::1"),
+            "{message}"
         );
 
         let addresses = loopback_allowed()

@@ -52,7 +52,10 @@ async fn check_reachable(app: &App, url: &EndpointUrl) -> ServiceResult<()> {
         let port = url.as_url().port_or_known_default().unwrap_or(443);
         let lookup =
             tokio::time::timeout(Duration::from_secs(2), policy.resolve_checked(host, port)).await;
-        if let Ok(Err(refused @ SsrfError::Forbidden { .. })) = lookup {
+        if let Ok(Err(
+            refused @ (SsrfError::Forbidden { .. } | SsrfError::ResolvesForbidden { .. }),
+        )) = lookup
+        {
             return Err(InvalidField::new("url", refused.to_string()).into());
         }
     }
