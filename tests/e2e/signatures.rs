@@ -230,6 +230,17 @@ async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
         "a wrong secret verified"
     );
 
+    // A second rotation with a grace period while the first one's runs would end it at
+    // once: refused, and both secrets still sign.
+    let (status, refused) = server
+        .post(&rotate, json!({"grace_period_seconds": 3600}))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    let (_, read) = server
+        .get(&format!("/v1/accounts/acme/endpoints/{endpoint}"))
+        .await;
+    assert_eq!(read["secret"], json!(new_secret), "{read}");
+
     // Rotating with no grace: only the newest secret signs.
     let (status, rotated) = server
         .post(&rotate, json!({"grace_period_seconds": 0}))

@@ -344,7 +344,8 @@ pub async fn disable(
     get(app, account, id).await
 }
 
-/// Replaces the signing secret; the old one keeps signing for `grace`.
+/// Replaces the signing secret; the old one keeps signing for `grace`. Refused while an
+/// earlier rotation's grace runs, unless `grace` is zero.
 pub async fn rotate_secret(
     app: &App,
     account: &AccountId,
@@ -354,6 +355,20 @@ pub async fn rotate_secret(
 ) -> ServiceResult<Endpoint> {
     let mut endpoint = get(app, account, id).await?;
     let now = app.clock.now();
+    // One secret retires at a time: a second rotation with a grace period would end the
+    // first one's at once (a double click, a retried script), and receivers still on the
+    // original secret would fail every delivery. One without (an emergency) ends both.
+    if let Some(retiring) = endpoint.retiring_secret.as_ref().filter(|r| r.until > now) {
+        if !grace.is_zero() {
+            return Err(ServiceError::Conflict(format!(
+                "a rotation is under way: the previous secret signs until {}; rotate again \
+                 after that, or with grace_period_seconds 0 to stop both previous secrets now",
+                retiring
+                    .until
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            )));
+        }
+    }
     let old = std::mem::replace(&mut endpoint.secret, SigningSecret::generate());
     endpoint.retiring_secret = (!grace.is_zero()).then(|| RetiringSecret {
         secret: old,

@@ -257,6 +257,7 @@ pub struct RotateSecret {
     security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Rotates the signing secret with a grace period (default 24 h) during which both secrets sign.",
+    description = "One secret retires at a time: while an earlier rotation's grace period runs, a rotation with a grace period is refused (409), as it would end the first one's at once; one with `grace_period_seconds` 0 is taken and stops both previous secrets.",
     params(EndpointPath),
     request_body = Option<RotateSecret>,
     responses((status = 200, description = "The endpoint with its new secret; the old one signs too until `retiring_secret_until`", body = EndpointView), ReadErrors, BodyErrors),
