@@ -164,6 +164,19 @@ async function main() {
     check(await page.locator("#replay").isHidden(), "a read-only link offers Replay");
     await page.screenshot({ path: path.join(shots, "6-portal-read-only.png"), fullPage: true });
 
+    // Followed while a session is open, a link to another account asks first; declined,
+    // the page stays where it was.
+    let asked = null;
+    page.once("dialog", (dialog) => {
+      asked = dialog.message();
+      dialog.dismiss();
+    });
+    await page.goto(otherLink);
+    await page.waitForFunction(() => !window.location.hash.includes("token"));
+    check(asked !== null && asked.includes("globex"), `switching accounts did not ask: ${asked}`);
+    const stayed = await page.locator("#who").textContent();
+    check(stayed.includes("Account acme"), `a declined link switched the page: ${stayed}`);
+
     // A link to another account shows that account, and nothing of acme.
     await page.getByRole("button", { name: "Sign out" }).click();
     await page.locator("#sign-in").waitFor({ state: "visible" });

@@ -922,6 +922,15 @@ function followPortalLink() {
   const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
   if (!token) return false;
   history.replaceState(null, "", window.location.pathname + window.location.search);
+  // A link that would replace the session open in this tab asks first: a link someone else
+  // sent must not quietly put the page on their account, where what is typed goes to them.
+  const current = state.token || sessionStorage.getItem("hooklane.token");
+  if (current && current !== token) {
+    const account = linkAccount(token);
+    const from = state.account ? `account ${state.account}` : "the account open here";
+    const to = account ? `account ${account}` : "another account";
+    if (!window.confirm(`This link opens ${to} in place of ${from}. Switch?`)) return false;
+  }
   signIn(token, "").catch((error) => {
     state.token = null;
     sessionStorage.removeItem("hooklane.token");
@@ -932,6 +941,17 @@ function followPortalLink() {
       : error.message;
   });
   return true;
+}
+
+// The account an account token names (its claims are readable; only the server checks
+// them); null when it cannot be read.
+function linkAccount(token) {
+  try {
+    const claims = token.replace(/^hl_acct_/, "").split(".")[0];
+    return JSON.parse(atob(claims.replace(/-/g, "+").replace(/_/g, "/"))).a || null;
+  } catch {
+    return null;
+  }
 }
 
 // --- wiring -----------------------------------------------------------------------------
