@@ -392,6 +392,16 @@ pub async fn run(
         source,
     })?;
     tracing::info!(database = %config.database.display(), workers = config.workers, "hooklane serve started");
+    let allowed = config.core.address_policy().allow_list();
+    if !allowed.is_empty() {
+        // The SSRF guard lets webhooks reach these: right for a laptop or a private network,
+        // wrong where customers set the URLs and the server's own network is not theirs.
+        let networks: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            networks = %networks.join(", "),
+            "HOOKLANE_ALLOW_CIDRS lets webhooks reach these networks: meant for local testing and private deployments"
+        );
+    }
     // Before the line below, a signal ends a start at once (the default action); from it on,
     // it ends the server gracefully.
     let shutdown = shutdown_signal();

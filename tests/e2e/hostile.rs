@@ -300,6 +300,12 @@ async fn an_address_refused_at_send_time_is_a_clear_failed_attempt() {
     let mut server = Server::start(&scratch, &[("HOOKLANE_RETRY_SCHEDULE", "600")]).await;
     server.create_account("acme").await;
     server.farm_endpoints("acme", &farm, ["inside"]).await;
+    // Started with the tests' allow-list, serve says what it lets webhooks reach.
+    let log = server.log_text();
+    assert!(
+        log.contains("HOOKLANE_ALLOW_CIDRS lets webhooks reach") && log.contains("127.0.0.0/8"),
+        "{log}"
+    );
     // The operator removes the allow-list: the same endpoint now points at a refused address.
     server.restart_with(&[("HOOKLANE_ALLOW_CIDRS", "")]).await;
     server.publish("acme", "invoice.paid", json!({})).await;
