@@ -49,7 +49,7 @@ struct FileConfig {
     public_url: Option<String>,
 }
 
-pub const SETTINGS: [&str; 23] = [
+pub const SETTINGS: [&str; 24] = [
     "listen",
     "database",
     "admin_token",
@@ -73,6 +73,7 @@ pub const SETTINGS: [&str; 23] = [
     "secrets_key_previous",
     "public_url",
     "strict_event_types",
+    "max_endpoints",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use crate::{
 
 /// The engine's rules as settings, `(name in a config file, environment variable)`. Both
 /// shapes read them with [`CoreConfig::with_settings`]: the same names mean the same there.
-pub const CORE_SETTINGS: [(&str, &str); 13] = [
+pub const CORE_SETTINGS: [(&str, &str); 14] = [
     ("allow_cidrs", "HOOKLANE_ALLOW_CIDRS"),
     ("https_only", "HOOKLANE_HTTPS_ONLY"),
     ("retry_schedule", "HOOKLANE_RETRY_SCHEDULE"),
@@ -24,7 +24,13 @@ pub const CORE_SETTINGS: [(&str, &str); 13] = [
     ("secrets_key_previous", "HOOKLANE_SECRETS_KEY_PREVIOUS"),
     ("public_url", "HOOKLANE_PUBLIC_URL"),
     ("strict_event_types", "HOOKLANE_STRICT_EVENT_TYPES"),
+    ("max_endpoints", "HOOKLANE_MAX_ENDPOINTS"),
 ];
+
+/// Endpoints an account may have by default (`HOOKLANE_MAX_ENDPOINTS`): every event goes to
+/// each of them, and the unpaged endpoint list of an account whose endpoints carry the most
+/// headers a description and patterns allow stays within the 6 MB a Lambda function may answer.
+pub const DEFAULT_MAX_ENDPOINTS: usize = 100;
 
 /// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
 pub const MAX_PAYLOAD_CEILING: usize = 16 * 1024 * 1024;
@@ -62,6 +68,8 @@ pub struct CoreConfig {
     /// Publishing a type the event-type catalog does not have is refused
     /// (`HOOKLANE_STRICT_EVENT_TYPES`); off by default.
     pub strict_event_types: bool,
+    /// Endpoints (not deleted) one account may have (`HOOKLANE_MAX_ENDPOINTS`).
+    pub max_endpoints: usize,
 }
 
 impl Default for CoreConfig {
@@ -78,6 +86,7 @@ impl Default for CoreConfig {
             secrets: SecretsKeys::default(),
             public_url: None,
             strict_event_types: false,
+            max_endpoints: DEFAULT_MAX_ENDPOINTS,
         }
     }
 }
@@ -158,6 +167,19 @@ impl CoreConfig {
                     format!("must be from 1KiB to {}MiB", MAX_PAYLOAD_CEILING >> 20),
                 ));
             }
+        }
+        if let Some(raw) = get("HOOKLANE_MAX_ENDPOINTS") {
+            self.max_endpoints = raw
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (1..=100_000).contains(n))
+                .ok_or_else(|| {
+                    InvalidField::new(
+                        "HOOKLANE_MAX_ENDPOINTS",
+                        format!("`{raw}` is not a whole number from 1 to 100000"),
+                    )
+                })?;
         }
         let burst = get("HOOKLANE_PUBLISH_BURST")
             .map(|raw| parse_count(raw, "HOOKLANE_PUBLISH_BURST"))

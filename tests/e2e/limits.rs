@@ -1,5 +1,6 @@
-//! Publish limits: one account's publish storm is throttled (429 + Retry-After) while another
-//! account's publishes all go through, on both shapes; oversize bodies refused unread.
+//! Limits: one account's publish storm is throttled (429 + Retry-After) while another
+//! account's publishes all go through, on both shapes; oversize bodies refused unread; an
+//! account's endpoints capped.
 
 use std::time::{Duration, Instant};
 
@@ -353,4 +354,29 @@ async fn oversize_bodies_are_refused_before_they_are_read_whole() {
         )
         .await;
     assert_eq!(status, 202, "{body}");
+}
+
+/// An account has at most `HOOKLANE_MAX_ENDPOINTS` endpoints: each event goes to every one,
+/// so a token that may make endpoints cannot turn one publish into thousands of requests.
+/// A deleted endpoint makes room; another account has its own limit.
+#[tokio::test]
+async fn an_account_has_at_most_its_limit_of_endpoints() {
+    let scratch = Scratch::new("max-endpoints");
+    let server = Server::start(&scratch, &[("HOOKLANE_MAX_ENDPOINTS", "2")]).await;
+    server.create_account("acme").await;
+    server.create_account("globex").await;
+    let url = "http://127.0.0.1:9/x";
+    let (first, _) = server.create_endpoint("acme", url, json!({})).await;
+    server.create_endpoint("acme", url, json!({})).await;
+    let path = "/v1/accounts/acme/endpoints";
+    let (status, body) = server.post(path, json!({"url": url})).await;
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("HOOKLANE_MAX_ENDPOINTS"), "{message}");
+    server.create_endpoint("globex", url, json!({})).await;
+    let (status, _) = server
+        .request(reqwest::Method::DELETE, &format!("{path}/{first}"), None)
+        .await;
+    assert_eq!(status, 204);
+    server.create_endpoint("acme", url, json!({})).await;
 }

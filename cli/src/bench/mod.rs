@@ -185,6 +185,8 @@ impl Target {
             .env("HOOKLANE_DATABASE", scratch.join(DATABASE))
             .env("HOOKLANE_ADMIN_TOKEN", &self.token)
             .env("HOOKLANE_ALLOW_CIDRS", "127.0.0.0/8")
+            // Sizes are the bench's flags, not the default endpoint limit's.
+            .env("HOOKLANE_MAX_ENDPOINTS", "100000")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(if self.log.is_some() {

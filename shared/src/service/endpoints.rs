@@ -140,6 +140,14 @@ pub async fn create(
         updated_at: now,
         url,
     };
+    // Checked before the write, not with it: two creates at once may both pass at the
+    // limit. It bounds an account's fan-out and its endpoint list, not to the endpoint.
+    let limit = app.config.max_endpoints;
+    if app.store.list_endpoints(account).await?.len() >= limit {
+        return Err(ServiceError::Conflict(format!(
+            "this account has {limit} endpoints, the most it may have (HOOKLANE_MAX_ENDPOINTS); delete one first"
+        )));
+    }
     check_reachable(app, &endpoint.url).await?;
     // The secret and header values stay out: an entry must never hold a secret.
     let headers: Vec<&str> = endpoint.headers.iter().map(|(name, _)| name).collect();
