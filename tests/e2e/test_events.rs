@@ -24,7 +24,7 @@ async fn a_test_event_reaches_only_its_endpoint(server: &Server) {
         )
         .await;
     // Subscribed to everything: it must not get another endpoint's test event.
-    let (_bystander, _) = server
+    let (bystander, _) = server
         .create_endpoint("acme", &farm.url("bystander"), json!({}))
         .await;
 
@@ -87,6 +87,24 @@ async fn a_test_event_reaches_only_its_endpoint(server: &Server) {
         .await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(farm.arrivals("tested").len(), 1);
+
+    // Test events have a bucket of their own: ten at once, then one a second (the first
+    // one above took a token). A burst of them is refused past that, and leaves the
+    // account's publishing alone.
+    let path = format!("/v1/accounts/acme/endpoints/{bystander}/test");
+    let mut answers = Vec::new();
+    for _ in 0..14 {
+        answers.push(server.post(&path, Value::Null).await);
+    }
+    let sent = answers.iter().filter(|(status, _)| *status == 202).count();
+    let (status, refused) = answers.last().expect("answers").clone();
+    assert!(
+        (9..=12).contains(&sent) && status == 429,
+        "{sent} sent, then {status} {refused}"
+    );
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("test events"), "{message}");
+    server.publish("acme", "invoice.paid", json!({})).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,6 +126,7 @@ impl From<ServiceError> for ApiError {
                     .with_field(field)
             }
             ServiceError::RateLimited {
+                what,
                 per_second,
                 burst,
                 retry_after,
@@ -136,7 +137,7 @@ impl From<ServiceError> for ApiError {
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limited",
                     format!(
-                        "this account may publish {per_second} events/s (bursts of {burst}); retry in {seconds} s"
+                        "this account's {what} may go at {per_second} events/s (bursts of {burst}); retry in {seconds} s"
                     ),
                 );
                 error.retry_after = Some(u64::try_from(seconds).unwrap_or(u64::MAX));

@@ -35,9 +35,11 @@ pub enum ServiceError {
         field: &'static str,
         message: String,
     },
-    /// The account's publish rate limit is used up; a token is back after `retry_after`.
-    #[error("publish rate limit of {per_second} events/s (bursts of {burst}) reached")]
+    /// The account's limit on `what` (publishing, test events) is used up; a token is back
+    /// after `retry_after`.
+    #[error("rate limit of {per_second} events/s (bursts of {burst}) on {what} reached")]
     RateLimited {
+        what: &'static str,
         per_second: u32,
         burst: u32,
         retry_after: std::time::Duration,

@@ -301,6 +301,7 @@ pub(super) async fn take_publish_tokens(
         Ok(Some(retry_after)) => {
             crate::telemetry::publishes_throttled(&account.id, n);
             Err(ServiceError::RateLimited {
+                what: "publishes",
                 per_second: rate.per_second,
                 burst: rate.burst,
                 retry_after,

@@ -6,7 +6,8 @@ use serde_json::json;
 use super::{endpoints, publish, ServiceError, ServiceResult};
 use crate::{
     domain::{
-        AccountId, Delivery, EndpointId, EndpointStatus, Event, EventId, EventType, InvalidField,
+        rate::PublishRate, AccountId, Delivery, EndpointId, EndpointStatus, Event, EventId,
+        EventType, InvalidField,
     },
     limits::PublishBuckets,
     App,
@@ -15,10 +16,16 @@ use crate::{
 /// The type of every test event. Endpoints receive it whatever their event-type filter.
 pub const TEST_EVENT_TYPE: &str = "hooklane.test";
 
+/// Test events an account may send: ten at once, then one a second. Their own bucket, not
+/// the account's publish limit: a customer trying their receiver must not use up the
+/// platform's publishes, nor, unlimited, aim a flood of signed requests at any address.
+const TEST_EVENTS_PER_SECOND: u32 = 1;
+const TEST_EVENTS_BURST: u32 = 10;
+
 /// Sends a test event to this endpoint only, through the normal path: it is logged,
-/// attempted, retried and replayable like any delivery, and counts against the account's
-/// publish rate limit. A disabled endpoint is refused (`Conflict`): its deliveries would be
-/// abandoned, not sent.
+/// attempted, retried and replayable like any delivery. It takes a token of the account's
+/// test-event bucket ([`TEST_EVENTS_BURST`] at once, then [`TEST_EVENTS_PER_SECOND`]). A
+/// disabled endpoint is refused (`Conflict`): its deliveries would be abandoned, not sent.
 pub async fn send(
     app: &App,
     limits: &dyn PublishBuckets,
@@ -34,7 +41,7 @@ pub async fn send(
             "endpoint {id} is disabled: enable it, then send the test event"
         )));
     }
-    publish::take_publish_tokens(app, limits, &stored, 1).await?;
+    take_test_token(limits, &stored.id).await?;
     let now = app.clock.now();
     let data = json!({
         "endpoint_id": endpoint.id.as_str(),
@@ -45,4 +52,29 @@ pub async fn send(
         .map_err(|e| InvalidField::new("data", e.to_string()))?;
     let delivery = Delivery::new_pending(&event, endpoint.id.clone(), now);
     publish::write_with_deliveries(app, event, vec![(&endpoint, delivery)]).await
+}
+
+/// Takes a token of the account's test-event bucket (kept beside its publish bucket, under a
+/// key no account id can have). A bucket that cannot be read lets the test event through, as
+/// it does a publish.
+async fn take_test_token(limits: &dyn PublishBuckets, account: &AccountId) -> ServiceResult<()> {
+    let rate = PublishRate::new(
+        TEST_EVENTS_PER_SECOND,
+        Some(TEST_EVENTS_BURST),
+        "test events",
+    )?;
+    let bucket = AccountId::from_trusted(format!("{account}#test-events"));
+    match limits.take(&bucket, rate, 1).await {
+        Ok(None) => Ok(()),
+        Ok(Some(retry_after)) => Err(ServiceError::RateLimited {
+            what: "test events",
+            per_second: rate.per_second,
+            burst: rate.burst,
+            retry_after,
+        }),
+        Err(error) => {
+            tracing::warn!(account = %account, %error, "test-event bucket unavailable; test event let through");
+            Ok(())
+        }
+    }
 }

@@ -299,7 +299,7 @@ pub async fn rotate_secret(
     security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Sends a signed `hooklane.test` event to this endpoint only.",
-    description = "The event goes to this endpoint whatever its event-type filter, through the normal path: it is in the delivery log, attempted, retried and replayable like any other, and takes one token of the account's publish rate limit. A disabled endpoint answers 409.",
+    description = "The event goes to this endpoint whatever its event-type filter, through the normal path: it is in the delivery log, attempted, retried and replayable like any other, and limited on its own (not by the account's publish rate limit): ten at once, then one a second per account (429 with `Retry-After` past that). A disabled endpoint answers 409.",
     params(EndpointPath),
     responses((status = 202, description = "The test event and its one pending delivery", body = EventView), ReadErrors, PublishErrors),
 )]
