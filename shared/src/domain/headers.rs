@@ -72,13 +72,15 @@ impl CustomHeaders {
         };
         let mut headers = self.0.clone();
         for (raw_name, raw_value) in entries {
-            let name = header_name(raw_name)?;
             let field = format!("headers.{raw_name}");
             match raw_value {
+                // A header may always be removed, even one refused today (written before
+                // its name was): only a name that cannot be stored is refused.
                 Value::Null => {
-                    headers.remove(&name);
+                    headers.remove(&raw_name.to_ascii_lowercase());
                 }
                 value => {
+                    let name = header_name(raw_name)?;
                     let header = header_value(&name, value, field)?;
                     headers.insert(name, header);
                 }
@@ -226,6 +228,21 @@ mod tests {
         let names: Vec<_> = patched.iter().map(|(n, h)| (n, h.value.as_str())).collect();
         assert_eq!(names, vec![("authorization", "s"), ("x-a", "one")]);
         assert_eq!(headers.patched(None).unwrap(), headers);
+    }
+
+    /// A header stored before its name was refused (`content-encoding`) can still be removed.
+    #[test]
+    fn a_header_refused_since_it_was_stored_can_be_removed() {
+        let stored = CustomHeaders::from_trusted([(
+            "content-encoding".to_owned(),
+            CustomHeader {
+                value: "gzip".into(),
+                secret: false,
+            },
+        )]);
+        let patched = stored.patched(Some(&json!({"Content-Encoding": null}))).unwrap();
+        assert_eq!(patched, CustomHeaders::default());
+        assert!(stored.patched(Some(&json!({"content-encoding": "br"}))).is_err());
     }
 
     #[test]
