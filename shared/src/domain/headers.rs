@@ -240,9 +240,13 @@ mod tests {
                 secret: false,
             },
         )]);
-        let patched = stored.patched(Some(&json!({"Content-Encoding": null}))).unwrap();
+        let patched = stored
+            .patched(Some(&json!({"Content-Encoding": null})))
+            .unwrap();
         assert_eq!(patched, CustomHeaders::default());
-        assert!(stored.patched(Some(&json!({"content-encoding": "br"}))).is_err());
+        assert!(stored
+            .patched(Some(&json!({"content-encoding": "br"})))
+            .is_err());
     }
 
     #[test]

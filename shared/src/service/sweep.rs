@@ -123,16 +123,24 @@ async fn sweep_overdue_within(
         if !overdue.is_empty() {
             app.queue.enqueue(overdue).await?;
         }
-        // After the first page, on from where the last sweep stopped, if that is further:
-        // at least a page from there, so that sweeps out of time still cover the backlog.
-        if let Some(from) = resume.take() {
-            if !pages.done && pages.page.after.as_ref().is_some_and(|at| *at <= from) {
-                pages.page.after = Some(from);
-                report.complete = false;
-                continue;
+        // Once the oldest due delivery is listed (its due time is the figure the alarm
+        // watches), on from where the last sweep stopped: at least a page from there, so
+        // that sweeps out of time still cover the backlog.
+        if report.oldest_due.is_some() {
+            if let Some(from) = resume.take() {
+                if !pages.done && pages.page.after.as_ref().is_some_and(|at| *at <= from) {
+                    if pages.page.after.as_ref().is_some_and(|at| *at < from) {
+                        pages.page.after = Some(from);
+                        report.complete = false;
+                    }
+                    continue;
+                }
             }
         }
-        if !pages.done && started.elapsed() >= budget {
+        // Out of time once the oldest due delivery is listed (or, over a front of entries
+        // a page passes over, at twice the time): the figure the alarm watches stays exact.
+        let spent = started.elapsed();
+        if !pages.done && spent >= budget && (report.oldest_due.is_some() || spent >= budget * 2) {
             report.complete = false;
             report.resume_at = pages.page.after.clone();
             tracing::warn!(
@@ -302,5 +310,53 @@ mod tests {
             (7, true, None)
         );
         assert!(ids.iter().all(|id| queue.is_known(id)));
+    }
+
+    /// A page may list nothing and still go on (DynamoDB passes over a bounded number of
+    /// inactive endpoints' entries a page): the walk goes on from where the last sweep
+    /// stopped only once it has listed the oldest due delivery, whose due time is the
+    /// figure the overdue alarm watches.
+    #[cfg(feature = "aws")]
+    #[tokio::test]
+    async fn the_oldest_due_is_exact_when_the_first_pages_list_nothing() {
+        let store = Arc::new(crate::testing::emulator_store().await);
+        let now = add(fixtures::t0(), Duration::from_secs(3600));
+        let clock = Arc::new(ManualClock::new(now));
+        let app = App {
+            queue: Arc::new(EmbeddedQueue::new()),
+            ..fixtures::app_on(store.clone(), clock.clone())
+        };
+        let [live] = fixtures::account_with_endpoints(store.as_ref(), "acme", ["ep_live"]).await;
+        let mut off = fixtures::endpoint("acme", "ep_off", fixtures::t0());
+        off.status = crate::domain::EndpointStatus::Disabled;
+        store.create_endpoint(&off).await.unwrap();
+        let at = |s: u64| add(fixtures::t0(), Duration::from_secs(s));
+        // The oldest eight are a disabled endpoint's; then four of the live one.
+        for n in 0..12_u64 {
+            let event = fixtures::event("acme", &format!("evt_{n:02}"), at(n));
+            let to = if n < 8 { &off } else { &live };
+            store
+                .publish(&event, &[fixtures::delivery(&event, to, at(n))])
+                .await
+                .unwrap();
+        }
+        // The last sweep stopped past the first live one.
+        let first_live =
+            fixtures::delivery(&fixtures::event("acme", "evt_08", at(8)), &live, at(8));
+        let resume = DueCursor {
+            due: at(8),
+            id: first_live.id,
+        };
+        let report = sweep_overdue_within(
+            &app,
+            now,
+            Duration::from_secs(300),
+            Some(resume),
+            2,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.oldest_due, Some(at(8)), "{report:?}");
     }
 }
