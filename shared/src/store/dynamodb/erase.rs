@@ -23,34 +23,47 @@ impl DynamoStore {
         else {
             return Ok(None);
         };
-        let stored = match event_from_item(&item) {
-            Ok(event) => event,
+        let (stored, unreadable) = match event_from_item(&item) {
+            Ok(event) => (event, false),
             // An outbox write fan-out rejected (or will, or could not mark) keeps its `data`
             // for the operator; it may be what the request is about, so it goes too. It has
             // no deliveries.
             Err(StoreError::Rejected(_) | StoreError::Corrupt(_)) => {
-                rejected_write(&item, account, id, now)
+                (rejected_write(&item, account, id, now), true)
             }
             Err(error) => return Err(error),
         };
         let event = stored.erased(now);
         let erased_at = event.erased_at.map_or(to_millis(now), to_millis);
-        let result = self
+        // An outbox writer's `data` goes with the payload (`data` is a reserved word), and
+        // the event leaves the `missed` index: there is nothing left to send.
+        let update = self
             .client
             .update_item()
             .table_name(&self.tables.events)
             .set_key(Some(account_key(account.as_str(), id.as_str())))
             .condition_expression("attribute_exists(id)")
-            // An outbox writer's `data` goes with the payload (`data` is a reserved word),
-            // and the event leaves the `missed` index: there is nothing left to send.
-            .update_expression(
-                "SET erased_at = if_not_exists(erased_at, :at) REMOVE payload, #data, #missed",
-            )
             .expression_attribute_names("#data", "data")
             .expression_attribute_names("#missed", MISSED_AT)
-            .expression_attribute_values(":at", n(erased_at))
-            .send()
-            .await;
+            .expression_attribute_values(":at", n(erased_at));
+        let update = if unreadable {
+            // Without its data, a write whose only fault was its data would read as an
+            // erased event, and fan-out would give it deliveries: it stays refused, done.
+            update
+                .update_expression(
+                    "SET erased_at = if_not_exists(erased_at, :at), \
+                     rejected = if_not_exists(rejected, :why), fanned_out = :done \
+                     REMOVE payload, #data, #missed, #shard",
+                )
+                .expression_attribute_names("#shard", UNFANNED_SHARD)
+                .expression_attribute_values(":why", s("erased on request before fan-out read it"))
+                .expression_attribute_values(":done", AttributeValue::Bool(true))
+        } else {
+            update.update_expression(
+                "SET erased_at = if_not_exists(erased_at, :at) REMOVE payload, #data, #missed",
+            )
+        };
+        let result = update.send().await;
         if written(result)?.is_none() {
             // Removed by retention between the read and the update.
             return Ok(None);

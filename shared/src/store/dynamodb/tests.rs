@@ -1405,6 +1405,10 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
             AttributeValue::M([("email".to_owned(), s("someone@example.com"))].into())
         };
         item.insert("data".to_owned(), data);
+        if !rejected {
+            // Waiting for the sweeper, as an outbox write does.
+            item.insert(UNFANNED_SHARD.to_owned(), s("0"));
+        }
         store
             .client()
             .put_item()
@@ -1445,7 +1449,12 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
             "erased, yet kept: {stored:?}"
         );
         assert!(stored.contains_key("erased_at"));
-        assert_eq!(stored.contains_key("rejected"), rejected);
+        // It stays refused: without its data, it must not read as an erased event that
+        // fan-out would give deliveries.
+        assert!(stored.contains_key("rejected"), "{stored:?}");
+        assert!(!stored.contains_key(UNFANNED_SHARD), "{stored:?}");
+        let read = store.get_event(&account, &event).await;
+        assert!(matches!(read, Err(StoreError::Rejected(_))), "{read:?}");
     }
 }
 
