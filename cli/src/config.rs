@@ -6,7 +6,6 @@ use hooklane::{
     config::{parse_duration, CORE_SETTINGS},
     CoreConfig,
 };
-use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -22,33 +21,6 @@ pub enum ConfigError {
 }
 
 /// Every setting of `serve`, as the file spells them (the variables are `HOOKLANE_` + upper case).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    database: Option<String>,
-    admin_token: Option<String>,
-    workers: Option<String>,
-    allow_cidrs: Option<String>,
-    https_only: Option<String>,
-    retry_schedule: Option<String>,
-    disable_after: Option<String>,
-    operations_account: Option<String>,
-    sweep_interval: Option<String>,
-    health_interval: Option<String>,
-    purge_interval: Option<String>,
-    log_format: Option<String>,
-    smtp_url: Option<String>,
-    smtp_from: Option<String>,
-    max_payload: Option<String>,
-    publish_rate: Option<String>,
-    publish_burst: Option<String>,
-    retention: Option<String>,
-    secrets_key: Option<String>,
-    secrets_key_previous: Option<String>,
-    public_url: Option<String>,
-}
-
 pub const SETTINGS: [&str; 24] = [
     "listen",
     "database",
@@ -121,8 +93,16 @@ impl ServeConfig {
                 message: e.to_string(),
             })?;
             // Values may be written as TOML numbers or booleans too; they are read as text.
-            let mut flattened = toml::Table::new();
             for (key, value) in table {
+                let Some(name) = SETTINGS.iter().copied().find(|name| *name == key) else {
+                    return Err(ConfigError::File {
+                        path: path.to_owned(),
+                        message: format!(
+                            "unknown setting `{key}`, expected one of {}",
+                            SETTINGS.join(", ")
+                        ),
+                    });
+                };
                 let text = match value {
                     toml::Value::String(s) => s,
                     toml::Value::Array(items) => items
@@ -136,42 +116,7 @@ impl ServeConfig {
                         .join(","),
                     other => other.to_string(),
                 };
-                flattened.insert(key, toml::Value::String(text));
-            }
-            let parsed: FileConfig =
-                flattened
-                    .try_into()
-                    .map_err(|e: toml::de::Error| ConfigError::File {
-                        path: path.to_owned(),
-                        message: e.to_string(),
-                    })?;
-            for (name, value) in [
-                ("listen", parsed.listen),
-                ("database", parsed.database),
-                ("admin_token", parsed.admin_token),
-                ("workers", parsed.workers),
-                ("allow_cidrs", parsed.allow_cidrs),
-                ("https_only", parsed.https_only),
-                ("retry_schedule", parsed.retry_schedule),
-                ("disable_after", parsed.disable_after),
-                ("operations_account", parsed.operations_account),
-                ("sweep_interval", parsed.sweep_interval),
-                ("health_interval", parsed.health_interval),
-                ("purge_interval", parsed.purge_interval),
-                ("log_format", parsed.log_format),
-                ("smtp_url", parsed.smtp_url),
-                ("smtp_from", parsed.smtp_from),
-                ("max_payload", parsed.max_payload),
-                ("publish_rate", parsed.publish_rate),
-                ("publish_burst", parsed.publish_burst),
-                ("retention", parsed.retention),
-                ("secrets_key", parsed.secrets_key),
-                ("secrets_key_previous", parsed.secrets_key_previous),
-                ("public_url", parsed.public_url),
-            ] {
-                if let Some(value) = value {
-                    settings.insert(name, value);
-                }
+                settings.insert(name, text);
             }
         }
         for name in SETTINGS {
@@ -319,6 +264,30 @@ mod tests {
             &[Duration::from_secs(1), Duration::from_secs(2)]
         );
         assert_eq!(config.core.sender.policy.allow_list().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The file takes every setting the environment does (the README's promise), and names
+    /// a key it does not know.
+    #[test]
+    fn the_file_takes_every_setting() {
+        let dir = std::env::temp_dir().join(format!("hooklane-every-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("hooklane.toml");
+        std::fs::write(&file, "max_endpoints = 5\nstrict_event_types = true\n").unwrap();
+        let config = ServeConfig::load(Some(&file), &environment(&[])).unwrap();
+        assert_eq!(config.core.max_endpoints, 5);
+        assert!(config.core.strict_event_types);
+        // Each one is at least taken as a key (a bad value is named by its variable).
+        for name in SETTINGS {
+            std::fs::write(&file, format!("{name} = \"\"\n")).unwrap();
+            if let Err(error) = ServeConfig::load(Some(&file), &environment(&[])) {
+                assert!(!error.to_string().contains("unknown"), "{name}: {error}");
+            }
+        }
+        std::fs::write(&file, "max_endpoint = 5\n").unwrap();
+        let error = ServeConfig::load(Some(&file), &environment(&[])).unwrap_err();
+        assert!(error.to_string().contains("max_endpoint"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
