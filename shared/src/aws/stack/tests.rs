@@ -122,18 +122,20 @@ fn the_https_only_parameter_reaches_every_function() {
 /// The publish limits reach the api function from the template's parameters: none and
 /// 256 KiB by default.
 #[test]
-fn the_publish_limit_parameters_reach_the_api_function() {
+fn the_limit_parameters_reach_the_api_function() {
     use crate::aws::settings::AwsSettings;
-    for (parameters, rate, payload) in [
-        (&[][..], None, 256 * 1024),
+    for (parameters, rate, payload, endpoints) in [
+        (&[][..], None, 256 * 1024, 100),
         (
             &[
                 ("PublishRate", "50"),
                 ("PublishBurst", "80"),
                 ("MaxPayload", "128KiB"),
+                ("MaxEndpoints", "250"),
             ][..],
             Some((50, 80)),
             128 * 1024,
+            250,
         ),
     ] {
         let stack = Stack::new("st", "eu-west-1", "111122223333", parameters).unwrap();
@@ -149,6 +151,7 @@ fn the_publish_limit_parameters_reach_the_api_function() {
             "{parameters:?}"
         );
         assert_eq!(settings.core.max_payload_bytes, payload, "{parameters:?}");
+        assert_eq!(settings.core.max_endpoints, endpoints, "{parameters:?}");
     }
 }
 
