@@ -177,6 +177,16 @@ async function main() {
     check(asked !== null && asked.includes("globex"), `switching accounts did not ask: ${asked}`);
     const stayed = await page.locator("#who").textContent();
     check(stayed.includes("Account acme"), `a declined link switched the page: ${stayed}`);
+    // A forged link, accepted, is refused by the server and leaves the session as it was.
+    const forged = otherLink.replace(/.$/, (c) => (c === "A" ? "B" : "A"));
+    page.once("dialog", (dialog) => dialog.accept());
+    await page.goto(forged);
+    await page.waitForFunction(() => !window.location.hash.includes("token"));
+    await page.locator("#notice", { hasText: "refused" }).waitFor({ timeout: 5000 });
+    const kept = await page.evaluate(() => sessionStorage.getItem("hooklane.token"));
+    check(kept !== null, "a forged link's failure ended the open session");
+    const still = await page.locator("#who").textContent();
+    check(still.includes("Account acme"), `a forged link switched the page: ${still}`);
 
     // A link to another account shows that account, and nothing of acme.
     await page.getByRole("button", { name: "Sign out" }).click();

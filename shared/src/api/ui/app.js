@@ -929,9 +929,15 @@ function followPortalLink() {
     const account = linkAccount(token);
     const from = state.account ? `account ${state.account}` : "the account open here";
     const to = account ? `account ${account}` : "another account";
-    if (!window.confirm(`This link opens ${to} in place of ${from}. Switch?`)) return false;
+    if (!window.confirm(`This link says it opens ${to} in place of ${from}. Switch?`)) return false;
   }
   signIn(token, "").catch((error) => {
+    if (current) {
+      // A link that does not verify leaves the session that was open as it was.
+      state.token = current;
+      notify(`The link was refused (${error.message}); you are still on ${state.account ? `account ${state.account}` : "the account open here"}.`, true);
+      return;
+    }
     state.token = null;
     sessionStorage.removeItem("hooklane.token");
     $("sign-in-error").textContent = error.status === 401
