@@ -492,7 +492,8 @@ async fn postgres_outbox_rows_are_published_within_50_ms_and_rolled_back_ones_ne
         .batch_execute(
             "INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES \
              ('bad_type.1', 'acme', 'not a type', '{}'), \
-             ('bad_account.1', 'no-such-account', 'order.placed', '{}')",
+             ('bad_account.1', 'no-such-account', 'order.placed', '{}'), \
+             ('bad_path.1', 'acme/events/batch#', 'order.placed', '{}')",
         )
         .await
         .expect("refused rows");
@@ -587,6 +588,14 @@ async fn postgres_outbox_rows_are_published_within_50_ms_and_rolled_back_ones_ne
             .is_some_and(|e| e.contains("no-such-account")),
         "{errors:?}"
     );
+    // An account id that would address another route (or account) in the URL is refused
+    // before it is sent, not published where the URL leads.
+    assert!(
+        errors["bad_path.1"]
+            .as_deref()
+            .is_some_and(|e| e.contains("not an account id")),
+        "{errors:?}"
+    );
     let counts = deliveries_by_event(&server).await;
     assert_eq!(counts.len(), expected.len());
     assert!(counts.values().all(|&n| n == 1), "one event per row");
@@ -597,7 +606,7 @@ async fn postgres_outbox_rows_are_published_within_50_ms_and_rolled_back_ones_ne
         "commit -> publish p99 {p99:.1} ms: the relay is not woken by NOTIFY"
     );
     println!(
-        "relay postgres: {} events published once each, the rolled-back row never, 2 refused rows \
+        "relay postgres: {} events published once each, the rolled-back row never, 3 refused rows \
          marked ({:.1} s)",
         counts.len(),
         started.elapsed().as_secs_f64()

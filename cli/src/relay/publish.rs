@@ -139,6 +139,13 @@ impl Publisher {
     }
 
     async fn send(&self, account: &str, batch: &[&OutboxRow]) -> Answer {
+        // Checked before it goes in the URL: `../x` or `a#b` would address another route,
+        // or another account.
+        if hooklane::domain::AccountId::parse(account).is_err() {
+            return Answer::RefusedAll(format!(
+                "`{account}` is not an account id (1 to 128 letters, digits, `_.:-`)"
+            ));
+        }
         let mut events = Vec::with_capacity(batch.len());
         for (index, row) in batch.iter().enumerate() {
             // The API reads `data` as a JSON value too; a row whose data is not JSON is
@@ -166,34 +173,44 @@ impl Publisher {
             Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
             Err(error) => return Answer::Retry(RelayError::Api(format!("POST {url}: {error}"))),
         };
-        let message = body["error"]["message"]
-            .as_str()
-            .map_or_else(|| body.to_string(), str::to_owned);
-        match status {
-            200..=299 => match body["results"].as_array() {
-                Some(results) if results.len() == batch.len() => Answer::Published(
-                    results
-                        .iter()
-                        .map(|r| r["created"].as_bool().unwrap_or(true))
-                        .collect(),
-                ),
-                _ => Answer::Retry(RelayError::Api(format!(
-                    "unexpected answer to a batch of {}: {body}",
-                    batch.len()
-                ))),
-            },
-            404 => Answer::RefusedAll(format!(
+        classify(status, &body, account, batch.len())
+    }
+}
+
+/// What an answer of the batch route means for the rows sent. Only Hooklane's own answers
+/// refuse rows for good; anything else (a proxy's 404 or 400, a mistyped `--url` that
+/// reaches an unknown route) is tried again, as nothing is wrong with the rows.
+fn classify(status: u16, body: &Value, account: &str, sent: usize) -> Answer {
+    let message = body["error"]["message"]
+        .as_str()
+        .map_or_else(|| body.to_string(), str::to_owned);
+    let code = body["error"]["code"].as_str();
+    match status {
+        200..=299 => match body["results"].as_array() {
+            Some(results) if results.len() == sent => Answer::Published(
+                results
+                    .iter()
+                    .map(|r| r["created"].as_bool().unwrap_or(true))
+                    .collect(),
+            ),
+            _ => Answer::Retry(RelayError::Api(format!(
+                "unexpected answer to a batch of {sent}: {body}"
+            ))),
+        },
+        404 if code == Some("not_found") && message == "account not found" => {
+            Answer::RefusedAll(format!(
                 "account `{account}` not found (HTTP 404; with an account token, the token may \
                  only publish for its own account)"
-            )),
-            413 => Answer::TooLarge(format!("HTTP 413: {message}")),
-            400 | 422 => match refused_index(&body) {
-                Some(index) => Answer::RefusedAt(index, format!("HTTP {status}: {message}")),
-                None => Answer::RefusedAll(format!("HTTP {status}: {message}")),
-            },
-            // 401, 403 (the token), 408, 429, 5xx: nothing is wrong with the rows.
-            _ => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
+            ))
         }
+        413 => Answer::TooLarge(format!("HTTP 413: {message}")),
+        400 | 422 => match refused_index(body) {
+            Some(index) => Answer::RefusedAt(index, format!("HTTP {status}: {message}")),
+            None => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
+        },
+        // 401, 403 (the token), 408, 429, 5xx, and answers not of the batch route: nothing
+        // is wrong with the rows.
+        _ => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
     }
 }
 
@@ -243,6 +260,29 @@ mod tests {
         assert_eq!(batch_len(&refs), 1);
         let huge = [row("h", 1_000_000)];
         assert_eq!(batch_len(&huge.iter().collect::<Vec<_>>()), 1);
+    }
+
+    /// Rows are refused for good only on the batch route's own answers: an account it does
+    /// not know, or an event it names. A 404 of a route (a mistyped `--url`), a proxy's
+    /// answer, or a 400 naming no event is tried again.
+    #[test]
+    fn only_the_routes_own_refusals_refuse_rows() {
+        use serde_json::json;
+        let refused_all = |a: &Answer| matches!(a, Answer::RefusedAll(_));
+        let retried = |a: &Answer| matches!(a, Answer::Retry(_));
+        let account = json!({"error": {"code": "not_found", "message": "account not found"}});
+        assert!(refused_all(&classify(404, &account, "acme", 2)));
+        let route = json!({"error": {"code": "not_found", "message": "route not found"}});
+        assert!(retried(&classify(404, &route, "acme", 2)));
+        let proxy = Value::String("<html>Not Found</html>".into());
+        assert!(retried(&classify(404, &proxy, "acme", 2)));
+        assert!(retried(&classify(400, &proxy, "acme", 2)));
+        let item =
+            json!({"error": {"code": "invalid_field", "field": "events[1].type", "message": "x"}});
+        assert!(matches!(
+            classify(422, &item, "acme", 2),
+            Answer::RefusedAt(1, _)
+        ));
     }
 
     #[test]
