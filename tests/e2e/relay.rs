@@ -705,6 +705,12 @@ async fn a_sqlite_outbox_is_published_by_polling_through_a_kill() {
         db.pragma_update(None, "journal_mode", "WAL").expect("wal");
         let ddl = std::fs::read_to_string(Path::new(DOCS).join("sqlite.sql")).expect("ddl");
         db.execute_batch(&ddl).expect("docs/outbox/sqlite.sql");
+        // SQLite takes a NULL key and any type in any column unless told not to: the table
+        // refuses a row the relay could not read as text, which would stop it at that row.
+        let insert = "INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES (?1, 'acme', 'a.b', ?2)";
+        let null_id = db.execute(insert, rusqlite::params![None::<String>, "{}"]);
+        let blob = db.execute(insert, rusqlite::params!["blob.1", b"{}".to_vec()]);
+        assert!(null_id.is_err() && blob.is_err(), "{null_id:?} {blob:?}");
         db.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)")
             .expect("orders");
     }
