@@ -36,8 +36,10 @@ pub struct Publisher {
 
 /// How the API answered one batch.
 enum Answer {
-    /// One result per event, in order: was it created by this request?
-    Published(Vec<bool>),
+    /// One result per event, in order: created by this request, or there already; for one
+    /// there already, the reason it is not this row's event when it is not (its id reused
+    /// for another type or data).
+    Published(Vec<Result<bool, String>>),
     /// The event at this index is refused, for this reason; nothing was written.
     RefusedAt(usize, String),
     /// Every event of the batch is refused for this reason (the account does not exist).
@@ -107,11 +109,16 @@ impl Publisher {
                 continue;
             }
             match self.send(account, &batch).await {
-                Answer::Published(created) => {
-                    for (row, created) in batch.iter().zip(created) {
-                        outcome.published.push(row.id.clone());
-                        if !created {
-                            outcome.existing += 1;
+                Answer::Published(results) => {
+                    for (row, result) in batch.iter().zip(results) {
+                        match result {
+                            Ok(created) => {
+                                outcome.published.push(row.id.clone());
+                                if !created {
+                                    outcome.existing += 1;
+                                }
+                            }
+                            Err(reason) => outcome.refused.push((row.id.clone(), reason)),
                         }
                     }
                     batch.clear();
@@ -173,14 +180,15 @@ impl Publisher {
             Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
             Err(error) => return Answer::Retry(RelayError::Api(format!("POST {url}: {error}"))),
         };
-        classify(status, &body, account, batch.len())
+        classify(status, &body, account, batch)
     }
 }
 
 /// What an answer of the batch route means for the rows sent. Only Hooklane's own answers
 /// refuse rows for good; anything else (a proxy's 404 or 400, a mistyped `--url` that
 /// reaches an unknown route) is tried again, as nothing is wrong with the rows.
-fn classify(status: u16, body: &Value, account: &str, sent: usize) -> Answer {
+fn classify(status: u16, body: &Value, account: &str, rows: &[&OutboxRow]) -> Answer {
+    let sent = rows.len();
     let message = body["error"]["message"]
         .as_str()
         .map_or_else(|| body.to_string(), str::to_owned);
@@ -190,7 +198,8 @@ fn classify(status: u16, body: &Value, account: &str, sent: usize) -> Answer {
             Some(results) if results.len() == sent => Answer::Published(
                 results
                     .iter()
-                    .map(|r| r["created"].as_bool().unwrap_or(true))
+                    .zip(rows)
+                    .map(|(result, row)| published(result, row))
                     .collect(),
             ),
             _ => Answer::Retry(RelayError::Api(format!(
@@ -211,6 +220,29 @@ fn classify(status: u16, body: &Value, account: &str, sent: usize) -> Answer {
         // 401, 403 (the token), 408, 429, 5xx, and answers not of the batch route: nothing
         // is wrong with the rows.
         _ => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
+    }
+}
+
+/// One result of a published batch: created, or there already. An event there already with
+/// another type or data is not this row's: its id was used before (the row sent, then deleted
+/// and written again), and the row is refused rather than taken for published. An erased one
+/// has no data to compare.
+fn published(result: &Value, row: &OutboxRow) -> Result<bool, String> {
+    if result["created"].as_bool().unwrap_or(true) {
+        return Ok(true);
+    }
+    let event = &result["event"];
+    let same_type = event["type"].as_str() == Some(row.event_type.as_str());
+    let erased = event.get("erased_at").is_some_and(|at| !at.is_null());
+    let same_data =
+        erased || serde_json::from_str::<Value>(&row.data).ok().as_ref() == Some(&event["data"]);
+    if same_type && same_data {
+        Ok(false)
+    } else {
+        Err(format!(
+            "the id is already an event of type `{}` with other data: an id is used once",
+            event["type"].as_str().unwrap_or_default()
+        ))
     }
 }
 
@@ -271,18 +303,37 @@ mod tests {
         let refused_all = |a: &Answer| matches!(a, Answer::RefusedAll(_));
         let retried = |a: &Answer| matches!(a, Answer::Retry(_));
         let account = json!({"error": {"code": "not_found", "message": "account not found"}});
-        assert!(refused_all(&classify(404, &account, "acme", 2)));
+        assert!(refused_all(&classify(404, &account, "acme", &[])));
         let route = json!({"error": {"code": "not_found", "message": "route not found"}});
-        assert!(retried(&classify(404, &route, "acme", 2)));
+        assert!(retried(&classify(404, &route, "acme", &[])));
         let proxy = Value::String("<html>Not Found</html>".into());
-        assert!(retried(&classify(404, &proxy, "acme", 2)));
-        assert!(retried(&classify(400, &proxy, "acme", 2)));
+        assert!(retried(&classify(404, &proxy, "acme", &[])));
+        assert!(retried(&classify(400, &proxy, "acme", &[])));
         let item =
             json!({"error": {"code": "invalid_field", "field": "events[1].type", "message": "x"}});
         assert!(matches!(
-            classify(422, &item, "acme", 2),
+            classify(422, &item, "acme", &[]),
             Answer::RefusedAt(1, _)
         ));
+    }
+
+    /// A row whose id is already an event with other content is refused, not taken for
+    /// published: its event would never be sent.
+    #[test]
+    fn an_id_used_before_for_other_content_refuses_the_row() {
+        use serde_json::json;
+        let row = OutboxRow {
+            id: "cust_1.updated".into(),
+            account_id: "acme".into(),
+            event_type: "customer.updated".into(),
+            data: r#"{"v": 2}"#.into(),
+        };
+        let there = |data: Value| json!({"created": false, "event": {"type": "customer.updated", "data": data}});
+        assert_eq!(published(&there(json!({"v": 2})), &row), Ok(false));
+        assert!(published(&there(json!({"v": 1})), &row).is_err());
+        assert_eq!(published(&json!({"created": true}), &row), Ok(true));
+        let erased = json!({"created": false, "event": {"type": "customer.updated", "data": null, "erased_at": "2026-12-01T00:00:00.000Z"}});
+        assert_eq!(published(&erased, &row), Ok(false));
     }
 
     #[test]
