@@ -16,7 +16,8 @@ def outbox_event(account_id, event_id, event_type, data):
         "id": {"S": event_id},
         "type": {"S": event_type},
         "created_at": {"N": str(time.time_ns() // 1_000_000)},  # milliseconds
-        "data": {"S": json.dumps(data, separators=(",", ":"))},
+        # Compact, UTF-8 as it is (not \u escapes), and no NaN (not JSON: fan-out refuses it).
+        "data": {"S": json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)},
         "unfanned_shard": {"S": str(random.randrange(4))},
     }
 
