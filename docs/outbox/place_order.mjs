@@ -54,9 +54,10 @@ export async function placeOrder(client, ordersTable, eventsTable, accountId, or
   } catch (error) {
     if (!(error instanceof TransactionCanceledException)) throw error;
     const codes = (error.CancellationReasons ?? []).map((reason) => reason.Code);
-    if (codes[1] === "ConditionalCheckFailed") return "already placed"; // an earlier try committed
-    if (codes[0] === "ConditionalCheckFailed") return "refused"; // the order exists; nothing written
-    throw error;
+    const failed = codes.map((code) => code === "ConditionalCheckFailed");
+    if (failed[0] && failed[1]) return "already placed"; // the order and its event exist: an earlier try committed
+    if (failed[0]) return "refused"; // the order exists; nothing written
+    throw error; // anything else (the event there without its order, a conflict): not done
   }
 }
 

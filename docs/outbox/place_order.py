@@ -52,11 +52,11 @@ def place_order(dynamodb, orders_table, events_table, account_id, order_id, tota
         return "placed"
     except dynamodb.exceptions.TransactionCanceledException as error:
         codes = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
-        if codes[1:2] == ["ConditionalCheckFailed"]:
-            return "already placed"  # the event exists: an earlier try committed
+        if codes[:2] == ["ConditionalCheckFailed", "ConditionalCheckFailed"]:
+            return "already placed"  # the order and its event exist: an earlier try committed
         if codes[:1] == ["ConditionalCheckFailed"]:
             return "refused"  # the order exists, and nothing was written
-        raise
+        raise  # anything else (the event there without its order, a conflict): not done
 
 
 if __name__ == "__main__":

@@ -158,6 +158,20 @@ fn place_order(
     order: &str,
     total: u32,
 ) -> String {
+    run(
+        &mut place_order_command(snippet, stack, node_dir, order, total),
+        &format!("the {snippet:?} outbox snippet"),
+    )
+}
+
+/// The snippet's command line, placing `order` of `total` through the emulator.
+fn place_order_command(
+    snippet: Snippet,
+    stack: &Stack,
+    node_dir: &Path,
+    order: &str,
+    total: u32,
+) -> Command {
     let args = [
         stack.orders.as_str(),
         stack.events.as_str(),
@@ -179,10 +193,8 @@ fn place_order(
         }
     };
     command.args(args);
-    run(
-        aws_env(&mut command),
-        &format!("the {snippet:?} outbox snippet"),
-    )
+    aws_env(&mut command);
+    command
 }
 
 /// The Node.js snippet imports `@aws-sdk/client-dynamodb`, which an ES module resolves from
@@ -262,6 +274,26 @@ async fn the_outbox_snippets_deliver_signed_once_and_nothing_when_the_business_w
             "{snippet:?}"
         );
         expected.insert(format!("{first}.placed"));
+        // The event there without its order (written some other way): the call is not done,
+        // and the snippet says so rather than answering "already placed".
+        let orphan = format!("{prefix}_3");
+        stack
+            .client
+            .put_item()
+            .table_name(&stack.events)
+            .item("account_id", AttributeValue::S("acme".into()))
+            .item("id", AttributeValue::S(format!("{orphan}.placed")))
+            .send()
+            .await
+            .expect("an event without its order");
+        let output = place_order_command(snippet, &stack, &node_dir, &orphan, 5)
+            .output()
+            .expect("run the snippet");
+        assert!(
+            !output.status.success(),
+            "{snippet:?}: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
     }
     // The CLI's JSON form, sent as the CLI sends it (through boto3: the AWS CLI is not
     // installed here), twice.
