@@ -9,7 +9,8 @@ use super::{OutboxRow, RelayError};
 
 /// Events one batch request holds at most (the API's limit).
 const MAX_EVENTS: usize = 100;
-/// Request bodies stay under the API's limit (the largest event body plus 64 KiB).
+/// A batch's rows together stay under this many bytes (well under the API's 3.7 MB for a
+/// batch, so a request stays small to retry); a larger row goes alone.
 const MAX_BODY_BYTES: usize = 192 * 1024;
 
 /// What publishing a set of rows came to.
