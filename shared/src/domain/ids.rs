@@ -22,7 +22,8 @@ macro_rules! string_id {
                 Self(format!("{}_{}", $prefix, uuid::Uuid::now_v7().simple()))
             }
 
-            /// Parses an id given from outside: 1 to 128 characters of `A-Z a-z 0-9 _ - . :`.
+            /// Parses an id given from outside: 1 to 128 characters of `A-Z a-z 0-9 _ - . :`,
+            /// not `.` or `..`.
             pub fn parse(raw: &str) -> Result<Self, InvalidField> {
                 if raw.is_empty() || raw.len() > MAX_ID_LEN {
                     return Err(InvalidField::new(
@@ -34,6 +35,13 @@ macro_rules! string_id {
                     return Err(InvalidField::new(
                         $field,
                         "may only contain letters, digits and _ - . :",
+                    ));
+                }
+                // In a URL, `.` and `..` are steps of the path, not a segment of it.
+                if raw == "." || raw == ".." {
+                    return Err(InvalidField::new(
+                        $field,
+                        "may not be `.` or `..`, which a URL reads as a step of its path",
                     ));
                 }
                 Ok(Self(raw.to_owned()))
@@ -80,6 +88,9 @@ mod tests {
     fn ids_from_outside_are_checked() {
         assert!(AccountId::parse("acme-corp_1").is_ok());
         assert!(AccountId::parse("").is_err());
+        // A URL reads them as steps of its path: `/v1/accounts/../events/batch`.
+        assert!(AccountId::parse(".").is_err() && EventId::parse("..").is_err());
+        assert!(AccountId::parse("...").is_ok());
         assert!(AccountId::parse("has space").is_err());
         assert!(AccountId::parse("slash/inside").is_err());
         assert!(AccountId::parse(&"x".repeat(129)).is_err());
