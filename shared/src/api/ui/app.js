@@ -931,11 +931,14 @@ function followPortalLink() {
     const to = account ? `account ${account}` : "another account";
     if (!window.confirm(`This link says it opens ${to} in place of ${from}. Switch?`)) return false;
   }
+  const savedAccount = sessionStorage.getItem("hooklane.account") || "";
   signIn(token, "").catch((error) => {
-    if (current) {
-      // A link that does not verify leaves the session that was open as it was.
+    // Refused before the session changed (the link did not verify): the session that was
+    // open stays, or, on a fresh load of the page, is opened again.
+    if (current && current !== token && sessionStorage.getItem("hooklane.token") === current) {
       state.token = current;
-      notify(`The link was refused (${error.message}); you are still on ${state.account ? `account ${state.account}` : "the account open here"}.`, true);
+      notify(`The link was refused (${error.message}); the session open before stays.`, true);
+      if (!state.account) signIn(current, savedAccount).catch(() => signOut());
       return;
     }
     state.token = null;
