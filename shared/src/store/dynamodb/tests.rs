@@ -1409,14 +1409,7 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
             // Waiting for the sweeper, as an outbox write does.
             item.insert(UNFANNED_SHARD.to_owned(), s("0"));
         }
-        store
-            .client()
-            .put_item()
-            .table_name(&store.tables().events)
-            .set_item(Some(item))
-            .send()
-            .await
-            .unwrap();
+        put_event_item(&store, item).await;
         if rejected {
             store
                 .reject_event("acme", id, "created_at is in seconds")
@@ -1579,6 +1572,18 @@ async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
     assert_eq!(found, PendingPage::default());
 }
 
+/// Writes `item` into the events table as an outbox writer would: as it is, unchecked.
+async fn put_event_item(store: &DynamoStore, item: Item) {
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().events)
+        .set_item(Some(item))
+        .send()
+        .await
+        .unwrap();
+}
+
 /// An outbox writer may set the event's TTL itself (docs/OUTBOX.md); one that comes before
 /// the retries its fan-out starts could end would let DynamoDB delete the event while they
 /// are left, so the fan-out's mark moves it to their end, as a replay does. A later one is
@@ -1598,14 +1603,7 @@ async fn a_writer_s_ttl_sooner_than_the_retries_is_moved_past_them_by_the_fan_ou
         let event = crate::fixtures::typed_event("acme", id, "invoice.paid", now);
         let mut item = store.event_item(&event, false);
         item.insert("expires_at".into(), n(writers));
-        store
-            .client()
-            .put_item()
-            .table_name(&store.tables().events)
-            .set_item(Some(item))
-            .send()
-            .await
-            .unwrap();
+        put_event_item(&store, item).await;
         store
             .mark_fanned_out(&[FannedOut {
                 event,
