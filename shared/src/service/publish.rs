@@ -296,19 +296,32 @@ pub(super) async fn take_publish_tokens(
     let Some(rate) = account.publish_rate_limit.or(app.config.publish_rate) else {
         return Ok(());
     };
-    match limits.take(&account.id, rate, n).await {
+    let taken = take_tokens(limits, &account.id, rate, n, "publishes").await;
+    if taken.is_err() {
+        crate::telemetry::publishes_throttled(&account.id, n);
+    }
+    taken
+}
+
+/// Takes `n` tokens of `bucket` at `rate`; `RateLimited` (naming `what` is limited) when
+/// they are not there. A bucket that cannot be read lets the request through.
+pub(super) async fn take_tokens(
+    limits: &dyn PublishBuckets,
+    bucket: &AccountId,
+    rate: crate::domain::rate::PublishRate,
+    n: u32,
+    what: &'static str,
+) -> ServiceResult<()> {
+    match limits.take(bucket, rate, n).await {
         Ok(None) => Ok(()),
-        Ok(Some(retry_after)) => {
-            crate::telemetry::publishes_throttled(&account.id, n);
-            Err(ServiceError::RateLimited {
-                what: "publishes",
-                per_second: rate.per_second,
-                burst: rate.burst,
-                retry_after,
-            })
-        }
+        Ok(Some(retry_after)) => Err(ServiceError::RateLimited {
+            what,
+            per_second: rate.per_second,
+            burst: rate.burst,
+            retry_after,
+        }),
         Err(error) => {
-            tracing::warn!(account = %account.id, %error, "publish rate bucket unavailable; publish let through");
+            tracing::warn!(bucket = %bucket, %error, what, "rate bucket unavailable; let through");
             Ok(())
         }
     }

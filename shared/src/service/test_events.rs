@@ -64,17 +64,5 @@ async fn take_test_token(limits: &dyn PublishBuckets, account: &AccountId) -> Se
         "test events",
     )?;
     let bucket = AccountId::from_trusted(format!("{account}#test-events"));
-    match limits.take(&bucket, rate, 1).await {
-        Ok(None) => Ok(()),
-        Ok(Some(retry_after)) => Err(ServiceError::RateLimited {
-            what: "test events",
-            per_second: rate.per_second,
-            burst: rate.burst,
-            retry_after,
-        }),
-        Err(error) => {
-            tracing::warn!(account = %account, %error, "test-event bucket unavailable; test event let through");
-            Ok(())
-        }
-    }
+    publish::take_tokens(limits, &bucket, rate, 1, "test events").await
 }
