@@ -13,6 +13,7 @@ mod crash;
 mod custom_headers;
 mod delivery_log;
 mod delivery_rules;
+mod endpoint_changes;
 mod endpoint_stats;
 mod erasure;
 mod event_types;

@@ -213,13 +213,15 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
         "authorization": "Bearer hdr-9c1e55",
     })))
     .unwrap();
-    store.update_endpoint(&a).await.unwrap();
+    let read = a.version();
+    store.update_endpoint(&a, &read).await.unwrap();
     let retiring = std::mem::replace(&mut b.secret, SigningSecret::generate());
     b.retiring_secret = Some(RetiringSecret {
         secret: retiring,
         until: fixtures::t0(),
     });
-    store.update_endpoint(&b).await.unwrap();
+    let read = b.version();
+    store.update_endpoint(&b, &read).await.unwrap();
     let secrets: Vec<String> = [
         &a.secret,
         &b.secret,

@@ -160,6 +160,11 @@ impl From<ServiceError> for ApiError {
                     format!("the stored item cannot be read: {message}"),
                 )
             }
+            ServiceError::Store(StoreError::Changed(what)) => Self::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("the {what} was changed by another request meanwhile; try again"),
+            ),
             ServiceError::Store(other) => {
                 tracing::error!(error = %other, "store failure behind an API call");
                 Self::new(

@@ -179,7 +179,37 @@ pub struct Endpoint {
     pub updated_at: Timestamp,
 }
 
+/// What a change to an endpoint was made from. The stores replace the endpoint only while
+/// it still has these, so a change read before another one landed (a second API call, or
+/// the sender disabling the endpoint or starting its failing clock) is refused rather than
+/// writing the other one's fields back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EndpointVersion {
+    pub updated_at: Timestamp,
+    pub status: EndpointStatus,
+    pub failing_since: Option<Timestamp>,
+}
+
 impl Endpoint {
+    pub fn version(&self) -> EndpointVersion {
+        EndpointVersion {
+            updated_at: self.updated_at,
+            status: self.status,
+            failing_since: self.failing_since,
+        }
+    }
+
+    /// Marks a change made at `now`, at least a millisecond (the stores' precision) after
+    /// the version it was made from, so that two changes in one millisecond differ.
+    pub fn touch(&mut self, now: Timestamp) {
+        let after = crate::clock::to_millis(self.updated_at).saturating_add(1);
+        self.updated_at = if crate::clock::to_millis(now) >= after {
+            now
+        } else {
+            crate::clock::from_millis(after)
+        };
+    }
+
     /// Secrets that sign a message sent at `now`: the current one, and the retiring one
     /// while its grace period lasts.
     pub fn signing_secrets(&self, now: Timestamp) -> Vec<&SigningSecret> {

@@ -331,8 +331,9 @@ mod tests {
             .await
             .unwrap();
         // Disabled, this delivery left pending.
+        let read = disabled.version();
         disabled.status = EndpointStatus::Disabled;
-        store.update_endpoint(&disabled).await.unwrap();
+        store.update_endpoint(&disabled, &read).await.unwrap();
         // Deleted, then a delivery to it written (as a fan-out racing the deletion would).
         assert!(store
             .delete_endpoint(&EndpointDeletion {

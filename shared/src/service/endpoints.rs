@@ -1,17 +1,22 @@
+//! Endpoints: created within the account's limit, changed, enabled and disabled, their secret
+//! rotated; each change audited and made over the endpoint as it was read.
 use std::time::Duration;
+
+use rand::Rng;
 
 use super::{audit, ServiceError, ServiceResult};
 use crate::{
+    clock::Timestamp,
     domain::{
         endpoint::{self, RetiringSecret},
         headers::CustomHeaders,
         stats::{hour_of, EndpointStats, STATS_HOURS},
         AccountId, AuditAction, AuditTarget, Caller, Endpoint, EndpointId, EndpointStatus,
-        EndpointUrl, EventTypeFilter, InvalidField, TargetKind,
+        EndpointUrl, EndpointVersion, EventTypeFilter, InvalidField, TargetKind,
     },
     http::SsrfError,
     signing::SigningSecret,
-    store::{AuditedChange, DisableRequest, EndpointDeletion},
+    store::{AuditedChange, DisableRequest, EndpointDeletion, StoreError},
     App,
 };
 
@@ -82,11 +87,13 @@ async fn audited(
     .await
 }
 
-/// Writes `endpoint` (created, or changed) with the entry of `action` on it.
+/// Writes `endpoint` (created, or changed from the version `read`) with the entry of
+/// `action` on it.
 async fn write_audited(
     app: &App,
     caller: &Caller,
     endpoint: &Endpoint,
+    read: Option<EndpointVersion>,
     action: AuditAction,
     details: serde_json::Value,
 ) -> ServiceResult<()> {
@@ -98,12 +105,50 @@ async fn write_audited(
         AuditTarget::new(TargetKind::Endpoint, &endpoint.id),
         details,
     );
-    let change = if action == AuditAction::EndpointCreated {
-        AuditedChange::CreateEndpoint(endpoint.clone())
-    } else {
-        AuditedChange::UpdateEndpoint(endpoint.clone())
+    let change = match read {
+        None => AuditedChange::CreateEndpoint(endpoint.clone()),
+        Some(read) => AuditedChange::UpdateEndpoint {
+            endpoint: endpoint.clone(),
+            read,
+        },
     };
     audit::change(app, change, &[entry]).await
+}
+
+/// Reads before giving up on a change that other writes keep overtaking.
+const CHANGE_TRIES: usize = 5;
+
+/// Reads endpoint `id`, lets `change` modify it (returning the details of its audit entry)
+/// and writes it over the version read. When another write landed in between (an API call,
+/// the sender disabling the endpoint), it starts again from a fresh read, so neither
+/// change is lost and `change` decides again on what is stored now.
+async fn change_endpoint(
+    app: &App,
+    caller: &Caller,
+    account: &AccountId,
+    id: &EndpointId,
+    action: AuditAction,
+    mut change: impl FnMut(&mut Endpoint, Timestamp) -> ServiceResult<serde_json::Value>,
+) -> ServiceResult<Endpoint> {
+    for tried in 0..CHANGE_TRIES {
+        if tried > 0 {
+            // Apart, so that requests overtaken together do not meet again at once.
+            let pause = rand::rng().random_range(1..=10 * tried as u64);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+        let mut endpoint = get(app, account, id).await?;
+        let read = endpoint.version();
+        let now = app.clock.now();
+        let details = change(&mut endpoint, now)?;
+        endpoint.touch(now);
+        match write_audited(app, caller, &endpoint, Some(read), action, details).await {
+            Err(ServiceError::Store(StoreError::Changed(_))) => continue,
+            written => return written.map(|()| endpoint),
+        }
+    }
+    Err(ServiceError::Conflict(
+        "the endpoint kept changing while this request ran; try again".into(),
+    ))
 }
 
 pub async fn create(
@@ -160,6 +205,7 @@ pub async fn create(
         app,
         caller,
         &endpoint,
+        None,
         AuditAction::EndpointCreated,
         details,
     )
@@ -201,7 +247,7 @@ pub async fn update(
     changes: EndpointChanges,
     caller: &Caller,
 ) -> ServiceResult<Endpoint> {
-    let mut endpoint = get(app, account, id).await?;
+    get(app, account, id).await?;
     let changed: Vec<&str> = [
         ("url", changes.url.is_some()),
         ("description", changes.description.is_some()),
@@ -216,37 +262,58 @@ pub async fn update(
     .into_iter()
     .filter_map(|(field, given)| given.then_some(field))
     .collect();
-    if let Some(raw) = changes.url.as_deref() {
-        let url = EndpointUrl::parse(raw)?;
-        check_reachable(app, &url).await?;
-        endpoint.url = url;
-    }
-    if let Some(description) = changes.description.as_deref() {
-        endpoint.description = endpoint::parse_description(Some(description))?;
-    }
-    if let Some(event_types) = &changes.event_types {
-        endpoint.event_types = EventTypeFilter::parse(event_types.as_deref())?;
-    }
-    if let Some(max) = changes.max_in_flight {
-        endpoint.max_in_flight = endpoint::parse_max_in_flight(Some(max))?;
-    }
-    if let Some(rate) = changes.rate_limit_per_second {
-        endpoint.rate_limit_per_second = endpoint::parse_rate_limit(rate)?;
-    }
-    match &changes.headers {
-        None => {}
-        Some(None) => endpoint.headers = CustomHeaders::default(),
-        Some(Some(patch)) => endpoint.headers = endpoint.headers.patched(Some(patch))?,
-    }
-    endpoint.updated_at = app.clock.now();
+    // Parsed once, before any read: only the headers' merge patch depends on what is stored.
+    let url = match changes.url.as_deref() {
+        Some(raw) => {
+            let url = EndpointUrl::parse(raw)?;
+            check_reachable(app, &url).await?;
+            Some(url)
+        }
+        None => None,
+    };
+    let description = changes
+        .description
+        .as_deref()
+        .map(|d| endpoint::parse_description(Some(d)))
+        .transpose()?;
+    let event_types = changes
+        .event_types
+        .as_ref()
+        .map(|types| EventTypeFilter::parse(types.as_deref()))
+        .transpose()?;
+    let max_in_flight = changes
+        .max_in_flight
+        .map(|max| endpoint::parse_max_in_flight(Some(max)))
+        .transpose()?;
+    let rate = changes
+        .rate_limit_per_second
+        .map(endpoint::parse_rate_limit)
+        .transpose()?;
     let details = serde_json::json!({ "changed": changed });
-    write_audited(
-        app,
-        caller,
-        &endpoint,
-        AuditAction::EndpointUpdated,
-        details,
-    )
+    let action = AuditAction::EndpointUpdated;
+    let endpoint = change_endpoint(app, caller, account, id, action, |endpoint, _| {
+        if let Some(url) = &url {
+            endpoint.url = url.clone();
+        }
+        if let Some(description) = &description {
+            endpoint.description = description.clone();
+        }
+        if let Some(event_types) = &event_types {
+            endpoint.event_types = event_types.clone();
+        }
+        if let Some(max) = max_in_flight {
+            endpoint.max_in_flight = max;
+        }
+        if let Some(rate) = rate {
+            endpoint.rate_limit_per_second = rate;
+        }
+        match &changes.headers {
+            None => {}
+            Some(None) => endpoint.headers = CustomHeaders::default(),
+            Some(Some(patch)) => endpoint.headers = endpoint.headers.patched(Some(patch))?,
+        }
+        Ok(details.clone())
+    })
     .await?;
     app.queue
         .update_lane(
@@ -296,22 +363,15 @@ pub async fn enable(
     id: &EndpointId,
     caller: &Caller,
 ) -> ServiceResult<Endpoint> {
-    let mut endpoint = get(app, account, id).await?;
-    let was = endpoint.status;
-    endpoint.status = EndpointStatus::Active;
-    endpoint.failing_since = None;
-    endpoint.disabled_reason = None;
-    endpoint.updated_at = app.clock.now();
-    let details = serde_json::json!({ "was": was.as_str() });
-    write_audited(
-        app,
-        caller,
-        &endpoint,
-        AuditAction::EndpointEnabled,
-        details,
-    )
-    .await?;
-    Ok(endpoint)
+    let action = AuditAction::EndpointEnabled;
+    change_endpoint(app, caller, account, id, action, |endpoint, _| {
+        let was = endpoint.status;
+        endpoint.status = EndpointStatus::Active;
+        endpoint.failing_since = None;
+        endpoint.disabled_reason = None;
+        Ok(serde_json::json!({ "was": was.as_str() }))
+    })
+    .await
 }
 
 /// Disables an endpoint on its owner's request; its pending deliveries are abandoned.
@@ -361,31 +421,30 @@ pub async fn rotate_secret(
     grace: Duration,
     caller: &Caller,
 ) -> ServiceResult<Endpoint> {
-    let mut endpoint = get(app, account, id).await?;
-    let now = app.clock.now();
-    // One secret retires at a time: a second rotation with a grace period would end the
-    // first one's at once (a double click, a retried script), and receivers still on the
-    // original secret would fail every delivery. One without (an emergency) ends both.
-    if let Some(retiring) = endpoint.retiring_secret.as_ref().filter(|r| r.until > now) {
-        if !grace.is_zero() {
-            return Err(ServiceError::Conflict(format!(
-                "a rotation is under way: the previous secret signs until {}; rotate again \
-                 after that, or with grace_period_seconds 0 to stop both previous secrets now",
-                retiring
-                    .until
-                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            )));
-        }
-    }
-    let old = std::mem::replace(&mut endpoint.secret, SigningSecret::generate());
-    endpoint.retiring_secret = (!grace.is_zero()).then(|| RetiringSecret {
-        secret: old,
-        until: crate::clock::add(now, grace),
-    });
-    endpoint.updated_at = now;
-    // Neither secret goes in: only how long the old one keeps signing.
-    let details = serde_json::json!({ "grace_period_seconds": grace.as_secs() });
     let action = AuditAction::EndpointSecretRotated;
-    write_audited(app, caller, &endpoint, action, details).await?;
-    Ok(endpoint)
+    change_endpoint(app, caller, account, id, action, |endpoint, now| {
+        // One secret retires at a time: a second rotation with a grace period would end the
+        // first one's at once (a double click, a retried script), and receivers still on
+        // the original secret would fail every delivery. One without (an emergency) ends
+        // both.
+        if let Some(retiring) = endpoint.retiring_secret.as_ref().filter(|r| r.until > now) {
+            if !grace.is_zero() {
+                return Err(ServiceError::Conflict(format!(
+                    "a rotation is under way: the previous secret signs until {}; rotate again \
+                     after that, or with grace_period_seconds 0 to stop both previous secrets now",
+                    retiring
+                        .until
+                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                )));
+            }
+        }
+        let old = std::mem::replace(&mut endpoint.secret, SigningSecret::generate());
+        endpoint.retiring_secret = (!grace.is_zero()).then(|| RetiringSecret {
+            secret: old,
+            until: crate::clock::add(now, grace),
+        });
+        // Neither secret goes in: only how long the old one keeps signing.
+        Ok(serde_json::json!({ "grace_period_seconds": grace.as_secs() }))
+    })
+    .await
 }

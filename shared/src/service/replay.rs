@@ -275,8 +275,9 @@ mod tests {
             let published = publish(&app, &account, input).await.unwrap();
             assert!(published.deliveries.is_empty(), "disabled: no delivery");
         }
+        let read = main.version();
         main.status = EndpointStatus::Active;
-        store.update_endpoint(&main).await.unwrap();
+        store.update_endpoint(&main, &read).await.unwrap();
         let replay = Replay {
             id: ReplayId::generate(),
             account_id: account.clone(),

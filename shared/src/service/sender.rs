@@ -909,8 +909,9 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+        let read = disabled.version();
         disabled.status = EndpointStatus::Disabled;
-        app.store.update_endpoint(&disabled).await.unwrap();
+        app.store.update_endpoint(&disabled, &read).await.unwrap();
         let handled = handle_message(&app, lanes, &delivery, &endpoint_id, &account_id)
             .await
             .unwrap();

@@ -6,8 +6,8 @@ use crate::{
     clock::Timestamp,
     domain::{
         Account, AccountId, ApiKey, ApiKeyId, Attempt, AuditEntry, Decision, Delivery, DeliveryId,
-        DeliveryStatus, EmailAddress, Endpoint, EndpointId, Event, EventId, EventType,
-        EventTypeDef, HourCount, MissedEvent, Replay, ReplayId,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointVersion, Event, EventId,
+        EventType, EventTypeDef, HourCount, MissedEvent, Replay, ReplayId,
     },
 };
 
@@ -22,6 +22,9 @@ pub enum StoreError {
     Conflict { entity: &'static str, id: String },
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// A conditional replace found the record changed since it was read: read it again.
+    #[error("{0} was changed by another request meanwhile")]
+    Changed(&'static str),
     #[error("{0}")]
     Locked(String),
     #[error("storage failure: {0}")]
@@ -341,7 +344,10 @@ pub enum AuditedChange {
     /// As `Store::create_endpoint`.
     CreateEndpoint(Endpoint),
     /// As `Store::update_endpoint`.
-    UpdateEndpoint(Endpoint),
+    UpdateEndpoint {
+        endpoint: Endpoint,
+        read: EndpointVersion,
+    },
     /// As `Store::create_api_key`.
     CreateApiKey(ApiKey),
     /// As `Store::revoke_token`.
@@ -436,8 +442,10 @@ store_port! { $
         id: &EndpointId,
     ) -> StoreResult<Option<Endpoint>>;
     async fn list_endpoints(&self, account: &AccountId) -> StoreResult<Vec<Endpoint>>;
-    /// Replaces the mutable fields of an existing endpoint.
-    async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()>;
+    /// Replaces the mutable fields of an existing endpoint, if it still has the version
+    /// `read` (`StoreError::Changed` otherwise).
+    async fn update_endpoint(&self, endpoint: &Endpoint, read: &EndpointVersion)
+        -> StoreResult<()>;
     /// Deletes the endpoint and abandons its pending deliveries; the history stays.
     async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool>;
 

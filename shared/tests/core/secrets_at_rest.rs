@@ -16,6 +16,7 @@ const NEW: [u8; 32] = [2; 32];
 /// Rotates `ep`'s secret as the API does: a new one, the old one retiring; and gives it a
 /// secret `Authorization` header.
 async fn rotate(store: &dyn Store, ep: &mut Endpoint) {
+    let read = ep.version();
     let old = std::mem::replace(&mut ep.secret, SigningSecret::generate());
     ep.retiring_secret = Some(RetiringSecret {
         secret: old,
@@ -29,7 +30,7 @@ async fn rotate(store: &dyn Store, ep: &mut Endpoint) {
         "x-tenant": "t_1",
     })))
     .unwrap();
-    store.update_endpoint(ep).await.unwrap();
+    store.update_endpoint(ep, &read).await.unwrap();
 }
 
 /// The base64 bodies of an endpoint's secrets and its secret header values: what must not
@@ -237,7 +238,7 @@ async fn a_raw_dynamodb_item_holds_no_secret_and_does_not_open_on_another_endpoi
     assert_eq!(secrets_of(&rotated, &a).await.unwrap(), bodies(&a));
     assert_eq!(secrets_of(&rotated, &b).await.unwrap(), bodies(&b));
     // A write under the rotated keys seals under the new one (the lazy re-seal).
-    rotated.update_endpoint(&b).await.unwrap();
+    rotated.update_endpoint(&b, &b.version()).await.unwrap();
     let item = raw_item("ep_b").await;
     assert!(item["secret"]
         .as_s()
@@ -258,12 +259,18 @@ async fn a_raw_dynamodb_item_holds_no_secret_and_does_not_open_on_another_endpoi
         && e.retiring_secret
             .as_ref()
             .is_none_or(|r| r.secret.is_withheld())));
-    let refused = withheld.update_endpoint(&listed[0]).await.unwrap_err();
+    let refused = withheld
+        .update_endpoint(&listed[0], &listed[0].version())
+        .await
+        .unwrap_err();
     assert!(
         refused.to_string().contains("holds no secrets key"),
         "{refused}"
     );
-    let refused = withheld.update_endpoint(&a).await.unwrap_err();
+    let refused = withheld
+        .update_endpoint(&a, &a.version())
+        .await
+        .unwrap_err();
     assert!(
         refused.to_string().contains("holds no secrets key"),
         "{refused}"

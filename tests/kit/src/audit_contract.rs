@@ -188,12 +188,22 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
     ));
     let mut changed = endpoint.clone();
     changed.max_in_flight = 9;
+    changed.touch(t0());
     let updated = entry(Some("acme"), 4, Actor::Admin, AuditAction::EndpointUpdated);
-    let change = AuditedChange::UpdateEndpoint(changed);
+    let change = AuditedChange::UpdateEndpoint {
+        endpoint: changed,
+        read: endpoint.version(),
+    };
     store
         .audited_change(&change, std::slice::from_ref(&updated))
         .await
         .unwrap();
+    // A change made from the version before that one is refused, with its entry.
+    let stale = entry(Some("acme"), 4, Actor::Admin, AuditAction::EndpointUpdated);
+    assert!(matches!(
+        store.audited_change(&change, &[stale]).await,
+        Err(StoreError::Changed("endpoint"))
+    ));
     let stored = store
         .get_endpoint(&acme, &endpoint.id)
         .await

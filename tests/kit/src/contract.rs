@@ -111,12 +111,13 @@ pub async fn endpoint_secrets_round_trip(store: &dyn Store) {
     let [mut ep] = account_with_endpoints(store, "acme", ["ep_s"]).await;
     let stored = stored_endpoint(store, &ep).await;
     assert_eq!(stored.secret.expose(), ep.secret.expose());
+    let read = ep.version();
     let old = std::mem::replace(&mut ep.secret, hooklane::signing::SigningSecret::generate());
     ep.retiring_secret = Some(hooklane::domain::endpoint::RetiringSecret {
         secret: old,
         until: add(t0(), secs(86_400)),
     });
-    store.update_endpoint(&ep).await.unwrap();
+    store.update_endpoint(&ep, &read).await.unwrap();
     let exposed = |e: &Endpoint| {
         (
             e.secret.expose(),
@@ -137,7 +138,7 @@ pub async fn endpoint_secrets_round_trip(store: &dyn Store) {
         "X-Tenant": "t_1",
     })))
     .unwrap();
-    store.update_endpoint(&ep).await.unwrap();
+    store.update_endpoint(&ep, &read).await.unwrap();
     assert_eq!(stored_endpoint(store, &ep).await.headers, ep.headers);
     let listed = store.list_endpoints(&ep.account_id).await.unwrap();
     assert_eq!(listed[0].headers, ep.headers);
@@ -150,7 +151,7 @@ pub async fn endpoint_secrets_round_trip(store: &dyn Store) {
             &serde_json::json!({"authorization": null, "x-tenant": null}),
         ))
         .unwrap();
-    store.update_endpoint(&ep).await.unwrap();
+    store.update_endpoint(&ep, &read).await.unwrap();
     assert!(stored_endpoint(store, &ep).await.headers.is_empty());
 }
 
@@ -218,14 +219,17 @@ pub async fn accounts_and_endpoints(store: &dyn Store) {
     changed.description = "changed".into();
     changed.max_in_flight = 2;
     changed.updated_at = add(t0(), secs(5));
-    store.update_endpoint(&changed).await.unwrap();
+    store
+        .update_endpoint(&changed, &first.version())
+        .await
+        .unwrap();
     assert_eq!(
         store.get_endpoint(&acme.id, &first.id).await.unwrap(),
         Some(changed)
     );
     let missing = endpoint("acme", "ep_missing", t0());
     assert!(matches!(
-        store.update_endpoint(&missing).await,
+        store.update_endpoint(&missing, &missing.version()).await,
         Err(StoreError::NotFound(_))
     ));
 }
@@ -613,7 +617,10 @@ pub async fn failing_endpoints_are_the_active_ones_failing_long_enough(store: &d
 
     let mut disabled = failing[0].clone();
     disabled.status = EndpointStatus::Disabled;
-    store.update_endpoint(&disabled).await.unwrap();
+    store
+        .update_endpoint(&disabled, &failing[0].version())
+        .await
+        .unwrap();
     assert!(
         store.failing_endpoints(failed_at).await.unwrap().is_empty(),
         "disabled ones are done"
@@ -644,7 +651,10 @@ pub async fn publish_reads_see_every_change_to_the_account_and_its_endpoints(sto
         url: EndpointUrl::parse("https://moved.example.com/hooks").unwrap(),
         ..second.clone()
     };
-    store.update_endpoint(&moved).await.unwrap();
+    store
+        .update_endpoint(&moved, &second.version())
+        .await
+        .unwrap();
     assert_eq!(listed().await, vec![ep.clone(), moved.clone()], "updated");
 
     // The failing clock, which attempts start and stop.
@@ -685,6 +695,95 @@ pub async fn publish_reads_see_every_change_to_the_account_and_its_endpoints(sto
     };
     store.update_account(&renamed).await.unwrap();
     assert_eq!(store.get_account(&acme).await.unwrap(), Some(renamed));
+}
+
+/// An endpoint is replaced only over the version its change was made from: a change read
+/// before another write landed (an API call, the sender's failing clock, a disable) is
+/// refused with `Changed` and writes nothing.
+pub async fn endpoint_updates_apply_only_over_the_version_read(store: &dyn Store) {
+    let [ep] = account_with_endpoints(store, "acme", ["ep_v"]).await;
+    let stale = |from: &Endpoint| {
+        let mut change = from.clone();
+        change.description = "stale".into();
+        change.touch(add(t0(), secs(1)));
+        change
+    };
+    let mut moved = ep.clone();
+    moved.url = EndpointUrl::parse("https://moved.example.com/hooks").unwrap();
+    moved.touch(t0());
+    assert!(
+        moved.updated_at > ep.updated_at,
+        "moved on within one millisecond"
+    );
+    store.update_endpoint(&moved, &ep.version()).await.unwrap();
+    let refused = store.update_endpoint(&stale(&ep), &ep.version()).await;
+    assert!(
+        matches!(refused, Err(StoreError::Changed("endpoint"))),
+        "over another change: {refused:?}"
+    );
+    assert_eq!(
+        stored_endpoint(store, &ep).await,
+        moved,
+        "the first change kept"
+    );
+
+    // The sender starting the failing clock.
+    let (_, d) = publish_one(store, &ep, "evt_v1").await;
+    fail_first_attempt(store, &d, add(t0(), secs(10))).await;
+    let refused = store
+        .update_endpoint(&stale(&moved), &moved.version())
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Changed("endpoint"))),
+        "over the failing clock: {refused:?}"
+    );
+    let failing = stored_endpoint(store, &ep).await;
+    assert_eq!(failing.failing_since, Some(add(t0(), secs(10))));
+
+    // A disable, which does not move the change time when it lands in the same millisecond.
+    let mut disable = disable_request(&ep, failing.failing_since, None);
+    disable.now = failing.updated_at;
+    disable.notification = None;
+    store
+        .disable_endpoint(&disable)
+        .await
+        .unwrap()
+        .expect("disabled");
+    let refused = store
+        .update_endpoint(&stale(&failing), &failing.version())
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Changed("endpoint"))),
+        "over a disable: {refused:?}"
+    );
+    let disabled = stored_endpoint(store, &ep).await;
+    assert_eq!(disabled.status, EndpointStatus::Disabled);
+    assert_eq!(disabled.description, ep.description);
+
+    // Over the version stored now it is written; a deleted endpoint is not.
+    let mut enabled = disabled.clone();
+    enabled.status = EndpointStatus::Active;
+    enabled.touch(add(t0(), secs(2)));
+    store
+        .update_endpoint(&enabled, &disabled.version())
+        .await
+        .unwrap();
+    assert_eq!(stored_endpoint(store, &ep).await, enabled);
+    assert!(store
+        .delete_endpoint(&deletion(&ep, add(t0(), secs(3))))
+        .await
+        .unwrap());
+    let gone = store
+        .update_endpoint(&stale(&enabled), &enabled.version())
+        .await;
+    assert!(
+        matches!(gone, Err(StoreError::NotFound("endpoint"))),
+        "deleted: {gone:?}"
+    );
+    assert_eq!(
+        store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
+        None
+    );
 }
 
 fn disable_request(
@@ -1120,7 +1219,7 @@ pub async fn delete_endpoint_abandons_pending_and_keeps_history(store: &dyn Stor
     changed.description = "back?".into();
     assert!(
         matches!(
-            store.update_endpoint(&changed).await,
+            store.update_endpoint(&changed, &ep.version()).await,
             Err(StoreError::NotFound(_))
         ),
         "a deleted endpoint cannot be updated"
@@ -1545,7 +1644,7 @@ pub async fn load_work_sees_writes_made_after_the_publish(store: &dyn Store) {
         updated_at: add(t0(), secs(1)),
         ..ep.clone()
     };
-    store.update_endpoint(&moved).await.unwrap();
+    store.update_endpoint(&moved, &ep.version()).await.unwrap();
     let work = store.load_work(&d2.id).await.unwrap().unwrap();
     assert_eq!(
         work.endpoint.unwrap().url,
@@ -1907,6 +2006,7 @@ macro_rules! store_contract_tests {
             disable_endpoint_is_conditional_and_complete,
             disable_endpoint_handles_more_than_a_transaction_holds,
             publish_reads_see_every_change_to_the_account_and_its_endpoints,
+            endpoint_updates_apply_only_over_the_version_read,
             notification_outbox,
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,

@@ -160,6 +160,7 @@ pub struct UpdateEndpoint {
     security(("bearer" = ["endpoints:write"])),
     tag = "endpoints",
     summary = "Changes an endpoint; absent fields stay, `null` clears an optional one.",
+    description = "Changes made at the same moment (this, a rotation, enabling, the endpoint being disabled for failing) each apply to the endpoint as the others left it; none is written over. One that keeps being overtaken is answered 409: send it again.",
     params(EndpointPath),
     request_body = UpdateEndpoint,
     responses((status = 200, description = "The endpoint as changed", body = EndpointView), ReadErrors, BodyErrors),

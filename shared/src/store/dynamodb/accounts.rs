@@ -47,9 +47,16 @@ impl DynamoStore {
             .await
     }
 
-    pub(super) async fn update_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        self.audited_change(&AuditedChange::UpdateEndpoint(endpoint.clone()), &[])
-            .await
+    pub(super) async fn update_endpoint(
+        &self,
+        endpoint: &Endpoint,
+        read: &EndpointVersion,
+    ) -> StoreResult<()> {
+        let change = AuditedChange::UpdateEndpoint {
+            endpoint: endpoint.clone(),
+            read: *read,
+        };
+        self.audited_change(&change, &[]).await
     }
 
     pub(super) async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool> {

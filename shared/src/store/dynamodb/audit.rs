@@ -79,13 +79,20 @@ enum Refused {
     With(StoreError),
     /// Nothing is left to do (a revocation already made): its entries are still written.
     AlreadyDone,
+    /// An endpoint no longer at the version a change was made from: `Changed`, or
+    /// `NotFound` when it is gone (the condition does not say which).
+    EndpointMoved(AccountId, EndpointId),
 }
 
-impl Refused {
-    fn outcome(self) -> StoreResult<()> {
-        match self {
-            Self::With(error) => Err(error),
-            Self::AlreadyDone => Ok(()),
+impl DynamoStore {
+    async fn refusal(&self, refused: Refused) -> StoreResult<()> {
+        match refused {
+            Refused::With(error) => Err(error),
+            Refused::AlreadyDone => Ok(()),
+            Refused::EndpointMoved(account, id) => match self.get_endpoint(&account, &id).await? {
+                Some(_) => Err(StoreError::Changed("endpoint")),
+                None => Err(StoreError::NotFound("endpoint")),
+            },
         }
     }
 }
@@ -104,7 +111,7 @@ impl DynamoStore {
         if entries.is_empty() {
             return match write.send(&self.client).await? {
                 Some(()) => Ok(()),
-                None => refused.outcome(),
+                None => self.refusal(refused).await,
             };
         }
         let mut items = vec![write.transact_item()?];
@@ -117,7 +124,7 @@ impl DynamoStore {
         match self.transact(items).await {
             Ok(()) => {}
             Err(TransactionFailure::Conditions(failed)) if failed == [0] => {
-                refused.outcome()?;
+                self.refusal(refused).await?;
                 for entry in entries {
                     self.append_audit(entry).await?;
                 }
@@ -160,12 +167,29 @@ impl DynamoStore {
                     .name("#deleted", DELETED_AT),
                 conflict("endpoint", endpoint.id.as_str()),
             ),
-            AuditedChange::UpdateEndpoint(endpoint) => (
-                Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
-                    .condition("attribute_exists(id) AND attribute_not_exists(#deleted)")
-                    .name("#deleted", DELETED_AT),
-                Refused::With(StoreError::NotFound("endpoint")),
-            ),
+            // Only over the version read (see `EndpointVersion`).
+            AuditedChange::UpdateEndpoint { endpoint, read } => {
+                let failing = match read.failing_since {
+                    Some(_) => "failing_since = :failing",
+                    None => "attribute_not_exists(failing_since)",
+                };
+                let mut write =
+                    Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
+                        .condition(&format!(
+                            "attribute_exists(id) AND attribute_not_exists(#deleted) \
+                         AND updated_at = :read_at AND #status = :read_status AND {failing}"
+                        ))
+                        .name("#deleted", DELETED_AT)
+                        .name("#status", "status")
+                        .value(":read_at", n(to_millis(read.updated_at)))
+                        .value(":read_status", s(read.status.as_str()));
+                if let Some(since) = read.failing_since {
+                    write = write.value(":failing", n(to_millis(since)));
+                }
+                let moved =
+                    Refused::EndpointMoved(endpoint.account_id.clone(), endpoint.id.clone());
+                (write, moved)
+            }
             AuditedChange::CreateApiKey(key) => (
                 Write::put(control, super::access::api_key_item(key))
                     .condition("attribute_not_exists(pk)"),

@@ -64,9 +64,9 @@ use crate::{
     domain::{
         delivery_log_partition, delivery_log_position, delivery_log_prefix, delivery_log_time,
         endpoint::RetiringSecret, Account, AccountId, Attempt, Decision, Delivery, DeliveryId,
-        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl, Event,
-        EventId, EventType, EventTypeFilter, MissedEvent, Replay, ReplayCandidate, ReplayFilter,
-        ReplayId, ReplayScope, Trigger,
+        DeliveryStatus, EmailAddress, Endpoint, EndpointId, EndpointStatus, EndpointUrl,
+        EndpointVersion, Event, EventId, EventType, EventTypeFilter, MissedEvent, Replay,
+        ReplayCandidate, ReplayFilter, ReplayId, ReplayScope, Trigger,
     },
     secrets::{SecretsAccess, SecretsError},
     signing::SigningSecret,

@@ -96,10 +96,14 @@ impl SqliteStore {
         .await
     }
 
-    pub(super) async fn update_endpoint(&self, e: &Endpoint) -> StoreResult<()> {
-        let e = e.clone();
+    pub(super) async fn update_endpoint(
+        &self,
+        e: &Endpoint,
+        read: &EndpointVersion,
+    ) -> StoreResult<()> {
+        let (e, read) = (e.clone(), *read);
         let sealed = sealed_secrets(&e, &self.secrets)?;
-        self.run(move |conn| rewrite_endpoint(conn, &e, &sealed))
+        self.run(move |conn| rewrite_endpoint(conn, &e, &sealed, &read))
             .await
     }
 
@@ -369,12 +373,31 @@ pub(super) fn insert_endpoint(conn: &Connection, e: &Endpoint, sealed: &Sealed) 
     Ok(())
 }
 
-/// The write of `update_endpoint`.
+/// The write of `update_endpoint`. Writes run one at a time on the store's connection, so
+/// the version read here is still the stored one when the update runs.
 pub(super) fn rewrite_endpoint(
     conn: &Connection,
     e: &Endpoint,
     sealed: &Sealed,
+    read: &EndpointVersion,
 ) -> StoreResult<()> {
+    let stored = conn
+        .query_row(
+            "SELECT updated_at, status, failing_since FROM endpoints WHERE id = ?1 AND account_id = ?2",
+            params![e.id.as_str(), e.account_id.as_str()],
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, Option<i64>>(2)?)),
+        )
+        .optional()
+        .map_err(backend)?
+        .ok_or(StoreError::NotFound("endpoint"))?;
+    let expected = (
+        to_millis(read.updated_at),
+        read.status.as_str().to_owned(),
+        opt_millis(read.failing_since),
+    );
+    if stored != expected {
+        return Err(StoreError::Changed("endpoint"));
+    }
     // The values an insert binds; `?14`, the creation time, is left as it is.
     let changed = conn
             .execute(

@@ -87,7 +87,8 @@ impl SqliteStore {
         let (change, entries) = (change.clone(), entries.to_vec());
         // Sealed before the store thread: the cipher lives with the store, not the connection.
         let sealed = match &change {
-            AuditedChange::CreateEndpoint(e) | AuditedChange::UpdateEndpoint(e) => {
+            AuditedChange::CreateEndpoint(e)
+            | AuditedChange::UpdateEndpoint { endpoint: e, .. } => {
                 Some(sealed_secrets(e, &self.secrets)?)
             }
             _ => None,
@@ -105,8 +106,8 @@ impl SqliteStore {
                 AuditedChange::CreateEndpoint(endpoint) => {
                     super::accounts::insert_endpoint(&tx, endpoint, sealed_of(&sealed)?)?
                 }
-                AuditedChange::UpdateEndpoint(endpoint) => {
-                    super::accounts::rewrite_endpoint(&tx, endpoint, sealed_of(&sealed)?)?
+                AuditedChange::UpdateEndpoint { endpoint, read } => {
+                    super::accounts::rewrite_endpoint(&tx, endpoint, sealed_of(&sealed)?, read)?
                 }
                 AuditedChange::CreateApiKey(key) => super::access::insert_api_key(&tx, key)?,
                 AuditedChange::RevokeToken {

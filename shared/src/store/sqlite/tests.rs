@@ -199,7 +199,8 @@ async fn a_write_whose_caller_stopped_waiting_is_still_seen_by_the_next_first_tr
     // unanswered when it is dropped, as when an API client disconnects.
     let (release, holder) = hold_store_thread(&store).await;
     {
-        let mut update = std::pin::pin!(store.update_endpoint(&moved));
+        let read = ep.version();
+        let mut update = std::pin::pin!(store.update_endpoint(&moved, &read));
         assert!(poll_once(update.as_mut()).await.is_pending());
     }
     release.send(()).unwrap();
@@ -1673,8 +1674,9 @@ async fn sent_mail_is_kept_a_retention_after_it_was_sent() {
     use crate::fixtures::{account_with_endpoints, at};
     let store = SqliteStore::in_memory().unwrap();
     let [mut ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    let read = ep.version();
     ep.failing_since = Some(at(0));
-    store.update_endpoint(&ep).await.unwrap();
+    store.update_endpoint(&ep, &read).await.unwrap();
     store
         .disable_endpoint(&crate::store::DisableRequest {
             account_id: ep.account_id.clone(),
