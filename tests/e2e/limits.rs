@@ -1,6 +1,6 @@
 //! Limits: one account's publish storm is throttled (429 + Retry-After) while another
 //! account's publishes all go through, on both shapes; oversize bodies refused unread; an
-//! account's endpoints capped.
+//! account's endpoints capped, and listed in pages of bounded size.
 
 use std::time::{Duration, Instant};
 
@@ -379,4 +379,92 @@ async fn an_account_has_at_most_its_limit_of_endpoints() {
         .await;
     assert_eq!(status, 204);
     server.create_endpoint("acme", url, json!({})).await;
+}
+
+/// Lists every endpoint of acme through `limit`-sized pages; returns the pages' ids and
+/// their sizes in bytes.
+async fn endpoint_pages(server: &Server, limit: u32) -> (Vec<Vec<String>>, Vec<usize>) {
+    let (mut pages, mut sizes) = (Vec::new(), Vec::new());
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut path = format!("/v1/accounts/acme/endpoints?limit={limit}");
+        if let Some(cursor) = &cursor {
+            path.push_str(&format!("&cursor={cursor}"));
+        }
+        let (status, page) = server.get(&path).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        sizes.push(page.to_string().len());
+        let ids = page["data"].as_array().expect("data").iter();
+        pages.push(
+            ids.map(|e| e["id"].as_str().expect("id").to_owned())
+                .collect(),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return (pages, sizes),
+        }
+    }
+    panic!("the endpoint list never ended");
+}
+
+/// The endpoint list comes in pages of at most `limit` endpoints and about 1 MiB, so that
+/// the AWS shape's answer stays inside Lambda's 6 MB with the most an endpoint can hold.
+async fn the_endpoint_list_comes_in_pages_of_bounded_size(server: &Server) {
+    server.create_account("acme").await;
+    let headers: serde_json::Map<String, Value> = (0..20)
+        .map(|i| (format!("X-Wide-{i}"), json!("w".repeat(1000))))
+        .collect();
+    let mut created = Vec::new();
+    for _ in 0..60 {
+        let url = "http://127.0.0.1:9/x";
+        let (id, _) = server
+            .create_endpoint("acme", url, json!({"headers": headers}))
+            .await;
+        created.push(id);
+    }
+    let (pages, sizes) = endpoint_pages(server, 500).await;
+    assert!(
+        pages.len() >= 2 && sizes.iter().all(|&bytes| bytes < (1 << 20) + 64 * 1024),
+        "pages of {sizes:?} bytes"
+    );
+    // Every endpoint once (two created in one millisecond are listed in id order).
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    created = sorted(created);
+    assert_eq!(sorted(pages.concat()), created);
+    let (pages, _) = endpoint_pages(server, 7).await;
+    assert!(pages.iter().all(|page| page.len() <= 7), "{pages:?}");
+    assert_eq!(sorted(pages.concat()), created);
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("cursor=nope", "cursor"),
+        ("page=2", "page"),
+    ] {
+        let (status, body) = server
+            .get(&format!("/v1/accounts/acme/endpoints?{query}"))
+            .await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_endpoint_pages() {
+    let scratch = Scratch::new("endpoint-pages");
+    let server = Server::start(&scratch, &[]).await;
+    the_endpoint_list_comes_in_pages_of_bounded_size(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_endpoint_pages() {
+    let scratch = Scratch::new("aws-endpoint-pages");
+    let prefix = crate::aws_pipeline::unique("eppages");
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &[]).await;
+    the_endpoint_list_comes_in_pages_of_bounded_size(&server).await;
+    crate::iam::assert_allowed(&server);
 }

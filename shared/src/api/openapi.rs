@@ -301,6 +301,8 @@ pub struct PageParams {
 #[derive(ToSchema)]
 pub struct EndpointList {
     data: Vec<EndpointView<'static>>,
+    /// Present when there are more endpoints to read.
+    next_cursor: Option<String>,
 }
 
 #[derive(ToSchema)]

@@ -1,7 +1,8 @@
-//! Endpoints: create, list, read, change, delete, enable, disable, rotate the secret.
+//! Endpoints: create, list (in pages), read, change, delete, enable, disable, rotate the
+//! secret.
 
 use super::*;
-use crate::service::endpoints;
+use crate::{clock::to_millis, domain::Endpoint, service::endpoints};
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -89,25 +90,47 @@ pub async fn create_endpoint(
     path = "/v1/accounts/{account}/endpoints",
     security(("bearer" = ["endpoints:read"])),
     tag = "endpoints",
-    summary = "Lists the account's endpoints.",
-    params(AccountPath),
-    responses((status = 200, description = "The account's endpoints", body = EndpointList), ReadErrors),
+    summary = "Lists the account's endpoints, oldest first.",
+    description = "`limit` endpoints a page (100 by default), and no more once a page holds 1 MiB of them: an endpoint can hold 20 custom headers of 1 KiB each, so a page of them could otherwise outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
+    params(AccountPath, PageParams),
+    responses((status = 200, description = "A page of the account's endpoints, oldest first", body = EndpointList), ReadErrors),
 )]
 pub async fn list_endpoints(
     State(state): State<ApiState>,
     Scoped(account): Scoped,
     Extension(principal): Extension<Principal>,
+    Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
+    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    // The creation time and id of the last endpoint of the previous page.
+    let after = cursor.as_deref().and_then(cursor::decode);
     let list = endpoints::list(&state.app, &account).await?;
-    Ok(Json(ListView {
-        data: list
-            .iter()
-            .map(|e| EndpointView::for_principal(e, &principal))
-            .collect(),
-        next_cursor: None,
-    })
-    .into_response())
+    let mut data = Vec::new();
+    let mut bytes = 0;
+    let mut next_cursor = None;
+    let past = |e: &&Endpoint| {
+        after
+            .as_ref()
+            .is_none_or(|(at, id)| (to_millis(e.created_at), e.id.as_str()) > (*at, id.as_str()))
+    };
+    let mut last: Option<&Endpoint> = None;
+    for endpoint in list.iter().filter(past) {
+        if data.len() >= limit as usize || bytes >= ENDPOINT_PAGE_BYTES {
+            next_cursor = last.map(|e| cursor::encode(to_millis(e.created_at), e.id.as_str()));
+            break;
+        }
+        let view = EndpointView::for_principal(endpoint, &principal);
+        bytes += serde_json::to_vec(&view).map_or(0, |json| json.len());
+        data.push(view);
+        last = Some(endpoint);
+    }
+    Ok(Json(ListView { data, next_cursor }).into_response())
 }
+
+/// A page of endpoints stops once it holds this many bytes of them; with one more endpoint
+/// (tens of KB as JSON at most: 20 header values of 1 KiB, a 2 KiB URL, 100 event-type
+/// patterns), a page stays well inside the 6 MB Lambda may answer, where 500 could not.
+const ENDPOINT_PAGE_BYTES: usize = 1 << 20;
 
 #[utoipa::path(
     get,

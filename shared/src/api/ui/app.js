@@ -162,7 +162,15 @@ function health(endpoint) {
 }
 
 async function loadEndpoints() {
-  const list = await api(accountPath("/endpoints"));
+  // Endpoints come a page at a time (500, or 1 MiB of them); an account rarely has more.
+  const list = { data: [] };
+  for (let cursor = null, pages = 0; pages < 100; pages++) {
+    const query = `?limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`;
+    const page = await api(accountPath(`/endpoints${query}`));
+    list.data.push(...page.data);
+    cursor = page.next_cursor;
+    if (!cursor) break;
+  }
   state.endpoints = new Map(list.data.map((e) => [e.id, e]));
   const body = $("endpoints").tBodies[0];
   body.replaceChildren();
