@@ -379,6 +379,17 @@ async fn an_account_has_at_most_its_limit_of_endpoints() {
         .await;
     assert_eq!(status, 204);
     server.create_endpoint("acme", url, json!({})).await;
+
+    // Creates sent at once: only as many as there is room for.
+    server.create_account("initech").await;
+    let path = "/v1/accounts/initech/endpoints";
+    let creates = (0..6).map(|_| server.post(path, json!({"url": url})));
+    let answers = futures_util::future::join_all(creates).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
+    statuses.sort();
+    assert_eq!(statuses, [201, 201, 409, 409, 409, 409], "{answers:?}");
+    let (_, listed) = server.get(path).await;
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(2), "{listed}");
 }
 
 /// Lists every endpoint of acme through `limit`-sized pages; returns the pages' ids and

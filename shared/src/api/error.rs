@@ -160,6 +160,11 @@ impl From<ServiceError> for ApiError {
                     format!("the stored item cannot be read: {message}"),
                 )
             }
+            ServiceError::Store(StoreError::LimitReached(what)) => Self::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("the account has as many {what} as it may have"),
+            ),
             ServiceError::Store(StoreError::Changed(what)) => Self::new(
                 StatusCode::CONFLICT,
                 "conflict",

@@ -106,7 +106,10 @@ async fn write_audited(
         details,
     );
     let change = match read {
-        None => AuditedChange::CreateEndpoint(endpoint.clone()),
+        None => AuditedChange::CreateEndpoint {
+            endpoint: endpoint.clone(),
+            limit: Some(app.config.max_endpoints),
+        },
         Some(read) => AuditedChange::UpdateEndpoint {
             endpoint: endpoint.clone(),
             read,
@@ -185,14 +188,6 @@ pub async fn create(
         updated_at: now,
         url,
     };
-    // Checked before the write, not with it: two creates at once may both pass at the
-    // limit. It bounds an account's fan-out and its endpoint list, not to the endpoint.
-    let limit = app.config.max_endpoints;
-    if app.store.list_endpoints(account).await?.len() >= limit {
-        return Err(ServiceError::Conflict(format!(
-            "this account has {limit} endpoints, the most it may have (HOOKLANE_MAX_ENDPOINTS); delete one first"
-        )));
-    }
     check_reachable(app, &endpoint.url).await?;
     // The secret and header values stay out: an entry must never hold a secret.
     let headers: Vec<&str> = endpoint.headers.iter().map(|(name, _)| name).collect();
@@ -201,7 +196,9 @@ pub async fn create(
         "secret_given": input.secret.is_some(),
         "headers": headers,
     });
-    write_audited(
+    // The store counts the account's endpoints with the write: two creates at once cannot
+    // both take the last place.
+    let written = write_audited(
         app,
         caller,
         &endpoint,
@@ -209,8 +206,16 @@ pub async fn create(
         AuditAction::EndpointCreated,
         details,
     )
-    .await?;
-    Ok(endpoint)
+    .await;
+    match written {
+        Err(ServiceError::Store(StoreError::LimitReached(_))) => {
+            let limit = app.config.max_endpoints;
+            Err(ServiceError::Conflict(format!(
+                "this account has {limit} endpoints, the most it may have (HOOKLANE_MAX_ENDPOINTS); delete one first"
+            )))
+        }
+        other => other.map(|()| endpoint),
+    }
 }
 
 pub async fn get(app: &App, account: &AccountId, id: &EndpointId) -> ServiceResult<Endpoint> {

@@ -22,6 +22,9 @@ pub enum StoreError {
     Conflict { entity: &'static str, id: String },
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// The account has as many of these as it may have.
+    #[error("the account's limit of {0} is reached")]
+    LimitReached(&'static str),
     /// A conditional replace found the record changed since it was read: read it again.
     #[error("{0} was changed by another request meanwhile")]
     Changed(&'static str),
@@ -341,8 +344,12 @@ pub enum AuditedChange {
     CreateAccount(Account),
     /// As `Store::update_account`.
     UpdateAccount(Account),
-    /// As `Store::create_endpoint`.
-    CreateEndpoint(Endpoint),
+    /// As `Store::create_endpoint`; with a `limit`, refused with `LimitReached` when the
+    /// account has that many endpoints already (counted in the same write).
+    CreateEndpoint {
+        endpoint: Endpoint,
+        limit: Option<usize>,
+    },
     /// As `Store::update_endpoint`.
     UpdateEndpoint {
         endpoint: Endpoint,

@@ -45,6 +45,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         disable_endpoint_is_conditional_and_complete,
         publish_reads_see_every_change_to_the_account_and_its_endpoints,
         endpoint_updates_apply_only_over_the_version_read,
+        endpoints_are_created_within_their_limit,
         notification_outbox,
         settings_put_if_absent,
         delete_endpoint_abandons_pending_and_keeps_history,

@@ -175,7 +175,10 @@ pub async fn audited_changes_are_written_with_their_entries(store: &dyn Store) {
 
     let endpoint = crate::fixtures::endpoint("acme", "ep_a", t0());
     let added = entry(Some("acme"), 2, Actor::Admin, AuditAction::EndpointCreated);
-    let change = AuditedChange::CreateEndpoint(endpoint.clone());
+    let change = AuditedChange::CreateEndpoint {
+        endpoint: endpoint.clone(),
+        limit: Some(1),
+    };
     store
         .audited_change(&change, std::slice::from_ref(&added))
         .await

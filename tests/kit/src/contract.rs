@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    DeliveryQuery, DisableRequest, DueCursor, EndpointDeletion, FannedOut, Notification, PageAfter,
-    PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, Store, StoreError, TokenRef,
-    Unattempted, UnattemptedMove,
+    AuditedChange, DeliveryQuery, DisableRequest, DueCursor, EndpointDeletion, FannedOut,
+    Notification, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, Store,
+    StoreError, TokenRef, Unattempted, UnattemptedMove,
 };
 use hooklane::{
     clock::{add, Timestamp},
@@ -784,6 +784,70 @@ pub async fn endpoint_updates_apply_only_over_the_version_read(store: &dyn Store
         store.get_endpoint(&ep.account_id, &ep.id).await.unwrap(),
         None
     );
+}
+
+/// A create with a limit counts the account's endpoints in its own write: of creates made
+/// at once, only as many as there is room for are written; a deleted endpoint gives its
+/// place back once.
+pub async fn endpoints_are_created_within_their_limit(store: &dyn Store) {
+    store.create_account(&account("acme")).await.unwrap();
+    let create = |n: u64, limit: usize| AuditedChange::CreateEndpoint {
+        endpoint: endpoint("acme", &format!("ep_{n}"), add(t0(), secs(n))),
+        limit: Some(limit),
+    };
+    let changes: Vec<AuditedChange> = (0..5).map(|n| create(n, 2)).collect();
+    let write = |n: usize| store.audited_change(&changes[n], &[]);
+    let (a, b, c, d, e) = tokio::join!(write(0), write(1), write(2), write(3), write(4));
+    let results = [a, b, c, d, e];
+    let written: Vec<usize> = (0..5).filter(|&n| results[n].is_ok()).collect();
+    assert_eq!(written.len(), 2, "five at once, room for two: {results:?}");
+    assert!(
+        results
+            .iter()
+            .flat_map(|r| r.as_ref().err())
+            .all(|e| matches!(e, StoreError::LimitReached("endpoints"))),
+        "{results:?}"
+    );
+    let acme = AccountId::parse("acme").unwrap();
+    assert_eq!(store.list_endpoints(&acme).await.unwrap().len(), 2);
+
+    // A deletion gives one place back, once however often it is asked.
+    let AuditedChange::CreateEndpoint {
+        endpoint: first, ..
+    } = &changes[written[0]]
+    else {
+        unreachable!()
+    };
+    for deleted in [true, false] {
+        let at = add(t0(), secs(60));
+        assert_eq!(
+            store.delete_endpoint(&deletion(first, at)).await.unwrap(),
+            deleted
+        );
+    }
+    store.audited_change(&create(7, 2), &[]).await.unwrap();
+    let refused = store.audited_change(&create(8, 2), &[]).await;
+    assert!(
+        matches!(refused, Err(StoreError::LimitReached(_))),
+        "{refused:?}"
+    );
+    // One created without a limit is counted too; a duplicate is a conflict, not counted.
+    store
+        .create_endpoint(&endpoint("acme", "ep_free", t0()))
+        .await
+        .unwrap();
+    let refused = store.audited_change(&create(8, 3), &[]).await;
+    assert!(
+        matches!(refused, Err(StoreError::LimitReached(_))),
+        "{refused:?}"
+    );
+    let again = store.audited_change(&create(7, 9), &[]).await;
+    assert!(
+        matches!(again, Err(StoreError::Conflict { .. })),
+        "{again:?}"
+    );
+    store.audited_change(&create(8, 4), &[]).await.unwrap();
+    assert_eq!(store.list_endpoints(&acme).await.unwrap().len(), 4);
 }
 
 fn disable_request(
@@ -2007,6 +2071,7 @@ macro_rules! store_contract_tests {
             disable_endpoint_handles_more_than_a_transaction_holds,
             publish_reads_see_every_change_to_the_account_and_its_endpoints,
             endpoint_updates_apply_only_over_the_version_read,
+            endpoints_are_created_within_their_limit,
             notification_outbox,
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,

@@ -1,6 +1,7 @@
 //! Accounts, endpoints, the notification outbox and settings.
 
 use super::items::*;
+use super::write::Write;
 use super::*;
 
 impl DynamoStore {
@@ -43,8 +44,11 @@ impl DynamoStore {
     }
 
     pub(super) async fn create_endpoint(&self, endpoint: &Endpoint) -> StoreResult<()> {
-        self.audited_change(&AuditedChange::CreateEndpoint(endpoint.clone()), &[])
-            .await
+        let change = AuditedChange::CreateEndpoint {
+            endpoint: endpoint.clone(),
+            limit: None,
+        };
+        self.audited_change(&change, &[]).await
     }
 
     pub(super) async fn update_endpoint(
@@ -63,25 +67,27 @@ impl DynamoStore {
         let (account, id, now) = (&deletion.account_id, &deletion.endpoint_id, deletion.at);
         // A tombstone rather than a delete: the account's deliveries are found through its
         // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret,
-        // leaves the `failing` index and reads as absent everywhere.
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.tables.endpoints)
-            .set_key(Some(account_key(account.as_str(), id.as_str())))
-            .update_expression(
-                "SET #deleted = :now, updated_at = :now, #status = :disabled \
-                 REMOVE secret, retiring_secret, retiring_until, headers, failing_since, failing_shard",
-            )
-            .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
-            .expression_attribute_names("#deleted", DELETED_AT)
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":now", n(to_millis(now)))
-            .expression_attribute_values(":disabled", s("disabled"))
-            .send()
-            .await;
-        if written(result)?.is_none() {
-            return Ok(false);
+        // leaves the `failing` index and reads as absent everywhere. The account's count of
+        // endpoints goes down with it, in one transaction.
+        let tombstone = Write::update(
+            &self.tables.endpoints,
+            account_key(account.as_str(), id.as_str()),
+            "SET #deleted = :now, updated_at = :now, #status = :disabled \
+             REMOVE secret, retiring_secret, retiring_until, headers, failing_since, failing_shard",
+        )
+        .condition("attribute_exists(id) AND attribute_not_exists(#deleted)")
+        .name("#deleted", DELETED_AT)
+        .name("#status", "status")
+        .value(":now", n(to_millis(now)))
+        .value(":disabled", s("disabled"));
+        let count = self.endpoint_count_write(account, -1, None);
+        match self
+            .transact(vec![tombstone.transact_item()?, count.transact_item()?])
+            .await
+        {
+            Ok(()) => {}
+            Err(TransactionFailure::Conditions(_)) => return Ok(false),
+            Err(failure) => return Err(failure.into_store_error()),
         }
         self.abandon_pending_of(account, id, "endpoint deleted", now)
             .await?;

@@ -108,13 +108,23 @@ impl DynamoStore {
         entries: &[AuditEntry],
     ) -> StoreResult<()> {
         let (write, refused) = self.change_write(change)?;
-        if entries.is_empty() {
+        let counted = match change {
+            AuditedChange::CreateEndpoint { endpoint, limit } => {
+                Some(self.endpoint_count_write(&endpoint.account_id, 1, *limit))
+            }
+            _ => None,
+        };
+        if entries.is_empty() && counted.is_none() {
             return match write.send(&self.client).await? {
                 Some(()) => Ok(()),
                 None => self.refusal(refused).await,
             };
         }
         let mut items = vec![write.transact_item()?];
+        let counts = counted.is_some();
+        if let Some(count) = counted {
+            items.push(count.transact_item()?);
+        }
         for entry in entries {
             items.push(self.audit_write(entry).transact_item()?);
         }
@@ -123,12 +133,15 @@ impl DynamoStore {
         let rest = items.split_off(items.len().min(MAX_TRANSACTION_ITEMS));
         match self.transact(items).await {
             Ok(()) => {}
-            Err(TransactionFailure::Conditions(failed)) if failed == [0] => {
+            Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
                 self.refusal(refused).await?;
                 for entry in entries {
                     self.append_audit(entry).await?;
                 }
                 return Ok(());
+            }
+            Err(TransactionFailure::Conditions(failed)) if counts && failed == [1] => {
+                return Err(StoreError::LimitReached("endpoints"));
             }
             Err(failure) => return Err(failure.into_store_error()),
         }
@@ -161,7 +174,7 @@ impl DynamoStore {
                 Refused::With(StoreError::NotFound("account")),
             ),
             // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
-            AuditedChange::CreateEndpoint(endpoint) => (
+            AuditedChange::CreateEndpoint { endpoint, .. } => (
                 Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
                     .condition("attribute_not_exists(id) OR attribute_exists(#deleted)")
                     .name("#deleted", DELETED_AT),
@@ -234,6 +247,27 @@ impl DynamoStore {
                 (Write::put(control, item), Refused::AlreadyDone)
             }
         })
+    }
+
+    /// Moves `account`'s count of endpoints by `by`; with a `limit`, only from below it.
+    /// The count is an item of the control table, not of the account, whose changes
+    /// replace the account item whole.
+    pub(super) fn endpoint_count_write(
+        &self,
+        account: &AccountId,
+        by: i64,
+        limit: Option<usize>,
+    ) -> Write {
+        let key = key1("pk", &format!("endpoints#{account}"));
+        let write = Write::update(&self.tables.control, key, "ADD #count :by")
+            .name("#count", "count")
+            .value(":by", n(by));
+        match limit {
+            Some(limit) => write
+                .condition("attribute_not_exists(#count) OR #count < :limit")
+                .value(":limit", n(limit)),
+            None => write,
+        }
     }
 
     fn audit_write(&self, entry: &AuditEntry) -> Write {

@@ -373,6 +373,27 @@ pub(super) fn insert_endpoint(conn: &Connection, e: &Endpoint, sealed: &Sealed) 
     Ok(())
 }
 
+/// `LimitReached` when `account` has more than `limit` endpoints, counted in the savepoint
+/// that inserted one (which the error rolls back): writes run one at a time, so two
+/// creates cannot both take the last place.
+pub(super) fn within_endpoint_limit(
+    conn: &Connection,
+    account: &AccountId,
+    limit: usize,
+) -> StoreResult<()> {
+    let count: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM endpoints WHERE account_id = ?1",
+            params![account.as_str()],
+            |row| row.get(0),
+        )
+        .map_err(backend)?;
+    if usize::try_from(count).unwrap_or(usize::MAX) > limit {
+        return Err(StoreError::LimitReached("endpoints"));
+    }
+    Ok(())
+}
+
 /// The write of `update_endpoint`. Writes run one at a time on the store's connection, so
 /// the version read here is still the stored one when the update runs.
 pub(super) fn rewrite_endpoint(

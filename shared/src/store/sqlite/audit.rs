@@ -87,7 +87,7 @@ impl SqliteStore {
         let (change, entries) = (change.clone(), entries.to_vec());
         // Sealed before the store thread: the cipher lives with the store, not the connection.
         let sealed = match &change {
-            AuditedChange::CreateEndpoint(e)
+            AuditedChange::CreateEndpoint { endpoint: e, .. }
             | AuditedChange::UpdateEndpoint { endpoint: e, .. } => {
                 Some(sealed_secrets(e, &self.secrets)?)
             }
@@ -103,8 +103,11 @@ impl SqliteStore {
                 AuditedChange::UpdateAccount(account) => {
                     super::accounts::rewrite_account(&tx, account)?
                 }
-                AuditedChange::CreateEndpoint(endpoint) => {
-                    super::accounts::insert_endpoint(&tx, endpoint, sealed_of(&sealed)?)?
+                AuditedChange::CreateEndpoint { endpoint, limit } => {
+                    super::accounts::insert_endpoint(&tx, endpoint, sealed_of(&sealed)?)?;
+                    if let Some(limit) = *limit {
+                        super::accounts::within_endpoint_limit(&tx, &endpoint.account_id, limit)?;
+                    }
                 }
                 AuditedChange::UpdateEndpoint { endpoint, read } => {
                     super::accounts::rewrite_endpoint(&tx, endpoint, sealed_of(&sealed)?, read)?

@@ -1118,7 +1118,13 @@ async fn an_audited_change_stands_or_falls_with_its_entry() {
     );
     store.append_audit(&entry).await.unwrap();
     let refused = store
-        .audited_change(&AuditedChange::CreateEndpoint(ep.clone()), &[entry])
+        .audited_change(
+            &AuditedChange::CreateEndpoint {
+                endpoint: ep.clone(),
+                limit: None,
+            },
+            &[entry],
+        )
         .await;
     assert!(
         matches!(
