@@ -230,7 +230,18 @@ struct Relay {
 
 impl Relay {
     async fn start(scratch: &Scratch, source: &str, url: &str, poll: &str) -> Self {
-        let args = [
+        Self::start_with(scratch, source, url, poll, &[]).await
+    }
+
+    /// [`Relay::start`] with more options (`--batch 4`).
+    async fn start_with(
+        scratch: &Scratch,
+        source: &str,
+        url: &str,
+        poll: &str,
+        more: &[&str],
+    ) -> Self {
+        let mut args = [
             "relay",
             "--source",
             source,
@@ -243,6 +254,7 @@ impl Relay {
         ]
         .map(str::to_owned)
         .to_vec();
+        args.extend(more.iter().map(|a| (*a).to_owned()));
         let log = scratch.path().join("relay.log");
         let child = spawn_relay(&args, &log);
         Self { child, args, log }
@@ -801,4 +813,256 @@ async fn a_sqlite_outbox_is_published_by_polling_through_a_kill() {
             .expect("unsent");
     }
     assert_eq!(left, 0, "every row is marked sent");
+}
+
+// ---------------------------------------------------------------------------------------------
+// One account at its publish rate limit waits alone.
+
+/// The outbox of the rate-limit tests, in either database.
+enum Outbox {
+    Sqlite(PathBuf),
+    Postgres(tokio_postgres::Client),
+}
+
+impl Outbox {
+    /// Adds a row created `at_ms` milliseconds into 2026 (under a minute): the test sets the
+    /// order the relay reads the rows in.
+    async fn insert(&self, id: &str, account: &str, at_ms: i64) {
+        match self {
+            Self::Sqlite(file) => {
+                let db = rusqlite::Connection::open(file).expect("sqlite");
+                db.busy_timeout(Duration::from_secs(10))
+                    .expect("busy timeout");
+                let at = format!("2026-01-01T00:00:{:02}.{:03}Z", at_ms / 1000, at_ms % 1000);
+                db.execute(
+                    "INSERT INTO hooklane_outbox (id, account_id, type, data, created_at) \
+                     VALUES (?1, ?2, 'order.placed', json_object('row', ?1), ?3)",
+                    rusqlite::params![id, account, at],
+                )
+                .expect("insert outbox row");
+            }
+            Self::Postgres(client) => {
+                client
+                    .execute(
+                        "INSERT INTO hooklane_outbox (id, account_id, type, data, created_at) \
+                         VALUES ($1, $2, 'order.placed', jsonb_build_object('row', $1::text), \
+                         timestamptz '2026-01-01 00:00:00+00' + $3::bigint * interval '1 millisecond')",
+                        &[&id, &account, &at_ms],
+                    )
+                    .await
+                    .expect("insert outbox row");
+            }
+        }
+    }
+
+    /// The ids of the rows marked sent, and of those marked with an error.
+    async fn marked(&self) -> (HashSet<String>, Vec<String>) {
+        let rows: Vec<(String, bool, bool)> = match self {
+            Self::Sqlite(file) => {
+                let db = rusqlite::Connection::open(file).expect("sqlite");
+                db.busy_timeout(Duration::from_secs(10))
+                    .expect("busy timeout");
+                let mut statement = db
+                    .prepare(
+                        "SELECT id, sent_at IS NOT NULL, error IS NOT NULL FROM hooklane_outbox",
+                    )
+                    .expect("select");
+                let rows = statement
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .expect("query")
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("rows");
+                rows
+            }
+            Self::Postgres(client) => client
+                .query(
+                    "SELECT id, sent_at IS NOT NULL, error IS NOT NULL FROM hooklane_outbox",
+                    &[],
+                )
+                .await
+                .expect("select")
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        };
+        let sent = rows
+            .iter()
+            .filter(|(_, sent, _)| *sent)
+            .map(|(id, _, _)| id.clone())
+            .collect();
+        let failed = rows
+            .into_iter()
+            .filter(|(_, _, failed)| *failed)
+            .map(|(id, _, _)| id)
+            .collect();
+        (sent, failed)
+    }
+}
+
+/// Account `hot` is at its publish rate limit (2 events/s, bursts of 1, its bucket emptied
+/// just before: Hooklane answers its next publish 429 with `Retry-After: 8`), and its rows
+/// are the oldest, enough to fill the relay's `--batch 4` read. Account `cool`'s rows must be
+/// published meanwhile, rows written during the pause too; `hot`'s after its pause, in their
+/// order (its rows marked sent are always its first ones, and its events were created in that
+/// order), none marked failed, and `hot` asked again only when `Retry-After` says.
+async fn a_rate_limited_account_waits_alone(scratch: &Scratch, outbox: Outbox, source: &str) {
+    let started = Instant::now();
+    let server = Server::start(scratch, &[]).await;
+    server.create_account("cool").await;
+    let (status, body) = server
+        .post(
+            "/v1/accounts",
+            json!({"id": "hot", "name": "Hot", "owner_email": "owner@hot.example",
+                   "publish_rate_limit": {"per_second": 2, "burst": 1}}),
+        )
+        .await;
+    assert_eq!(status, 201, "create account hot: {body}");
+    let hot: Vec<String> = (0..6).map(|n| format!("hot_{n:02}")).collect();
+    let cool: Vec<String> = (0..6).map(|n| format!("cool_{n:02}")).collect();
+    let late: Vec<String> = (0..2).map(|n| format!("cool_late_{n}")).collect();
+    for (n, id) in hot.iter().enumerate() {
+        outbox.insert(id, "hot", n as i64).await;
+    }
+    for (n, id) in cool.iter().enumerate() {
+        outbox.insert(id, "cool", 100 + n as i64).await;
+    }
+    // 16 events taken from a bucket of 1 refilled at 2/s: hot may publish again in 8 s.
+    let warmup: Vec<_> = (0..16)
+        .map(|n| json!({"id": format!("warmup_{n}"), "type": "order.placed", "data": {}}))
+        .collect();
+    let (status, body) = server
+        .post("/v1/accounts/hot/events/batch", json!({ "events": warmup }))
+        .await;
+    assert_eq!(status, 202, "warm-up batch: {body}");
+    let (status, body) = server
+        .post(
+            "/v1/accounts/hot/events",
+            json!({"id": "probe", "type": "order.placed", "data": {}}),
+        )
+        .await;
+    assert_eq!(status, 429, "hot is at its limit: {body}");
+
+    let limited_at = Instant::now();
+    let relay = Relay::start_with(scratch, source, &server.base, "100ms", &["--batch", "4"]).await;
+    // How many of hot's rows were sent when all of cool's were, and when the late ones were.
+    let mut hot_sent_when_cool: Option<(usize, Duration)> = None;
+    let mut hot_sent_when_late: Option<(usize, Duration)> = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (sent, failed) = outbox.marked().await;
+        assert!(
+            failed.is_empty(),
+            "rows marked failed: {failed:?}; relay log:\n{}",
+            relay.log_text()
+        );
+        let hot_sent = hot.iter().filter(|id| sent.contains(*id)).count();
+        assert!(
+            hot[..hot_sent].iter().all(|id| sent.contains(id)),
+            "a later row of hot was published before an earlier one: sent {sent:?}"
+        );
+        if hot_sent_when_cool.is_none() && cool.iter().all(|id| sent.contains(id)) {
+            hot_sent_when_cool = Some((hot_sent, limited_at.elapsed()));
+            // Rows written while hot waits are read and published too.
+            for (n, id) in late.iter().enumerate() {
+                outbox.insert(id, "cool", 1000 + n as i64).await;
+            }
+        }
+        if hot_sent_when_late.is_none() && late.iter().all(|id| sent.contains(id)) {
+            hot_sent_when_late = Some((hot_sent, limited_at.elapsed()));
+        }
+        if sent.len() == hot.len() + cool.len() + late.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rows left unsent: {} of {} sent; relay log:\n{}",
+            sent.len(),
+            hot.len() + cool.len() + late.len(),
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let all_sent = limited_at.elapsed();
+    let (hot_then, cool_after) = hot_sent_when_cool.expect("cool's rows were sent");
+    let (hot_later, late_after) = hot_sent_when_late.expect("the late rows were sent");
+    let log = relay.log_text();
+    println!(
+        "relay 429 ({source_kind}): cool's 6 rows sent {:.1} s after hot hit its limit (hot: \
+         {hot_then} sent then), 2 rows written meanwhile sent at {:.1} s (hot: {hot_later}), \
+         all 14 at {:.1} s; {:.1} s in all",
+        cool_after.as_secs_f64(),
+        late_after.as_secs_f64(),
+        all_sent.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        source_kind = if source.starts_with("sqlite") {
+            "sqlite"
+        } else {
+            "postgres"
+        },
+    );
+    assert_eq!(
+        hot_then, 0,
+        "cool's rows waited behind the rate-limited account hot: when they were published, \
+         {hot_then} of hot's rows were too; relay log:\n{log}"
+    );
+    assert_eq!(
+        hot_later, 0,
+        "cool's rows written during hot's pause waited for it; relay log:\n{log}"
+    );
+    // Hooklane has every event, and hot's were created in the rows' order.
+    let mut previous: Option<chrono::DateTime<chrono::FixedOffset>> = None;
+    for id in &hot {
+        let (status, event) = server.get(&format!("/v1/accounts/hot/events/{id}")).await;
+        assert_eq!(status, 200, "{id}: {event}");
+        let created =
+            chrono::DateTime::parse_from_rfc3339(event["created_at"].as_str().expect("created_at"))
+                .expect("an RFC 3339 time");
+        assert!(
+            previous.is_none_or(|p| p <= created),
+            "{id} was created before an earlier row's event"
+        );
+        previous = Some(created);
+    }
+    for id in cool.iter().chain(&late) {
+        let (status, event) = server.get(&format!("/v1/accounts/cool/events/{id}")).await;
+        assert_eq!(status, 200, "{id}: {event}");
+    }
+    // An answer of the API is no reason to leave the database: one connection throughout.
+    let connects = log.matches("relay connected to the outbox").count();
+    assert_eq!(
+        connects, 1,
+        "the relay reconnected to its database; relay log:\n{log}"
+    );
+    // Retry-After honoured: hot asked once at the start (8 s) and once after its first batch
+    // borrowed its next tokens (2 s); a 200 ms doubling backoff asks it six times in 8 s.
+    let pauses = log
+        .lines()
+        .filter(|l| l.contains("paused") && l.contains("account=hot"))
+        .count();
+    assert!(
+        (1..=3).contains(&pauses),
+        "hot was refused {pauses} times; relay log:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_account_waits_alone_sqlite() {
+    let scratch = Scratch::new("relay-429-sqlite");
+    let file = scratch.path().join("platform.db");
+    {
+        let db = rusqlite::Connection::open(&file).expect("sqlite");
+        db.pragma_update(None, "journal_mode", "WAL").expect("wal");
+        let ddl = std::fs::read_to_string(Path::new(DOCS).join("sqlite.sql")).expect("ddl");
+        db.execute_batch(&ddl).expect("docs/outbox/sqlite.sql");
+    }
+    let source = format!("sqlite://{}", file.display());
+    a_rate_limited_account_waits_alone(&scratch, Outbox::Sqlite(file), &source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_account_waits_alone_postgres() {
+    let url = database("relay_rate_limited").await;
+    let scratch = Scratch::new("relay-429-postgres");
+    let client = connect(&url).await;
+    a_rate_limited_account_waits_alone(&scratch, Outbox::Postgres(client), &url).await;
 }

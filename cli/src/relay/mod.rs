@@ -1,14 +1,18 @@
 //! `hooklane relay`: publishes the rows of a platform's own outbox table (in PostgreSQL or
 //! SQLite, written in the platform's business transactions) to a Hooklane API, then marks
 //! them sent. The row id is the event id, so a row published again after a crash (between
-//! the publish and the mark) finds its event and makes no second one (docs/OUTBOX.md).
+//! the publish and the mark) finds its event and makes no second one (docs/OUTBOX.md). An
+//! account Hooklane answers "not now" (429) waits alone: its rows are left out of the reads
+//! until its `Retry-After`, and the other accounts' rows go on.
 
+mod pause;
 mod postgres;
 mod publish;
 mod sqlite;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use pause::Pauses;
 pub use publish::Publisher;
 
 /// How `hooklane relay` was asked to run.
@@ -75,10 +79,15 @@ impl Source {
         }
     }
 
-    async fn unsent(&mut self, limit: usize) -> Result<Vec<OutboxRow>, RelayError> {
+    /// The oldest `limit` unsent rows, but those of the accounts in `skip` (paused).
+    async fn unsent(
+        &mut self,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<OutboxRow>, RelayError> {
         match self {
-            Self::Postgres(s) => s.unsent(limit).await,
-            Self::Sqlite(s) => s.unsent(limit).await,
+            Self::Postgres(s) => s.unsent(limit, skip).await,
+            Self::Sqlite(s) => s.unsent(limit, skip).await,
         }
     }
 
@@ -127,8 +136,9 @@ pub(crate) fn checked_table(table: &str) -> Result<&str, RelayError> {
     }
 }
 
-/// Runs until `stop` completes. Errors of the database or the API are logged and retried
-/// with a growing pause; only invalid options end it.
+/// Runs until `stop` completes. Errors of the database are logged and retried with a growing
+/// pause, on a new connection; the API's are handled in [`relay`], on the same one. Only
+/// invalid options end it.
 pub async fn run(
     options: RelayOptions,
     stop: impl std::future::Future<Output = ()>,
@@ -140,8 +150,10 @@ pub async fn run(
     let publisher = Publisher::new(&options.url, &options.token)?;
     tokio::pin!(stop);
     let mut backoff = Backoff::default();
+    // Kept across reconnections: a paused account stays paused.
+    let mut pauses = Pauses::default();
     loop {
-        let work = relay(&options, &publisher, &mut backoff);
+        let work = relay(&options, &publisher, &mut backoff, &mut pauses);
         tokio::select! {
             () = &mut stop => return Ok(()),
             result = work => match result {
@@ -160,18 +172,28 @@ pub async fn run(
     }
 }
 
-/// One connection's life: drains the table, then waits for more, until an error.
+/// One connection's life: drains the table, then waits for more, until a database error.
+/// A retryable answer of the API pauses its account, or every publish, and the connection
+/// stays.
 async fn relay(
     options: &RelayOptions,
     publisher: &Publisher,
     backoff: &mut Backoff,
+    pauses: &mut Pauses,
 ) -> Result<(), RelayError> {
     let mut source = Source::open(options).await?;
     tracing::info!(table = %options.table, "relay connected to the outbox");
     loop {
         // Read, publish, mark: a crash in between publishes again, which finds the event.
         loop {
-            let rows = source.unsent(options.batch).await?;
+            if let Some(until) = pauses.api_paused_until(Instant::now()) {
+                tokio::time::sleep_until(until.into()).await;
+            }
+            // A paused account's rows are left out, so that they cannot fill the read and
+            // hold back the others'; they stay unsent, in their order, for after its pause.
+            let paused = pauses.paused_accounts(Instant::now());
+            let rows = source.unsent(options.batch, &paused).await?;
+            backoff.reset();
             if rows.is_empty() {
                 break;
             }
@@ -189,17 +211,56 @@ async fn relay(
                     "outbox rows published"
                 );
             }
-            if let Some(error) = outcome.error {
-                // What is left stays unsent and is read again.
-                return Err(error);
+            for account in &outcome.answered {
+                pauses.resume_account(account);
             }
-            backoff.reset();
+            // What is left stays unsent and is read again after the pause.
+            let now = Instant::now();
+            for paused in &outcome.paused {
+                let pause = pauses.pause_account(&paused.account, paused.retry.after, now);
+                tracing::warn!(
+                    account = %paused.account,
+                    until = %wall_clock(pause),
+                    pause = ?pause,
+                    retry_after = ?paused.retry.after,
+                    error = %paused.retry.error,
+                    "account paused: its rows wait, the other accounts' go on"
+                );
+            }
+            match &outcome.error {
+                Some(retry) => {
+                    let pause = pauses.pause_api(retry.after, now);
+                    tracing::error!(
+                        until = %wall_clock(pause),
+                        pause = ?pause,
+                        retry_after = ?retry.after,
+                        error = %retry.error,
+                        "Hooklane API unavailable: every publish paused"
+                    );
+                    continue;
+                }
+                None => pauses.api_answered(),
+            }
             if !full {
                 break;
             }
         }
-        source.wait(options.poll_interval).await?;
+        // New rows, the poll, or the end of the first account pause, whichever comes first.
+        let now = Instant::now();
+        let wait = pauses.next_resume(now).map_or(options.poll_interval, |at| {
+            at.saturating_duration_since(now).min(options.poll_interval)
+        });
+        source.wait(wait).await?;
     }
+}
+
+/// When a pause of `pause` from now ends, in RFC 3339 UTC, for the logs.
+fn wall_clock(pause: Duration) -> String {
+    let end = chrono::TimeDelta::from_std(pause)
+        .ok()
+        .and_then(|pause| chrono::Utc::now().checked_add_signed(pause))
+        .unwrap_or_else(chrono::Utc::now);
+    end.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// 200 ms doubling to 10 s between failed tries.

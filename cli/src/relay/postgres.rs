@@ -57,17 +57,24 @@ impl PostgresSource {
         })
     }
 
-    pub async fn unsent(&mut self, limit: usize) -> Result<Vec<OutboxRow>, RelayError> {
+    /// The oldest `limit` unsent rows of the accounts not in `skip`.
+    pub async fn unsent(
+        &mut self,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<OutboxRow>, RelayError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // The accounts left out are one bound array (`<> ALL` of an empty one is true).
         let rows = self
             .client
             .query(
                 &format!(
                     "SELECT id, account_id, type, data::text FROM {} \
-                     WHERE sent_at IS NULL AND error IS NULL ORDER BY created_at, id LIMIT $1",
+                     WHERE sent_at IS NULL AND error IS NULL AND account_id <> ALL($2) \
+                     ORDER BY created_at, id LIMIT $1",
                     self.table
                 ),
-                &[&limit],
+                &[&limit, &skip],
             )
             .await
             .map_err(db)?;

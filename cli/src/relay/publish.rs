@@ -1,7 +1,8 @@
 //! Publishing outbox rows through the batch route, one request per account and size, and
-//! sorting the answers into published, refused for good (the row is marked) and try again.
+//! sorting the answers into published, refused for good (the row is marked), try this account
+//! again later, and try everything again later.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
@@ -22,9 +23,40 @@ pub struct Outcome {
     pub existing: usize,
     /// Rows Hooklane refused for good, with its reason: never retried by themselves.
     pub refused: Vec<(String, String)>,
-    /// Set when the API could not be reached or failed: the rows not listed above stay
-    /// unsent and are read again.
-    pub error: Option<RelayError>,
+    /// Accounts whose every row was answered for good (published or refused).
+    pub answered: Vec<String>,
+    /// Accounts answered "not now" (429, its publish limit; or a 500): their rows not listed
+    /// above stay unsent, and the next accounts' rows were published all the same.
+    pub paused: Vec<AccountRetry>,
+    /// Set when the API as a whole could not be reached or failed: publishing stopped there,
+    /// and the rows not listed above stay unsent and are read again.
+    pub error: Option<Retry>,
+}
+
+/// A retryable answer: the rows are fine, and are sent again later.
+#[derive(Debug)]
+pub struct Retry {
+    /// The answer's `Retry-After`, as a wait.
+    pub after: Option<Duration>,
+    pub error: RelayError,
+}
+
+/// A retryable answer that concerns one account.
+#[derive(Debug)]
+pub struct AccountRetry {
+    pub account: String,
+    pub retry: Retry,
+}
+
+/// Who a retryable answer holds back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// That account alone: its publish limit (429), or a failure of Hooklane's own on its
+    /// rows (500, as for an item of its that cannot be read).
+    Account,
+    /// Every account: the API cannot be reached, is down or overloaded (502, 503, 504), the
+    /// token is refused, or what answers is not the batch route.
+    Api,
 }
 
 /// A client of the batch publish route.
@@ -48,7 +80,7 @@ enum Answer {
     /// The API refused the batch without naming an event (it is too large, or it could not
     /// read it): halves are tried, and a row alone is refused with the reason.
     Narrow(String),
-    Retry(RelayError),
+    Retry(Scope, Retry),
 }
 
 impl Publisher {
@@ -70,7 +102,9 @@ impl Publisher {
         })
     }
 
-    /// Publishes `rows` (in order within each account), each idempotent on its id.
+    /// Publishes `rows` (in order within each account), each idempotent on its id. An account
+    /// answered "not now" keeps its later rows (they are never sent before its earlier ones)
+    /// and the next account goes on; a failure of the whole API stops here.
     pub async fn publish(&self, rows: &[OutboxRow]) -> Outcome {
         let mut outcome = Outcome::default();
         let mut accounts: Vec<&str> = Vec::new();
@@ -79,17 +113,28 @@ impl Publisher {
                 accounts.push(&row.account_id);
             }
         }
-        for account in accounts {
+        'accounts: for account in accounts {
             let mut pending: Vec<&OutboxRow> =
                 rows.iter().filter(|r| r.account_id == account).collect();
             while !pending.is_empty() {
                 let take = batch_len(&pending);
                 let batch: Vec<&OutboxRow> = pending.drain(..take).collect();
-                if let Err(error) = self.publish_batch(account, batch, &mut outcome).await {
-                    outcome.error = Some(error);
-                    return outcome;
+                match self.publish_batch(account, batch, &mut outcome).await {
+                    Ok(()) => {}
+                    Err((Scope::Account, retry)) => {
+                        outcome.paused.push(AccountRetry {
+                            account: account.to_owned(),
+                            retry,
+                        });
+                        continue 'accounts;
+                    }
+                    Err((Scope::Api, retry)) => {
+                        outcome.error = Some(retry);
+                        return outcome;
+                    }
                 }
             }
+            outcome.answered.push(account.to_owned());
         }
         outcome
     }
@@ -100,7 +145,7 @@ impl Publisher {
         account: &str,
         mut batch: Vec<&OutboxRow>,
         outcome: &mut Outcome,
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), (Scope, Retry)> {
         let mut queue: Vec<Vec<&OutboxRow>> = Vec::new();
         loop {
             if batch.is_empty() {
@@ -142,7 +187,7 @@ impl Publisher {
                     let second = batch.split_off(batch.len() / 2);
                     queue.push(second);
                 }
-                Answer::Retry(error) => return Err(error),
+                Answer::Retry(scope, retry) => return Err((scope, retry)),
             }
         }
     }
@@ -175,21 +220,43 @@ impl Publisher {
             .await
         {
             Ok(response) => response,
-            Err(error) => return Answer::Retry(RelayError::Api(format!("POST {url}: {error}"))),
+            Err(error) => return retry(Scope::Api, None, format!("POST {url}: {error}")),
         };
         let status = response.status().as_u16();
+        let after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| super::pause::parse_retry_after(value, SystemTime::now()));
         let body: Value = match response.text().await {
             Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
-            Err(error) => return Answer::Retry(RelayError::Api(format!("POST {url}: {error}"))),
+            Err(error) => return retry(Scope::Api, after, format!("POST {url}: {error}")),
         };
-        classify(status, &body, account, batch)
+        classify(status, after, &body, account, batch)
     }
 }
 
-/// What an answer of the batch route means for the rows sent. Only Hooklane's own answers
-/// refuse rows for good; anything else (a proxy's 404 or 400, a mistyped `--url` that
-/// reaches an unknown route) is tried again, as nothing is wrong with the rows.
-fn classify(status: u16, body: &Value, account: &str, rows: &[&OutboxRow]) -> Answer {
+fn retry(scope: Scope, after: Option<Duration>, message: String) -> Answer {
+    Answer::Retry(
+        scope,
+        Retry {
+            after,
+            error: RelayError::Api(message),
+        },
+    )
+}
+
+/// What an answer of the batch route (with its `Retry-After`, as a wait) means for the rows
+/// sent. Only Hooklane's own answers refuse rows for good; anything else (a proxy's 404 or
+/// 400, a mistyped `--url` that reaches an unknown route) is tried again, as nothing is wrong
+/// with the rows.
+fn classify(
+    status: u16,
+    after: Option<Duration>,
+    body: &Value,
+    account: &str,
+    rows: &[&OutboxRow],
+) -> Answer {
     let sent = rows.len();
     let message = body["error"]["message"]
         .as_str()
@@ -204,9 +271,11 @@ fn classify(status: u16, body: &Value, account: &str, rows: &[&OutboxRow]) -> An
                     .map(|(result, row)| published(result, row))
                     .collect(),
             ),
-            _ => Answer::Retry(RelayError::Api(format!(
-                "unexpected answer to a batch of {sent}: {body}"
-            ))),
+            _ => retry(
+                Scope::Api,
+                after,
+                format!("unexpected answer to a batch of {sent}: {body}"),
+            ),
         },
         404 if code == Some("not_found") && message == "account not found" => {
             Answer::RefusedAll(format!(
@@ -220,11 +289,15 @@ fn classify(status: u16, body: &Value, account: &str, rows: &[&OutboxRow]) -> An
             // Hooklane's own answer naming no event (a body it could not read, an event id
             // it holds as rejected): the row at fault is found by halving.
             None if code.is_some() => Answer::Narrow(format!("HTTP {status}: {message}")),
-            None => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
+            None => retry(Scope::Api, after, format!("HTTP {status}: {message}")),
         },
-        // 401, 403 (the token), 408, 429, 5xx, and answers not of the batch route: nothing
-        // is wrong with the rows.
-        _ => Answer::Retry(RelayError::Api(format!("HTTP {status}: {message}"))),
+        // Nothing is wrong with the rows. The account's publish limit holds back its rows
+        // alone; so does a 500, Hooklane's answer when an item of the account cannot be read
+        // (an outage of its storage is a 503).
+        429 | 500 => retry(Scope::Account, after, format!("HTTP {status}: {message}")),
+        // 401, 403 (the token), 408, 502, 503, 504, and answers not of the batch route: the
+        // next account would get the same.
+        _ => retry(Scope::Api, after, format!("HTTP {status}: {message}")),
     }
 }
 
@@ -301,6 +374,10 @@ fn batch_len(rows: &[&OutboxRow]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::json;
+
     use super::*;
 
     fn row(id: &str, size: usize) -> OutboxRow {
@@ -331,24 +408,24 @@ mod tests {
     fn only_the_routes_own_refusals_refuse_rows() {
         use serde_json::json;
         let refused_all = |a: &Answer| matches!(a, Answer::RefusedAll(_));
-        let retried = |a: &Answer| matches!(a, Answer::Retry(_));
+        let retried = |a: &Answer| matches!(a, Answer::Retry(Scope::Api, _));
         let account = json!({"error": {"code": "not_found", "message": "account not found"}});
-        assert!(refused_all(&classify(404, &account, "acme", &[])));
+        assert!(refused_all(&classify(404, None, &account, "acme", &[])));
         let route = json!({"error": {"code": "not_found", "message": "route not found"}});
-        assert!(retried(&classify(404, &route, "acme", &[])));
+        assert!(retried(&classify(404, None, &route, "acme", &[])));
         let proxy = Value::String("<html>Not Found</html>".into());
-        assert!(retried(&classify(404, &proxy, "acme", &[])));
-        assert!(retried(&classify(400, &proxy, "acme", &[])));
+        assert!(retried(&classify(404, None, &proxy, "acme", &[])));
+        assert!(retried(&classify(400, None, &proxy, "acme", &[])));
         // Hooklane's own 400 naming no event (a body it could not read): narrowed down.
         let unread = json!({"error": {"code": "malformed_json", "message": "x"}});
         assert!(matches!(
-            classify(400, &unread, "acme", &[]),
+            classify(400, None, &unread, "acme", &[]),
             Answer::Narrow(_)
         ));
         let item =
             json!({"error": {"code": "invalid_field", "field": "events[1].type", "message": "x"}});
         assert!(matches!(
-            classify(422, &item, "acme", &[]),
+            classify(422, None, &item, "acme", &[]),
             Answer::RefusedAt(1, _)
         ));
     }
@@ -377,6 +454,169 @@ mod tests {
         assert_eq!(published(&json!({"created": true}), &row), Ok(true));
         let erased = json!({"created": false, "event": {"type": "customer.updated", "data": null, "erased_at": "2026-12-01T00:00:00.000Z"}});
         assert_eq!(published(&erased, &row), Ok(false));
+    }
+
+    /// A 429 (the account's publish limit) or a 500 holds back that account alone; an answer
+    /// the next account would get too holds back all. `Retry-After` is kept either way.
+    #[test]
+    fn a_retry_holds_back_the_account_or_the_whole_api() {
+        let body = serde_json::json!({"error": {"code": "rate_limited", "message": "x"}});
+        let eight = Some(Duration::from_secs(8));
+        let scope = |status: u16, after: Option<Duration>| match classify(
+            status,
+            after,
+            &body,
+            "acme",
+            &[],
+        ) {
+            Answer::Retry(scope, retry) => Some((scope, retry.after)),
+            _ => None,
+        };
+        assert_eq!(scope(429, eight), Some((Scope::Account, eight)));
+        assert_eq!(scope(429, None), Some((Scope::Account, None)));
+        assert_eq!(scope(500, None), Some((Scope::Account, None)));
+        assert_eq!(scope(503, eight), Some((Scope::Api, eight)));
+        for status in [401, 403, 408, 502, 504] {
+            assert_eq!(scope(status, None), Some((Scope::Api, None)), "{status}");
+        }
+    }
+
+    type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+    /// A batch route on 127.0.0.1 that lists the requests it gets and answers each with
+    /// `answer(account, how many requests of that account came before)`: a status and a
+    /// `Retry-After`; 202 publishes every event.
+    async fn fake_api(
+        answer: impl Fn(&str, usize) -> (u16, Option<&'static str>) + Clone + Send + Sync + 'static,
+    ) -> (String, Seen) {
+        use axum::{
+            extract::Path,
+            http::{HeaderValue, StatusCode},
+            response::IntoResponse,
+            routing::post,
+            Json, Router,
+        };
+        let seen: Seen = Arc::default();
+        let log = Arc::clone(&seen);
+        let route = move |Path(account): Path<String>, Json(body): Json<Value>| {
+            let (log, answer) = (Arc::clone(&log), answer.clone());
+            async move {
+                let ids: Vec<String> = body["events"]
+                    .as_array()
+                    .map(|events| {
+                        events
+                            .iter()
+                            .filter_map(|e| e["id"].as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let before = {
+                    let mut log = log.lock().unwrap();
+                    let before = log.iter().filter(|(a, _)| *a == account).count();
+                    log.push((account.clone(), ids.clone()));
+                    before
+                };
+                let (status, retry_after) = answer(&account, before);
+                let status = StatusCode::from_u16(status).unwrap();
+                let body = if status == StatusCode::ACCEPTED {
+                    json!({"results": ids.iter().map(|_| json!({"created": true})).collect::<Vec<_>>()})
+                } else {
+                    json!({"error": {"code": "rate_limited", "message": "not now"}})
+                };
+                let mut response = (status, Json(body)).into_response();
+                if let Some(after) = retry_after {
+                    response
+                        .headers_mut()
+                        .insert("retry-after", HeaderValue::from_static(after));
+                }
+                response
+            }
+        };
+        let app = Router::new().route("/v1/accounts/{account}/events/batch", post(route));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, seen)
+    }
+
+    fn rows_of(spec: &[(&str, &str)]) -> Vec<OutboxRow> {
+        spec.iter()
+            .map(|(id, account)| OutboxRow {
+                id: (*id).into(),
+                account_id: (*account).into(),
+                event_type: "order.placed".into(),
+                data: "{}".into(),
+            })
+            .collect()
+    }
+
+    fn ids(of: &[&str]) -> Vec<String> {
+        of.iter().map(|id| (*id).to_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn an_account_answered_429_does_not_hold_back_the_next() {
+        let (url, seen) =
+            fake_api(|account, _| (if account == "hot" { 429 } else { 202 }, Some("8"))).await;
+        let publisher = Publisher::new(&url, "token").unwrap();
+        let rows = rows_of(&[("h1", "hot"), ("c1", "cool"), ("h2", "hot"), ("c2", "cool")]);
+        let outcome = publisher.publish(&rows).await;
+        assert_eq!(outcome.published, ["c1", "c2"]);
+        assert!(outcome.refused.is_empty());
+        assert!(outcome.error.is_none(), "{:?}", outcome.error);
+        assert_eq!(outcome.answered, ["cool"]);
+        assert_eq!(outcome.paused.len(), 1, "{:?}", outcome.paused);
+        assert_eq!(outcome.paused[0].account, "hot");
+        assert_eq!(outcome.paused[0].retry.after, Some(Duration::from_secs(8)));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                ("hot".to_owned(), ids(&["h1", "h2"])),
+                ("cool".to_owned(), ids(&["c1", "c2"]))
+            ]
+        );
+    }
+
+    /// An account with more rows than one request holds, answered 429 on its second: its
+    /// first request's rows are published, none of the later ones is sent after the 429.
+    #[tokio::test]
+    async fn an_account_paused_mid_way_keeps_its_later_rows() {
+        let (url, seen) = fake_api(|account, before| match (account, before) {
+            ("hot", 0) => (202, None),
+            ("hot", _) => (429, None),
+            _ => (202, None),
+        })
+        .await;
+        let publisher = Publisher::new(&url, "token").unwrap();
+        let hot: Vec<String> = (0..150).map(|n| format!("h{n:03}")).collect();
+        let mut spec: Vec<(&str, &str)> = hot.iter().map(|id| (id.as_str(), "hot")).collect();
+        spec.push(("c1", "cool"));
+        let outcome = publisher.publish(&rows_of(&spec)).await;
+        let mut published = hot[..100].to_vec();
+        published.push("c1".into());
+        assert_eq!(outcome.published, published);
+        assert_eq!(outcome.paused.len(), 1);
+        assert_eq!(outcome.paused[0].retry.after, None);
+        assert!(outcome.error.is_none());
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "hot twice, cool once");
+        assert_eq!(seen[1].1, hot[100..].to_vec());
+    }
+
+    /// The API down as a whole (a proxy's 503): the round stops at the first answer, and its
+    /// `Retry-After` is kept.
+    #[tokio::test]
+    async fn a_failure_of_the_whole_api_stops_the_round() {
+        let (url, seen) = fake_api(|_, _| (503, Some("30"))).await;
+        let publisher = Publisher::new(&url, "token").unwrap();
+        let outcome = publisher
+            .publish(&rows_of(&[("a1", "a"), ("b1", "b")]))
+            .await;
+        assert!(outcome.published.is_empty() && outcome.paused.is_empty());
+        assert!(outcome.answered.is_empty());
+        let retry = outcome.error.expect("an API failure");
+        assert_eq!(retry.after, Some(Duration::from_secs(30)));
+        assert_eq!(*seen.lock().unwrap(), [("a".to_owned(), ids(&["a1"]))]);
     }
 
     #[test]

@@ -1,0 +1,258 @@
+//! Who the relay leaves alone for a while. An account Hooklane answers "not now" (429, its
+//! publish limit; or a 500) waits until the answer's `Retry-After`, or its own backoff, while
+//! the other accounts' rows go on; an API that cannot be reached or is down as a whole pauses
+//! every publish.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant, SystemTime},
+};
+
+use super::Backoff;
+
+/// The longest pause: a `Retry-After` further off (a proxy's, say) is cut to this, so that a
+/// wrong header cannot stop an account for hours.
+pub const MAX_PAUSE: Duration = Duration::from_secs(300);
+
+/// The shortest pause after a retryable answer: `Retry-After: 0`, or a date already past,
+/// must not turn the relay into a busy loop against the API.
+pub const MIN_PAUSE: Duration = Duration::from_millis(100);
+
+/// A `Retry-After` value (RFC 9110 §10.2.3) as a wait from `now`: delta-seconds, or an
+/// HTTP-date (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`). `None` when it is neither.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // More digits than a u64 holds: as far off as can be (the pause is cut later).
+        return Some(value.parse().map_or(Duration::MAX, Duration::from_secs));
+    }
+    let at = SystemTime::from(chrono::DateTime::parse_from_rfc2822(value).ok()?);
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// One pause: until when, and how many failures in a row (for the backoff without
+/// `Retry-After`).
+#[derive(Debug, Default)]
+struct Pause {
+    until: Option<Instant>,
+    backoff: Backoff,
+}
+
+impl Pause {
+    /// Pauses after a retryable answer: for `retry_after` when the answer gave one, else for
+    /// the backoff's next step; always within [`MIN_PAUSE`], [`MAX_PAUSE`]. The pause's length.
+    fn fail(&mut self, retry_after: Option<Duration>, now: Instant) -> Duration {
+        // Counted with a `Retry-After` too: a next answer without one goes on from here.
+        let step = self.backoff.pause();
+        let pause = retry_after.unwrap_or(step).clamp(MIN_PAUSE, MAX_PAUSE);
+        self.until = Some(now + pause);
+        pause
+    }
+
+    fn paused_at(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| until > now)
+    }
+}
+
+/// The pauses of the accounts and of the API as a whole.
+#[derive(Debug, Default)]
+pub struct Pauses {
+    accounts: HashMap<String, Pause>,
+    api: Pause,
+}
+
+impl Pauses {
+    /// Pauses `account` (see [`Pause::fail`]); how long.
+    pub fn pause_account(
+        &mut self,
+        account: &str,
+        retry_after: Option<Duration>,
+        now: Instant,
+    ) -> Duration {
+        self.accounts
+            .entry(account.to_owned())
+            .or_default()
+            .fail(retry_after, now)
+    }
+
+    /// `account` had an answer that was not "not now": its next failure starts the backoff
+    /// again.
+    pub fn resume_account(&mut self, account: &str) {
+        self.accounts.remove(account);
+    }
+
+    /// The accounts paused at `now`, sorted: the read leaves their rows out. An account whose
+    /// pause ended long ago and that was not answered since (its rows deleted, say) is
+    /// forgotten, so that the map does not grow with every account that ever waited.
+    pub fn paused_accounts(&mut self, now: Instant) -> Vec<String> {
+        self.accounts
+            .retain(|_, pause| pause.until.is_some_and(|until| until + MAX_PAUSE > now));
+        let mut paused: Vec<String> = self
+            .accounts
+            .iter()
+            .filter(|(_, pause)| pause.paused_at(now))
+            .map(|(account, _)| account.clone())
+            .collect();
+        paused.sort_unstable();
+        paused
+    }
+
+    /// When the first account pause still running at `now` ends.
+    pub fn next_resume(&self, now: Instant) -> Option<Instant> {
+        self.accounts
+            .values()
+            .filter_map(|pause| pause.until)
+            .filter(|until| *until > now)
+            .min()
+    }
+
+    /// Pauses every publish (see [`Pause::fail`]); how long.
+    pub fn pause_api(&mut self, retry_after: Option<Duration>, now: Instant) -> Duration {
+        self.api.fail(retry_after, now)
+    }
+
+    /// The API answered: its next failure starts the backoff again.
+    pub fn api_answered(&mut self) {
+        self.api = Pause::default();
+    }
+
+    /// When the pause of every publish ends, if it runs at `now`.
+    pub fn api_paused_until(&self, now: Instant) -> Option<Instant> {
+        self.api.until.filter(|_| self.api.paused_at(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> SystemTime {
+        SystemTime::from(chrono::DateTime::parse_from_rfc3339(text).expect("a time"))
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_a_date() {
+        let now = at("2026-03-01T12:00:00Z");
+        assert_eq!(parse_retry_after("8", now), Some(Duration::from_secs(8)));
+        assert_eq!(
+            parse_retry_after(" 120 ", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after("0", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Sun, 01 Mar 2026 12:00:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        // A date already past: no wait (the pause's floor applies later).
+        assert_eq!(
+            parse_retry_after("Sun, 01 Mar 2026 11:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        // More digits than fit: as far off as can be, cut to the longest pause later.
+        assert_eq!(
+            parse_retry_after("99999999999999999999999", now),
+            Some(Duration::MAX)
+        );
+        for bad in ["", "soon", "-5", "1.5", "8s", "+8"] {
+            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_paused_account_is_left_out_until_its_retry_after() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        let pause = pauses.pause_account("hot", Some(Duration::from_secs(8)), t0);
+        assert_eq!(pause, Duration::from_secs(8));
+        assert_eq!(pauses.paused_accounts(t0), ["hot"]);
+        assert_eq!(
+            pauses.paused_accounts(t0 + Duration::from_millis(7_999)),
+            ["hot"]
+        );
+        assert_eq!(pauses.next_resume(t0), Some(t0 + Duration::from_secs(8)));
+        // Only that account: the API, and the others, go on.
+        assert_eq!(pauses.api_paused_until(t0), None);
+        assert!(pauses
+            .paused_accounts(t0 + Duration::from_secs(8))
+            .is_empty());
+        assert_eq!(pauses.next_resume(t0 + Duration::from_secs(8)), None);
+    }
+
+    #[test]
+    fn pauses_are_capped_and_floored() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            pauses.pause_account("a", Some(Duration::from_secs(3600)), t0),
+            MAX_PAUSE
+        );
+        assert_eq!(
+            pauses.pause_account("b", Some(Duration::MAX), t0),
+            MAX_PAUSE
+        );
+        assert_eq!(
+            pauses.pause_account("c", Some(Duration::ZERO), t0),
+            MIN_PAUSE
+        );
+        assert_eq!(
+            pauses.pause_api(Some(Duration::from_secs(86_400)), t0),
+            MAX_PAUSE
+        );
+        assert_eq!(pauses.paused_accounts(t0), ["a", "b", "c"]);
+        assert_eq!(pauses.next_resume(t0), Some(t0 + MIN_PAUSE));
+    }
+
+    #[test]
+    fn without_retry_after_each_account_backs_off_on_its_own() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        let steps: Vec<u128> = (0..4)
+            .map(|_| pauses.pause_account("a", None, t0).as_millis())
+            .collect();
+        assert_eq!(steps, [200, 400, 800, 1600]);
+        // Another account starts at the first step; a Retry-After still counts as a failure.
+        assert_eq!(pauses.pause_account("b", None, t0).as_millis(), 200);
+        pauses.pause_account("b", Some(Duration::from_secs(1)), t0);
+        assert_eq!(pauses.pause_account("b", None, t0).as_millis(), 800);
+        // An answer that is not "not now" starts it again.
+        pauses.resume_account("a");
+        assert_eq!(pauses.pause_account("a", None, t0).as_millis(), 200);
+        assert_eq!(pauses.paused_accounts(t0), ["a", "b"]);
+    }
+
+    #[test]
+    fn an_api_pause_holds_every_account_and_ends() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        assert_eq!(pauses.pause_api(None, t0), Duration::from_millis(200));
+        assert_eq!(pauses.pause_api(None, t0), Duration::from_millis(400));
+        assert_eq!(
+            pauses.api_paused_until(t0),
+            Some(t0 + Duration::from_millis(400))
+        );
+        assert_eq!(
+            pauses.api_paused_until(t0 + Duration::from_millis(400)),
+            None
+        );
+        // A 503's Retry-After is honoured.
+        assert_eq!(
+            pauses.pause_api(Some(Duration::from_secs(30)), t0),
+            Duration::from_secs(30)
+        );
+        assert!(pauses.paused_accounts(t0).is_empty());
+        pauses.api_answered();
+        assert_eq!(pauses.pause_api(None, t0), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn accounts_long_past_their_pause_are_forgotten() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        pauses.pause_account("gone", None, t0);
+        pauses.pause_account("gone", None, t0);
+        // Its rows were deleted, say, and it was never answered again.
+        let later = t0 + MAX_PAUSE * 3;
+        assert!(pauses.paused_accounts(later).is_empty());
+        assert_eq!(pauses.pause_account("gone", None, later).as_millis(), 200);
+    }
+}
