@@ -179,15 +179,23 @@ pub struct Endpoint {
     pub updated_at: Timestamp,
 }
 
-/// What a change to an endpoint was made from. The stores replace the endpoint only while
-/// it still has these, so a change read before another one landed (a second API call, or
-/// the sender disabling the endpoint or starting its failing clock) is refused rather than
-/// writing the other one's fields back.
+/// What a change to an endpoint was made from. The stores write it only while the endpoint
+/// still has this change time and status, so a change read before another one landed (a
+/// second API call, a disable) is refused rather than writing the other one's fields back.
+/// The failing clock is the sender's, moved at every attempt: it is not compared, and is
+/// written only by a change that moved it from the value read (enabling restarts it).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EndpointVersion {
     pub updated_at: Timestamp,
     pub status: EndpointStatus,
     pub failing_since: Option<Timestamp>,
+}
+
+impl EndpointVersion {
+    /// Whether `changed`, made from this version, restarts the failing clock.
+    pub fn moves_failing_clock(&self, changed: &Endpoint) -> bool {
+        changed.failing_since != self.failing_since
+    }
 }
 
 impl Endpoint {

@@ -84,6 +84,61 @@ enum Refused {
     EndpointMoved(AccountId, EndpointId),
 }
 
+/// The endpoint's attributes that only some endpoints have (see `endpoint_item`).
+const ENDPOINT_OPTIONAL: [&str; 6] = [
+    "retiring_secret",
+    "retiring_until",
+    "event_types",
+    "rate_limit",
+    "disabled_reason",
+    "headers",
+];
+/// The failing clock: the sender's, or the marker of a disable under way.
+const ENDPOINT_CLOCK: [&str; 2] = ["failing_since", "failing_shard"];
+
+/// The update that makes an endpoint's item `item` (as `endpoint_item` builds it), leaving
+/// its key, its creation time and, unless `clock`, its failing clock as they are.
+fn endpoint_update(table: &str, item: Item, clock: bool) -> Write {
+    let kept = |name: &str| {
+        ["account_id", "id", "created_at"].contains(&name)
+            || (!clock && ENDPOINT_CLOCK.contains(&name))
+    };
+    let removed: Vec<&str> = ENDPOINT_OPTIONAL
+        .iter()
+        .chain(if clock { &ENDPOINT_CLOCK[..] } else { &[] })
+        .copied()
+        .filter(|name| !item.contains_key(*name))
+        .collect();
+    let key = Item::from_iter(
+        ["account_id", "id"]
+            .into_iter()
+            .filter_map(|name| Some((name.to_owned(), item.get(name)?.clone()))),
+    );
+    let set: Vec<(String, AttributeValue)> =
+        item.into_iter().filter(|(name, _)| !kept(name)).collect();
+    let mut expression = format!(
+        "SET {}",
+        (0..set.len())
+            .map(|i| format!("#s{i} = :s{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !removed.is_empty() {
+        let names: Vec<String> = (0..removed.len()).map(|i| format!("#r{i}")).collect();
+        expression.push_str(&format!(" REMOVE {}", names.join(", ")));
+    }
+    let mut write = Write::update(table, key, &expression);
+    for (i, (name, value)) in set.into_iter().enumerate() {
+        write = write
+            .name(&format!("#s{i}"), &name)
+            .value(&format!(":s{i}"), value);
+    }
+    for (i, name) in removed.into_iter().enumerate() {
+        write = write.name(&format!("#r{i}"), name);
+    }
+    write
+}
+
 impl DynamoStore {
     async fn refusal(&self, refused: Refused) -> StoreResult<()> {
         match refused {
@@ -182,23 +237,17 @@ impl DynamoStore {
             ),
             // Only over the version read (see `EndpointVersion`).
             AuditedChange::UpdateEndpoint { endpoint, read } => {
-                let failing = match read.failing_since {
-                    Some(_) => "failing_since = :failing",
-                    None => "attribute_not_exists(failing_since)",
-                };
-                let mut write =
-                    Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
-                        .condition(&format!(
+                let item = endpoint_item(endpoint, &self.secrets)?;
+                let write =
+                    endpoint_update(&tables.endpoints, item, read.moves_failing_clock(endpoint))
+                        .condition(
                             "attribute_exists(id) AND attribute_not_exists(#deleted) \
-                         AND updated_at = :read_at AND #status = :read_status AND {failing}"
-                        ))
+                     AND updated_at = :read_at AND #status = :read_status",
+                        )
                         .name("#deleted", DELETED_AT)
                         .name("#status", "status")
                         .value(":read_at", n(to_millis(read.updated_at)))
                         .value(":read_status", s(read.status.as_str()));
-                if let Some(since) = read.failing_since {
-                    write = write.value(":failing", n(to_millis(since)));
-                }
                 let moved =
                     Refused::EndpointMoved(endpoint.account_id.clone(), endpoint.id.clone());
                 (write, moved)

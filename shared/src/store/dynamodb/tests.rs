@@ -206,6 +206,19 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
         .send()
         .await
         .unwrap();
+    // A change made through the API meanwhile leaves the disable's marker for the check.
+    let read = store
+        .get_endpoint(&ep.account_id, &ep.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut described = read.clone();
+    described.description = "changed meanwhile".into();
+    described.touch(t0());
+    store
+        .update_endpoint(&described, &read.version())
+        .await
+        .unwrap();
     let now = crate::clock::add(t0(), std::time::Duration::from_secs(4 * 86_400));
     assert!(store.failing_endpoints(now).await.unwrap().is_empty());
     for d in &pending {
@@ -1718,3 +1731,4 @@ async fn the_due_walk_s_resume_point_is_kept_and_cleared() {
     store.set_due_walk_resume(None).await.unwrap();
     assert_eq!(store.due_walk_resume().await.unwrap(), None);
 }
+

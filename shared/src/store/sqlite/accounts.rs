@@ -404,30 +404,33 @@ pub(super) fn rewrite_endpoint(
 ) -> StoreResult<()> {
     let stored = conn
         .query_row(
-            "SELECT updated_at, status, failing_since FROM endpoints WHERE id = ?1 AND account_id = ?2",
+            "SELECT updated_at, status FROM endpoints WHERE id = ?1 AND account_id = ?2",
             params![e.id.as_str(), e.account_id.as_str()],
-            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, Option<i64>>(2)?)),
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
         )
         .optional()
         .map_err(backend)?
         .ok_or(StoreError::NotFound("endpoint"))?;
-    let expected = (
-        to_millis(read.updated_at),
-        read.status.as_str().to_owned(),
-        opt_millis(read.failing_since),
-    );
-    if stored != expected {
+    if stored != (to_millis(read.updated_at), read.status.as_str().to_owned()) {
         return Err(StoreError::Changed("endpoint"));
     }
+    // `?12`, the failing clock, only when the change restarts it: it is the sender's.
+    let clock = if read.moves_failing_clock(e) {
+        "failing_since = ?12, "
+    } else {
+        ""
+    };
     // The values an insert binds; `?14`, the creation time, is left as it is.
     let changed = conn
-            .execute(
-                "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, retiring_until = ?7, \
-                 status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, failing_since = ?12, \
-                 disabled_reason = ?13, updated_at = ?15, headers = ?16 WHERE id = ?1 AND account_id = ?2",
-                endpoint_row(e, sealed),
-            )
-            .map_err(backend)?;
+        .execute(
+            &format!(
+                "UPDATE endpoints SET url = ?3, description = ?4, secret = ?5, retiring_secret = ?6, \
+                 retiring_until = ?7, status = ?8, event_types = ?9, max_in_flight = ?10, rate_limit = ?11, \
+                 {clock}disabled_reason = ?13, updated_at = ?15, headers = ?16 WHERE id = ?1 AND account_id = ?2"
+            ),
+            endpoint_row(e, sealed),
+        )
+        .map_err(backend)?;
     if changed == 0 {
         return Err(StoreError::NotFound("endpoint"));
     }
