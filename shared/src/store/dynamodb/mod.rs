@@ -508,32 +508,76 @@ impl DynamoStore {
                 "a transaction of {bytes} bytes; DynamoDB takes at most {DYNAMODB_TRANSACTION_BYTES}"
             ))));
         }
-        let result = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(error) => {
-                if let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) =
-                    error.as_service_error()
-                {
-                    let failed = cancel
-                        .cancellation_reasons()
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
-                        .map(|(i, _)| i)
-                        .collect::<Vec<_>>();
-                    if !failed.is_empty() {
-                        return Err(TransactionFailure::Conditions(failed));
-                    }
+        let mut tried = 0;
+        loop {
+            let result = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .send()
+                .await;
+            let error = match result {
+                Ok(_) => return Ok(()),
+                Err(error) => error,
+            };
+            let codes: Vec<Option<&str>> = match error.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(cancel)) => cancel
+                    .cancellation_reasons()
+                    .iter()
+                    .map(|reason| reason.code())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            match cancellation(&codes) {
+                Cancellation::Conditions(failed) => {
+                    return Err(TransactionFailure::Conditions(failed))
                 }
-                Err(TransactionFailure::Other(sdk(error)))
+                // Nothing was written: the conditions are checked again on the next try.
+                Cancellation::Conflict if tried < CONFLICT_RETRIES => {
+                    tried += 1;
+                    let pause =
+                        rand::Rng::random_range(&mut rand::rng(), 5..=25 * u64::from(tried));
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                Cancellation::Conflict | Cancellation::Other => {
+                    return Err(TransactionFailure::Other(sdk(error)))
+                }
             }
         }
+    }
+}
+
+/// Tries again of a transaction cancelled only because another one was changing one of its
+/// items at that moment (`TransactionConflict`), which DynamoDB does where the emulator,
+/// running one request at a time, never does.
+const CONFLICT_RETRIES: u32 = 4;
+
+/// What a transaction's cancellation reasons (one code per item, in order) come to.
+#[derive(Debug, PartialEq)]
+enum Cancellation {
+    /// The items whose condition did not hold: the transaction is refused.
+    Conditions(Vec<usize>),
+    /// Only conflicts with other writes under way: the same transaction may succeed later.
+    Conflict,
+    Other,
+}
+
+fn cancellation(codes: &[Option<&str>]) -> Cancellation {
+    let failed: Vec<usize> = (0..codes.len())
+        .filter(|&i| codes[i] == Some("ConditionalCheckFailed"))
+        .collect();
+    if !failed.is_empty() {
+        return Cancellation::Conditions(failed);
+    }
+    let conflicts = codes.contains(&Some("TransactionConflict"));
+    // Any other reason (validation, size, throughput) is not a matter of waiting a moment.
+    let only_conflicts = codes
+        .iter()
+        .all(|code| matches!(code, None | Some("None" | "TransactionConflict")));
+    if conflicts && only_conflicts {
+        Cancellation::Conflict
+    } else {
+        Cancellation::Other
     }
 }
 

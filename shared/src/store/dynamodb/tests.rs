@@ -1732,3 +1732,25 @@ async fn the_due_walk_s_resume_point_is_kept_and_cleared() {
     assert_eq!(store.due_walk_resume().await.unwrap(), None);
 }
 
+/// DynamoDB's cancellation reasons, one per item ("None" for an item that was fine): a
+/// transaction that only met another one on the same item is tried again; one whose
+/// condition failed is refused with the items at fault, whatever else was wrong.
+#[test]
+fn a_transaction_that_only_met_another_is_tried_again() {
+    let conflict = Some("TransactionConflict");
+    let failed = Some("ConditionalCheckFailed");
+    assert_eq!(
+        cancellation(&[Some("None"), conflict, None]),
+        Cancellation::Conflict
+    );
+    assert_eq!(
+        cancellation(&[conflict, failed, Some("None")]),
+        Cancellation::Conditions(vec![1])
+    );
+    assert_eq!(
+        cancellation(&[conflict, Some("ValidationError")]),
+        Cancellation::Other
+    );
+    assert_eq!(cancellation(&[Some("None")]), Cancellation::Other);
+    assert_eq!(cancellation(&[]), Cancellation::Other);
+}
