@@ -2,8 +2,9 @@
 //! SQLite, written in the platform's business transactions) to a Hooklane API, then marks
 //! them sent. The row id is the event id, so a row published again after a crash (between
 //! the publish and the mark) finds its event and makes no second one (docs/OUTBOX.md). An
-//! account Hooklane answers "not now" (429) waits alone: its rows are left out of the reads
-//! until its `Retry-After`, and the other accounts' rows go on.
+//! account Hooklane answers "not now" (its 429 `rate_limited`, or 500 `unreadable_item`) waits
+//! alone: its rows are left out of the reads until its `Retry-After`, and the other accounts'
+//! rows go on.
 
 mod pause;
 mod postgres;
@@ -105,6 +106,15 @@ impl Source {
         }
     }
 
+    /// Forgets the notifications received so far (PostgreSQL), before a read that sees their
+    /// rows. `Err` when the notification connection is lost.
+    fn drain(&mut self) -> Result<(), RelayError> {
+        match self {
+            Self::Postgres(s) => s.drain(),
+            Self::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// Waits for new rows: a notification (PostgreSQL) or the poll interval, whichever
     /// comes first. `Err` when the notification connection is lost.
     async fn wait(&mut self, poll: Duration) -> Result<(), RelayError> {
@@ -188,12 +198,14 @@ async fn relay(
         loop {
             if let Some(until) = pauses.api_paused_until(Instant::now()) {
                 tokio::time::sleep_until(until.into()).await;
+                // The read below sees every row committed so far: the notifications of the
+                // pause are spent, and must not pile up for a long one.
+                source.drain()?;
             }
             // A paused account's rows are left out, so that they cannot fill the read and
             // hold back the others'; they stay unsent, in their order, for after its pause.
             let paused = pauses.paused_accounts(Instant::now());
             let rows = source.unsent(options.batch, &paused).await?;
-            backoff.reset();
             if rows.is_empty() {
                 break;
             }
@@ -211,6 +223,11 @@ async fn relay(
                     "outbox rows published"
                 );
             }
+            // Only a write proves the database works: a read alone does not (a role without
+            // UPDATE, a read-only file), and the next error would pause 200 ms again, forever.
+            if !(outcome.refused.is_empty() && outcome.published.is_empty()) {
+                backoff.reset();
+            }
             for account in &outcome.answered {
                 pauses.resume_account(account);
             }
@@ -218,14 +235,27 @@ async fn relay(
             let now = Instant::now();
             for paused in &outcome.paused {
                 let pause = pauses.pause_account(&paused.account, paused.retry.after, now);
-                tracing::warn!(
-                    account = %paused.account,
-                    until = %wall_clock(pause),
-                    pause = ?pause,
-                    retry_after = ?paused.retry.after,
-                    error = %paused.retry.error,
-                    "account paused: its rows wait, the other accounts' go on"
-                );
+                // An item that cannot be read fails every time: a WARN at each pause is easily
+                // missed, so from the fifth failure in a row each pause is an ERROR.
+                if pauses.stalled(&paused.account) {
+                    tracing::error!(
+                        account = %paused.account,
+                        until = %wall_clock(pause),
+                        pause = ?pause,
+                        retry_after = ?paused.retry.after,
+                        error = %paused.retry.error,
+                        "account stalled: its rows keep failing and wait; the other accounts' go on"
+                    );
+                } else {
+                    tracing::warn!(
+                        account = %paused.account,
+                        until = %wall_clock(pause),
+                        pause = ?pause,
+                        retry_after = ?paused.retry.after,
+                        error = %paused.retry.error,
+                        "account paused: its rows wait, the other accounts' go on"
+                    );
+                }
             }
             match &outcome.error {
                 Some(retry) => {
@@ -304,5 +334,48 @@ mod tests {
         assert_eq!(pauses, [200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]);
         backoff.reset();
         assert_eq!(backoff.pause(), Duration::from_millis(200));
+    }
+
+    /// A database that reads but cannot mark (a role without UPDATE, a read-only file): each
+    /// round reads and publishes the same rows, then fails to mark them. The reads succeed, so
+    /// they must not start the backoff again: the pauses grow (0.2, 0.4, 0.8, 1.6 s), and in
+    /// 2.5 s the rows are published 4 times, not every 0.2 s.
+    #[tokio::test]
+    async fn a_database_that_cannot_mark_is_tried_less_and_less_often() {
+        let dir = std::env::temp_dir().join(format!(
+            "hooklane-relay-backoff-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("platform.db");
+        let db = rusqlite::Connection::open(&file).unwrap();
+        db.execute_batch(include_str!("../../../docs/outbox/sqlite.sql"))
+            .unwrap();
+        // A trigger rather than file permissions: the tests may run as root.
+        db.execute_batch(
+            "INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES ('o1', 'acme', 'a.b', '{}');
+             CREATE TRIGGER no_marks BEFORE UPDATE ON hooklane_outbox
+               BEGIN SELECT RAISE(ABORT, 'no UPDATE for this role'); END;",
+        )
+        .unwrap();
+        let (url, seen) = publish::tests::fake_api(|_, _| (202, None)).await;
+        let options = RelayOptions {
+            source: format!("sqlite://{}", file.display()),
+            url,
+            token: "token".into(),
+            table: "hooklane_outbox".into(),
+            channel: "hooklane_outbox".into(),
+            poll_interval: Duration::from_millis(100),
+            batch: 100,
+        };
+        let stop = tokio::time::sleep(Duration::from_millis(2_500));
+        run(options, stop).await.unwrap();
+        let tries = seen.lock().unwrap().len();
+        assert!(
+            (2..=5).contains(&tries),
+            "the rows were published {tries} times in 2.5 s: the backoff did not grow"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,7 +1,7 @@
-//! Who the relay leaves alone for a while. An account Hooklane answers "not now" (429, its
-//! publish limit; or a 500) waits until the answer's `Retry-After`, or its own backoff, while
-//! the other accounts' rows go on; an API that cannot be reached or is down as a whole pauses
-//! every publish.
+//! Who the relay leaves alone for a while. An account Hooklane answers "not now" (its 429
+//! `rate_limited`, the account's publish limit; or its 500 `unreadable_item`) waits until the
+//! answer's `Retry-After`, or its own backoff, while the other accounts' rows go on; an API
+//! that cannot be reached or is down as a whole pauses every publish.
 
 use std::{
     collections::HashMap,
@@ -17,6 +17,9 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(300);
 /// The shortest pause after a retryable answer: `Retry-After: 0`, or a date already past,
 /// must not turn the relay into a busy loop against the API.
 pub const MIN_PAUSE: Duration = Duration::from_millis(100);
+
+/// Failures in a row after which an account's pause is logged at `ERROR`.
+pub const STALLED_AFTER: u32 = 5;
 
 /// A `Retry-After` value (RFC 9110 §10.2.3) as a wait from `now`: delta-seconds, or an
 /// HTTP-date (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`). `None` when it is neither.
@@ -40,13 +43,28 @@ struct Pause {
 
 impl Pause {
     /// Pauses after a retryable answer: for `retry_after` when the answer gave one, else for
-    /// the backoff's next step; always within [`MIN_PAUSE`], [`MAX_PAUSE`]. The pause's length.
-    fn fail(&mut self, retry_after: Option<Duration>, now: Instant) -> Duration {
+    /// the backoff's next step; with `at_least_step`, for the longer of the two. Always within
+    /// [`MIN_PAUSE`], [`MAX_PAUSE`]. The pause's length.
+    fn fail(
+        &mut self,
+        retry_after: Option<Duration>,
+        at_least_step: bool,
+        now: Instant,
+    ) -> Duration {
         // Counted with a `Retry-After` too: a next answer without one goes on from here.
         let step = self.backoff.pause();
-        let pause = retry_after.unwrap_or(step).clamp(MIN_PAUSE, MAX_PAUSE);
+        let pause = match retry_after {
+            Some(after) if at_least_step => after.max(step),
+            Some(after) => after,
+            None => step,
+        }
+        .clamp(MIN_PAUSE, MAX_PAUSE);
         self.until = Some(now + pause);
         pause
+    }
+
+    fn failures(&self) -> u32 {
+        self.backoff.failures
     }
 
     fn paused_at(&self, now: Instant) -> bool {
@@ -69,10 +87,11 @@ impl Pauses {
         retry_after: Option<Duration>,
         now: Instant,
     ) -> Duration {
+        // Exactly as told: Hooklane's own answer knows when the account's limit has room.
         self.accounts
             .entry(account.to_owned())
             .or_default()
-            .fail(retry_after, now)
+            .fail(retry_after, false, now)
     }
 
     /// `account` had an answer that was not "not now": its next failure starts the backoff
@@ -97,6 +116,13 @@ impl Pauses {
         paused
     }
 
+    /// Whether `account` failed [`STALLED_AFTER`] times in a row or more.
+    pub fn stalled(&self, account: &str) -> bool {
+        self.accounts
+            .get(account)
+            .is_some_and(|pause| pause.failures() >= STALLED_AFTER)
+    }
+
     /// When the first account pause still running at `now` ends.
     pub fn next_resume(&self, now: Instant) -> Option<Instant> {
         self.accounts
@@ -106,9 +132,11 @@ impl Pauses {
             .min()
     }
 
-    /// Pauses every publish (see [`Pause::fail`]); how long.
+    /// Pauses every publish (see [`Pause::fail`]), for at least the backoff's step; how long.
     pub fn pause_api(&mut self, retry_after: Option<Duration>, now: Instant) -> Duration {
-        self.api.fail(retry_after, now)
+        // What answers may be a proxy's or a gateway's: a `Retry-After: 0` (or a date past)
+        // on each answer must not keep the whole relay at the shortest pause.
+        self.api.fail(retry_after, true, now)
     }
 
     /// The API answered: its next failure starts the backoff again.
@@ -242,6 +270,47 @@ mod tests {
         assert!(pauses.paused_accounts(t0).is_empty());
         pauses.api_answered();
         assert_eq!(pauses.pause_api(None, t0), Duration::from_millis(200));
+    }
+
+    /// `Retry-After: 0`, or a date already past, on every answer of an API down as a whole:
+    /// its pause still grows with the backoff. An account's keeps its `Retry-After` exactly.
+    #[test]
+    fn an_api_pause_is_never_shorter_than_its_backoff() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        let steps: Vec<u128> = (0..4)
+            .map(|_| pauses.pause_api(Some(Duration::ZERO), t0).as_millis())
+            .collect();
+        assert_eq!(steps, [200, 400, 800, 1600]);
+        // A longer Retry-After than the step is honoured.
+        assert_eq!(
+            pauses.pause_api(Some(Duration::from_secs(30)), t0),
+            Duration::from_secs(30)
+        );
+        let one = Some(Duration::from_secs(1));
+        let account: Vec<u128> = (0..4)
+            .map(|_| pauses.pause_account("a", one, t0).as_millis())
+            .collect();
+        assert_eq!(account, [1000, 1000, 1000, 1000]);
+    }
+
+    /// An account that fails again and again (an item that cannot be read: retrying will not
+    /// help) is stalled from its fifth failure in a row, until it is answered.
+    #[test]
+    fn an_account_failing_in_a_row_is_stalled() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        for _ in 1..STALLED_AFTER {
+            pauses.pause_account("a", None, t0);
+            assert!(!pauses.stalled("a"));
+        }
+        pauses.pause_account("a", Some(Duration::from_secs(1)), t0);
+        assert!(pauses.stalled("a"));
+        pauses.pause_account("a", None, t0);
+        assert!(pauses.stalled("a"));
+        assert!(!pauses.stalled("b"));
+        pauses.resume_account("a");
+        assert!(!pauses.stalled("a"));
     }
 
     #[test]

@@ -115,6 +115,21 @@ impl PostgresSource {
         Ok(())
     }
 
+    /// Takes the notifications received so far, without waiting.
+    pub fn drain(&mut self) -> Result<(), RelayError> {
+        loop {
+            match self.notified.try_recv() {
+                Ok(()) => {}
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    return Err(RelayError::Source(
+                        "PostgreSQL: the listening connection closed".into(),
+                    ))
+                }
+            }
+        }
+    }
+
     /// Until a notification (or several: they are taken together) or `poll`.
     pub async fn wait(&mut self, poll: Duration) -> Result<(), RelayError> {
         match tokio::time::timeout(poll, self.notified.recv()).await {

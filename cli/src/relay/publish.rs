@@ -25,8 +25,9 @@ pub struct Outcome {
     pub refused: Vec<(String, String)>,
     /// Accounts whose every row was answered for good (published or refused).
     pub answered: Vec<String>,
-    /// Accounts answered "not now" (429, its publish limit; or a 500): their rows not listed
-    /// above stay unsent, and the next accounts' rows were published all the same.
+    /// Accounts answered "not now" (Hooklane's 429 `rate_limited`, its publish limit; or its
+    /// 500 `unreadable_item`): their rows not listed above stay unsent, and the next accounts'
+    /// rows were published all the same.
     pub paused: Vec<AccountRetry>,
     /// Set when the API as a whole could not be reached or failed: publishing stopped there,
     /// and the rows not listed above stay unsent and are read again.
@@ -51,11 +52,11 @@ pub struct AccountRetry {
 /// Who a retryable answer holds back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scope {
-    /// That account alone: its publish limit (429), or a failure of Hooklane's own on its
-    /// rows (500, as for an item of its that cannot be read).
+    /// That account alone: its publish limit (429 `rate_limited`), or an item of its that
+    /// Hooklane cannot read (500 `unreadable_item`).
     Account,
-    /// Every account: the API cannot be reached, is down or overloaded (502, 503, 504), the
-    /// token is refused, or what answers is not the batch route.
+    /// Every account: the API cannot be reached, is down or overloaded (502, 503, 504, a
+    /// gateway's 429 or 500), the token is refused, or what answers is not the batch route.
     Api,
 }
 
@@ -291,12 +292,19 @@ fn classify(
             None if code.is_some() => Answer::Narrow(format!("HTTP {status}: {message}")),
             None => retry(Scope::Api, after, format!("HTTP {status}: {message}")),
         },
-        // Nothing is wrong with the rows. The account's publish limit holds back its rows
-        // alone; so does a 500, Hooklane's answer when an item of the account cannot be read
-        // (an outage of its storage is a 503).
-        429 | 500 => retry(Scope::Account, after, format!("HTTP {status}: {message}")),
-        // 401, 403 (the token), 408, 502, 503, 504, and answers not of the batch route: the
-        // next account would get the same.
+        // Nothing is wrong with the rows. Hooklane's own 429 (the account's publish limit) and
+        // 500 (an item of the account cannot be read; an outage of its storage is a 503) hold
+        // back that account alone. A 429 or 500 without that code is API Gateway's throttling
+        // or a Lambda that failed (`{"message": …}`), or a panic: the next account's would
+        // fail too.
+        429 if code == Some("rate_limited") => {
+            retry(Scope::Account, after, format!("HTTP {status}: {message}"))
+        }
+        500 if code == Some("unreadable_item") => {
+            retry(Scope::Account, after, format!("HTTP {status}: {message}"))
+        }
+        // 401, 403 (the token), 408, those 429s and 500s, 502, 503, 504, and answers not of
+        // the batch route: the next account would get the same.
         _ => retry(Scope::Api, after, format!("HTTP {status}: {message}")),
     }
 }
@@ -373,7 +381,7 @@ fn batch_len(rows: &[&OutboxRow]) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::{Arc, Mutex};
 
     use serde_json::json;
@@ -456,37 +464,60 @@ mod tests {
         assert_eq!(published(&erased, &row), Ok(false));
     }
 
-    /// A 429 (the account's publish limit) or a 500 holds back that account alone; an answer
-    /// the next account would get too holds back all. `Retry-After` is kept either way.
+    /// Hooklane's own 429 (`rate_limited`, the account's publish limit) or 500
+    /// (`unreadable_item`, an item of the account) holds back that account alone; any other
+    /// 429 or 500 (API Gateway's throttling, a Lambda that crashed: `{"message": …}`), and
+    /// an answer the next account would get too, holds back all. `Retry-After` is kept
+    /// either way.
     #[test]
     fn a_retry_holds_back_the_account_or_the_whole_api() {
-        let body = serde_json::json!({"error": {"code": "rate_limited", "message": "x"}});
+        let limited = serde_json::json!({"error": {"code": "rate_limited", "message": "x"}});
+        let unreadable = serde_json::json!({"error": {"code": "unreadable_item", "message": "x"}});
         let eight = Some(Duration::from_secs(8));
-        let scope = |status: u16, after: Option<Duration>| match classify(
+        let scope = |status: u16, after: Option<Duration>, body: &Value| match classify(
             status,
             after,
-            &body,
+            body,
             "acme",
             &[],
         ) {
             Answer::Retry(scope, retry) => Some((scope, retry.after)),
             _ => None,
         };
-        assert_eq!(scope(429, eight), Some((Scope::Account, eight)));
-        assert_eq!(scope(429, None), Some((Scope::Account, None)));
-        assert_eq!(scope(500, None), Some((Scope::Account, None)));
-        assert_eq!(scope(503, eight), Some((Scope::Api, eight)));
+        assert_eq!(scope(429, eight, &limited), Some((Scope::Account, eight)));
+        assert_eq!(scope(429, None, &limited), Some((Scope::Account, None)));
+        assert_eq!(scope(500, None, &unreadable), Some((Scope::Account, None)));
+        // The gateway's and Lambda's answers, and Hooklane's own for a panic (`internal`).
+        let throttled = serde_json::json!({"message": "Too Many Requests"});
+        let crashed = serde_json::json!({"message": "Internal server error"});
+        let internal = serde_json::json!({"error": {"code": "internal", "message": "x"}});
+        assert_eq!(scope(429, eight, &throttled), Some((Scope::Api, eight)));
+        assert_eq!(scope(429, None, &throttled), Some((Scope::Api, None)));
+        assert_eq!(scope(500, None, &crashed), Some((Scope::Api, None)));
+        assert_eq!(scope(500, None, &internal), Some((Scope::Api, None)));
+        assert_eq!(
+            scope(500, None, &Value::String("".into())),
+            Some((Scope::Api, None))
+        );
+        // The codes count only with their own status.
+        assert_eq!(scope(500, None, &limited), Some((Scope::Api, None)));
+        assert_eq!(scope(429, None, &unreadable), Some((Scope::Api, None)));
+        assert_eq!(scope(503, eight, &limited), Some((Scope::Api, eight)));
         for status in [401, 403, 408, 502, 504] {
-            assert_eq!(scope(status, None), Some((Scope::Api, None)), "{status}");
+            assert_eq!(
+                scope(status, None, &limited),
+                Some((Scope::Api, None)),
+                "{status}"
+            );
         }
     }
 
-    type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+    pub(in crate::relay) type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
 
     /// A batch route on 127.0.0.1 that lists the requests it gets and answers each with
     /// `answer(account, how many requests of that account came before)`: a status and a
     /// `Retry-After`; 202 publishes every event.
-    async fn fake_api(
+    pub(in crate::relay) async fn fake_api(
         answer: impl Fn(&str, usize) -> (u16, Option<&'static str>) + Clone + Send + Sync + 'static,
     ) -> (String, Seen) {
         use axum::{
