@@ -448,10 +448,15 @@ async fn the_endpoint_list_comes_in_pages_of_bounded_size(server: &Server) {
     let (pages, _) = endpoint_pages(server, 7).await;
     assert!(pages.iter().all(|page| page.len() <= 7), "{pages:?}");
     assert_eq!(sorted(pages.concat()), created);
+    // A cursor of another list (the audit log's) is refused, not read as a place in this one.
+    let (_, audit) = server.get("/v1/accounts/acme/audit?limit=1").await;
+    let other = audit["next_cursor"].as_str().expect("an audit cursor");
+    let other = format!("cursor={other}");
     for (query, field) in [
         ("limit=0", "limit"),
         ("cursor=nope", "cursor"),
         ("page=2", "page"),
+        (other.as_str(), "cursor"),
     ] {
         let (status, body) = server
             .get(&format!("/v1/accounts/acme/endpoints?{query}"))

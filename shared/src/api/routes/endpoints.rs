@@ -102,8 +102,15 @@ pub async fn list_endpoints(
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
     let (cursor, limit) = super::audit::page_params(params, 100)?;
-    // The creation time and id of the last endpoint of the previous page.
+    // The creation time and id of the last endpoint of the previous page; the other lists'
+    // cursors have the same shape, and their ids another prefix.
     let after = cursor.as_deref().and_then(cursor::decode);
+    if after.as_ref().is_some_and(|(_, id)| !id.starts_with("ep_")) {
+        return Err(ApiError::bad_request(
+            "cursor",
+            "cursor is of another list than this account's endpoints",
+        ));
+    }
     let list = endpoints::list(&state.app, &account).await?;
     let mut data = Vec::new();
     let mut bytes = 0;
