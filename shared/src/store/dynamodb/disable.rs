@@ -3,6 +3,12 @@
 use super::items::*;
 use super::*;
 
+/// The condition of the failing clock's writes: an endpoint that exists and is not being
+/// disabled. An attempt in flight when the endpoint was disabled must not write over the
+/// `disabling` marker, or a disable that stopped part way is never finished.
+const NOT_DISABLING: &str = "attribute_exists(id) AND attribute_not_exists(#deleted) \
+     AND (attribute_not_exists(failing_shard) OR failing_shard <> :disabling)";
+
 impl DynamoStore {
     /// An endpoint's deliveries created in [`from`, `until`] (unbounded where `None`) that
     /// are pending without an attempt and outside the `pending` index.
@@ -160,9 +166,11 @@ impl DynamoStore {
                     .table_name(&self.tables.endpoints)
                     .set_key(Some(key))
                     .update_expression("REMOVE failing_since, failing_shard")
-                    // Only touch an endpoint that still exists; an update would create it.
-                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    // Only touch an endpoint that still exists (an update would create it),
+                    // and not one being disabled: its marker is the health check's to-do.
+                    .condition_expression(NOT_DISABLING)
                     .expression_attribute_names("#deleted", DELETED_AT)
+                    .expression_attribute_values(":disabling", s(DISABLING_SHARD))
                     .send()
                     .await;
                 written(result)?;
@@ -177,8 +185,9 @@ impl DynamoStore {
                     .update_expression(
                         "SET failing_since = if_not_exists(failing_since, :now), failing_shard = :shard",
                     )
-                    .condition_expression("attribute_exists(id) AND attribute_not_exists(#deleted)")
+                    .condition_expression(NOT_DISABLING)
                     .expression_attribute_names("#deleted", DELETED_AT)
+                    .expression_attribute_values(":disabling", s(DISABLING_SHARD))
                     .expression_attribute_values(":now", n(to_millis(r.now)))
                     .expression_attribute_values(":shard", s(FAILING_SHARD))
                     .return_values(ReturnValue::AllNew)
