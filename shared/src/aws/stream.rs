@@ -5,6 +5,11 @@ use serde_json::Value;
 use crate::store::dynamodb::outbox::read_outbox_item;
 pub use crate::store::dynamodb::outbox::OutboxItem as StreamedEvent;
 
+/// Retries of a failing events-stream record before it is given up (the fan-out trigger's
+/// `MaximumRetryAttempts` in the template, checked by its tests): Lambda then sends where
+/// it was to the failure queue and reads on; the sweeper fans the event out later.
+pub const STREAM_RETRIES: u32 = 10;
+
 /// Parses a stream record's new image of the events table, checked against the item
 /// contract of docs/OUTBOX.md; the error is the reason the item is rejected.
 pub fn event_from_image(image: &Value) -> Result<StreamedEvent, String> {

@@ -925,6 +925,21 @@ fn the_sender_may_run_its_longest_batch_to_the_end() {
     );
 }
 
+/// The local runner gives a failing events-stream record up after as many retries as the
+/// fan-out trigger's `MaximumRetryAttempts`, as Lambda does (the emulator never does).
+#[test]
+fn the_local_runner_gives_stream_records_up_as_the_trigger_does() {
+    let retries: Vec<u64> = of_type("AWS::Lambda::EventSourceMapping")
+        .filter(|(_, mapping)| render(&mapping["EventSourceArn"]) == "${EventsTable.StreamArn}")
+        .map(|(_, mapping)| mapping["MaximumRetryAttempts"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    assert_eq!(
+        retries,
+        [u64::from(hooklane::aws::stream::STREAM_RETRIES)],
+        "the events stream's trigger's MaximumRetryAttempts (absent: retried until the record expires)"
+    );
+}
+
 // ---------------------------------------------------------------- 13: least privilege
 
 #[test]

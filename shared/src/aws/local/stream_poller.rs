@@ -26,6 +26,33 @@ pub(super) enum ShardStart {
 pub(super) struct ShardCursor {
     iterator: Option<String>,
     start: ShardStart,
+    retries: Retries,
+}
+
+/// Lambda's rule for a record whose fan-out keeps failing: tried once and retried
+/// [`STREAM_RETRIES`] times, then given up, so that one record does not hold its shard
+/// back for the 24 hours the stream keeps it.
+#[derive(Debug, Default)]
+pub(super) struct Retries {
+    record: Option<String>,
+    failures: u32,
+}
+
+impl Retries {
+    /// Counts a failure of the record at `sequence`; whether it is now given up.
+    pub(super) fn give_up(&mut self, sequence: &str) -> bool {
+        if self.record.as_deref() == Some(sequence) {
+            self.failures += 1;
+        } else {
+            self.record = Some(sequence.to_owned());
+            self.failures = 1;
+        }
+        let given_up = self.failures > crate::aws::stream::STREAM_RETRIES;
+        if given_up {
+            *self = Self::default();
+        }
+        given_up
+    }
 }
 
 impl StreamPoller {
@@ -84,6 +111,7 @@ impl StreamPoller {
                         ShardCursor {
                             iterator: None,
                             start,
+                            retries: Retries::default(),
                         },
                     );
                 }
@@ -216,10 +244,26 @@ impl StreamPoller {
         }
         if let Err((position, error)) = handlers::fan_out_images(&self.shape, &images).await {
             let sequence = sequences.get(position).cloned().unwrap_or_default();
-            let failed = format!("fan-out of record {sequence} failed: {error}");
-            cursor.start = ShardStart::At(sequence);
-            return Err(failed);
+            if !cursor.retries.give_up(&sequence) {
+                let failed = format!("fan-out of record {sequence} failed: {error}");
+                cursor.start = ShardStart::At(sequence);
+                return Err(failed);
+            }
+            // Given up as Lambda does (which also sends the shard and sequence to the
+            // failure queue): the records after it are read next, and the sweeper fans the
+            // event out once its grace has passed.
+            tracing::error!(
+                shard,
+                sequence = %sequence,
+                retries = crate::aws::stream::STREAM_RETRIES,
+                %error,
+                "stream record given up after its retries; the sweeper recovers its event"
+            );
+            self.save_checkpoint(shard, &sequence).await;
+            cursor.start = ShardStart::After(sequence);
+            return Ok((position + 1, false));
         }
+        cursor.retries = Retries::default();
         let taken = batch.records().len();
         if let Some(sequence) = last {
             self.save_checkpoint(shard, &sequence).await;

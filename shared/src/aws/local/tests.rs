@@ -78,3 +78,24 @@ fn stream_images_become_dynamodb_json() {
         })
     );
 }
+
+/// As Lambda with the template's `MaximumRetryAttempts`: a record is tried once and retried
+/// 10 times, and given up when the last retry fails; another record's failure counts from
+/// one.
+#[test]
+fn a_failing_stream_record_is_given_up_after_its_retries() {
+    use super::stream_poller::Retries;
+    let mut retries = Retries::default();
+    let tries: Vec<bool> = (0..10).map(|_| retries.give_up("0001")).collect();
+    assert!(tries.iter().all(|given_up| !given_up), "{tries:?}");
+    assert!(
+        retries.give_up("0001"),
+        "the 10th retry's failure gives it up"
+    );
+    assert!(!retries.give_up("0001"), "counted again from one");
+    assert!(!retries.give_up("0002"));
+    assert!(
+        !retries.give_up("0001"),
+        "another record's failure in between"
+    );
+}
