@@ -274,8 +274,9 @@ fn secrets(action: SecretsAction) -> ExitCode {
     };
     let key_id = cipher.key_id().to_owned();
     let report = runtime.block_on(async {
+        // The functions' client: its writes that meet a transaction are tried again.
         let client =
-            hooklane::aws::aws_sdk_dynamodb::Client::new(&hooklane::aws::load_sdk_config().await);
+            hooklane::aws::clients::dynamodb(&hooklane::aws::load_sdk_config().await, None);
         DynamoStore::new(
             client,
             TableNames::with_prefix(prefix),
