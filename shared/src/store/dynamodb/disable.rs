@@ -5,9 +5,11 @@ use super::*;
 
 /// The condition of the failing clock's writes: an endpoint that exists and is not being
 /// disabled. An attempt in flight when the endpoint was disabled must not write over the
-/// `disabling` marker, or a disable that stopped part way is never finished.
+/// `disabling` marker, or a disable that stopped part way is never finished; on an endpoint
+/// enabled again the marker is stale, and the clock writes over it.
 const NOT_DISABLING: &str = "attribute_exists(id) AND attribute_not_exists(#deleted) \
-     AND (attribute_not_exists(failing_shard) OR failing_shard <> :disabling)";
+     AND (attribute_not_exists(failing_shard) OR failing_shard <> :disabling \
+     OR #status = :active)";
 
 impl DynamoStore {
     /// An endpoint's deliveries created in [`from`, `until`] (unbounded where `None`) that
@@ -170,6 +172,8 @@ impl DynamoStore {
                     // and not one being disabled: its marker is the health check's to-do.
                     .condition_expression(NOT_DISABLING)
                     .expression_attribute_names("#deleted", DELETED_AT)
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":active", s("active"))
                     .expression_attribute_values(":disabling", s(DISABLING_SHARD))
                     .send()
                     .await;
@@ -187,6 +191,8 @@ impl DynamoStore {
                     )
                     .condition_expression(NOT_DISABLING)
                     .expression_attribute_names("#deleted", DELETED_AT)
+                    .expression_attribute_names("#status", "status")
+                    .expression_attribute_values(":active", s("active"))
                     .expression_attribute_values(":disabling", s(DISABLING_SHARD))
                     .expression_attribute_values(":now", n(to_millis(r.now)))
                     .expression_attribute_values(":shard", s(FAILING_SHARD))

@@ -1757,3 +1757,55 @@ fn a_transaction_that_only_met_another_is_tried_again() {
     assert_eq!(cancellation(&[Some("None")]), Cancellation::Other);
     assert_eq!(cancellation(&[]), Cancellation::Other);
 }
+
+/// An owner's disable of an endpoint that was not failing leaves a `disabling` marker
+/// without a failing clock; if its abandoning stopped part way and the owner enabled the
+/// endpoint again, the marker is stale: the next failure still starts the clock.
+#[tokio::test]
+async fn a_stale_disabling_marker_does_not_stop_the_failing_clock() {
+    use crate::fixtures::{attempt_record, publish_one, t0};
+    let store = emulator_store().await;
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_again"]).await;
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().endpoints)
+        .set_key(Some(account_key("acme", "ep_again")))
+        .update_expression("SET #status = :disabled, failing_shard = :disabling")
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":disabled", s("disabled"))
+        .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+        .send()
+        .await
+        .unwrap();
+    let read = store
+        .get_endpoint(&ep.account_id, &ep.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut enabled = read.clone();
+    enabled.status = EndpointStatus::Active;
+    enabled.disabled_reason = None;
+    enabled.touch(t0());
+    store
+        .update_endpoint(&enabled, &read.version())
+        .await
+        .unwrap();
+    let (_, d) = publish_one(&store, &ep, "evt_after").await;
+    let failed_at = crate::clock::add(t0(), std::time::Duration::from_secs(10));
+    let retry = Decision::RetryAt(crate::clock::add(t0(), std::time::Duration::from_secs(60)));
+    let outcome = store
+        .record_attempt(&attempt_record(&d, 1, retry, false, failed_at))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_endpoint(&ep.account_id, &ep.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .failing_since,
+        Some(failed_at),
+        "{outcome:?}"
+    );
+}
