@@ -28,8 +28,7 @@ pub const CORE_SETTINGS: [(&str, &str); 14] = [
 ];
 
 /// Endpoints an account may have by default (`HOOKLANE_MAX_ENDPOINTS`): every event goes to
-/// each of them, and the unpaged endpoint list of an account whose endpoints carry the most
-/// headers a description and patterns allow stays within the 6 MB a Lambda function may answer.
+/// each of them, and every publish reads them all.
 pub const DEFAULT_MAX_ENDPOINTS: usize = 100;
 
 /// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.

@@ -342,11 +342,10 @@ mod tests {
     /// 2.5 s the rows are published 4 times, not every 0.2 s.
     #[tokio::test]
     async fn a_database_that_cannot_mark_is_tried_less_and_less_often() {
-        let dir = std::env::temp_dir().join(format!(
-            "hooklane-relay-backoff-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-        ));
+        // One directory per process, emptied first: a failed run's leftovers do not pile up.
+        let dir =
+            std::env::temp_dir().join(format!("hooklane-relay-backoff-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("platform.db");
         let db = rusqlite::Connection::open(&file).unwrap();

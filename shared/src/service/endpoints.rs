@@ -123,8 +123,8 @@ const CHANGE_TRIES: usize = 5;
 
 /// Reads endpoint `id`, lets `change` modify it (returning the details of its audit entry)
 /// and writes it over the version read. When another write landed in between (an API call,
-/// the sender disabling the endpoint), it starts again from a fresh read, so neither
-/// change is lost and `change` decides again on what is stored now.
+/// the health check or the owner disabling the endpoint), it starts again from a fresh read,
+/// so neither change is lost and `change` decides again on what is stored now.
 async fn change_endpoint(
     app: &App,
     caller: &Caller,
@@ -267,7 +267,7 @@ pub async fn update(
     .into_iter()
     .filter_map(|(field, given)| given.then_some(field))
     .collect();
-    // Parsed once, before any read: only the headers' merge patch depends on what is stored.
+    // Parsed once, not at each try: only the headers' merge patch depends on what is stored.
     let url = match changes.url.as_deref() {
         Some(raw) => {
             let url = EndpointUrl::parse(raw)?;
