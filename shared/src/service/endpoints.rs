@@ -121,8 +121,8 @@ async fn write_audited(
 /// Reads before giving up on a change that other writes keep overtaking.
 const CHANGE_TRIES: usize = 5;
 
-/// Reads endpoint `id`, lets `change` modify it (returning the details of its audit entry)
-/// and writes it over the version read. When another write landed in between (an API call,
+/// Reads endpoint `id` (the first time, `read` when given), lets `change` modify it
+/// (returning the details of its audit entry) and writes it over the version read. When another write landed in between (an API call,
 /// the health check or the owner disabling the endpoint), it starts again from a fresh read,
 /// so neither change is lost and `change` decides again on what is stored now.
 async fn change_endpoint(
@@ -130,6 +130,7 @@ async fn change_endpoint(
     caller: &Caller,
     account: &AccountId,
     id: &EndpointId,
+    mut read: Option<Endpoint>,
     action: AuditAction,
     mut change: impl FnMut(&mut Endpoint, Timestamp) -> ServiceResult<serde_json::Value>,
 ) -> ServiceResult<Endpoint> {
@@ -139,12 +140,15 @@ async fn change_endpoint(
             let pause = rand::rng().random_range(1..=10 * tried as u64);
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
-        let mut endpoint = get(app, account, id).await?;
-        let read = endpoint.version();
+        let mut endpoint = match read.take() {
+            Some(endpoint) => endpoint,
+            None => get(app, account, id).await?,
+        };
+        let version = endpoint.version();
         let now = app.clock.now();
         let details = change(&mut endpoint, now)?;
         endpoint.touch(now);
-        match write_audited(app, caller, &endpoint, Some(read), action, details).await {
+        match write_audited(app, caller, &endpoint, Some(version), action, details).await {
             Err(ServiceError::Store(StoreError::Changed(_))) => continue,
             written => return written.map(|()| endpoint),
         }
@@ -252,7 +256,9 @@ pub async fn update(
     changes: EndpointChanges,
     caller: &Caller,
 ) -> ServiceResult<Endpoint> {
-    get(app, account, id).await?;
+    // Read first, so that a missing endpoint is a 404 before any field is a 422; the first
+    // try is made from this read.
+    let existing = get(app, account, id).await?;
     let changed: Vec<&str> = [
         ("url", changes.url.is_some()),
         ("description", changes.description.is_some()),
@@ -296,29 +302,37 @@ pub async fn update(
         .transpose()?;
     let details = serde_json::json!({ "changed": changed });
     let action = AuditAction::EndpointUpdated;
-    let endpoint = change_endpoint(app, caller, account, id, action, |endpoint, _| {
-        if let Some(url) = &url {
-            endpoint.url = url.clone();
-        }
-        if let Some(description) = &description {
-            endpoint.description = description.clone();
-        }
-        if let Some(event_types) = &event_types {
-            endpoint.event_types = event_types.clone();
-        }
-        if let Some(max) = max_in_flight {
-            endpoint.max_in_flight = max;
-        }
-        if let Some(rate) = rate {
-            endpoint.rate_limit_per_second = rate;
-        }
-        match &changes.headers {
-            None => {}
-            Some(None) => endpoint.headers = CustomHeaders::default(),
-            Some(Some(patch)) => endpoint.headers = endpoint.headers.patched(Some(patch))?,
-        }
-        Ok(details.clone())
-    })
+    let endpoint = change_endpoint(
+        app,
+        caller,
+        account,
+        id,
+        Some(existing),
+        action,
+        |endpoint, _| {
+            if let Some(url) = &url {
+                endpoint.url = url.clone();
+            }
+            if let Some(description) = &description {
+                endpoint.description = description.clone();
+            }
+            if let Some(event_types) = &event_types {
+                endpoint.event_types = event_types.clone();
+            }
+            if let Some(max) = max_in_flight {
+                endpoint.max_in_flight = max;
+            }
+            if let Some(rate) = rate {
+                endpoint.rate_limit_per_second = rate;
+            }
+            match &changes.headers {
+                None => {}
+                Some(None) => endpoint.headers = CustomHeaders::default(),
+                Some(Some(patch)) => endpoint.headers = endpoint.headers.patched(Some(patch))?,
+            }
+            Ok(details.clone())
+        },
+    )
     .await?;
     app.queue
         .update_lane(
@@ -369,7 +383,7 @@ pub async fn enable(
     caller: &Caller,
 ) -> ServiceResult<Endpoint> {
     let action = AuditAction::EndpointEnabled;
-    change_endpoint(app, caller, account, id, action, |endpoint, _| {
+    change_endpoint(app, caller, account, id, None, action, |endpoint, _| {
         let was = endpoint.status;
         endpoint.status = EndpointStatus::Active;
         endpoint.failing_since = None;
@@ -427,7 +441,7 @@ pub async fn rotate_secret(
     caller: &Caller,
 ) -> ServiceResult<Endpoint> {
     let action = AuditAction::EndpointSecretRotated;
-    change_endpoint(app, caller, account, id, action, |endpoint, now| {
+    change_endpoint(app, caller, account, id, None, action, |endpoint, now| {
         // One secret retires at a time: a second rotation with a grace period would end the
         // first one's at once (a double click, a retried script), and receivers still on
         // the original secret would fail every delivery. One without (an emergency) ends
