@@ -189,23 +189,7 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
         pending.push(d);
     }
     // The disabling transaction ran; the abandon after it never did (the process died).
-    store
-        .client()
-        .update_item()
-        .table_name(&store.tables().endpoints)
-        .set_key(Some(account_key("acme", "ep_half")))
-        .update_expression(
-            "SET #status = :disabled, disabled_reason = :reason, failing_since = :since, \
-             failing_shard = :disabling",
-        )
-        .expression_attribute_names("#status", "status")
-        .expression_attribute_values(":disabled", s("disabled"))
-        .expression_attribute_values(":reason", s("failing for 3 days"))
-        .expression_attribute_values(":since", n(to_millis(t0())))
-        .expression_attribute_values(":disabling", s(DISABLING_SHARD))
-        .send()
-        .await
-        .unwrap();
+    half_disabled(&store, "ep_half", Some(t0())).await;
     // A change made through the API meanwhile leaves the disable's marker for the check.
     let read = store
         .get_endpoint(&ep.account_id, &ep.id)
@@ -238,6 +222,27 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
     );
     // Finished: the next check has nothing left to do.
     assert!(store.failing_endpoints(now).await.unwrap().is_empty());
+}
+
+/// Acme's endpoint `endpoint` as its disabling transaction leaves it, before the abandon
+/// that follows: disabled and marked `disabling` (its failing clock `since`, when it had one).
+async fn half_disabled(store: &DynamoStore, endpoint: &str, since: Option<Timestamp>) {
+    let mut update = store
+        .client()
+        .update_item()
+        .table_name(&store.tables().endpoints)
+        .set_key(Some(account_key("acme", endpoint)))
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":disabled", s("disabled"))
+        .expression_attribute_values(":reason", s("failing for 3 days"))
+        .expression_attribute_values(":disabling", s(DISABLING_SHARD));
+    let mut set =
+        "SET #status = :disabled, disabled_reason = :reason, failing_shard = :disabling".to_owned();
+    if let Some(since) = since {
+        set.push_str(", failing_since = :since");
+        update = update.expression_attribute_values(":since", n(to_millis(since)));
+    }
+    update.update_expression(set).send().await.unwrap();
 }
 
 /// The endpoint's partition of the `failing` index (`disabling` until a disabling is done).
@@ -1766,18 +1771,7 @@ async fn a_stale_disabling_marker_does_not_stop_the_failing_clock() {
     use crate::fixtures::{attempt_record, publish_one, t0};
     let store = emulator_store().await;
     let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_again"]).await;
-    store
-        .client()
-        .update_item()
-        .table_name(&store.tables().endpoints)
-        .set_key(Some(account_key("acme", "ep_again")))
-        .update_expression("SET #status = :disabled, failing_shard = :disabling")
-        .expression_attribute_names("#status", "status")
-        .expression_attribute_values(":disabled", s("disabled"))
-        .expression_attribute_values(":disabling", s(DISABLING_SHARD))
-        .send()
-        .await
-        .unwrap();
+    half_disabled(&store, "ep_again", None).await;
     let read = store
         .get_endpoint(&ep.account_id, &ep.id)
         .await
