@@ -5,7 +5,7 @@
 
 use std::{
     collections::HashMap,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use super::Backoff;
@@ -20,18 +20,6 @@ pub const MIN_PAUSE: Duration = Duration::from_millis(100);
 
 /// Failures in a row after which an account's pause is logged at `ERROR`.
 pub const STALLED_AFTER: u32 = 5;
-
-/// A `Retry-After` value (RFC 9110 §10.2.3) as a wait from `now`: delta-seconds, or an
-/// HTTP-date (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`). `None` when it is neither.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        // More digits than a u64 holds: as far off as can be (the pause is cut later).
-        return Some(value.parse().map_or(Duration::MAX, Duration::from_secs));
-    }
-    let at = SystemTime::from(chrono::DateTime::parse_from_rfc2822(value).ok()?);
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
 
 /// One pause: until when, and how many failures in a row (for the backoff without
 /// `Retry-After`).
@@ -153,38 +141,6 @@ impl Pauses {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(text: &str) -> SystemTime {
-        SystemTime::from(chrono::DateTime::parse_from_rfc3339(text).expect("a time"))
-    }
-
-    #[test]
-    fn retry_after_is_read_as_seconds_or_a_date() {
-        let now = at("2026-03-01T12:00:00Z");
-        assert_eq!(parse_retry_after("8", now), Some(Duration::from_secs(8)));
-        assert_eq!(
-            parse_retry_after(" 120 ", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(parse_retry_after("0", now), Some(Duration::ZERO));
-        assert_eq!(
-            parse_retry_after("Sun, 01 Mar 2026 12:00:30 GMT", now),
-            Some(Duration::from_secs(30))
-        );
-        // A date already past: no wait (the pause's floor applies later).
-        assert_eq!(
-            parse_retry_after("Sun, 01 Mar 2026 11:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
-        // More digits than fit: as far off as can be, cut to the longest pause later.
-        assert_eq!(
-            parse_retry_after("99999999999999999999999", now),
-            Some(Duration::MAX)
-        );
-        for bad in ["", "soon", "-5", "1.5", "8s", "+8"] {
-            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn a_paused_account_is_left_out_until_its_retry_after() {

@@ -2,8 +2,9 @@
 //! sorting the answers into published, refused for good (the row is marked), try this account
 //! again later, and try everything again later.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use hooklane::domain::outcome::parse_retry_after;
 use serde_json::Value;
 
 use super::{OutboxRow, RelayError};
@@ -228,7 +229,8 @@ impl Publisher {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| super::pause::parse_retry_after(value, SystemTime::now()));
+            // A date already past is no answer: the relay's own backoff applies.
+            .and_then(|value| parse_retry_after(value, chrono::Utc::now()));
         let body: Value = match response.text().await {
             Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
             Err(error) => return retry(Scope::Api, after, format!("POST {url}: {error}")),

@@ -78,16 +78,24 @@ impl AttemptOutcome {
     }
 }
 
-/// `Retry-After` as delay-seconds or an HTTP-date; `None` when unreadable or in the past.
+/// The longest `Retry-After` taken at its word.
+const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(365 * 86_400);
+
+/// `Retry-After` (RFC 9110 §10.2.3) as a wait from `now`: delay-seconds, or an HTTP-date in
+/// any of its three forms (`Sun, 06 Nov 1994 08:49:37 GMT`, `Sunday, 06-Nov-94 08:49:37 GMT`,
+/// `Sun Nov  6 08:49:37 1994`), at most a year. `None` when unreadable, or a date already
+/// past (the sender's clock and the receiver's disagree: the caller's own schedule applies).
 pub fn parse_retry_after(value: &str, now: Timestamp) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds.min(365 * 86_400)));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // More digits than a u64 holds is as far off as can be.
+        let seconds = value.parse().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(seconds).min(LONGEST_RETRY_AFTER));
     }
-    let at = chrono::DateTime::parse_from_rfc2822(value)
-        .ok()?
-        .with_timezone(&chrono::Utc);
-    (at - now).to_std().ok()
+    let at = httpdate::parse_http_date(value).ok()?;
+    at.duration_since(std::time::SystemTime::from(now))
+        .ok()
+        .map(|wait| wait.min(LONGEST_RETRY_AFTER))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,11 +330,18 @@ pub(crate) mod tests {
             parse_retry_after(" 3600 ", now()),
             Some(Duration::from_secs(3600))
         );
-        let in_ten_minutes = (now() + chrono::Duration::minutes(10)).to_rfc2822();
-        assert_eq!(
-            parse_retry_after(&in_ten_minutes, now()),
-            Some(Duration::from_secs(600))
-        );
+        // now() is Tue, 14 Nov 2023 22:13:20 GMT; the three forms of ten minutes later.
+        for later in [
+            "Tue, 14 Nov 2023 22:23:20 GMT",
+            "Tuesday, 14-Nov-23 22:23:20 GMT",
+            "Tue Nov 14 22:23:20 2023",
+        ] {
+            assert_eq!(
+                parse_retry_after(later, now()),
+                Some(Duration::from_secs(600)),
+                "{later}"
+            );
+        }
         assert_eq!(
             parse_retry_after("Tue, 14 Nov 2023 22:13:20 GMT", now()),
             Some(Duration::ZERO)
@@ -335,7 +350,22 @@ pub(crate) mod tests {
             parse_retry_after("Mon, 01 Jan 2001 00:00:00 GMT", now()),
             None
         );
-        for junk in ["", "soon", "-5", "1e9", "99999999999999999999999"] {
+        let year = Some(Duration::from_secs(365 * 86_400));
+        assert_eq!(parse_retry_after("99999999999999999999999", now()), year);
+        assert_eq!(
+            parse_retry_after("Fri, 01 Jan 2100 00:00:00 GMT", now()),
+            year
+        );
+        for junk in [
+            "",
+            "soon",
+            "-5",
+            "+8",
+            "1e9",
+            "1.5",
+            "8s",
+            "Tue, 14 Nov 2023 22:23:20 +0100",
+        ] {
             assert_eq!(parse_retry_after(junk, now()), None, "{junk}");
         }
     }
