@@ -11,8 +11,10 @@ pub async fn handle(
     grace: std::time::Duration,
     _event: serde_json::Value,
 ) -> Result<serde_json::Value, hooklane::service::ServiceError> {
-    let report = sweep(shape, grace).await?;
-    Ok(serde_json::json!({ "requeued": report.requeued, "due": report.due }))
+    Ok(match sweep(shape, grace).await? {
+        Some(report) => serde_json::json!({ "requeued": report.requeued, "due": report.due }),
+        None => serde_json::json!({ "skipped": "another sweep is under way" }),
+    })
 }
 
 #[cfg(test)]
@@ -333,5 +335,39 @@ mod tests {
             .body()
             .unwrap_or_default()
             .contains("\"account_id\":\"acme\""));
+    }
+
+    /// A sweep that starts while another holds the run lock (its invocation waited in
+    /// Lambda's queue past the next one's start) stops at once; the next sweep runs.
+    #[tokio::test]
+    async fn a_sweep_started_while_another_runs_does_nothing() {
+        let (_settings, shape) = emulated_shape().await;
+        let store = shape.app.store.as_ref();
+        let [endpoint] = fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        let event = fixtures::event("acme", "evt_lost", fixtures::t0());
+        let delivery = fixtures::delivery(&event, &endpoint, fixtures::t0());
+        store.publish(&event, &[delivery]).await.unwrap();
+        let now = shape.app.clock.now();
+        let running = shape
+            .store
+            .take_run(
+                "sweep",
+                now,
+                hooklane::clock::add(now, Duration::from_secs(240)),
+            )
+            .await
+            .unwrap()
+            .expect("no sweep runs yet");
+        let result = handle(&shape, Duration::from_secs(300), scheduled()).await;
+        assert_eq!(
+            result.unwrap(),
+            serde_json::json!({"skipped": "another sweep is under way"})
+        );
+        shape.store.release_run(&running).await.unwrap();
+        let result = handle(&shape, Duration::from_secs(300), scheduled()).await;
+        assert_eq!(
+            result.unwrap(),
+            serde_json::json!({"requeued": 1, "due": 1})
+        );
     }
 }

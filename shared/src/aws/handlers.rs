@@ -213,9 +213,49 @@ pub async fn handle_queue_batch(
     outcomes
 }
 
+/// The longest a sweep runs: the sweeper function's `Timeout`, for which its run lock is
+/// held (a template test keeps the two equal).
+pub const SWEEP_RUN: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// The longest a health check runs: the health function's `Timeout`.
+pub const HEALTH_RUN: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Runs `work` unless another run of `name` holds its lock (`None` then): a scheduled run
+/// that started late must not overlap the next. The lock is held for `longest` at most.
+async fn one_at_a_time<T, F>(
+    shape: &AwsShape,
+    name: &str,
+    longest: std::time::Duration,
+    work: F,
+) -> ServiceResult<Option<T>>
+where
+    F: std::future::Future<Output = ServiceResult<T>>,
+{
+    let now = shape.app.clock.now();
+    let until = crate::clock::add(now, longest);
+    let Some(lock) = shape.store.take_run(name, now, until).await? else {
+        tracing::info!(run = name, "another run is under way; this one stops");
+        return Ok(None);
+    };
+    let outcome = work.await;
+    if let Err(error) = shape.store.release_run(&lock).await {
+        // It lapses at its `until`: the next run waits for that at most.
+        tracing::warn!(run = name, %error, "the run lock was not given back");
+    }
+    outcome.map(Some)
+}
+
 /// The sweeper function's work: fans out events whose stream record was lost, re-queues
-/// pending deliveries more than `grace` past due, and measures the due backlog.
-pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<SweepReport> {
+/// pending deliveries more than `grace` past due, and measures the due backlog. `None` when
+/// another sweep is under way.
+pub async fn sweep(
+    shape: &AwsShape,
+    grace: std::time::Duration,
+) -> ServiceResult<Option<SweepReport>> {
+    one_at_a_time(shape, "sweep", SWEEP_RUN, sweep_now(shape, grace)).await
+}
+
+async fn sweep_now(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<SweepReport> {
     let now = shape.app.clock.now();
     // Events first: their deliveries are then due, and the walk below sees them. A failure
     // there does not keep the deliveries from being swept; the run still fails, afterwards.
@@ -241,10 +281,13 @@ pub async fn sweep(shape: &AwsShape, grace: std::time::Duration) -> ServiceResul
 }
 
 /// The health function's work: disables long-failing endpoints, then sends the owner mail
-/// still queued. Returns (disabled, mailed).
-pub async fn check_health(shape: &AwsShape) -> ServiceResult<(usize, usize)> {
-    let disabled = health::check(&shape.app).await?;
-    let mailed = notifications::flush(&shape.app).await?;
-    tracing::info!(disabled, mailed, "health checked");
-    Ok((disabled, mailed))
+/// still queued. Returns (disabled, mailed); `None` when another check is under way.
+pub async fn check_health(shape: &AwsShape) -> ServiceResult<Option<(usize, usize)>> {
+    one_at_a_time(shape, "health", HEALTH_RUN, async {
+        let disabled = health::check(&shape.app).await?;
+        let mailed = notifications::flush(&shape.app).await?;
+        tracing::info!(disabled, mailed, "health checked");
+        Ok((disabled, mailed))
+    })
+    .await
 }

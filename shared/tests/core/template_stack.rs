@@ -607,13 +607,36 @@ fn rate_seconds(expression: &str) -> u64 {
         }
 }
 
+/// Lambda keeps 100 of an account's concurrency unreserved, and a new account's quota may be
+/// as low as 10: a function that reserves any fails the stack's creation there. The sweeper
+/// and the health check run one at a time by a lock held for their timeout instead.
+#[test]
+fn no_function_reserves_concurrency() {
+    let functions: Vec<_> = of_type("AWS::Lambda::Function").collect();
+    assert!(
+        functions.len() >= 5,
+        "the translated stack's functions: {functions:?}"
+    );
+    let reserving: Vec<_> = functions
+        .iter()
+        .filter(|(_, p)| p.get("ReservedConcurrentExecutions").is_some())
+        .map(|(name, _)| name)
+        .collect();
+    assert!(reserving.is_empty(), "{reserving:?} reserve concurrency");
+}
+
 #[test]
 fn sweeper_and_health_run_one_at_a_time_and_are_not_retried() {
-    for function in ["SweeperFunction", "HealthFunction"] {
+    use hooklane::aws::handlers::{HEALTH_RUN, SWEEP_RUN};
+    for (function, run) in [
+        ("SweeperFunction", SWEEP_RUN),
+        ("HealthFunction", HEALTH_RUN),
+    ] {
         let lambda = properties(function);
         assert_eq!(
-            lambda["ReservedConcurrentExecutions"], 1,
-            "{function} must run one instance at a time (ReservedConcurrentExecutions: 1)"
+            lambda["Timeout"].as_u64(),
+            Some(run.as_secs()),
+            "{function}: its run lock is held for its timeout"
         );
         let invoke_configs: Vec<_> = of_type("AWS::Lambda::EventInvokeConfig")
             .filter(|(_, p)| render(&p["FunctionName"]) == format!("${{{function}}}"))

@@ -471,7 +471,8 @@ async fn measure(
     pipeline.meter.invoked("sweeper");
     let report = hooklane::aws::handlers::sweep(&pipeline.shape, Duration::from_secs(300))
         .await
-        .unwrap();
+        .unwrap()
+        .expect("no other sweep runs");
     assert_eq!(report.requeued, 0, "everything was delivered");
     let sweep = pipeline.meter.reading().since(&before_sweep);
     Measured {

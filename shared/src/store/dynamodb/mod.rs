@@ -8,7 +8,7 @@
 //! | `deliveries` (`…-delivery-log`) | `log`, `id` | `pending` (sparse, sharded: `pending_shard`, `due_key`) | an endpoint's log is its `log` partition (the endpoint part of the derived delivery ids, which sort by their event's time), newest first; an account's log is the merge of its endpoints'; due work (and, filtered by endpoint, an endpoint's pending work to abandon). An event's deliveries need no index: their ids are derived from (account, event, event time, endpoint), and so is their key |
 //! | `attempts` | `delivery_id`, `number` | TTL `expires_at` | attempt detail, kept shorter |
 //! | (`…-delivery-log`) | `log = hours#<endpoint>`, `id` = the hour | TTL `expires_at` | attempts counted by endpoint and hour, kept 8 days |
-//! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`); `listed` (sparse: `list`, `list_key`) | settings, the notification outbox, slot leases, rate buckets, each account's count of endpoints (`endpoints#<account>`), API keys (`apikey#<id>`, listed under `list = apikeys`), the event-type catalog (`eventtype#<name>`, listed under `list = eventtypes`), the audit log (`audit#<account>#<id>`, listed under `list = audit#<account>`) |
+//! | `control` | `pk` | `unsent` (sparse: `unsent`, `created_key`); `listed` (sparse: `list`, `list_key`) | settings, the notification outbox, slot leases, rate buckets, each account's count of endpoints (`endpoints#<account>`), the scheduled functions' run locks (`run#<name>`), API keys (`apikey#<id>`, listed under `list = apikeys`), the event-type catalog (`eventtype#<name>`, listed under `list = eventtypes`), the audit log (`audit#<account>#<id>`, listed under `list = audit#<account>`) |
 //!
 //! Every change that can race is a conditional write: an event is created only if its id
 //! is new (with its deliveries, in one transaction); an attempt is recorded only against
@@ -29,6 +29,7 @@ mod log;
 pub mod outbox;
 mod replay;
 mod reseal;
+mod runs;
 mod schema;
 mod size;
 #[cfg(test)]
@@ -39,6 +40,7 @@ use items::*;
 pub use items::{pending_shard, unfanned_shard};
 use log::*;
 pub use reseal::ResealReport;
+pub use runs::RunLock;
 pub use schema::create_tables;
 pub use size::item_size;
 

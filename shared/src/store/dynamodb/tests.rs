@@ -1803,3 +1803,43 @@ async fn a_stale_disabling_marker_does_not_stop_the_failing_clock() {
         "{outcome:?}"
     );
 }
+
+/// The scheduled functions' run lock: one holder at a time; a holder that died is out of
+/// the way once its time is up; giving back a lock lost to the next run leaves theirs.
+#[tokio::test]
+async fn a_run_lock_has_one_holder_until_it_is_given_back_or_its_time_is_up() {
+    let store = emulator_store().await;
+    let at = |second: i64| crate::clock::from_millis(1_700_000_000_000 + second * 1000);
+    let first = store.take_run("sweep", at(0), at(240)).await.unwrap();
+    let first = first.expect("a lock no one holds is taken");
+    assert_eq!(
+        store.take_run("sweep", at(10), at(250)).await.unwrap(),
+        None,
+        "a second run while the first holds the lock"
+    );
+    assert!(
+        store
+            .take_run("health", at(10), at(310))
+            .await
+            .unwrap()
+            .is_some(),
+        "each name has its own lock"
+    );
+    store.release_run(&first).await.unwrap();
+    let second = store.take_run("sweep", at(20), at(260)).await.unwrap();
+    let second = second.expect("a lock given back is taken");
+    // The second run dies holding it: the next one waits until its time is up, then takes it.
+    assert_eq!(
+        store.take_run("sweep", at(259), at(499)).await.unwrap(),
+        None
+    );
+    let third = store.take_run("sweep", at(260), at(500)).await.unwrap();
+    let third = third.expect("a lock past its time is taken");
+    // The second run, late, gives back what it no longer holds: the third's lock stays.
+    store.release_run(&second).await.unwrap();
+    assert_eq!(
+        store.take_run("sweep", at(300), at(540)).await.unwrap(),
+        None
+    );
+    store.release_run(&third).await.unwrap();
+}
