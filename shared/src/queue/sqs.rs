@@ -12,6 +12,7 @@ use aws_sdk_scheduler::types::{
     ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
 };
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::{Queue, QueueError};
@@ -25,6 +26,10 @@ use crate::{
 /// SQS's longest message delay.
 pub const MAX_SQS_DELAY_SECONDS: i64 = 900;
 const SQS_BATCH: usize = 10;
+/// Requests (batches of ten, or schedules) in flight at once: a fan-out of a stream batch to
+/// a hundred endpoints each is a thousand batches, which one at a time took most of the fan-out
+/// function's 30 s (a timeout fails the stream batch, and its retry queues every message again).
+const SEND_CONCURRENCY: usize = 16;
 
 /// The body of every queue message: which delivery to attempt, and for whom.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,33 +110,47 @@ impl SqsQueue {
         self
     }
 
+    /// Sends every batch, [`SEND_CONCURRENCY`] at a time, even when one fails: the first
+    /// failure is the answer (the caller sends them all again; a sender takes a delivery once).
     async fn send_now(&self, items: &[(PendingRef, i64)]) -> Result<(), QueueError> {
-        for batch in items.chunks(SQS_BATCH) {
-            let mut request = self.sqs.send_message_batch().queue_url(&self.queue_url);
-            for (index, (item, delay)) in batch.iter().enumerate() {
-                let body = serde_json::to_string(&DeliveryMessage::from_ref(item))
-                    .map_err(|e| QueueError(e.to_string()))?;
-                let entry = SendMessageBatchRequestEntry::builder()
-                    .id(index.to_string())
-                    .message_body(body)
-                    .delay_seconds(i32::try_from(*delay).unwrap_or(0))
-                    .message_group_id(item.account_id.as_str())
-                    .build()
-                    .map_err(|e| QueueError(e.to_string()))?;
-                request = request.entries(entry);
-            }
-            let out = request
-                .send()
-                .await
-                .map_err(|e| QueueError(error_text(&e)))?;
-            if let Some(failed) = out.failed().first() {
-                return Err(QueueError(format!(
-                    "SQS refused {} message(s), e.g. {}: {}",
-                    out.failed().len(),
-                    failed.code(),
-                    failed.message().unwrap_or_default()
-                )));
-            }
+        // The futures are made first: a stream that maps as it goes does not satisfy
+        // `async_trait`'s `Send` bound on borrowed items.
+        let batches: Vec<_> = items
+            .chunks(SQS_BATCH)
+            .map(|batch| self.send_batch(batch))
+            .collect();
+        let outcomes: Vec<Result<(), QueueError>> = futures_util::stream::iter(batches)
+            .buffer_unordered(SEND_CONCURRENCY)
+            .collect()
+            .await;
+        outcomes.into_iter().collect()
+    }
+
+    async fn send_batch(&self, batch: &[(PendingRef, i64)]) -> Result<(), QueueError> {
+        let mut request = self.sqs.send_message_batch().queue_url(&self.queue_url);
+        for (index, (item, delay)) in batch.iter().enumerate() {
+            let body = serde_json::to_string(&DeliveryMessage::from_ref(item))
+                .map_err(|e| QueueError(e.to_string()))?;
+            let entry = SendMessageBatchRequestEntry::builder()
+                .id(index.to_string())
+                .message_body(body)
+                .delay_seconds(i32::try_from(*delay).unwrap_or(0))
+                .message_group_id(item.account_id.as_str())
+                .build()
+                .map_err(|e| QueueError(e.to_string()))?;
+            request = request.entries(entry);
+        }
+        let out = request
+            .send()
+            .await
+            .map_err(|e| QueueError(error_text(&e)))?;
+        if let Some(failed) = out.failed().first() {
+            return Err(QueueError(format!(
+                "SQS refused {} message(s), e.g. {}: {}",
+                out.failed().len(),
+                failed.code(),
+                failed.message().unwrap_or_default()
+            )));
         }
         Ok(())
     }
@@ -209,19 +228,29 @@ impl Queue for SqsQueue {
     async fn enqueue(&self, items: Vec<PendingRef>) -> Result<(), QueueError> {
         let now = to_millis(self.clock.now());
         let mut soon = Vec::new();
+        let mut later = Vec::new();
         for item in items {
             let delay_ms = (to_millis(item.due) - now).max(0);
             let delay = (delay_ms + 999) / 1000;
             match &self.scheduler {
-                Some(target) if delay_ms > self.max_delay_ms => {
-                    self.schedule(&item, target).await?
-                }
+                Some(target) if delay_ms > self.max_delay_ms => later.push((item, target)),
                 // Without a scheduler a long delay waits in the queue as long as it may and
                 // comes back early; the sender then re-queues it for the rest.
                 _ => soon.push((item, delay.min(MAX_SQS_DELAY_SECONDS))),
             }
         }
-        self.send_now(&soon).await
+        // A schedule refused (Scheduler's rate quota, say) does not keep the others, or the
+        // messages due soon, from being sent; the first failure is still the answer.
+        let schedules: Vec<_> = later
+            .iter()
+            .map(|(item, target)| self.schedule(item, target))
+            .collect();
+        let scheduled: Vec<Result<(), QueueError>> = futures_util::stream::iter(schedules)
+            .buffer_unordered(SEND_CONCURRENCY)
+            .collect()
+            .await;
+        let sent = self.send_now(&soon).await;
+        scheduled.into_iter().collect::<Result<(), _>>().and(sent)
     }
 
     async fn update_lane(
@@ -431,6 +460,118 @@ pub(crate) mod tests {
             target.dead_letter_config().and_then(|d| d.arn()),
             Some(SCHEDULE_DLQ),
             "a schedule Scheduler cannot deliver goes to the schedule dead-letter queue"
+        );
+    }
+
+    /// Counts the requests of a client between their sending and their answer.
+    #[derive(Debug, Default)]
+    struct InFlight {
+        now: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        requests: std::sync::atomic::AtomicUsize,
+    }
+
+    #[derive(Debug)]
+    struct CountInFlight(Arc<InFlight>);
+
+    impl aws_smithy_runtime_api::client::interceptors::Intercept for CountInFlight {
+        fn name(&self) -> &'static str {
+            "CountInFlight"
+        }
+
+        fn read_before_transmit(
+            &self,
+            _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+            _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+            _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+        ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.0.requests.fetch_add(1, SeqCst);
+            let now = self.0.now.fetch_add(1, SeqCst) + 1;
+            self.0.most.fetch_max(now, SeqCst);
+            Ok(())
+        }
+
+        fn read_after_transmit(
+            &self,
+            _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextRef<'_>,
+            _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+            _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+        ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+            self.0.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// A fan-out to many endpoints is hundreds of batches: they go side by side, not one
+    /// after another (which took most of the fan-out function's timeout).
+    #[tokio::test]
+    async fn many_batches_are_sent_side_by_side() {
+        let e = emulated_queue().await;
+        let counts = Arc::new(InFlight::default());
+        let counting = crate::aws::clients::sqs(
+            &crate::aws::load_sdk_config().await,
+            Some(&crate::aws::clients::SharedInterceptor::new(CountInFlight(
+                counts.clone(),
+            ))),
+        );
+        let queue = SqsQueue {
+            sqs: counting,
+            ..e.queue.clone()
+        };
+        let now = chrono::Utc::now();
+        let items: Vec<_> = (0..200)
+            .map(|i| pending(&format!("dlv_{i}"), "acme", now))
+            .collect();
+        queue.enqueue(items).await.unwrap();
+        use std::sync::atomic::Ordering::SeqCst;
+        assert_eq!(
+            counts.requests.load(SeqCst),
+            20,
+            "200 messages in batches of 10"
+        );
+        let most = counts.most.load(SeqCst);
+        assert!(
+            most > 1 && most <= SEND_CONCURRENCY,
+            "{most} batches in flight at most"
+        );
+        let mut received = std::collections::BTreeSet::new();
+        while received.len() < 200 {
+            let messages = receive(&e, 1).await;
+            assert!(
+                !messages.is_empty(),
+                "only {} of 200 arrived",
+                received.len()
+            );
+            received.extend(messages.iter().map(delivery_of));
+        }
+    }
+
+    /// A schedule Scheduler refuses (its rate quota, say) fails the enqueue, but the work
+    /// due soon is in the queue all the same.
+    #[tokio::test]
+    async fn a_refused_schedule_does_not_keep_due_work_from_the_queue() {
+        let e = emulated_queue().await;
+        let mut queue = e.queue.clone();
+        if let Some(target) = queue.scheduler.as_mut() {
+            target.group = format!("{}-missing", e.group);
+        }
+        let now = chrono::Utc::now();
+        let outcome = queue
+            .enqueue(vec![
+                pending("dlv_later", "acme", add(now, Duration::from_secs(7200))),
+                pending("dlv_now", "acme", now),
+            ])
+            .await;
+        assert!(
+            outcome.is_err(),
+            "the refused schedule is reported: {outcome:?}"
+        );
+        let queued = receive(&e, 1).await;
+        assert_eq!(
+            queued.iter().map(delivery_of).collect::<Vec<_>>(),
+            ["dlv_now"],
+            "the due delivery was sent"
         );
     }
 
