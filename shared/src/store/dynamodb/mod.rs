@@ -396,7 +396,19 @@ impl DynamoStore {
                 .build()
                 .map_err(build_error)?;
             let mut request = Some(HashMap::from([(table.to_owned(), keys)]));
+            let mut unprocessed_rounds = 0;
             while let Some(wanted) = request.take().filter(|w| !w.is_empty()) {
+                if unprocessed_rounds > 0 {
+                    // Keys left unprocessed (the table over its throughput, or the answer
+                    // over 16 MB): DynamoDB asks for a growing pause before asking again.
+                    if unprocessed_rounds > UNPROCESSED_ROUNDS {
+                        return Err(StoreError::Backend(format!(
+                            "BatchGetItem on {table} left keys unprocessed {UNPROCESSED_ROUNDS} times"
+                        )));
+                    }
+                    tokio::time::sleep(unprocessed_pause(unprocessed_rounds)).await;
+                }
+                unprocessed_rounds += 1;
                 let out = self
                     .client
                     .batch_get_item()
@@ -541,7 +553,16 @@ impl DynamoStore {
                         rand::Rng::random_range(&mut rand::rng(), 5..=25 * u64::from(tried));
                     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
                 }
-                Cancellation::Conflict | Cancellation::Other => {
+                // A table or index over its capacity for a moment (an on-demand table past
+                // twice its last peak, a hot partition): DynamoDB asks to try again shortly,
+                // and the SDK does not for a transaction. Full jitter over a doubling ceiling.
+                Cancellation::Throttled if tried < CONFLICT_RETRIES => {
+                    tried += 1;
+                    let ceiling = 50u64 << tried;
+                    let pause = rand::Rng::random_range(&mut rand::rng(), ceiling / 4..=ceiling);
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                Cancellation::Conflict | Cancellation::Throttled | Cancellation::Other => {
                     return Err(TransactionFailure::Other(sdk(error)))
                 }
             }
@@ -549,9 +570,20 @@ impl DynamoStore {
     }
 }
 
+/// How many times a batch read asks again for the keys DynamoDB left unprocessed.
+const UNPROCESSED_ROUNDS: u32 = 8;
+
+/// The pause before asking again for unprocessed keys the `round`th time (1 and up): full
+/// jitter under a ceiling that doubles from 50 ms up to 3.2 s.
+fn unprocessed_pause(round: u32) -> std::time::Duration {
+    let ceiling = 50u64 << round.clamp(1, 7).saturating_sub(1);
+    std::time::Duration::from_millis(rand::Rng::random_range(&mut rand::rng(), 0..=ceiling))
+}
+
 /// Tries again of a transaction cancelled only because another one was changing one of its
-/// items at that moment (`TransactionConflict`), which DynamoDB does where the emulator,
-/// running one request at a time, never does.
+/// items at that moment (`TransactionConflict`), or because a table or index was over its
+/// throughput, which DynamoDB does where the emulator, running one request at a time and
+/// never throttling, never does.
 const CONFLICT_RETRIES: u32 = 4;
 
 /// What a transaction's cancellation reasons (one code per item, in order) come to.
@@ -561,8 +593,16 @@ enum Cancellation {
     Conditions(Vec<usize>),
     /// Only conflicts with other writes under way: the same transaction may succeed later.
     Conflict,
+    /// Throughput exceeded on some item (with or without conflicts on others): it may
+    /// succeed after a pause.
+    Throttled,
     Other,
 }
+
+/// The cancellation reasons of a transaction over a table's or an index's throughput
+/// (DynamoDB's `TransactWriteItems` reference).
+const THROUGHPUT_EXCEEDED: &str = "ProvisionedThroughputExceeded";
+const THROTTLED: &str = "ThrottlingError";
 
 fn cancellation(codes: &[Option<&str>]) -> Cancellation {
     let failed: Vec<usize> = (0..codes.len())
@@ -571,12 +611,21 @@ fn cancellation(codes: &[Option<&str>]) -> Cancellation {
     if !failed.is_empty() {
         return Cancellation::Conditions(failed);
     }
-    let conflicts = codes.contains(&Some("TransactionConflict"));
-    // Any other reason (validation, size, throughput) is not a matter of waiting a moment.
-    let only_conflicts = codes
+    let waiting = |code: &Option<&str>| {
+        matches!(
+            code,
+            None | Some("None" | "TransactionConflict" | THROUGHPUT_EXCEEDED | THROTTLED)
+        )
+    };
+    // Any other reason (validation, item or collection size) is not a matter of waiting.
+    if !codes.iter().all(waiting) {
+        Cancellation::Other
+    } else if codes
         .iter()
-        .all(|code| matches!(code, None | Some("None" | "TransactionConflict")));
-    if conflicts && only_conflicts {
+        .any(|c| matches!(c, Some(THROUGHPUT_EXCEEDED | THROTTLED)))
+    {
+        Cancellation::Throttled
+    } else if codes.contains(&Some("TransactionConflict")) {
         Cancellation::Conflict
     } else {
         Cancellation::Other

@@ -1763,6 +1763,32 @@ fn a_transaction_that_only_met_another_is_tried_again() {
     assert_eq!(cancellation(&[]), Cancellation::Other);
 }
 
+/// A transaction cancelled because a table or an index was over its throughput is tried
+/// again after a pause; a condition that failed still refuses it.
+#[test]
+fn a_transaction_over_the_throughput_is_tried_again() {
+    for throttled in ["ThrottlingError", "ProvisionedThroughputExceeded"] {
+        assert_eq!(
+            cancellation(&[Some("None"), Some(throttled)]),
+            Cancellation::Throttled,
+            "{throttled}"
+        );
+        assert_eq!(
+            cancellation(&[Some("TransactionConflict"), Some(throttled), None]),
+            Cancellation::Throttled,
+            "{throttled} beside a conflict"
+        );
+        assert_eq!(
+            cancellation(&[Some(throttled), Some("ConditionalCheckFailed")]),
+            Cancellation::Conditions(vec![1])
+        );
+        assert_eq!(
+            cancellation(&[Some(throttled), Some("ItemCollectionSizeLimitExceeded")]),
+            Cancellation::Other
+        );
+    }
+}
+
 /// An owner's disable of an endpoint that was not failing leaves a `disabling` marker
 /// without a failing clock; if its abandoning stopped part way and the owner enabled the
 /// endpoint again, the marker is stale: the next failure still starts the clock.
@@ -1842,4 +1868,148 @@ async fn a_run_lock_has_one_holder_until_it_is_given_back_or_its_time_is_up() {
         None
     );
     store.release_run(&third).await.unwrap();
+}
+
+/// An endpoint that always answers as largely as it can still has its attempts recorded and
+/// its failing clock started (so it can be disabled): DynamoDB refuses an item over 400 KiB,
+/// and a refused attempt row would fail the attempt after the delivery's update.
+#[tokio::test]
+async fn the_largest_answer_is_recorded_and_starts_the_failing_clock() {
+    use crate::fixtures::{account_with_endpoints, app_on, largest_answer, publish_one, t0};
+    use crate::service::deliver::{attempt, AttemptResult};
+    use std::sync::Arc;
+    let store = emulator_store().await;
+    let app = crate::App {
+        transport: Arc::new(crate::fixtures::Answering(largest_answer())),
+        ..app_on(
+            Arc::new(store.clone()),
+            Arc::new(crate::clock::ManualClock::new(t0())),
+        )
+    };
+    let [ep] = account_with_endpoints(&store, "acme", ["ep_hostile"]).await;
+    let (_, d) = publish_one(&store, &ep, "evt_hostile").await;
+
+    let result = attempt(&app, &d.id, Trigger::Scheduled).await;
+    assert!(
+        matches!(result, Ok(AttemptResult::Attempted { .. })),
+        "{result:?}"
+    );
+    assert_eq!(store.list_attempts(&d.id).await.unwrap().len(), 1);
+    let endpoint = store
+        .get_endpoint(&ep.account_id, &ep.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(endpoint.failing_since, Some(t0()));
+}
+
+/// Answers the first `rounds` BatchGetItem requests as DynamoDB does when over its
+/// throughput: nothing read, every key unprocessed.
+#[derive(Debug)]
+struct LeftUnprocessed {
+    rounds: std::sync::atomic::AtomicUsize,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The keys of the batch read in flight (the test reads one batch at a time).
+    asked: std::sync::Mutex<Option<serde_json::Value>>,
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for LeftUnprocessed {
+    fn name(&self) -> &'static str {
+        "LeftUnprocessed"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let request = context.request();
+        let target = request.headers().get("x-amz-target").unwrap_or_default();
+        let asked = match target.ends_with("BatchGetItem") {
+            true => Some(serde_json::from_slice(
+                request.body().bytes().unwrap_or_default(),
+            )?),
+            false => None,
+        };
+        *self.asked.lock().unwrap() = asked;
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<'_>,
+        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some(asked) = self.asked.lock().unwrap().take() else {
+            return Ok(());
+        };
+        self.requests.fetch_add(1, SeqCst);
+        if self
+            .rounds
+            .fetch_update(SeqCst, SeqCst, |left| left.checked_sub(1))
+            .is_err()
+        {
+            return Ok(());
+        }
+        let answer = serde_json::json!({"Responses": {}, "UnprocessedKeys": asked["RequestItems"]});
+        *context.response_mut().body_mut() =
+            aws_smithy_types::body::SdkBody::from(answer.to_string());
+        Ok(())
+    }
+}
+
+/// The store on the same tables, its first `rounds` batch reads left unprocessed; and the
+/// count of batch reads it makes.
+fn leaving_unprocessed(
+    store: &DynamoStore,
+    rounds: usize,
+) -> (DynamoStore, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let interceptor = LeftUnprocessed {
+        rounds: std::sync::atomic::AtomicUsize::new(rounds),
+        requests: requests.clone(),
+        asked: std::sync::Mutex::new(None),
+    };
+    let config = store
+        .client()
+        .config()
+        .to_builder()
+        .interceptor(interceptor)
+        .build();
+    let store = DynamoStore {
+        client: aws_sdk_dynamodb::Client::from_conf(config),
+        ..store.clone()
+    };
+    (store, requests)
+}
+
+/// Keys a batch read leaves unprocessed are asked for again, a bounded number of times:
+/// a table that stays over its throughput is an error, not a loop until the function's
+/// timeout.
+#[tokio::test]
+async fn a_batch_read_asks_again_for_unprocessed_keys_a_bounded_number_of_times() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = emulator_store().await;
+    let (_, delivery) = one_delivery(&store).await;
+    let (twice, requests) = leaving_unprocessed(&store, 2);
+    let read = twice
+        .get_deliveries(std::slice::from_ref(&delivery.id))
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 1, "read once the table answered");
+    assert_eq!(
+        requests.load(SeqCst),
+        3,
+        "two rounds unprocessed, then read"
+    );
+
+    let (always, requests) = leaving_unprocessed(&store, usize::MAX);
+    let read = always
+        .get_deliveries(std::slice::from_ref(&delivery.id))
+        .await;
+    assert!(read.is_err(), "{read:?}");
+    assert_eq!(requests.load(SeqCst), 1 + UNPROCESSED_ROUNDS as usize);
 }
