@@ -4,14 +4,17 @@
 //! message was lost, or its schedule never fired), and reports the due backlog (the `hooklane_due_backlog` and
 //! `hooklane_oldest_due_age_seconds` metrics). The scheduled event's content does not matter.
 
-use hooklane::aws::{handlers::sweep, shape::AwsShape};
+use hooklane::aws::{
+    handlers::{sweep, SWEEP_EVERY},
+    shape::AwsShape,
+};
 
 pub async fn handle(
     shape: &AwsShape,
     grace: std::time::Duration,
     _event: serde_json::Value,
 ) -> Result<serde_json::Value, hooklane::service::ServiceError> {
-    Ok(match sweep(shape, grace).await? {
+    Ok(match sweep(shape, grace, SWEEP_EVERY).await? {
         Some(report) => serde_json::json!({ "requeued": report.requeued, "due": report.due }),
         None => serde_json::json!({ "skipped": "another sweep is under way" }),
     })
@@ -293,9 +296,10 @@ mod tests {
         let (settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
         let [endpoint] = fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
-        // Published long ago; its queue message was lost.
-        let event = fixtures::event("acme", "evt_lost", fixtures::t0());
-        let delivery = fixtures::delivery(&event, &endpoint, fixtures::t0());
+        // Published 7 minutes ago; its queue message was lost.
+        let published = shape.app.clock.now() - Duration::from_secs(420);
+        let event = fixtures::event("acme", "evt_lost", published);
+        let delivery = fixtures::delivery(&event, &endpoint, published);
         store.publish(&event, &[delivery]).await.unwrap();
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
@@ -316,7 +320,7 @@ mod tests {
             )
             .and_then(|v| v.as_f64())
             .unwrap();
-        let expected = (shape.app.clock.now() - fixtures::t0()).num_seconds() as f64;
+        let expected = (shape.app.clock.now() - published).num_seconds() as f64;
         assert!(
             (overdue - expected).abs() < 60.0,
             "{overdue} s overdue, expected about {expected}"
@@ -344,10 +348,11 @@ mod tests {
         let (_settings, shape) = emulated_shape().await;
         let store = shape.app.store.as_ref();
         let [endpoint] = fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
-        let event = fixtures::event("acme", "evt_lost", fixtures::t0());
-        let delivery = fixtures::delivery(&event, &endpoint, fixtures::t0());
-        store.publish(&event, &[delivery]).await.unwrap();
         let now = shape.app.clock.now();
+        let published = now - Duration::from_secs(420);
+        let event = fixtures::event("acme", "evt_lost", published);
+        let delivery = fixtures::delivery(&event, &endpoint, published);
+        store.publish(&event, &[delivery]).await.unwrap();
         let running = shape
             .store
             .take_run(

@@ -217,6 +217,9 @@ pub async fn handle_queue_batch(
 /// held (a template test keeps the two equal).
 pub const SWEEP_RUN: std::time::Duration = std::time::Duration::from_secs(240);
 
+/// How often the sweeper runs: its schedule's rate (a template test keeps the two equal).
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// The longest a health check runs: the health function's `Timeout`.
 pub const HEALTH_RUN: std::time::Duration = std::time::Duration::from_secs(300);
 
@@ -245,23 +248,28 @@ where
     outcome.map(Some)
 }
 
-/// The sweeper function's work: fans out events whose stream record was lost, re-queues
-/// pending deliveries more than `grace` past due, and measures the due backlog. `None` when
-/// another sweep is under way.
+/// The sweeper function's work, run `every` so long ([`SWEEP_EVERY`] on Lambda): fans out
+/// events whose stream record was lost, re-queues pending deliveries more than `grace` past
+/// due, and measures the due backlog. `None` when another sweep is under way.
 pub async fn sweep(
     shape: &AwsShape,
     grace: std::time::Duration,
+    every: std::time::Duration,
 ) -> ServiceResult<Option<SweepReport>> {
-    one_at_a_time(shape, "sweep", SWEEP_RUN, sweep_now(shape, grace)).await
+    one_at_a_time(shape, "sweep", SWEEP_RUN, sweep_now(shape, grace, every)).await
 }
 
-async fn sweep_now(shape: &AwsShape, grace: std::time::Duration) -> ServiceResult<SweepReport> {
+async fn sweep_now(
+    shape: &AwsShape,
+    grace: std::time::Duration,
+    every: std::time::Duration,
+) -> ServiceResult<SweepReport> {
     let now = shape.app.clock.now();
     // Events first: their deliveries are then due, and the walk below sees them. A failure
     // there does not keep the deliveries from being swept; the run still fails, afterwards.
     let recovered = recover_unfanned(&shape.app, now, grace).await;
     let resume = shape.store.due_walk_resume().await?;
-    let report = sweep_overdue(&shape.app, now, grace, resume.clone()).await?;
+    let report = sweep_overdue(&shape.app, now, (grace, every), resume.clone()).await?;
     if report.resume_at != resume {
         shape
             .store

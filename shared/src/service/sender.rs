@@ -1110,7 +1110,7 @@ mod tests {
         // A sweep a little later, past the grace of the delivery's first due time, leaves it
         // alone: its message is on its way.
         let later = add(chrono::Utc::now(), std::time::Duration::from_secs(6));
-        let report = crate::service::sweep::sweep_overdue(&app, later, grace, None)
+        let report = crate::service::sweep::sweep_overdue(&app, later, (grace, grace), None)
             .await
             .unwrap();
         assert_eq!(report.requeued, 0, "{report:?}");

@@ -77,24 +77,25 @@ pub struct SweepReport {
 }
 
 /// The scheduled sweep of the AWS shape: re-queues what has been due for longer than `grace`
-/// (its message was lost, or its schedule never fired), and measures the due backlog.
+/// (its message was lost, or its schedule never fired; see [`requeued_now`] for when again),
+/// and measures the due backlog; sweeps run `every` so long.
 /// A backlog more than one sweep walks in its time is covered over several: each starts
 /// with the oldest page, then goes on from `resume` (where the last one stopped), and says
 /// where the next should go on.
 pub async fn sweep_overdue(
     app: &App,
     now: Timestamp,
-    grace: Duration,
+    (grace, every): (Duration, Duration),
     resume: Option<DueCursor>,
 ) -> ServiceResult<SweepReport> {
-    sweep_overdue_within(app, now, grace, resume, PAGE, WALK_BUDGET).await
+    sweep_overdue_within(app, now, (grace, every), resume, PAGE, WALK_BUDGET).await
 }
 
 /// [`sweep_overdue`] in pages of `page`, starting no page once `budget` has passed.
 async fn sweep_overdue_within(
     app: &App,
     now: Timestamp,
-    grace: Duration,
+    (grace, every): (Duration, Duration),
     resume: Option<DueCursor>,
     page: u32,
     budget: Duration,
@@ -118,7 +119,11 @@ async fn sweep_overdue_within(
                 _ => pending.due,
             });
         }
-        let overdue: Vec<_> = page.into_iter().filter(|p| p.due <= cutoff).collect();
+        let overdue: Vec<_> = page
+            .into_iter()
+            .filter(|p| p.due <= cutoff)
+            .filter(|p| requeued_now((now - p.due).to_std().unwrap_or_default(), grace, every))
+            .collect();
         report.requeued += overdue.len();
         if !overdue.is_empty() {
             app.queue.enqueue(overdue).await?;
@@ -161,6 +166,24 @@ async fn sweep_overdue_within(
     Ok(report)
 }
 
+/// Whether a sweep hands a delivery `overdue` past its due time to the queue again, sweeps
+/// running `every` so long. Its message may be lost, or only waiting in a deep queue: SQS
+/// keeps every copy sent (a standard queue has no de-duplication), and two copies taken at
+/// once are two sends. So it goes again once `grace` overdue, then at 2, 4, 8… times `grace`,
+/// each time in a window a quarter longer than a sweep's period (or than `grace`, if longer)
+/// so that a sweep falls in it: a handful of copies over a day's backlog, not one per sweep.
+pub fn requeued_now(overdue: Duration, grace: Duration, every: Duration) -> bool {
+    if overdue < grace {
+        return false;
+    }
+    if grace.is_zero() {
+        return true;
+    }
+    let times = overdue.as_secs_f64() / grace.as_secs_f64();
+    let window_start = grace.mul_f64(2f64.powi(times.log2().floor() as i32));
+    overdue < window_start + grace.max(every).mul_f64(1.25)
+}
+
 #[cfg(test)]
 mod tests {
     use std::{sync::Arc, time::Duration};
@@ -173,6 +196,60 @@ mod tests {
         store::{sqlite::SqliteStore, Store},
         telemetry::{self, emf::EmfRecorder},
     };
+
+    /// A delivery whose message waits in a queue a day deep is sent again a handful of
+    /// times, not once a sweep; one whose message was lost goes again within two graces;
+    /// and however the sweeps fall (every `grace`, up to 20 s late), no doubling is missed.
+    #[test]
+    fn an_overdue_delivery_goes_again_at_doubling_ages_not_every_sweep() {
+        let grace = Duration::from_secs(300);
+        for offset in (0..300).step_by(7) {
+            let mut copies = Vec::new();
+            for sweep in 0..288u64 {
+                let late = (sweep * 13 + offset) % 21;
+                let overdue = Duration::from_secs(sweep * 300 + offset + late);
+                if requeued_now(overdue, grace, grace) {
+                    copies.push(overdue.as_secs() / 60);
+                }
+            }
+            // Its first sweep past the grace (the sweeps 5 minutes apart, up to 20 s late).
+            assert!(
+                copies.first().is_some_and(|first| *first <= 10),
+                "{copies:?}"
+            );
+            assert!(
+                copies.len() <= 18,
+                "{} copies in a day: {copies:?}",
+                copies.len()
+            );
+            for doubling in [5u64, 10, 20, 40, 80, 160, 320, 640] {
+                assert!(
+                    copies.iter().any(|m| (doubling..doubling + 7).contains(m)),
+                    "offset {offset}: none at {doubling} min: {copies:?}"
+                );
+            }
+        }
+        assert!(!requeued_now(Duration::from_secs(299), grace, grace));
+        // Sweeps an hour apart, a grace of 5 minutes: the first sweep past the grace sends
+        // it again, and each later copy comes before twice the age of the one before and
+        // a sweep's period.
+        let hour = Duration::from_secs(3600);
+        for offset in (0..3600).step_by(97) {
+            let ages: Vec<Duration> = (0..72u32)
+                .map(|h| hour * h + Duration::from_secs(offset))
+                .filter(|age| requeued_now(*age, grace, hour))
+                .collect();
+            let first_past_grace = (0..72u32)
+                .map(|h| hour * h + Duration::from_secs(offset))
+                .find(|age| *age >= grace);
+            assert_eq!(ages.first().copied(), first_past_grace, "offset {offset}");
+            for pair in ages.windows(2) {
+                assert!(pair[1] <= pair[0] * 2 + hour.mul_f64(1.25), "{pair:?}");
+            }
+            assert!(ages.len() < 20, "{} copies in 3 days", ages.len());
+        }
+        assert!(requeued_now(Duration::from_secs(1), Duration::ZERO, grace));
+    }
 
     #[tokio::test]
     async fn only_deliveries_overdue_past_the_grace_are_requeued_but_all_due_ones_are_measured() {
@@ -193,9 +270,11 @@ mod tests {
         let endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
         store.create_endpoint(&endpoint).await.unwrap();
         let mut ids = Vec::new();
-        // Due an hour ago, a minute ago, and in a minute.
+        // Due an hour ago (sent again at 5, 10, 20 and 40 minutes overdue, not now), 7
+        // minutes ago, a minute ago, and in a minute.
         for (name, due) in [
             ("evt_lost", fixtures::t0()),
+            ("evt_lost_lately", now - chrono::TimeDelta::minutes(7)),
             ("evt_recent", now - chrono::TimeDelta::minutes(1)),
             ("evt_future", now + chrono::TimeDelta::minutes(1)),
         ] {
@@ -205,21 +284,26 @@ mod tests {
             store.publish(&event, &[delivery]).await.unwrap();
         }
 
-        let report = sweep_overdue(&app, clock.now(), Duration::from_secs(300), None)
-            .await
-            .unwrap();
+        let report = sweep_overdue(
+            &app,
+            clock.now(),
+            (Duration::from_secs(300), Duration::from_secs(300)),
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             report,
             SweepReport {
                 requeued: 1,
-                due: 2,
+                due: 3,
                 oldest_due: Some(fixtures::t0()),
                 complete: true,
                 resume_at: None,
             }
         );
-        assert!(queue.is_known(&ids[0]));
-        assert!(!queue.is_known(&ids[1]) && !queue.is_known(&ids[2]));
+        assert!(queue.is_known(&ids[1]));
+        assert!(!queue.is_known(&ids[0]) && !queue.is_known(&ids[2]) && !queue.is_known(&ids[3]));
         let documents = recorder.flush(0);
         let gauge = |name: &str| {
             documents
@@ -227,7 +311,7 @@ mod tests {
                 .find_map(|d| d.get(name).cloned())
                 .unwrap_or_else(|| panic!("no {name} in {documents:?}"))
         };
-        assert_eq!(gauge(telemetry::DUE_BACKLOG), 2.0);
+        assert_eq!(gauge(telemetry::DUE_BACKLOG), 3.0);
         assert_eq!(gauge(telemetry::OLDEST_DUE_AGE), 3600.0);
     }
 
@@ -252,7 +336,9 @@ mod tests {
             store.publish(&event, &[delivery]).await.unwrap();
         }
         ids.reverse();
-        let grace = Duration::from_secs(300);
+        // 53 to 59 minutes overdue: within their first two graces, so each goes again when
+        // a sweep walks past it.
+        let grace = Duration::from_secs(1800);
         // Each sweep on a queue of its own, to see what it re-queued.
         let sweep = |resume: Option<DueCursor>| {
             let queue = Arc::new(EmbeddedQueue::new());
@@ -262,9 +348,10 @@ mod tests {
             };
             let ids = ids.clone();
             async move {
-                let report = sweep_overdue_within(&app, now, grace, resume, 2, Duration::ZERO)
-                    .await
-                    .unwrap();
+                let report =
+                    sweep_overdue_within(&app, now, (grace, grace), resume, 2, Duration::ZERO)
+                        .await
+                        .unwrap();
                 let requeued: Vec<usize> = (0..ids.len())
                     .filter(|&n| queue.is_known(&ids[n]))
                     .collect();
@@ -302,9 +389,10 @@ mod tests {
             queue: queue.clone(),
             ..app.clone()
         };
-        let report = sweep_overdue_within(&app, now, grace, None, 2, Duration::from_secs(60))
-            .await
-            .unwrap();
+        let report =
+            sweep_overdue_within(&app, now, (grace, grace), None, 2, Duration::from_secs(60))
+                .await
+                .unwrap();
         assert_eq!(
             (report.due, report.complete, report.resume_at),
             (7, true, None)
@@ -350,7 +438,7 @@ mod tests {
         let report = sweep_overdue_within(
             &app,
             now,
-            Duration::from_secs(300),
+            (Duration::from_secs(300), Duration::from_secs(300)),
             Some(resume),
             2,
             Duration::from_secs(60),

@@ -661,6 +661,13 @@ fn sweeper_and_health_run_one_at_a_time_and_are_not_retried() {
             "{schedule_name}: Scheduler must not retry the invocation of {function}"
         );
         let rate = rate_seconds(schedule["ScheduleExpression"].as_str().unwrap());
+        if function == "SweeperFunction" {
+            assert_eq!(
+                rate,
+                hooklane::aws::handlers::SWEEP_EVERY.as_secs(),
+                "the sweep's windows for sending an overdue delivery again are as long as its rate"
+            );
+        }
         let timeout = lambda["Timeout"].as_u64().unwrap();
         assert!(
             timeout < rate,

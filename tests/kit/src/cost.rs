@@ -469,10 +469,14 @@ async fn measure(
     // 2 minutes' again: LATE_WRITE_MARGIN).
     let before_sweep = pipeline.meter.reading();
     pipeline.meter.invoked("sweeper");
-    let report = hooklane::aws::handlers::sweep(&pipeline.shape, Duration::from_secs(300))
-        .await
-        .unwrap()
-        .expect("no other sweep runs");
+    let report = hooklane::aws::handlers::sweep(
+        &pipeline.shape,
+        Duration::from_secs(300),
+        hooklane::aws::handlers::SWEEP_EVERY,
+    )
+    .await
+    .unwrap()
+    .expect("no other sweep runs");
     assert_eq!(report.requeued, 0, "everything was delivered");
     let sweep = pipeline.meter.reading().since(&before_sweep);
     Measured {

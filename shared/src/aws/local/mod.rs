@@ -299,13 +299,13 @@ pub async fn start(mut settings: AwsSettings, options: LocalOptions) -> Result<L
             firer.run(stopped.clone()),
         )));
     }
-    let grace = settings.sweep_grace;
+    let (grace, every) = (settings.sweep_grace, options.sweep_interval);
     tasks.push(scheduled(
         SWEEPER,
         options.sweep_interval,
         stopped.clone(),
         shape.clone(),
-        move |shape| async move { handlers::sweep(&shape, grace).await },
+        move |shape| async move { handlers::sweep(&shape, grace, every).await },
     ));
     tasks.push(scheduled(
         HEALTH,
