@@ -141,6 +141,14 @@ impl DynamoStore {
                     .expression_attribute_values(":zero", n(0));
             }
         }
+        // Past its expiry and not yet deleted by TTL (within days; reads return it until
+        // then): gone from the log, and not for a resend to bring back. Pending deliveries
+        // carry no expiry.
+        if !self.shows_expired {
+            condition.push_str(" AND (attribute_not_exists(expires_at) OR expires_at > :now)");
+            request =
+                request.expression_attribute_values(":now", n(chrono::Utc::now().timestamp()));
+        }
         self.query_all(request.filter_expression(condition)).await
     }
 

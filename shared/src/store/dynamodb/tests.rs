@@ -2013,3 +2013,37 @@ async fn a_batch_read_asks_again_for_unprocessed_keys_a_bounded_number_of_times(
     assert!(read.is_err(), "{read:?}");
     assert_eq!(requests.load(SeqCst), 1 + UNPROCESSED_ROUNDS as usize);
 }
+
+/// A resend of an endpoint's log leaves out a delivery past its expiry that TTL has not
+/// deleted yet (DynamoDB deletes within days, and reads return it until then): the log no
+/// longer shows it, and sending it again would bring back what retention removed.
+#[tokio::test]
+async fn a_resend_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_yet() {
+    use crate::fixtures::{attempt, failed, replay};
+    let store = store_hiding_expired().await;
+    let (account, delivery) = one_delivery(&store).await;
+    attempt(&store, &delivery.id, 2, failed()).await;
+    let past = chrono::Utc::now().timestamp() - 60;
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().deliveries)
+        .set_key(delivery_key(&delivery.id))
+        .update_expression("SET expires_at = :past")
+        .expression_attribute_values(":past", n(past))
+        .send()
+        .await
+        .unwrap();
+    let request = ReplayRequest {
+        replay: replay(
+            &account,
+            ReplayScope::Endpoint(delivery.endpoint_id.clone()),
+            ReplayFilter::single(),
+            3,
+        ),
+        limit: 100,
+    };
+    let outcome = store.replay(&request).await.unwrap();
+    assert_eq!(outcome.queued, Vec::new(), "expired, not yet deleted");
+    assert_eq!(outcome.replay.count, 0);
+}
