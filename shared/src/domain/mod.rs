@@ -20,7 +20,7 @@ pub mod stats;
 
 pub use access::{ApiKey, ApiKeyId, Denied, Principal, Scope};
 pub use account::{Account, EmailAddress};
-pub use attempt::{Attempt, Trigger};
+pub use attempt::{Attempt, KeptResponse, Trigger};
 pub use audit::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, Caller, TargetKind};
 pub use catalog::EventTypeDef;
 pub use delivery::{

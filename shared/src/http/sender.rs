@@ -47,8 +47,9 @@ pub struct SenderConfig {
     pub connect_timeout: Duration,
     /// The whole exchange: connect, send, headers and body.
     pub deadline: Duration,
+    /// The most of a response body read, in bytes (what an attempt keeps of the answer is
+    /// bounded again when it is recorded: `domain::KeptResponse`).
     pub max_response_body: usize,
-    pub max_stored_headers: usize,
     pub user_agent: String,
     pub policy: AddressPolicy,
 }
@@ -58,8 +59,7 @@ impl Default for SenderConfig {
         Self {
             connect_timeout: Duration::from_secs(3),
             deadline: Duration::from_secs(10),
-            max_response_body: 64 * 1024,
-            max_stored_headers: 64,
+            max_response_body: crate::domain::attempt::MAX_RESPONSE_BODY_BYTES,
             user_agent: format!("Hooklane/{}", crate::VERSION),
             policy: AddressPolicy::default(),
         }
@@ -113,13 +113,14 @@ impl HttpSender {
             .await
             .map_err(|e| describe(&e))?;
         response.status = Some(reply.status().as_u16());
+        // Only as many as an attempt keeps; each is cut to size when it is kept.
         response.headers = reply
             .headers()
             .iter()
-            .take(self.config.max_stored_headers)
+            .take(crate::domain::attempt::MAX_RESPONSE_HEADERS)
             .map(|(name, value)| {
-                let value = String::from_utf8_lossy(value.as_bytes());
-                (name.as_str().to_owned(), value.chars().take(1024).collect())
+                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                (name.as_str().to_owned(), value)
             })
             .collect();
         let cap = self.config.max_response_body;

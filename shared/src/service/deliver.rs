@@ -8,7 +8,7 @@ use crate::{
     clock::Timestamp,
     domain::{
         health::should_disable, Attempt, AttemptOutcome, Decision, DeliveryId, DeliveryStatus,
-        EndpointStatus, Trigger,
+        EndpointStatus, KeptResponse, Trigger,
     },
     http::{OutboundRequest, OutboundResponse},
     signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
@@ -154,7 +154,13 @@ pub async fn attempt_reporting_answer(
         let policy = &app.config.retry;
         let client_errors = work.delivery.client_error_count + u32::from(policy.is_client_error(&outcome));
         let decision = policy.decide(attempts_in_schedule, client_errors, &outcome, finished, &mut rand::rng());
-        let max_body = app.config.sender.max_response_body;
+        // Bounded in bytes here, whatever the transport handed on, so every store can keep it.
+        let kept = KeptResponse::of(
+            &response.headers,
+            &response.body,
+            response.body_truncated,
+            app.config.sender.max_response_body,
+        );
         let attempt = Attempt {
             delivery_id: work.delivery.id.clone(),
             number,
@@ -162,9 +168,9 @@ pub async fn attempt_reporting_answer(
             started_at: now,
             latency_ms: u64::try_from(response.latency.as_millis()).unwrap_or(u64::MAX),
             status_code: response.status,
-            response_headers: response.headers.clone(),
-            response_body: String::from_utf8_lossy(&response.body[..response.body.len().min(max_body)]).into_owned(),
-            response_body_truncated: response.body_truncated,
+            response_headers: kept.headers,
+            response_body: kept.body,
+            response_body_truncated: kept.body_truncated,
             error: outcome.error_text(),
         };
         let record = AttemptRecord {

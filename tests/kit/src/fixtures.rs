@@ -269,3 +269,40 @@ pub fn app_on(
         publish: hooklane::PublishMode::WithDeliveries,
     }
 }
+
+/// A transport that gives every request the same answer, as a scripted receiver would.
+pub struct Answering(pub hooklane::http::OutboundResponse);
+
+#[async_trait::async_trait]
+impl hooklane::http::Transport for Answering {
+    async fn post(&self, _: hooklane::http::OutboundRequest) -> hooklane::http::OutboundResponse {
+        self.0.clone()
+    }
+}
+
+/// A hostile receiver's answer, larger in every part than what an attempt keeps: a 500 whose
+/// body is bytes that are not UTF-8 (each decodes to 3 bytes of text), read up to the
+/// sender's cap with more behind it, and 100 headers with 1000-byte names and 3 KiB values,
+/// decoded from bytes that are not UTF-8 or all quotes (which JSON doubles).
+pub fn largest_answer() -> hooklane::http::OutboundResponse {
+    let not_utf8 = |len: usize| String::from_utf8_lossy(&vec![0xFF; len]).into_owned();
+    let headers = (0..100)
+        .map(|i| {
+            let name = format!("x-{i:03}-{}", "a".repeat(994));
+            let value = if i % 2 == 0 {
+                not_utf8(3 * 1024)
+            } else {
+                "\"".repeat(3 * 1024)
+            };
+            (name, value)
+        })
+        .collect();
+    hooklane::http::OutboundResponse {
+        status: Some(500),
+        headers,
+        body: vec![0xFF; hooklane::http::SenderConfig::default().max_response_body],
+        body_truncated: true,
+        latency: std::time::Duration::from_millis(5),
+        error: None,
+    }
+}

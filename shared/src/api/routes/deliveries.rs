@@ -194,7 +194,7 @@ async fn existing_delivery(
     security(("bearer" = ["deliveries:read"])),
     tag = "deliveries",
     summary = "Attempt detail: status, latency, response headers and body, error, trigger.",
-    description = "Oldest first, `limit` attempts a page (100 by default), and no more once a page holds 1 MiB of them (so at most 1 MiB and one attempt, under 2 MB): an attempt keeps up to 64 KiB of response body and its headers, so a page of them could otherwise outgrow what Lambda can answer (6 MB).",
+    description = "Oldest first, `limit` attempts a page (100 by default), and no more once a page holds 1 MiB of them (so at most 1 MiB and one attempt, under 2 MB): an attempt keeps up to 64 KiB of response body and 16 KiB of response headers, so a page of them could otherwise outgrow what Lambda can answer (6 MB).",
     params(DeliveryPath, PageParams),
     responses((status = 200, description = "A page of the delivery's attempts, oldest first", body = AttemptList), ReadErrors),
 )]
@@ -241,6 +241,6 @@ pub async fn list_attempts(
 }
 
 /// A page of attempts stops once it holds this many bytes of them: with one more attempt
-/// (at most about 800 KB as JSON: 64 KiB of control bytes escaped six-fold, and its
-/// headers), a page stays well inside the 6 MB a Lambda function may answer.
+/// (at most about 500 KB as JSON: 64 KiB of body and 16 KiB of headers, all control bytes
+/// escaped six-fold), a page stays well inside the 6 MB a Lambda function may answer.
 const ATTEMPT_PAGE_BYTES: usize = 1 << 20;

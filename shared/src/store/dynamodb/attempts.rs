@@ -157,13 +157,7 @@ impl DynamoStore {
             values.insert(":first_try".into(), AttributeValue::M(detail));
             None
         } else {
-            let expires = to_millis(r.attempt.started_at) / 1000
-                + i64::try_from(self.retention.attempts.as_secs()).unwrap_or(i64::MAX / 2);
-            let mut row = detail;
-            row.insert("delivery_id".into(), s(delivery_id));
-            row.insert("number".into(), n(r.attempt.number));
-            row.insert("expires_at".into(), n(expires));
-            Some(row)
+            Some(attempt_row(detail, &r.attempt, self.retention.attempts))
         };
         let mut expression = format!("SET {}", sets.join(", "));
         if !removes.is_empty() {
@@ -469,6 +463,18 @@ struct ShardWalk {
     done: bool,
 }
 
+/// An attempt's row in the attempts table: its `detail` with the row's keys, kept for
+/// `retention` from its start.
+fn attempt_row(detail: Item, attempt: &Attempt, retention: std::time::Duration) -> Item {
+    let expires = to_millis(attempt.started_at) / 1000
+        + i64::try_from(retention.as_secs()).unwrap_or(i64::MAX / 2);
+    let mut row = detail;
+    row.insert("delivery_id".into(), s(attempt.delivery_id.as_str()));
+    row.insert("number".into(), n(attempt.number));
+    row.insert("expires_at".into(), n(expires));
+    row
+}
+
 /// The cursor after the entry of due key `key` (`due#id`).
 fn due_cursor(key: &str) -> Option<DueCursor> {
     let (due, id) = key.split_once('#')?;
@@ -476,4 +482,51 @@ fn due_cursor(key: &str) -> Option<DueCursor> {
         due: from_millis(due.parse().ok()?),
         id: DeliveryId::from_trusted(id.to_owned()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        fixtures,
+        service::deliver,
+        store::{sqlite::SqliteStore, Store},
+    };
+
+    /// Room left under DynamoDB's 400 KiB item limit for what may grow in an attempt's row
+    /// besides the answer kept (a longer error text: a transport error, a redirect's target).
+    const ROOM_FOR_THE_REST: usize = 16 * 1024;
+
+    /// Whatever a receiver answers, the attempt leaves a row DynamoDB takes: a row too large
+    /// is refused after the delivery's update, losing the attempt and its failing clock.
+    #[tokio::test]
+    async fn the_largest_answer_leaves_an_attempt_row_dynamodb_takes() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let app = crate::App {
+            transport: Arc::new(fixtures::Answering(fixtures::largest_answer())),
+            ..fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())))
+        };
+        let [ep] = fixtures::account_with_endpoints(&*store, "acme", ["ep_hostile"]).await;
+        let (_, d) = fixtures::publish_one(&*store, &ep, "evt_1").await;
+        deliver::attempt(&app, &d.id, Trigger::Scheduled)
+            .await
+            .unwrap();
+        let attempts = store.list_attempts(&d.id).await.unwrap();
+        let [attempt] = attempts.as_slice() else {
+            panic!("one attempt, not {}", attempts.len());
+        };
+        let row = attempt_row(
+            attempt_detail(attempt),
+            attempt,
+            Retention::default().attempts,
+        );
+        let size = item_size(&row);
+        assert!(
+            size <= 400 * 1024 - ROOM_FOR_THE_REST,
+            "the attempt's row is {size} bytes"
+        );
+    }
 }
