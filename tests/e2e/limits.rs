@@ -469,6 +469,115 @@ async fn the_endpoint_list_comes_in_pages_of_bounded_size(server: &Server) {
     }
 }
 
+/// Every item of a list read through `limit`-sized pages from `path` (its `id`, or `name`
+/// for event types), and the pages' sizes in bytes.
+async fn list_pages(server: &Server, path: &str, limit: u32) -> (Vec<Vec<String>>, Vec<usize>) {
+    let (mut pages, mut sizes) = (Vec::new(), Vec::new());
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut query = format!("{path}?limit={limit}");
+        if let Some(cursor) = &cursor {
+            query.push_str(&format!("&cursor={cursor}"));
+        }
+        let (status, page) = server.get(&query).await;
+        assert_eq!(status, 200, "{query}: {page}");
+        sizes.push(page.to_string().len());
+        let items = page["data"].as_array().expect("data").iter();
+        pages.push(
+            items
+                .map(|item| {
+                    item.get("id")
+                        .unwrap_or(&item["name"])
+                        .as_str()
+                        .expect("a key")
+                        .to_owned()
+                })
+                .collect(),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return (pages, sizes),
+        }
+    }
+    panic!("{path} never ended");
+}
+
+/// The event-type catalog and the API keys come in pages of at most `limit` items and about
+/// 1 MiB: a type's schema and example may be 64 KiB each, and a key may name many accounts,
+/// so either list whole could outgrow the 6 MB Lambda may answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_and_the_keys_come_in_pages_of_bounded_size() {
+    let scratch = Scratch::new("catalog-pages");
+    let server = Server::start(&scratch, &[]).await;
+    let wide = "w".repeat(60_000);
+    let mut names = Vec::new();
+    for i in 0..20 {
+        let name = format!("wide.type{i:02}");
+        let (status, body) = server
+            .post(
+                "/v1/event-types",
+                json!({
+                    "name": name,
+                    "schema": {"type": "object", "description": wide},
+                    "example": {"pad": wide},
+                }),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        names.push(name);
+    }
+    let (pages, sizes) = list_pages(&server, "/v1/event-types", 500).await;
+    assert!(
+        pages.len() >= 2 && sizes.iter().all(|&bytes| bytes < (1 << 20) + 256 * 1024),
+        "pages of {sizes:?} bytes"
+    );
+    assert_eq!(pages.concat(), names, "every type once, by name");
+    let (pages, _) = list_pages(&server, "/v1/event-types", 3).await;
+    assert!(pages.iter().all(|page| page.len() <= 3), "{pages:?}");
+    assert_eq!(pages.concat(), names);
+
+    let mut keys = Vec::new();
+    for i in 0..5 {
+        let (status, made) = server
+            .post(
+                "/v1/keys",
+                json!({"name": format!("key {i}"), "scopes": ["events:publish"]}),
+            )
+            .await;
+        assert_eq!(status, 201, "{made}");
+        keys.push(made["id"].as_str().expect("an id").to_owned());
+    }
+    keys.reverse();
+    let (pages, _) = list_pages(&server, "/v1/keys", 2).await;
+    assert_eq!(pages.len(), 3, "{pages:?}");
+    assert_eq!(pages.concat(), keys, "every key once, newest first");
+
+    // A cursor of another list is refused, not read as a place in this one.
+    let (_, types) = server.get("/v1/event-types?limit=1").await;
+    let of_types = format!(
+        "cursor={}",
+        types["next_cursor"].as_str().expect("a cursor")
+    );
+    let (_, listed) = server.get("/v1/keys?limit=1").await;
+    let of_keys = format!(
+        "cursor={}",
+        listed["next_cursor"].as_str().expect("a cursor")
+    );
+    for (path, query, field) in [
+        ("/v1/event-types", of_keys.as_str(), "cursor"),
+        ("/v1/keys", of_types.as_str(), "cursor"),
+        ("/v1/keys", "limit=0", "limit"),
+        ("/v1/event-types", "page=2", "page"),
+    ] {
+        let (status, body) = server.get(&format!("{path}?{query}")).await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{path}?{query}: {body}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_endpoint_pages() {
     let scratch = Scratch::new("endpoint-pages");

@@ -34,6 +34,41 @@ pub(super) fn page_params(
     Ok((after, limit))
 }
 
+/// A page of a list read whole (endpoints, event types, API keys), in its order: at most
+/// `limit` items, and no more once the page holds `budget` bytes of them as JSON (with one
+/// more, the page stays far inside the 6 MB a Lambda function may answer); with the cursor of
+/// its last item (`cursor_of`) when more follow.
+pub(super) fn byte_page<'a, T: 'a, V: serde::Serialize>(
+    items: impl IntoIterator<Item = &'a T>,
+    limit: u32,
+    budget: usize,
+    view: impl Fn(&'a T) -> V,
+    cursor_of: impl Fn(&'a T) -> String,
+) -> ListView<V> {
+    let mut data = Vec::new();
+    let mut bytes = 0;
+    let mut last: Option<&'a T> = None;
+    for item in items {
+        if data.len() >= limit as usize || bytes >= budget {
+            return ListView {
+                data,
+                next_cursor: last.map(cursor_of),
+            };
+        }
+        let shown = view(item);
+        bytes += serde_json::to_vec(&shown).map_or(0, |json| json.len());
+        data.push(shown);
+        last = Some(item);
+    }
+    ListView {
+        data,
+        next_cursor: None,
+    }
+}
+
+/// The bytes of a page of a list read whole: see [`byte_page`].
+pub(super) const LIST_PAGE_BYTES: usize = 1 << 20;
+
 async fn page(
     state: &ApiState,
     account: Option<&AccountId>,

@@ -112,32 +112,22 @@ pub async fn list_endpoints(
         ));
     }
     let list = endpoints::list(&state.app, &account).await?;
-    let mut data = Vec::new();
-    let mut bytes = 0;
-    let mut next_cursor = None;
     let past = |e: &&Endpoint| {
         after
             .as_ref()
             .is_none_or(|(at, id)| (to_millis(e.created_at), e.id.as_str()) > (*at, id.as_str()))
     };
-    let mut last: Option<&Endpoint> = None;
-    for endpoint in list.iter().filter(past) {
-        if data.len() >= limit as usize || bytes >= ENDPOINT_PAGE_BYTES {
-            next_cursor = last.map(|e| cursor::encode(to_millis(e.created_at), e.id.as_str()));
-            break;
-        }
-        let view = EndpointView::for_principal(endpoint, &principal);
-        bytes += serde_json::to_vec(&view).map_or(0, |json| json.len());
-        data.push(view);
-        last = Some(endpoint);
-    }
-    Ok(Json(ListView { data, next_cursor }).into_response())
+    // One more endpoint is tens of KB as JSON at most (20 header values of 1 KiB, a 2 KiB
+    // URL, 100 event-type patterns).
+    let page = super::audit::byte_page(
+        list.iter().filter(past),
+        limit,
+        super::audit::LIST_PAGE_BYTES,
+        |e| EndpointView::for_principal(e, &principal),
+        |e| cursor::encode(to_millis(e.created_at), e.id.as_str()),
+    );
+    Ok(Json(page).into_response())
 }
-
-/// A page of endpoints stops once it holds this many bytes of them; with one more endpoint
-/// (tens of KB as JSON at most: 20 header values of 1 KiB, a 2 KiB URL, 100 event-type
-/// patterns), a page stays well inside the 6 MB Lambda may answer, where 500 could not.
-const ENDPOINT_PAGE_BYTES: usize = 1 << 20;
 
 #[utoipa::path(
     get,

@@ -66,15 +66,37 @@ pub async fn create_event_type(
     security(("bearer" = [])),
     tag = "event types",
     summary = "The event-type catalog, by name; any credential may read it.",
-    responses((status = 200, description = "Every type", body = EventTypeList), ReadErrors),
+    description = "`limit` types a page (100 by default), and no more once a page holds 1 MiB of them: a type's schema and example may each be 64 KiB, so the whole catalog could outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
+    params(PageParams),
+    responses((status = 200, description = "A page of the catalog, by name", body = EventTypeList), ReadErrors),
 )]
-pub async fn list_event_types(State(state): State<ApiState>) -> ApiResult<Response> {
-    let list = catalog::list(&state.app).await?;
-    Ok(Json(ListView {
-        data: list.iter().map(EventTypeView::from).collect(),
-        next_cursor: None,
-    })
-    .into_response())
+pub async fn list_event_types(
+    State(state): State<ApiState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    // The last type's name, with no time: the other lists' cursors carry one.
+    let after = match cursor.as_deref().and_then(cursor::decode) {
+        Some((0, name)) => Some(name),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "cursor",
+                "cursor is of another list than the event-type catalog",
+            ))
+        }
+        None => None,
+    };
+    let mut list = catalog::list(&state.app).await?;
+    list.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
+    let page = super::audit::byte_page(
+        list.iter()
+            .filter(|t| after.as_deref().is_none_or(|after| t.name.as_str() > after)),
+        limit,
+        super::audit::LIST_PAGE_BYTES,
+        EventTypeView::from,
+        |t| cursor::encode(0, t.name.as_str()),
+    );
+    Ok(Json(page).into_response())
 }
 
 #[utoipa::path(

@@ -10,7 +10,8 @@ use crate::{
         openapi::{KeyList, KeyPath, ScopeName},
         views::{KeyView, NewKeyView},
     },
-    domain::ApiKeyId,
+    clock::to_millis,
+    domain::{ApiKey, ApiKeyId},
     service::keys,
 };
 
@@ -71,15 +72,42 @@ pub async fn create_key(
     security(("bearer" = ["admin"])),
     tag = "access",
     summary = "Lists the API keys, revoked ones included, newest first (no secrets).",
-    responses((status = 200, description = "Every key", body = KeyList), ReadErrors),
+    description = "`limit` keys a page (100 by default), and no more once a page holds 1 MiB of them: a key may be limited to many accounts, and revoked keys stay listed, so the whole list could outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
+    params(PageParams),
+    responses((status = 200, description = "A page of the keys, newest first", body = KeyList), ReadErrors),
 )]
-pub async fn list_keys(State(state): State<ApiState>) -> ApiResult<Response> {
-    let keys = keys::list(&state.app).await?;
-    Ok(Json(ListView {
-        data: keys.iter().map(KeyView::from).collect(),
-        next_cursor: None,
-    })
-    .into_response())
+pub async fn list_keys(
+    State(state): State<ApiState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    let after = cursor.as_deref().and_then(cursor::decode);
+    if after
+        .as_ref()
+        .is_some_and(|(_, id)| !id.starts_with("key_"))
+    {
+        return Err(ApiError::bad_request(
+            "cursor",
+            "cursor is of another list than the API keys",
+        ));
+    }
+    let mut keys = keys::list(&state.app).await?;
+    let newest_first =
+        |k: &ApiKey| std::cmp::Reverse((to_millis(k.created_at), k.id.as_str().to_owned()));
+    keys.sort_by_key(newest_first);
+    let before = |k: &&ApiKey| {
+        after
+            .as_ref()
+            .is_none_or(|(at, id)| (to_millis(k.created_at), k.id.as_str()) < (*at, id.as_str()))
+    };
+    let page = super::audit::byte_page(
+        keys.iter().filter(before),
+        limit,
+        super::audit::LIST_PAGE_BYTES,
+        KeyView::from,
+        |k| cursor::encode(to_millis(k.created_at), k.id.as_str()),
+    );
+    Ok(Json(page).into_response())
 }
 
 #[utoipa::path(

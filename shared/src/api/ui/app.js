@@ -114,7 +114,15 @@ async function signIn(token, accountInput) {
 // --- the event-type catalog -------------------------------------------------------------
 
 async function loadCatalog() {
-  const list = await api("/v1/event-types");
+  // The catalog comes a page at a time (500 types, or 1 MiB of them).
+  const list = { data: [] };
+  for (let cursor = null, pages = 0; pages < 100; pages++) {
+    const query = `?limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`;
+    const page = await api(`/v1/event-types${query}`);
+    list.data.push(...page.data);
+    cursor = page.next_cursor;
+    if (!cursor) break;
+  }
   state.catalog = list.data;
   $("catalog").replaceChildren(...list.data.map((t) => el("li", { "data-type": t.name },
     el("div", { class: "row" },
