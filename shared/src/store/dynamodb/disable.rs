@@ -11,6 +11,28 @@ const NOT_DISABLING: &str = "attribute_exists(id) AND attribute_not_exists(#dele
      AND (attribute_not_exists(failing_shard) OR failing_shard <> :disabling \
      OR #status = :active)";
 
+/// How long an endpoint's disable or delete spends abandoning its pending work: well inside
+/// the api function's 30 s (API Gateway's longest wait), with the transaction and the audit
+/// entry around it.
+const ABANDON_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What an abandon got through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Abandoned {
+    pub count: u64,
+    /// Every pending delivery found was handled.
+    pub complete: bool,
+}
+
+impl Abandoned {
+    fn part_way(count: u64) -> Self {
+        Self {
+            count,
+            complete: false,
+        }
+    }
+}
+
 impl DynamoStore {
     /// An endpoint's deliveries created in [`from`, `until`] (unbounded where `None`) that
     /// are pending without an attempt and outside the `pending` index.
@@ -32,8 +54,11 @@ impl DynamoStore {
         .await
     }
 
-    /// Moves every pending delivery of an endpoint to `abandoned`, each by a conditional
-    /// write (so one that was delivered meanwhile stays delivered). Returns how many moved.
+    /// Moves the pending deliveries of an endpoint to `abandoned`, each by a conditional
+    /// write (so one that was delivered meanwhile stays delivered), for [`ABANDON_BUDGET`] at
+    /// most: the owner's disable or delete runs in an API request (30 s on AWS). Returns how
+    /// many moved. What it leaves is inert (no sender sends to a disabled or deleted
+    /// endpoint) and is abandoned at its next try, or by the health check's finishing pass.
     pub(super) async fn abandon_pending_of(
         &self,
         account: &AccountId,
@@ -41,24 +66,54 @@ impl DynamoStore {
         reason: &str,
         now: Timestamp,
     ) -> StoreResult<u64> {
+        let deadline = std::time::Instant::now() + ABANDON_BUDGET;
+        let abandoned = self
+            .abandon_pending_within(account, endpoint, reason, now, deadline)
+            .await?;
+        Ok(abandoned.count)
+    }
+
+    /// [`DynamoStore::abandon_pending_of`] until `deadline`: whether it got through them all.
+    pub(super) async fn abandon_pending_within(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        reason: &str,
+        now: Timestamp,
+        deadline: std::time::Instant,
+    ) -> StoreResult<Abandoned> {
         // Rare (an endpoint disabled or deleted), so it reads the whole `pending` index
-        // rather than every delivery paying for an index of its own (two index writes each).
+        // rather than every delivery paying for an index of its own (two index writes each);
+        // over a large backlog that read alone is long, hence the deadline between pages.
         let mut keys = Vec::new();
         for shard in 0..PENDING_SHARDS {
-            keys.extend(
-                self.query_all(
-                    self.client
-                        .query()
-                        .table_name(&self.tables.deliveries)
-                        .index_name("pending")
-                        .key_condition_expression("pending_shard = :shard")
-                        .filter_expression("account_id = :a AND endpoint_id = :e")
-                        .expression_attribute_values(":shard", s(shard.to_string()))
-                        .expression_attribute_values(":a", s(account.as_str()))
-                        .expression_attribute_values(":e", s(endpoint.as_str())),
-                )
-                .await?,
-            );
+            let request = self
+                .client
+                .query()
+                .table_name(&self.tables.deliveries)
+                .index_name("pending")
+                .key_condition_expression("pending_shard = :shard")
+                .filter_expression("account_id = :a AND endpoint_id = :e")
+                .expression_attribute_values(":shard", s(shard.to_string()))
+                .expression_attribute_values(":a", s(account.as_str()))
+                .expression_attribute_values(":e", s(endpoint.as_str()));
+            let mut start: Option<Item> = None;
+            loop {
+                if std::time::Instant::now() >= deadline {
+                    return Ok(Abandoned::part_way(0));
+                }
+                let out = request
+                    .clone()
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(sdk)?;
+                keys.extend(out.items.unwrap_or_default());
+                match out.last_evaluated_key {
+                    Some(key) if !key.is_empty() => start = Some(key),
+                    _ => break,
+                }
+            }
         }
         // New deliveries perhaps not yet in the index: the walk has looked at everything
         // below its watermark (less the margin for late writes); the rest is read from the
@@ -79,10 +134,15 @@ impl DynamoStore {
         );
         let mut seen = std::collections::HashSet::new();
         keys.retain(|item| seen.insert(opt_s(item, "id")));
+        if std::time::Instant::now() >= deadline {
+            return Ok(Abandoned::part_way(0));
+        }
         // One conditional write per delivery (no transaction, so no 100-item limit), a few
         // at a time; each one only moves a delivery that is still pending, so running this
         // again after a failure part-way finishes the rest and changes nothing else.
+        let wanted = keys.len();
         let outcomes: Vec<StoreResult<bool>> = futures_util::stream::iter(keys)
+            .take_while(|_| std::future::ready(std::time::Instant::now() < deadline))
             .map(|item| async move {
                 let result = self
                     .client
@@ -107,10 +167,13 @@ impl DynamoStore {
             .buffer_unordered(WRITE_CONCURRENCY)
             .collect()
             .await;
-        let mut abandoned = 0;
+        let mut abandoned = Abandoned {
+            count: 0,
+            complete: outcomes.len() == wanted,
+        };
         for outcome in outcomes {
             if outcome? {
-                abandoned += 1;
+                abandoned.count += 1;
             }
         }
         Ok(abandoned)
@@ -127,9 +190,22 @@ impl DynamoStore {
         reason: &str,
         now: Timestamp,
     ) -> StoreResult<u64> {
+        let deadline = std::time::Instant::now() + ABANDON_BUDGET;
         let abandoned = self
-            .abandon_pending_of(account, endpoint, &format!("abandoned: {reason}"), now)
+            .abandon_pending_within(
+                account,
+                endpoint,
+                &format!("abandoned: {reason}"),
+                now,
+                deadline,
+            )
             .await?;
+        if !abandoned.complete {
+            // The marker stays: the next health check goes on with the rest.
+            tracing::info!(endpoint.id = %endpoint, abandoned = abandoned.count, "the disabled endpoint's pending work is abandoned part way; the rest at its next try or the next health check");
+            return Ok(abandoned.count);
+        }
+        let abandoned = abandoned.count;
         let result = self
             .client
             .update_item()

@@ -2047,3 +2047,52 @@ async fn a_resend_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted
     assert_eq!(outcome.queued, Vec::new(), "expired, not yet deleted");
     assert_eq!(outcome.replay.count, 0);
 }
+
+/// An owner's disable or delete abandons the endpoint's pending work within a budget (it
+/// runs in an API request, 30 s at most on AWS); out of time, it says so and leaves the rest
+/// pending, for the sender to abandon at its next try.
+#[tokio::test]
+async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
+    use crate::fixtures::status_of;
+    let store = emulator_store().await;
+    let (account, delivery) = one_delivery(&store).await;
+    let now = crate::fixtures::at(5);
+    let out_of_time = store
+        .abandon_pending_within(
+            &account,
+            &delivery.endpoint_id,
+            "endpoint deleted",
+            now,
+            std::time::Instant::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out_of_time,
+        disable::Abandoned {
+            count: 0,
+            complete: false
+        }
+    );
+    let left = status_of(&store, &account, &delivery.id).await;
+    assert_eq!(left.status, DeliveryStatus::Pending);
+    let in_time = store
+        .abandon_pending_within(
+            &account,
+            &delivery.endpoint_id,
+            "endpoint deleted",
+            now,
+            std::time::Instant::now() + std::time::Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        in_time,
+        disable::Abandoned {
+            count: 1,
+            complete: true
+        }
+    );
+    let done = status_of(&store, &account, &delivery.id).await;
+    assert_eq!(done.status, DeliveryStatus::Abandoned);
+}
