@@ -136,7 +136,7 @@ pub fn describe() {
     );
     describe_counter!(
         NOTIFICATIONS_FAILED,
-        "Owner mails the notifier could not send (kept for the next try)"
+        "Owner mails the notifier could not send, at each try (tried again later, or given up)"
     );
     describe_counter!(
         PUBLISHES_THROTTLED,
@@ -247,7 +247,7 @@ pub fn batch_item_failures(function: &'static str, count: usize) {
     }
 }
 
-/// An owner mail that could not be sent; it stays in the outbox for the next run.
+/// An owner mail that could not be sent: tried again later, or given up.
 pub fn notification_failed() {
     counter!(NOTIFICATIONS_FAILED).increment(1);
 }

@@ -35,6 +35,13 @@ async fn bad_input_is_refused_with_the_field_named() {
             422,
             Some("owner_email"),
         ),
+        // SES sends only to ASCII addresses: a domain in Punycode is taken instead.
+        (
+            accounts,
+            json!({"name": "x", "owner_email": "jörg@bücher.example"}),
+            422,
+            Some("owner_email"),
+        ),
         (
             accounts,
             json!({"id": "bad id", "name": "x", "owner_email": "a@b.co"}),

@@ -50,7 +50,16 @@ mod tests {
         let result = handle(&shape, scheduled).await.unwrap();
         // Disabling mails the owner at once; the flush after it finds nothing left.
         assert_eq!(result, serde_json::json!({"disabled": 1, "mailed": 0}));
-        assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+        // Listed as of a year on: held mail too.
+        let late = hooklane::clock::add(
+            shape.app.clock.now(),
+            std::time::Duration::from_secs(365 * 86_400),
+        );
+        assert!(store
+            .unsent_notifications(late, 10)
+            .await
+            .unwrap()
+            .is_empty());
         let after = store
             .get_endpoint(&dying.account_id, &dying.id)
             .await

@@ -3,7 +3,8 @@ use serde::Serialize;
 use super::{ids::AccountId, InvalidField};
 use crate::clock::Timestamp;
 
-/// An e-mail address, checked only for shape: the mail system is the real judge.
+/// An e-mail address, checked for shape and for what SES sends to: the mail system is the
+/// real judge of the rest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct EmailAddress(String);
@@ -11,6 +12,16 @@ pub struct EmailAddress(String);
 impl EmailAddress {
     pub fn parse(raw: &str) -> Result<Self, InvalidField> {
         let raw = raw.trim();
+        // SES refuses a non-ASCII address for good (a domain must be Punycode, a local part
+        // 7-bit ASCII): refused here, the owner can correct it, where queued mail to it
+        // could only be given up.
+        if !raw.is_ascii() {
+            return Err(InvalidField::new(
+                "owner_email",
+                "must be ASCII: write an international domain in its Punycode form \
+                 (ops@xn--bcher-kva.example for ops@bücher.example); a local part must be ASCII",
+            ));
+        }
         let valid = raw.len() <= 254
             && !raw.chars().any(|c| c.is_whitespace() || c.is_control())
             && match raw.split_once('@') {
@@ -85,5 +96,18 @@ mod tests {
         ] {
             assert!(EmailAddress::parse(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    /// SES sends only to 7-bit ASCII addresses: an owner address it would refuse for good is
+    /// refused when it is given, naming the field, and an international domain is accepted
+    /// in its Punycode form.
+    #[test]
+    fn addresses_the_mail_service_cannot_send_to_are_refused() {
+        for bad in ["jörg@example.com", "ops@bücher.example", "ops@例え.jp"] {
+            let error = EmailAddress::parse(bad).expect_err(bad);
+            assert_eq!(error.field, "owner_email");
+            assert!(error.message.contains("ASCII"), "{}", error.message);
+        }
+        assert!(EmailAddress::parse("ops@xn--bcher-kva.example").is_ok());
     }
 }

@@ -8,9 +8,24 @@ use crate::store::Notification;
 pub mod ses;
 pub mod smtp;
 
+/// Why a notification was not sent, as far as the mail service tells: the sender retries a
+/// temporary failure for a while and gives up a permanent one at once.
 #[derive(Debug, thiserror::Error)]
-#[error("notification not sent: {0}")]
-pub struct NotifyError(pub String);
+pub enum NotifyError {
+    /// Refused for good (the address, the message): sending it again gets the same answer.
+    #[error("notification refused for good: {0}")]
+    Permanent(String),
+    /// May go through later: throttled, paused, unreachable, or our own sending set-up, which
+    /// the operator can fix.
+    #[error("notification not sent: {0}")]
+    Temporary(String),
+}
+
+impl NotifyError {
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Permanent(_))
+    }
+}
 
 #[async_trait]
 pub trait Notifier: Send + Sync + 'static {

@@ -1,7 +1,10 @@
 //! The AWS notifier: mail to the account owner through SES (v2).
 
 use async_trait::async_trait;
-use aws_sdk_sesv2::types::{Body, Content, Destination, EmailContent, Message};
+use aws_sdk_sesv2::{
+    error::ProvideErrorMetadata,
+    types::{Body, Content, Destination, EmailContent, Message},
+};
 
 use super::{Notifier, NotifyError};
 use crate::{aws::error_text, store::Notification};
@@ -26,12 +29,55 @@ fn text(data: &str) -> Result<Content, NotifyError> {
         .data(data)
         .charset("UTF-8")
         .build()
-        .map_err(|e| NotifyError(e.to_string()))
+        .map_err(|e| NotifyError::Permanent(e.to_string()))
+}
+
+/// SendEmail's error codes for this message as it is, which SES will refuse however often it
+/// is sent: `MessageRejected` (its content, or in the sandbox a recipient not verified) and
+/// `BadRequestException` (an address it cannot send to; `InvalidParameterValue` in SES v1 and
+/// the emulator). Everything else is temporary: throttling, and what is wrong with the
+/// sending set-up as a whole (a paused or suspended account, an unverified MAIL FROM domain,
+/// a denied role), which the operator fixes and after which the mail should go.
+const REFUSED_FOR_GOOD: &[&str] = &[
+    "MessageRejected",
+    "BadRequestException",
+    "InvalidParameterValue",
+];
+
+/// Sorts an SES refusal into permanent or temporary (see [`REFUSED_FOR_GOOD`]).
+fn refusal(code: Option<&str>, message: Option<&str>, from: &str, text: String) -> NotifyError {
+    // SES also answers `MessageRejected` when our From identity is not verified (yet),
+    // naming it: that is the set-up, not this mail.
+    let names_from = message.is_some_and(|m| {
+        m.to_ascii_lowercase()
+            .contains(&address_of(from).to_ascii_lowercase())
+    });
+    if code.is_some_and(|c| REFUSED_FOR_GOOD.contains(&c)) && !names_from {
+        NotifyError::Permanent(text)
+    } else {
+        NotifyError::Temporary(text)
+    }
+}
+
+/// The address of a From that may be written `Name <address>`.
+fn address_of(from: &str) -> &str {
+    from.rsplit_once('<')
+        .and_then(|(_, rest)| rest.split_once('>'))
+        .map_or(from, |(address, _)| address)
+        .trim()
 }
 
 #[async_trait]
 impl Notifier for SesNotifier {
     async fn send(&self, n: &Notification) -> Result<(), NotifyError> {
+        // SES takes only ASCII addresses. The API refuses others; one stored before it did
+        // is refused here without asking.
+        if !n.recipient.as_str().is_ascii() {
+            return Err(NotifyError::Permanent(format!(
+                "recipient {}: SES sends only to ASCII addresses",
+                n.recipient.as_str()
+            )));
+        }
         let message = Message::builder()
             .subject(text(&n.subject)?)
             .body(Body::builder().text(text(&n.body)?).build())
@@ -47,7 +93,7 @@ impl Notifier for SesNotifier {
             .content(EmailContent::builder().simple(message).build())
             .send()
             .await
-            .map_err(|e| NotifyError(error_text(&e)))?;
+            .map_err(|e| refusal(e.code(), e.message(), &self.from, error_text(&e)))?;
         Ok(())
     }
 }
@@ -83,10 +129,76 @@ mod tests {
         assert!(sent.contains(&subject), "the mail is not in the emulator");
         assert!(sent.contains("owner@example.com"));
 
+        // An address SES cannot send to is refused for good; an unverified From is ours to
+        // fix, and the mail is tried again once it is.
+        let nowhere = Notification {
+            recipient: crate::domain::EmailAddress::from_trusted("nobody".into()),
+            ..notification.clone()
+        };
+        let refused = notifier.send(&nowhere).await;
+        assert!(
+            matches!(refused, Err(NotifyError::Permanent(_))),
+            "{refused:?}"
+        );
         let unverified = SesNotifier::new(
             aws_sdk_sesv2::Client::new(&crate::aws::load_sdk_config().await),
             "nobody-verified-this@example.net",
         );
-        assert!(unverified.send(&notification).await.is_err());
+        let refused = unverified.send(&notification).await;
+        assert!(
+            matches!(refused, Err(NotifyError::Temporary(_))),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn refusals_of_this_mail_are_permanent_and_of_the_set_up_temporary() {
+        let from = "Hooklane <hooklane@example.com>";
+        let kind = |code: Option<&str>, message: &str| {
+            refusal(code, Some(message), from, String::new()).is_permanent()
+        };
+        let recipient = "Email address is not verified. The following identities failed the \
+                         check in region EU-WEST-1: owner@acme.example";
+        assert!(kind(Some("MessageRejected"), recipient));
+        assert!(kind(Some("BadRequestException"), "Missing final '@domain'"));
+        assert!(kind(Some("InvalidParameterValue"), "Missing domain"));
+        let sender = "Email address is not verified. The following identities failed the \
+                      check in region EU-WEST-1: HOOKLANE@example.com, owner@acme.example";
+        assert!(!kind(Some("MessageRejected"), sender), "our From");
+        for code in [
+            "TooManyRequestsException",
+            "SendingPausedException",
+            "AccountSuspendedException",
+            "MailFromDomainNotVerifiedException",
+            "NotFoundException",
+            "LimitExceededException",
+            "AccessDeniedException",
+        ] {
+            assert!(!kind(Some(code), "…"), "{code}");
+        }
+        assert!(!kind(None, "dispatch failure"), "no answer");
+    }
+
+    #[tokio::test]
+    async fn a_non_ascii_recipient_is_refused_for_good_without_asking_ses() {
+        let config = aws_sdk_sesv2::Config::builder()
+            .behavior_version(aws_sdk_sesv2::config::BehaviorVersion::latest())
+            .region(aws_sdk_sesv2::config::Region::new("eu-west-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .build();
+        let notifier = SesNotifier::new(aws_sdk_sesv2::Client::from_conf(config), "a@b.example");
+        let notification = Notification {
+            id: "ntf_1".into(),
+            account_id: crate::domain::AccountId::parse("acme").unwrap(),
+            recipient: crate::domain::EmailAddress::from_trusted("jörg@example.com".into()),
+            subject: "s".into(),
+            body: "b".into(),
+            created_at: fixtures::t0(),
+        };
+        let refused = notifier.send(&notification).await;
+        assert!(
+            matches!(refused, Err(NotifyError::Permanent(_))),
+            "{refused:?}"
+        );
     }
 }

@@ -42,25 +42,34 @@ impl SmtpNotifier {
 #[async_trait]
 impl Notifier for SmtpNotifier {
     async fn send(&self, n: &Notification) -> Result<(), NotifyError> {
-        let to: Mailbox = n
-            .recipient
-            .as_str()
-            .parse()
-            .map_err(|e| NotifyError(format!("recipient {}: {e}", n.recipient.as_str())))?;
+        let to: Mailbox = n.recipient.as_str().parse().map_err(|e| {
+            NotifyError::Permanent(format!("recipient {}: {e}", n.recipient.as_str()))
+        })?;
         let message = Message::builder()
             .from(self.from.clone())
             .to(to)
             .subject(&n.subject)
             .header(ContentType::TEXT_PLAIN)
             .body(n.body.clone())
-            .map_err(|e| NotifyError(e.to_string()))?;
-        self.transport
-            .send(message)
-            .await
-            .map_err(|e| NotifyError(format!("SMTP: {e}")))?;
+            .map_err(|e| NotifyError::Permanent(e.to_string()))?;
+        self.transport.send(message).await.map_err(|e| {
+            let text = format!("SMTP: {e}");
+            if refused_for_good(e.status().map(u16::from), e.is_permanent()) {
+                NotifyError::Permanent(text)
+            } else {
+                NotifyError::Temporary(text)
+            }
+        })?;
         tracing::info!(notification.id = %n.id, recipient = %n.recipient.as_str(), "owner notified by mail");
         Ok(())
     }
+}
+
+/// A 5xx answer refuses the mail for good (RFC 5321), except those about our login to the
+/// relay (530, 534, 535, 538), which the operator fixes. A 4xx answer, or none (the relay
+/// unreachable), may go through later.
+fn refused_for_good(code: Option<u16>, permanent: bool) -> bool {
+    permanent && !matches!(code, Some(530 | 534 | 535 | 538))
 }
 
 #[cfg(test)]
@@ -145,6 +154,18 @@ mod tests {
             transcript.contains("We disabled your endpoint."),
             "{transcript}"
         );
+    }
+
+    #[test]
+    fn a_refusal_for_good_is_a_5xx_not_about_the_login() {
+        assert!(refused_for_good(Some(550), true), "mailbox unavailable");
+        assert!(
+            refused_for_good(Some(553), true),
+            "mailbox name not allowed"
+        );
+        assert!(!refused_for_good(Some(535), true), "our credentials");
+        assert!(!refused_for_good(Some(450), false), "mailbox busy");
+        assert!(!refused_for_good(None, false), "no answer");
     }
 
     #[test]

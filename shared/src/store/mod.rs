@@ -300,6 +300,16 @@ pub struct Notification {
     pub created_at: Timestamp,
 }
 
+/// What becomes of a notification whose send failed. Either way it keeps `error`, for an
+/// operator to read in the store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotificationFailure {
+    /// Tried again from `at`: until then it is neither read nor claimed.
+    Retry { at: Timestamp, error: String },
+    /// Never tried again: kept, as sent mail is (for the retention), but no longer read.
+    GiveUp { error: String },
+}
+
 /// Disabling an endpoint, all in one transaction, and only if it is still active.
 #[derive(Debug, Clone)]
 pub struct DisableRequest {
@@ -576,11 +586,19 @@ store_port! { $
         request: &DisableRequest,
     ) -> StoreResult<Option<DisableOutcome>>;
 
-    /// Notifications not yet sent, oldest first (claimed ones included: a claim may have
-    /// run out). On DynamoDB an index read, which may lag the last second of writes.
-    async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>>;
+    /// Notifications to send at `now`, soonest due first: neither sent nor given up, and not
+    /// held at `now` by a claim or a retry's wait. A notification is due when made, and
+    /// again when its claim or wait runs out; what is held or given up is read past, so it
+    /// keeps no other from being read. On DynamoDB an index read, which may lag the last
+    /// second of writes.
+    async fn unsent_notifications(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Notification>>;
     /// Takes an unsent notification for sending until `until`, so that one sender sends it:
-    /// false when it is sent already, or another sender's claim has not run out at `now`.
+    /// false when it is sent or given up already, or another sender's claim (or its retry's
+    /// wait) has not run out at `now`.
     async fn claim_notification(
         &self,
         id: &str,
@@ -588,6 +606,14 @@ store_port! { $
         until: Timestamp,
     ) -> StoreResult<bool>;
     async fn mark_notification_sent(&self, id: &str, now: Timestamp) -> StoreResult<()>;
+    /// Records a send of an unsent notification that failed at `now` (see
+    /// [`NotificationFailure`]); nothing for one sent or given up meanwhile, or unknown.
+    async fn mark_notification_failed(
+        &self,
+        id: &str,
+        now: Timestamp,
+        failure: &NotificationFailure,
+    ) -> StoreResult<()>;
 
     /// Stores a new API key; a key of the same id is a conflict.
     async fn create_api_key(&self, key: &ApiKey) -> StoreResult<()>;

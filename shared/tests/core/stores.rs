@@ -13,6 +13,14 @@ mod sqlite_in_memory {
     async fn replays_follow_the_store_contract() {
         hooklane_testkit::replay_contract::replays_follow_the_contract(&store().await).await;
     }
+
+    #[tokio::test]
+    async fn mail_refused_for_good_holds_back_no_other() {
+        hooklane_testkit::notification_contract::mail_refused_for_good_holds_back_no_other(
+            std::sync::Arc::new(store().await),
+        )
+        .await;
+    }
 }
 
 /// The contract checks again on a file, where reads take the reader connection and a
@@ -47,6 +55,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         endpoint_updates_apply_only_over_the_version_read,
         endpoints_are_created_within_their_limit,
         notification_outbox,
+        failed_notifications_wait_or_are_given_up_and_are_read_past,
         settings_put_if_absent,
         delete_endpoint_abandons_pending_and_keeps_history,
         add_deliveries_adds_each_pair_once,
@@ -76,6 +85,14 @@ mod dynamodb {
     async fn replays_follow_the_store_contract() {
         hooklane_testkit::replay_contract::replays_follow_the_contract(&emulator_store().await)
             .await;
+    }
+
+    #[tokio::test]
+    async fn mail_refused_for_good_holds_back_no_other() {
+        hooklane_testkit::notification_contract::mail_refused_for_good_holds_back_no_other(
+            std::sync::Arc::new(emulator_store().await),
+        )
+        .await;
     }
 
     #[tokio::test]

@@ -33,10 +33,19 @@ use crate::fixtures::{
     publish_one, t0, typed_event,
 };
 pub use crate::missed_contract::missed_events_are_listed_by_account_and_time;
+pub use crate::notification_contract::failed_notifications_wait_or_are_given_up_and_are_read_past;
 pub use crate::stats_contract::attempts_are_counted_by_endpoint_and_hour;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
+}
+
+/// Every notification still to send, held by a claim or not: listed as of a year on.
+async fn every_unsent(store: &dyn Store) -> Vec<Notification> {
+    store
+        .unsent_notifications(add(t0(), secs(365 * 86_400)), 10)
+        .await
+        .unwrap()
 }
 
 fn token_ref(account: &AccountId, token_id: &str) -> TokenRef {
@@ -909,10 +918,7 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         None,
         "failing_since moved on"
     );
-    assert!(
-        store.unsent_notifications(10).await.unwrap().is_empty(),
-        "nothing written"
-    );
+    assert!(every_unsent(store).await.is_empty(), "nothing written");
     assert_eq!(
         store
             .get_event(&op_event.account_id, &op_event.id)
@@ -945,7 +951,7 @@ pub async fn disable_endpoint_is_conditional_and_complete(store: &dyn Store) {
         self::stored(store, &d2).await.status,
         DeliveryStatus::Delivered
     );
-    let unsent = store.unsent_notifications(10).await.unwrap();
+    let unsent = every_unsent(store).await;
     assert_eq!(unsent, vec![request.notification.clone().unwrap()]);
     assert_eq!(
         store
@@ -1013,28 +1019,38 @@ pub async fn notification_outbox(store: &dyn Store) {
     let first = disable_request(&ep, None, None);
     store.disable_endpoint(&first).await.unwrap().unwrap();
     let note = first.notification.unwrap();
-    assert_eq!(
-        store.unsent_notifications(10).await.unwrap(),
-        vec![note.clone()]
-    );
+    let made = note.created_at;
+    let unsent_at = |at: u64| async move {
+        store
+            .unsent_notifications(add(made, secs(at)), 10)
+            .await
+            .unwrap()
+    };
+    assert_eq!(unsent_at(0).await, vec![note.clone()], "due once made");
     // One sender at a time: a claim holds until it runs out, and a claim that ran out (its
     // sender died, or failed to send) can be taken again.
     let claim = |at: u64, until: u64| {
-        store.claim_notification(&note.id, add(t0(), secs(at)), add(t0(), secs(until)))
+        store.claim_notification(&note.id, add(made, secs(at)), add(made, secs(until)))
     };
     assert!(claim(0, 300).await.unwrap(), "unclaimed");
+    assert!(unsent_at(299).await.is_empty(), "held by its claim");
     assert!(!claim(299, 599).await.unwrap(), "claimed until 300");
+    assert_eq!(
+        unsent_at(300).await,
+        vec![note.clone()],
+        "due again once its claim ran out"
+    );
     assert!(claim(300, 600).await.unwrap(), "the claim ran out");
     assert_eq!(
-        store.unsent_notifications(10).await.unwrap(),
+        every_unsent(store).await,
         vec![note.clone()],
         "a claimed notification is not sent yet"
     );
     store
-        .mark_notification_sent(&note.id, add(t0(), secs(1)))
+        .mark_notification_sent(&note.id, add(made, secs(1)))
         .await
         .unwrap();
-    assert!(store.unsent_notifications(10).await.unwrap().is_empty());
+    assert!(every_unsent(store).await.is_empty());
     assert!(
         !claim(900, 1200).await.unwrap(),
         "a sent notification is not sent again, whatever an index still lists"
@@ -2083,6 +2099,7 @@ macro_rules! store_contract_tests {
             endpoint_updates_apply_only_over_the_version_read,
             endpoints_are_created_within_their_limit,
             notification_outbox,
+            failed_notifications_wait_or_are_given_up_and_are_read_past,
             settings_put_if_absent,
             delete_endpoint_abandons_pending_and_keeps_history,
             add_deliveries_adds_each_pair_once,

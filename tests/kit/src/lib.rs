@@ -19,6 +19,7 @@ pub mod fixtures;
 #[cfg(feature = "aws")]
 pub mod meter;
 pub mod missed_contract;
+pub mod notification_contract;
 pub mod replay_contract;
 pub mod stats_contract;
 pub mod testing;

@@ -3,6 +3,7 @@
 use super::items::*;
 use super::write::Write;
 use super::*;
+use crate::store::NotificationFailure;
 
 impl DynamoStore {
     pub(super) async fn create_account(&self, account: &Account) -> StoreResult<()> {
@@ -94,15 +95,26 @@ impl DynamoStore {
         Ok(true)
     }
 
-    pub(super) async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+    /// The `unsent` index is sorted by `created_key`, which for a notification is when it is
+    /// due: made at first, then the end of its claim or of its wait after a failed send
+    /// (`claim_notification` and `mark_notification_failed` move it). Reading only up to
+    /// `now` reads past the held ones, however many; a given-up one leaves the index.
+    pub(super) async fn unsent_notifications(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Notification>> {
+        // Every key made at or before `now` sorts before the bare millisecond that follows.
+        let after_now = format!("{:016}", to_millis(now).max(0).saturating_add(1));
         let out = self
             .client
             .query()
             .table_name(&self.tables.control)
             .index_name(UNSENT)
-            .key_condition_expression("#u = :u")
+            .key_condition_expression("#u = :u AND created_key < :after_now")
             .expression_attribute_names("#u", UNSENT)
             .expression_attribute_values(":u", s(UNSENT))
+            .expression_attribute_values(":after_now", s(after_now))
             .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
             .send()
             .await
@@ -128,13 +140,14 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.tables.control)
             .key("pk", notification_pk(id))
-            .update_expression("SET claimed_until = :until")
+            .update_expression("SET claimed_until = :until, created_key = :due")
             .condition_expression(
                 "attribute_exists(#u) AND (attribute_not_exists(claimed_until) OR claimed_until <= :now)",
             )
             .expression_attribute_names("#u", UNSENT)
             .expression_attribute_values(":now", n(to_millis(now)))
             .expression_attribute_values(":until", n(to_millis(until)))
+            .expression_attribute_values(":due", s(time_key(until, id)))
             .send()
             .await;
         Ok(written(result)?.is_some())
@@ -155,6 +168,43 @@ impl DynamoStore {
             .send()
             .await;
         written(result)?;
+        Ok(())
+    }
+
+    /// A retry holds the notification as a claim does, until its wait is over; giving up
+    /// takes it out of the `unsent` index and lets it expire with the retention, as sent
+    /// mail does. Either keeps the error in `last_error`.
+    pub(super) async fn mark_notification_failed(
+        &self,
+        id: &str,
+        now: Timestamp,
+        failure: &NotificationFailure,
+    ) -> StoreResult<()> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .key("pk", notification_pk(id))
+            .condition_expression("attribute_exists(#u)")
+            .expression_attribute_names("#u", UNSENT);
+        let update = match failure {
+            NotificationFailure::Retry { at, error } => update
+                .update_expression(
+                    "SET claimed_until = :at, created_key = :due, last_error = :error",
+                )
+                .expression_attribute_values(":at", n(to_millis(*at)))
+                .expression_attribute_values(":due", s(time_key(*at, id)))
+                .expression_attribute_values(":error", s(error)),
+            NotificationFailure::GiveUp { error } => update
+                .update_expression(
+                    "SET given_up_at = :now, last_error = :error, expires_at = :expires \
+                     REMOVE #u, claimed_until",
+                )
+                .expression_attribute_values(":now", n(to_millis(now)))
+                .expression_attribute_values(":error", s(error))
+                .expression_attribute_values(":expires", self.log_expiry(now)),
+        };
+        written(update.send().await)?;
         Ok(())
     }
 

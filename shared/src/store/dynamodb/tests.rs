@@ -2014,6 +2014,89 @@ async fn a_batch_read_asks_again_for_unprocessed_keys_a_bounded_number_of_times(
     assert_eq!(requests.load(SeqCst), 1 + UNPROCESSED_ROUNDS as usize);
 }
 
+/// Owner mail whose send failed keeps the error in `last_error`, for an operator to read in
+/// the control table: mail waiting for a retry stays unexpired, with its `unsent` key moved
+/// to when it is due; mail given up leaves the `unsent` index, keeps `given_up_at` and
+/// expires with the retention, as sent mail does.
+#[tokio::test]
+async fn owner_mail_given_up_keeps_its_error_and_expires_with_the_retention() {
+    use crate::fixtures::at;
+    use crate::store::NotificationFailure;
+    let store = emulator_store().await;
+    let mail = Notification {
+        id: "ntf_1".into(),
+        account_id: AccountId::from_trusted("acme".into()),
+        recipient: EmailAddress::from_trusted("owner@example.com".into()),
+        subject: "endpoint disabled".into(),
+        body: "…".into(),
+        created_at: at(1),
+    };
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().control)
+        .set_item(Some(notification_item(&mail)))
+        .send()
+        .await
+        .unwrap();
+    let stored = || async {
+        let key = Item::from([("pk".to_owned(), s("notification#ntf_1"))]);
+        store
+            .get(&store.tables().control, key)
+            .await
+            .unwrap()
+            .expect("the item")
+    };
+    let retry = NotificationFailure::Retry {
+        at: at(900),
+        error: "TooManyRequestsException".into(),
+    };
+    store
+        .mark_notification_failed("ntf_1", at(5), &retry)
+        .await
+        .unwrap();
+    let waiting = stored().await;
+    assert_eq!(
+        opt_s(&waiting, "last_error").as_deref(),
+        Some("TooManyRequestsException")
+    );
+    assert_eq!(
+        opt_s(&waiting, "created_key"),
+        Some(time_key(at(900), "ntf_1"))
+    );
+    assert!(waiting.contains_key(UNSENT));
+    assert!(!waiting.contains_key("expires_at"));
+
+    let give_up = NotificationFailure::GiveUp {
+        error: "MessageRejected: Email address is not verified.".into(),
+    };
+    store
+        .mark_notification_failed("ntf_1", at(10), &give_up)
+        .await
+        .unwrap();
+    let given_up = stored().await;
+    assert_eq!(
+        opt_s(&given_up, "last_error").as_deref(),
+        Some("MessageRejected: Email address is not verified.")
+    );
+    assert_eq!(
+        given_up
+            .get("given_up_at")
+            .and_then(|v| v.as_n().ok())
+            .cloned(),
+        Some(to_millis(at(10)).to_string())
+    );
+    assert!(!given_up.contains_key(UNSENT), "out of the index");
+    let retention = Retention::default().deliveries.as_secs() as i64;
+    assert_eq!(
+        given_up
+            .get("expires_at")
+            .and_then(|v| v.as_n().ok())
+            .cloned(),
+        Some((to_millis(at(10)) / 1000 + retention).to_string())
+    );
+}
+
 /// A resend of an endpoint's log leaves out a delivery past its expiry that TTL has not
 /// deleted yet (DynamoDB deletes within days, and reads return it until then): the log no
 /// longer shows it, and sending it again would bring back what retention removed.
@@ -2067,13 +2150,7 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        out_of_time,
-        disable::Abandoned {
-            count: 0,
-            complete: false
-        }
-    );
+    assert_eq!(out_of_time, disable::Abandoned { count: 0, complete: false });
     let left = status_of(&store, &account, &delivery.id).await;
     assert_eq!(left.status, DeliveryStatus::Pending);
     let in_time = store
@@ -2086,13 +2163,7 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        in_time,
-        disable::Abandoned {
-            count: 1,
-            complete: true
-        }
-    );
+    assert_eq!(in_time, disable::Abandoned { count: 1, complete: true });
     let done = status_of(&store, &account, &delivery.id).await;
     assert_eq!(done.status, DeliveryStatus::Abandoned);
 }

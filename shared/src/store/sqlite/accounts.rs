@@ -3,6 +3,7 @@
 use super::rows::*;
 use super::worker::*;
 use super::*;
+use crate::store::NotificationFailure;
 
 impl SqliteStore {
     pub(super) async fn create_account(&self, account: &Account) -> StoreResult<()> {
@@ -208,16 +209,24 @@ impl SqliteStore {
         Ok(outcome)
     }
 
-    pub(super) async fn unsent_notifications(&self, limit: u32) -> StoreResult<Vec<Notification>> {
+    /// Due is `claimed_until` once claimed (a claim, or a retry's wait), else `created_at`,
+    /// in the order of the `notifications_due` index.
+    pub(super) async fn unsent_notifications(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Notification>> {
         self.read_on_the_store_thread(move |conn| {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT id, account_id, recipient, subject, body, created_at FROM notifications \
-                     WHERE sent_at IS NULL ORDER BY created_at LIMIT ?1",
+                     WHERE sent_at IS NULL AND given_up_at IS NULL \
+                     AND coalesce(claimed_until, created_at) <= ?1 \
+                     ORDER BY coalesce(claimed_until, created_at), id LIMIT ?2",
                 )
                 .map_err(backend)?;
             let rows = stmt
-                .query_map(params![limit], |row| {
+                .query_map(params![to_millis(now), limit], |row| {
                     Ok(Notification {
                         id: row.get(0)?,
                         account_id: AccountId::from_trusted(row.get(1)?),
@@ -244,7 +253,7 @@ impl SqliteStore {
             let claimed = conn
                 .execute(
                     "UPDATE notifications SET claimed_until = ?3 WHERE id = ?1 AND sent_at IS NULL \
-                     AND (claimed_until IS NULL OR claimed_until <= ?2)",
+                     AND given_up_at IS NULL AND (claimed_until IS NULL OR claimed_until <= ?2)",
                     params![id, to_millis(now), to_millis(until)],
                 )
                 .map_err(backend)?;
@@ -260,6 +269,39 @@ impl SqliteStore {
                 "UPDATE notifications SET sent_at = ?2 WHERE id = ?1",
                 params![id, to_millis(now)],
             )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// A retry holds the notification as a claim does, until its wait is over; mail given
+    /// up is purged with the retention, as sent mail is.
+    pub(super) async fn mark_notification_failed(
+        &self,
+        id: &str,
+        now: Timestamp,
+        failure: &NotificationFailure,
+    ) -> StoreResult<()> {
+        let id = id.to_owned();
+        let failure = failure.clone();
+        self.run(move |conn| {
+            let unsent = "WHERE id = ?1 AND sent_at IS NULL AND given_up_at IS NULL";
+            match failure {
+                NotificationFailure::Retry { at, error } => conn.execute(
+                    &format!(
+                        "UPDATE notifications SET claimed_until = ?2, last_error = ?3 {unsent}"
+                    ),
+                    params![id, to_millis(at), error],
+                ),
+                NotificationFailure::GiveUp { error } => conn.execute(
+                    &format!(
+                        "UPDATE notifications SET given_up_at = ?2, last_error = ?3, \
+                         claimed_until = NULL {unsent}"
+                    ),
+                    params![id, to_millis(now), error],
+                ),
+            }
             .map_err(backend)?;
             Ok(())
         })

@@ -159,7 +159,7 @@ impl SqliteStore {
                     if slice.events.is_some_and(|(_, done)| done) {
                         purged.notifications = sp
                             .prepare_cached(
-                                "DELETE FROM notifications WHERE sent_at < ?1",
+                                "DELETE FROM notifications WHERE sent_at < ?1 OR given_up_at < ?1",
                             )
                             .and_then(|mut s| s.execute(params![cutoff]))
                             .map_err(backend)? as u64;

@@ -72,9 +72,10 @@ CREATE TABLE IF NOT EXISTS notifications (
   body TEXT NOT NULL,
   created_at INTEGER NOT NULL,
   sent_at INTEGER,
-  claimed_until INTEGER
+  claimed_until INTEGER,
+  given_up_at INTEGER,
+  last_error TEXT
 );
-CREATE INDEX IF NOT EXISTS notifications_unsent ON notifications(created_at) WHERE sent_at IS NULL;
 CREATE TABLE IF NOT EXISTS replays (
   id TEXT PRIMARY KEY,
   account_id TEXT NOT NULL,
@@ -247,7 +248,11 @@ pub(super) const ADDED_REPLAY_COLUMNS: &[(&str, &str)] = &[
     ("missed", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
-pub(super) const ADDED_NOTIFICATION_COLUMNS: &[(&str, &str)] = &[("claimed_until", "INTEGER")];
+pub(super) const ADDED_NOTIFICATION_COLUMNS: &[(&str, &str)] = &[
+    ("claimed_until", "INTEGER"),
+    ("given_up_at", "INTEGER"),
+    ("last_error", "TEXT"),
+];
 
 pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] =
     &[("erased_at", "INTEGER"), ("missed", "INTEGER")];
@@ -255,8 +260,14 @@ pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] =
 /// Indexes over columns an older file gets from the lists above, made once they exist.
 /// `events_missed` holds only the events a disabled endpoint missed (`missed` is null for
 /// every other): a publish to an account without one writes nothing more.
+/// `notifications_due` orders the mail still to send by when it is due (made, or the end of
+/// its claim or retry's wait), as `unsent_notifications` reads it; it replaces
+/// `notifications_unsent`, which ordered by when it was made and kept mail given up.
 pub(super) const INDEXES_OF_ADDED_COLUMNS: &str =
-    "CREATE INDEX IF NOT EXISTS events_missed ON events(account_id, created_at, id) WHERE missed IS NOT NULL;";
+    "CREATE INDEX IF NOT EXISTS events_missed ON events(account_id, created_at, id) WHERE missed IS NOT NULL; \
+     DROP INDEX IF EXISTS notifications_unsent; \
+     CREATE INDEX IF NOT EXISTS notifications_due ON notifications(coalesce(claimed_until, created_at), id) \
+     WHERE sent_at IS NULL AND given_up_at IS NULL;";
 
 pub(super) const ADDED_DELIVERY_COLUMNS: &[(&str, &str)] = &[
     ("schedule_start", "INTEGER NOT NULL DEFAULT 0"),

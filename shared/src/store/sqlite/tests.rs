@@ -178,7 +178,10 @@ async fn the_sweepers_reads_forget_nothing_kept() {
         .failing_endpoints(crate::fixtures::t0())
         .await
         .unwrap();
-    store.unsent_notifications(10).await.unwrap();
+    store
+        .unsent_notifications(crate::fixtures::t0(), 10)
+        .await
+        .unwrap();
     store.get_setting("admin").await.unwrap();
     let kept = store.load_work(&d2.id).await.unwrap().unwrap();
     assert_eq!(
@@ -1706,6 +1709,57 @@ async fn sent_mail_is_kept_a_retention_after_it_was_sent() {
         .mark_notification_sent("ntf_1", at(1_000))
         .await
         .unwrap();
+    assert_eq!(purge_past(&store, at(500)).await.notifications, 0);
+    assert_eq!(purge_past(&store, at(1_500)).await.notifications, 1);
+}
+
+/// Owner mail given up keeps its error for an operator to read in the file, and is kept a
+/// retention after it was given up, as sent mail is after it was sent.
+#[tokio::test]
+async fn mail_given_up_keeps_its_error_and_is_kept_a_retention() {
+    use crate::fixtures::{account_with_endpoints, at};
+    use crate::store::NotificationFailure;
+    let store = SqliteStore::in_memory().unwrap();
+    let [ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    store
+        .disable_endpoint(&crate::store::DisableRequest {
+            account_id: ep.account_id.clone(),
+            endpoint_id: ep.id.clone(),
+            reason: "failing".into(),
+            now: at(0),
+            expected_failing_since: None,
+            notification: Some(crate::store::Notification {
+                id: "ntf_1".into(),
+                account_id: ep.account_id.clone(),
+                recipient: crate::domain::EmailAddress::parse("owner@acme.example").unwrap(),
+                subject: "disabled".into(),
+                body: "your endpoint".into(),
+                created_at: at(0),
+            }),
+            operational_event: None,
+        })
+        .await
+        .unwrap();
+    let give_up = NotificationFailure::GiveUp {
+        error: "MessageRejected: Email address is not verified.".into(),
+    };
+    store
+        .mark_notification_failed("ntf_1", at(1_000), &give_up)
+        .await
+        .unwrap();
+    let (given_up_at, error): (i64, String) = store
+        .read_on_the_store_thread(|conn| {
+            conn.query_row(
+                "SELECT given_up_at, last_error FROM notifications WHERE id = 'ntf_1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(backend)
+        })
+        .await
+        .unwrap();
+    assert_eq!(given_up_at, crate::clock::to_millis(at(1_000)));
+    assert_eq!(error, "MessageRejected: Email address is not verified.");
     assert_eq!(purge_past(&store, at(500)).await.notifications, 0);
     assert_eq!(purge_past(&store, at(1_500)).await.notifications, 1);
 }
