@@ -1760,6 +1760,31 @@ async fn mail_given_up_keeps_its_error_and_is_kept_a_retention() {
         .unwrap();
     assert_eq!(given_up_at, crate::clock::to_millis(at(1_000)));
     assert_eq!(error, "MessageRejected: Email address is not verified.");
+    // The query docs/OPERATIONS.md gives operators lists it.
+    let operations = include_str!("../../../../docs/OPERATIONS.md");
+    let documented = operations
+        .lines()
+        .find_map(|line| line.strip_prefix("sqlite3 hooklane.db \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("docs/OPERATIONS.md lists mail given up with sqlite3")
+        .to_owned();
+    let listed: Vec<(String, String)> = store
+        .read_on_the_store_thread(move |conn| {
+            let mut statement = conn.prepare(&documented).map_err(backend)?;
+            let rows = statement
+                .query_map([], |r| Ok((r.get(0)?, r.get(4)?)))
+                .map_err(backend)?;
+            rows.collect::<Result<_, _>>().map_err(backend)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        listed,
+        [(
+            "ntf_1".to_owned(),
+            "MessageRejected: Email address is not verified.".to_owned()
+        )]
+    );
     assert_eq!(purge_past(&store, at(500)).await.notifications, 0);
     assert_eq!(purge_past(&store, at(1_500)).await.notifications, 1);
 }
