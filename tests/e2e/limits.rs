@@ -578,6 +578,73 @@ async fn the_catalog_and_the_keys_come_in_pages_of_bounded_size() {
     }
 }
 
+/// A batch whose whole answer would be too large for the AWS function (6 MB) is answered
+/// abridged, every event without its deliveries and a created one without its `data`; the
+/// events are written all the same, and sending the batch again answers the same way, each
+/// existing event with its `data` (what the outbox relay compares with what it sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_too_large_to_answer_whole_is_answered_abridged() {
+    let scratch = Scratch::new("batch-abridged");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    for _ in 0..100 {
+        server
+            .create_endpoint("acme", "http://127.0.0.1:9/x", json!({}))
+            .await;
+    }
+    let pad = "p".repeat(25_000);
+    let events: Vec<Value> = (0..100)
+        .map(|i| json!({"id": format!("evt_big_{i:03}"), "type": "a.b", "data": {"pad": pad}}))
+        .collect();
+    let batch = json!({ "events": events });
+    for round in ["first", "again"] {
+        let (status, answer) = server
+            .post("/v1/accounts/acme/events/batch", batch.clone())
+            .await;
+        assert_eq!(status, 202, "{round}");
+        let escaped = serde_json::to_string(&answer.to_string())
+            .expect("text")
+            .len();
+        assert!(escaped < 6_000_000, "{round}: {escaped} bytes escaped");
+        assert_eq!(answer["abridged"], true, "{round}");
+        let results = answer["results"].as_array().expect("results");
+        assert_eq!(results.len(), 100, "{round}");
+        for (i, result) in results.iter().enumerate() {
+            let event = &result["event"];
+            assert_eq!(event["id"], format!("evt_big_{i:03}"), "{round}");
+            assert!(event.get("deliveries").is_none(), "{round}: {event}");
+            match round {
+                "first" => {
+                    assert_eq!(result["created"], true);
+                    assert!(event.get("data").is_none(), "{event}");
+                }
+                _ => {
+                    assert_eq!(result["created"], false);
+                    assert_eq!(event["data"]["pad"], pad.as_str());
+                }
+            }
+        }
+    }
+    let (status, one) = server.get("/v1/accounts/acme/events/evt_big_042").await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["deliveries"].as_array().map(Vec::len), Some(100));
+    // A batch that fits is answered whole.
+    let (status, small) = server
+        .post(
+            "/v1/accounts/acme/events/batch",
+            json!({"events": [{"type": "a.b", "data": {}}]}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    assert!(small.get("abridged").is_none(), "{small}");
+    assert_eq!(
+        small["results"][0]["event"]["deliveries"]
+            .as_array()
+            .map(Vec::len),
+        Some(100)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_endpoint_pages() {
     let scratch = Scratch::new("endpoint-pages");

@@ -626,12 +626,59 @@ impl<'a> From<&'a Replay> for ReplayView<'a> {
 pub struct BatchResult<'a> {
     /// False when an event with this id existed: it is returned and nothing was created.
     pub created: bool,
-    pub event: EventView<'a>,
+    pub event: BatchEventView<'a>,
+}
+
+/// An event of a batch's answer: as a single publish answers it, or, in an abridged answer,
+/// without its deliveries, and without its `data` when it was created by this batch (the
+/// caller sent it); an event that existed keeps its `data`, to compare with what was sent.
+#[derive(Serialize, ToSchema)]
+pub struct BatchEventView<'a> {
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub event_type: &'a str,
+    #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_text")]
+    pub created_at: Timestamp,
+    /// The event's `data`; null once erased. Left out of an abridged answer for an event this
+    /// batch created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "crate::clock::as_optional_text")]
+    pub erased_at: Option<Timestamp>,
+    /// Left out of an abridged answer: read them with `GET …/events/{event}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<Vec<DeliveryView<'a>>>,
+}
+
+impl<'a> BatchEventView<'a> {
+    pub fn new(
+        event: &'a Event,
+        deliveries: &'a [Delivery],
+        created: bool,
+        abridged: bool,
+    ) -> Self {
+        Self {
+            id: event.id.as_str(),
+            event_type: event.event_type.as_str(),
+            created_at: event.created_at,
+            data: (!abridged || !created).then(|| event.data()),
+            erased_at: event.erased_at,
+            deliveries: (!abridged).then(|| deliveries.iter().map(DeliveryView::from).collect()),
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct BatchView<'a> {
     pub results: Vec<BatchResult<'a>>,
+    /// True when the whole answer would have been too large (an AWS function answers 6 MB at
+    /// most), so each event is given without its deliveries, and without its `data` when
+    /// this batch created it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub abridged: bool,
 }
 
 /// Up to when an account's tokens are revoked.

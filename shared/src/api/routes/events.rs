@@ -1,6 +1,6 @@
 //! Events: publish one or a batch (each idempotent on its id), read one.
 
-use super::super::views::{BatchResult, BatchView};
+use super::super::views::{BatchEventView, BatchResult, BatchView};
 use super::*;
 use crate::service::publish;
 
@@ -82,7 +82,7 @@ pub struct PublishBatch {
     description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. The batch is one transaction in both shapes: its body may be 3.7 MB, so that on AWS its events fit one DynamoDB transaction.",
     params(AccountPath),
     request_body = PublishBatch,
-    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would", body = BatchView), ReadErrors, BodyErrors, PublishErrors),
+    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would, unless the whole answer would be over 5 MB as the AWS function carries it: then it is `abridged`, each event without its deliveries, and without its `data` when this batch created it", body = BatchView), ReadErrors, BodyErrors, PublishErrors),
 )]
 pub async fn publish_batch(
     State(state): State<ApiState>,
@@ -113,15 +113,36 @@ pub async fn publish_batch(
     let published =
         publish::publish_batch_limited(&state.app, state.publish_limits.as_ref(), &account, inputs)
             .await?;
-    let results = published
-        .iter()
-        .map(|p| BatchResult {
-            created: p.created,
-            event: EventView::new(&p.event, &p.deliveries),
-        })
-        .collect();
-    Ok((StatusCode::ACCEPTED, Json(BatchView { results })).into_response())
+    let answer = |abridged: bool| BatchView {
+        results: published
+            .iter()
+            .map(|p| BatchResult {
+                created: p.created,
+                event: BatchEventView::new(&p.event, &p.deliveries, p.created, abridged),
+            })
+            .collect(),
+        abridged,
+    };
+    // The events are written: an answer too large for the AWS function (6 MB, the body
+    // JSON-escaped within it) would turn that success into an error, every time it is sent
+    // again. 100 events to 100 endpoints each are 10,000 deliveries, about 4 MB of them.
+    if let Ok(full) = serde_json::to_string(&answer(false)) {
+        let escaped = serde_json::to_string(&full).map_or(usize::MAX, |text| text.len());
+        if escaped <= BATCH_ANSWER_BYTES {
+            return Ok((
+                StatusCode::ACCEPTED,
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                full,
+            )
+                .into_response());
+        }
+    }
+    Ok((StatusCode::ACCEPTED, Json(answer(true))).into_response())
 }
+
+/// The largest batch answer given whole, as the AWS function's answer would carry it
+/// (JSON-escaped): within Lambda's 6 MB with room for the rest of its response.
+pub const BATCH_ANSWER_BYTES: usize = 5_000_000;
 
 #[utoipa::path(
     get,

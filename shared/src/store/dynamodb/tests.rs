@@ -2150,7 +2150,13 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
         )
         .await
         .unwrap();
-    assert_eq!(out_of_time, disable::Abandoned { count: 0, complete: false });
+    assert_eq!(
+        out_of_time,
+        disable::Abandoned {
+            count: 0,
+            complete: false
+        }
+    );
     let left = status_of(&store, &account, &delivery.id).await;
     assert_eq!(left.status, DeliveryStatus::Pending);
     let in_time = store
@@ -2163,7 +2169,13 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
         )
         .await
         .unwrap();
-    assert_eq!(in_time, disable::Abandoned { count: 1, complete: true });
+    assert_eq!(
+        in_time,
+        disable::Abandoned {
+            count: 1,
+            complete: true
+        }
+    );
     let done = status_of(&store, &account, &delivery.id).await;
     assert_eq!(done.status, DeliveryStatus::Abandoned);
 }
