@@ -16,21 +16,15 @@ const NOT_DISABLING: &str = "attribute_exists(id) AND attribute_not_exists(#dele
 /// entry around it.
 const ABANDON_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long one health check spends finishing disables that stopped part way.
+const FINISHING_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What an abandon got through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Abandoned {
     pub count: u64,
     /// Every pending delivery found was handled.
     pub complete: bool,
-}
-
-impl Abandoned {
-    fn part_way(count: u64) -> Self {
-        Self {
-            count,
-            complete: false,
-        }
-    }
 }
 
 impl DynamoStore {
@@ -84,9 +78,16 @@ impl DynamoStore {
     ) -> StoreResult<Abandoned> {
         // Rare (an endpoint disabled or deleted), so it reads the whole `pending` index
         // rather than every delivery paying for an index of its own (two index writes each);
-        // over a large backlog that read alone is long, hence the deadline between pages.
+        // over a large backlog that read alone is long, so it gets half the time, and what
+        // it found is abandoned with the rest. Each pass starts at another shard, and what it
+        // abandons leaves the index: passes over a backlog longer than one get through it.
+        let read_until = std::time::Instant::now()
+            + deadline.saturating_duration_since(std::time::Instant::now()) / 2;
+        let first = rand::Rng::random_range(&mut rand::rng(), 0..PENDING_SHARDS);
+        let mut read_all = true;
         let mut keys = Vec::new();
-        for shard in 0..PENDING_SHARDS {
+        'shards: for turn in 0..PENDING_SHARDS {
+            let shard = (first + turn) % PENDING_SHARDS;
             let request = self
                 .client
                 .query()
@@ -99,8 +100,9 @@ impl DynamoStore {
                 .expression_attribute_values(":e", s(endpoint.as_str()));
             let mut start: Option<Item> = None;
             loop {
-                if std::time::Instant::now() >= deadline {
-                    return Ok(Abandoned::part_way(0));
+                if std::time::Instant::now() >= read_until {
+                    read_all = false;
+                    break 'shards;
                 }
                 let out = request
                     .clone()
@@ -115,28 +117,27 @@ impl DynamoStore {
                 }
             }
         }
-        // New deliveries perhaps not yet in the index: the walk has looked at everything
-        // below its watermark (less the margin for late writes); the rest is read from the
-        // endpoint's log, strongly consistent and whether indexed or not (the index is read
-        // eventually consistent, so an entry just written may be missing from it).
-        let watermark = self
-            .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
-            .await?
-            .map(|item| opt_n::<i64>(&item, "watermark"))
-            .transpose()?
-            .flatten();
-        let from = watermark.map(|w| {
-            from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
-        });
-        keys.extend(
-            self.endpoint_log(account, endpoint, from, None, LogFilter::Pending, true)
-                .await?,
-        );
+        if read_all {
+            // New deliveries perhaps not yet in the index: the walk has looked at everything
+            // below its watermark (less the margin for late writes); the rest is read from
+            // the endpoint's log, strongly consistent and whether indexed or not (the index
+            // is read eventually consistent, so an entry just written may be missing from it).
+            let watermark = self
+                .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+                .await?
+                .map(|item| opt_n::<i64>(&item, "watermark"))
+                .transpose()?
+                .flatten();
+            let from = watermark.map(|w| {
+                from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
+            });
+            keys.extend(
+                self.endpoint_log(account, endpoint, from, None, LogFilter::Pending, true)
+                    .await?,
+            );
+        }
         let mut seen = std::collections::HashSet::new();
         keys.retain(|item| seen.insert(opt_s(item, "id")));
-        if std::time::Instant::now() >= deadline {
-            return Ok(Abandoned::part_way(0));
-        }
         // One conditional write per delivery (no transaction, so no 100-item limit), a few
         // at a time; each one only moves a delivery that is still pending, so running this
         // again after a failure part-way finishes the rest and changes nothing else.
@@ -169,7 +170,7 @@ impl DynamoStore {
             .await;
         let mut abandoned = Abandoned {
             count: 0,
-            complete: outcomes.len() == wanted,
+            complete: read_all && outcomes.len() == wanted,
         };
         for outcome in outcomes {
             if outcome? {
@@ -318,7 +319,17 @@ impl DynamoStore {
                     .expression_attribute_values(":f", s(DISABLING_SHARD)),
             )
             .await?;
+        // Each takes up to ABANDON_BUDGET; past FINISHING_BUDGET the rest wait for the next
+        // check, which must still disable and mail within the function's 300 s.
+        let started = std::time::Instant::now();
         for item in &unfinished {
+            if started.elapsed() >= FINISHING_BUDGET {
+                tracing::info!(
+                    left = unfinished.len(),
+                    "disables to finish left for the next health check"
+                );
+                break;
+            }
             let endpoint = endpoint_from_item(item, &self.secrets)?;
             let reason = endpoint
                 .disabled_reason
