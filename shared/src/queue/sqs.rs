@@ -12,7 +12,7 @@ use aws_sdk_scheduler::types::{
     ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
 };
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::{Queue, QueueError};
@@ -110,8 +110,9 @@ impl SqsQueue {
         self
     }
 
-    /// Sends every batch, [`SEND_CONCURRENCY`] at a time, even when one fails: the first
-    /// failure is the answer (the caller sends them all again; a sender takes a delivery once).
+    /// Sends the batches, [`SEND_CONCURRENCY`] at a time, until one fails: that failure is
+    /// the answer, and no further batch is started (the caller sends them all again, so each
+    /// one sent before is a copy in the queue).
     async fn send_now(&self, items: &[(PendingRef, i64)]) -> Result<(), QueueError> {
         // The futures are made first: a stream that maps as it goes does not satisfy
         // `async_trait`'s `Send` bound on borrowed items.
@@ -119,11 +120,11 @@ impl SqsQueue {
             .chunks(SQS_BATCH)
             .map(|batch| self.send_batch(batch))
             .collect();
-        let outcomes: Vec<Result<(), QueueError>> = futures_util::stream::iter(batches)
+        futures_util::stream::iter(batches)
             .buffer_unordered(SEND_CONCURRENCY)
-            .collect()
-            .await;
-        outcomes.into_iter().collect()
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
     }
 
     async fn send_batch(&self, batch: &[(PendingRef, i64)]) -> Result<(), QueueError> {

@@ -417,7 +417,12 @@ impl DynamoStore {
                     .await
                     .map_err(sdk)?;
                 if let Some(mut found) = out.responses {
-                    items.extend(found.remove(table).unwrap_or_default());
+                    let read = found.remove(table).unwrap_or_default();
+                    if !read.is_empty() {
+                        // Progress: only rounds that read nothing count towards giving up.
+                        unprocessed_rounds = 1;
+                    }
+                    items.extend(read);
                 }
                 request = out.unprocessed_keys;
             }
@@ -555,7 +560,8 @@ impl DynamoStore {
                 }
                 // A table or index over its capacity for a moment (an on-demand table past
                 // twice its last peak, a hot partition): DynamoDB asks to try again shortly,
-                // and the SDK does not for a transaction. Full jitter over a doubling ceiling.
+                // and the SDK does not for a transaction. A random pause of a quarter to all of a doubling
+                // ceiling.
                 Cancellation::Throttled if tried < CONFLICT_RETRIES => {
                     tried += 1;
                     let ceiling = 50u64 << tried;
