@@ -350,11 +350,15 @@ pub struct EventTypeNamePath {
 #[derive(ToSchema)]
 pub struct EventTypeList {
     data: Vec<EventTypeView<'static>>,
+    /// Present when there are more types to read.
+    next_cursor: Option<String>,
 }
 
 #[derive(ToSchema)]
 pub struct KeyList {
     data: Vec<KeyView<'static>>,
+    /// Present when there are more keys to read.
+    next_cursor: Option<String>,
 }
 
 #[derive(IntoParams)]

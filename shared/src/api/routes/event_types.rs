@@ -66,7 +66,7 @@ pub async fn create_event_type(
     security(("bearer" = [])),
     tag = "event types",
     summary = "The event-type catalog, by name; any credential may read it.",
-    description = "`limit` types a page (100 by default), and no more once a page holds 1 MiB of them: a type's schema and example may each be 64 KiB, so the whole catalog could outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
+    description = "`limit` types a page (500, the most, by default), and no more once a page holds 1 MiB of them: a type's schema and example may each be 64 KiB, so the whole catalog could outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
     params(PageParams),
     responses((status = 200, description = "A page of the catalog, by name", body = EventTypeList), ReadErrors),
 )]
@@ -74,7 +74,7 @@ pub async fn list_event_types(
     State(state): State<ApiState>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    let (cursor, limit) = super::audit::page_params(params, 500)?;
     // The last type's name, with no time: the other lists' cursors carry one.
     let after = match cursor.as_deref().and_then(cursor::decode) {
         Some((0, name)) => Some(name),

@@ -72,7 +72,7 @@ pub async fn create_key(
     security(("bearer" = ["admin"])),
     tag = "access",
     summary = "Lists the API keys, revoked ones included, newest first (no secrets).",
-    description = "`limit` keys a page (100 by default), and no more once a page holds 1 MiB of them: a key may be limited to many accounts, and revoked keys stay listed, so the whole list could outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
+    description = "`limit` keys a page (500, the most, by default), and no more once a page holds 1 MiB of them: a key may be limited to many accounts, and revoked keys stay listed, so the whole list could outgrow what Lambda can answer (6 MB). Follow `next_cursor` for the rest.",
     params(PageParams),
     responses((status = 200, description = "A page of the keys, newest first", body = KeyList), ReadErrors),
 )]
@@ -80,7 +80,7 @@ pub async fn list_keys(
     State(state): State<ApiState>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    let (cursor, limit) = super::audit::page_params(params, 500)?;
     let after = cursor.as_deref().and_then(cursor::decode);
     if after
         .as_ref()
