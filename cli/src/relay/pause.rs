@@ -14,8 +14,8 @@ use super::Backoff;
 /// wrong header cannot stop an account for hours.
 pub const MAX_PAUSE: Duration = Duration::from_secs(300);
 
-/// The shortest pause after a retryable answer: `Retry-After: 0`, or a date already past,
-/// must not turn the relay into a busy loop against the API.
+/// The shortest pause after a retryable answer: `Retry-After: 0` must not turn the relay into
+/// a busy loop against the API (a date already past is no answer: the backoff applies).
 pub const MIN_PAUSE: Duration = Duration::from_millis(100);
 
 /// Failures in a row after which an account's pause is logged at `ERROR`.

@@ -33,16 +33,13 @@ fn text(data: &str) -> Result<Content, NotifyError> {
 }
 
 /// SendEmail's error codes for this message as it is, which SES will refuse however often it
-/// is sent: `MessageRejected` (its content, or in the sandbox a recipient not verified) and
-/// `BadRequestException` (an address it cannot send to; `InvalidParameterValue` in SES v1 and
-/// the emulator). Everything else is temporary: throttling, and what is wrong with the
-/// sending set-up as a whole (a paused or suspended account, an unverified MAIL FROM domain,
-/// a denied role), which the operator fixes and after which the mail should go.
-const REFUSED_FOR_GOOD: &[&str] = &[
-    "MessageRejected",
-    "BadRequestException",
-    "InvalidParameterValue",
-];
+/// is sent: `MessageRejected` (its content, or in the sandbox a recipient not verified).
+/// Everything else is temporary: throttling, and what is wrong with the sending set-up as a
+/// whole (a paused or suspended account, an unverified MAIL FROM domain, a denied role, and
+/// `BadRequestException`/`InvalidParameterValue`, an address SES cannot read: the recipient
+/// was checked when the account was made, so that is most likely our From), which the
+/// operator fixes and after which the mail should go.
+const REFUSED_FOR_GOOD: &[&str] = &["MessageRejected"];
 
 /// Sorts an SES refusal into permanent or temporary (see [`REFUSED_FOR_GOOD`]).
 fn refusal(code: Option<&str>, message: Option<&str>, from: &str, text: String) -> NotifyError {
@@ -129,15 +126,16 @@ mod tests {
         assert!(sent.contains(&subject), "the mail is not in the emulator");
         assert!(sent.contains("owner@example.com"));
 
-        // An address SES cannot send to is refused for good; an unverified From is ours to
-        // fix, and the mail is tried again once it is.
+        // An address SES cannot read is most likely our From (recipients are checked when
+        // their account is made), and an unverified From is ours to fix: the mail is tried
+        // again once it is.
         let nowhere = Notification {
             recipient: crate::domain::EmailAddress::from_trusted("nobody".into()),
             ..notification.clone()
         };
         let refused = notifier.send(&nowhere).await;
         assert!(
-            matches!(refused, Err(NotifyError::Permanent(_))),
+            matches!(refused, Err(NotifyError::Temporary(_))),
             "{refused:?}"
         );
         let unverified = SesNotifier::new(
@@ -160,8 +158,12 @@ mod tests {
         let recipient = "Email address is not verified. The following identities failed the \
                          check in region EU-WEST-1: owner@acme.example";
         assert!(kind(Some("MessageRejected"), recipient));
-        assert!(kind(Some("BadRequestException"), "Missing final '@domain'"));
-        assert!(kind(Some("InvalidParameterValue"), "Missing domain"));
+        // An address SES cannot read: most likely our From, a set-up to mend.
+        assert!(!kind(
+            Some("BadRequestException"),
+            "Missing final '@domain'"
+        ));
+        assert!(!kind(Some("InvalidParameterValue"), "Missing domain"));
         let sender = "Email address is not verified. The following identities failed the \
                       check in region EU-WEST-1: HOOKLANE@example.com, owner@acme.example";
         assert!(!kind(Some("MessageRejected"), sender), "our From");

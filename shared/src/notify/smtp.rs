@@ -54,7 +54,7 @@ impl Notifier for SmtpNotifier {
             .map_err(|e| NotifyError::Permanent(e.to_string()))?;
         self.transport.send(message).await.map_err(|e| {
             let text = format!("SMTP: {e}");
-            if refused_for_good(e.status().map(u16::from), e.is_permanent()) {
+            if refused_for_good(e.status().map(u16::from), e.is_permanent(), &text) {
                 NotifyError::Permanent(text)
             } else {
                 NotifyError::Temporary(text)
@@ -65,11 +65,13 @@ impl Notifier for SmtpNotifier {
     }
 }
 
-/// A 5xx answer refuses the mail for good (RFC 5321), except those about our login to the
-/// relay (530, 534, 535, 538), which the operator fixes. A 4xx answer, or none (the relay
-/// unreachable), may go through later.
-fn refused_for_good(code: Option<u16>, permanent: bool) -> bool {
-    permanent && !matches!(code, Some(530 | 534 | 535 | 538))
+/// The relay refuses the mail for good when it says the mailbox is wrong (RFC 5321: 550
+/// unavailable, 551 not local, 553 name not allowed), unless its enhanced status is one of
+/// policy or security (5.7.x: relaying denied, our sender refused), which the operator fixes.
+/// Any other 5xx (our login, 554 "transaction failed" and the like), a 4xx, or no answer (the
+/// relay unreachable) may go through later, until the mail is given up for its age.
+fn refused_for_good(code: Option<u16>, permanent: bool, text: &str) -> bool {
+    permanent && matches!(code, Some(550 | 551 | 553)) && !text.contains(" 5.7.")
 }
 
 #[cfg(test)]
@@ -158,14 +160,25 @@ mod tests {
 
     #[test]
     fn a_refusal_for_good_is_a_5xx_not_about_the_login() {
-        assert!(refused_for_good(Some(550), true), "mailbox unavailable");
+        let said = |text: &str| format!("SMTP: permanent error ({text})");
         assert!(
-            refused_for_good(Some(553), true),
+            refused_for_good(Some(550), true, &said("550): 5.1.1 No such user")),
+            "mailbox unavailable"
+        );
+        assert!(
+            refused_for_good(Some(553), true, &said("553): mailbox name not allowed")),
             "mailbox name not allowed"
         );
-        assert!(!refused_for_good(Some(535), true), "our credentials");
-        assert!(!refused_for_good(Some(450), false), "mailbox busy");
-        assert!(!refused_for_good(None, false), "no answer");
+        let relay = said("550): 5.7.1 Relay access denied");
+        assert!(!refused_for_good(Some(550), true, &relay), "our relaying");
+        let sender = said("554): 5.7.1 Sender address rejected");
+        assert!(!refused_for_good(Some(554), true, &sender), "our sender");
+        assert!(
+            !refused_for_good(Some(535), true, "auth"),
+            "our credentials"
+        );
+        assert!(!refused_for_good(Some(450), false, "busy"), "mailbox busy");
+        assert!(!refused_for_good(None, false, ""), "no answer");
     }
 
     #[test]
