@@ -325,6 +325,9 @@ mod tests {
             (overdue - expected).abs() < 60.0,
             "{overdue} s overdue, expected about {expected}"
         );
+        // The next sweep, a moment later, sends no copy: its message is in the queue.
+        let again = handle(&shape, Duration::from_secs(300), scheduled()).await;
+        assert_eq!(again.unwrap(), serde_json::json!({"requeued": 0, "due": 1}));
         let sqs = hooklane::aws::aws_sdk_sqs::Client::new(&hooklane::aws::load_sdk_config().await);
         let messages = sqs
             .receive_message()

@@ -250,7 +250,8 @@ where
 
 /// The sweeper function's work, run `every` so long ([`SWEEP_EVERY`] on Lambda): fans out
 /// events whose stream record was lost, re-queues pending deliveries more than `grace` past
-/// due, and measures the due backlog. `None` when another sweep is under way.
+/// due (again at doubling ages, counted from when the last sweep ran, or `every` ago if none
+/// has), and measures the due backlog. `None` when another sweep is under way.
 pub async fn sweep(
     shape: &AwsShape,
     grace: std::time::Duration,
@@ -269,7 +270,11 @@ async fn sweep_now(
     // there does not keep the deliveries from being swept; the run still fails, afterwards.
     let recovered = recover_unfanned(&shape.app, now, grace).await;
     let resume = shape.store.due_walk_resume().await?;
-    let report = sweep_overdue(&shape.app, now, (grace, every), resume.clone()).await?;
+    let since_last = match shape.store.last_sweep().await? {
+        Some(last) if last < now => (now - last).to_std().unwrap_or(every),
+        _ => every,
+    };
+    let report = sweep_overdue(&shape.app, now, (grace, since_last), resume.clone()).await?;
     if report.resume_at != resume {
         shape
             .store
@@ -285,6 +290,7 @@ async fn sweep_now(
         "swept"
     );
     recovered?;
+    shape.store.set_last_sweep(now).await?;
     Ok(report)
 }
 

@@ -78,24 +78,24 @@ pub struct SweepReport {
 
 /// The scheduled sweep of the AWS shape: re-queues what has been due for longer than `grace`
 /// (its message was lost, or its schedule never fired; see [`requeued_now`] for when again),
-/// and measures the due backlog; sweeps run `every` so long.
+/// and measures the due backlog; the previous sweep ran `since_last` ago.
 /// A backlog more than one sweep walks in its time is covered over several: each starts
 /// with the oldest page, then goes on from `resume` (where the last one stopped), and says
 /// where the next should go on.
 pub async fn sweep_overdue(
     app: &App,
     now: Timestamp,
-    (grace, every): (Duration, Duration),
+    (grace, since_last): (Duration, Duration),
     resume: Option<DueCursor>,
 ) -> ServiceResult<SweepReport> {
-    sweep_overdue_within(app, now, (grace, every), resume, PAGE, WALK_BUDGET).await
+    sweep_overdue_within(app, now, (grace, since_last), resume, PAGE, WALK_BUDGET).await
 }
 
 /// [`sweep_overdue`] in pages of `page`, starting no page once `budget` has passed.
 async fn sweep_overdue_within(
     app: &App,
     now: Timestamp,
-    (grace, every): (Duration, Duration),
+    (grace, since_last): (Duration, Duration),
     resume: Option<DueCursor>,
     page: u32,
     budget: Duration,
@@ -122,7 +122,13 @@ async fn sweep_overdue_within(
         let overdue: Vec<_> = page
             .into_iter()
             .filter(|p| p.due <= cutoff)
-            .filter(|p| requeued_now((now - p.due).to_std().unwrap_or_default(), grace, every))
+            .filter(|p| {
+                requeued_now(
+                    (now - p.due).to_std().unwrap_or_default(),
+                    grace,
+                    since_last,
+                )
+            })
             .collect();
         report.requeued += overdue.len();
         if !overdue.is_empty() {
@@ -166,22 +172,24 @@ async fn sweep_overdue_within(
     Ok(report)
 }
 
-/// Whether a sweep hands a delivery `overdue` past its due time to the queue again, sweeps
-/// running `every` so long. Its message may be lost, or only waiting in a deep queue: SQS
-/// keeps every copy sent (a standard queue has no de-duplication), and two copies taken at
-/// once are two sends. So it goes again once `grace` overdue, then at 2, 4, 8… times `grace`,
-/// each time in a window a quarter longer than a sweep's period (or than `grace`, if longer)
-/// so that a sweep falls in it: a handful of copies over a day's backlog, not one per sweep.
-pub fn requeued_now(overdue: Duration, grace: Duration, every: Duration) -> bool {
+/// Whether a sweep hands a delivery `overdue` past its due time to the queue again, the
+/// previous sweep having run `since_last` ago. Its message may be lost, or only waiting in a
+/// deep queue: SQS keeps every copy sent (a standard queue has no de-duplication), and two
+/// copies taken at once are two sends. So it goes again when it passes `grace` overdue, then
+/// 2, 4, 8… times `grace`: by the first sweep after each of those ages, however late or
+/// skipped the sweeps between; a handful of copies over a day's backlog, not one per sweep.
+pub fn requeued_now(overdue: Duration, grace: Duration, since_last: Duration) -> bool {
     if overdue < grace {
         return false;
     }
     if grace.is_zero() {
         return true;
     }
+    // The last of those ages it has reached; it is due again if the previous sweep ran
+    // before it reached it.
     let times = overdue.as_secs_f64() / grace.as_secs_f64();
-    let window_start = grace.mul_f64(2f64.powi(times.log2().floor() as i32));
-    overdue < window_start + grace.max(every).mul_f64(1.25)
+    let reached = grace.mul_f64(2f64.powi(times.log2().floor() as i32));
+    overdue.saturating_sub(since_last) < reached
 }
 
 #[cfg(test)]
@@ -198,56 +206,44 @@ mod tests {
     };
 
     /// A delivery whose message waits in a queue a day deep is sent again a handful of
-    /// times, not once a sweep; one whose message was lost goes again within two graces;
-    /// and however the sweeps fall (every `grace`, up to 20 s late), no doubling is missed.
+    /// times, not once a sweep: by the first sweep past the grace, then past each doubling of
+    /// it, however irregular the sweeps (late, skipped, an hour apart).
     #[test]
     fn an_overdue_delivery_goes_again_at_doubling_ages_not_every_sweep() {
         let grace = Duration::from_secs(300);
-        for offset in (0..300).step_by(7) {
-            let mut copies = Vec::new();
-            for sweep in 0..288u64 {
-                let late = (sweep * 13 + offset) % 21;
-                let overdue = Duration::from_secs(sweep * 300 + offset + late);
-                if requeued_now(overdue, grace, grace) {
-                    copies.push(overdue.as_secs() / 60);
-                }
+        for seed in 0..50u64 {
+            // Sweeps 1 s to 70 min apart, from a pseudo-random walk of the seed.
+            let mut sweeps = Vec::new();
+            let (mut at, mut state) = (seed * 37 % 300, seed + 1);
+            while at < 86_400 {
+                sweeps.push(at);
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                at += 1 + (state >> 33) % if seed % 5 == 0 { 4_200 } else { 600 };
             }
-            // Its first sweep past the grace (the sweeps 5 minutes apart, up to 20 s late).
-            assert!(
-                copies.first().is_some_and(|first| *first <= 10),
-                "{copies:?}"
-            );
-            assert!(
-                copies.len() <= 18,
-                "{} copies in a day: {copies:?}",
-                copies.len()
-            );
-            for doubling in [5u64, 10, 20, 40, 80, 160, 320, 640] {
-                assert!(
-                    copies.iter().any(|m| (doubling..doubling + 7).contains(m)),
-                    "offset {offset}: none at {doubling} min: {copies:?}"
-                );
-            }
+            let copies: Vec<u64> = sweeps
+                .windows(2)
+                .filter(|w| {
+                    let (last, now) = (Duration::from_secs(w[0]), Duration::from_secs(w[1]));
+                    requeued_now(now, grace, now - last)
+                })
+                .map(|w| w[1])
+                .collect();
+            // Exactly one copy by the first sweep at or past each of 5, 10, 20, 40… minutes.
+            let mut expected: Vec<u64> = (0..9)
+                .map(|k| 300 << k)
+                .filter_map(|age| sweeps.iter().copied().find(|&at| at >= age))
+                .filter(|&at| at > sweeps[0])
+                .collect();
+            expected.dedup();
+            assert_eq!(copies, expected, "seed {seed}");
+            assert!(copies.len() <= 10, "{} copies in a day", copies.len());
         }
         assert!(!requeued_now(Duration::from_secs(299), grace, grace));
-        // Sweeps an hour apart, a grace of 5 minutes: the first sweep past the grace sends
-        // it again, and each later copy comes before twice the age of the one before and
-        // a sweep's period.
-        let hour = Duration::from_secs(3600);
-        for offset in (0..3600).step_by(97) {
-            let ages: Vec<Duration> = (0..72u32)
-                .map(|h| hour * h + Duration::from_secs(offset))
-                .filter(|age| requeued_now(*age, grace, hour))
-                .collect();
-            let first_past_grace = (0..72u32)
-                .map(|h| hour * h + Duration::from_secs(offset))
-                .find(|age| *age >= grace);
-            assert_eq!(ages.first().copied(), first_past_grace, "offset {offset}");
-            for pair in ages.windows(2) {
-                assert!(pair[1] <= pair[0] * 2 + hour.mul_f64(1.25), "{pair:?}");
-            }
-            assert!(ages.len() < 20, "{} copies in 3 days", ages.len());
-        }
+        // The first sweep after an outage of the sweeper sends everything overdue again.
+        let day = Duration::from_secs(86_400);
+        assert!(requeued_now(Duration::from_secs(7_777), grace, day));
         assert!(requeued_now(Duration::from_secs(1), Duration::ZERO, grace));
     }
 

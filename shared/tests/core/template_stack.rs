@@ -665,7 +665,7 @@ fn sweeper_and_health_run_one_at_a_time_and_are_not_retried() {
             assert_eq!(
                 rate,
                 hooklane::aws::handlers::SWEEP_EVERY.as_secs(),
-                "the sweep's windows for sending an overdue delivery again are as long as its rate"
+                "a first sweep counts the doubling ages of overdue deliveries from one rate ago"
             );
         }
         let timeout = lambda["Timeout"].as_u64().unwrap();

@@ -306,6 +306,29 @@ impl DynamoStore {
         }))
     }
 
+    /// When the last sweep that finished began, if one has.
+    pub async fn last_sweep(&self) -> StoreResult<Option<Timestamp>> {
+        let item = self
+            .get(&self.tables.control, key1("pk", LAST_SWEEP))
+            .await?;
+        item.map(|item| get_n::<i64>(&item, "at").map(from_millis))
+            .transpose()
+    }
+
+    /// Keeps when this sweep began, once it has finished.
+    pub async fn set_last_sweep(&self, at: Timestamp) -> StoreResult<()> {
+        let mut item = key1("pk", LAST_SWEEP);
+        item.insert("at".into(), n(to_millis(at)));
+        self.client
+            .put_item()
+            .table_name(&self.tables.control)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(())
+    }
+
     /// Keeps where the next sweep's walk goes on (`None`: it starts over).
     pub async fn set_due_walk_resume(&self, at: Option<&DueCursor>) -> StoreResult<()> {
         match at {

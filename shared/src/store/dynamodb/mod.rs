@@ -96,6 +96,8 @@ pub const UNFANNED_SHARDS: u32 = 4;
 const FIRST_TRY_WATERMARK: &str = "sweep#first_tries";
 /// The control-table item of where the sweeper's walk of due deliveries goes on.
 const DUE_WALK: &str = "sweep#due_walk";
+/// The control item with when the last sweep that finished began.
+const LAST_SWEEP: &str = "sweep#last";
 /// How far back before its watermark the walk looks again: a delivery is written a while
 /// after the time it is created with (its event's), at most `LATE_FAN_OUT` later before it
 /// goes straight into the `pending` index instead.
