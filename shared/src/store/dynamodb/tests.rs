@@ -659,20 +659,16 @@ async fn a_delivery_added_late_keeps_its_event_for_its_retries() {
     );
 }
 
-/// Owner mail is an item of the control table, kept until sent; once sent it expires with
-/// the retention (epoch seconds from when it was sent), as the SQLite store's purge
-/// removes sent mail. Unsent mail carries no expiry.
-#[tokio::test]
-async fn sent_owner_mail_expires_with_the_retention_and_unsent_never() {
-    use crate::fixtures::at;
-    let store = emulator_store().await;
+/// Puts owner mail `ntf_1` to acme's owner, made at second 1, in the control table, as the
+/// disabling that queues it does.
+async fn queued_mail(store: &DynamoStore) {
     let mail = Notification {
         id: "ntf_1".into(),
         account_id: AccountId::from_trusted("acme".into()),
         recipient: EmailAddress::from_trusted("owner@example.com".into()),
         subject: "endpoint disabled".into(),
         body: "…".into(),
-        created_at: at(1),
+        created_at: crate::fixtures::at(1),
     };
     store
         .client()
@@ -682,6 +678,16 @@ async fn sent_owner_mail_expires_with_the_retention_and_unsent_never() {
         .send()
         .await
         .unwrap();
+}
+
+/// Owner mail is an item of the control table, kept until sent; once sent it expires with
+/// the retention (epoch seconds from when it was sent), as the SQLite store's purge
+/// removes sent mail. Unsent mail carries no expiry.
+#[tokio::test]
+async fn sent_owner_mail_expires_with_the_retention_and_unsent_never() {
+    use crate::fixtures::at;
+    let store = emulator_store().await;
+    queued_mail(&store).await;
     let expires_at = || {
         let key = Item::from([("pk".to_owned(), s("notification#ntf_1"))]);
         stored_expiry(&store, &store.tables().control, key)
@@ -2023,22 +2029,7 @@ async fn owner_mail_given_up_keeps_its_error_and_expires_with_the_retention() {
     use crate::fixtures::at;
     use crate::store::NotificationFailure;
     let store = emulator_store().await;
-    let mail = Notification {
-        id: "ntf_1".into(),
-        account_id: AccountId::from_trusted("acme".into()),
-        recipient: EmailAddress::from_trusted("owner@example.com".into()),
-        subject: "endpoint disabled".into(),
-        body: "…".into(),
-        created_at: at(1),
-    };
-    store
-        .client()
-        .put_item()
-        .table_name(&store.tables().control)
-        .set_item(Some(notification_item(&mail)))
-        .send()
-        .await
-        .unwrap();
+    queued_mail(&store).await;
     let stored = || async {
         let key = Item::from([("pk".to_owned(), s("notification#ntf_1"))]);
         store
