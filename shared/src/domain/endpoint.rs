@@ -192,9 +192,12 @@ pub struct EndpointVersion {
 }
 
 impl EndpointVersion {
-    /// Whether `changed`, made from this version, restarts the failing clock.
+    /// Whether `changed`, made from this version, restarts the failing clock: a change of it,
+    /// or an enable, which always writes it (on DynamoDB, that removes the clock a disable
+    /// keeps for its index only).
     pub fn moves_failing_clock(&self, changed: &Endpoint) -> bool {
         changed.failing_since != self.failing_since
+            || (self.status != EndpointStatus::Active && changed.status == EndpointStatus::Active)
     }
 }
 

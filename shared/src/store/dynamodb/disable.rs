@@ -359,11 +359,16 @@ impl DynamoStore {
                 r.account_id.as_str(),
                 r.endpoint_id.as_str(),
             )))
+            // The `failing` index is keyed by the shard and `failing_since`: an endpoint that
+            // was not failing gets a clock of 0 for the index alone (read as none, removed by
+            // an enable), so that a disable that stops part way is found and finished.
             .update_expression(
                 "SET #status = :disabled, disabled_reason = :reason, updated_at = :now, \
-                 failing_shard = :disabling",
+                 failing_shard = :disabling, \
+                 failing_since = if_not_exists(failing_since, :index_only)",
             )
             .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":index_only", n(INDEX_ONLY_SINCE))
             .expression_attribute_values(":disabling", s(DISABLING_SHARD))
             .expression_attribute_values(":disabled", s("disabled"))
             .expression_attribute_values(":active", s("active"))

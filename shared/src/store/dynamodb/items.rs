@@ -322,7 +322,9 @@ pub(super) fn endpoint_from_item(item: &Item, secrets: &SecretsAccess) -> StoreR
         max_in_flight: get_n(item, "max_in_flight")?,
         rate_limit_per_second: opt_n(item, "rate_limit")?,
         headers,
-        failing_since: opt_n::<i64>(item, "failing_since")?.map(from_millis),
+        failing_since: opt_n::<i64>(item, "failing_since")?
+            .filter(|since| *since != INDEX_ONLY_SINCE)
+            .map(from_millis),
         disabled_reason: opt_s(item, "disabled_reason"),
         created_at: from_millis(get_n(item, "created_at")?),
         updated_at: from_millis(get_n(item, "updated_at")?),

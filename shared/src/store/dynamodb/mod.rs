@@ -81,6 +81,9 @@ pub const PENDING_SHARDS: u32 = 16;
 const FAILING_SHARD: &str = "failing";
 /// Endpoints disabled for failing whose pending deliveries are still being abandoned.
 const DISABLING_SHARD: &str = "disabling";
+/// The `failing_since` of a disabled endpoint that was not failing: there for the `failing`
+/// index only (a disable under way must be findable), read as no clock.
+const INDEX_ONLY_SINCE: i64 = 0;
 const UNSENT: &str = "unsent";
 /// The sparse index of events stored without their deliveries whose fan-out is not yet
 /// marked done, and its partition attribute (removed when fan-out is done).

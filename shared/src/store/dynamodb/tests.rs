@@ -225,7 +225,8 @@ async fn a_disable_that_stopped_part_way_is_finished_by_the_next_health_check() 
 }
 
 /// Acme's endpoint `endpoint` as its disabling transaction leaves it, before the abandon
-/// that follows: disabled and marked `disabling` (its failing clock `since`, when it had one).
+/// that follows: disabled and marked `disabling` (its failing clock `since`, or the index's 0
+/// when it had none, as an owner's disable of an endpoint that was not failing leaves it).
 async fn half_disabled(store: &DynamoStore, endpoint: &str, since: Option<Timestamp>) {
     let mut update = store
         .client()
@@ -236,12 +237,10 @@ async fn half_disabled(store: &DynamoStore, endpoint: &str, since: Option<Timest
         .expression_attribute_values(":disabled", s("disabled"))
         .expression_attribute_values(":reason", s("failing for 3 days"))
         .expression_attribute_values(":disabling", s(DISABLING_SHARD));
-    let mut set =
-        "SET #status = :disabled, disabled_reason = :reason, failing_shard = :disabling".to_owned();
-    if let Some(since) = since {
-        set.push_str(", failing_since = :since");
-        update = update.expression_attribute_values(":since", n(to_millis(since)));
-    }
+    let set = "SET #status = :disabled, disabled_reason = :reason, failing_shard = :disabling, \
+               failing_since = :since";
+    let since = since.map_or(INDEX_ONLY_SINCE, to_millis);
+    update = update.expression_attribute_values(":since", n(since));
     update.update_expression(set).send().await.unwrap();
 }
 
@@ -2169,4 +2168,71 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
     );
     let done = status_of(&store, &account, &delivery.id).await;
     assert_eq!(done.status, DeliveryStatus::Abandoned);
+}
+
+/// An owner's disable of an endpoint that was not failing, stopped part way (its abandon
+/// out of time, or failed), is found and finished by the health check: the disable gives it
+/// a clock of 0 for the `failing` index alone, which reads as none and which an enable
+/// removes.
+#[tokio::test]
+async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finished() {
+    use crate::fixtures::{at, status_of};
+    let store = emulator_store().await;
+    let (account, delivery) = one_delivery(&store).await;
+    let abandon_fails =
+        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
+    let request = DisableRequest {
+        account_id: account.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
+        reason: "disabled by its owner".into(),
+        now: at(5),
+        expected_failing_since: None,
+        notification: None,
+        operational_event: None,
+    };
+    assert!(abandon_fails.disable_endpoint(&request).await.is_err());
+    let read = store
+        .get_endpoint(&account, &delivery.endpoint_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (read.status, read.failing_since),
+        (EndpointStatus::Disabled, None)
+    );
+    let left = status_of(&store, &account, &delivery.id).await;
+    assert_eq!(left.status, DeliveryStatus::Pending);
+
+    assert!(store.failing_endpoints(at(10)).await.unwrap().is_empty());
+    let done = status_of(&store, &account, &delivery.id).await;
+    assert_eq!(
+        done.status,
+        DeliveryStatus::Abandoned,
+        "finished by the check"
+    );
+    assert_eq!(
+        failing_shard_of(&store, "acme", "ep_a").await.as_deref(),
+        Some(FAILING_SHARD)
+    );
+    // Enabled again: no clock left, for the index or the sender.
+    let read = store
+        .get_endpoint(&account, &delivery.endpoint_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut enabled = read.clone();
+    enabled.status = EndpointStatus::Active;
+    enabled.disabled_reason = None;
+    enabled.touch(at(20));
+    store
+        .update_endpoint(&enabled, &read.version())
+        .await
+        .unwrap();
+    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
+    let item = store
+        .get(&store.tables().endpoints, account_key("acme", "ep_a"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!item.contains_key("failing_since"), "{item:?}");
 }
