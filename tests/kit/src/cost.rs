@@ -500,8 +500,10 @@ const OUTBOX_WCU_GUARD: f64 = 7.5;
 const RETRIED_WCU_GUARD: f64 = 13.2;
 // Every message of a batch for another endpoint: its own slot take and give-back (2 units)
 // and its own hour count (1 unit: the counts are written once per endpoint per batch).
-const SPREAD_WCU_GUARD: f64 = 9.3;
-const SPREAD_STEADY_WCU_GUARD: f64 = 9.05;
+const SPREAD_WCU_GUARD: f64 = 9.35;
+// 9.00, and the sweep's 4 units (its watermark, its run lock taken and given back, and when
+// it ran) over the measurement's 50 deliveries.
+const SPREAD_STEADY_WCU_GUARD: f64 = 9.15;
 
 #[tokio::test]
 async fn cost_per_first_try_and_retried_delivery() {
