@@ -102,7 +102,7 @@ impl KeptResponse {
 }
 
 /// `text` up to `max` bytes, cut where a character starts.
-fn cut_to(text: &str, max: usize) -> &str {
+pub fn cut_to(text: &str, max: usize) -> &str {
     &text[..floor_char_boundary(text, max)]
 }
 

@@ -81,14 +81,7 @@ async fn not_sent(
 ) -> ServiceResult<()> {
     crate::telemetry::notification_failed();
     let now = app.clock.now();
-    let mut text = error.to_string();
-    if text.len() > ERROR_KEPT {
-        let cut = (0..=ERROR_KEPT)
-            .rev()
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(0);
-        text.truncate(cut);
-    }
+    let text = crate::domain::attempt::cut_to(&error.to_string(), ERROR_KEPT).to_owned();
     let too_old = now
         .signed_duration_since(notification.created_at)
         .to_std()

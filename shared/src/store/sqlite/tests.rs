@@ -1677,22 +1677,20 @@ async fn a_resend_adds_no_delivery_for_a_missed_event_purged_since_it_was_read()
     assert!(store.load_work(&recovered.id).await.unwrap().is_none());
 }
 
-/// Sent owner mail is kept a retention after it was sent, not after it was queued.
-#[tokio::test]
-async fn sent_mail_is_kept_a_retention_after_it_was_sent() {
-    use crate::fixtures::{account_with_endpoints, at};
-    let store = SqliteStore::in_memory().unwrap();
-    let [mut ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
-    let read = ep.version();
-    ep.failing_since = Some(at(0));
-    store.update_endpoint(&ep, &read).await.unwrap();
+/// Disables `ep` at second 0 (its failing clock `expected`), queueing owner mail `ntf_1`.
+async fn disabled_with_mail(
+    store: &SqliteStore,
+    ep: &crate::domain::Endpoint,
+    expected: Option<crate::clock::Timestamp>,
+) {
+    use crate::fixtures::at;
     store
         .disable_endpoint(&crate::store::DisableRequest {
             account_id: ep.account_id.clone(),
             endpoint_id: ep.id.clone(),
             reason: "failing".into(),
             now: at(0),
-            expected_failing_since: Some(at(0)),
+            expected_failing_since: expected,
             notification: Some(crate::store::Notification {
                 id: "ntf_1".into(),
                 account_id: ep.account_id.clone(),
@@ -1705,6 +1703,18 @@ async fn sent_mail_is_kept_a_retention_after_it_was_sent() {
         })
         .await
         .unwrap();
+}
+
+/// Sent owner mail is kept a retention after it was sent, not after it was queued.
+#[tokio::test]
+async fn sent_mail_is_kept_a_retention_after_it_was_sent() {
+    use crate::fixtures::{account_with_endpoints, at};
+    let store = SqliteStore::in_memory().unwrap();
+    let [mut ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
+    let read = ep.version();
+    ep.failing_since = Some(at(0));
+    store.update_endpoint(&ep, &read).await.unwrap();
+    disabled_with_mail(&store, &ep, Some(at(0))).await;
     store
         .mark_notification_sent("ntf_1", at(1_000))
         .await
@@ -1721,25 +1731,7 @@ async fn mail_given_up_keeps_its_error_and_is_kept_a_retention() {
     use crate::store::NotificationFailure;
     let store = SqliteStore::in_memory().unwrap();
     let [ep] = account_with_endpoints(&store, "acme", ["ep_1"]).await;
-    store
-        .disable_endpoint(&crate::store::DisableRequest {
-            account_id: ep.account_id.clone(),
-            endpoint_id: ep.id.clone(),
-            reason: "failing".into(),
-            now: at(0),
-            expected_failing_since: None,
-            notification: Some(crate::store::Notification {
-                id: "ntf_1".into(),
-                account_id: ep.account_id.clone(),
-                recipient: crate::domain::EmailAddress::parse("owner@acme.example").unwrap(),
-                subject: "disabled".into(),
-                body: "your endpoint".into(),
-                created_at: at(0),
-            }),
-            operational_event: None,
-        })
-        .await
-        .unwrap();
+    disabled_with_mail(&store, &ep, None).await;
     let give_up = NotificationFailure::GiveUp {
         error: "MessageRejected: Email address is not verified.".into(),
     };
