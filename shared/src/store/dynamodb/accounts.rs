@@ -67,20 +67,26 @@ impl DynamoStore {
     pub(super) async fn delete_endpoint(&self, deletion: &EndpointDeletion) -> StoreResult<bool> {
         let (account, id, now) = (&deletion.account_id, &deletion.endpoint_id, deletion.at);
         // A tombstone rather than a delete: the account's deliveries are found through its
-        // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret,
-        // leaves the `failing` index and reads as absent everywhere. The account's count of
-        // endpoints goes down with it, in one transaction.
+        // endpoints' ids (see `deliveries_of_event`, `list_deliveries`). It keeps no secret
+        // and reads as absent everywhere. Like a disable, it sits in the `disabling`
+        // partition of the `failing` index (a clock for the index alone) until its pending
+        // work is abandoned, so that the health check finishes a delete that stopped part
+        // way (`finish_deleting`). The account's count of endpoints goes down with it, in
+        // one transaction.
         let tombstone = Write::update(
             &self.tables.endpoints,
             account_key(account.as_str(), id.as_str()),
-            "SET #deleted = :now, updated_at = :now, #status = :disabled \
-             REMOVE secret, retiring_secret, retiring_until, headers, failing_since, failing_shard",
+            "SET #deleted = :now, updated_at = :now, #status = :disabled, \
+             failing_shard = :disabling, failing_since = :index_only \
+             REMOVE secret, retiring_secret, retiring_until, headers",
         )
         .condition("attribute_exists(id) AND attribute_not_exists(#deleted)")
         .name("#deleted", DELETED_AT)
         .name("#status", "status")
         .value(":now", n(to_millis(now)))
-        .value(":disabled", s("disabled"));
+        .value(":disabled", s("disabled"))
+        .value(":disabling", s(DISABLING_SHARD))
+        .value(":index_only", n(INDEX_ONLY_SINCE));
         let count = self.endpoint_count_write(account, -1, None);
         match self
             .transact(vec![tombstone.transact_item()?, count.transact_item()?])
@@ -90,8 +96,7 @@ impl DynamoStore {
             Err(TransactionFailure::Conditions(_)) => return Ok(false),
             Err(failure) => return Err(failure.into_store_error()),
         }
-        self.abandon_pending_of(account, id, "endpoint deleted", now)
-            .await?;
+        self.finish_deleting(account, id, now).await?;
         Ok(true)
     }
 

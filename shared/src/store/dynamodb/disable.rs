@@ -49,25 +49,11 @@ impl DynamoStore {
     }
 
     /// Moves the pending deliveries of an endpoint to `abandoned`, each by a conditional
-    /// write (so one that was delivered meanwhile stays delivered), for [`ABANDON_BUDGET`] at
-    /// most: the owner's disable or delete runs in an API request (30 s on AWS). Returns how
-    /// many moved. What it leaves is inert (no sender sends to a disabled or deleted
-    /// endpoint) and is abandoned at its next try, or by the health check's finishing pass.
-    pub(super) async fn abandon_pending_of(
-        &self,
-        account: &AccountId,
-        endpoint: &EndpointId,
-        reason: &str,
-        now: Timestamp,
-    ) -> StoreResult<u64> {
-        let deadline = std::time::Instant::now() + ABANDON_BUDGET;
-        let abandoned = self
-            .abandon_pending_within(account, endpoint, reason, now, deadline)
-            .await?;
-        Ok(abandoned.count)
-    }
-
-    /// [`DynamoStore::abandon_pending_of`] until `deadline`: whether it got through them all.
+    /// write (so one that was delivered meanwhile stays delivered), until `deadline`: the
+    /// owner's disable or delete runs in an API request (30 s on AWS), so each spends
+    /// [`ABANDON_BUDGET`] at most. What it leaves is inert (no sender sends to a disabled
+    /// or deleted endpoint) and is abandoned at its next try, or by the health check's
+    /// finishing pass.
     pub(super) async fn abandon_pending_within(
         &self,
         account: &AccountId,
@@ -223,6 +209,39 @@ impl DynamoStore {
         Ok(abandoned)
     }
 
+    /// Abandons a deleted endpoint's pending deliveries, then takes its tombstone out of the
+    /// `failing` index, where the delete put it; until then the next health check finds it
+    /// and goes on, as for a disable (a delivery whose message was lost has no next try of
+    /// its own, and pending work is never removed by retention).
+    pub(super) async fn finish_deleting(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        deleted_at: Timestamp,
+    ) -> StoreResult<u64> {
+        let deadline = std::time::Instant::now() + ABANDON_BUDGET;
+        let abandoned = self
+            .abandon_pending_within(account, endpoint, "endpoint deleted", deleted_at, deadline)
+            .await?;
+        if !abandoned.complete {
+            tracing::info!(endpoint.id = %endpoint, abandoned = abandoned.count, "the deleted endpoint's pending work is abandoned part way; the rest at its next try or the next health check");
+            return Ok(abandoned.count);
+        }
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(account_key(account.as_str(), endpoint.as_str())))
+            .update_expression("REMOVE failing_shard, failing_since")
+            .condition_expression("attribute_exists(#deleted) AND failing_shard = :disabling")
+            .expression_attribute_names("#deleted", DELETED_AT)
+            .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+            .send()
+            .await;
+        written(result)?;
+        Ok(abandoned.count)
+    }
+
     /// The endpoint's failing clock after an attempt, written only when it starts or stops
     /// (like the SQLite store): a healthy endpoint's row is read, not rewritten, per attempt.
     /// The read is strongly consistent, so an attempt recorded after another one sees it.
@@ -308,7 +327,8 @@ impl DynamoStore {
             .iter()
             .map(|item| endpoint_from_item(item, &self.secrets))
             .collect::<StoreResult<Vec<_>>>()?;
-        // Endpoints whose disabling did not finish (see `finish_disabling`): finish it now.
+        // Endpoints whose disabling or deleting did not finish (see `finish_disabling`,
+        // `finish_deleting`): finish it now.
         let unfinished = self
             .query_all(
                 self.client
@@ -329,6 +349,14 @@ impl DynamoStore {
                     "disables to finish left for the next health check"
                 );
                 break;
+            }
+            if is_tombstone(item) {
+                // No secret left to open: its keys and when it was deleted are enough.
+                let account = AccountId::from_trusted(get_s(item, "account_id")?);
+                let id = EndpointId::from_trusted(get_s(item, "id")?);
+                let deleted_at = from_millis(get_n::<i64>(item, DELETED_AT)?);
+                self.finish_deleting(&account, &id, deleted_at).await?;
+                continue;
             }
             let endpoint = endpoint_from_item(item, &self.secrets)?;
             let reason = endpoint

@@ -2175,6 +2175,52 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
 /// a clock of 0 for the `failing` index alone, which reads as none and which an enable
 /// removes.
 #[tokio::test]
+async fn a_delete_that_stopped_part_way_is_finished_by_the_health_check() {
+    use crate::fixtures::{at, status_of};
+    let store = emulator_store().await;
+    let (account, delivery) = one_delivery(&store).await;
+    let abandon_fails =
+        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
+    let deletion = EndpointDeletion {
+        account_id: account.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
+        at: at(5),
+    };
+    assert!(abandon_fails.delete_endpoint(&deletion).await.is_err());
+    assert!(store
+        .get_endpoint(&account, &delivery.endpoint_id)
+        .await
+        .unwrap()
+        .is_none());
+    let left = status_of(&store, &account, &delivery.id).await;
+    assert_eq!(
+        left.status,
+        DeliveryStatus::Pending,
+        "the abandon was refused"
+    );
+
+    // Its message lost, nothing else would ever end it (retention keeps pending work).
+    assert!(store.failing_endpoints(at(10)).await.unwrap().is_empty());
+    let done = status_of(&store, &account, &delivery.id).await;
+    assert_eq!(
+        (done.status, done.last_error.as_deref()),
+        (DeliveryStatus::Abandoned, Some("endpoint deleted")),
+        "finished by the check"
+    );
+    assert_eq!(
+        failing_shard_of(&store, "acme", "ep_a").await,
+        None,
+        "out of the index once finished"
+    );
+    let item = store
+        .get(&store.tables().endpoints, account_key("acme", "ep_a"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!item.contains_key("failing_since"), "{item:?}");
+}
+
+#[tokio::test]
 async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finished() {
     use crate::fixtures::{at, status_of};
     let store = emulator_store().await;
