@@ -1054,3 +1054,101 @@ fn fanout_reads_its_stream_through_one_grant() {
         );
     }
 }
+
+// ---------------------------------------------------------------- 14: the API's throttle
+
+/// A parameter's `Default`, `MinValue` or `MaxValue` as a number (the decoder keeps YAML's
+/// numbers; a quoted one is a string).
+fn parameter_number(parameter: &str, field: &str) -> f64 {
+    let value = &stack()["Parameters"][parameter][field];
+    value
+        .as_f64()
+        .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("parameter {parameter} has no numeric {field}: {value}"))
+}
+
+/// No function reserves concurrency (above), so a client sending requests as fast as it can
+/// would take the account's Lambda concurrency from the sender and fan-out, one invocation a
+/// request: the publish limits run inside the api function, after the invocation. The HTTP
+/// API's stage throttles every route before that (API Gateway answers 429 without invoking
+/// the function), at rates from the stack's parameters, within what API Gateway accepts.
+#[test]
+fn the_http_api_throttles_every_route_before_invoking_the_api() {
+    // API Gateway's default throttle quota per account and Region, across all its APIs
+    // (https://docs.aws.amazon.com/apigateway/latest/developerguide/limits.html): a stage's
+    // default route limits cannot exceed it.
+    const ACCOUNT_RATE: f64 = 10_000.0;
+    const ACCOUNT_BURST: f64 = 5_000.0;
+
+    let stages: Vec<_> = of_type("AWS::ApiGatewayV2::Stage")
+        .filter(|(_, p)| render(&p["ApiId"]) == "${ServerlessHttpApi}")
+        .collect();
+    assert_eq!(
+        stages.len(),
+        1,
+        "ServerlessHttpApi should have one stage: {stages:?}"
+    );
+    let (name, stage) = stages[0];
+    assert_eq!(
+        stage["StageName"], "$default",
+        "{name}: the ApiUrl output names no stage, so the API is served from `$default`"
+    );
+    assert_eq!(
+        resource("ServerlessHttpApi")["Type"],
+        "AWS::ApiGatewayV2::Api",
+        "ApiUrl is made from ServerlessHttpApi"
+    );
+    let settings = &stage["DefaultRouteSettings"];
+    for (property, parameter, account_limit, integer) in [
+        ("ThrottlingRateLimit", "ApiRateLimit", ACCOUNT_RATE, false),
+        ("ThrottlingBurstLimit", "ApiBurstLimit", ACCOUNT_BURST, true),
+    ] {
+        assert_eq!(
+            render(&settings[property]),
+            format!("${{{parameter}}}"),
+            "{name}'s DefaultRouteSettings.{property} is not the {parameter} parameter \
+             (DefaultRouteSettings: {settings})"
+        );
+        assert_eq!(
+            stack()["Parameters"][parameter]["Type"],
+            "Number",
+            "{parameter}: {property} is a number"
+        );
+        let (min, max, default) = (
+            parameter_number(parameter, "MinValue"),
+            parameter_number(parameter, "MaxValue"),
+            parameter_number(parameter, "Default"),
+        );
+        assert!(
+            min >= 1.0,
+            "{parameter} may be {min}: a limit of 0 refuses every request"
+        );
+        assert!(
+            max <= account_limit,
+            "{parameter} may be {max}, above API Gateway's account limit of {account_limit}"
+        );
+        assert!(
+            (min..=max).contains(&default) && default <= account_limit / 4.0,
+            "{parameter} defaults to {default}: within {min}..={max} and at most a quarter \
+             of the account limit of {account_limit}, which the account's other APIs share"
+        );
+        if integer {
+            for value in [min, max, default] {
+                assert_eq!(
+                    value.fract(),
+                    0.0,
+                    "{parameter}: {property} is an integer, not {value}"
+                );
+            }
+        }
+    }
+    // A route's own settings replace the stage's defaults for that route.
+    for (route, route_settings) in stage["RouteSettings"].as_object().into_iter().flatten() {
+        for property in ["ThrottlingRateLimit", "ThrottlingBurstLimit"] {
+            assert!(
+                route_settings.get(property).is_none(),
+                "{name}: route {route} sets its own {property}, escaping the API's throttle"
+            );
+        }
+    }
+}
