@@ -246,6 +246,12 @@ impl Endpoint {
     }
 }
 
+/// `endpoints` by id, to match each of many deliveries to its endpoint in one pass: an
+/// account may have 100,000 endpoints, and a search of the list per delivery is quadratic.
+pub fn by_id(endpoints: &[Endpoint]) -> std::collections::HashMap<&EndpointId, &Endpoint> {
+    endpoints.iter().map(|e| (&e.id, e)).collect()
+}
+
 pub fn parse_max_in_flight(raw: Option<u32>) -> Result<u32, InvalidField> {
     match raw {
         None => Ok(DEFAULT_MAX_IN_FLIGHT),

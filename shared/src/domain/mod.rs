@@ -27,7 +27,10 @@ pub use delivery::{
     deliveries_to, delivery_log_partition, delivery_log_position, delivery_log_prefix,
     delivery_log_time, Delivery, DeliveryStatus,
 };
-pub use endpoint::{Endpoint, EndpointStatus, EndpointUrl, EndpointVersion, EventTypeFilter};
+pub use endpoint::{
+    by_id as endpoints_by_id, Endpoint, EndpointStatus, EndpointUrl, EndpointVersion,
+    EventTypeFilter,
+};
 pub use event::{Event, EventType, MissedEvent};
 pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
 pub use outcome::{AttemptOutcome, Decision, DeliveryUpdate, RetryPolicy};

@@ -237,16 +237,17 @@ async fn fan_out_one(
     if added.len() < deliveries.len() {
         // A replay: queue again what an earlier run created but may not have queued.
         let existing = app.store.deliveries_of_event(event).await?;
+        let added: std::collections::HashSet<&DeliveryId> = added.iter().map(|a| &a.id).collect();
         to_queue.extend(existing.into_iter().filter(|d| {
-            d.status == DeliveryStatus::Pending
-                && d.attempts == 0
-                && !added.iter().any(|a| a.id == d.id)
+            d.status == DeliveryStatus::Pending && d.attempts == 0 && !added.contains(&d.id)
         }));
     }
+    let receivers: HashMap<&EndpointId, &Endpoint> =
+        receivers.into_iter().map(|e| (&e.id, e)).collect();
     let refs = to_queue
         .iter()
         .filter_map(|d| {
-            let endpoint = receivers.iter().find(|e| e.id == d.endpoint_id)?;
+            let endpoint = receivers.get(&d.endpoint_id)?;
             Some(PendingRef::new(d, endpoint, d.next_try_at.unwrap_or(now)))
         })
         .collect();

@@ -138,10 +138,11 @@ async fn enqueue_new(app: &App, deliveries: Vec<Delivery>) -> ServiceResult<()> 
         return Ok(());
     };
     let endpoints = app.store.list_endpoints(&account).await?;
+    let endpoints = crate::domain::endpoints_by_id(&endpoints);
     let refs = deliveries
         .iter()
         .filter_map(|d| {
-            let endpoint = endpoints.iter().find(|e| e.id == d.endpoint_id)?;
+            let endpoint = endpoints.get(&d.endpoint_id)?;
             Some(crate::store::PendingRef {
                 delivery_id: d.id.clone(),
                 endpoint_id: d.endpoint_id.clone(),

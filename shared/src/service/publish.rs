@@ -355,10 +355,11 @@ fn new_event(
 }
 
 fn pending_refs(event: &Event, deliveries: &[Delivery], endpoints: &[Endpoint]) -> Vec<PendingRef> {
+    let endpoints = crate::domain::endpoints_by_id(endpoints);
     deliveries
         .iter()
         .filter_map(|d| {
-            let endpoint = endpoints.iter().find(|e| e.id == d.endpoint_id)?;
+            let endpoint = endpoints.get(&d.endpoint_id)?;
             Some(PendingRef {
                 delivery_id: d.id.clone(),
                 endpoint_id: endpoint.id.clone(),
@@ -431,6 +432,37 @@ mod tests {
         service::fan_out::{delivery_id_for, fan_out},
         testing::{emulated_shape, receive_queued},
     };
+
+    /// An account may have 100,000 endpoints: each delivery finds its endpoint by id, not by
+    /// a search of the list (quadratic: 20,000 endpoints took seconds of a publish's time).
+    #[test]
+    fn each_delivery_is_queued_with_its_own_endpoints_limits_among_many() {
+        let at = fixtures::t0();
+        let endpoints: Vec<Endpoint> = (0..20_000u32)
+            .map(|i| {
+                let mut endpoint = fixtures::endpoint("acme", &format!("ep_{i}"), at);
+                endpoint.max_in_flight = 1 + i % 97;
+                endpoint.rate_limit_per_second = Some(1 + i % 89);
+                endpoint
+            })
+            .collect();
+        let event = fixtures::event("acme", "evt_1", at);
+        let deliveries: Vec<Delivery> = crate::domain::deliveries_to(&event, &endpoints, at)
+            .into_iter()
+            .map(|(_, delivery)| delivery)
+            .collect();
+        let refs = pending_refs(&event, &deliveries, &endpoints);
+        assert_eq!(refs.len(), endpoints.len());
+        for r in &refs {
+            let n: u32 = r.endpoint_id.as_str()["ep_".len()..].parse().unwrap();
+            assert_eq!(
+                (r.max_in_flight, r.rate_limit_per_second),
+                (1 + n % 97, Some(1 + n % 89)),
+                "{}",
+                r.endpoint_id
+            );
+        }
+    }
 
     #[tokio::test]
     async fn on_the_aws_shape_publish_writes_the_event_alone_and_fan_out_makes_the_listed_deliveries(
