@@ -2,9 +2,15 @@
 //! with an account token filters to a failed delivery, opens its attempts, replays it and
 //! sees it delivered, then resends the rest in bulk; portal links open the page read-only,
 //! for another account, and (expired) not at all; and a customer manages their own endpoint
-//! from a portal link, checked at the receiver.
+//! from a portal link, checked at the receiver; and the page works mounted under a base path,
+//! behind a proxy that strips it.
 
-use std::{path::PathBuf, process::Output, time::Duration};
+use std::{
+    path::PathBuf,
+    process::Output,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use hooklane_testkit::farm::{Arrival, Behavior, Farm};
 use serde_json::{json, Value};
@@ -341,6 +347,115 @@ async fn a_customer_manages_an_endpoint_from_a_portal_link() {
         "17-endpoint-disabled.png",
         "18-endpoint-deleted.png",
     ] {
+        assert!(screenshots.join(name).exists(), "{name} was not taken");
+    }
+}
+
+/// A reverse proxy in front of `upstream` that mounts it at `/base/` and strips that prefix,
+/// as a platform's proxy or an API Gateway base-path mapping does. Anything outside
+/// `/base/` gets a 404 and is recorded in the list returned, so a page that asks the host's
+/// root for its files or the API fails as it would in such a deployment.
+fn base_path_proxy(listener: tokio::net::TcpListener, upstream: String) -> Arc<Mutex<Vec<String>>> {
+    use axum::{body::Body, extract::Request, http::StatusCode, response::Response};
+
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let seen = refused.clone();
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |request: Request| {
+        let (http, upstream, refused) = (http.clone(), upstream.clone(), seen.clone());
+        async move {
+            let (parts, body) = request.into_parts();
+            let target = parts
+                .uri
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/");
+            let Some(rest) = target.strip_prefix("/base/") else {
+                refused
+                    .lock()
+                    .expect("refused list")
+                    .push(format!("{} {target}", parts.method));
+                return Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(Body::from("not under /base/"))
+                    .expect("404");
+            };
+            let body = axum::body::to_bytes(body, 16 << 20)
+                .await
+                .expect("request body");
+            let mut headers = parts.headers.clone();
+            // reqwest sets its own; the body is forwarded whole and undecoded.
+            for name in ["host", "content-length", "connection", "accept-encoding"] {
+                headers.remove(name);
+            }
+            let answer = http
+                .request(parts.method.clone(), format!("{upstream}/{rest}"))
+                .headers(headers)
+                .body(body)
+                .send()
+                .await
+                .expect("upstream");
+            let mut response = Response::builder().status(answer.status());
+            for (name, value) in answer.headers() {
+                if !matches!(
+                    name.as_str(),
+                    "content-length" | "transfer-encoding" | "connection"
+                ) {
+                    response = response.header(name, value);
+                }
+            }
+            let bytes = answer.bytes().await.expect("upstream body");
+            response.body(Body::from(bytes)).expect("response")
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    refused
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_works_under_a_base_path_behind_a_proxy() {
+    node_modules();
+    let farm = Farm::start().await.expect("farm");
+    // The proxy's address first: the server's public URL names it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the proxy");
+    let mount = format!(
+        "http://{}/base/",
+        listener.local_addr().expect("proxy address")
+    );
+    let scratch = Scratch::new("ui-base-path");
+    let server = Server::start(&scratch, &[("HOOKLANE_PUBLIC_URL", &mount)]).await;
+    let refused = base_path_proxy(listener, server.base.clone());
+    server.create_account("acme").await;
+    let [endpoint] = server.farm_endpoints("acme", &farm, ["mounted"]).await;
+    let event = server
+        .publish("acme", "invoice.paid", json!({"invoice": 1}))
+        .await;
+    let delivery = event["deliveries"][0]["id"]
+        .as_str()
+        .expect("delivery")
+        .to_owned();
+    let link = portal_link(&server, "acme", json!({"ttl_seconds": 900})).await;
+
+    let screenshots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-base-path-screenshots");
+    run_browser(
+        "base_path.cjs",
+        &screenshots,
+        &[
+            ("HOOKLANE_UI_PORTAL", &link),
+            ("HOOKLANE_UI_MOUNT", &mount),
+            ("HOOKLANE_UI_ACCOUNT", "acme"),
+            ("HOOKLANE_UI_ENDPOINT", &endpoint),
+            ("HOOKLANE_UI_DELIVERY", &delivery),
+        ],
+    )
+    .await;
+    let refused = refused.lock().expect("refused list").clone();
+    assert!(refused.is_empty(), "outside the mount: {refused:?}");
+    for name in ["20-base-path.png", "21-base-path-slash.png"] {
         assert!(screenshots.join(name).exists(), "{name} was not taken");
     }
 }

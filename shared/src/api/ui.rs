@@ -1,14 +1,29 @@
 //! The customer page (endpoints, their health, the delivery log): static files compiled into
 //! the binary. The page holds no data; it asks the API with the token the user enters.
+//! Everything it loads and asks is relative to its own address, so that it works mounted
+//! under a base path (a proxy or an API Gateway mapping that strips `/base`) as at the root.
+
+use std::sync::LazyLock;
 
 use axum::{
-    http::{header, HeaderValue},
+    http::{header, HeaderValue, Uri},
     response::{IntoResponse, Response},
 };
 
-const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/app.js");
 const STYLE: &str = include_str!("ui/app.css");
+
+/// The page as served at `…/ui/`, whose relative `app.js` and `app.css` are its neighbours.
+const INDEX: &str = include_str!("ui/index.html");
+
+/// The page as served at `…/ui` (the address a portal link names): there a relative name
+/// resolves beside `ui`, so its files are named `ui/app.js` and `ui/app.css`. Not a `<base>`
+/// element: the CSP refuses one (`base-uri 'none'`), and it would be the same for both.
+static INDEX_NO_SLASH: LazyLock<String> = LazyLock::new(|| {
+    INDEX
+        .replace("href=\"app.css\"", "href=\"ui/app.css\"")
+        .replace("src=\"app.js\"", "src=\"ui/app.js\"")
+});
 
 /// Only our own files, no inline code, no framing: a token typed into this page stays here.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
@@ -34,8 +49,13 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     response
 }
 
-pub async fn index() -> Response {
-    asset("text/html; charset=utf-8", INDEX)
+pub async fn index(uri: Uri) -> Response {
+    let page = if uri.path().ends_with('/') {
+        INDEX
+    } else {
+        INDEX_NO_SLASH.as_str()
+    };
+    asset("text/html; charset=utf-8", page)
 }
 
 pub async fn script() -> Response {
@@ -44,4 +64,22 @@ pub async fn script() -> Response {
 
 pub async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_address_of_the_page_names_its_files_relative_to_itself() {
+        for (page, prefix) in [(INDEX, ""), (INDEX_NO_SLASH.as_str(), "ui/")] {
+            for file in ["app.css", "app.js"] {
+                assert!(
+                    page.contains(&format!("=\"{prefix}{file}\"")),
+                    "{file} as {prefix}{file}"
+                );
+            }
+            assert!(!page.contains("\"/ui/"), "a path from the host's root");
+        }
+    }
 }

@@ -46,10 +46,15 @@ class ApiError extends Error {
   }
 }
 
+// Where Hooklane is mounted: the page is `<mount>ui` or `<mount>ui/`. Behind a proxy or an
+// API Gateway base-path mapping that is `/base/`, not the host's root, and the API is there.
+const mount = (/^(.*\/)ui\/?$/.exec(window.location.pathname) || [null, "/"])[1];
+
+// `path` is the API's own (`/v1/…`), asked under the mount.
 async function api(path, { method = "GET", body } = {}) {
   const headers = { Authorization: `Bearer ${state.token}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {
+  const response = await fetch(mount + path.replace(/^\//, ""), {
     method,
     headers,
     body: body === undefined ? undefined : JSON.stringify(body),
