@@ -277,19 +277,25 @@ fn secrets(action: SecretsAction) -> ExitCode {
         // The functions' client: its writes that meet a transaction are tried again.
         let client =
             hooklane::aws::clients::dynamodb(&hooklane::aws::load_sdk_config().await, None);
-        DynamoStore::new(
+        let store = DynamoStore::new(
             client,
             TableNames::with_prefix(prefix),
             Retention::default(),
             cipher,
-        )
-        .reseal_secrets()
-        .await
+        );
+        let report = store.reseal_secrets().await?;
+        // The account-token signing key is sealed with the same key: loading it re-seals it
+        // (the api function's next start would too, but maybe only after the old key is gone).
+        hooklane::service::tokens::signing_key(&store)
+            .await
+            .map_err(|e| hooklane::store::StoreError::Backend(e.to_string()))?;
+        Ok::<_, hooklane::store::StoreError>(report)
     });
     match report {
         Ok(report) => {
             println!(
-                "examined {} endpoint(s); re-sealed {} under key {key_id}; {} changed meanwhile",
+                "examined {} endpoint(s); re-sealed {} under key {key_id}; {} changed meanwhile; \
+                 the account-token key is sealed under key {key_id}",
                 report.examined, report.resealed, report.changed_meanwhile
             );
             if report.changed_meanwhile > 0 {

@@ -244,6 +244,12 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
         "three signing secrets and a header value"
     );
 
+    // The account-token signing key, sealed under the same key.
+    let token_key = hooklane::service::tokens::signing_key(store)
+        .await
+        .unwrap()
+        .to_hex();
+
     let prefix = settings.tables.prefix().to_owned();
     // The keys as a stack keeps them: SSM SecureString parameters, read by name.
     let (new_parameter, old_parameter) = (
@@ -318,5 +324,24 @@ async fn a_dynamodb_scan_holds_no_secret_and_secrets_reseal_moves_the_stack_to_t
     assert_eq!(
         listed[0].headers, a.headers,
         "the header opens under the new key"
+    );
+    // So does the account-token key: the same key, so tokens made before still work.
+    let sealed = renewed
+        .app
+        .store
+        .get_setting("account_token_key")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        sealed.starts_with(&format!("enc:v1:{}:", key_id(&NEW))),
+        "the token key after the re-seal: {sealed}"
+    );
+    assert_eq!(
+        hooklane::service::tokens::signing_key(renewed.app.store.as_ref())
+            .await
+            .unwrap()
+            .to_hex(),
+        token_key
     );
 }

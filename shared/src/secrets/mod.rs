@@ -46,6 +46,8 @@ pub enum SecretsError {
          endpoint signing secrets"
     )]
     Withheld,
+    #[error("a secret setting is stored in plaintext")]
+    Plaintext,
 }
 
 /// A 32-byte key and its id.
@@ -306,6 +308,22 @@ impl SecretsCipher {
         )))
     }
 
+    /// Seals the value of the setting `name` (the account-token signing key) under the
+    /// current key, bound to that name.
+    pub fn seal_setting(&self, name: &str, plain: &str) -> Result<String, SecretsError> {
+        self.seal_bound(plain, &setting_data(name))
+    }
+
+    /// The value of the setting `name` that [`Self::seal_setting`] sealed; unlike an
+    /// endpoint secret, a plaintext value is refused ([`SecretsError::Plaintext`]): a key
+    /// anyone who read the store could use must not be used.
+    pub fn open_setting(&self, name: &str, stored: &str) -> Result<String, SecretsError> {
+        if !stored.starts_with(PREFIX) {
+            return Err(SecretsError::Plaintext);
+        }
+        self.open_bound(stored, &setting_data(name))
+    }
+
     fn keys(&self) -> impl Iterator<Item = &Key> {
         std::iter::once(&self.inner.current).chain(self.inner.previous.as_ref())
     }
@@ -328,6 +346,14 @@ impl From<SecretsCipher> for SecretsAccess {
 }
 
 impl SecretsAccess {
+    /// The cipher, or [`SecretsError::Withheld`] without a key.
+    pub fn cipher(&self) -> Result<&SecretsCipher, SecretsError> {
+        match self {
+            Self::Keys(cipher) => Ok(cipher),
+            Self::Withheld => Err(SecretsError::Withheld),
+        }
+    }
+
     /// [`SecretsCipher::seal`]; [`SecretsError::Withheld`] without a key.
     pub fn seal(
         &self,
@@ -360,6 +386,11 @@ impl SecretsAccess {
             Self::Withheld => Ok(SigningSecret::withheld()),
         }
     }
+}
+
+/// Binds a sealed setting to its name.
+fn setting_data(name: &str) -> Vec<u8> {
+    format!("hooklane:setting:{}:{name}", name.len()).into_bytes()
 }
 
 /// Binds a sealed value to its endpoint. The length prefix keeps `("ab", "c")` and

@@ -4,6 +4,7 @@ use super::{access::Access, audit, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
     domain::{AccountId, AuditAction, AuditTarget, Caller, InvalidField, TargetKind},
+    secrets::SecretsError,
     store::{AuditedChange, Store},
     tokens::{new_token_id, TokenKey},
     App,
@@ -14,21 +15,65 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(86_400);
 pub const MAX_TTL: Duration = Duration::from_secs(90 * 86_400);
 
 /// The key that signs account tokens: made on first use and kept in the store's settings,
-/// so every process (and every Lambda instance) of one deployment shares it.
+/// so every process (and every Lambda instance) of one deployment shares it. It is sealed
+/// there with the secrets key, as endpoint secrets are: whoever holds it can mint a token
+/// for any account and read its endpoints' secrets through the API, so a copy of the store
+/// must not hold it in the clear. One found in plaintext (kept so by an older build, or
+/// written by someone without the secrets key) is replaced by a new sealed one, which
+/// revokes every account token signed with it. Under the previous secrets key it is sealed
+/// again under the current one.
 pub async fn signing_key(store: &dyn Store) -> ServiceResult<TokenKey> {
-    let stored = match store.get_setting(KEY_SETTING).await? {
+    let cipher = store.settings_cipher().await?;
+    let sealed_fresh = || -> ServiceResult<String> {
+        cipher
+            .seal_setting(KEY_SETTING, &TokenKey::generate().to_hex())
+            .map_err(|e| corrupt(e.to_string()))
+    };
+    let mut stored = match store.get_setting(KEY_SETTING).await? {
         Some(stored) => stored,
         None => {
             store
-                .put_setting_if_absent(KEY_SETTING, &TokenKey::generate().to_hex())
+                .put_setting_if_absent(KEY_SETTING, &sealed_fresh()?)
                 .await?
         }
     };
-    TokenKey::from_hex(&stored).map_err(|e| {
-        ServiceError::Store(crate::store::StoreError::Corrupt(format!(
-            "setting {KEY_SETTING}: {e}"
-        )))
-    })
+    let mut replaced = 0;
+    let plain = loop {
+        match cipher.open_setting(KEY_SETTING, &stored) {
+            Ok(plain) => break plain,
+            Err(SecretsError::Plaintext) if replaced < 3 => {
+                replaced += 1;
+                let sealed = sealed_fresh()?;
+                tracing::warn!("the account-token signing key was stored in plaintext: replaced by a new sealed key; account tokens and portal links made before no longer work");
+                // Whoever replaced it first (another instance) wins; theirs is read back.
+                if store.replace_setting(KEY_SETTING, &stored, &sealed).await? {
+                    stored = sealed;
+                } else {
+                    stored = store
+                        .get_setting(KEY_SETTING)
+                        .await?
+                        .ok_or_else(|| corrupt("vanished".into()))?;
+                }
+            }
+            Err(e) => return Err(corrupt(e.to_string())),
+        }
+    };
+    if cipher.needs_reseal(&stored) {
+        let resealed = cipher
+            .seal_setting(KEY_SETTING, &plain)
+            .map_err(|e| corrupt(e.to_string()))?;
+        // Not written: another instance re-sealed it first, to the same key.
+        store
+            .replace_setting(KEY_SETTING, &stored, &resealed)
+            .await?;
+    }
+    TokenKey::from_hex(&plain).map_err(|e| corrupt(e.to_string()))
+}
+
+fn corrupt(reason: String) -> ServiceError {
+    ServiceError::Store(crate::store::StoreError::Corrupt(format!(
+        "setting {KEY_SETTING}: {reason}"
+    )))
 }
 
 #[derive(Debug, Clone)]

@@ -667,4 +667,9 @@ store_port! { $
     async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()>;
     /// Stores the value unless the key exists; returns the value now stored.
     async fn put_setting_if_absent(&self, key: &str, value: &str) -> StoreResult<String>;
+    /// Replaces the value if it is still `old`; `false` when it was changed meanwhile.
+    async fn replace_setting(&self, key: &str, old: &str, new: &str) -> StoreResult<bool>;
+    /// The cipher of secret settings (the account-token signing key): the one that seals
+    /// endpoint secrets; an error in a process given no secrets key.
+    async fn settings_cipher(&self) -> StoreResult<crate::secrets::SecretsCipher>;
 }

@@ -320,3 +320,73 @@ async fn a_raw_dynamodb_item_holds_no_secret_and_does_not_open_on_another_endpoi
     assert!(refused.contains("another endpoint"), "{refused}");
     let _ = raw_item("ep_b").await;
 }
+
+/// The account-token signing key, the same way in both stores: whoever holds it mints a token
+/// for any account, which reads that account's endpoint secrets through the API. `open`
+/// gives a store over the same data with the cipher given.
+async fn the_token_key_is_sealed(open: &dyn Fn(SecretsCipher) -> Box<dyn Store>) {
+    const SETTING: &str = "account_token_key";
+    let old = open(cipher(&OLD, None));
+    let key = hex(old.as_ref()).await;
+    let stored = old.get_setting(SETTING).await.unwrap().unwrap();
+    assert!(
+        stored.starts_with(&format!("enc:v1:{}:", key_id(&OLD))) && !stored.contains(&key),
+        "stored as {stored}"
+    );
+    assert_eq!(hex(old.as_ref()).await, key, "the same key at every start");
+    drop(old);
+
+    // A rotation of the secrets key: the same token key, sealed again under the new one.
+    let rotated = open(cipher(&NEW, Some(&OLD)));
+    assert_eq!(hex(rotated.as_ref()).await, key);
+    let stored = rotated.get_setting(SETTING).await.unwrap().unwrap();
+    assert!(
+        stored.starts_with(&format!("enc:v1:{}:", key_id(&NEW))),
+        "{stored}"
+    );
+
+    // A key in plaintext (an older build's, or one written without the secrets key) is
+    // never used: a new sealed one replaces it.
+    let planted = hooklane::tokens::TokenKey::generate().to_hex();
+    rotated.put_setting(SETTING, &planted).await.unwrap();
+    let replaced = hex(rotated.as_ref()).await;
+    assert_ne!(replaced, planted, "the plaintext key was used");
+    assert_ne!(replaced, key);
+    let stored = rotated.get_setting(SETTING).await.unwrap().unwrap();
+    assert!(
+        stored.starts_with(&format!("enc:v1:{}:", key_id(&NEW))),
+        "{stored}"
+    );
+}
+
+async fn hex(store: &dyn Store) -> String {
+    hooklane::service::tokens::signing_key(store)
+        .await
+        .unwrap()
+        .to_hex()
+}
+
+#[tokio::test]
+async fn the_token_signing_key_is_sealed_in_the_sqlite_file() {
+    let dir = std::env::temp_dir().join(format!("hooklane-token-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("token-key.db");
+    the_token_key_is_sealed(&|cipher| Box::new(SqliteStore::open(&path, cipher).unwrap())).await;
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn the_token_signing_key_is_sealed_in_the_control_table() {
+    use hooklane::store::dynamodb::{DynamoStore, Retention};
+    let base = hooklane_testkit::testing::emulator_store().await;
+    let (client, tables) = (base.client().clone(), base.tables().clone());
+    the_token_key_is_sealed(&|cipher| {
+        Box::new(DynamoStore::new(
+            client.clone(),
+            tables.clone(),
+            Retention::default(),
+            cipher,
+        ))
+    })
+    .await;
+}

@@ -243,6 +243,34 @@ impl DynamoStore {
             .ok_or_else(|| StoreError::Backend(format!("setting {key} vanished")))
     }
 
+    pub(super) async fn replace_setting(
+        &self,
+        key: &str,
+        old: &str,
+        new: &str,
+    ) -> StoreResult<bool> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.tables.control)
+            .set_key(Some(key1("pk", &format!("setting#{key}"))))
+            .update_expression("SET #value = :new")
+            .condition_expression("#value = :old")
+            .expression_attribute_names("#value", "value")
+            .expression_attribute_values(":old", s(old))
+            .expression_attribute_values(":new", s(new))
+            .send()
+            .await;
+        Ok(written(result)?.is_some())
+    }
+
+    pub(super) async fn settings_cipher(&self) -> StoreResult<crate::secrets::SecretsCipher> {
+        self.secrets
+            .cipher()
+            .cloned()
+            .map_err(|e| StoreError::Backend(e.to_string()))
+    }
+
     pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
         let change = AuditedChange::PutSetting {
             key: key.to_owned(),

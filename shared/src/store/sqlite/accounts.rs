@@ -344,6 +344,28 @@ impl SqliteStore {
         .await
     }
 
+    pub(super) async fn replace_setting(
+        &self,
+        key: &str,
+        old: &str,
+        new: &str,
+    ) -> StoreResult<bool> {
+        let (key, old, new) = (key.to_owned(), old.to_owned(), new.to_owned());
+        self.run(move |conn| {
+            conn.execute(
+                "UPDATE settings SET value = ?3 WHERE key = ?1 AND value = ?2",
+                params![key, old, new],
+            )
+            .map(|changed| changed == 1)
+            .map_err(backend)
+        })
+        .await
+    }
+
+    pub(super) async fn settings_cipher(&self) -> StoreResult<crate::secrets::SecretsCipher> {
+        Ok(self.secrets.clone())
+    }
+
     pub(super) async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
         let (key, value) = (key.to_owned(), value.to_owned());
         self.run(move |conn| write_setting(conn, &key, &value))
