@@ -490,7 +490,7 @@ struct RelayArgs {
     /// The Hooklane API, e.g. http://127.0.0.1:8080.
     #[arg(long, env = "HOOKLANE_RELAY_URL")]
     url: String,
-    /// An admin token (or an account token, for that account's rows only).
+    /// The admin token, or an API key with events:publish (limited to some accounts: their rows only).
     #[arg(long, env = "HOOKLANE_RELAY_TOKEN", hide_env_values = true)]
     token: String,
     /// The outbox table (schema.table allowed).

@@ -17,9 +17,9 @@ fn fill(template: &str, ids: &[(&str, &str)]) -> String {
 }
 
 async fn call(server: &Server, method: &str, path: &str, token: Option<&str>) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let verb = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
     let mut request = reqwest::Client::new()
-        .request(method, format!("{}{path}", server.base))
+        .request(verb, format!("{}{path}", server.base))
         .header("content-type", "application/json")
         // A body that every route accepts the shape of, so no route can fail on it first.
         .body("{}");
@@ -28,7 +28,21 @@ async fn call(server: &Server, method: &str, path: &str, token: Option<&str>) ->
     }
     let response = request.send().await.expect("request");
     let status = response.status().as_u16();
+    if path.starts_with("/v1/") {
+        assert_eq!(
+            cache_control(&response),
+            Some("no-store"),
+            "{method} {path} answered {status}"
+        );
+    }
     (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn cache_control(response: &reqwest::Response) -> Option<&str> {
+    response
+        .headers()
+        .get(reqwest::header::CACHE_CONTROL)
+        .and_then(|v| v.to_str().ok())
 }
 
 /// Every time in an answer is RFC 3339 in UTC with three fractional digits
@@ -95,12 +109,10 @@ async fn documented_scopes(server: &Server) -> Vec<(String, String, Option<Strin
 }
 
 /// What an account token may do on its own account (docs/ACCESS.md).
-const ACCOUNT_TOKEN_SCOPES: [&str; 7] = [
+const ACCOUNT_TOKEN_SCOPES: [&str; 5] = [
     "accounts:read",
     "endpoints:read",
     "endpoints:write",
-    "events:publish",
-    "events:erase",
     "deliveries:read",
     "deliveries:replay",
 ];
@@ -430,7 +442,7 @@ async fn every_route_answers_every_kind_of_credential_as_documented() {
 
 /// A key that may mint tokens but holds fewer scopes than an account token carries cannot
 /// mint one: it would hand on more than it holds (a `tokens:write` key minting a token that
-/// publishes and erases). One that holds them all, or the admin token, can.
+/// changes endpoints and replays deliveries). One that holds them all, or the admin token, can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_mints_no_token_broader_than_itself() {
     let scratch = Scratch::new("mint-scopes");
@@ -441,13 +453,107 @@ async fn a_key_mints_no_token_broader_than_itself() {
     let (status, body) = call(&server, "POST", path, Some(&narrow)).await;
     assert_eq!(status, 403, "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("events:publish"), "{message}");
+    assert!(message.contains("endpoints:write"), "{message}");
     let mut all = vec!["tokens:write"];
     all.extend(ACCOUNT_TOKEN_SCOPES);
     let (full, _) = key(&server, &all, Some(&["acme"]), None).await;
     let (status, body) = call(&server, "POST", path, Some(&full)).await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(mint(&server, "acme", 60).await["account_id"], "acme");
+}
+
+/// Answers under `/v1` carry endpoints' signing secrets, keys, tokens and portal links: none
+/// may be kept by a cache (a browser's, a proxy's), and neither may errors, which one header
+/// on every answer covers whatever the route. The page under `/ui` has its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_under_v1_may_be_cached() {
+    let scratch = Scratch::new("no-store");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (endpoint, secret) = server
+        .create_endpoint("acme", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    let endpoint = format!("/v1/accounts/acme/endpoints/{endpoint}");
+    let key = json!({"name": "cache", "scopes": ["deliveries:read"]});
+    let refused_url = json!({"url": "http://10.0.0.1/hook"});
+    let requests = [
+        ("GET", endpoint.as_str(), Some(ADMIN_TOKEN), None, 200),
+        ("POST", "/v1/keys", Some(ADMIN_TOKEN), Some(key), 201),
+        (
+            "POST",
+            "/v1/accounts/acme/tokens",
+            Some(ADMIN_TOKEN),
+            Some(json!({})),
+            201,
+        ),
+        (
+            "POST",
+            "/v1/accounts/acme/portal",
+            Some(ADMIN_TOKEN),
+            Some(json!({})),
+            201,
+        ),
+        // A configured admin token is not rotated here: an error, as uncachable.
+        ("POST", "/v1/admin-token", Some(ADMIN_TOKEN), None, 409),
+        ("GET", endpoint.as_str(), None, None, 401),
+        (
+            "GET",
+            "/v1/accounts/acme/endpoints/ep_missing",
+            Some(ADMIN_TOKEN),
+            None,
+            404,
+        ),
+        ("GET", "/v1/nowhere", Some(ADMIN_TOKEN), None, 404),
+        ("PUT", endpoint.as_str(), Some(ADMIN_TOKEN), None, 405),
+        (
+            "PATCH",
+            endpoint.as_str(),
+            Some(ADMIN_TOKEN),
+            Some(refused_url),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/accounts/acme/events",
+            Some(ADMIN_TOKEN),
+            Some(json!([])),
+            400,
+        ),
+    ];
+    let client = reqwest::Client::new();
+    for (method, path, credential, body, want) in requests {
+        let mut request = client.request(
+            reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+            format!("{}{path}", server.base),
+        );
+        if let Some(credential) = credential {
+            request = request.bearer_auth(credential);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status().as_u16();
+        let cache = cache_control(&response).map(str::to_owned);
+        let text = response.text().await.unwrap_or_default();
+        assert_eq!(status, want, "{method} {path}: {text}");
+        if path == endpoint && status == 200 {
+            assert!(
+                text.contains(&secret),
+                "the read carries the secret: {text}"
+            );
+        }
+        assert_eq!(
+            cache.as_deref(),
+            Some("no-store"),
+            "{method} {path} answered {status} with Cache-Control {cache:?}"
+        );
+    }
+    // The page's own header stays.
+    let page = reqwest::get(format!("{}/ui", server.base))
+        .await
+        .expect("ui");
+    assert_eq!(cache_control(&page), Some("no-cache"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -330,3 +330,81 @@ async fn no_token_no_access_and_publish_is_idempotent() {
         "only the item without an id is new: {again}"
     );
 }
+
+/// Why an address is refused stays in the server's log: the answer is the same for every
+/// refused address, so a customer cannot tell a private from a loopback or a metadata
+/// address, nor learn from it what the server's DNS makes of a name. What is wrong with the
+/// URL's text itself (its scheme, a localhost name) is still said. Only literal addresses
+/// here: nothing is resolved, and creating an endpoint contacts nothing.
+#[tokio::test]
+async fn every_refused_address_is_answered_alike() {
+    let scratch = Scratch::new("refused-address");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let endpoints = "/v1/accounts/acme/endpoints";
+    let (id, _) = server
+        .create_endpoint("acme", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    let endpoint = format!("{endpoints}/{id}");
+    // The tests' allow-list is 127.0.0.0/8 alone: ::1 is refused as loopback.
+    let refused = [
+        ("http://10.0.0.1/hook", "private network address"),
+        ("http://[::1]:8080/hook", "loopback address"),
+        ("http://169.254.169.254/latest/meta-data", "link-local"),
+        ("http://0.0.0.0/hook", "unspecified address"),
+        ("http://[fd00:ec2::254]/hook", "unique local"),
+        ("http://100.64.0.1/hook", "carrier-grade NAT"),
+    ];
+    let mut answers = std::collections::BTreeMap::new();
+    for (url, _) in refused {
+        for (method, path) in [
+            (reqwest::Method::POST, endpoints),
+            (reqwest::Method::PATCH, endpoint.as_str()),
+        ] {
+            let (status, body) = server
+                .request(method.clone(), path, Some(json!({"url": url})))
+                .await;
+            assert_eq!(status, 422, "{method} {url}: {body}");
+            assert_eq!(body["error"]["field"], "url", "{method} {url}: {body}");
+            let message = body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            answers.insert(format!("{method} {url}"), message);
+        }
+    }
+    let distinct: std::collections::BTreeSet<&String> = answers.values().collect();
+    assert_eq!(
+        distinct.len(),
+        1,
+        "refused addresses are told apart: {answers:#?}"
+    );
+    let log = server.log_text();
+    for (url, reason) in refused {
+        assert!(
+            distinct.iter().all(|message| !message.contains(reason)),
+            "the answer says why {url} was refused: {distinct:?}"
+        );
+        assert!(
+            log.contains(reason),
+            "the log does not say why {url} was refused"
+        );
+    }
+
+    // About the URL's text, not where it leads: said as it is.
+    for (url, says) in [
+        ("ftp://example.com/x", "scheme must be http or https"),
+        ("http://api.localhost/x", "localhost names"),
+        ("https://user:secret@example.com/x", "credentials"),
+    ] {
+        let (status, body) = server.post(endpoints, json!({"url": url})).await;
+        assert_eq!(status, 422, "{url}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{url}: {body}");
+    }
+    // None was written: the one endpoint still points where it did.
+    let (_, list) = server.get(endpoints).await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(1), "{list}");
+    let (_, stored) = server.get(&endpoint).await;
+    assert_eq!(stored["url"], "http://127.0.0.1:9/hook", "{stored}");
+}

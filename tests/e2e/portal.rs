@@ -1,6 +1,7 @@
 //! Portal links (`POST /v1/accounts/{account}/portal`), in both shapes: a link to the
 //! account's page with an expiring token in its fragment, read-only on request, reaching
-//! only its account, revoked by its token id, refused with the field named on bad input.
+//! only its account, never publishing or erasing events, revoked by its token id, refused
+//! with the field named on bad input.
 
 use serde_json::{json, Value};
 
@@ -267,6 +268,119 @@ async fn a_portal_link_reaches_its_account_only_until_revoked() {
     let base = server.base.clone();
     portal_links_reach_one_account_and_are_revocable(&server, &base).await;
     the_documented_example_answers_as_shown(&server).await;
+}
+
+/// Publishing and erasing events are the platform's. A customer holding a full link (an
+/// account token) could otherwise publish under an id the platform uses later: publishing is
+/// idempotent on the id, so the platform's own event would be answered 200 with the
+/// customer's data and never sent. Refused, the event and the id stay the platform's, and
+/// what the page does with the customer's own webhooks still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_portal_link_neither_publishes_nor_erases_events() {
+    let scratch = Scratch::new("portal-publish");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let genuine = json!({"id": "evt_genuine", "type": "invoice.paid", "data": {"amount": 100}});
+    let (status, published) = server.post("/v1/accounts/acme/events", genuine).await;
+    assert_eq!(status, 202, "{published}");
+
+    let (made, link_token) = link(&server, "acme", json!({})).await;
+    assert_eq!(made["read_only"], false, "{made}");
+    let (status, minted) = server
+        .post("/v1/accounts/acme/tokens", json!({"ttl_seconds": 60}))
+        .await;
+    assert_eq!(status, 201, "{minted}");
+    let token = minted["token"].as_str().expect("token").to_owned();
+    let forged = |id: &str| json!({"id": id, "type": "invoice.paid", "data": {"amount": 0}});
+    let attempts = [
+        (
+            reqwest::Method::POST,
+            "/v1/accounts/acme/events",
+            Some(forged("evt_later")),
+            "events:publish",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/accounts/acme/events",
+            Some(forged("evt_genuine")),
+            "events:publish",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/accounts/acme/events/batch",
+            Some(json!({"events": [forged("evt_later")]})),
+            "events:publish",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/v1/accounts/acme/events/evt_genuine",
+            None,
+            "events:erase",
+        ),
+    ];
+    for (who, credential) in [
+        ("a full portal link", &link_token),
+        ("an account token", &token),
+    ] {
+        for (method, path, body, scope) in &attempts {
+            let (status, answer) = server
+                .request_as(credential, method.clone(), path, body.clone())
+                .await;
+            assert_eq!(status, 403, "{method} {path} with {who}: {answer}");
+            let message = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(scope), "{method} {path}: {answer}");
+        }
+    }
+
+    // The platform's event is as it published it, not erased.
+    let (status, event) = server.get("/v1/accounts/acme/events/evt_genuine").await;
+    assert_eq!(status, 200, "{event}");
+    assert_eq!(event["data"], json!({"amount": 100}), "{event}");
+    assert!(event["erased_at"].is_null(), "{event}");
+    // The id the customer tried is still the platform's to use.
+    let later = json!({"id": "evt_later", "type": "invoice.paid", "data": {"amount": 250}});
+    let (status, event) = server.post("/v1/accounts/acme/events", later).await;
+    assert_eq!(status, 202, "the platform's event was taken: {event}");
+    assert_eq!(event["data"], json!({"amount": 250}), "{event}");
+
+    // What the page does with the customer's own webhooks stays: endpoints, test events.
+    let (status, endpoint) = server
+        .request_as(
+            &link_token,
+            reqwest::Method::POST,
+            "/v1/accounts/acme/endpoints",
+            Some(json!({"url": "http://127.0.0.1:9/mine"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{endpoint}");
+    let test = format!(
+        "/v1/accounts/acme/endpoints/{}/test",
+        endpoint["id"].as_str().expect("id")
+    );
+    let (status, sent) = server
+        .request_as(&link_token, reqwest::Method::POST, &test, None)
+        .await;
+    assert_eq!(status, 202, "a link sends a test event: {sent}");
+    let (_, who) = server
+        .request_as(&link_token, reqwest::Method::GET, "/v1/whoami", None)
+        .await;
+    let mut scopes: Vec<&str> = who["scopes"]
+        .as_array()
+        .expect("scopes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    scopes.sort_unstable();
+    assert_eq!(
+        scopes,
+        [
+            "accounts:read",
+            "deliveries:read",
+            "deliveries:replay",
+            "endpoints:read",
+            "endpoints:write"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@ pub struct RelayOptions {
     pub source: String,
     /// The Hooklane API's base URL.
     pub url: String,
-    /// An admin token (or an account token, for one account's rows).
+    /// The admin token, or an API key with `events:publish` (limited to some accounts: their rows).
     pub token: String,
     /// The outbox table, optionally schema-qualified.
     pub table: String,

@@ -282,8 +282,8 @@ fn classify(
         },
         404 if code == Some("not_found") && message == "account not found" => {
             Answer::RefusedAll(format!(
-                "account `{account}` not found (HTTP 404; with an account token, the token may \
-                 only publish for its own account)"
+                "account `{account}` not found (HTTP 404; a key limited to some accounts may \
+                 only publish for those)"
             ))
         }
         413 => Answer::Narrow(format!("HTTP 413: {message}")),

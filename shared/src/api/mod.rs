@@ -2,7 +2,14 @@
 
 use std::sync::Arc;
 
-use axum::{extract::DefaultBodyLimit, middleware, routing::get, Extension, Router};
+use axum::{
+    extract::{DefaultBodyLimit, Request},
+    http::{header::CACHE_CONTROL, HeaderValue},
+    middleware::{self, Next},
+    response::Response,
+    routing::get,
+    Extension, Router,
+};
 use utoipa::OpenApi;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -157,5 +164,22 @@ pub fn router(state: ApiState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(Extension(Arc::new(document)))
+        // Outermost, so that every answer under `/v1` has it, whoever made it.
+        .layer(middleware::from_fn(no_store))
         .with_state(state)
+}
+
+/// `Cache-Control: no-store` on every answer under `/v1`, errors included: answers carry
+/// endpoints' signing secrets, keys, tokens and portal links, which no browser or proxy cache
+/// may keep. The page under `/ui` sets its own.
+async fn no_store(request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let under_v1 = path == "/v1" || path.starts_with("/v1/");
+    let mut response = next.run(request).await;
+    if under_v1 {
+        response
+            .headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
 }

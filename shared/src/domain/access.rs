@@ -53,10 +53,20 @@ impl Scope {
         Self::ALL.into_iter().find(|s| s.as_str() == raw)
     }
 
-    /// Whether an account token holds this scope on its own account: everything a customer
-    /// does with their webhooks, nothing that mints credentials or changes account settings.
+    /// Whether an account token holds this scope on its own account: what a customer does
+    /// with their own webhooks (endpoints, the delivery log, replays, test events). Publishing
+    /// and erasing events are the platform's: a customer who publishes under an id the
+    /// platform uses later has the platform's event answered as already published, and
+    /// dropped. Listed, not excluded, so that a new scope is not a token's until named here.
     pub fn of_account_tokens(self) -> bool {
-        !matches!(self, Self::AccountsWrite | Self::TokensWrite | Self::Admin)
+        matches!(
+            self,
+            Self::AccountsRead
+                | Self::EndpointsRead
+                | Self::EndpointsWrite
+                | Self::DeliveriesRead
+                | Self::DeliveriesReplay
+        )
     }
 
     /// Whether the scope only reads: what a read-only account token holds.
@@ -352,6 +362,23 @@ mod tests {
         assert_eq!(
             token.authorize(Some(Scope::DeliveriesReplay), Some(&account("acme"))),
             Ok(())
+        );
+        // Publishing and erasing are the platform's, not a customer's.
+        for scope in [Scope::EventsPublish, Scope::EventsErase] {
+            assert_eq!(
+                token.authorize(Some(scope), Some(&account("acme"))),
+                Err(Denied::MissingScope(scope))
+            );
+        }
+        assert_eq!(
+            Scope::of_account_token(false).collect::<Vec<_>>(),
+            [
+                Scope::AccountsRead,
+                Scope::EndpointsRead,
+                Scope::EndpointsWrite,
+                Scope::DeliveriesRead,
+                Scope::DeliveriesReplay
+            ]
         );
         let reader = Principal::Account {
             account_id: account("acme"),

@@ -50,21 +50,38 @@ pub struct EndpointChanges {
 /// A host that does not resolve yet is accepted: it is checked again at every send.
 async fn check_reachable(app: &App, url: &EndpointUrl) -> ServiceResult<()> {
     let policy = app.config.address_policy();
-    policy
-        .check_url(url.as_url())
-        .map_err(|e| InvalidField::new("url", e.to_string()))?;
+    policy.check_url(url.as_url()).map_err(refused)?;
     if let Some(url::Host::Domain(host)) = url.as_url().host() {
         let port = url.as_url().port_or_known_default().unwrap_or(443);
         let lookup =
             tokio::time::timeout(Duration::from_secs(2), policy.resolve_checked(host, port)).await;
         if let Ok(Err(
-            refused @ (SsrfError::Forbidden { .. } | SsrfError::ResolvesForbidden { .. }),
+            error @ (SsrfError::Forbidden { .. } | SsrfError::ResolvesForbidden { .. }),
         )) = lookup
         {
-            return Err(InvalidField::new("url", refused.to_string()).into());
+            return Err(refused(error).into());
         }
     }
     Ok(())
+}
+
+/// The one answer to every refused address. Whatever the address and its reason, the answer
+/// is the same, so whoever sets a URL cannot use it to learn which internal names the
+/// server's DNS knows or what kind of address they lead to.
+const REFUSED_ADDRESS: &str =
+    "the host is, or resolves to, an address Hooklane is not allowed to send to";
+
+/// The answer to a URL the address policy refuses. A refused address gets [`REFUSED_ADDRESS`]
+/// and its reason goes to the log only; what is wrong with the URL's text itself (its scheme,
+/// credentials, a localhost name) is said as it is, since it tells nothing of the network.
+fn refused(error: SsrfError) -> InvalidField {
+    match error {
+        SsrfError::Forbidden { .. } | SsrfError::ResolvesForbidden { .. } => {
+            tracing::info!(reason = %error, "an endpoint url is refused");
+            InvalidField::new("url", REFUSED_ADDRESS)
+        }
+        other => InvalidField::new("url", other.to_string()),
+    }
 }
 
 /// Records a change to endpoint `id` of `account`.
@@ -466,4 +483,71 @@ pub async fn rotate_secret(
         Ok(serde_json::json!({ "grace_period_seconds": grace.as_secs() }))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::http::ssrf::forbidden_reason;
+
+    fn reason(ip: &str) -> &'static str {
+        forbidden_reason(ip.parse::<IpAddr>().unwrap()).unwrap()
+    }
+
+    /// A name the server resolves to a private address and one it resolves to loopback (and
+    /// the same addresses written in the URL) are answered alike: the answer tells nothing of
+    /// the server's DNS. Why is only logged.
+    #[test]
+    fn a_refused_address_is_answered_alike_whatever_the_reason() {
+        let named = |host: &str, ip: &str| SsrfError::ResolvesForbidden {
+            host: host.to_owned(),
+            reason: reason(ip),
+        };
+        let literal = |ip: &str| SsrfError::Forbidden {
+            ip: ip.parse().unwrap(),
+            reason: reason(ip),
+        };
+        let answers: Vec<InvalidField> = [
+            named("db.corp.internal", "10.1.2.3"),
+            named("admin.corp.internal", "127.0.0.1"),
+            named("metadata.google.internal", "169.254.169.254"),
+            literal("192.168.0.1"),
+            literal("::1"),
+        ]
+        .into_iter()
+        .map(refused)
+        .collect();
+        let messages: Vec<&str> = answers.iter().map(|a| a.message.as_str()).collect();
+        assert!(
+            messages.iter().all(|m| *m == messages[0]),
+            "told apart: {messages:#?}"
+        );
+        for answer in &answers {
+            assert_eq!(answer.field, "url");
+            for told in [
+                "private",
+                "loopback",
+                "link-local",
+                "internal",
+                "10.1",
+                "::1",
+            ] {
+                assert!(!answer.message.contains(told), "{answer}");
+            }
+        }
+        // What is wrong with the URL's text itself is said as it is.
+        for error in [
+            SsrfError::HttpsRequired,
+            SsrfError::Credentials,
+            SsrfError::Scheme("ftp".to_owned()),
+            SsrfError::LocalHostname {
+                host: "api.localhost".to_owned(),
+            },
+        ] {
+            let message = error.to_string();
+            assert_eq!(refused(error), InvalidField::new("url", message));
+        }
+    }
 }

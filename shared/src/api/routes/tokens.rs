@@ -32,7 +32,7 @@ pub async fn create_token(
     JsonBody(body): JsonBody<CreateToken>,
 ) -> ApiResult<Response> {
     // A credential hands on no more than it holds: a key that may mint tokens but not, say,
-    // publish, cannot mint a token that publishes.
+    // replay, cannot mint a token that replays.
     let carried = crate::domain::Scope::of_account_token(false);
     let missing: Vec<&str> = carried
         .filter(|scope| !principal.has_scope(*scope))
