@@ -22,7 +22,14 @@ pub enum SmtpConfigError {
 pub struct SmtpNotifier {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     from: Mailbox,
+    /// How long one mail may take, end to end. The transport's own timeout covers the
+    /// connection only: a relay that accepts and then says nothing would hold the mail
+    /// loop, and the health check's disables behind it, for ever.
+    send_timeout: Duration,
 }
+
+/// [`SmtpNotifier::send_timeout`]'s default.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SmtpNotifier {
     /// `url` as lettre reads it: `smtp://host:25` (plain), `smtp://host:587?tls=required`
@@ -35,7 +42,11 @@ impl SmtpNotifier {
         let from = from
             .parse()
             .map_err(|_| SmtpConfigError::From(from.to_owned()))?;
-        Ok(Self { transport, from })
+        Ok(Self {
+            transport,
+            from,
+            send_timeout: SEND_TIMEOUT,
+        })
     }
 }
 
@@ -52,7 +63,15 @@ impl Notifier for SmtpNotifier {
             .header(ContentType::TEXT_PLAIN)
             .body(n.body.clone())
             .map_err(|e| NotifyError::Permanent(e.to_string()))?;
-        self.transport.send(message).await.map_err(|e| {
+        let sent = tokio::time::timeout(self.send_timeout, self.transport.send(message))
+            .await
+            .map_err(|_| {
+                NotifyError::Temporary(format!(
+                    "SMTP: the relay did not finish within {} s",
+                    self.send_timeout.as_secs_f32()
+                ))
+            })?;
+        sent.map_err(|e| {
             let text = format!("SMTP: {e}");
             if refused_for_good(e.status().map(u16::from), e.is_permanent(), &text) {
                 NotifyError::Permanent(text)
@@ -156,6 +175,41 @@ mod tests {
             transcript.contains("We disabled your endpoint."),
             "{transcript}"
         );
+    }
+
+    /// A relay that takes the connection and never says a word: the mail fails for now,
+    /// within the send timeout, and the loop goes on with the next one.
+    #[tokio::test]
+    async fn a_relay_that_never_answers_fails_the_mail_for_now() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(socket);
+        });
+        let mut notifier = SmtpNotifier::new(
+            &format!("smtp://127.0.0.1:{port}"),
+            "Hooklane <hooklane@example.com>",
+        )
+        .unwrap();
+        notifier.send_timeout = Duration::from_millis(500);
+        let notification = Notification {
+            id: "ntf_1".into(),
+            account_id: AccountId::from_trusted("acme".into()),
+            recipient: EmailAddress::parse("owner@acme.example").unwrap(),
+            subject: "s".into(),
+            body: "b".into(),
+            created_at: chrono::Utc::now(),
+        };
+        let outcome = tokio::time::timeout(Duration::from_secs(20), notifier.send(&notification))
+            .await
+            .expect("the send never ended");
+        assert!(
+            matches!(&outcome, Err(NotifyError::Temporary(text)) if text.contains("did not finish")),
+            "{outcome:?}"
+        );
+        silent.abort();
     }
 
     #[test]

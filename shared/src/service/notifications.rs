@@ -59,6 +59,13 @@ pub async fn flush(app: &App) -> ServiceResult<usize> {
                         .await?;
                     sent += 1;
                 }
+                Err(error @ NotifyError::Temporary(_)) => {
+                    // The relay unreachable, silent or throttling: the rest would most
+                    // likely wait out the same timeout each. They go at the next pass; this
+                    // one waits its `RETRY_AFTER`, so it does not hold them back then.
+                    not_sent(app, &notification, &error).await?;
+                    return Ok(sent);
+                }
                 Err(error) => not_sent(app, &notification, &error).await?,
             }
         }
@@ -178,6 +185,38 @@ mod tests {
         assert!(every_unsent(&*store).await.is_empty());
     }
 
+    /// A mail failing for now ends the pass: a relay that takes 30 s to time out would take
+    /// that for every mail. The next pass goes on with the others.
+    #[tokio::test]
+    async fn a_mail_failing_for_now_ends_the_pass_and_the_next_goes_on() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let notifier = Arc::new(Refusing(AtomicBool::new(true)));
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = App {
+            notifier: notifier.clone(),
+            ..fixtures::app_on(store.clone(), clock.clone())
+        };
+        disable_with_mail(&*store).await;
+        disable_one_with_mail(&*store, "ep_2", "ntf_2").await;
+        disable_one_with_mail(&*store, "ep_3", "ntf_3").await;
+        let waiting = |store: Arc<SqliteStore>, at| async move {
+            store.unsent_notifications(at, 10).await.unwrap().len()
+        };
+        assert_eq!(flush(&app).await.unwrap(), 0);
+        assert_eq!(
+            waiting(store.clone(), fixtures::t0()).await,
+            2,
+            "one tried, two left untried"
+        );
+        notifier.0.store(false, Ordering::SeqCst);
+        clock.advance(CLAIM);
+        assert_eq!(
+            flush(&app).await.unwrap(),
+            2,
+            "the next pass sends the others"
+        );
+    }
+
     /// A refusal for good is not tried again; nor is mail still failing for now once it is
     /// older than `GIVE_UP_AFTER`. Both are counted.
     #[tokio::test]
@@ -224,7 +263,12 @@ mod tests {
             .create_account(&fixtures::account("acme"))
             .await
             .unwrap();
-        let mut endpoint = fixtures::endpoint("acme", "ep_1", fixtures::t0());
+        disable_one_with_mail(store, "ep_1", "ntf_1").await;
+    }
+
+    /// Disables a new failing endpoint `id` of acme, with a mail to its owner, `mail`.
+    async fn disable_one_with_mail(store: &dyn Store, id: &str, mail: &str) {
+        let mut endpoint = fixtures::endpoint("acme", id, fixtures::t0());
         endpoint.failing_since = Some(fixtures::t0());
         store.create_endpoint(&endpoint).await.unwrap();
         store
@@ -235,7 +279,7 @@ mod tests {
                 now: fixtures::t0(),
                 expected_failing_since: Some(fixtures::t0()),
                 notification: Some(Notification {
-                    id: "ntf_1".into(),
+                    id: mail.into(),
                     account_id: endpoint.account_id.clone(),
                     recipient: EmailAddress::parse("owner@acme.example").unwrap(),
                     subject: "Webhook endpoint disabled".into(),
