@@ -10,6 +10,10 @@ use super::InvalidField;
 /// Thousandths of a token in one token.
 pub const MILLI: i64 = 1000;
 
+/// How far behind a bucket's last refill a clock must be to count as stepped back (NTP, a
+/// VM restored) rather than as another instance's clock a little slower.
+pub const CLOCK_STEP_MS: i64 = 1000;
+
 /// A bucket as stored: its tokens (in thousandths) when it was last refilled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
@@ -32,7 +36,9 @@ impl TokenBucket {
     }
 
     /// The bucket at `now_ms`: `per_second` thousandths a millisecond since its last refill,
-    /// up to its capacity. A clock that went back refills nothing.
+    /// up to its capacity. A clock a little behind (another instance's, sharing the bucket)
+    /// refills nothing; one stepped back by more than [`CLOCK_STEP_MS`] refills from its own
+    /// time on, rather than nothing until it catches up with the time it stepped back from.
     pub fn refilled(self, per_second: u32, now_ms: i64) -> Self {
         self.refilled_up_to(per_second, per_second, now_ms)
     }
@@ -47,7 +53,11 @@ impl TokenBucket {
                 .milli_tokens
                 .saturating_add(elapsed.saturating_mul(rate))
                 .min(cap),
-            refilled_at_ms: now_ms.max(self.refilled_at_ms),
+            refilled_at_ms: if now_ms + CLOCK_STEP_MS < self.refilled_at_ms {
+                now_ms
+            } else {
+                now_ms.max(self.refilled_at_ms)
+            },
         }
     }
 
@@ -162,6 +172,19 @@ mod tests {
         for bad in [(0, None), (1, Some(0)), (MAX_PUBLISH_RATE + 1, None)] {
             assert!(PublishRate::new(bad.0, bad.1, "x").is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_clock_stepped_back_refills_from_its_own_time() {
+        let hour = 3_600_000;
+        let empty = TokenBucket::full_of(2, hour).taken_n(2);
+        // Another instance's clock 300 ms slow: no refill, and the last refill stays put.
+        let skewed = empty.refilled(2, hour - 300);
+        assert!(!skewed.has_tokens(1));
+        assert_eq!(skewed.refilled_at_ms, hour);
+        // Stepped back an hour: a second later, a second's tokens, not an hour's wait.
+        let stepped = empty.refilled(2, 0).refilled(2, 1000);
+        assert!(stepped.has_tokens(2), "{stepped:?}");
     }
 
     #[test]
