@@ -898,3 +898,40 @@ async fn the_admin_token_rotates_without_a_restart() {
     let (status, body) = rotate_admin_token(&server, ADMIN_TOKEN).await;
     assert_eq!(status, 409, "{body}");
 }
+
+/// A token or portal link minted by a key that expires does not outlive the key: the key's
+/// end is the credential's, whatever lifetime was asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_a_key_mints_outlives_the_key() {
+    let scratch = Scratch::new("mint-expiry");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let ends = chrono::Utc::now() + chrono::Duration::minutes(10);
+    let ends_text = ends.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut scopes = vec!["tokens:write"];
+    scopes.extend(ACCOUNT_TOKEN_SCOPES);
+    let (minter, _) = key(&server, &scopes, Some(&["acme"]), Some(ends_text.clone())).await;
+    let (admin, _) = key(&server, &["admin"], None, Some(ends_text)).await;
+    for (credential, path, ttl) in [
+        (&minter, "/v1/accounts/acme/tokens", 7_776_000),
+        (&admin, "/v1/accounts/acme/portal", 604_800),
+    ] {
+        let response = reqwest::Client::new()
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(credential)
+            .json(&json!({"ttl_seconds": ttl}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 201, "{path}");
+        let made: Value = response.json().await.expect("json");
+        let expires: chrono::DateTime<chrono::Utc> = made["expires_at"]
+            .as_str()
+            .and_then(|at| at.parse().ok())
+            .expect("expires_at");
+        assert!(
+            expires <= ends,
+            "{path}: a token until {expires}, the key that minted it until {ends}"
+        );
+    }
+}

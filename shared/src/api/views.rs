@@ -468,6 +468,7 @@ impl<'a> From<&'a Principal> for WhoamiView<'a> {
                 key_id,
                 scopes,
                 accounts,
+                ..
             } => Self {
                 kind: "key",
                 key_id: Some(key_id.as_str()),

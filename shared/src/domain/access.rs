@@ -196,6 +196,8 @@ pub enum Principal {
         key_id: ApiKeyId,
         scopes: Vec<Scope>,
         accounts: Option<Vec<AccountId>>,
+        /// When the key expires, if it does: no token it mints outlives it.
+        expires_at: Option<Timestamp>,
     },
     /// The holder of an account token: one account, the scopes of [`Scope::of_account_token`].
     Account {
@@ -223,6 +225,15 @@ pub enum Denied {
 }
 
 impl Principal {
+    /// When the credential itself expires, if it does: what it mints may not outlive it.
+    pub fn expires_at(&self) -> Option<Timestamp> {
+        match self {
+            Self::Admin => None,
+            Self::Key { expires_at, .. } => *expires_at,
+            Self::Account { expires_at, .. } => Some(*expires_at),
+        }
+    }
+
     /// Whether the principal reaches `account` at all.
     pub fn reaches(&self, account: &AccountId) -> bool {
         match self {
@@ -297,6 +308,7 @@ mod tests {
             key_id: ApiKeyId::generate(),
             scopes: scopes.to_vec(),
             accounts: accounts.map(|a| a.iter().map(|id| account(id)).collect()),
+            expires_at: None,
         }
     }
 

@@ -198,6 +198,7 @@ impl Access {
                 key_id: key.id,
                 scopes: key.scopes,
                 accounts: key.accounts,
+                expires_at: key.expires_at,
             });
         }
         let digest = match &self.admin {

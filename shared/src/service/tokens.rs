@@ -90,16 +90,18 @@ pub struct MintedToken {
 pub const PORTAL_DEFAULT_TTL: Duration = Duration::from_secs(3_600);
 pub const PORTAL_MAX_TTL: Duration = Duration::from_secs(7 * 86_400);
 
-/// Mints a token that reaches only `account`, for `ttl` (1 s to 90 days).
+/// Mints a token that reaches only `account`, for `ttl` (1 s to 90 days), and no later than
+/// `not_after` (the minting credential's own expiry).
 pub async fn mint(
     app: &App,
     key: &TokenKey,
     account: &AccountId,
-    ttl: Duration,
+    (ttl, not_after): (Duration, Option<Timestamp>),
     caller: &Caller,
 ) -> ServiceResult<MintedToken> {
     let grant = Grant {
         ttl,
+        not_after,
         max_ttl: MAX_TTL,
         read_only: false,
         action: AuditAction::TokenCreated,
@@ -108,16 +110,18 @@ pub async fn mint(
 }
 
 /// Mints the token of a portal link to `account`'s page: like [`mint`], for `ttl` (1 s to
-/// 7 days), optionally read-only. Revoked as any account token is, by its id.
+/// 7 days, no later than `not_after`), optionally read-only. Revoked as any account token
+/// is, by its id.
 pub async fn portal_link(
     app: &App,
     key: &TokenKey,
     account: &AccountId,
-    (ttl, read_only): (Duration, bool),
+    (ttl, not_after, read_only): (Duration, Option<Timestamp>, bool),
     caller: &Caller,
 ) -> ServiceResult<MintedToken> {
     let grant = Grant {
         ttl,
+        not_after,
         max_ttl: PORTAL_MAX_TTL,
         read_only,
         action: AuditAction::PortalLinkCreated,
@@ -127,6 +131,8 @@ pub async fn portal_link(
 
 struct Grant {
     ttl: Duration,
+    /// A key that expires mints nothing that outlives it.
+    not_after: Option<Timestamp>,
     max_ttl: Duration,
     read_only: bool,
     action: AuditAction,
@@ -152,6 +158,7 @@ async fn issue(
     // Tokens carry whole seconds.
     let now = app.clock.now();
     let expires_at = crate::clock::add(now, grant.ttl);
+    let expires_at = grant.not_after.map_or(expires_at, |at| at.min(expires_at));
     let expires_at =
         chrono::DateTime::from_timestamp(expires_at.timestamp(), 0).unwrap_or(expires_at);
     let token_id = new_token_id();

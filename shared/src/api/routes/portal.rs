@@ -10,7 +10,8 @@ use crate::service::tokens;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePortalLink {
-    /// Lifetime of the link (default 3600, at most 7 days).
+    /// Lifetime of the link (default 3600, at most 7 days); it ends no later than the key that
+    /// makes it.
     #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 604800, example = 3600)]
     ttl_seconds: Option<u64>,
@@ -48,6 +49,7 @@ pub async fn create_portal_link(
     caller: Caller,
     uri: Uri,
     headers: HeaderMap,
+    Extension(principal): Extension<Principal>,
     JsonBody(body): JsonBody<CreatePortalLink>,
 ) -> ApiResult<Response> {
     let base = match &state.app.config.public_url {
@@ -61,7 +63,7 @@ pub async fn create_portal_link(
         &state.app,
         state.access.token_key(),
         &account,
-        (ttl, body.read_only),
+        (ttl, principal.expires_at(), body.read_only),
         &caller,
     )
     .await?;

@@ -7,7 +7,8 @@ use crate::service::tokens;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
-    /// Lifetime of the token (default 86400, at most 90 days).
+    /// Lifetime of the token (default 86400, at most 90 days); it ends no later than the key
+    /// that mints it.
     #[serde(default, deserialize_with = "whole::option")]
     #[schema(minimum = 1, maximum = 7776000, example = 3600)]
     ttl_seconds: Option<u64>,
@@ -51,7 +52,14 @@ pub async fn create_token(
     let ttl = body
         .ttl_seconds
         .map_or(tokens::DEFAULT_TTL, Duration::from_secs);
-    let minted = tokens::mint(&state.app, state.access.token_key(), &account, ttl, &caller).await?;
+    let minted = tokens::mint(
+        &state.app,
+        state.access.token_key(),
+        &account,
+        (ttl, principal.expires_at()),
+        &caller,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(TokenView::from(&minted))).into_response())
 }
 
