@@ -46,6 +46,12 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         HeaderValue::from_static("no-referrer"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // A page that opened this one cannot reach it: it could otherwise navigate it to a
+    // `#token=` of its choosing, which signs a tab without a session in to that account.
+    headers.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
     response
 }
 
@@ -69,6 +75,24 @@ pub async fn style() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_page_keeps_its_token_to_itself() {
+        let page = index(Uri::from_static("/ui")).await;
+        let headers = page.headers();
+        for (name, value) in [
+            ("content-security-policy", CSP),
+            ("referrer-policy", "no-referrer"),
+            ("x-content-type-options", "nosniff"),
+            ("cross-origin-opener-policy", "same-origin"),
+        ] {
+            assert_eq!(
+                headers.get(name).and_then(|v| v.to_str().ok()),
+                Some(value),
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn each_address_of_the_page_names_its_files_relative_to_itself() {
