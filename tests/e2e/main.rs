@@ -6,6 +6,7 @@ mod support;
 mod access;
 mod audit;
 mod aws_pipeline;
+mod backup;
 mod bad_input;
 mod bench_smoke;
 mod bootstraps;

@@ -294,23 +294,7 @@ impl SqliteStore {
         conn.pragma_update(None, "cache_size", STORE_CACHE_KIB)
             .map_err(backend)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(backend)?;
-        let rebuilt = drop_descending_log_indexes(&conn).map_err(backend)?;
-        if rebuilt > 0 {
-            tracing::info!(
-                indexes = rebuilt,
-                "making the delivery log's indexes again in ascending order, once: about 5 s per million deliveries"
-            );
-        }
-        conn.execute_batch(SCHEMA).map_err(backend)?;
-        add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
-        add_missing_columns(&conn, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
-        add_missing_columns(&conn, "accounts", ADDED_ACCOUNT_COLUMNS).map_err(backend)?;
-        add_missing_columns(&conn, "endpoints", ADDED_ENDPOINT_COLUMNS).map_err(backend)?;
-        add_missing_columns(&conn, "replays", ADDED_REPLAY_COLUMNS).map_err(backend)?;
-        add_missing_columns(&conn, "notifications", ADDED_NOTIFICATION_COLUMNS).map_err(backend)?;
-        conn.execute_batch(INDEXES_OF_ADDED_COLUMNS)
-            .map_err(backend)?;
-        migrate_attempts_to_time_order(&conn).map_err(backend)?;
+        migrate(&conn)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let Helpers {
             reads,

@@ -2,6 +2,63 @@
 
 use super::*;
 
+/// The version of the file's layout that this build writes, in the file's header (`PRAGMA
+/// user_version`), and the newest it opens: a file of a later version, which a newer build
+/// migrated, is refused at open (see [`migrate`]). A file of an earlier version (0: made
+/// before the version was kept) is migrated and stamped with this one.
+///
+/// Bump it by one in the change that changes what a file holds: a table, column or index
+/// (`SCHEMA`, `ATTEMPTS_TABLE`, the `ADDED_*` lists, `INDEXES_OF_ADDED_COLUMNS`) or a
+/// migration step, one that rewrites rows without changing the layout included. The test
+/// `the_schema_version_changes_with_the_layout` (tests.rs) records a digest of a new file's
+/// layout for each version and fails until the bump and the new version's line are made.
+pub(super) const SCHEMA_VERSION: i32 = 1;
+
+/// Makes an older file's layout this build's, in one transaction with stamping it with
+/// [`SCHEMA_VERSION`]: a migration that fails changes nothing. A file of a newer version
+/// is refused, unchanged.
+pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    let found: i32 = tx
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(backend)?;
+    if found > SCHEMA_VERSION {
+        let file = tx
+            .path()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("the database");
+        return Err(StoreError::Backend(format!(
+            "{file} has schema version {found}, and this hooklane knows versions up to \
+             {SCHEMA_VERSION}: a newer hooklane has migrated it. Run that release or a newer \
+             one; to go back to this one, restore a backup taken before the upgrade \
+             (docs/OPERATIONS.md)"
+        )));
+    }
+    let rebuilt = drop_descending_log_indexes(&tx).map_err(backend)?;
+    if rebuilt > 0 {
+        tracing::info!(
+            indexes = rebuilt,
+            "making the delivery log's indexes again in ascending order, once: about 5 s per million deliveries"
+        );
+    }
+    tx.execute_batch(SCHEMA).map_err(backend)?;
+    add_missing_columns(&tx, "deliveries", ADDED_DELIVERY_COLUMNS).map_err(backend)?;
+    add_missing_columns(&tx, "events", ADDED_EVENT_COLUMNS).map_err(backend)?;
+    add_missing_columns(&tx, "accounts", ADDED_ACCOUNT_COLUMNS).map_err(backend)?;
+    add_missing_columns(&tx, "endpoints", ADDED_ENDPOINT_COLUMNS).map_err(backend)?;
+    add_missing_columns(&tx, "replays", ADDED_REPLAY_COLUMNS).map_err(backend)?;
+    add_missing_columns(&tx, "notifications", ADDED_NOTIFICATION_COLUMNS).map_err(backend)?;
+    tx.execute_batch(INDEXES_OF_ADDED_COLUMNS)
+        .map_err(backend)?;
+    migrate_attempts_to_time_order(&tx).map_err(backend)?;
+    if found != SCHEMA_VERSION {
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(backend)?;
+    }
+    tx.commit().map_err(backend)
+}
+
 pub(super) const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS accounts (
@@ -164,7 +221,8 @@ CREATE TABLE IF NOT EXISTS attempts (
 /// records are for deliveries created moments ago, so their rows land on the few pages at
 /// the end of the table. Keyed by the (hashed) delivery id, each went to a random page,
 /// and W1 made a fifth more WAL writes (406k against 319k `pwrite` calls).
-/// Files from before this layout have their attempts copied over once, on open.
+/// Files from before this layout have their attempts copied over once, on open (within
+/// [`migrate`]'s transaction).
 pub(super) fn migrate_attempts_to_time_order(conn: &Connection) -> rusqlite::Result<()> {
     let columns = table_columns(conn, "attempts")?;
     if columns.is_empty() {
@@ -173,14 +231,12 @@ pub(super) fn migrate_attempts_to_time_order(conn: &Connection) -> rusqlite::Res
     if columns.iter().any(|c| c == "delivery_created_at") {
         return Ok(());
     }
-    let tx = conn.unchecked_transaction()?;
-    tx.execute_batch(&format!(
+    conn.execute_batch(&format!(
         "ALTER TABLE attempts RENAME TO attempts_by_id; {ATTEMPTS_TABLE} \
          INSERT OR IGNORE INTO attempts (delivery_created_at, {ATTEMPT_COLUMNS}) \
          SELECT d.created_at, {ATTEMPT_COLUMNS} FROM attempts_by_id a JOIN deliveries d ON d.id = a.delivery_id; \
          DROP TABLE attempts_by_id;"
-    ))?;
-    tx.commit()
+    ))
 }
 
 /// The delivery log's indexes, ascending although the logs read them newest first (backwards):

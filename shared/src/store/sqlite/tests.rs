@@ -1780,3 +1780,206 @@ async fn mail_given_up_keeps_its_error_and_is_kept_a_retention() {
     assert_eq!(purge_past(&store, at(500)).await.notifications, 0);
     assert_eq!(purge_past(&store, at(1_500)).await.notifications, 1);
 }
+
+/// The schema version a file gets from this build (`PRAGMA user_version`).
+fn stamped_version(conn: &Connection) -> i32 {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// The schema version of a new file, as this build stamps it.
+async fn version_of_a_new_file() -> i32 {
+    let store = SqliteStore::in_memory().unwrap();
+    store.run(|conn| Ok(stamped_version(conn))).await.unwrap()
+}
+
+/// The fingerprint of the schema a new file gets, per schema version (`SCHEMA_VERSION` in
+/// schema.rs): one line for each version, never edited once it has been released.
+const RECORDED_LAYOUTS: &[(i32, &str)] = &[(
+    1,
+    "53833a07eb8735a0859c75819d458f693be5ec3bc97b1e2637d68c85f3b95bff",
+)];
+
+/// A digest of everything a file's schema holds (every table, index and their SQL, as
+/// `sqlite_master` keeps them, whitespace aside).
+fn layout_fingerprint(conn: &Connection) -> String {
+    use sha2::{Digest, Sha256};
+    let mut statement = conn
+        .prepare(
+            "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master ORDER BY type, name",
+        )
+        .unwrap();
+    let rows = statement
+        .query_map([], |r| {
+            Ok([r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+        })
+        .unwrap();
+    let mut hasher = Sha256::new();
+    for row in rows {
+        let [kind, name, table, sql] = row.unwrap();
+        let sql = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        hasher.update(format!("{kind}\t{name}\t{table}\t{sql}\n"));
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_schema_version_changes_with_the_layout() {
+    let store = SqliteStore::in_memory().unwrap();
+    let (version, fingerprint) = store
+        .run(|conn| Ok((stamped_version(conn), layout_fingerprint(conn))))
+        .await
+        .unwrap();
+    let recorded = RECORDED_LAYOUTS
+        .iter()
+        .find(|(v, _)| *v == version)
+        .map(|(_, f)| *f);
+    match recorded {
+        Some(recorded) => assert_eq!(
+            recorded,
+            fingerprint,
+            "the schema of a new file changed (fingerprint {fingerprint}) but its version did \
+             not: set SCHEMA_VERSION in schema.rs to {} and add the line ({}, \"{fingerprint}\") \
+             to RECORDED_LAYOUTS; a released version's line never changes",
+            version + 1,
+            version + 1
+        ),
+        None => panic!(
+            "no layout is recorded for schema version {version}: add the line ({version}, \
+             \"{fingerprint}\") to RECORDED_LAYOUTS"
+        ),
+    }
+    let versions: Vec<i32> = RECORDED_LAYOUTS.iter().map(|(v, _)| *v).collect();
+    assert!(
+        versions.windows(2).all(|w| w[1] == w[0] + 1),
+        "RECORDED_LAYOUTS goes up one version at a time: {versions:?}"
+    );
+    assert_eq!(
+        versions.last(),
+        Some(&version),
+        "the newest recorded layout is the version this build stamps"
+    );
+}
+
+#[tokio::test]
+async fn an_older_file_without_a_version_is_migrated_and_stamped() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(FIRST_RELEASE_DELIVERIES).unwrap();
+    assert_eq!(stamped_version(&conn), 0);
+    let store = older_file_opened(conn);
+    let (version, columns) = store
+        .run(|conn| {
+            Ok((
+                stamped_version(conn),
+                table_columns(conn, "deliveries").map_err(backend)?,
+            ))
+        })
+        .await
+        .unwrap();
+    assert!(columns.iter().any(|c| c == "schedule_start"), "{columns:?}");
+    let new = version_of_a_new_file().await;
+    assert!(
+        new > 0 && version == new,
+        "an older file opened has schema version {version}, a new file {new}: both are \
+         stamped with the version this build writes"
+    );
+}
+
+/// A fresh directory of its own for a file database (`name`); the caller removes it.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hooklane-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn open_file(path: &std::path::Path) -> StoreResult<SqliteStore> {
+    SqliteStore::open(path, crate::secrets::SecretsCipher::ephemeral().unwrap())
+}
+
+#[test]
+fn a_failed_migration_changes_nothing_and_stamps_no_version() {
+    let dir = scratch_dir("failed-migration");
+    let path = dir.join("old.db");
+    // A file whose migration fails part way: its `notifications` (a view here) cannot gain
+    // the columns added since, after other tables were made and `deliveries` changed.
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch(&format!(
+            "{FIRST_RELEASE_DELIVERIES} CREATE VIEW notifications AS SELECT 1 AS id;"
+        ))
+        .unwrap();
+    assert!(
+        open_file(&path).is_err(),
+        "a file whose migration fails was opened"
+    );
+    let conn = Connection::open(&path).unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let columns = table_columns(&conn, "deliveries").unwrap();
+    assert_eq!(
+        (tables, columns.len(), stamped_version(&conn)),
+        (vec!["deliveries".to_owned()], 13, 0),
+        "the failed migration left changes behind (tables, columns of deliveries, version)"
+    );
+    drop(conn);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_file_of_a_newer_schema_version_is_refused_before_any_change() {
+    let dir = scratch_dir("newer-schema");
+    let path = dir.join("newer.db");
+    let ours = version_of_a_new_file().await;
+    drop(open_file(&path).unwrap());
+    // What a newer build made: a version past this build's and a layout it changed (here,
+    // an index it no longer has).
+    let newer = ours + 1;
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch(&format!(
+            "DROP INDEX replays_by_account; PRAGMA user_version = {newer};"
+        ))
+        .unwrap();
+    let refused = open_file(&path);
+    let conn = Connection::open(&path).unwrap();
+    let recreated: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'replays_by_account'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let version = stamped_version(&conn);
+    drop(conn);
+    let Err(error) = refused else {
+        panic!(
+            "a file of schema version {newer} was opened by a build of version {ours} \
+             (it now has version {version}, index made again: {recreated})"
+        );
+    };
+    let message = error.to_string();
+    for part in [
+        format!("schema version {newer}"),
+        format!("{ours}"),
+        "newer hooklane".to_owned(),
+        path.display().to_string(),
+    ] {
+        assert!(message.contains(&part), "{part:?} is not in: {message}");
+    }
+    assert_eq!(
+        (version, recreated),
+        (newer, false),
+        "the refused file was changed"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
