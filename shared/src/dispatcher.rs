@@ -21,7 +21,10 @@ use crate::{
         embedded::EmbeddedQueue,
         window::{self, PendingSource},
     },
-    service::{deliver, health, notifications},
+    service::{
+        deliver::{self, AttemptError, RecordRetry},
+        health, notifications,
+    },
     store::sqlite::{PurgePace, Purged, SqliteStore},
     telemetry, App,
 };
@@ -44,6 +47,8 @@ pub struct DispatcherConfig {
     pub notify_interval: Duration,
     /// How long shutdown waits for attempts in flight.
     pub drain_timeout: Duration,
+    /// How an attempt's record is written again while the store refuses it.
+    pub record_retry: RecordRetry,
 }
 
 impl Default for DispatcherConfig {
@@ -56,6 +61,7 @@ impl Default for DispatcherConfig {
             purge_interval: Duration::from_secs(60),
             notify_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(12),
+            record_retry: RecordRetry::PATIENT,
         }
     }
 }
@@ -194,6 +200,7 @@ async fn run_workers(
     let slots = Arc::new(Semaphore::new(workers));
     let recording = Arc::new(Semaphore::new(config.recording.max(workers)));
     queue.share_in_flight(config.recording.max(workers));
+    let record_retry = config.record_retry;
     loop {
         let (permit, record_permit) = tokio::select! {
             permits = async {
@@ -211,7 +218,7 @@ async fn run_workers(
             lease = queue.take(|| clock.now()) => lease,
             _ = shutdown.changed() => break,
         };
-        let (app, queue) = (app.clone(), Arc::clone(&queue));
+        let (app, queue, stop) = (app.clone(), Arc::clone(&queue), shutdown.clone());
         tokio::spawn(async move {
             telemetry::endpoint_in_flight(&lease.endpoint_id, 1.0);
             let slot_given_back = AtomicBool::new(false);
@@ -227,11 +234,15 @@ async fn run_workers(
                     }
                 }
             };
-            let result = deliver::attempt_reporting_answer(
+            // A record the store refuses is written again while the lease is held: the
+            // webhook is sent, and the delivery would read as unattempted and be sent again.
+            let result = deliver::attempt_recording(
                 &app,
                 &lease.delivery_id,
                 Trigger::Scheduled,
                 &give_back_slot,
+                record_retry,
+                Some(&stop),
             )
             .await;
             give_back_slot();
@@ -242,8 +253,19 @@ async fn run_workers(
                         queue.add(vec![next.clone()]);
                     }
                 }
-                Err(error) => {
-                    // The row is still pending in the store; try again shortly.
+                Err(AttemptError::Unrecorded {
+                    error, resend_at, ..
+                }) => {
+                    // Sent, not recorded: sending it again is a duplicate, so not before its
+                    // schedule (and Retry-After) would have sent the next one.
+                    tracing::error!(delivery.id = %lease.delivery_id, %error, %resend_at, "attempt sent but not recorded; not sent again before resend_at");
+                    let mut again = lease;
+                    again.due = resend_at;
+                    queue.add(vec![again]);
+                }
+                Err(AttemptError::Service(error)) => {
+                    // Nothing was sent (or the attempt is recorded, and its row says when the
+                    // next is due): the row is still pending in the store; try again shortly.
                     tracing::error!(delivery.id = %lease.delivery_id, %error, "attempt could not be completed; retrying in 5 s");
                     let mut again = lease;
                     again.due = crate::clock::add(app.clock.now(), Duration::from_secs(5));
@@ -260,5 +282,306 @@ async fn run_workers(
         .is_err()
     {
         tracing::warn!("shutdown: attempts still in flight after the drain timeout; they will be retried after restart");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::{Path, PathBuf},
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            mpsc, Mutex,
+        },
+        time::Instant,
+    };
+
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::{
+        clock::{Clock, Timestamp},
+        domain::{Delivery, DeliveryStatus},
+        fixtures,
+        http::{OutboundRequest, OutboundResponse, Transport},
+        store::{PendingRef, Store},
+    };
+
+    /// Real time from `t0`, plus what a test skips ahead.
+    struct RunningClock {
+        started: Instant,
+        skipped: Mutex<Duration>,
+    }
+
+    impl RunningClock {
+        fn new() -> Self {
+            Self {
+                started: Instant::now(),
+                skipped: Mutex::new(Duration::ZERO),
+            }
+        }
+
+        fn skip(&self, by: Duration) {
+            *self.skipped.lock().unwrap() += by;
+        }
+    }
+
+    impl Clock for RunningClock {
+        fn now(&self) -> Timestamp {
+            let skipped = *self.skipped.lock().unwrap();
+            crate::clock::add(fixtures::t0(), self.started.elapsed() + skipped)
+        }
+    }
+
+    /// A receiver answering 200 to every webhook, counting them. As its first answer leaves
+    /// it, another connection takes the database's write lock (as a backup tool would),
+    /// held until the test lets go: the attempt's record meets it.
+    struct LockingReceiver {
+        database: PathBuf,
+        posts: AtomicUsize,
+        release: Mutex<Option<mpsc::Receiver<()>>>,
+    }
+
+    impl LockingReceiver {
+        fn new(database: &Path) -> (Self, mpsc::Sender<()>) {
+            let (release, released) = mpsc::channel();
+            let receiver = Self {
+                database: database.to_owned(),
+                posts: AtomicUsize::new(0),
+                release: Mutex::new(Some(released)),
+            };
+            (receiver, release)
+        }
+
+        fn posts(&self) -> usize {
+            self.posts.load(Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for LockingReceiver {
+        async fn post(&self, _: OutboundRequest) -> OutboundResponse {
+            self.posts.fetch_add(1, Ordering::SeqCst);
+            if let Some(released) = self.release.lock().unwrap().take() {
+                let lock = rusqlite::Connection::open(&self.database).unwrap();
+                lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+                std::thread::spawn(move || {
+                    // Let go when told, or after a while should the test have failed.
+                    let _ = released.recv_timeout(Duration::from_secs(30));
+                    lock.execute_batch("COMMIT").unwrap();
+                });
+            }
+            OutboundResponse {
+                status: Some(200),
+                headers: Vec::new(),
+                body: Vec::new(),
+                body_truncated: false,
+                latency: Duration::from_millis(1),
+                error: None,
+            }
+        }
+    }
+
+    struct Running {
+        app: App,
+        store: Arc<SqliteStore>,
+        receiver: Arc<LockingReceiver>,
+        release: mpsc::Sender<()>,
+        delivery: Delivery,
+        clock: Arc<RunningClock>,
+        stop: watch::Sender<bool>,
+        dir: PathBuf,
+    }
+
+    impl Running {
+        async fn stored(&self) -> Delivery {
+            self.store
+                .get_delivery(&self.delivery.account_id, &self.delivery.id)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+
+        /// `GET /health` of the API over this app.
+        async fn health(&self) -> (u16, serde_json::Value) {
+            let router = crate::api::router(crate::api::ApiState::new(
+                self.app.clone(),
+                crate::tokens::TokenKey::generate(),
+                crate::service::access::AdminToken::fixed("test-admin-token-0123456789"),
+                Duration::ZERO,
+                Arc::new(crate::limits::Unlimited),
+            ));
+            let request = axum::http::Request::get("/health")
+                .body(Body::empty())
+                .unwrap();
+            let response = router.oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+                .await
+                .unwrap();
+            (status, serde_json::from_slice(&body).unwrap())
+        }
+    }
+
+    /// The dispatcher over a SQLite file, with one delivery queued to a [`LockingReceiver`].
+    async fn dispatching_to_a_locking_receiver(name: &str) -> Running {
+        let dir =
+            std::env::temp_dir().join(format!("hooklane-dispatch-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let database = dir.join("hooklane.db");
+        let store = Arc::new(
+            SqliteStore::open(
+                &database,
+                crate::secrets::SecretsCipher::ephemeral().unwrap(),
+            )
+            .unwrap(),
+        );
+        let (receiver, release) = LockingReceiver::new(&database);
+        let receiver = Arc::new(receiver);
+        let clock = Arc::new(RunningClock::new());
+        let queue = Arc::new(EmbeddedQueue::new());
+        let app = App {
+            queue: queue.clone(),
+            transport: receiver.clone(),
+            ..fixtures::app_on(store.clone(), clock.clone())
+        };
+        let [endpoint] = fixtures::account_with_endpoints(&*store, "acme", ["ep_a"]).await;
+        let (stop, stopped) = watch::channel(false);
+        let hour = Duration::from_secs(3600);
+        let config = DispatcherConfig {
+            sweep_interval: hour,
+            health_interval: hour,
+            purge_interval: hour,
+            notify_interval: hour,
+            ..DispatcherConfig::default()
+        };
+        start(app.clone(), queue.clone(), store.clone(), config, stopped)
+            .await
+            .unwrap();
+        // The periodic jobs' first runs, at start, are over before the lock is taken.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = clock.now();
+        let event = fixtures::event("acme", "evt_1", now);
+        let delivery = fixtures::delivery(&event, &endpoint, now);
+        store
+            .publish(&event, std::slice::from_ref(&delivery))
+            .await
+            .unwrap();
+        queue.add(vec![PendingRef::new(&delivery, &endpoint, now)]);
+        Running {
+            app,
+            store,
+            receiver,
+            release,
+            delivery,
+            clock,
+            stop,
+            dir,
+        }
+    }
+
+    async fn within(timeout: Duration, mut ready: impl AsyncFnMut() -> bool) -> bool {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if ready().await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// A webhook sent while another process holds the database's write lock past the busy
+    /// timeout is recorded once the lock is gone, and never sent again meanwhile (it was,
+    /// every 5 to 10 s, for as long as the lock was held).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_webhook_whose_record_meets_a_write_lock_is_sent_once_and_recorded_after() {
+        let running = dispatching_to_a_locking_receiver("record-once").await;
+        assert!(
+            within(Duration::from_secs(5), async || running.receiver.posts()
+                > 0)
+            .await,
+            "the webhook was never sent"
+        );
+        // Past the store's 5 s busy timeout: the record has failed at least once.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        running.release.send(()).unwrap();
+        let recorded = within(Duration::from_secs(20), async || {
+            running.stored().await.attempts > 0
+        })
+        .await;
+        // Time for a send that should not come.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stored = running.stored().await;
+        assert_eq!(
+            running.receiver.posts(),
+            1,
+            "the receiver got the webhook {} times (recorded: {recorded})",
+            running.receiver.posts()
+        );
+        assert!(recorded, "the attempt was not recorded after the lock went");
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Delivered, 1)
+        );
+        let _ = running.stop.send(true);
+        std::fs::remove_dir_all(&running.dir).unwrap();
+    }
+
+    /// `/health` answers 503, saying why, while the store has refused writes for more than
+    /// 10 s, and 200 again once a write goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn health_answers_503_while_store_writes_keep_failing_and_200_after() {
+        let running = dispatching_to_a_locking_receiver("health").await;
+        assert_eq!(running.health().await.0, 200);
+        assert!(
+            within(Duration::from_secs(5), async || running.receiver.posts()
+                > 0)
+            .await,
+            "the webhook was never sent"
+        );
+        let sent = Instant::now();
+        let mut skipped = false;
+        let mut answers = Vec::new();
+        // The record fails at the busy timeout (5 s); then 11 s go by on the app's clock.
+        let degraded = within(Duration::from_secs(10), async || {
+            if !skipped && sent.elapsed() > Duration::from_secs(5) {
+                running.clock.skip(Duration::from_secs(11));
+                skipped = true;
+            }
+            let (status, body) = running.health().await;
+            let degraded = status == 503;
+            if answers.last() != Some(&(status, body.clone())) {
+                answers.push((status, body));
+            }
+            degraded
+        })
+        .await;
+        running.release.send(()).unwrap();
+        assert!(degraded, "answers during the write fault: {answers:?}");
+        let (_, body) = answers.last().unwrap();
+        assert_eq!(body["status"], "degraded", "{body}");
+        let store = body["store"].as_str().unwrap_or_default();
+        assert!(
+            store.starts_with("writes failing for 1") && store.contains("locked"),
+            "{body}"
+        );
+        let healthy = within(Duration::from_secs(15), async || {
+            running.health().await.0 == 200
+        })
+        .await;
+        assert!(
+            healthy,
+            "still {:?} after the lock went",
+            running.health().await
+        );
+        assert_eq!(
+            running.health().await.1,
+            serde_json::json!({"status": "ok"})
+        );
+        let _ = running.stop.send(true);
+        std::fs::remove_dir_all(&running.dir).unwrap();
     }
 }

@@ -33,6 +33,7 @@ pub const NOTIFICATIONS_FAILED: &str = "hooklane_notifications_failed_total";
 pub const EVENTS_REJECTED: &str = "hooklane_events_rejected_total";
 pub const EVENTS_RECOVERED: &str = "hooklane_events_recovered_total";
 pub const PUBLISHES_THROTTLED: &str = "hooklane_publishes_throttled_total";
+pub const STORE_WRITE_ERRORS: &str = "hooklane_store_write_errors_total";
 
 /// Every metric name, for checks that dashboards and alarms name only real metrics.
 pub const ALL: &[&str] = &[
@@ -58,6 +59,7 @@ pub const ALL: &[&str] = &[
     EVENTS_REJECTED,
     EVENTS_RECOVERED,
     PUBLISHES_THROTTLED,
+    STORE_WRITE_ERRORS,
 ];
 
 /// The CloudWatch namespace of the Lambda functions' metrics.
@@ -149,6 +151,11 @@ pub fn describe() {
     describe_counter!(
         EVENTS_RECOVERED,
         "Events the sweeper fanned out because their stream record never completed fan-out"
+    );
+    describe_counter!(
+        STORE_WRITE_ERRORS,
+        "Writes of an attempt's record (or of a delivery ended unsent) the store refused, \
+         each try counted (a record written again after a failure counts again)"
     );
 }
 
@@ -269,4 +276,89 @@ pub fn events_recovered(count: usize) {
     if count > 0 {
         counter!(EVENTS_RECOVERED).increment(count as u64);
     }
+}
+
+/// Writes to one store failing without a success between them: since when (the start of the
+/// first failed write) and the last error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreFault {
+    pub since: crate::clock::Timestamp,
+    pub error: String,
+}
+
+/// The stores whose writes are failing now. Keyed by the store, not one flag for the
+/// process: tests run many apps in one process, and one's fault is not another's. The weak
+/// reference keeps the allocation, so its address is not reused while listed.
+static STORE_FAULTS: std::sync::Mutex<StoreFaults> = std::sync::Mutex::new(Vec::new());
+
+type StoreFaults = Vec<(std::sync::Weak<dyn crate::store::Store>, StoreFault)>;
+
+/// Whether [`STORE_FAULTS`] may hold anything: a success, the common case, then takes no lock.
+static ANY_STORE_FAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn store_faults() -> std::sync::MutexGuard<'static, StoreFaults> {
+    // A list of timestamps and texts: nothing a panic mid-update could leave harmful.
+    STORE_FAULTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn same_store(
+    listed: &std::sync::Weak<dyn crate::store::Store>,
+    store: &std::sync::Arc<dyn crate::store::Store>,
+) -> bool {
+    std::ptr::addr_eq(listed.as_ptr(), std::sync::Arc::as_ptr(store))
+}
+
+/// A write to `store` that began at `began` failed: counted, and its fault kept (or
+/// continued) for [`store_fault`].
+pub fn store_write_failed(
+    store: &std::sync::Arc<dyn crate::store::Store>,
+    began: crate::clock::Timestamp,
+    error: &dyn std::fmt::Display,
+) {
+    counter!(STORE_WRITE_ERRORS).increment(1);
+    let mut faults = store_faults();
+    faults.retain(|(listed, _)| listed.strong_count() > 0);
+    let error = error.to_string();
+    match faults
+        .iter_mut()
+        .find(|(listed, _)| same_store(listed, store))
+    {
+        Some((_, fault)) => {
+            fault.since = fault.since.min(began);
+            fault.error = error;
+        }
+        None => faults.push((
+            std::sync::Arc::downgrade(store),
+            StoreFault {
+                since: began,
+                error,
+            },
+        )),
+    }
+    ANY_STORE_FAULT.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// A write to `store` succeeded: whatever failed before has cleared.
+pub fn store_write_succeeded(store: &std::sync::Arc<dyn crate::store::Store>) {
+    if !ANY_STORE_FAULT.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    let mut faults = store_faults();
+    faults.retain(|(listed, _)| listed.strong_count() > 0 && !same_store(listed, store));
+    if faults.is_empty() {
+        ANY_STORE_FAULT.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Since when writes to `store` have been failing, if its last write failed.
+pub fn store_fault(store: &std::sync::Arc<dyn crate::store::Store>) -> Option<StoreFault> {
+    if !ANY_STORE_FAULT.load(std::sync::atomic::Ordering::Acquire) {
+        return None;
+    }
+    store_faults()
+        .iter()
+        .find(|(listed, _)| same_store(listed, store))
+        .map(|(_, fault)| fault.clone())
 }

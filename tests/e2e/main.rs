@@ -34,5 +34,6 @@ mod schema;
 mod secrets;
 mod signatures;
 mod snippets;
+mod store_faults;
 mod test_events;
 mod ui;

@@ -63,17 +63,47 @@ impl Modify for BearerAuth {
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
+    /// `ok`, or `degraded` while the store refuses writes.
     #[schema(example = "ok")]
     status: String,
+    /// What is wrong with the store, when `degraded`.
+    #[schema(example = "writes failing for 12 s: storage failure: database is locked")]
+    store: Option<String>,
 }
 
 use serde::Serialize;
 
-/// Liveness; needs no token.
+/// How long the store's writes may fail, with no success between, before `/health` says
+/// so: a lock held past the busy timeout once is not yet an outage.
+pub const STORE_FAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Liveness, and whether the store takes writes; needs no token.
 #[utoipa::path(get, path = "/health", tag = "meta", security(()),
-    responses((status = 200, description = "The server is up", body = Health)))]
-pub async fn health() -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({"status": "ok"}))
+    responses(
+        (status = 200, description = "The server is up", body = Health),
+        (status = 503, description = "The store has refused every write for more than 10 s (a full disk, an I/O error, another process holding the database's write lock): attempts are sent but not recorded; `store` says since when and why", body = Health),
+    ))]
+pub async fn health(
+    axum::extract::State(state): axum::extract::State<super::ApiState>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    // Only where something notes the store's writes (the embedded dispatcher's records);
+    // elsewhere, the AWS shape's API among them, there is never a fault to report.
+    let failing = crate::telemetry::store_fault(&state.app.store).and_then(|fault| {
+        let failing = (state.app.clock.now() - fault.since).to_std().ok()?;
+        (failing > STORE_FAULT_GRACE).then_some((failing, fault.error))
+    });
+    match failing {
+        None => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
+        Some((failing, error)) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({
+                "status": "degraded",
+                "store": format!("writes failing for {} s: {error}", failing.as_secs()),
+            })),
+        )
+            .into_response(),
+    }
 }
 
 /// This document; needs no token.

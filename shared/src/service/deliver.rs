@@ -1,23 +1,95 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::{health, ServiceResult};
+use super::{health, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
     domain::{
         health::should_disable, Attempt, AttemptOutcome, Decision, DeliveryId, DeliveryStatus,
-        EndpointStatus, KeptResponse, Trigger,
+        EndpointStatus, KeptResponse, RetryPolicy, Trigger,
     },
     http::{OutboundRequest, OutboundResponse},
     signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
-    store::{AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, Unattempted, UnattemptedMove},
-    App,
+    store::{
+        AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, StoreError, StoreResult,
+        Unattempted, UnattemptedMove,
+    },
+    telemetry, App,
 };
 
 /// A ticket that arrives this much before its delivery's time is early, not due.
 const EARLY_TOLERANCE: Duration = Duration::from_millis(500);
+
+/// A webhook sent but left unrecorded goes back to the queue for at least this long, even
+/// when its schedule would have it sooner: the store that refused its record is likely
+/// still refusing.
+pub const UNRECORDED_RESEND_FLOOR: Duration = Duration::from_secs(30);
+
+/// How an attempt's record is written again while the store refuses it (a full disk, an I/O
+/// error, another process holding the SQLite file's write lock past the busy timeout). The
+/// webhook is already sent: a delivery left reading as unattempted is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordRetry {
+    /// The pause after the first failure; each next one doubles, up to `max_pause`.
+    pub first_pause: Duration,
+    pub max_pause: Duration,
+    /// No pause ends later than this after the first write began.
+    pub give_up_after: Duration,
+}
+
+impl RecordRetry {
+    /// One write, no retry: the Lambda sender's (a Lambda has its timeout, and the message
+    /// comes back after the queue's visibility timeout, not seconds later).
+    pub const ONCE: Self = Self {
+        first_pause: Duration::ZERO,
+        max_pause: Duration::ZERO,
+        give_up_after: Duration::ZERO,
+    };
+
+    /// The embedded dispatcher's: 100 ms doubling to 5 s, for up to two minutes (a backup
+    /// tool's write lock, a disk freed by an operator). Past that the attempt goes back to
+    /// the queue, for [`UNRECORDED_RESEND_FLOOR`] at least.
+    pub const PATIENT: Self = Self {
+        first_pause: Duration::from_millis(100),
+        max_pause: Duration::from_secs(5),
+        give_up_after: Duration::from_secs(120),
+    };
+}
+
+/// Why an attempt came to no [`AttemptResult`].
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// Nothing was sent (the delivery is as it was), or the attempt was recorded and what
+    /// came after it failed.
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    /// The webhook was sent, but its record could not be written: the delivery still reads
+    /// as unattempted. It is not to be sent again before `resend_at`.
+    #[error("attempt {number} was sent but could not be recorded: {error}")]
+    Unrecorded {
+        number: u32,
+        error: StoreError,
+        resend_at: Timestamp,
+    },
+}
+
+impl From<StoreError> for AttemptError {
+    fn from(error: StoreError) -> Self {
+        Self::Service(error.into())
+    }
+}
+
+impl From<AttemptError> for ServiceError {
+    fn from(error: AttemptError) -> Self {
+        match error {
+            AttemptError::Service(error) => error,
+            AttemptError::Unrecorded { error, .. } => error.into(),
+        }
+    }
+}
 
 /// What an attempt came to, for the caller's bookkeeping.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +150,22 @@ pub async fn attempt_reporting_answer(
     trigger: Trigger,
     answered: &(dyn Fn() + Send + Sync),
 ) -> ServiceResult<AttemptResult> {
+    attempt_recording(app, delivery_id, trigger, answered, RecordRetry::ONCE, None)
+        .await
+        .map_err(ServiceError::from)
+}
+
+/// [`attempt_reporting_answer`], writing the attempt's record again on `retry`'s terms while
+/// the store refuses it, until `stop` turns true. A webhook sent whose record could not be
+/// written comes back as [`AttemptError::Unrecorded`], saying when it may be sent again.
+pub async fn attempt_recording(
+    app: &App,
+    delivery_id: &DeliveryId,
+    trigger: Trigger,
+    answered: &(dyn Fn() + Send + Sync),
+    retry: RecordRetry,
+    stop: Option<&watch::Receiver<bool>>,
+) -> Result<AttemptResult, AttemptError> {
     let Some(work) = app.store.load_work(delivery_id).await? else {
         return Ok(AttemptResult::Skipped);
     };
@@ -89,7 +177,7 @@ pub async fn attempt_reporting_answer(
         .as_ref()
         .filter(|e| e.status == EndpointStatus::Active)
     else {
-        return abandoned(app, &work.delivery, work.endpoint.is_none()).await;
+        return Ok(abandoned(app, &work.delivery, work.endpoint.is_none()).await?);
     };
     if endpoint.secret.is_withheld() {
         // A store without the secrets key read this endpoint: sending unsigned is never an
@@ -101,10 +189,10 @@ pub async fn attempt_reporting_answer(
     }
     let now = app.clock.now();
     let Some(event) = work.event.as_ref() else {
-        return ended_unsent(app, &work, EVENT_EXPIRED, now).await;
+        return Ok(ended_unsent(app, &work, EVENT_EXPIRED, now).await?);
     };
     if event.is_erased() {
-        return ended_unsent(app, &work, crate::domain::event::EVENT_ERASED, now).await;
+        return Ok(ended_unsent(app, &work, crate::domain::event::EVENT_ERASED, now).await?);
     }
     if let Some(due) = work.delivery.next_try_at {
         if trigger == Trigger::Scheduled && due > crate::clock::add(now, EARLY_TOLERANCE) {
@@ -188,12 +276,17 @@ pub async fn attempt_reporting_answer(
             Decision::RetryAt(at) => tracing::info!(status = response.status, error = record.attempt.error.as_deref(), next_try_at = %at, "attempt failed; will retry"),
             Decision::Failed { reason } => tracing::warn!(status = response.status, error = record.attempt.error.as_deref(), reason, "delivery failed"),
         }
-        let failing_since = match app.store.record_attempt(&record).await? {
-            RecordOutcome::Stale => {
+        let failing_since = match record_retrying(app, &record, retry, stop).await {
+            Ok(RecordOutcome::Stale) => {
                 tracing::info!("delivery was already moved on; attempt not recorded");
                 return Ok(AttemptResult::Stale);
             }
-            RecordOutcome::Recorded { endpoint_failing_since } => endpoint_failing_since,
+            Ok(RecordOutcome::Recorded { endpoint_failing_since }) => endpoint_failing_since,
+            Err(error) => {
+                let now = app.clock.now();
+                let resend_at = resend_at(policy, &decision, attempts_in_schedule, finished, now);
+                return Err(AttemptError::Unrecorded { number, error, resend_at });
+            }
         };
         crate::telemetry::attempt_recorded(
             &endpoint.id,
@@ -220,6 +313,115 @@ pub async fn attempt_reporting_answer(
     .await
 }
 
+/// Writes an attempt's record, and again on `retry`'s terms while the store refuses it. The
+/// same record each time: its outcome is what the endpoint answered, and a write that did go
+/// through after all finds the delivery moved on (`Stale`) rather than counting it twice.
+async fn record_retrying(
+    app: &App,
+    record: &AttemptRecord,
+    retry: RecordRetry,
+    stop: Option<&watch::Receiver<bool>>,
+) -> StoreResult<RecordOutcome> {
+    let first = tokio::time::Instant::now();
+    let mut pause = retry.first_pause;
+    let mut failures: u32 = 0;
+    loop {
+        let began = app.clock.now();
+        let error = match noted(app, began, app.store.record_attempt(record).await) {
+            Ok(outcome) => {
+                if failures > 0 {
+                    tracing::info!(
+                        failures,
+                        after_ms = millis(first.elapsed()),
+                        "attempt recorded once the store took writes again"
+                    );
+                }
+                return Ok(outcome);
+            }
+            Err(error) => error,
+        };
+        failures += 1;
+        // The caller says what becomes of it; a stop leaves it to the next start.
+        let stopping = stop.is_some_and(|stop| *stop.borrow());
+        if stopping || first.elapsed() + pause >= retry.give_up_after {
+            return Err(error);
+        }
+        // One line per pause: they double, so a long fault is a few dozen lines, not a flood.
+        tracing::warn!(
+            %error,
+            failures,
+            retry_in_ms = millis(pause),
+            "attempt sent but its record could not be written; writing it again"
+        );
+        let stopped = match stop {
+            Some(stop) => {
+                let mut stop = stop.clone();
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => false,
+                    () = stop_asked(&mut stop) => true,
+                }
+            }
+            None => {
+                tokio::time::sleep(pause).await;
+                false
+            }
+        };
+        if stopped {
+            return Err(error);
+        }
+        pause = pause.saturating_mul(2).min(retry.max_pause);
+    }
+}
+
+/// Returns once `stop` turns true; never if its sender is gone (no stop can come then).
+async fn stop_asked(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|stopping| *stopping).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `result`, of a write to the app's store that began at `began`, noted for `/health` and
+/// the metrics.
+fn noted<T>(app: &App, began: Timestamp, result: StoreResult<T>) -> StoreResult<T> {
+    match &result {
+        Ok(_) => telemetry::store_write_succeeded(&app.store),
+        Err(error) => telemetry::store_write_failed(&app.store, began, error),
+    }
+    result
+}
+
+/// When a webhook sent at `sent` and left unrecorded may be sent again: not before the retry
+/// its answer decided (the schedule, stretched by a Retry-After), or, had it ended the
+/// delivery, the schedule's delay after this attempt (its last, once spent); and not within
+/// [`UNRECORDED_RESEND_FLOOR`] of `now`.
+fn resend_at(
+    policy: &RetryPolicy,
+    decision: &Decision,
+    attempts_in_schedule: u32,
+    sent: Timestamp,
+    now: Timestamp,
+) -> Timestamp {
+    let scheduled = match decision {
+        Decision::RetryAt(at) => *at,
+        Decision::Delivered | Decision::Failed { .. } => {
+            let delays = policy.schedule.delays();
+            let index =
+                usize::try_from(attempts_in_schedule.saturating_sub(1)).unwrap_or(usize::MAX);
+            let delay = delays
+                .get(index)
+                .or(delays.last())
+                .copied()
+                .unwrap_or(UNRECORDED_RESEND_FLOOR);
+            crate::clock::add(sent, delay)
+        }
+    };
+    scheduled.max(crate::clock::add(now, UNRECORDED_RESEND_FLOOR))
+}
+
 /// What `last_error` says of a delivery whose event is past retention.
 pub const EVENT_EXPIRED: &str =
     "its event is past retention and no longer stored; it cannot be sent";
@@ -238,12 +440,9 @@ async fn abandoned(
     } else {
         "abandoned: endpoint disabled"
     };
-    let change = UnattemptedMove::of(
-        delivery,
-        Unattempted::Abandon(reason.into()),
-        app.clock.now(),
-    );
-    if !app.store.move_unattempted(&change).await? {
+    let now = app.clock.now();
+    let change = UnattemptedMove::of(delivery, Unattempted::Abandon(reason.into()), now);
+    if !noted(app, now, app.store.move_unattempted(&change).await)? {
         return Ok(AttemptResult::Stale);
     }
     tracing::warn!(delivery.id = %delivery.id, endpoint.id = %delivery.endpoint_id, reason, "pending delivery of an inactive endpoint abandoned");
@@ -281,7 +480,8 @@ async fn ended_unsent(
 ) -> ServiceResult<AttemptResult> {
     let delivery = &work.delivery;
     let change = UnattemptedMove::of(delivery, Unattempted::Fail(reason.to_owned()), now);
-    if !app.store.move_unattempted(&change).await? {
+    let began = app.clock.now();
+    if !noted(app, began, app.store.move_unattempted(&change).await)? {
         return Ok(AttemptResult::Stale);
     }
     tracing::warn!(delivery.id = %delivery.id, event.id = %delivery.event_id, reason, "event not sendable; delivery failed");
@@ -417,5 +617,173 @@ mod tests {
         };
         assert_eq!(status(&to_off).await, DeliveryStatus::Abandoned);
         assert_eq!(status(&to_other).await, DeliveryStatus::Pending);
+    }
+
+    /// A webhook sent and left unrecorded goes back to the queue no sooner than its schedule
+    /// (stretched by Retry-After) would send the next, and never within the floor.
+    #[test]
+    fn an_unrecorded_webhook_is_sent_again_no_sooner_than_its_schedule() {
+        let policy = RetryPolicy::default();
+        let sent = fixtures::t0();
+        let now = crate::clock::add(sent, Duration::from_secs(120));
+        let later = |seconds| crate::clock::add(sent, Duration::from_secs(seconds));
+        // A retry decided for an hour on (a Retry-After): then.
+        let retry = Decision::RetryAt(later(3600));
+        assert_eq!(resend_at(&policy, &retry, 1, sent, now), later(3600));
+        // Decided sooner than the floor from now: the floor.
+        let soon = Decision::RetryAt(later(30));
+        assert_eq!(resend_at(&policy, &soon, 1, sent, now), later(150));
+        // Delivered by its third attempt: the schedule's third delay (600 s) after it.
+        assert_eq!(
+            resend_at(&policy, &Decision::Delivered, 3, sent, now),
+            later(600)
+        );
+        // Past the schedule's end: its last delay.
+        let failed = fixtures::failed();
+        assert_eq!(resend_at(&policy, &failed, 40, sent, now), later(86_400));
+    }
+
+    /// A receiver answering every webhook alike, counting them.
+    struct Counting {
+        answer: OutboundResponse,
+        posts: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::http::Transport for Counting {
+        async fn post(&self, _: OutboundRequest) -> OutboundResponse {
+            self.posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.answer.clone()
+        }
+    }
+
+    /// An app over a SQLite file holding one delivery due, sending to `answer`; and a
+    /// connection holding the file's write lock, as a backup tool would.
+    async fn locked_store(
+        name: &str,
+        answer: OutboundResponse,
+    ) -> (
+        App,
+        Arc<Counting>,
+        Delivery,
+        rusqlite::Connection,
+        std::path::PathBuf,
+    ) {
+        let dir = std::env::temp_dir().join(format!("hooklane-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let database = dir.join("hooklane.db");
+        let store = Arc::new(
+            SqliteStore::open(
+                &database,
+                crate::secrets::SecretsCipher::ephemeral().unwrap(),
+            )
+            .unwrap(),
+        );
+        let receiver = Arc::new(Counting {
+            answer,
+            posts: Default::default(),
+        });
+        let app = App {
+            transport: receiver.clone(),
+            ..fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())))
+        };
+        let [endpoint] = fixtures::account_with_endpoints(&*store, "acme", ["ep_a"]).await;
+        let (_, delivery) = fixtures::publish_one(&*store, &endpoint, "evt_1").await;
+        let lock = rusqlite::Connection::open(&database).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        (app, receiver, delivery, lock, dir)
+    }
+
+    fn answered(status: u16, headers: &[(&str, &str)]) -> OutboundResponse {
+        OutboundResponse {
+            status: Some(status),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            body: Vec::new(),
+            body_truncated: false,
+            latency: Duration::from_millis(1),
+            error: None,
+        }
+    }
+
+    /// A record the store refuses past the retry's bound comes back unrecorded, once, with
+    /// the delivery left as it was and a resend no sooner than the endpoint's Retry-After.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_refused_past_the_bound_comes_back_unrecorded_with_its_schedule() {
+        let (app, receiver, delivery, lock, dir) =
+            locked_store("unrecorded", answered(503, &[("retry-after", "3600")])).await;
+        let retry = RecordRetry {
+            first_pause: Duration::from_millis(10),
+            max_pause: Duration::from_millis(10),
+            give_up_after: Duration::from_secs(1),
+        };
+        let result =
+            attempt_recording(&app, &delivery.id, Trigger::Scheduled, &|| {}, retry, None).await;
+        let Err(AttemptError::Unrecorded {
+            number,
+            error,
+            resend_at,
+        }) = result
+        else {
+            panic!("{result:?}");
+        };
+        assert_eq!(number, 1);
+        assert!(error.to_string().contains("locked"), "{error}");
+        assert!(
+            resend_at >= crate::clock::add(fixtures::t0(), Duration::from_secs(3600)),
+            "{resend_at}"
+        );
+        let fault = telemetry::store_fault(&app.store).expect("the fault is kept for /health");
+        assert_eq!(fault.since, fixtures::t0());
+        assert_eq!(receiver.posts.load(std::sync::atomic::Ordering::SeqCst), 1);
+        lock.execute_batch("COMMIT").unwrap();
+        let stored = fixtures::status_of(&*app.store, &delivery.account_id, &delivery.id).await;
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Pending, 0)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Shutdown ends the record's retry during its pause, not when the pause is over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_ends_the_record_retry_at_once() {
+        let (app, _, delivery, lock, dir) = locked_store("record-stop", answered(200, &[])).await;
+        let retry = RecordRetry {
+            first_pause: Duration::from_secs(60),
+            max_pause: Duration::from_secs(60),
+            give_up_after: Duration::from_secs(120),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let attempt = {
+            let (app, id) = (app.clone(), delivery.id.clone());
+            tokio::spawn(async move {
+                attempt_recording(&app, &id, Trigger::Scheduled, &|| {}, retry, Some(&stopped))
+                    .await
+            })
+        };
+        // The first write fails at the busy timeout; the 60 s pause follows.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while telemetry::store_fault(&app.store).is_none() && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            telemetry::store_fault(&app.store).is_some(),
+            "the record never failed"
+        );
+        stop.send(true).unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(2), attempt)
+            .await
+            .expect("the retry outlived the stop")
+            .unwrap();
+        assert!(
+            matches!(result, Err(AttemptError::Unrecorded { .. })),
+            "{result:?}"
+        );
+        lock.execute_batch("COMMIT").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
