@@ -53,14 +53,16 @@ impl DynamoStore {
     /// owner's disable or delete runs in an API request (30 s on AWS), so each spends
     /// [`ABANDON_BUDGET`] at most. What it leaves is inert (no sender sends to a disabled
     /// or deleted endpoint) and is abandoned at its next try, or by the health check's
-    /// finishing pass.
+    /// finishing pass. With `whole_log`, the endpoint's whole log is read for what is outside
+    /// the index, not only what the sweeper's walk has not reached: the walk passes over a
+    /// deleted endpoint, so its first tries below the watermark were never indexed.
     pub(super) async fn abandon_pending_within(
         &self,
         account: &AccountId,
         endpoint: &EndpointId,
         reason: &str,
         now: Timestamp,
-        deadline: std::time::Instant,
+        (deadline, whole_log): (std::time::Instant, bool),
     ) -> StoreResult<Abandoned> {
         // Rare (an endpoint disabled or deleted), so it reads the whole `pending` index
         // rather than every delivery paying for an index of its own (two index writes each);
@@ -108,12 +110,15 @@ impl DynamoStore {
             // below its watermark (less the margin for late writes); the rest is read from
             // the endpoint's log, strongly consistent and whether indexed or not (the index
             // is read eventually consistent, so an entry just written may be missing from it).
-            let watermark = self
-                .get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
-                .await?
-                .map(|item| opt_n::<i64>(&item, "watermark"))
-                .transpose()?
-                .flatten();
+            let watermark = if whole_log {
+                None
+            } else {
+                self.get(&self.tables.control, key1("pk", FIRST_TRY_WATERMARK))
+                    .await?
+                    .map(|item| opt_n::<i64>(&item, "watermark"))
+                    .transpose()?
+                    .flatten()
+            };
             let from = watermark.map(|w| {
                 from_millis(w) - chrono::TimeDelta::from_std(LATE_WRITE_MARGIN).unwrap_or_default()
             });
@@ -184,7 +189,7 @@ impl DynamoStore {
                 endpoint,
                 &format!("abandoned: {reason}"),
                 now,
-                deadline,
+                (deadline, false),
             )
             .await?;
         if !abandoned.complete {
@@ -199,7 +204,9 @@ impl DynamoStore {
             .table_name(&self.tables.endpoints)
             .set_key(Some(account_key(account.as_str(), endpoint.as_str())))
             .update_expression("SET failing_shard = :failing")
-            .condition_expression("failing_shard = :disabling")
+            // A delete meanwhile made it a tombstone whose own finishing is still to do.
+            .condition_expression("failing_shard = :disabling AND attribute_not_exists(#deleted)")
+            .expression_attribute_names("#deleted", DELETED_AT)
             .expression_attribute_values(":failing", s(FAILING_SHARD))
             .expression_attribute_values(":disabling", s(DISABLING_SHARD))
             .send()
@@ -221,7 +228,13 @@ impl DynamoStore {
     ) -> StoreResult<u64> {
         let deadline = std::time::Instant::now() + ABANDON_BUDGET;
         let abandoned = self
-            .abandon_pending_within(account, endpoint, "endpoint deleted", deleted_at, deadline)
+            .abandon_pending_within(
+                account,
+                endpoint,
+                "endpoint deleted",
+                deleted_at,
+                (deadline, true),
+            )
             .await?;
         if !abandoned.complete {
             tracing::info!(endpoint.id = %endpoint, abandoned = abandoned.count, "the deleted endpoint's pending work is abandoned part way; the rest at its next try or the next health check");
@@ -458,9 +471,17 @@ impl DynamoStore {
         }
         // The endpoint is disabled (so its pending deliveries are inert: no sender takes
         // them and the sweeper skips them); abandon them now, one conditional write each.
-        let abandoned = self
+        // The disable is made: what its abandon could not do, the health check finishes.
+        let abandoned = match self
             .finish_disabling(&r.account_id, &r.endpoint_id, &r.reason, r.now)
-            .await?;
+            .await
+        {
+            Ok(abandoned) => abandoned,
+            Err(error) => {
+                tracing::warn!(endpoint.id = %r.endpoint_id, %error, "the disabled endpoint's pending work is left for the health check");
+                0
+            }
+        };
         Ok(Some(DisableOutcome { abandoned }))
     }
 }

@@ -2136,7 +2136,7 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
             &delivery.endpoint_id,
             "endpoint deleted",
             now,
-            std::time::Instant::now(),
+            (std::time::Instant::now(), false),
         )
         .await
         .unwrap();
@@ -2155,7 +2155,10 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
             &delivery.endpoint_id,
             "endpoint deleted",
             now,
-            std::time::Instant::now() + std::time::Duration::from_secs(10),
+            (
+                std::time::Instant::now() + std::time::Duration::from_secs(10),
+                false,
+            ),
         )
         .await
         .unwrap();
@@ -2170,10 +2173,9 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
     assert_eq!(done.status, DeliveryStatus::Abandoned);
 }
 
-/// An owner's disable of an endpoint that was not failing, stopped part way (its abandon
-/// out of time, or failed), is found and finished by the health check: the disable gives it
-/// a clock of 0 for the `failing` index alone, which reads as none and which an enable
-/// removes.
+/// A delete whose abandon stopped part way is made all the same (no error: it is committed),
+/// and the health check finishes it, however old the delivery: the sweeper's walk passes
+/// over a deleted endpoint, so a first try below its watermark was never indexed.
 #[tokio::test]
 async fn a_delete_that_stopped_part_way_is_finished_by_the_health_check() {
     use crate::fixtures::{at, status_of};
@@ -2186,7 +2188,27 @@ async fn a_delete_that_stopped_part_way_is_finished_by_the_health_check() {
         endpoint_id: delivery.endpoint_id.clone(),
         at: at(5),
     };
-    assert!(abandon_fails.delete_endpoint(&deletion).await.is_err());
+    // A first try written in step with its event: outside the `pending` index.
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().deliveries)
+        .set_key(delivery_key(&delivery.id))
+        .update_expression("REMOVE pending_shard, due_key")
+        .send()
+        .await
+        .unwrap();
+    assert!(abandon_fails.delete_endpoint(&deletion).await.unwrap());
+    // The walk has gone past it.
+    let past = to_millis(delivery.created_at) + 3_600_000;
+    store
+        .client()
+        .put_item()
+        .table_name(&store.tables().control)
+        .set_item(Some(walk_state(Some(past), None)))
+        .send()
+        .await
+        .unwrap();
     assert!(store
         .get_endpoint(&account, &delivery.endpoint_id)
         .await
@@ -2220,6 +2242,10 @@ async fn a_delete_that_stopped_part_way_is_finished_by_the_health_check() {
     assert!(!item.contains_key("failing_since"), "{item:?}");
 }
 
+/// An owner's disable of an endpoint that was not failing, stopped part way (its abandon
+/// out of time, or failed), is found and finished by the health check: the disable gives it
+/// a clock of 0 for the `failing` index alone, which reads as none and which an enable
+/// removes.
 #[tokio::test]
 async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finished() {
     use crate::fixtures::{at, status_of};
@@ -2236,7 +2262,7 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
         notification: None,
         operational_event: None,
     };
-    assert!(abandon_fails.disable_endpoint(&request).await.is_err());
+    assert!(abandon_fails.disable_endpoint(&request).await.is_ok());
     let read = store
         .get_endpoint(&account, &delivery.endpoint_id)
         .await
