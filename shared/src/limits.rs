@@ -79,7 +79,9 @@ impl PublishBuckets for MemoryBuckets {
             .buckets
             .lock()
             .map_err(|_| LimitError("the bucket map was poisoned".into()))?;
-        match decide(buckets.get(account).copied(), rate, n, now) {
+        // This process's own buckets: a clock stepped back moves them back too.
+        let stored = buckets.get(account).map(|bucket| bucket.rewound(now));
+        match decide(stored, rate, n, now) {
             Ok(bucket) => {
                 buckets.insert(account.clone(), bucket);
                 Ok(None)

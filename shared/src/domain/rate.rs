@@ -10,8 +10,8 @@ use super::InvalidField;
 /// Thousandths of a token in one token.
 pub const MILLI: i64 = 1000;
 
-/// How far behind a bucket's last refill a clock must be to count as stepped back (NTP, a
-/// VM restored) rather than as another instance's clock a little slower.
+/// How far behind a bucket's last refill its process's clock must be to count as stepped
+/// back ([`TokenBucket::rewound`]).
 pub const CLOCK_STEP_MS: i64 = 1000;
 
 /// A bucket as stored: its tokens (in thousandths) when it was last refilled.
@@ -36,9 +36,9 @@ impl TokenBucket {
     }
 
     /// The bucket at `now_ms`: `per_second` thousandths a millisecond since its last refill,
-    /// up to its capacity. A clock a little behind (another instance's, sharing the bucket)
-    /// refills nothing; one stepped back by more than [`CLOCK_STEP_MS`] refills from its own
-    /// time on, rather than nothing until it catches up with the time it stepped back from.
+    /// up to its capacity. A clock that went back refills nothing (another instance's, a
+    /// little behind, sharing the bucket); see [`Self::rewound`] for a bucket one process
+    /// keeps.
     pub fn refilled(self, per_second: u32, now_ms: i64) -> Self {
         self.refilled_up_to(per_second, per_second, now_ms)
     }
@@ -53,11 +53,23 @@ impl TokenBucket {
                 .milli_tokens
                 .saturating_add(elapsed.saturating_mul(rate))
                 .min(cap),
-            refilled_at_ms: if now_ms + CLOCK_STEP_MS < self.refilled_at_ms {
-                now_ms
-            } else {
-                now_ms.max(self.refilled_at_ms)
-            },
+            refilled_at_ms: now_ms.max(self.refilled_at_ms),
+        }
+    }
+
+    /// A bucket only this process keeps, whose clock stepped back by more than
+    /// [`CLOCK_STEP_MS`] (NTP, a VM restored): it refills from its new time on, rather than
+    /// nothing until the clock is back where it was. Not for a shared bucket: there a clock
+    /// behind is another instance's, and moving the bucket back to it would let the
+    /// instances refill the difference at every turn.
+    pub fn rewound(self, now_ms: i64) -> Self {
+        if now_ms + CLOCK_STEP_MS < self.refilled_at_ms {
+            Self {
+                refilled_at_ms: now_ms,
+                ..self
+            }
+        } else {
+            self
         }
     }
 
@@ -178,13 +190,26 @@ mod tests {
     fn a_clock_stepped_back_refills_from_its_own_time() {
         let hour = 3_600_000;
         let empty = TokenBucket::full_of(2, hour).taken_n(2);
-        // Another instance's clock 300 ms slow: no refill, and the last refill stays put.
-        let skewed = empty.refilled(2, hour - 300);
+        // A clock 300 ms behind: no refill, and the last refill stays put.
+        let skewed = empty.rewound(hour - 300).refilled(2, hour - 300);
         assert!(!skewed.has_tokens(1));
         assert_eq!(skewed.refilled_at_ms, hour);
         // Stepped back an hour: a second later, a second's tokens, not an hour's wait.
-        let stepped = empty.refilled(2, 0).refilled(2, 1000);
+        let stepped = empty.rewound(0).refilled(2, 0);
+        let stepped = stepped.rewound(1000).refilled(2, 1000);
         assert!(stepped.has_tokens(2), "{stepped:?}");
+        // A shared bucket is not moved back: two instances a few seconds apart taking in
+        // turn get no more than the rate.
+        let (mut shared, mut granted) = (TokenBucket::full_of(2, hour), 0);
+        for turn in 0..40i64 {
+            let now = hour + turn * 50 - if turn % 2 == 0 { 5_000 } else { 0 };
+            shared = shared.refilled(2, now);
+            if shared.has_tokens(1) {
+                shared = shared.taken_n(1);
+                granted += 1;
+            }
+        }
+        assert!(granted <= 2 + 4, "{granted} granted in 2 s at 2/s");
     }
 
     #[test]

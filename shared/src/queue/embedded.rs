@@ -43,7 +43,8 @@ impl TokenBucket {
     }
 
     fn has_token(&mut self, now_ms: i64) -> bool {
-        self.bucket = self.bucket.refilled(self.per_second, now_ms);
+        // This process's own bucket: a clock stepped back moves it back too.
+        self.bucket = self.bucket.rewound(now_ms).refilled(self.per_second, now_ms);
         self.bucket.has_token()
     }
 
