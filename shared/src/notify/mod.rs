@@ -15,10 +15,13 @@ pub enum NotifyError {
     /// Refused for good (the address, the message): sending it again gets the same answer.
     #[error("notification refused for good: {0}")]
     Permanent(String),
-    /// May go through later: throttled, paused, unreachable, or our own sending set-up, which
-    /// the operator can fix.
+    /// This mail may go through later (its mailbox busy or full): the others may go now.
     #[error("notification not sent: {0}")]
     Temporary(String),
+    /// No mail can go now: the service unreachable, silent or throttling, or our own sending
+    /// set-up, which the operator can fix. This one and the rest go later.
+    #[error("notification not sent (the mail service is unavailable): {0}")]
+    Unavailable(String),
 }
 
 impl NotifyError {

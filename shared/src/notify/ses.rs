@@ -52,7 +52,8 @@ fn refusal(code: Option<&str>, message: Option<&str>, from: &str, text: String) 
     if code.is_some_and(|c| REFUSED_FOR_GOOD.contains(&c)) && !names_from {
         NotifyError::Permanent(text)
     } else {
-        NotifyError::Temporary(text)
+        // Every other refusal of SES's is of the sending as a whole, not of this mail.
+        NotifyError::Unavailable(text)
     }
 }
 
@@ -135,7 +136,7 @@ mod tests {
         };
         let refused = notifier.send(&nowhere).await;
         assert!(
-            matches!(refused, Err(NotifyError::Temporary(_))),
+            matches!(refused, Err(NotifyError::Unavailable(_))),
             "{refused:?}"
         );
         let unverified = SesNotifier::new(
@@ -144,7 +145,7 @@ mod tests {
         );
         let refused = unverified.send(&notification).await;
         assert!(
-            matches!(refused, Err(NotifyError::Temporary(_))),
+            matches!(refused, Err(NotifyError::Unavailable(_))),
             "{refused:?}"
         );
     }

@@ -66,15 +66,18 @@ impl Notifier for SmtpNotifier {
         let sent = tokio::time::timeout(self.send_timeout, self.transport.send(message))
             .await
             .map_err(|_| {
-                NotifyError::Temporary(format!(
+                NotifyError::Unavailable(format!(
                     "SMTP: the relay did not finish within {} s",
                     self.send_timeout.as_secs_f32()
                 ))
             })?;
         sent.map_err(|e| {
             let text = format!("SMTP: {e}");
-            if refused_for_good(e.status().map(u16::from), e.is_permanent(), &text) {
+            let code = e.status().map(u16::from);
+            if refused_for_good(code, e.is_permanent(), &text) {
                 NotifyError::Permanent(text)
+            } else if refuses_every_mail(code, &text) {
+                NotifyError::Unavailable(text)
             } else {
                 NotifyError::Temporary(text)
             }
@@ -91,6 +94,12 @@ impl Notifier for SmtpNotifier {
 /// relay unreachable) may go through later, until the mail is given up for its age.
 fn refused_for_good(code: Option<u16>, permanent: bool, text: &str) -> bool {
     permanent && matches!(code, Some(550 | 551 | 553)) && !text.contains(" 5.7.")
+}
+
+/// What stops every mail, not this one: no answer at all (unreachable, TLS), the service
+/// closing (421), our login (530, 535) or a policy refusal of our relaying or sender (5.7.x).
+fn refuses_every_mail(code: Option<u16>, text: &str) -> bool {
+    matches!(code, None | Some(421 | 530 | 535)) || text.contains(" 5.7.")
 }
 
 #[cfg(test)]
@@ -206,7 +215,7 @@ mod tests {
             .await
             .expect("the send never ended");
         assert!(
-            matches!(&outcome, Err(NotifyError::Temporary(text)) if text.contains("did not finish")),
+            matches!(&outcome, Err(NotifyError::Unavailable(text)) if text.contains("did not finish")),
             "{outcome:?}"
         );
         silent.abort();

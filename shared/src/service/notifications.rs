@@ -59,8 +59,8 @@ pub async fn flush(app: &App) -> ServiceResult<usize> {
                         .await?;
                     sent += 1;
                 }
-                Err(error @ NotifyError::Temporary(_)) => {
-                    // The relay unreachable, silent or throttling: the rest would most
+                Err(error @ NotifyError::Unavailable(_)) => {
+                    // The service unreachable, silent or throttling: the rest would most
                     // likely wait out the same timeout each. They go at the next pass; this
                     // one waits its `RETRY_AFTER`, so it does not hold them back then.
                     not_sent(app, &notification, &error).await?;
@@ -138,7 +138,7 @@ mod tests {
     impl Notifier for Refusing {
         async fn send(&self, _: &Notification) -> Result<(), NotifyError> {
             if self.0.load(Ordering::SeqCst) {
-                Err(NotifyError::Temporary(
+                Err(NotifyError::Unavailable(
                     "AccessDenied: not authorized to send from this identity".into(),
                 ))
             } else {
@@ -185,8 +185,9 @@ mod tests {
         assert!(every_unsent(&*store).await.is_empty());
     }
 
-    /// A mail failing for now ends the pass: a relay that takes 30 s to time out would take
-    /// that for every mail. The next pass goes on with the others.
+    /// A mail service unavailable ends the pass: a relay that takes 30 s to time out would
+    /// take that for every mail. The next pass goes on with the others. A mail failing for
+    /// now on its own (its mailbox busy) does not.
     #[tokio::test]
     async fn a_mail_failing_for_now_ends_the_pass_and_the_next_goes_on() {
         let store = Arc::new(SqliteStore::in_memory().unwrap());
@@ -215,6 +216,24 @@ mod tests {
             2,
             "the next pass sends the others"
         );
+
+        struct BusyMailbox;
+        #[async_trait::async_trait]
+        impl Notifier for BusyMailbox {
+            async fn send(&self, n: &Notification) -> Result<(), NotifyError> {
+                match n.id.as_str() {
+                    "ntf_4" => Err(NotifyError::Temporary("452 mailbox busy".into())),
+                    _ => Ok(()),
+                }
+            }
+        }
+        let app = App {
+            notifier: Arc::new(BusyMailbox),
+            ..fixtures::app_on(store.clone(), clock.clone())
+        };
+        disable_one_with_mail(&*store, "ep_4", "ntf_4").await;
+        disable_one_with_mail(&*store, "ep_5", "ntf_5").await;
+        assert_eq!(flush(&app).await.unwrap(), 1, "one busy mailbox holds back none");
     }
 
     /// A refusal for good is not tried again; nor is mail still failing for now once it is
