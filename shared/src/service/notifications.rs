@@ -233,7 +233,11 @@ mod tests {
         };
         disable_one_with_mail(&*store, "ep_4", "ntf_4").await;
         disable_one_with_mail(&*store, "ep_5", "ntf_5").await;
-        assert_eq!(flush(&app).await.unwrap(), 1, "one busy mailbox holds back none");
+        assert_eq!(
+            flush(&app).await.unwrap(),
+            1,
+            "one busy mailbox holds back none"
+        );
     }
 
     /// A refusal for good is not tried again; nor is mail still failing for now once it is
