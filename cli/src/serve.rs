@@ -1,6 +1,6 @@
 //! `hooklane serve`: the embedded shape in one process.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     http::{header::CONTENT_TYPE, HeaderMap},
@@ -336,6 +336,15 @@ pub async fn run(
     };
     let (stop, stopped) = watch::channel(false);
     let queue_for_gauges = queue.clone();
+    let dispatcher_config = DispatcherConfig {
+        workers: config.workers,
+        sweep_interval: config.sweep_interval,
+        health_interval: config.health_interval,
+        purge_interval: config.purge_interval,
+        ..DispatcherConfig::default()
+    };
+    // The attempts in flight at a shutdown get this long; the whole shutdown a little more.
+    let drain_timeout = dispatcher_config.drain_timeout;
     // Started on the background runtime, so that every task it spawns runs there, and so do
     // the connections its sends open.
     let running = background
@@ -343,13 +352,7 @@ pub async fn run(
             app.clone(),
             queue,
             store.clone(),
-            DispatcherConfig {
-                workers: config.workers,
-                sweep_interval: config.sweep_interval,
-                health_interval: config.health_interval,
-                purge_interval: config.purge_interval,
-                ..DispatcherConfig::default()
-            },
+            dispatcher_config,
             stopped,
         ))
         .await
@@ -403,20 +406,143 @@ pub async fn run(
         );
     }
     // Before the line below, a signal ends a start at once (the default action); from it on,
-    // it ends the server gracefully.
-    let shutdown = shutdown_signal();
+    // it ends the server gracefully, and a second one at once.
+    let mut signals = StopSignals::listen();
     // Tests and scripts read this line to learn the port when listening on port 0.
     println!("hooklane listening on http://{local}");
-    // With the peer's address, which the audit log records of each change.
-    let router = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| ServeError::Startup(format!("server error: {e}")))?;
-    tracing::info!("shutting down: finishing attempts in flight");
+    let router = router.layer(axum::middleware::from_fn(|request, next| {
+        body_read_deadline(BODY_READ_TIMEOUT, request, next)
+    }));
+    let (signal, http) = serve_http(listener, router, HEADER_READ_TIMEOUT, signals.next()).await;
+    let deadline = tokio::time::Instant::now() + drain_timeout + AFTER_THE_DRAIN;
+    exit_if_still_running_at(deadline + EXIT_WATCHDOG);
+    tokio::spawn(async move {
+        let again = signals.next().await;
+        tracing::warn!(
+            signal = again.name(),
+            "a second signal: exiting at once; attempts cut short are sent again after the restart"
+        );
+        std::process::exit(again.exit_code());
+    });
+    tracing::info!(
+        signal = signal.name(),
+        "shutting down: no new connections; finishing the requests and attempts in flight"
+    );
+    // The dispatcher stops with the server, not after it: the attempts' drain runs during the
+    // requests' grace, so that neither waits on the other. A publish answered in the grace is
+    // stored, and fanned out at the next start if its fan-out has not begun.
     let _ = stop.send(true);
-    running.join().await;
+    tokio::join!(
+        http.finish(REQUEST_GRACE.min(drain_timeout + AFTER_THE_DRAIN)),
+        finish_background(running, deadline),
+    );
     Ok(())
+}
+
+/// How long a client may take to send a request's head, and so how long a kept-alive
+/// connection may stay idle: longer than the 60 s after which the proxies in front usually
+/// drop an idle connection of theirs (nginx's upstream `keepalive_timeout`, a load
+/// balancer's idle timeout), so that it is they who close it, not `serve` while they send
+/// a request on it.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// How long a client may take to send a request's body once its head is in: over 60 KB/s
+/// for the largest batch. A body still unfinished then is answered `408` and its
+/// connection closed: a client sending a byte a second held a connection (and `serve`'s
+/// shutdown) for as long as it liked.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// After SIGTERM or Ctrl-C, how long the requests in progress get to finish; then their
+/// connections are closed, unanswered. A publish is committed before it is answered, so
+/// what a client was told is stored; what it was not told, it sends again.
+const REQUEST_GRACE: Duration = Duration::from_secs(10);
+
+/// After the dispatcher's drain of the attempts in flight (12 s, `DispatcherConfig`), how
+/// long the rest of the background work (the periodic jobs) gets to stop before `serve`
+/// returns without it: a job that does not watch for shutdown (mail to a relay that says
+/// nothing) does not hold the process.
+const AFTER_THE_DRAIN: Duration = Duration::from_secs(2);
+
+/// How long past that deadline the process exits, whatever it still waits for (the
+/// runtimes' teardown waits for every blocking task, a name lookup among them).
+const EXIT_WATCHDOG: Duration = Duration::from_secs(1);
+
+/// The signals that stop `serve`: SIGTERM and Ctrl-C (SIGINT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    Terminate,
+    Interrupt,
+}
+
+impl StopSignal {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Terminate => "SIGTERM",
+            Self::Interrupt => "SIGINT",
+        }
+    }
+
+    /// The exit code of a process ended by this signal, as a shell reports it (128 + its
+    /// number): what a second signal exits with.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Self::Terminate => 143,
+            Self::Interrupt => 130,
+        }
+    }
+}
+
+/// SIGTERM and Ctrl-C, listened for from [`StopSignals::listen`] on, for as long as this
+/// lives: every one that comes after is heard, the first and any later one.
+pub struct StopSignals {
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    /// Call it inside the runtime. From here on neither signal ends the process by itself.
+    pub fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self {
+                terminate: signal(SignalKind::terminate()).ok(),
+                interrupt: signal(SignalKind::interrupt()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next signal.
+    pub async fn next(&mut self) -> StopSignal {
+        #[cfg(unix)]
+        {
+            async fn recv(listener: &mut Option<tokio::signal::unix::Signal>) {
+                match listener {
+                    Some(listener) => {
+                        if listener.recv().await.is_none() {
+                            // The runtime is going away: that is no signal.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    // Not listening for this one: the other may still come.
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.terminate) => StopSignal::Terminate,
+                () = recv(&mut self.interrupt) => StopSignal::Interrupt,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            StopSignal::Interrupt
+        }
+    }
 }
 
 /// Ctrl-C or SIGTERM, listened for from the moment this is called rather than from the
@@ -425,30 +551,253 @@ pub async fn run(
 /// so a SIGTERM right after that line killed it with its work in flight. Call it inside the
 /// runtime, before saying that the process listens.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let listeners = [SignalKind::terminate(), SignalKind::interrupt()].map(signal);
-        async move {
-            let [terminate, interrupt] = listeners.map(|listener| async move {
-                match listener {
-                    Ok(mut listener) => {
-                        listener.recv().await;
-                    }
-                    // Not listening for this one: the other may still come.
-                    Err(_) => std::future::pending::<()>().await,
-                }
-            });
-            tokio::select! {
-                () = terminate => {}
-                () = interrupt => {}
-            }
+    let mut signals = StopSignals::listen();
+    async move {
+        signals.next().await;
+    }
+}
+
+/// Exits the process at `deadline` if it is still running then.
+fn exit_if_still_running_at(deadline: tokio::time::Instant) {
+    let deadline = deadline.into_std();
+    let watchdog = std::thread::Builder::new()
+        .name("hooklane-shutdown".into())
+        .spawn(move || {
+            std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+            tracing::error!(
+                "shutdown: still running past its deadline (a blocking task the runtime waits \
+                 for); exiting now"
+            );
+            std::process::exit(0);
+        });
+    if let Err(error) = watchdog {
+        tracing::warn!(%error, "cannot start the shutdown watchdog");
+    }
+}
+
+/// Waits until `deadline` for the dispatcher's tasks to end after the stop (its workers
+/// give the attempts in flight their drain time); the ones still running then are left.
+async fn finish_background(running: dispatcher::Running, deadline: tokio::time::Instant) {
+    let mut handles = running.handles;
+    let ended = tokio::time::timeout_at(deadline, async {
+        for handle in &mut handles {
+            let _ = handle.await;
+        }
+    })
+    .await
+    .is_ok();
+    if !ended {
+        let running = handles.iter().filter(|h| !h.is_finished()).count();
+        tracing::warn!(
+            tasks = running,
+            "shutdown: background tasks still running at the deadline (a periodic job that \
+             does not stop, such as mail to a relay that says nothing); exiting without them"
+        );
+        for handle in &handles {
+            handle.abort();
         }
     }
-    #[cfg(not(unix))]
-    async {
-        let _ = tokio::signal::ctrl_c().await;
+}
+
+/// The connections [`serve_http`] accepted, each served on its own task.
+struct Connections {
+    tasks: tokio::task::JoinSet<()>,
+    close: watch::Sender<bool>,
+}
+
+impl Connections {
+    /// Closes every connection gracefully: an idle one at once, one with a request in
+    /// progress once it is answered. Those still open after `grace` are closed as they are.
+    async fn finish(mut self, grace: Duration) {
+        let _ = self.close.send(true);
+        let open = self.tasks.len();
+        let ended = tokio::time::timeout(grace, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        if !ended {
+            tracing::warn!(
+                connections = self.tasks.len(),
+                at_the_signal = open,
+                grace_s = grace.as_secs(),
+                "shutdown: connections with a request still unfinished after the grace; \
+                 closing them unanswered (what was answered is stored; their clients send the \
+                 rest again)"
+            );
+            self.tasks.shutdown().await;
+        }
     }
+}
+
+/// Serves `router` on `listener` over HTTP/1 until `stop` resolves; then stops accepting
+/// and hands back what `stop` gave and the connections still open. What `axum::serve` does,
+/// plus a bound on how long a client may take to send a request's head (and so how long a
+/// kept-alive connection stays idle), and connections that a shutdown can close at its
+/// deadline rather than wait for.
+async fn serve_http<T>(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    header_read_timeout: Duration,
+    stop: impl std::future::Future<Output = T>,
+) -> (T, Connections) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let (close, closing) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut stop = std::pin::pin!(stop);
+    let stopped = loop {
+        tokio::select! {
+            biased;
+            stopped = &mut stop => break stopped,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    // The peer gave up before it was accepted: nothing to do.
+                    Err(error) if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::ConnectionRefused
+                    ) => continue,
+                    // Out of file descriptors, say: accepting again at once would spin.
+                    Err(error) => {
+                        tracing::error!(%error, "cannot accept a connection; trying again in a second");
+                        tokio::select! {
+                            stopped = &mut stop => break stopped,
+                            () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        }
+                    }
+                };
+                serve_connection(&mut tasks, &http, router.clone(), stream, peer, closing.clone());
+            }
+        }
+    };
+    // Closed here: a connection from now on is refused.
+    drop(listener);
+    (stopped, Connections { tasks, close })
+}
+
+/// Serves one connection on a task of `tasks`, until its client closes it or `closing` says
+/// to (then once its request in progress, if any, is answered).
+fn serve_connection(
+    tasks: &mut tokio::task::JoinSet<()>,
+    http: &hyper::server::conn::http1::Builder,
+    router: Router,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    mut closing: watch::Receiver<bool>,
+) {
+    let app = hyper_util::service::TowerToHyperService::new(router);
+    let service =
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            // The peer's address, which the audit log records of each change.
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            hyper::service::Service::call(&app, request)
+        });
+    let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tasks.spawn(async move {
+        let mut connection = std::pin::pin!(connection);
+        tokio::select! {
+            ended = connection.as_mut() => {
+                if let Err(error) = ended {
+                    tracing::debug!(%error, %peer, "connection ended with an error");
+                }
+                return;
+            }
+            _ = closing.wait_for(|close| *close) => {}
+        }
+        connection.as_mut().graceful_shutdown();
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, %peer, "connection ended with an error");
+        }
+    });
+}
+
+/// A request body that must arrive whole by a deadline; past it, the next read fails and
+/// `timed_out` is set.
+struct ReadDeadline {
+    body: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timed_out: Arc<std::sync::atomic::AtomicBool>,
+    limit: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0} s")]
+struct BodyReadTimedOut(u64);
+
+impl hyper::body::Body for ReadDeadline {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::{future::Future as _, task::Poll};
+        let this = &mut *self;
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut this.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.timed_out
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Poll::Ready(Some(Err(BodyReadTimedOut(this.limit.as_secs()).into())));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Gives a request's body `limit` from its head to arrive whole; one later is answered
+/// `408` (whatever the route made of the failed read) and its connection closed.
+async fn body_read_deadline(
+    limit: Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use hyper::body::Body as _;
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let request = request.map(|body| {
+        axum::body::Body::new(ReadDeadline {
+            body,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+            timed_out: Arc::clone(&timed_out),
+            limit,
+        })
+    });
+    let response = next.run(request).await;
+    if !timed_out.load(std::sync::atomic::Ordering::Relaxed) {
+        return response;
+    }
+    let mut response = ApiError::new(
+        axum::http::StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        BodyReadTimedOut(limit.as_secs()).to_string(),
+    )
+    .into_response();
+    // The rest of the body may still be on its way: the connection cannot carry another
+    // request.
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 #[cfg(all(test, unix))]
@@ -470,6 +819,136 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), shutdown)
             .await
             .expect("the SIGTERM was not heard");
+    }
+
+    /// Serves `router` as `serve` does, with `header_read_timeout`, until the test ends.
+    #[allow(clippy::expect_used)] // test code: a panic is a failed test
+    async fn serving(
+        router: axum::Router,
+        header_read_timeout: Duration,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let ((), connections) =
+                super::serve_http(listener, router, header_read_timeout, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            connections.finish(Duration::ZERO).await;
+        });
+        (address, stop)
+    }
+
+    /// Everything the server sends until it closes the connection, within `bound`.
+    async fn until_closed(stream: &mut tokio::net::TcpStream, bound: Duration) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(bound, stream.read_to_end(&mut answer)).await;
+        assert!(
+            read.is_ok(),
+            "the connection was still open after {bound:?}; it sent {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// A client that does not finish a request's head in time, or sends none on a connection
+    /// it keeps, has its connection closed.
+    #[tokio::test]
+    async fn a_head_not_sent_in_time_closes_the_connection() {
+        use tokio::io::AsyncWriteExt;
+        let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (address, _stop) = serving(router, Duration::from_millis(300)).await;
+        let mut idle = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let mut partial = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        partial
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+            .await
+            .expect("part of a head");
+        until_closed(&mut idle, Duration::from_secs(3)).await;
+        until_closed(&mut partial, Duration::from_secs(3)).await;
+        // A whole head in time is answered.
+        let mut whole = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        whole
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("head");
+        let answer = until_closed(&mut whole, Duration::from_secs(3)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
+    /// A body not all in by the deadline is answered 408 and its connection closed; one in
+    /// time is read as usual.
+    #[tokio::test]
+    async fn a_body_not_sent_in_time_is_answered_408() {
+        use tokio::io::AsyncWriteExt;
+        let router = axum::Router::new()
+            .route(
+                "/",
+                axum::routing::post(
+                    |body: axum::body::Bytes| async move { body.len().to_string() },
+                ),
+            )
+            .layer(axum::middleware::from_fn(|request, next| {
+                super::body_read_deadline(Duration::from_millis(300), request, next)
+            }));
+        let (address, _stop) = serving(router, Duration::from_secs(30)).await;
+        let mut slow = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        slow.write_all(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\n1")
+            .await
+            .expect("head and a byte");
+        let answer = until_closed(&mut slow, Duration::from_secs(3)).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("request_timeout"), "{answer}");
+        let mut prompt = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        prompt
+            .write_all(
+                b"POST / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 10\r\n\r\n0123456789",
+            )
+            .await
+            .expect("request");
+        let answer = until_closed(&mut prompt, Duration::from_secs(3)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("10"), "{answer}");
+    }
+
+    /// The peer's address reaches the handlers, as `ConnectInfo` (the audit log's).
+    #[tokio::test]
+    async fn handlers_see_the_peer_address() {
+        use tokio::io::AsyncWriteExt;
+        let router = axum::Router::new().route(
+            "/",
+            axum::routing::get(
+                |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<
+                    std::net::SocketAddr,
+                >| async move { peer.to_string() },
+            ),
+        );
+        let (address, _stop) = serving(router, Duration::from_secs(30)).await;
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let local = stream.local_addr().expect("local address");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("head");
+        let answer = until_closed(&mut stream, Duration::from_secs(3)).await;
+        assert!(answer.ends_with(&local.to_string()), "{answer}");
     }
 
     /// The dispatcher's runtime runs its workers and its blocking threads (name lookups of

@@ -32,6 +32,7 @@ mod retention;
 mod retries;
 mod schema;
 mod secrets;
+mod shutdown;
 mod signatures;
 mod snippets;
 mod store_faults;
