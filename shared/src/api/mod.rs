@@ -132,6 +132,28 @@ pub fn document() -> utoipa::openapi::OpenApi {
 /// The whole API. Everything under `/v1` needs a bearer token; `/health`, `/openapi.json`
 /// and the static page under `/ui` do not.
 pub fn router(state: ApiState) -> Router {
+    let mount = mount_path(state.app.config.public_url.as_ref());
+    let api = api_router(state);
+    // Under a public URL with a path (`https://hooks.example.com/base/`), the API answers
+    // there too: an API Gateway custom domain's API mapping, like some proxies, passes the
+    // path on with its mapping key in it. The API sees its own paths either way.
+    match mount {
+        Some(mount) => Router::new().nest(&mount, api.clone()).merge(api),
+        None => api,
+    }
+}
+
+/// The path of a public URL, without its last `/`, if it is more than the root and only of
+/// the characters a route path takes as they are.
+fn mount_path(public_url: Option<&url::Url>) -> Option<String> {
+    let path = public_url?.path().trim_end_matches('/');
+    let plain = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'~'));
+    (!path.is_empty() && plain && !path.contains("//")).then(|| path.to_owned())
+}
+
+fn api_router(state: ApiState) -> Router {
     // The extractors other than `JsonBody` (which reads `json::BodyLimit`) stop here.
     let body_limit = state.app.config.batch_body_limit();
     let scopes = Arc::new(auth::RouteScopes::from_document(&document()));

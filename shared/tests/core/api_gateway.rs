@@ -202,3 +202,45 @@ async fn the_router_serves_api_gateway_events() {
     .await;
     assert_eq!((status, &body["error"]["field"]), (400, &json!("limit")));
 }
+
+/// Behind a custom domain whose API mapping has a key (`hooks.example.com/base`), an HTTP
+/// API passes the path on with the key in it: with `PublicUrl` naming that path, the API
+/// answers there, and at its own paths still.
+#[tokio::test]
+async fn the_api_answers_under_the_path_of_its_public_url() {
+    let mut app = hooklane_testkit::app::api_only_app();
+    let mut config = (*app.config).clone();
+    config.public_url = Some(url::Url::parse("https://hooks.example.com/base/").unwrap());
+    app.config = std::sync::Arc::new(config);
+    let router = api::router(ApiState::new(
+        app,
+        TokenKey::generate(),
+        AdminToken::fixed(ADMIN),
+        Duration::ZERO,
+        std::sync::Arc::new(hooklane::limits::Unlimited),
+    ));
+    for (path, token, want) in [
+        ("/base/health", None, 200),
+        ("/base/v1/whoami", Some(ADMIN), 200),
+        ("/base/v1/whoami", None, 401),
+        ("/base/ui", None, 200),
+        ("/health", None, 200),
+        ("/v1/whoami", Some(ADMIN), 200),
+        ("/base/nowhere", None, 404),
+    ] {
+        let request = lambda_http::request::from_str(&http_api_event("GET", path, "", token, None))
+            .expect("a valid API Gateway event");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(response.status().as_u16(), want, "{path}");
+        if path.starts_with("/base/v1/") {
+            assert_eq!(
+                response
+                    .headers()
+                    .get("cache-control")
+                    .and_then(|v| v.to_str().ok()),
+                Some("no-store"),
+                "{path}"
+            );
+        }
+    }
+}
