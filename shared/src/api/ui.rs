@@ -1,7 +1,8 @@
 //! The customer page (endpoints, their health, the delivery log): static files compiled into
 //! the binary. The page holds no data; it asks the API with the token the user enters.
 //! Everything it loads and asks is relative to its own address, so that it works mounted
-//! under a base path (a proxy or an API Gateway mapping that strips `/base`) as at the root.
+//! under a base path (a proxy that strips `/base`, or one that does not, as an API Gateway
+//! API mapping, with the public URL naming it: see `api::router`) as at the root.
 
 use std::sync::LazyLock;
 
@@ -46,8 +47,9 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         HeaderValue::from_static("no-referrer"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // A page that opened this one cannot reach it: it could otherwise navigate it to a
-    // `#token=` of its choosing, which signs a tab without a session in to that account.
+    // A page that opened this one cannot reach it afterwards (navigate it to a `#token=` of
+    // its choosing). It can still open a new tab on such a link: the header names the
+    // account the page is signed in to.
     headers.insert(
         "cross-origin-opener-policy",
         HeaderValue::from_static("same-origin"),
