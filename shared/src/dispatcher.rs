@@ -426,18 +426,8 @@ mod tests {
 
     /// The dispatcher over a SQLite file, with one delivery queued to a [`LockingReceiver`].
     async fn dispatching_to_a_locking_receiver(name: &str) -> Running {
-        let dir =
-            std::env::temp_dir().join(format!("hooklane-dispatch-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let database = dir.join("hooklane.db");
-        let store = Arc::new(
-            SqliteStore::open(
-                &database,
-                crate::secrets::SecretsCipher::ephemeral().unwrap(),
-            )
-            .unwrap(),
-        );
+        let (store, database) = fixtures::sqlite_file_store(&format!("dispatch-{name}"));
+        let dir = database.parent().unwrap().to_path_buf();
         let (receiver, release) = LockingReceiver::new(&database);
         let receiver = Arc::new(receiver);
         let clock = Arc::new(RunningClock::new());

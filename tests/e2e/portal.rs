@@ -21,6 +21,22 @@ async fn link(server: &Server, account: &str, body: Value) -> (Value, String) {
     (made, token)
 }
 
+/// The scopes `/v1/whoami` names for `token`, sorted.
+async fn scopes_of(server: &Server, token: &str) -> Vec<String> {
+    let (_, who) = server
+        .request_as(token, reqwest::Method::GET, "/v1/whoami", None)
+        .await;
+    let mut scopes: Vec<String> = who["scopes"]
+        .as_array()
+        .expect("scopes")
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    scopes.sort_unstable();
+    scopes
+}
+
 async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_base: &str) {
     server.create_account("acme").await;
     server.create_account("globex").await;
@@ -87,18 +103,8 @@ async fn portal_links_reach_one_account_and_are_revocable(server: &Server, page_
     )
     .await;
     assert_eq!(made["read_only"], true, "{made}");
-    let (_, who) = server
-        .request_as(&reader, reqwest::Method::GET, "/v1/whoami", None)
-        .await;
-    let mut scopes: Vec<&str> = who["scopes"]
-        .as_array()
-        .expect("scopes")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    scopes.sort_unstable();
     assert_eq!(
-        scopes,
+        scopes_of(server, &reader).await,
         ["accounts:read", "deliveries:read", "endpoints:read"]
     );
     // It reads the endpoints, but not their signing secrets: whoever holds one can sign
@@ -361,18 +367,8 @@ async fn a_full_portal_link_neither_publishes_nor_erases_events() {
         .request_as(&link_token, reqwest::Method::POST, &test, None)
         .await;
     assert_eq!(status, 202, "a link sends a test event: {sent}");
-    let (_, who) = server
-        .request_as(&link_token, reqwest::Method::GET, "/v1/whoami", None)
-        .await;
-    let mut scopes: Vec<&str> = who["scopes"]
-        .as_array()
-        .expect("scopes")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    scopes.sort_unstable();
     assert_eq!(
-        scopes,
+        scopes_of(&server, &link_token).await,
         [
             "accounts:read",
             "deliveries:read",

@@ -669,17 +669,8 @@ mod tests {
         rusqlite::Connection,
         std::path::PathBuf,
     ) {
-        let dir = std::env::temp_dir().join(format!("hooklane-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let database = dir.join("hooklane.db");
-        let store = Arc::new(
-            SqliteStore::open(
-                &database,
-                crate::secrets::SecretsCipher::ephemeral().unwrap(),
-            )
-            .unwrap(),
-        );
+        let (store, database) = fixtures::sqlite_file_store(name);
+        let dir = database.parent().unwrap().to_path_buf();
         let receiver = Arc::new(Counting {
             answer,
             posts: Default::default(),

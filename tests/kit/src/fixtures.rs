@@ -306,3 +306,24 @@ pub fn largest_answer() -> hooklane::http::OutboundResponse {
         error: None,
     }
 }
+
+/// A SQLite store on a new file `hooklane.db` in a fresh scratch directory named after
+/// `name`, its secrets under a key that lives as long as the process: for tests that reach
+/// the file from a second connection (a lock, a backup).
+pub fn sqlite_file_store(
+    name: &str,
+) -> (
+    std::sync::Arc<hooklane::store::sqlite::SqliteStore>,
+    std::path::PathBuf,
+) {
+    let dir = std::env::temp_dir().join(format!("hooklane-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let database = dir.join("hooklane.db");
+    let store = hooklane::store::sqlite::SqliteStore::open(
+        &database,
+        hooklane::secrets::SecretsCipher::ephemeral().unwrap(),
+    )
+    .unwrap();
+    (std::sync::Arc::new(store), database)
+}
