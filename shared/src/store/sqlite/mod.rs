@@ -273,6 +273,8 @@ impl SqliteStore {
         secrets: SecretsCipher,
         helpers: impl FnOnce(&Connection, &mpsc::Sender<Job>) -> StoreResult<Helpers>,
     ) -> StoreResult<Self> {
+        // Before anything is written to it, even the journal mode.
+        schema::schema_version(&conn)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(backend)?;
         // NORMAL in WAL mode survives a process crash (kill -9); only power loss can drop

@@ -14,17 +14,13 @@ use super::*;
 /// layout for each version and fails until the bump and the new version's line are made.
 pub(super) const SCHEMA_VERSION: i32 = 1;
 
-/// Makes an older file's layout this build's, in one transaction with stamping it with
-/// [`SCHEMA_VERSION`]: a migration that fails changes nothing. A file of a newer version
-/// is refused, unchanged.
-pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
-    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
-        .map_err(backend)?;
-    let found: i32 = tx
+/// The file's schema version; a newer one than this build's is refused, naming both.
+pub(super) fn schema_version(conn: &Connection) -> StoreResult<i32> {
+    let found: i32 = conn
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(backend)?;
     if found > SCHEMA_VERSION {
-        let file = tx
+        let file = conn
             .path()
             .filter(|p| !p.is_empty())
             .unwrap_or("the database");
@@ -35,6 +31,22 @@ pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
              (docs/OPERATIONS.md)"
         )));
     }
+    Ok(found)
+}
+
+/// Makes an older file's layout this build's, in one transaction with stamping it with
+/// [`SCHEMA_VERSION`]: a migration that fails changes nothing. A file of a newer version
+/// is refused, unchanged.
+pub(super) fn migrate(conn: &Connection) -> StoreResult<()> {
+    // A file already of this version needs nothing, and no write lock: `serve` starts while
+    // another process (a backup) holds it.
+    if schema_version(conn)? == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    // Again, under the lock: another process may have migrated it meanwhile.
+    let found = schema_version(&tx)?;
     let rebuilt = drop_descending_log_indexes(&tx).map_err(backend)?;
     if rebuilt > 0 {
         tracing::info!(

@@ -1935,6 +1935,22 @@ fn a_failed_migration_changes_nothing_and_stamps_no_version() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A file of this version is opened without the write lock: `serve` starts while another
+/// process holds it (a backup, the `sqlite3` shell), rather than fail after the busy wait.
+#[tokio::test]
+async fn a_file_of_this_version_opens_while_another_process_holds_the_write_lock() {
+    let dir = scratch_dir("open-locked");
+    let path = dir.join("locked.db");
+    drop(open_file(&path).unwrap());
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = std::time::Instant::now();
+    let opened = open_file(&path);
+    let took = started.elapsed();
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert!(opened.is_ok(), "{:?} after {took:?}", opened.err());
+}
+
 #[tokio::test]
 async fn a_file_of_a_newer_schema_version_is_refused_before_any_change() {
     let dir = scratch_dir("newer-schema");
