@@ -464,8 +464,9 @@ const REQUEST_GRACE: Duration = Duration::from_secs(10);
 const AFTER_THE_DRAIN: Duration = Duration::from_secs(2);
 
 /// How long past that deadline the process exits, whatever it still waits for (the
-/// runtimes' teardown waits for every blocking task, a name lookup among them).
-const EXIT_WATCHDOG: Duration = Duration::from_secs(1);
+/// runtimes' teardown waits for every blocking task, a name lookup among them): within the
+/// documented 15 s of the signal.
+const EXIT_WATCHDOG: Duration = Duration::from_millis(500);
 
 /// The signals that stop `serve`: SIGTERM and Ctrl-C (SIGINT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
