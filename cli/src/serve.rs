@@ -901,7 +901,7 @@ mod tests {
                 ),
             )
             .layer(axum::middleware::from_fn(|request, next| {
-                super::body_read_deadline(Duration::from_millis(300), request, next)
+                super::body_read_deadline(Duration::from_millis(1000), request, next)
             }));
         let (address, _stop) = serving(router, Duration::from_secs(30)).await;
         let mut slow = tokio::net::TcpStream::connect(address)
@@ -910,7 +910,7 @@ mod tests {
         slow.write_all(b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\n1")
             .await
             .expect("head and a byte");
-        let answer = until_closed(&mut slow, Duration::from_secs(3)).await;
+        let answer = until_closed(&mut slow, Duration::from_secs(5)).await;
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
         assert!(answer.contains("request_timeout"), "{answer}");
         let mut prompt = tokio::net::TcpStream::connect(address)
