@@ -283,6 +283,8 @@ pub fn events_recovered(count: usize) {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreFault {
     pub since: crate::clock::Timestamp,
+    /// When the last failed write ended: a fault nothing has written since is not current.
+    pub last: crate::clock::Timestamp,
     pub error: String,
 }
 
@@ -314,7 +316,7 @@ fn same_store(
 /// continued) for [`store_fault`].
 pub fn store_write_failed(
     store: &std::sync::Arc<dyn crate::store::Store>,
-    began: crate::clock::Timestamp,
+    (began, ended): (crate::clock::Timestamp, crate::clock::Timestamp),
     error: &dyn std::fmt::Display,
 ) {
     counter!(STORE_WRITE_ERRORS).increment(1);
@@ -327,12 +329,14 @@ pub fn store_write_failed(
     {
         Some((_, fault)) => {
             fault.since = fault.since.min(began);
+            fault.last = fault.last.max(ended);
             fault.error = error;
         }
         None => faults.push((
             std::sync::Arc::downgrade(store),
             StoreFault {
                 since: began,
+                last: ended,
                 error,
             },
         )),

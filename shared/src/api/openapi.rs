@@ -77,6 +77,10 @@ use serde::Serialize;
 /// so: a lock held past the busy timeout once is not yet an outage.
 pub const STORE_FAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long after the last failed write a fault is still reported: longer than an
+/// unrecorded attempt waits to be tried again (30 s at least), shorter than nothing.
+pub const STORE_FAULT_STALE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Liveness, and whether the store takes writes; needs no token.
 #[utoipa::path(get, path = "/health", tag = "meta", security(()),
     responses(
@@ -89,9 +93,14 @@ pub async fn health(
     use axum::response::IntoResponse;
     // Only where something notes the store's writes (the embedded dispatcher's records);
     // elsewhere, the AWS shape's API among them, there is never a fault to report.
+    // A fault no write has met for a while is not reported: nothing may have tried since
+    // (the dispatcher idle, the delivery gone), and only a write clears it.
+    let now = state.app.clock.now();
     let failing = crate::telemetry::store_fault(&state.app.store).and_then(|fault| {
-        let failing = (state.app.clock.now() - fault.since).to_std().ok()?;
-        (failing > STORE_FAULT_GRACE).then_some((failing, fault.error))
+        let failing = (now - fault.since).to_std().ok()?;
+        let quiet = (now - fault.last).to_std().unwrap_or_default();
+        (failing > STORE_FAULT_GRACE && quiet < STORE_FAULT_STALE)
+            .then_some((failing, fault.error))
     });
     match failing {
         None => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
@@ -399,4 +408,41 @@ pub struct TokenPath {
     /// The `token_id` the token was minted with.
     #[param(example = "tok_0192d1f4a5b67c8d9e0f1a2b3c4d5e6f")]
     token_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use tower::ServiceExt;
+
+    use crate::{clock::ManualClock, fixtures, store::sqlite::SqliteStore};
+
+    async fn health_at(app: &crate::App) -> u16 {
+        let router = crate::api::router(crate::api::ApiState::new(
+            app.clone(),
+            crate::tokens::TokenKey::generate(),
+            crate::service::access::AdminToken::fixed("test-admin-token-0123456789"),
+            Duration::ZERO,
+            Arc::new(crate::limits::Unlimited),
+        ));
+        let request = axum::http::Request::get("/health")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        router.oneshot(request).await.unwrap().status().as_u16()
+    }
+
+    /// A fault no write has met for a minute is not reported: only a write clears it, and
+    /// none may come (nothing due, the delivery gone).
+    #[tokio::test]
+    async fn a_store_fault_nothing_has_met_for_a_minute_is_not_reported() {
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = fixtures::app_on(Arc::new(SqliteStore::in_memory().unwrap()), clock.clone());
+        let failed_at = crate::clock::add(fixtures::t0(), Duration::from_secs(1));
+        crate::telemetry::store_write_failed(&app.store, (fixtures::t0(), failed_at), &"locked");
+        clock.advance(Duration::from_secs(12));
+        assert_eq!(health_at(&app).await, 503, "past the grace");
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(health_at(&app).await, 200, "a minute without a write");
+    }
 }

@@ -389,7 +389,7 @@ fn millis(duration: Duration) -> u64 {
 fn noted<T>(app: &App, began: Timestamp, result: StoreResult<T>) -> StoreResult<T> {
     match &result {
         Ok(_) => telemetry::store_write_succeeded(&app.store),
-        Err(error) => telemetry::store_write_failed(&app.store, began, error),
+        Err(error) => telemetry::store_write_failed(&app.store, (began, app.clock.now()), error),
     }
     result
 }
