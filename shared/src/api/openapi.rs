@@ -99,8 +99,7 @@ pub async fn health(
     let failing = crate::telemetry::store_fault(&state.app.store).and_then(|fault| {
         let failing = (now - fault.since).to_std().ok()?;
         let quiet = (now - fault.last).to_std().unwrap_or_default();
-        (failing > STORE_FAULT_GRACE && quiet < STORE_FAULT_STALE)
-            .then_some((failing, fault.error))
+        (failing > STORE_FAULT_GRACE && quiet < STORE_FAULT_STALE).then_some((failing, fault.error))
     });
     match failing {
         None => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
