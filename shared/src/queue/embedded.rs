@@ -44,7 +44,10 @@ impl TokenBucket {
 
     fn has_token(&mut self, now_ms: i64) -> bool {
         // This process's own bucket: a clock stepped back moves it back too.
-        self.bucket = self.bucket.rewound(now_ms).refilled(self.per_second, now_ms);
+        self.bucket = self
+            .bucket
+            .rewound(now_ms)
+            .refilled(self.per_second, now_ms);
         self.bucket.has_token()
     }
 
