@@ -241,6 +241,18 @@ impl Relay {
         poll: &str,
         more: &[&str],
     ) -> Self {
+        Self::start_as(scratch, source, url, poll, ADMIN_TOKEN, more).await
+    }
+
+    /// [`Relay::start_with`] with another token than the admin token.
+    async fn start_as(
+        scratch: &Scratch,
+        source: &str,
+        url: &str,
+        poll: &str,
+        token: &str,
+        more: &[&str],
+    ) -> Self {
         let mut args = [
             "relay",
             "--source",
@@ -248,7 +260,7 @@ impl Relay {
             "--url",
             url,
             "--token",
-            ADMIN_TOKEN,
+            token,
             "--poll-interval",
             poll,
         ]
@@ -272,6 +284,34 @@ impl Relay {
 
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the relay has connected to its outbox `times` times in all (its log says
+    /// so): it has asked Hooklane about its token (`GET /v1/whoami`) before, so the next
+    /// answer it gets is a publish's.
+    async fn connected(&self, times: usize) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self
+                .log_text()
+                .matches("relay connected to the outbox")
+                .count()
+                >= times
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// The relay's exit status once it has ended, within `within` of now; `None` if it still
+    /// runs then (it is left running).
+    async fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()
+            .map(|status| status.expect("wait for the relay"))
     }
 
     /// Rows the relay found published already (`already_there=N` summed): republished after
@@ -646,7 +686,13 @@ async fn a_relay_killed_at_any_point_loses_no_row_and_makes_no_second_event() {
     let mut kills = Vec::new();
     for round in 0..4 {
         if round % 2 == 0 {
-            // Hooklane has the events, the relay has not heard: the rows stay unsent.
+            // Hooklane has the events, the relay has not heard: the rows stay unsent. The
+            // answer held is a publish's, not the one to the relay's check of its token.
+            assert!(
+                relay.connected(round + 1).await,
+                "the relay did not connect; relay log:\n{}",
+                relay.log_text()
+            );
             assert!(
                 proxy.hold_next_answer().await,
                 "no publish to hold; relay log:\n{}",
@@ -1065,4 +1111,148 @@ async fn a_rate_limited_account_waits_alone_postgres() {
     let scratch = Scratch::new("relay-429-postgres");
     let client = connect(&url).await;
     a_rate_limited_account_waits_alone(&scratch, Outbox::Postgres(client), &url).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A token that can never publish stops the relay.
+
+/// What the relay says when its token lacks `events:publish` (cli/src/relay/publish.rs).
+const CANNOT_PUBLISH: &str = "the token cannot publish: it lacks events:publish; use the admin \
+     token or an API key with events:publish";
+
+/// An outbox with the documented SQLite table; the outbox and its `--source`.
+fn sqlite_outbox(scratch: &Scratch) -> (Outbox, String) {
+    let file = scratch.path().join("platform.db");
+    let db = rusqlite::Connection::open(&file).expect("sqlite");
+    db.pragma_update(None, "journal_mode", "WAL").expect("wal");
+    let ddl = std::fs::read_to_string(Path::new(DOCS).join("sqlite.sql")).expect("ddl");
+    db.execute_batch(&ddl).expect("docs/outbox/sqlite.sql");
+    let source = format!("sqlite://{}", file.display());
+    (Outbox::Sqlite(file), source)
+}
+
+/// Accounts `acme` and `globex`, and a row of each in the outbox (`globex`'s first).
+async fn two_accounts_one_row_each(server: &Server, outbox: &Outbox) {
+    server.create_account("acme").await;
+    server.create_account("globex").await;
+    outbox.insert("globex_1.placed", "globex", 0).await;
+    outbox.insert("acme_1.placed", "acme", 1).await;
+}
+
+/// No row marked (sent, or refused for good) and no event in Hooklane.
+async fn nothing_published(server: &Server, outbox: &Outbox, log: &str) {
+    let (sent, failed) = outbox.marked().await;
+    assert!(
+        sent.is_empty() && failed.is_empty(),
+        "rows marked: sent {sent:?}, failed {failed:?}; relay log:\n{log}"
+    );
+    for (account, id) in [("acme", "acme_1.placed"), ("globex", "globex_1.placed")] {
+        let (status, event) = server
+            .get(&format!("/v1/accounts/{account}/events/{id}"))
+            .await;
+        assert_eq!(status, 404, "{id} was published: {event}");
+    }
+}
+
+/// A relay given an account token (account tokens never hold `events:publish`: only the admin
+/// token and API keys with it publish) stops at once, with a non-zero exit and an error that
+/// names the fix, rather than retrying for ever. No row is marked: not `acme`'s, and not
+/// `globex`'s either, which the token, limited to `acme`, would get "account not found" for.
+async fn a_token_that_cannot_publish_stops_the_relay(
+    scratch: &Scratch,
+    outbox: Outbox,
+    source: &str,
+) {
+    let server = Server::start(scratch, &[]).await;
+    two_accounts_one_row_each(&server, &outbox).await;
+    let (status, minted) = server
+        .post("/v1/accounts/acme/tokens", json!({"ttl_seconds": 600}))
+        .await;
+    assert_eq!(status, 201, "{minted}");
+    let token = minted["token"].as_str().expect("the token");
+    let started = Instant::now();
+    let mut relay = Relay::start_as(scratch, source, &server.base, "100ms", token, &[]).await;
+    let Some(exit) = relay.exit_within(Duration::from_secs(10)).await else {
+        panic!(
+            "the relay still runs 10 s after it started with an account token; relay log:\n{}",
+            relay.log_text()
+        );
+    };
+    let log = relay.log_text();
+    println!(
+        "relay with an account token: exited ({exit}) after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(!exit.success(), "the relay exited with {exit}; log:\n{log}");
+    assert!(
+        log.contains(&format!("hooklane: relay: {CANNOT_PUBLISH}")),
+        "the relay's error does not name the fix; log:\n{log}"
+    );
+    nothing_published(&server, &outbox, &log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_cannot_publish_stops_the_relay_sqlite() {
+    let scratch = Scratch::new("relay-forbidden-sqlite");
+    let (outbox, source) = sqlite_outbox(&scratch);
+    a_token_that_cannot_publish_stops_the_relay(&scratch, outbox, &source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_cannot_publish_stops_the_relay_postgres() {
+    let url = database("relay_forbidden").await;
+    let scratch = Scratch::new("relay-forbidden-postgres");
+    let client = connect(&url).await;
+    a_token_that_cannot_publish_stops_the_relay(&scratch, Outbox::Postgres(client), &url).await;
+}
+
+/// A revoked API key (Hooklane's 401): the relay tries again for 10 s (an API instance may
+/// refuse an admin token just rotated in until its credential cache expires, 5 s at most),
+/// then stops with a non-zero exit, saying the token is refused; no row is marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_refused_for_good_stops_the_relay() {
+    let scratch = Scratch::new("relay-refused");
+    let (outbox, source) = sqlite_outbox(&scratch);
+    let server = Server::start(&scratch, &[]).await;
+    two_accounts_one_row_each(&server, &outbox).await;
+    let (status, key) = server
+        .post(
+            "/v1/keys",
+            json!({"name": "relay", "scopes": ["events:publish"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{key}");
+    let credential = key["secret"].as_str().expect("the key's secret");
+    let id = key["id"].as_str().expect("the key's id");
+    let (status, body) = server
+        .request(reqwest::Method::DELETE, &format!("/v1/keys/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "revoke the key: {body}");
+    let started = Instant::now();
+    let mut relay =
+        Relay::start_as(&scratch, &source, &server.base, "100ms", credential, &[]).await;
+    let Some(exit) = relay.exit_within(Duration::from_secs(30)).await else {
+        panic!(
+            "the relay still runs 30 s after it started with a revoked key; relay log:\n{}",
+            relay.log_text()
+        );
+    };
+    let took = started.elapsed();
+    let log = relay.log_text();
+    println!(
+        "relay with a revoked key: exited ({exit}) after {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(!exit.success(), "the relay exited with {exit}; log:\n{log}");
+    assert!(
+        took >= Duration::from_secs(10),
+        "the relay stopped after {took:?}, before its 10 s of grace; log:\n{log}"
+    );
+    assert!(
+        log.contains(
+            "hooklane: relay: Hooklane refused the token (HTTP 401: credential has been revoked)"
+        ),
+        "log:\n{log}"
+    );
+    nothing_published(&server, &outbox, &log).await;
 }

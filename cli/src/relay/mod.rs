@@ -4,7 +4,9 @@
 //! the publish and the mark) finds its event and makes no second one (docs/OUTBOX.md). An
 //! account Hooklane answers "not now" (its 429 `rate_limited`, or 500 `unreadable_item`) waits
 //! alone: its rows are left out of the reads until its `Retry-After`, and the other accounts'
-//! rows go on.
+//! rows go on. A token that can never publish (Hooklane's 403 `forbidden`: it lacks
+//! `events:publish`) stops the relay with an error, as does one Hooklane keeps refusing (its
+//! 401) for [`TOKEN_REFUSED_FOR`].
 
 mod pause;
 mod postgres;
@@ -14,7 +16,7 @@ mod sqlite;
 use std::time::{Duration, Instant};
 
 use pause::Pauses;
-pub use publish::Publisher;
+pub use publish::{Publisher, TokenCheck, CANNOT_PUBLISH};
 
 /// How `hooklane relay` was asked to run.
 #[derive(Debug, Clone)]
@@ -53,7 +55,19 @@ pub enum RelayError {
     Source(String),
     #[error("Hooklane API: {0}")]
     Api(String),
+    /// Hooklane does not take the token, or it may not publish: retrying cannot help.
+    #[error("{0}")]
+    Token(String),
 }
+
+/// How long Hooklane's own 401 must go on, with no answer that took the token in between,
+/// before the relay stops: another API instance takes an admin token just rotated in only
+/// once its credential cache expires (5 s on Lambda, 1 s in `serve`). A token that is
+/// unknown, revoked or expired is refused for good.
+#[cfg(not(test))]
+pub const TOKEN_REFUSED_FOR: Duration = Duration::from_secs(10);
+#[cfg(test)]
+pub const TOKEN_REFUSED_FOR: Duration = Duration::from_secs(1);
 
 /// The outbox table, wherever it lives.
 enum Source {
@@ -147,8 +161,9 @@ pub(crate) fn checked_table(table: &str) -> Result<&str, RelayError> {
 }
 
 /// Runs until `stop` completes. Errors of the database are logged and retried with a growing
-/// pause, on a new connection; the API's are handled in [`relay`], on the same one. Only
-/// invalid options end it.
+/// pause, on a new connection; the API's are handled in [`relay`], on the same one. Invalid
+/// options end it, and so does a token that cannot publish ([`RelayError::Token`]): one
+/// without `events:publish` at once, one Hooklane refuses after [`TOKEN_REFUSED_FOR`].
 pub async fn run(
     options: RelayOptions,
     stop: impl std::future::Future<Output = ()>,
@@ -159,15 +174,51 @@ pub async fn run(
     }
     let publisher = Publisher::new(&options.url, &options.token)?;
     tokio::pin!(stop);
-    let mut backoff = Backoff::default();
     // Kept across reconnections: a paused account stays paused.
     let mut pauses = Pauses::default();
+    // The token first: one that can never publish stops the relay before any row is read.
+    loop {
+        let check = tokio::select! {
+            () = &mut stop => return Ok(()),
+            check = publisher.check_token() => check,
+        };
+        let now = Instant::now();
+        match check {
+            TokenCheck::Publishes => {
+                pauses.api_answered();
+                break;
+            }
+            TokenCheck::Unknown(answer) => {
+                tracing::debug!(%answer, "the token could not be checked; publishing will tell");
+                break;
+            }
+            TokenCheck::CannotPublish(error) => return Err(error),
+            TokenCheck::Refused(error) => {
+                let refused_for = pauses.token_refused(now);
+                if refused_for >= TOKEN_REFUSED_FOR {
+                    return Err(error);
+                }
+                let pause = pauses.pause_api(None, now);
+                tracing::error!(
+                    pause = ?pause,
+                    stops_in = ?TOKEN_REFUSED_FOR - refused_for,
+                    error = %error,
+                    "Hooklane refused the relay's token; the relay stops if it goes on"
+                );
+                tokio::select! {
+                    () = &mut stop => return Ok(()),
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+    let mut backoff = Backoff::default();
     loop {
         let work = relay(&options, &publisher, &mut backoff, &mut pauses);
         tokio::select! {
             () = &mut stop => return Ok(()),
             result = work => match result {
-                Err(RelayError::Options(message)) => return Err(RelayError::Options(message)),
+                Err(error @ (RelayError::Options(_) | RelayError::Token(_))) => return Err(error),
                 Err(error) => {
                     let pause = backoff.pause();
                     tracing::error!(%error, retry_in = ?pause, "relay interrupted; starting again");
@@ -182,9 +233,9 @@ pub async fn run(
     }
 }
 
-/// One connection's life: drains the table, then waits for more, until a database error.
-/// A retryable answer of the API pauses its account, or every publish, and the connection
-/// stays.
+/// One connection's life: drains the table, then waits for more, until a database error or
+/// a token that cannot publish. A retryable answer of the API pauses its account, or every
+/// publish, and the connection stays.
 async fn relay(
     options: &RelayOptions,
     publisher: &Publisher,
@@ -257,7 +308,27 @@ async fn relay(
                     );
                 }
             }
-            match &outcome.error {
+            // What was answered before is marked above; the rest stays unsent.
+            if let Some(error) = outcome.stop {
+                return Err(error);
+            }
+            match outcome.error {
+                Some(retry) if matches!(retry.error, RelayError::Token(_)) => {
+                    let refused_for = pauses.token_refused(now);
+                    if refused_for >= TOKEN_REFUSED_FOR {
+                        return Err(retry.error);
+                    }
+                    let pause = pauses.pause_api(retry.after, now);
+                    tracing::error!(
+                        until = %wall_clock(pause),
+                        pause = ?pause,
+                        stops_in = ?TOKEN_REFUSED_FOR - refused_for,
+                        error = %retry.error,
+                        "Hooklane refused the relay's token: every publish paused; the relay \
+                         stops if it goes on"
+                    );
+                    continue;
+                }
                 Some(retry) => {
                     let pause = pauses.pause_api(retry.after, now);
                     tracing::error!(
@@ -375,6 +446,125 @@ mod tests {
             (2..=5).contains(&tries),
             "the rows were published {tries} times in 2.5 s: the backoff did not grow"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A SQLite outbox file in a directory of its own (emptied first), with a row of `acme`
+    /// and one of `globex`; the directory and the relay's options against `url`.
+    fn sqlite_outbox(name: &str, url: String) -> (std::path::PathBuf, RelayOptions) {
+        let dir =
+            std::env::temp_dir().join(format!("hooklane-relay-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("platform.db");
+        let db = rusqlite::Connection::open(&file).unwrap();
+        db.execute_batch(include_str!("../../../docs/outbox/sqlite.sql"))
+            .unwrap();
+        db.execute_batch(
+            "INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES ('o1', 'acme', 'a.b', '{}');
+             INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES ('o2', 'globex', 'a.b', '{}');",
+        )
+        .unwrap();
+        let options = RelayOptions {
+            source: format!("sqlite://{}", file.display()),
+            url,
+            token: "token".into(),
+            table: "hooklane_outbox".into(),
+            channel: "hooklane_outbox".into(),
+            poll_interval: Duration::from_millis(100),
+            batch: 100,
+        };
+        (dir, options)
+    }
+
+    /// The rows marked sent or failed.
+    fn marked(dir: &std::path::Path) -> Vec<String> {
+        let db = rusqlite::Connection::open(dir.join("platform.db")).unwrap();
+        let mut statement = db
+            .prepare(
+                "SELECT id FROM hooklane_outbox WHERE sent_at IS NOT NULL OR error IS NOT NULL",
+            )
+            .unwrap();
+        let ids = statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<Vec<String>, _>>()
+            .unwrap();
+        ids
+    }
+
+    /// Hooklane's 403 on the batch route (no `GET /v1/whoami` to ask first): the relay stops
+    /// at its first answer, with the error naming the fix, and marks nothing.
+    #[tokio::test]
+    async fn a_token_without_events_publish_stops_the_relay() {
+        let forbidden = serde_json::json!({"error": {"code": "forbidden",
+            "message": "this route needs the `events:publish` scope"}});
+        let (url, seen) =
+            publish::tests::fake_api_with(move |_, _| (403, None, Some(forbidden.clone()))).await;
+        let (dir, options) = sqlite_outbox("forbidden", url);
+        let stop = tokio::time::sleep(Duration::from_secs(10));
+        let started = Instant::now();
+        let error = run(options, stop).await.expect_err("the relay stops");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "stopped after {:?}",
+            started.elapsed()
+        );
+        assert!(matches!(error, RelayError::Token(_)), "{error:?}");
+        assert!(error.to_string().starts_with(CANNOT_PUBLISH), "{error}");
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert!(marked(&dir).is_empty(), "{:?}", marked(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Hooklane's 401 on every try: the relay stops once it has gone on for
+    /// [`TOKEN_REFUSED_FOR`] (1 s under test), after trying again meanwhile, and marks nothing.
+    #[tokio::test]
+    async fn a_token_refused_for_good_stops_the_relay() {
+        let refused = serde_json::json!({"error": {"code": "unauthorized",
+            "message": "credential has been revoked"}});
+        let (url, seen) =
+            publish::tests::fake_api_with(move |_, _| (401, None, Some(refused.clone()))).await;
+        let (dir, options) = sqlite_outbox("refused", url);
+        let stop = tokio::time::sleep(Duration::from_secs(10));
+        let started = Instant::now();
+        let error = run(options, stop).await.expect_err("the relay stops");
+        let took = started.elapsed();
+        assert!(
+            (TOKEN_REFUSED_FOR..Duration::from_secs(5)).contains(&took),
+            "stopped after {took:?}"
+        );
+        let message = error.to_string();
+        assert!(message.contains("refused the token"), "{message}");
+        assert!(message.contains("credential has been revoked"), "{message}");
+        assert!(
+            seen.lock().unwrap().len() >= 3,
+            "{:?}",
+            seen.lock().unwrap()
+        );
+        assert!(marked(&dir).is_empty(), "{:?}", marked(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A 401 that passes (an admin token just rotated in, not yet taken by every instance) is
+    /// retried: the rows are published once it is taken.
+    #[tokio::test]
+    async fn a_token_refused_for_a_moment_is_retried() {
+        let refused = serde_json::json!({"error": {"code": "unauthorized",
+            "message": "invalid token"}});
+        let first = Instant::now();
+        let (url, _) = publish::tests::fake_api_with(move |_, _| {
+            if first.elapsed() < TOKEN_REFUSED_FOR / 2 {
+                (401, None, Some(refused.clone()))
+            } else {
+                (202, None, None)
+            }
+        })
+        .await;
+        let (dir, options) = sqlite_outbox("refused-a-moment", url);
+        let stop = tokio::time::sleep(TOKEN_REFUSED_FOR * 3);
+        run(options, stop).await.expect("the relay runs on");
+        assert_eq!(marked(&dir), ["o1", "o2"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

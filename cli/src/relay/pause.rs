@@ -65,6 +65,8 @@ impl Pause {
 pub struct Pauses {
     accounts: HashMap<String, Pause>,
     api: Pause,
+    /// Since when Hooklane has refused the token (its own 401), with no answer that took it.
+    token_refused_since: Option<Instant>,
 }
 
 impl Pauses {
@@ -127,9 +129,16 @@ impl Pauses {
         self.api.fail(retry_after, true, now)
     }
 
-    /// The API answered: its next failure starts the backoff again.
+    /// The API answered (it took the token): its next failure starts the backoff again.
     pub fn api_answered(&mut self) {
         self.api = Pause::default();
+        self.token_refused_since = None;
+    }
+
+    /// Hooklane refused the token at `now`: for how long it has (zero the first time).
+    /// Another failure in between (the API down) does not start it again; an answer does.
+    pub fn token_refused(&mut self, now: Instant) -> Duration {
+        now.saturating_duration_since(*self.token_refused_since.get_or_insert(now))
     }
 
     /// When the pause of every publish ends, if it runs at `now`.
@@ -279,5 +288,19 @@ mod tests {
         let later = t0 + MAX_PAUSE * 3;
         assert!(pauses.paused_accounts(later).is_empty());
         assert_eq!(pauses.pause_account("gone", None, later).as_millis(), 200);
+    }
+
+    /// How long the token has been refused counts from the first refusal; an outage in
+    /// between does not start it again, an answer that took the token does.
+    #[test]
+    fn a_refused_token_counts_from_its_first_refusal_until_an_answer() {
+        let mut pauses = Pauses::default();
+        let t0 = Instant::now();
+        assert_eq!(pauses.token_refused(t0), Duration::ZERO);
+        pauses.pause_api(None, t0);
+        let later = t0 + Duration::from_secs(4);
+        assert_eq!(pauses.token_refused(later), Duration::from_secs(4));
+        pauses.api_answered();
+        assert_eq!(pauses.token_refused(later), Duration::ZERO);
     }
 }

@@ -1,6 +1,6 @@
 //! Publishing outbox rows through the batch route, one request per account and size, and
 //! sorting the answers into published, refused for good (the row is marked), try this account
-//! again later, and try everything again later.
+//! again later, try everything again later, and stop: the token can never publish.
 
 use std::time::Duration;
 
@@ -31,8 +31,13 @@ pub struct Outcome {
     /// rows were published all the same.
     pub paused: Vec<AccountRetry>,
     /// Set when the API as a whole could not be reached or failed: publishing stopped there,
-    /// and the rows not listed above stay unsent and are read again.
+    /// and the rows not listed above stay unsent and are read again. Its error is a
+    /// [`RelayError::Token`] when Hooklane refused the token (its own 401).
     pub error: Option<Retry>,
+    /// Set when Hooklane answered that the token may not publish (its own 403 `forbidden`):
+    /// no row can ever be published with it, and the relay stops with this error. The rows
+    /// not listed above stay unsent.
+    pub stop: Option<RelayError>,
 }
 
 /// A retryable answer: the rows are fine, and are sent again later.
@@ -57,8 +62,49 @@ enum Scope {
     /// Hooklane cannot read (500 `unreadable_item`).
     Account,
     /// Every account: the API cannot be reached, is down or overloaded (502, 503, 504, a
-    /// gateway's 429 or 500), the token is refused, or what answers is not the batch route.
+    /// gateway's 429 or 500), the token is refused (Hooklane's 401: the relay stops if it
+    /// goes on), or what answers is not the batch route (a gateway's 401 or 403 included).
     Api,
+}
+
+/// Why publishing stopped before every account was answered.
+enum Halt {
+    Retry(Scope, Retry),
+    /// The token can never publish.
+    Stop(RelayError),
+}
+
+/// What the relay stops with when its token lacks `events:publish`.
+pub const CANNOT_PUBLISH: &str = "the token cannot publish: it lacks events:publish; use the \
+     admin token or an API key with events:publish";
+
+/// Hooklane's answer to a token that may not publish, as the relay says it.
+fn cannot_publish(detail: &str) -> RelayError {
+    RelayError::Token(format!("{CANNOT_PUBLISH} (Hooklane: {detail})"))
+}
+
+/// Hooklane's answer to a token it does not take (unknown, revoked, expired), as the relay
+/// says it.
+fn token_refused(detail: &str) -> RelayError {
+    RelayError::Token(format!(
+        "Hooklane refused the token ({detail}); use the admin token or an API key with \
+         events:publish"
+    ))
+}
+
+/// What Hooklane says of the relay's token before anything is published.
+#[derive(Debug)]
+pub enum TokenCheck {
+    /// It may publish (the admin token, or a key with `events:publish` or `admin`).
+    Publishes,
+    /// It never can (an account token, a key without `events:publish`): the relay stops.
+    CannotPublish(RelayError),
+    /// Hooklane's own 401: unknown, revoked or expired (or, for a few seconds, an admin
+    /// token just rotated in through another API instance).
+    Refused(RelayError),
+    /// No answer of Hooklane's (it cannot be reached, a gateway or an older Hooklane
+    /// answered): the batch route's answers decide.
+    Unknown(String),
 }
 
 /// A client of the batch publish route.
@@ -83,6 +129,8 @@ enum Answer {
     /// read it): halves are tried, and a row alone is refused with the reason.
     Narrow(String),
     Retry(Scope, Retry),
+    /// The token can never publish: nothing of this batch, nor of any other, is written.
+    Stop(RelayError),
 }
 
 impl Publisher {
@@ -104,9 +152,56 @@ impl Publisher {
         })
     }
 
+    /// Asks Hooklane who the token is (`GET /v1/whoami`): a token that can never publish is
+    /// known before any row is read, and before a row of another account than an account
+    /// token's is answered "account not found" (and marked refused).
+    pub async fn check_token(&self) -> TokenCheck {
+        let url = format!("{}/v1/whoami", self.base);
+        let response = match self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => return TokenCheck::Unknown(format!("GET {url}: {error}")),
+        };
+        let status = response.status().as_u16();
+        let body: Value = match response.text().await {
+            Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            Err(error) => return TokenCheck::Unknown(format!("GET {url}: {error}")),
+        };
+        let code = body["error"]["code"].as_str();
+        match (status, body["scopes"].as_array()) {
+            (200, Some(scopes)) => {
+                let scopes: Vec<&str> = scopes.iter().filter_map(Value::as_str).collect();
+                if scopes
+                    .iter()
+                    .any(|s| *s == "admin" || *s == "events:publish")
+                {
+                    TokenCheck::Publishes
+                } else {
+                    let kind = body["kind"].as_str().unwrap_or("unknown");
+                    TokenCheck::CannotPublish(cannot_publish(&format!(
+                        "GET /v1/whoami: a credential of kind `{kind}`, with scopes [{}]",
+                        scopes.join(", ")
+                    )))
+                }
+            }
+            (401, _) if code == Some("unauthorized") => {
+                let message = body["error"]["message"].as_str().unwrap_or_default();
+                TokenCheck::Refused(token_refused(&format!("HTTP 401: {message}")))
+            }
+            _ => TokenCheck::Unknown(format!("GET {url}: HTTP {status}: {body}")),
+        }
+    }
+
     /// Publishes `rows` (in order within each account), each idempotent on its id. An account
     /// answered "not now" keeps its later rows (they are never sent before its earlier ones)
-    /// and the next account goes on; a failure of the whole API stops here.
+    /// and the next account goes on; a failure of the whole API stops here, and so does an
+    /// answer that the token may not publish.
     pub async fn publish(&self, rows: &[OutboxRow]) -> Outcome {
         let mut outcome = Outcome::default();
         let mut accounts: Vec<&str> = Vec::new();
@@ -123,15 +218,19 @@ impl Publisher {
                 let batch: Vec<&OutboxRow> = pending.drain(..take).collect();
                 match self.publish_batch(account, batch, &mut outcome).await {
                     Ok(()) => {}
-                    Err((Scope::Account, retry)) => {
+                    Err(Halt::Retry(Scope::Account, retry)) => {
                         outcome.paused.push(AccountRetry {
                             account: account.to_owned(),
                             retry,
                         });
                         continue 'accounts;
                     }
-                    Err((Scope::Api, retry)) => {
+                    Err(Halt::Retry(Scope::Api, retry)) => {
                         outcome.error = Some(retry);
+                        return outcome;
+                    }
+                    Err(Halt::Stop(error)) => {
+                        outcome.stop = Some(error);
                         return outcome;
                     }
                 }
@@ -147,7 +246,7 @@ impl Publisher {
         account: &str,
         mut batch: Vec<&OutboxRow>,
         outcome: &mut Outcome,
-    ) -> Result<(), (Scope, Retry)> {
+    ) -> Result<(), Halt> {
         let mut queue: Vec<Vec<&OutboxRow>> = Vec::new();
         loop {
             if batch.is_empty() {
@@ -189,7 +288,8 @@ impl Publisher {
                     let second = batch.split_off(batch.len() / 2);
                     queue.push(second);
                 }
-                Answer::Retry(scope, retry) => return Err((scope, retry)),
+                Answer::Retry(scope, retry) => return Err(Halt::Retry(scope, retry)),
+                Answer::Stop(error) => return Err(Halt::Stop(error)),
             }
         }
     }
@@ -250,9 +350,10 @@ fn retry(scope: Scope, after: Option<Duration>, message: String) -> Answer {
 }
 
 /// What an answer of the batch route (with its `Retry-After`, as a wait) means for the rows
-/// sent. Only Hooklane's own answers refuse rows for good; anything else (a proxy's 404 or
-/// 400, a mistyped `--url` that reaches an unknown route) is tried again, as nothing is wrong
-/// with the rows.
+/// sent. Only Hooklane's own answers refuse rows for good, or stop the relay; anything else (a
+/// proxy's 404 or 400, a mistyped `--url` that reaches an unknown route, API Gateway's 403
+/// `{"message": "Missing Authentication Token"}` or a WAF's) is tried again, as nothing is
+/// wrong with the rows.
 fn classify(
     status: u16,
     after: Option<Duration>,
@@ -305,8 +406,24 @@ fn classify(
         500 if code == Some("unreadable_item") => {
             retry(Scope::Account, after, format!("HTTP {status}: {message}"))
         }
-        // 401, 403 (the token), 408, those 429s and 500s, 502, 503, 504, and answers not of
-        // the batch route: the next account would get the same.
+        // Hooklane's own 403: the token lacks `events:publish` (an account token, which never
+        // holds it, or a key made without it). Keys' scopes never change and every account's
+        // rows would get the same: retrying cannot help, and the relay stops saying why.
+        403 if code == Some("forbidden") => {
+            Answer::Stop(cannot_publish(&format!("HTTP 403: {message}")))
+        }
+        // Hooklane's own 401: the token is unknown, revoked or expired. Retried like an
+        // outage, as another API instance may take an admin token just rotated in only once
+        // its credential cache expires; the relay stops if it goes on (`relay::run`).
+        401 if code == Some("unauthorized") => Answer::Retry(
+            Scope::Api,
+            Retry {
+                after,
+                error: token_refused(&format!("HTTP 401: {message}")),
+            },
+        ),
+        // A gateway's or proxy's 401 and 403, 408, those 429s and 500s, 502, 503, 504, and
+        // answers not of the batch route: the next account would get the same.
         _ => retry(Scope::Api, after, format!("HTTP {status}: {message}")),
     }
 }
@@ -522,6 +639,22 @@ pub(super) mod tests {
     pub(in crate::relay) async fn fake_api(
         answer: impl Fn(&str, usize) -> (u16, Option<&'static str>) + Clone + Send + Sync + 'static,
     ) -> (String, Seen) {
+        fake_api_with(move |account, before| {
+            let (status, after) = answer(account, before);
+            (status, after, None)
+        })
+        .await
+    }
+
+    /// [`fake_api`], whose answers other than 202 may carry a body of their own (else
+    /// Hooklane's 429 `rate_limited`). It has no other route: `GET /v1/whoami` is a 404.
+    pub(in crate::relay) async fn fake_api_with(
+        answer: impl Fn(&str, usize) -> (u16, Option<&'static str>, Option<Value>)
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+    ) -> (String, Seen) {
         use axum::{
             extract::Path,
             http::{HeaderValue, StatusCode},
@@ -549,12 +682,14 @@ pub(super) mod tests {
                     log.push((account.clone(), ids.clone()));
                     before
                 };
-                let (status, retry_after) = answer(&account, before);
+                let (status, retry_after, body) = answer(&account, before);
                 let status = StatusCode::from_u16(status).unwrap();
                 let body = if status == StatusCode::ACCEPTED {
                     json!({"results": ids.iter().map(|_| json!({"created": true})).collect::<Vec<_>>()})
                 } else {
-                    json!({"error": {"code": "rate_limited", "message": "not now"}})
+                    body.unwrap_or_else(
+                        || json!({"error": {"code": "rate_limited", "message": "not now"}}),
+                    )
                 };
                 let mut response = (status, Json(body)).into_response();
                 if let Some(after) = retry_after {
@@ -650,6 +785,161 @@ pub(super) mod tests {
         let retry = outcome.error.expect("an API failure");
         assert_eq!(retry.after, Some(Duration::from_secs(30)));
         assert_eq!(*seen.lock().unwrap(), [("a".to_owned(), ids(&["a1"]))]);
+    }
+
+    /// Hooklane's own 403 (`forbidden`: the token lacks `events:publish`) stops the relay,
+    /// naming the fix; its own 401 is retried, as the token's refusal. A 401 or 403 that is not
+    /// Hooklane's JSON (API Gateway's `Missing Authentication Token` for a mistyped `--url`, a
+    /// WAF's page) is retried like any answer not of the batch route.
+    #[test]
+    fn hooklanes_own_403_stops_the_relay_and_a_gateways_is_retried() {
+        let forbidden = json!({"error": {"code": "forbidden",
+            "message": "this route needs the `events:publish` scope"}});
+        match classify(403, None, &forbidden, "acme", &[]) {
+            Answer::Stop(RelayError::Token(message)) => {
+                assert!(message.starts_with(CANNOT_PUBLISH), "{message}");
+                assert!(message.contains("this route needs"), "{message}");
+            }
+            _ => panic!("Hooklane's 403 does not stop the relay"),
+        }
+        let unauthorized =
+            json!({"error": {"code": "unauthorized", "message": "credential has been revoked"}});
+        match classify(401, None, &unauthorized, "acme", &[]) {
+            Answer::Retry(
+                Scope::Api,
+                Retry {
+                    error: RelayError::Token(message),
+                    ..
+                },
+            ) => {
+                assert!(message.contains("refused the token"), "{message}");
+                assert!(message.contains("credential has been revoked"), "{message}");
+            }
+            _ => panic!("Hooklane's 401 is not a refused token"),
+        }
+        let gateway = [
+            (403, json!({"message": "Missing Authentication Token"})),
+            (403, json!({"message": "Forbidden"})),
+            (403, Value::String("<html>403 Forbidden</html>".into())),
+            (401, json!({"message": "Unauthorized"})),
+            // The codes count only with their own status.
+            (401, forbidden.clone()),
+            (403, unauthorized.clone()),
+        ];
+        for (status, body) in gateway {
+            assert!(
+                matches!(
+                    classify(status, None, &body, "acme", &[]),
+                    Answer::Retry(
+                        Scope::Api,
+                        Retry {
+                            error: RelayError::Api(_),
+                            ..
+                        }
+                    )
+                ),
+                "{status} {body}"
+            );
+        }
+    }
+
+    /// The batch route answering Hooklane's 403: publishing stops at the first request, with
+    /// nothing published or refused, and the next account is not tried.
+    #[tokio::test]
+    async fn a_token_that_cannot_publish_stops_the_round() {
+        let forbidden = json!({"error": {"code": "forbidden",
+            "message": "this route needs the `events:publish` scope"}});
+        let (url, seen) = fake_api_with(move |_, _| (403, None, Some(forbidden.clone()))).await;
+        let publisher = Publisher::new(&url, "token").unwrap();
+        let outcome = publisher
+            .publish(&rows_of(&[("a1", "a"), ("b1", "b")]))
+            .await;
+        assert!(outcome.published.is_empty() && outcome.refused.is_empty());
+        assert!(outcome.paused.is_empty() && outcome.error.is_none());
+        let stop = outcome.stop.expect("a stop");
+        assert!(stop.to_string().starts_with(CANNOT_PUBLISH), "{stop}");
+        assert_eq!(*seen.lock().unwrap(), [("a".to_owned(), ids(&["a1"]))]);
+    }
+
+    /// A `GET /v1/whoami` on 127.0.0.1 answering `status` and `body`.
+    async fn whoami(status: u16, body: Value) -> String {
+        use axum::{http::StatusCode, routing::get, Json, Router};
+        let status = StatusCode::from_u16(status).unwrap();
+        let app = Router::new().route(
+            "/v1/whoami",
+            get(move || {
+                let body = body.clone();
+                async move { (status, Json(body)) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    /// What `GET /v1/whoami` says decides only when it is Hooklane's answer: an account
+    /// token, or a key without `events:publish`, cannot publish; a 404 (an older Hooklane,
+    /// a gateway) leaves it to the batch route.
+    #[tokio::test]
+    async fn the_token_is_checked_by_whoami() {
+        let check = |status: u16, body: Value| async move {
+            let url = whoami(status, body).await;
+            Publisher::new(&url, "token").unwrap().check_token().await
+        };
+        let account = json!({"kind": "account", "account_id": "acme",
+            "scopes": ["endpoints:read", "endpoints:write", "deliveries:read"]});
+        match check(200, account).await {
+            TokenCheck::CannotPublish(error) => {
+                let message = error.to_string();
+                assert!(message.starts_with(CANNOT_PUBLISH), "{message}");
+                assert!(message.contains("`account`"), "{message}");
+            }
+            other => panic!("an account token: {other:?}"),
+        }
+        let reader = json!({"kind": "key", "scopes": ["deliveries:read"]});
+        assert!(matches!(
+            check(200, reader).await,
+            TokenCheck::CannotPublish(_)
+        ));
+        for publisher in [
+            json!({"kind": "admin", "scopes": ["admin"]}),
+            json!({"kind": "key", "scopes": ["events:publish"], "accounts": ["acme"]}),
+            json!({"kind": "key", "scopes": ["admin"]}),
+        ] {
+            assert!(
+                matches!(check(200, publisher.clone()).await, TokenCheck::Publishes),
+                "{publisher}"
+            );
+        }
+        let refused = json!({"error": {"code": "unauthorized", "message": "invalid token"}});
+        assert!(matches!(
+            check(401, refused).await,
+            TokenCheck::Refused(RelayError::Token(_))
+        ));
+        for (status, body) in [
+            (
+                404,
+                json!({"error": {"code": "not_found", "message": "route not found"}}),
+            ),
+            (403, json!({"message": "Missing Authentication Token"})),
+            (401, json!({"message": "Unauthorized"})),
+            (503, json!({"message": "Service Unavailable"})),
+            (200, json!({"ok": true})),
+        ] {
+            assert!(
+                matches!(check(status, body.clone()).await, TokenCheck::Unknown(_)),
+                "{status} {body}"
+            );
+        }
+        // Nothing listening: unknown too.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        assert!(matches!(
+            Publisher::new(&url, "token").unwrap().check_token().await,
+            TokenCheck::Unknown(_)
+        ));
     }
 
     #[test]
