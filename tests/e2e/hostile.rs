@@ -315,11 +315,28 @@ async fn an_address_refused_at_send_time_is_a_clear_failed_attempt() {
         })
         .await;
     assert!(attempted);
+    // The customer reads one text for every refused address, as endpoint create answers:
+    // not why (a loopback, a private or a metadata address), which is the server's network.
+    let refused = "refused: the host is, or resolves to, an address Hooklane does not send to";
     let delivery = &server.deliveries("acme", "").await[0];
-    let error = delivery["last_error"].as_str().unwrap_or("");
+    assert_eq!(delivery["last_error"], refused, "{delivery}");
+    let (status, attempts) = server
+        .get(&format!(
+            "/v1/accounts/acme/deliveries/{}/attempts",
+            delivery["id"].as_str().expect("the delivery's id")
+        ))
+        .await;
+    assert_eq!(status, 200, "{attempts}");
+    let attempt = &attempts["data"][0];
+    assert_eq!(attempt["error"], refused, "{attempt}");
+    // The operator's log says why.
+    let log = server.log_text();
     assert!(
-        error.contains("refused") && error.contains("loopback"),
-        "{delivery}"
+        log.lines()
+            .any(|line| line.contains("a webhook is not sent")
+                && line.contains("loopback")
+                && line.contains("127.0.0.1")),
+        "the server's log does not say why; log:\n{log}"
     );
     assert_eq!(
         farm.total_arrivals(),

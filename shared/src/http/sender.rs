@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use url::Url;
 
-use super::ssrf::{AddressPolicy, GuardedResolver};
+use super::ssrf::{AddressPolicy, GuardedResolver, RefusedAddress, SsrfError};
 
 /// One webhook POST.
 #[derive(Debug, Clone)]
@@ -103,15 +103,20 @@ impl HttpSender {
         request: OutboundRequest,
         response: &mut OutboundResponse,
     ) -> Result<(), String> {
+        let host = request.url.host_str().unwrap_or_default().to_owned();
         let mut builder = self.client.post(request.url);
         for (name, value) in request.headers {
             builder = builder.header(name.as_ref(), value);
         }
-        let mut reply = builder
-            .body(request.body)
-            .send()
-            .await
-            .map_err(|e| describe(&e))?;
+        let mut reply =
+            builder
+                .body(request.body)
+                .send()
+                .await
+                .map_err(|e| match refused_address(&e) {
+                    Some(refused) => refused_at_send(&host, refused.reason()),
+                    None => describe(&e),
+                })?;
         response.status = Some(reply.status().as_u16());
         // Only as many as an attempt keeps; each is cut to size when it is kept.
         response.headers = reply
@@ -148,7 +153,13 @@ impl Transport for HttpSender {
         let started = std::time::Instant::now();
         let mut response = OutboundResponse::default();
         if let Err(refused) = self.config.policy.check_url(&request.url) {
-            response.error = Some(format!("refused: {refused}"));
+            response.error = Some(match RefusedAddress::of(refused) {
+                Ok(address) => {
+                    refused_at_send(request.url.host_str().unwrap_or_default(), address.reason())
+                }
+                // The URL's own text (its scheme, a localhost name): nothing of the network.
+                Err(other) => format!("refused: {other}"),
+            });
             return response;
         }
         let deadline = self.config.deadline;
@@ -166,6 +177,38 @@ impl Transport for HttpSender {
         }
         response
     }
+}
+
+/// What an attempt records for a host that is, or resolves to, a refused address: one text
+/// for every address and reason (the customer reads it); the reason is logged, for the
+/// operator (an endpoint created while the allow-list let it, a name whose DNS changed).
+fn refused_at_send(host: &str, reason: &SsrfError) -> String {
+    tracing::warn!(
+        host,
+        reason = %reason,
+        "a webhook is not sent: its host is, or resolves to, a refused address"
+    );
+    super::ssrf::REFUSED_AT_SEND.to_owned()
+}
+
+/// The refused address behind a failed request, if that is why it failed: the guarded
+/// resolver's error, somewhere in the chain (as itself, or inside an `io::Error`).
+fn refused_address(error: &reqwest::Error) -> Option<&RefusedAddress> {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(refused) = cause.downcast_ref::<RefusedAddress>() {
+            return Some(refused);
+        }
+        if let Some(refused) = cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<RefusedAddress>())
+        {
+            return Some(refused);
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// A one-line account of a reqwest error, with the cause that matters to a customer.
@@ -194,5 +237,94 @@ fn describe(error: &reqwest::Error) -> String {
         kind.to_owned()
     } else {
         format!("{kind}: {}", causes.join(": "))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::http::ssrf::{forbidden_reason, REFUSED_AT_SEND};
+
+    /// A listener on 127.0.0.1 that counts the connections it gets and answers none.
+    async fn counting_listener() -> (u16, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        (port, connections)
+    }
+
+    fn request(url: &str) -> OutboundRequest {
+        OutboundRequest {
+            url: Url::parse(url).unwrap(),
+            headers: Vec::new(),
+            body: Bytes::from_static(b"{}"),
+        }
+    }
+
+    /// Two refused reasons, the same recorded text; and that text tells none of them.
+    #[test]
+    fn refused_reasons_are_recorded_alike() {
+        let refused = |ip: &str| SsrfError::ResolvesForbidden {
+            host: "hooks.example.com".into(),
+            reason: forbidden_reason(ip.parse().unwrap()).unwrap(),
+        };
+        let private = refused_at_send("hooks.example.com", &refused("10.0.0.1"));
+        let loopback = refused_at_send("hooks.example.com", &refused("127.0.0.1"));
+        assert_eq!(private, loopback);
+        assert_eq!(private, REFUSED_AT_SEND);
+        for detail in ["RFC 1918", "private", "loopback", "10.0.0.1", "127.0.0.1"] {
+            assert!(!private.contains(detail), "{private}");
+        }
+    }
+
+    /// Sending to a refused address, whatever its reason and however it is reached (an
+    /// address in the URL: refused before any connection; a name: refused by the resolver),
+    /// records the same text, and nothing is contacted. Only 127.0.0.1 and 0.0.0.0 (this
+    /// machine) are named; both are refused before any connection.
+    #[tokio::test]
+    async fn a_refused_address_records_one_text_whatever_its_reason() {
+        let (port, connections) = counting_listener().await;
+        let sender = HttpSender::new(SenderConfig::default()).unwrap();
+        let loopback = sender
+            .post(request(&format!("http://127.0.0.1:{port}/hook")))
+            .await;
+        let unspecified = sender
+            .post(request(&format!("http://0.0.0.0:{port}/hook")))
+            .await;
+        // `post` refuses localhost names outright (a URL's text): the resolver is reached
+        // through the exchange, as for any other name.
+        let mut response = OutboundResponse::default();
+        let named = sender
+            .exchange(
+                request(&format!("http://localhost:{port}/hook")),
+                &mut response,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(loopback.error.as_deref(), Some(REFUSED_AT_SEND));
+        assert_eq!(unspecified.error.as_deref(), Some(REFUSED_AT_SEND));
+        assert_eq!(named, REFUSED_AT_SEND);
+        assert_eq!(response.status, None);
+        assert_eq!(connections.load(Ordering::SeqCst), 0);
+        // The URL's own text is still said as it is.
+        let scheme = sender.post(request("ftp://127.0.0.1/")).await;
+        assert!(
+            scheme
+                .error
+                .as_deref()
+                .unwrap_or("")
+                .contains("scheme `ftp`"),
+            "{scheme:?}"
+        );
     }
 }

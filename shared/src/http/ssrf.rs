@@ -311,8 +311,46 @@ impl AddressPolicy {
     }
 }
 
+/// What a webhook attempt records when its host is, or resolves to, a refused address: the
+/// same text whatever the address and its reason, as endpoint create and update answer. The
+/// customer reads it in the delivery log, and the kind of address an internal name leads to
+/// is the server's network, not theirs; the reason goes to the server's log only.
+pub const REFUSED_AT_SEND: &str =
+    "refused: the host is, or resolves to, an address Hooklane does not send to";
+
+/// A refused address met while sending ([`SsrfError::Forbidden`] or
+/// [`SsrfError::ResolvesForbidden`]). It displays as [`REFUSED_AT_SEND`] only, wherever it
+/// ends up in an error chain; the reason it holds is for the server's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedAddress(SsrfError);
+
+impl RefusedAddress {
+    /// A refused address, kept; any other error (a URL's scheme, a lookup that failed), which
+    /// says nothing of the server's network, is given back.
+    pub fn of(error: SsrfError) -> Result<Self, SsrfError> {
+        match error {
+            SsrfError::Forbidden { .. } | SsrfError::ResolvesForbidden { .. } => Ok(Self(error)),
+            other => Err(other),
+        }
+    }
+
+    /// Why the address is refused, with the host or the address: for the server's log.
+    pub fn reason(&self) -> &SsrfError {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RefusedAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(REFUSED_AT_SEND)
+    }
+}
+
+impl StdError for RefusedAddress {}
+
 /// A reqwest DNS resolver that only hands out addresses accepted by an [`AddressPolicy`].
 /// The client connects to exactly the addresses that were checked; there is no second lookup.
+/// A refused address is answered with a [`RefusedAddress`], whose text tells nothing of it.
 ///
 /// reqwest skips the resolver for IP-literal hosts, including redirect targets, so pair it
 /// with [`AddressPolicy::check_url`], `redirect::Policy::none()` and `no_proxy()`.
@@ -334,7 +372,16 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let policy = Arc::clone(&self.policy);
         Box::pin(async move {
             // Port 0 is replaced by reqwest with the URL's port (or the scheme default).
-            let addresses = policy.resolve_checked(name.as_str(), 0).await?;
+            let addresses = match policy.resolve_checked(name.as_str(), 0).await {
+                Ok(addresses) => addresses,
+                Err(error) => {
+                    let error: Box<dyn StdError + Send + Sync> = match RefusedAddress::of(error) {
+                        Ok(refused) => Box::new(refused),
+                        Err(other) => Box::new(other),
+                    };
+                    return Err(error);
+                }
+            };
             let addresses: reqwest::dns::Addrs = Box::new(addresses.into_iter());
             Ok::<_, Box<dyn StdError + Send + Sync>>(addresses)
         })
@@ -729,8 +776,39 @@ mod tests {
             .await
             .unwrap_err();
         let chain = error_chain(&error);
-        assert!(chain.contains("not allowed"), "{chain}");
-        assert!(chain.contains("loopback"), "{chain}");
+        // The client's error tells no more than that: the reason is for the server's log.
+        assert!(chain.contains(REFUSED_AT_SEND), "{chain}");
+        assert!(!chain.contains("loopback"), "{chain}");
+    }
+
+    /// Whatever the address and its reason, a refused one reads the same; only the server
+    /// sees why.
+    #[test]
+    fn a_refused_address_reads_the_same_whatever_its_reason() {
+        let reason = |ip: &str| forbidden_reason(ip.parse().unwrap()).unwrap();
+        let refused = [
+            SsrfError::Forbidden {
+                ip: "127.0.0.1".parse().unwrap(),
+                reason: reason("127.0.0.1"),
+            },
+            SsrfError::ResolvesForbidden {
+                host: "db.internal".into(),
+                reason: reason("10.0.0.1"),
+            },
+            SsrfError::ResolvesForbidden {
+                host: "metadata.internal".into(),
+                reason: reason("169.254.169.254"),
+            },
+        ];
+        for error in refused {
+            let detail = error.to_string();
+            let refused = RefusedAddress::of(error).unwrap();
+            assert_eq!(refused.to_string(), REFUSED_AT_SEND);
+            assert_eq!(refused.reason().to_string(), detail);
+        }
+        // What is wrong with the URL's own text is not an address: it stays as it is.
+        let scheme = SsrfError::Scheme("ftp".into());
+        assert_eq!(RefusedAddress::of(scheme.clone()), Err(scheme));
     }
 
     #[tokio::test]
