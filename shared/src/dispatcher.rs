@@ -201,6 +201,10 @@ async fn run_workers(
     let recording = Arc::new(Semaphore::new(config.recording.max(workers)));
     queue.share_in_flight(config.recording.max(workers));
     let record_retry = config.record_retry;
+    // While the store refuses writes, new sends go one at a time: each is a webhook that
+    // cannot be recorded, and is sent again later. One still goes, to find when writes are
+    // taken again (as do the records being written again).
+    let probe = Arc::new(Semaphore::new(1));
     loop {
         let (permit, record_permit) = tokio::select! {
             permits = async {
@@ -218,8 +222,28 @@ async fn run_workers(
             lease = queue.take(|| clock.now()) => lease,
             _ = shutdown.changed() => break,
         };
+        let probe_permit = loop {
+            if telemetry::store_fault(&app.store).is_none() {
+                break None;
+            }
+            tokio::select! {
+                permit = Arc::clone(&probe).acquire_owned() => break permit.ok(),
+                // The fault may clear while the probe is out.
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = shutdown.changed() => {
+                    // Not sent: back to the queue, as it was.
+                    queue.complete(&lease, app.clock.now());
+                    queue.add(vec![lease.clone()]);
+                    break None;
+                }
+            }
+        };
+        if *shutdown.borrow() {
+            break;
+        }
         let (app, queue, stop) = (app.clone(), Arc::clone(&queue), shutdown.clone());
         tokio::spawn(async move {
+            let _probe = probe_permit;
             telemetry::endpoint_in_flight(&lease.endpoint_id, 1.0);
             let slot_given_back = AtomicBool::new(false);
             // Answered: the endpoint's slot and the worker slot are free for the next
@@ -389,6 +413,8 @@ mod tests {
         receiver: Arc<LockingReceiver>,
         release: mpsc::Sender<()>,
         delivery: Delivery,
+        /// Deliveries stored beside it, not queued.
+        others: Vec<(Delivery, crate::domain::Endpoint)>,
         clock: Arc<RunningClock>,
         stop: watch::Sender<bool>,
         dir: PathBuf,
@@ -424,8 +450,9 @@ mod tests {
         }
     }
 
-    /// The dispatcher over a SQLite file, with one delivery queued to a [`LockingReceiver`].
-    async fn dispatching_to_a_locking_receiver(name: &str) -> Running {
+    /// The dispatcher over a SQLite file, with one delivery queued to a [`LockingReceiver`]
+    /// and `others` stored, not queued.
+    async fn dispatching_to_a_locking_receiver(name: &str, others: usize) -> Running {
         let (store, database) = fixtures::sqlite_file_store(&format!("dispatch-{name}"));
         let dir = database.parent().unwrap().to_path_buf();
         let (receiver, release) = LockingReceiver::new(&database);
@@ -459,6 +486,16 @@ mod tests {
             .publish(&event, std::slice::from_ref(&delivery))
             .await
             .unwrap();
+        let mut stored = Vec::new();
+        for n in 0..others {
+            let event = fixtures::event("acme", &format!("evt_other_{n}"), now);
+            let other = fixtures::delivery(&event, &endpoint, now);
+            store
+                .publish(&event, std::slice::from_ref(&other))
+                .await
+                .unwrap();
+            stored.push((other, endpoint.clone()));
+        }
         queue.add(vec![PendingRef::new(&delivery, &endpoint, now)]);
         Running {
             app,
@@ -466,6 +503,7 @@ mod tests {
             receiver,
             release,
             delivery,
+            others: stored,
             clock,
             stop,
             dir,
@@ -488,7 +526,7 @@ mod tests {
     /// every 5 to 10 s, for as long as the lock was held).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_webhook_whose_record_meets_a_write_lock_is_sent_once_and_recorded_after() {
-        let running = dispatching_to_a_locking_receiver("record-once").await;
+        let running = dispatching_to_a_locking_receiver("record-once", 0).await;
         assert!(
             within(Duration::from_secs(5), async || running.receiver.posts()
                 > 0)
@@ -520,11 +558,54 @@ mod tests {
         std::fs::remove_dir_all(&running.dir).unwrap();
     }
 
+    /// While records fail, new sends go one at a time: three deliveries due once the first
+    /// record has failed are not all sent into a store that cannot record them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn while_records_fail_new_sends_go_one_at_a_time() {
+        let running = dispatching_to_a_locking_receiver("probe", 3).await;
+        assert!(
+            within(Duration::from_secs(5), async || running.receiver.posts()
+                > 0)
+            .await,
+            "the webhook was never sent"
+        );
+        // Due once the first record has met the busy timeout (5 s) and failed.
+        let due = crate::clock::add(running.clock.now(), Duration::from_secs(8));
+        let refs = running
+            .others
+            .iter()
+            .map(|(delivery, endpoint)| PendingRef::new(delivery, endpoint, due))
+            .collect();
+        running.app.queue.enqueue(refs).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let during = running.receiver.posts();
+        running.release.send(()).unwrap();
+        let all = within(Duration::from_secs(30), async || {
+            let mut delivered = 0;
+            for (delivery, _) in &running.others {
+                let stored = running
+                    .store
+                    .get_delivery(&delivery.account_id, &delivery.id)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                delivered += usize::from(stored.status == DeliveryStatus::Delivered);
+            }
+            delivered == running.others.len()
+        })
+        .await;
+        assert!(during <= 2, "{during} webhooks sent while records failed");
+        assert!(all, "the others were not all delivered after the lock went");
+        assert_eq!(running.receiver.posts(), 4, "each sent once");
+        let _ = running.stop.send(true);
+        std::fs::remove_dir_all(&running.dir).unwrap();
+    }
+
     /// `/health` answers 503, saying why, while the store has refused writes for more than
     /// 10 s, and 200 again once a write goes through.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn health_answers_503_while_store_writes_keep_failing_and_200_after() {
-        let running = dispatching_to_a_locking_receiver("health").await;
+        let running = dispatching_to_a_locking_receiver("health", 0).await;
         assert_eq!(running.health().await.0, 200);
         assert!(
             within(Duration::from_secs(5), async || running.receiver.posts()
