@@ -121,6 +121,13 @@ impl Default for WindowLimits {
     }
 }
 
+/// Buckets of endpoints with no lane kept before any is looked at to be dropped.
+const SPARE_BUCKETS: usize = 1024;
+
+/// How long an endpoint's bucket takes to refill from empty: it holds one second's tokens.
+/// A bucket left alone this long is full (a clock step either way counts as that too).
+const BUCKET_REFILL_MS: i64 = 1000;
+
 #[derive(Debug, Default)]
 struct Lanes {
     limits: WindowLimits,
@@ -142,8 +149,11 @@ struct Lanes {
     token_timers: BinaryHeap<Reverse<(i64, EndpointId)>>,
     endpoints: HashMap<EndpointId, EndpointLane>,
     /// Rate-limit buckets outlive lanes: a lane is dropped whenever it runs empty, and a
-    /// fresh full bucket each time would let trickling traffic ignore the limit.
+    /// fresh full bucket each time would let trickling traffic ignore the limit. One whose
+    /// lane is gone is dropped once full again (see [`Lanes::forget_full_buckets`]).
     buckets: HashMap<EndpointId, TokenBucket>,
+    /// When buckets without a lane were last looked for.
+    buckets_swept_ms: i64,
     accounts: HashMap<AccountId, AccountLane>,
     ready_accounts: VecDeque<AccountId>,
     in_flight_total: usize,
@@ -456,9 +466,28 @@ impl Lanes {
         lane.in_flight = lane.in_flight.saturating_sub(1);
         if lane.in_flight == 0 && lane.due.is_empty() && !lane.waiting_for_token {
             self.endpoints.remove(&lease.endpoint_id);
+            self.forget_full_buckets(now_ms);
             return;
         }
         self.list_if_ready(&lease.endpoint_id, now_ms);
+    }
+
+    /// Drops the buckets of endpoints with no lane that have refilled: a full bucket is what
+    /// a new lane would start with, so nothing is lost, and the buckets of endpoints quiet,
+    /// disabled or deleted no longer stay for the life of the process. Looked for once
+    /// there are [`SPARE_BUCKETS`] more buckets than lanes, at most once a second.
+    fn forget_full_buckets(&mut self, now_ms: i64) {
+        if self.buckets.len() <= self.endpoints.len() + SPARE_BUCKETS
+            || now_ms.abs_diff(self.buckets_swept_ms) < BUCKET_REFILL_MS.unsigned_abs()
+        {
+            return;
+        }
+        self.buckets_swept_ms = now_ms;
+        let endpoints = &self.endpoints;
+        self.buckets.retain(|endpoint, bucket| {
+            endpoints.contains_key(endpoint)
+                || now_ms.abs_diff(bucket.bucket.refilled_at_ms) < BUCKET_REFILL_MS.unsigned_abs()
+        });
     }
 
     fn next_wake_ms(&self) -> Option<i64> {
@@ -1014,6 +1043,47 @@ mod tests {
             }
         }
         assert_eq!(taken, 2);
+    }
+
+    #[test]
+    fn the_buckets_of_endpoints_gone_quiet_are_dropped_once_full() {
+        let queue = EmbeddedQueue::new();
+        let endpoints = 3 * SPARE_BUCKETS;
+        let items = (0..endpoints)
+            .map(|i| PendingRef {
+                rate_limit_per_second: Some(1),
+                ..item(&format!("d{i}"), &format!("e{i}"), "a", 0, 4)
+            })
+            .collect();
+        queue.add(items);
+        let leases = drain(&queue, 0);
+        assert_eq!(leases.len(), endpoints);
+        // Completed within the second their buckets were emptied in: all kept.
+        for lease in &leases[..endpoints / 2] {
+            queue.complete(lease, from_millis(500));
+        }
+        let buckets = |q: &EmbeddedQueue| q.with_lanes(|lanes| lanes.buckets.len());
+        assert_eq!(buckets(&queue), endpoints);
+        // A second later the first half are full again, their lanes gone: dropped. The
+        // rest still have lanes.
+        for lease in &leases[endpoints / 2..] {
+            queue.complete(lease, from_millis(1500));
+        }
+        let left = buckets(&queue);
+        assert!(
+            left <= endpoints / 2 + SPARE_BUCKETS,
+            "{left} buckets kept for {endpoints} endpoints, none with work"
+        );
+        // A bucket dropped comes back full: the limit still holds for the next work.
+        queue.add(vec![PendingRef {
+            rate_limit_per_second: Some(1),
+            ..item("again", "e0", "a", 0, 4)
+        }]);
+        queue.add(vec![PendingRef {
+            rate_limit_per_second: Some(1),
+            ..item("again2", "e0", "a", 0, 4)
+        }]);
+        assert_eq!(drain(&queue, 1600).len(), 1);
     }
 
     fn tiny_window() -> EmbeddedQueue {
