@@ -26,7 +26,8 @@ use hooklane::{
     store::{sqlite::SqliteStore, Store, StoreError},
     App, PublishMode, SystemClock,
 };
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_util::MetricKindMask;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;
@@ -156,24 +157,184 @@ const METRIC_BUCKETS: [f64; 17] = [
 /// attempt's timings for as long as it ran.
 const METRICS_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Installs the Prometheus recorder and starts its upkeep (on the current runtime).
-pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
-    let handle = PrometheusBuilder::new()
+/// How long a counter or gauge may go unchanged before `/metrics` stops listing it. The
+/// series labelled by endpoint or account (`telemetry::UNBOUNDED_LABELS`) are one per
+/// endpoint or account ever active: kept for the life of the process, `/metrics` and the
+/// memory behind it grew with every endpoint ever created. An hour is far longer than any
+/// scrape interval or `rate()` window, so a series in use is never dropped between two reads
+/// of it; an endpoint quiet for an hour costs nothing to drop.
+///
+/// Which kinds: counters, whose series comes back from 0 at its next increment (`rate()` and
+/// `increase()` read that as a counter reset; an endpoint attempted less than hourly loses
+/// the first increment after each gap from `increase()`, as a new endpoint does); and
+/// gauges, which are set every 15 s (the backlog: never idle) or move up and back down with
+/// each attempt (in flight: back at 0 once an endpoint's attempts end, as when it is
+/// dropped). Not histograms: ours have no unbounded label, and their distributions stay
+/// readable through a quiet hour.
+///
+/// The series without an unbounded label are bounded, and kept: see [`KeepBounded`].
+const METRICS_IDLE: Duration = Duration::from_secs(3600);
+
+/// How often the idle series are dropped where nobody scrapes `/metrics` (the recorder drops
+/// them only as it renders).
+const METRICS_PRUNE: Duration = Duration::from_secs(600);
+
+/// The recorder of `serve`: Prometheus's, dropping counters and gauges idle for `idle`
+/// unless they are bounded.
+fn metrics_recorder(idle: Duration) -> Result<KeepBounded, ServeError> {
+    let recorder = PrometheusBuilder::new()
         .set_buckets(&METRIC_BUCKETS)
         .map_err(|e| ServeError::Startup(format!("metrics: {e}")))?
-        .install_recorder()
+        .idle_timeout(MetricKindMask::COUNTER | MetricKindMask::GAUGE, Some(idle))
+        .build_recorder();
+    Ok(KeepBounded::new(recorder))
+}
+
+/// Installs the Prometheus recorder and starts its upkeep (on the current runtime).
+pub(crate) fn install_metrics() -> Result<PrometheusHandle, ServeError> {
+    let recorder = Arc::new(metrics_recorder(METRICS_IDLE)?);
+    let handle = recorder.handle();
+    metrics::set_global_recorder(Arc::clone(&recorder))
         .map_err(|e| ServeError::Startup(format!("metrics: {e}")))?;
     hooklane::telemetry::describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(METRICS_UPKEEP);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pruned = tokio::time::Instant::now();
         loop {
             ticker.tick().await;
             upkeep.run_upkeep();
+            recorder.keep_alive();
+            if pruned.elapsed() >= METRICS_PRUNE {
+                // Rendering is what drops the idle series.
+                drop(upkeep.render());
+                pruned = tokio::time::Instant::now();
+            }
         }
     });
     Ok(handle)
+}
+
+/// Keeps the series without an unbounded label (`telemetry::UNBOUNDED_LABELS`) from going
+/// idle: a few dozen at most, and among them the counters that alarms watch for any
+/// increase (endpoints disabled, notifications failed, store writes refused). Dropped after a
+/// quiet hour, such a counter would come back at 1, and Prometheus does not count a new
+/// series' first value: the first failure after every quiet hour would go unseen.
+struct KeepBounded {
+    inner: PrometheusRecorder,
+    /// The bounded series met so far: the key, and whether it is a counter (else a gauge).
+    bounded: std::sync::RwLock<std::collections::HashSet<(metrics::Key, bool)>>,
+}
+
+/// The metadata of the recorder's own updates (the exporter does not read it).
+static KEEP_ALIVE: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl KeepBounded {
+    fn new(inner: PrometheusRecorder) -> Self {
+        Self {
+            inner,
+            bounded: std::sync::RwLock::default(),
+        }
+    }
+
+    fn handle(&self) -> PrometheusHandle {
+        self.inner.handle()
+    }
+
+    /// Notes a series if it is bounded.
+    fn note(&self, key: &metrics::Key, counter: bool) {
+        let unbounded = key
+            .labels()
+            .any(|label| hooklane::telemetry::UNBOUNDED_LABELS.contains(&label.key()));
+        if unbounded {
+            return;
+        }
+        let entry = (key.clone(), counter);
+        // A set of keys: nothing a panic mid-update could leave harmful.
+        let known = self
+            .bounded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&entry);
+        if !known {
+            self.bounded
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(entry);
+        }
+    }
+
+    /// Marks every bounded series updated (by adding 0). Run more often than the idle timeout.
+    fn keep_alive(&self) {
+        let bounded = self
+            .bounded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, counter) in bounded.iter() {
+            if *counter {
+                metrics::Recorder::register_counter(&self.inner, key, &KEEP_ALIVE).increment(0);
+            } else {
+                metrics::Recorder::register_gauge(&self.inner, key, &KEEP_ALIVE).increment(0.0);
+            }
+        }
+    }
+}
+
+impl metrics::Recorder for KeepBounded {
+    fn describe_counter(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        description: metrics::SharedString,
+    ) {
+        self.inner.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        description: metrics::SharedString,
+    ) {
+        self.inner.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        description: metrics::SharedString,
+    ) {
+        self.inner.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(
+        &self,
+        key: &metrics::Key,
+        metadata: &metrics::Metadata<'_>,
+    ) -> metrics::Counter {
+        self.note(key, true);
+        self.inner.register_counter(key, metadata)
+    }
+
+    fn register_gauge(
+        &self,
+        key: &metrics::Key,
+        metadata: &metrics::Metadata<'_>,
+    ) -> metrics::Gauge {
+        self.note(key, false);
+        self.inner.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        metadata: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        self.inner.register_histogram(key, metadata)
+    }
 }
 
 /// How long `serve` may use what it read of a credential. Revocations go through this
@@ -950,6 +1111,58 @@ mod tests {
             .expect("head");
         let answer = until_closed(&mut stream, Duration::from_secs(3)).await;
         assert!(answer.ends_with(&local.to_string()), "{answer}");
+    }
+
+    /// Counters and gauges of an endpoint or account idle past the timeout leave `/metrics`
+    /// (and come back from 0 when used again); the bounded series stay.
+    #[test]
+    fn idle_series_of_endpoints_and_accounts_go_and_the_rest_stay() {
+        use hooklane::telemetry::{
+            ACCOUNT_DELIVERIES, ATTEMPTS, ATTEMPT_DURATION, ENDPOINTS_DISABLED, ENDPOINT_ATTEMPTS,
+            ENDPOINT_IN_FLIGHT, PENDING_DELIVERIES,
+        };
+        let recorder = super::metrics_recorder(Duration::from_millis(300)).expect("recorder");
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::counter!(ENDPOINT_ATTEMPTS, "endpoint" => "ep_1").increment(3);
+            metrics::counter!(ACCOUNT_DELIVERIES, "account" => "acme", "status" => "delivered")
+                .increment(3);
+            metrics::gauge!(ENDPOINT_IN_FLIGHT, "endpoint" => "ep_1").increment(0.0);
+            metrics::counter!(ENDPOINTS_DISABLED).increment(1);
+            metrics::counter!(ATTEMPTS, "outcome" => "success", "attempt" => "1").increment(3);
+            metrics::gauge!(PENDING_DELIVERIES).set(7.0);
+            metrics::histogram!(ATTEMPT_DURATION).record(0.2);
+        });
+        let before = handle.render();
+        for series in [
+            format!("{ENDPOINT_ATTEMPTS}{{endpoint=\"ep_1\"}} 3"),
+            format!("{ACCOUNT_DELIVERIES}{{account=\"acme\",status=\"delivered\"}} 3"),
+            format!("{ENDPOINT_IN_FLIGHT}{{endpoint=\"ep_1\"}} 0"),
+        ] {
+            assert!(before.contains(&series), "{series} missing:\n{before}");
+        }
+        // Idle past the timeout, the bounded series kept alive as the upkeep does.
+        std::thread::sleep(Duration::from_millis(500));
+        recorder.keep_alive();
+        let after = handle.render();
+        for gone in ["ep_1", "acme"] {
+            assert!(!after.contains(gone), "{gone} still listed:\n{after}");
+        }
+        for kept in [
+            format!("{ENDPOINTS_DISABLED} 1"),
+            format!("{ATTEMPTS}{{outcome=\"success\",attempt=\"1\"}} 3"),
+            format!("{PENDING_DELIVERIES} 7"),
+            format!("{ATTEMPT_DURATION}_count 1"),
+        ] {
+            assert!(after.contains(&kept), "{kept} dropped:\n{after}");
+        }
+        // An endpoint used again comes back, from 0.
+        metrics::with_local_recorder(&recorder, || {
+            metrics::counter!(ENDPOINT_ATTEMPTS, "endpoint" => "ep_1").increment(1);
+        });
+        let again = handle.render();
+        let series = format!("{ENDPOINT_ATTEMPTS}{{endpoint=\"ep_1\"}} 1");
+        assert!(again.contains(&series), "{series} missing:\n{again}");
     }
 
     /// The dispatcher's runtime runs its workers and its blocking threads (name lookups of
