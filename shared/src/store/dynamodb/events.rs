@@ -758,7 +758,14 @@ impl DynamoStore {
         query: &crate::store::MissedQuery,
     ) -> StoreResult<Vec<MissedEvent>> {
         let limit = query.limit.clamp(1, 10_000) as usize;
-        let lower = to_millis(query.since);
+        let mut lower = to_millis(query.since);
+        if !self.shows_expired {
+            // An event older than the retention has expired, and TTL deletes it within
+            // days (reads return it until then): recovering it would keep it past the
+            // retention (a delivery added moves its event's TTL), as SQLite's purge would not.
+            let retention = i64::try_from(self.retention.events.as_millis()).unwrap_or(i64::MAX);
+            lower = lower.max(to_millis(chrono::Utc::now()).saturating_sub(retention) + 1);
+        }
         let upper = query.until.map_or(i64::MAX, |until| to_millis(until) - 1);
         if lower > upper {
             // DynamoDB refuses a reversed BETWEEN.

@@ -803,6 +803,46 @@ async fn the_log_leaves_out_a_delivery_past_its_expiry_that_ttl_has_not_deleted_
     assert_eq!(by_id().await, None, "nor read by its id");
 }
 
+/// A resend's missed events leave out those older than the retention: TTL has them
+/// expired and deletes them within days, and a delivery recovered for one would keep it
+/// (adding a delivery moves its event's TTL) past the retention SQLite's purge keeps to.
+#[tokio::test]
+async fn missed_events_older_than_the_retention_are_not_recovered() {
+    use crate::fixtures::typed_event;
+    let store = store_hiding_expired().await;
+    let account = AccountId::from_trusted(format!("acme_{}", uuid::Uuid::new_v4().simple()));
+    // Whole milliseconds, as the store keeps times.
+    let now = from_millis(to_millis(chrono::Utc::now()));
+    let day = chrono::Duration::days(1);
+    let retention = chrono::Duration::from_std(Retention::default().events).unwrap();
+    let old = typed_event(
+        account.as_str(),
+        "evt_old",
+        "invoice.paid",
+        now - retention - day,
+    );
+    let recent = typed_event(account.as_str(), "evt_recent", "invoice.paid", now - day);
+    for event in [&old, &recent] {
+        store.publish(event, &[]).await.unwrap();
+    }
+    store
+        .mark_missed(&[old.clone(), recent.clone()])
+        .await
+        .unwrap();
+    let query = crate::store::MissedQuery {
+        account,
+        since: now - retention * 2,
+        until: None,
+        after: None,
+        limit: 10,
+    };
+    assert_eq!(
+        store.missed_events(&query).await.unwrap(),
+        [recent.as_missed()],
+        "only the event within the retention"
+    );
+}
+
 /// The same for an event read by its id (the API's `GET …/events/{event}`, and a resend's
 /// check that the event is still kept): past its `expires_at`, it is not found, as on SQLite
 /// once the purge has run.
