@@ -413,6 +413,57 @@ pub fn small_pages() {
     }
 }
 
+/// Raises this process's soft limit on open files to its hard limit, and answers the limit
+/// now in force (`None` where it cannot be read). Each connection a client holds open is a
+/// descriptor, and so is each webhook's connection, each idle one kept for reuse and each
+/// name lookup: the soft limit a service manager gives is often 1,024 (systemd's default,
+/// whose hard limit is 524,288), which a few hundred customers' endpoints and clients
+/// reach. What Go does at start for the same reason.
+pub fn raise_open_files_limit() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getrlimit, setrlimit, Resource};
+        let limit = getrlimit(Resource::Nofile);
+        let (Some(current), Some(hard)) = (limit.current, limit.maximum) else {
+            // Unlimited (`None`) either way: nothing to raise, or no bound to keep under.
+            return limit.current.or(limit.maximum);
+        };
+        if current < hard {
+            let raised = rustix::process::Rlimit {
+                current: Some(hard),
+                maximum: Some(hard),
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => return Some(hard),
+                Err(error) => {
+                    tracing::warn!(%error, soft = current, hard, "cannot raise the open-files limit to its hard limit");
+                }
+            }
+        }
+        Some(current)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// The most client connections `serve` holds open at once under an open-files limit of
+/// `limit`: half of it, the other half left for the webhooks' connections, the database
+/// and name lookups. Past it, new connections wait in the listen backlog (and are taken as
+/// others close) rather than take the descriptors that sends need: at the limit, every
+/// send's connect() fails (`Too many open files`), and would be recorded against the
+/// customers' endpoints.
+fn connection_cap(limit: Option<u64>) -> usize {
+    limit.map_or(usize::MAX, |limit| {
+        usize::try_from(limit / 2)
+            .unwrap_or(usize::MAX)
+            .max(MIN_CONNECTIONS)
+    })
+}
+
+/// Client connections allowed however low the open-files limit: `serve` needs a few to be
+/// reached at all.
+const MIN_CONNECTIONS: usize = 16;
+
 /// How much lower than the API's the background runtime's CPU priority is, in nice steps.
 /// At 5 a busy API thread gets about three times a busy background thread's share of a
 /// core (the kernel's weights are 1024 and 335); alone, a background thread runs at full speed.
@@ -454,6 +505,8 @@ pub async fn run(
     background: tokio::runtime::Handle,
 ) -> Result<(), ServeError> {
     small_pages();
+    let open_files = raise_open_files_limit();
+    let max_connections = connection_cap(open_files);
     let metrics = install_metrics()?;
     let secrets = secrets_cipher(&config)?;
     let store = Arc::new(SqliteStore::open(&config.database, secrets.clone())?);
@@ -555,7 +608,13 @@ pub async fn run(
         addr: config.listen,
         source,
     })?;
-    tracing::info!(database = %config.database.display(), workers = config.workers, "hooklane serve started");
+    tracing::info!(
+        database = %config.database.display(),
+        workers = config.workers,
+        open_files_limit = open_files,
+        max_connections,
+        "hooklane serve started"
+    );
     let allowed = config.core.address_policy().allow_list();
     if !allowed.is_empty() {
         // The SSRF guard lets webhooks reach these: right for a laptop or a private network,
@@ -574,7 +633,16 @@ pub async fn run(
     let router = router.layer(axum::middleware::from_fn(|request, next| {
         body_read_deadline(BODY_READ_TIMEOUT, request, next)
     }));
-    let (signal, http) = serve_http(listener, router, HEADER_READ_TIMEOUT, signals.next()).await;
+    let (signal, http) = serve_http(
+        listener,
+        router,
+        HttpLimits {
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            max_connections,
+        },
+        signals.next(),
+    )
+    .await;
     let deadline = tokio::time::Instant::now() + drain_timeout + AFTER_THE_DRAIN;
     exit_if_still_running_at(deadline + EXIT_WATCHDOG);
     tokio::spawn(async move {
@@ -792,29 +860,50 @@ impl Connections {
     }
 }
 
+/// The bounds [`serve_http`] keeps to.
+#[derive(Debug, Clone, Copy)]
+struct HttpLimits {
+    /// How long a client may take to send a request's head (and so how long a kept-alive
+    /// connection stays idle).
+    header_read_timeout: Duration,
+    /// The most connections open at once; more wait to be accepted.
+    max_connections: usize,
+}
+
 /// Serves `router` on `listener` over HTTP/1 until `stop` resolves; then stops accepting
 /// and hands back what `stop` gave and the connections still open. What `axum::serve` does,
-/// plus a bound on how long a client may take to send a request's head (and so how long a
-/// kept-alive connection stays idle), and connections that a shutdown can close at its
-/// deadline rather than wait for.
+/// plus the bounds of `limits`, and connections that a shutdown can close at its deadline
+/// rather than wait for.
 async fn serve_http<T>(
     listener: tokio::net::TcpListener,
     router: Router,
-    header_read_timeout: Duration,
+    limits: HttpLimits,
     stop: impl std::future::Future<Output = T>,
 ) -> (T, Connections) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout);
     let (close, closing) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let mut stop = std::pin::pin!(stop);
+    // Warned once each time the connections reach the bound.
+    let mut full = false;
     let stopped = loop {
+        let room = tasks.len() < limits.max_connections;
+        if room {
+            full = false;
+        } else if !full {
+            full = true;
+            tracing::warn!(
+                connections = tasks.len(),
+                "as many client connections as allowed are open; new ones wait until one closes"
+            );
+        }
         tokio::select! {
             biased;
             stopped = &mut stop => break stopped,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            accepted = listener.accept() => {
+            accepted = listener.accept(), if room => {
                 let (stream, peer) = match accepted {
                     Ok(accepted) => accepted,
                     // The peer gave up before it was accepted: nothing to do.
@@ -984,10 +1073,25 @@ mod tests {
     }
 
     /// Serves `router` as `serve` does, with `header_read_timeout`, until the test ends.
-    #[allow(clippy::expect_used)] // test code: a panic is a failed test
     async fn serving(
         router: axum::Router,
         header_read_timeout: Duration,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        serving_within(
+            router,
+            super::HttpLimits {
+                header_read_timeout,
+                max_connections: usize::MAX,
+            },
+        )
+        .await
+    }
+
+    /// Serves `router` as `serve` does, with `limits`, until the test ends.
+    #[allow(clippy::expect_used)] // test code: a panic is a failed test
+    async fn serving_within(
+        router: axum::Router,
+        limits: super::HttpLimits,
     ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -995,14 +1099,81 @@ mod tests {
         let address = listener.local_addr().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
-            let ((), connections) =
-                super::serve_http(listener, router, header_read_timeout, async {
-                    let _ = stopped.await;
-                })
-                .await;
+            let ((), connections) = super::serve_http(listener, router, limits, async {
+                let _ = stopped.await;
+            })
+            .await;
             connections.finish(Duration::ZERO).await;
         });
         (address, stop)
+    }
+
+    /// Past the bound on open connections, a new one waits to be accepted (its request
+    /// unanswered) until one of those open closes; then it is served.
+    #[tokio::test]
+    async fn past_the_connection_bound_a_client_waits_for_one_to_close() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (address, _stop) = serving_within(
+            router,
+            super::HttpLimits {
+                header_read_timeout: Duration::from_secs(60),
+                max_connections: 2,
+            },
+        )
+        .await;
+        let request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            stream.write_all(request).await.unwrap();
+            let mut answer = [0u8; 12];
+            stream.read_exact(&mut answer).await.unwrap();
+            assert_eq!(&answer, b"HTTP/1.1 200");
+            open.push(stream);
+        }
+        let mut third = tokio::net::TcpStream::connect(address).await.unwrap();
+        third.write_all(request).await.unwrap();
+        let mut answer = [0u8; 12];
+        let waited =
+            tokio::time::timeout(Duration::from_millis(500), third.read_exact(&mut answer)).await;
+        assert!(
+            waited.is_err(),
+            "a third connection was served with 2 allowed"
+        );
+        drop(open.pop());
+        tokio::time::timeout(Duration::from_secs(5), third.read_exact(&mut answer))
+            .await
+            .expect("the third connection was not served once one closed")
+            .unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200");
+    }
+
+    #[test]
+    fn half_the_open_files_limit_goes_to_client_connections() {
+        assert_eq!(super::connection_cap(Some(1024)), 512);
+        assert_eq!(super::connection_cap(Some(10)), super::MIN_CONNECTIONS);
+        assert_eq!(super::connection_cap(None), usize::MAX);
+    }
+
+    /// `serve` starts with its soft open-files limit raised to the hard one.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_limit() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let hard = getrlimit(Resource::Nofile).maximum;
+        // Started low, as a service manager's 1,024 would be (this test's process only).
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(hard.unwrap_or(1024).min(1024)),
+                maximum: hard,
+            },
+        )
+        .unwrap();
+        let raised = super::raise_open_files_limit();
+        assert_eq!(raised, hard.or(raised));
+        assert_eq!(getrlimit(Resource::Nofile).current, hard.or(raised));
     }
 
     /// Everything the server sends until it closes the connection, within `bound`.

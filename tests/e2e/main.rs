@@ -10,6 +10,7 @@ mod backup;
 mod bad_input;
 mod bench_smoke;
 mod bootstraps;
+mod client_connections;
 mod crash;
 mod custom_headers;
 mod delivery_log;

@@ -54,6 +54,8 @@ pub struct Server {
     /// What follows `hooklane serve` on the command line.
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// The open-files limit (soft and hard) it runs under, if the test sets one.
+    open_files: Option<u64>,
     http: reqwest::Client,
     /// What the last start printed before it listened.
     startup: Vec<String>,
@@ -76,6 +78,35 @@ impl Server {
 
     async fn start_with(database: PathBuf, log: PathBuf, env: Vec<(String, String)>) -> Self {
         Self::spawn_with(database, log, Vec::new(), env).await
+    }
+
+    /// As [`Server::start`], under an open-files limit of `open_files`, soft and hard (so
+    /// that `serve` cannot raise it), as a container or Lambda would set it.
+    pub async fn start_with_open_files(
+        scratch: &Scratch,
+        env: &[(&str, &str)],
+        open_files: u64,
+    ) -> Self {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let database = scratch.path().join("hooklane.db");
+        let log = scratch.path().join("serve.log");
+        let (child, base, startup) = spawn(&database, &log, &[], &env, Some(open_files))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            child,
+            base,
+            startup,
+            database,
+            log,
+            args: Vec::new(),
+            env,
+            open_files: Some(open_files),
+            http: reqwest::Client::new(),
+        }
     }
 
     /// Starts `serve --backend aws` plus `args` against the AWS emulator of the tests
@@ -120,7 +151,7 @@ impl Server {
         args: Vec<String>,
         env: Vec<(String, String)>,
     ) -> Self {
-        let (child, base, startup) = spawn(&database, &log, &args, &env)
+        let (child, base, startup) = spawn(&database, &log, &args, &env, None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         Self {
@@ -131,6 +162,7 @@ impl Server {
             log,
             args,
             env,
+            open_files: None,
             http: reqwest::Client::new(),
         }
     }
@@ -186,9 +218,15 @@ impl Server {
 
     /// Starts a new process on the same database and settings.
     pub async fn restart(&mut self) {
-        let (child, base, startup) = spawn(&self.database, &self.log, &self.args, &self.env)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (child, base, startup) = spawn(
+            &self.database,
+            &self.log,
+            &self.args,
+            &self.env,
+            self.open_files,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         self.child = child;
         self.base = base;
         self.startup = startup;
@@ -420,13 +458,26 @@ async fn spawn(
     log: &Path,
     args: &[String],
     env: &[(String, String)],
+    open_files: Option<u64>,
 ) -> Result<(Child, String, Vec<String>), String> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .map_err(|e| format!("open log: {e}"))?;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hooklane"));
+    let mut command = match open_files {
+        // util-linux's prlimit sets the limit and executes the binary in its place (the
+        // tests forbid the unsafe `pre_exec`).
+        Some(limit) => {
+            let mut command = Command::new("prlimit");
+            command
+                .arg(format!("--nofile={limit}:{limit}"))
+                .arg("--")
+                .arg(env!("CARGO_BIN_EXE_hooklane"));
+            command
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_hooklane")),
+    };
     command
         .arg("serve")
         .args(args)
