@@ -7,9 +7,21 @@ use aws_lambda_events::event::{
     dynamodb::Event,
     streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse},
 };
-use hooklane::aws::{handlers::fan_out_images, shape::AwsShape};
+pub use hooklane::aws::handlers::fan_out_deadline;
+use hooklane::aws::{handlers::fan_out_images_until, shape::AwsShape};
 
 pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
+    handle_until(shape, event, None).await
+}
+
+/// As [`handle`], fanning out until `deadline` (see [`fan_out_deadline`]): the events not
+/// done by then are reported from the first of them, and Lambda's next invocation (not
+/// counted as a failure of the function) begins there.
+pub async fn handle_until(
+    shape: &AwsShape,
+    event: Event,
+    deadline: Option<tokio::time::Instant>,
+) -> DynamoDbEventResponse {
     let mut response = DynamoDbEventResponse::default();
     // The batch's new images, in order, with the sequence number to report if one fails.
     let mut images = Vec::new();
@@ -33,7 +45,7 @@ pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
         }
     }
     // All new deliveries of the batch are queued together (ten to an SQS request).
-    match fan_out_images(shape, &images).await {
+    match fan_out_images_until(shape, &images, deadline).await {
         Ok(_) => {
             if let Some(sequence) = unreadable {
                 fail_at(&mut response, sequence);
@@ -78,6 +90,54 @@ mod tests {
         hooklane_testkit::testing::receive_queued(&settings.queue_url, 0)
             .await
             .len()
+    }
+
+    /// An invocation whose time runs out reports the events it did not fan out, from the
+    /// first of them, rather than run into Lambda's timeout with nothing queued or marked;
+    /// the next invocation, from there, fans them out.
+    #[tokio::test]
+    async fn out_of_time_the_rest_is_left_to_the_next_invocation() {
+        let (settings, shape) = emulated_shape().await;
+        let store = shape.app.store.as_ref();
+        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        let outbox_event = hooklane::domain::Event::new(
+            EventId::parse("evt_outbox_1").unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            hooklane::clock::from_millis(1_796_011_200_000),
+            &serde_json::json!({"amount": 42}),
+        )
+        .unwrap();
+        write_through_outbox(&shape, &outbox_event).await;
+        // No time left at all.
+        let late = handle_until(&shape, fixture(), Some(tokio::time::Instant::now())).await;
+        let failures: Vec<_> = late
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.clone())
+            .collect();
+        assert_eq!(
+            failures,
+            [Some("4421584500000000017450439091".to_owned())],
+            "the outbox event's record is where the next invocation begins"
+        );
+        assert_eq!(queued(&settings).await, 0, "nothing queued out of time");
+        let in_30_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            + 30_000;
+        let next = handle_until(&shape, fixture(), Some(fan_out_deadline(in_30_s))).await;
+        assert!(next.batch_item_failures.is_empty(), "{next:?}");
+        assert_eq!(
+            store
+                .deliveries_of_event(&outbox_event)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(queued(&settings).await, 1);
     }
 
     #[tokio::test]

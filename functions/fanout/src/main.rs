@@ -10,7 +10,8 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 async fn main() -> Result<(), Error> {
     let started = hooklane::aws::lambda::start(hooklane::aws::shape::SecretsUse::Withheld).await?;
     run(service_fn(|event: LambdaEvent<_>| async move {
-        let work = hooklane_fanout::handle(&started.shape, event.payload);
+        let deadline = hooklane_fanout::fan_out_deadline(event.context.deadline);
+        let work = hooklane_fanout::handle_until(&started.shape, event.payload, Some(deadline));
         Ok::<_, Error>(started.invoke(work).await)
     }))
     .await

@@ -18,7 +18,7 @@ use crate::{
     service::{
         access::{Access, AdminToken},
         catalog::Catalog,
-        fan_out::{fan_out_batch, recover_unfanned},
+        fan_out::{fan_out_batch_until, recover_unfanned},
         health, notifications,
         sender::{handle_batch, Lanes},
         sweep::{sweep_overdue, SweepReport},
@@ -89,6 +89,28 @@ pub fn api_state(shape: &AwsShape, admin_token: &str, token_key: TokenKey) -> Ap
 /// image is logged and skipped, since retrying cannot make it readable and would stop the
 /// shard.
 pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize, (usize, String)> {
+    fan_out_images_until(shape, images, None).await
+}
+
+/// The share of a fan-out invocation's time given to fanning out; the rest is for queueing
+/// and marking what was done, and reporting where the next invocation begins.
+pub const FAN_OUT_SHARE: f64 = 2.0 / 3.0;
+
+/// When an invocation whose deadline is `deadline_ms` (epoch milliseconds, as Lambda's
+/// context gives it) stops fanning out: [`FAN_OUT_SHARE`] of the time it has left.
+pub fn fan_out_deadline(deadline_ms: u64) -> tokio::time::Instant {
+    let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
+    let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+    tokio::time::Instant::now() + left.mul_f64(FAN_OUT_SHARE)
+}
+
+/// As [`fan_out_images`], leaving the events not fanned out by `deadline` to a retry from
+/// the first of them (see [`fan_out_batch_until`]).
+pub async fn fan_out_images_until(
+    shape: &AwsShape,
+    images: &[Value],
+    deadline: Option<tokio::time::Instant>,
+) -> Result<usize, (usize, String)> {
     let mut events = Vec::new();
     let mut positions = Vec::new();
     for (position, image) in images.iter().enumerate() {
@@ -107,7 +129,7 @@ pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize,
         // An idle poll of the local runner's stream reader: nothing to say.
         return Ok(0);
     }
-    let outcome = fan_out_batch(&shape.app, &events).await;
+    let outcome = fan_out_batch_until(&shape.app, &events, deadline).await;
     tracing::info!(
         events = events.len(),
         created = outcome.created,
@@ -130,12 +152,16 @@ pub async fn fan_out_images(shape: &AwsShape, images: &[Value]) -> Result<usize,
             tracing::warn!(event.id = %event.id, error = %failure, "rejected event not marked; the sweeper rejects it");
         }
     }
-    match (outcome.failed, outcome.error) {
-        (Some(failed), Some(error)) => {
+    match outcome.failed {
+        Some(failed) => {
             let position = positions.get(failed).copied().unwrap_or(0);
-            Err((position, error.to_string()))
+            let error = outcome.error.map_or_else(
+                || "out of time before this event's fan-out ended".to_owned(),
+                |error| error.to_string(),
+            );
+            Err((position, error))
         }
-        _ => Ok(outcome.created),
+        None => Ok(outcome.created),
     }
 }
 

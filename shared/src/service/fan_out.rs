@@ -115,6 +115,37 @@ const CONCURRENT_EVENTS: usize = 8;
 /// as failed: running it again is harmless, and it queues the deliveries a previous run
 /// created but may not have queued (those still pending without an attempt).
 pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
+    fan_out_batch_until(app, events, None).await
+}
+
+/// How long one event's fan-out to `endpoints` endpoints may take on DynamoDB: a
+/// conditional write per delivery, [`WRITE_CONCURRENCY`](crate::store::dynamodb::WRITE_CONCURRENCY)
+/// at a time, each counted at [`WRITE_TIME`] (DynamoDB's writes take single-digit
+/// milliseconds; this leaves room for the slower ones and for throttling's retries). The
+/// fan-out function's timeout must cover the largest account's: an event cannot be split
+/// across invocations.
+#[cfg(feature = "aws")]
+pub fn longest_event_fan_out(endpoints: u64) -> std::time::Duration {
+    let concurrency = crate::store::dynamodb::WRITE_CONCURRENCY as u64;
+    let rounds = endpoints.div_ceil(concurrency.max(1));
+    WRITE_TIME.saturating_mul(u32::try_from(rounds).unwrap_or(u32::MAX))
+}
+
+/// What [`longest_event_fan_out`] counts for one write.
+#[cfg(feature = "aws")]
+pub const WRITE_TIME: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// As [`fan_out_batch`], beginning no event's fan-out after `deadline` and giving up those
+/// still running then: they and the events after them are reported as `failed` with no
+/// `error` (out of time), to be fanned out by the next invocation, which Lambda starts from
+/// the first of them. Those done are queued and marked as usual. A stream batch of a large
+/// account's events otherwise ran into the function's timeout with nothing queued or
+/// marked, and every retry began the batch again.
+pub async fn fan_out_batch_until(
+    app: &App,
+    events: &[Event],
+    deadline: Option<tokio::time::Instant>,
+) -> BatchOutcome {
     let now = app.clock.now();
     // Each account's endpoints, read once for the batch; the batch ends before the first
     // event whose account's endpoints cannot be read.
@@ -170,7 +201,23 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     let mut done = stream::iter(pending)
         .buffered(CONCURRENT_EVENTS)
         .enumerate();
-    while let Some((position, result)) = done.next().await {
+    let mut out_of_time = None;
+    let mut next = 0;
+    loop {
+        let item = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, done.next()).await {
+                Ok(item) => item,
+                Err(_) => {
+                    out_of_time = Some(next);
+                    break;
+                }
+            },
+            None => done.next().await,
+        };
+        let Some((position, result)) = item else {
+            break;
+        };
+        next = position + 1;
         match result {
             Ok((added, queued)) => {
                 created += added;
@@ -193,9 +240,17 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
             };
         }
     }
-    let (failed, error) = match failure {
-        Some((position, error)) => (Some(position), Some(error)),
-        None => (None, None),
+    let (failed, error) = match (failure, out_of_time) {
+        (Some((position, error)), _) => (Some(position), Some(error)),
+        (None, Some(position)) => {
+            tracing::warn!(
+                events = events.len(),
+                fanned_out = position,
+                "out of time: the events from this one on are left to the next invocation"
+            );
+            (Some(position), None)
+        }
+        (None, None) => (None, None),
     };
     // The events before the failed one are done: out of the sweeper's `unfanned` list. If
     // this fails, the sweeper fans them out again later, which changes nothing.

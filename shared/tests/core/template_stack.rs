@@ -955,6 +955,26 @@ fn the_sender_may_run_its_longest_batch_to_the_end() {
     );
 }
 
+/// One event's fan-out cannot be split across invocations: the fan-out function's share of
+/// its timeout covers an event to the most endpoints an account may be given.
+#[test]
+fn an_event_to_the_most_endpoints_allowed_fits_one_fanout_invocation() {
+    let most = stack()["Parameters"]["MaxEndpoints"]["MaxValue"]
+        .as_u64()
+        .expect("MaxEndpoints has a MaxValue");
+    let timeout = properties("FanoutFunction")["Timeout"]
+        .as_u64()
+        .unwrap_or(3);
+    let longest = hooklane::service::fan_out::longest_event_fan_out(most);
+    let share =
+        std::time::Duration::from_secs(timeout).mul_f64(hooklane::aws::handlers::FAN_OUT_SHARE);
+    assert!(
+        longest <= share,
+        "an event to {most} endpoints may take {longest:?} to fan out, but the fanout \
+         function fans out for {share:?} of its {timeout} s"
+    );
+}
+
 /// The local runner gives a failing events-stream record up after as many retries as the
 /// fan-out trigger's `MaximumRetryAttempts`, as Lambda does (the emulator never does).
 #[test]

@@ -148,7 +148,7 @@ fn transaction_bytes(items: &[TransactWriteItem]) -> usize {
 }
 /// Writes in flight at once where many independent ones are made: abandoning an endpoint's
 /// pending deliveries, adding deliveries, marking events.
-const WRITE_CONCURRENCY: usize = 16;
+pub const WRITE_CONCURRENCY: usize = 16;
 /// DynamoDB's limit of keys in one `BatchGetItem`.
 const BATCH_GET_ITEMS: usize = 100;
 /// A first try that delivers is kept on the delivery item when its detail is at most this
