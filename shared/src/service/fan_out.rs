@@ -36,6 +36,9 @@ pub async fn recover_unfanned(
     const PAGES_PER_RUN: usize = 50;
     const BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
     let started = std::time::Instant::now();
+    // Within a page too: a page of a large account's events takes minutes, and the sweep of
+    // the deliveries comes after this in the same run.
+    let deadline = tokio::time::Instant::now() + BUDGET;
     let cutoff = now - chrono::TimeDelta::from_std(grace).unwrap_or_default();
     let mut recovered = 0;
     let mut after = None;
@@ -51,7 +54,7 @@ pub async fn recover_unfanned(
         after = Some(last);
         let mut rest = &page.events[..];
         while !rest.is_empty() {
-            let outcome = fan_out_batch(app, rest).await;
+            let outcome = fan_out_batch_until(app, rest, Some(deadline)).await;
             let done = outcome.failed.unwrap_or(rest.len()).min(rest.len());
             for event in &rest[..done] {
                 tracing::warn!(event.id = %event.id, account.id = %event.account_id, "event fanned out by the sweeper: its stream record never completed fan-out");
@@ -59,6 +62,10 @@ pub async fn recover_unfanned(
             recovered += done;
             crate::telemetry::events_recovered(done);
             let Some(error) = outcome.error else {
+                if outcome.failed.is_some() {
+                    // Out of time: the next run goes on from here.
+                    return first_error.map_or(Ok(recovered), Err);
+                }
                 break;
             };
             if matches!(error, ServiceError::Queue(_)) {
