@@ -332,6 +332,14 @@ impl<'a> From<&'a Delivery> for DeliveryView<'a> {
 #[derive(Serialize, ToSchema)]
 pub struct EventView<'a> {
     pub id: &'a str,
+/// Deliveries an event's answer (publish, read, erase) lists at most. An account may have
+/// 100,000 endpoints, and the AWS function answers 6 MB at most, the body JSON-escaped within
+/// it: a delivery's JSON is about 350 bytes, at most about 2.6 KB escaped (a 512-character
+/// redirect in `last_error`, 128-character ids), so 1,000 of them and a 256 KiB payload stay
+/// well within it (and within what a client wants to read at once).
+pub const EVENT_DELIVERIES_SHOWN: usize = 1_000;
+
+/// An event and its deliveries, 1,000 of them at most.
     #[serde(rename = "type")]
     pub event_type: &'a str,
     #[schema(value_type = String, format = DateTime)]
@@ -347,19 +355,67 @@ pub struct EventView<'a> {
     pub deliveries: Vec<DeliveryView<'a>>,
 }
 
+    /// Its deliveries, one per endpoint it was sent to: all of them up to 1,000. An event
+    /// with more lists 1,000 of them (a read or an erasure: the first by id) and says so in
+    /// `deliveries_partial`; none, should even these make the answer over 5 MB as the AWS
+    /// function carries it.
 impl<'a> EventView<'a> {
+    /// True when the event has more deliveries than `deliveries` lists; absent otherwise.
+    /// The delivery log (`GET /v1/accounts/{account}/deliveries`) holds them all, but cannot
+    /// be filtered by event.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deliveries_partial: bool,
+    /// How many deliveries the event has, given with a partial list when the answer knows
+    /// it: a publish and an erasure do; a read, which reads only the deliveries it lists,
+    /// does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries_total: Option<u64>,
     pub fn new(event: &'a Event, deliveries: &'a [Delivery]) -> Self {
         Self {
             id: event.id.as_str(),
+    /// The event with `deliveries`, all of them: the first [`EVENT_DELIVERIES_SHOWN`] if
+    /// there are more, then counted.
             event_type: event.event_type.as_str(),
+        let shown = deliveries
+            .get(..EVENT_DELIVERIES_SHOWN)
+            .unwrap_or(deliveries);
+        let partial = shown.len() < deliveries.len();
+        let total = partial.then(|| u64::try_from(deliveries.len()).unwrap_or(u64::MAX));
+        Self::listing(event, shown, partial, total)
+    }
+
+    /// The event with the first of its deliveries (as `Store::event_deliveries` reads
+    /// them), `more` when it has others.
+    pub fn first(event: &'a Event, deliveries: &'a [Delivery], more: bool) -> Self {
+        let shown = deliveries
+            .get(..EVENT_DELIVERIES_SHOWN)
+            .unwrap_or(deliveries);
+        Self::listing(event, shown, more || shown.len() < deliveries.len(), None)
+    }
+
+    fn listing(event: &'a Event, shown: &'a [Delivery], partial: bool, total: Option<u64>) -> Self {
             created_at: event.created_at,
             data: event.data(),
             erased_at: event.erased_at,
-            deliveries: deliveries.iter().map(DeliveryView::from).collect(),
+            deliveries: shown.iter().map(DeliveryView::from).collect(),
+            deliveries_partial: partial,
+            deliveries_total: total,
+        }
+    }
+
+    /// This view with no delivery listed, for an answer too large with them.
+    pub fn without_deliveries(mut self) -> Self {
+        if !self.deliveries.is_empty() {
+            if !self.deliveries_partial {
+                self.deliveries_total = u64::try_from(self.deliveries.len()).ok();
+            }
+            self.deliveries.clear();
+            self.deliveries_partial = true;
         }
     }
 }
 
+        self
 #[derive(Serialize, ToSchema)]
 pub struct AttemptView<'a> {
     pub number: u32,

@@ -5,7 +5,7 @@ use crate::{
         InvalidField,
     },
     limits::{PublishBuckets, Unlimited},
-    store::{PendingRef, PublishOutcome, PutEventOutcome},
+    store::{EventDeliveries, PendingRef, PublishOutcome, PutEventOutcome},
     App, PublishMode,
 };
 
@@ -380,17 +380,20 @@ fn planned_deliveries(event: &Event, endpoints: &[Endpoint]) -> Vec<Delivery> {
         .collect()
 }
 
+/// An event and its first `limit` deliveries by id, and whether it has more: an event sent
+/// to many endpoints is shown without reading every delivery.
 pub async fn get(
     app: &App,
     account: &AccountId,
     id: &EventId,
-) -> ServiceResult<(Event, Vec<Delivery>)> {
+    limit: u32,
+) -> ServiceResult<(Event, EventDeliveries)> {
     let event = app
         .store
         .get_event(account, id)
         .await?
         .ok_or(ServiceError::NotFound("event"))?;
-    let deliveries = app.store.deliveries_of_event(&event).await?;
+    let deliveries = app.store.event_deliveries(&event, limit).await?;
     Ok((event, deliveries))
 }
 

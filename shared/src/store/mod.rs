@@ -67,6 +67,26 @@ pub struct Erasure {
     pub ended: u32,
 }
 
+/// The first of an event's deliveries ([`Store::event_deliveries`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventDeliveries {
+    /// Up to the limit asked for, the first by id.
+    pub deliveries: Vec<Delivery>,
+    /// Whether the event has more deliveries than these.
+    pub more: bool,
+}
+
+impl EventDeliveries {
+    /// The first `limit` of `deliveries` (in order, with at least one more read when there
+    /// are more), and whether there were more.
+    pub fn first(mut deliveries: Vec<Delivery>, limit: u32) -> Self {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let more = deliveries.len() > limit;
+        deliveries.truncate(limit);
+        Self { deliveries, more }
+    }
+}
+
 /// Writing an event alone (`Store::put_event`): an id that exists returns the stored
 /// event, and nothing is written.
 #[derive(Debug, Clone, PartialEq)]
@@ -515,6 +535,10 @@ store_port! { $
     async fn missed_events(&self, query: &MissedQuery) -> StoreResult<Vec<MissedEvent>>;
     /// The deliveries of a stored event (its id and creation time are what is used).
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
+    /// The first `limit` deliveries of a stored event by id, as [`Store::deliveries_of_event`]
+    /// orders them, and whether it has more: an event sent to 100,000 endpoints is shown
+    /// without reading each of its deliveries.
+    async fn event_deliveries(&self, event: &Event, limit: u32) -> StoreResult<EventDeliveries>;
     /// Erases an event's content on request: the payload goes, and so do the response
     /// bodies of the attempts to send it; the event, its deliveries and attempts stay in the
     /// log, and deliveries still pending end `failed`. `None` if there is no such event.

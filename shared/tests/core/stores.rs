@@ -67,6 +67,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         attempts_are_counted_by_endpoint_and_hour,
         the_event_type_catalog_is_kept_by_name,
         missed_events_are_listed_by_account_and_time,
+        event_deliveries_are_read_up_to_a_limit,
     );
     let store = SqliteStore::open(dir.join("replays.db"), test_secrets(None)).unwrap();
     hooklane_testkit::replay_contract::replays_follow_the_contract(&store).await;

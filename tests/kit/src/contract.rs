@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use hooklane::store::{
-    AuditedChange, DeliveryQuery, DisableRequest, DueCursor, EndpointDeletion, FannedOut,
-    Notification, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome, Store,
-    StoreError, TokenRef, Unattempted, UnattemptedMove,
+    AuditedChange, DeliveryQuery, DisableRequest, DueCursor, EndpointDeletion, EventDeliveries,
+    FannedOut, Notification, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, RecordOutcome,
+    Store, StoreError, TokenRef, Unattempted, UnattemptedMove,
 };
 use hooklane::{
     clock::{add, Timestamp},
@@ -1957,6 +1957,57 @@ pub async fn an_event_stored_alone_waits_for_its_fan_out(store: &dyn Store) {
     assert_eq!(store.deliveries_of_event(&first).await.unwrap(), vec![d]);
 }
 
+/// An event's first deliveries by id, up to a limit, and whether it has more, as
+/// `deliveries_of_event` orders them; another event's are not among them. More endpoints
+/// than one batch read holds (DynamoDB reads candidates 100 at a time, in id order).
+pub async fn event_deliveries_are_read_up_to_a_limit(store: &dyn Store) {
+    let endpoints: Vec<Endpoint> = (0..230)
+        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
+        .collect();
+    crate::fixtures::create_account_and_endpoints(store, "acme", &endpoints).await;
+    // To every other endpoint: the others are candidates without a delivery.
+    let ev = event("acme", "evt_1", t0());
+    let mut sent: Vec<Delivery> = endpoints
+        .iter()
+        .step_by(2)
+        .map(|e| delivery(&ev, e, t0()))
+        .collect();
+    store.publish(&ev, &sent).await.unwrap();
+    let other = event("acme", "evt_2", t0());
+    let theirs: Vec<Delivery> = endpoints
+        .iter()
+        .map(|e| delivery(&other, e, t0()))
+        .collect();
+    store.publish(&other, &theirs).await.unwrap();
+    sent.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(store.deliveries_of_event(&ev).await.unwrap(), sent);
+    for (limit, more) in [
+        (0, true),
+        (1, true),
+        (60, true),
+        (114, true),
+        (115, false),
+        (500, false),
+    ] {
+        let first = store.event_deliveries(&ev, limit).await.unwrap();
+        let shown = sent.len().min(limit as usize);
+        assert_eq!(
+            first,
+            EventDeliveries {
+                deliveries: sent[..shown].to_vec(),
+                more,
+            },
+            "limit {limit}"
+        );
+    }
+    let alone = event("acme", "evt_3", t0());
+    store.publish(&alone, &[]).await.unwrap();
+    assert_eq!(
+        store.event_deliveries(&alone, 10).await.unwrap(),
+        EventDeliveries::default()
+    );
+}
+
 /// Erasure takes the payload and the endpoints' answers, keeps the event and its log, ends
 /// what was pending, leaves other events alone, and is idempotent.
 pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store) {
@@ -2110,6 +2161,7 @@ macro_rules! store_contract_tests {
             published_events_are_never_left_unfanned,
             an_event_stored_alone_waits_for_its_fan_out,
             erase_event_removes_the_content_and_keeps_the_log,
+            event_deliveries_are_read_up_to_a_limit,
             api_keys_are_kept_listed_and_revoked,
             token_revocations_are_kept_per_account,
             audit_log_is_listed_per_account_newest_first_in_pages,

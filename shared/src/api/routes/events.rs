@@ -1,8 +1,9 @@
 //! Events: publish one or a batch (each idempotent on its id), read one.
 
-use super::super::views::{BatchEventView, BatchResult, BatchView};
+use super::super::views::{BatchEventView, BatchResult, BatchView, EVENT_DELIVERIES_SHOWN};
 use super::*;
 use crate::service::publish;
+use serde::Serialize;
 
 #[derive(Deserialize, ToSchema, Clone)]
 #[serde(deny_unknown_fields)]
@@ -30,7 +31,8 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now. On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), ReadErrors, BodyErrors, PublishErrors),
+    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with 1,000 of them, `deliveries_partial` true and `deliveries_total` their number.",
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), ReadErrors, BodyErrors, PublishErrors),
 )]
 pub async fn publish_event(
     State(state): State<ApiState>,
@@ -57,11 +59,11 @@ pub async fn publish_event(
     } else {
         StatusCode::OK
     };
-    Ok((
+    Ok(within_aws_answer(
         status,
-        Json(EventView::new(&published.event, &published.deliveries)),
-    )
-        .into_response())
+        EventView::new(&published.event, &published.deliveries),
+        EventView::without_deliveries,
+    ))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -123,29 +125,43 @@ pub async fn publish_batch(
             .collect(),
         abridged,
     };
-    // The events are written: an answer too large for the AWS function (6 MB, the body
-    // JSON-escaped within it) would turn that success into an error, every time it is sent
-    // again. 100 events to 100 endpoints each are 10,000 deliveries, about 4 MB of them.
-    if let Ok(full) = serde_json::to_string(&answer(false)) {
-        // Escaping at most sextuples a byte (`\u001f`): a small answer is not escaped to
-        // be measured, on every batch.
-        let fits = full.len().saturating_mul(6) <= BATCH_ANSWER_BYTES
-            || serde_json::to_string(&full).is_ok_and(|text| text.len() <= BATCH_ANSWER_BYTES);
-        if fits {
-            return Ok((
-                StatusCode::ACCEPTED,
-                [(axum::http::header::CONTENT_TYPE, "application/json")],
-                full,
-            )
-                .into_response());
-        }
-    }
-    Ok((StatusCode::ACCEPTED, Json(answer(true))).into_response())
+    // 100 events to 100 endpoints each are 10,000 deliveries, about 4 MB of them.
+    Ok(within_aws_answer(
+        StatusCode::ACCEPTED,
+        answer(false),
+        |_| answer(true),
+    ))
 }
 
-/// The largest batch answer given whole, as the AWS function's answer would carry it
+/// The largest answer given whole, as the AWS function's answer would carry it
 /// (JSON-escaped): within Lambda's 6 MB with room for the rest of its response.
-pub const BATCH_ANSWER_BYTES: usize = 5_000_000;
+pub const AWS_ANSWER_BYTES: usize = 5_000_000;
+
+/// `full` as JSON, or `abridged(full)` if `full` is over [`AWS_ANSWER_BYTES`] as the AWS
+/// function carries it. The change is written by then: an answer too large for the
+/// function (6 MB, the body JSON-escaped within it) would turn that success into an error,
+/// every time the request is sent again.
+fn within_aws_answer<F: Serialize, A: Serialize>(
+    status: StatusCode,
+    full: F,
+    abridged: impl FnOnce(F) -> A,
+) -> Response {
+    if let Ok(text) = serde_json::to_string(&full) {
+        // Escaping at most sextuples a byte (`\u001f`): a small answer is not escaped to
+        // be measured, on every call.
+        let fits = text.len().saturating_mul(6) <= AWS_ANSWER_BYTES
+            || serde_json::to_string(&text).is_ok_and(|escaped| escaped.len() <= AWS_ANSWER_BYTES);
+        if fits {
+            return (
+                status,
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                text,
+            )
+                .into_response();
+        }
+    }
+    (status, Json(abridged(full))).into_response()
+}
 
 #[utoipa::path(
     get,
@@ -153,15 +169,22 @@ pub const BATCH_ANSWER_BYTES: usize = 5_000_000;
     security(("bearer" = ["deliveries:read"])),
     tag = "events",
     summary = "Reads an event and its deliveries.",
+    description = "Lists at most 1,000 deliveries, the first by id, reading no more of them: an event sent to more endpoints is answered with `deliveries_partial` true (and no `deliveries_total`: they are not counted).",
     params(EventPath),
-    responses((status = 200, description = "The event and its deliveries", body = EventView), (status = 422, description = "An event item written through the outbox that fan-out rejected (docs/OUTBOX.md); the message gives the reason", body = crate::api::error::Body), ReadErrors),
+    responses((status = 200, description = "The event and its deliveries, 1,000 at most", body = EventView), (status = 422, description = "An event item written through the outbox that fan-out rejected (docs/OUTBOX.md); the message gives the reason", body = crate::api::error::Body), ReadErrors),
 )]
 pub async fn get_event(
     State(state): State<ApiState>,
     ScopedId(account, event): ScopedId<EventId>,
 ) -> ApiResult<Response> {
-    let (event, deliveries) = publish::get(&state.app, &account, &event).await?;
-    Ok(Json(EventView::new(&event, &deliveries)).into_response())
+    // The store reads one more than this, to know whether there are more.
+    let limit = u32::try_from(EVENT_DELIVERIES_SHOWN).unwrap_or(u32::MAX);
+    let (event, first) = publish::get(&state.app, &account, &event, limit).await?;
+    Ok(within_aws_answer(
+        StatusCode::OK,
+        EventView::first(&event, &first.deliveries, first.more),
+        EventView::without_deliveries,
+    ))
 }
 
 #[utoipa::path(
@@ -175,9 +198,11 @@ pub async fn get_event(
         and `data` null; deliveries still pending end `failed` and are never sent. Erasing again \
         changes nothing; publishing the id again returns the erased event. An event item written \
         through the outbox that fan-out could not read (docs/OUTBOX.md) loses its `data` the same way \
-        and stays refused.",
+        and stays refused. The answer lists at most 1,000 deliveries, the first by id: an event \
+        sent to more endpoints is answered with `deliveries_partial` true and `deliveries_total` \
+        their number.",
     params(EventPath),
-    responses((status = 200, description = "The event as it is now, with its deliveries", body = EventView), ReadErrors),
+    responses((status = 200, description = "The event as it is now, with its deliveries (1,000 at most)", body = EventView), ReadErrors),
 )]
 pub async fn erase_event(
     State(state): State<ApiState>,
@@ -185,5 +210,73 @@ pub async fn erase_event(
     caller: Caller,
 ) -> ApiResult<Response> {
     let erasure = publish::erase(&state.app, &account, &event, &caller).await?;
-    Ok(Json(EventView::new(&erasure.event, &erasure.deliveries)).into_response())
+    Ok(within_aws_answer(
+        StatusCode::OK,
+        EventView::new(&erasure.event, &erasure.deliveries),
+        EventView::without_deliveries,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{delivery, endpoint, event, t0};
+
+    async fn text(response: Response) -> String {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// What counts is the answer as the AWS function carries it, JSON-escaped.
+    #[tokio::test]
+    async fn an_answer_too_large_for_the_aws_function_is_abridged() {
+        // 2 MB of quotes are 4 MB of JSON, 8 MB escaped.
+        let quotes = "\"".repeat(2_000_000);
+        let response = within_aws_answer(StatusCode::OK, &quotes, |_| "abridged");
+        assert_eq!(text(response).await, "\"abridged\"");
+        let letters = "a".repeat(4_000_000);
+        let response = within_aws_answer(StatusCode::OK, &letters, |_| "abridged");
+        assert_eq!(text(response).await.len(), 4_000_002);
+    }
+
+    #[test]
+    fn an_event_without_its_deliveries_says_how_many_it_has() {
+        let ev = event("acme", "evt_1", t0());
+        let deliveries: Vec<_> = (0..3)
+            .map(|i| delivery(&ev, &endpoint("acme", &format!("ep_{i}"), t0()), t0()))
+            .collect();
+        let whole = serde_json::to_value(EventView::new(&ev, &deliveries)).unwrap();
+        assert_eq!(whole["deliveries"].as_array().map(Vec::len), Some(3));
+        assert!(
+            whole.get("deliveries_partial").is_none() && whole.get("deliveries_total").is_none()
+        );
+        let none =
+            serde_json::to_value(EventView::new(&ev, &deliveries).without_deliveries()).unwrap();
+        assert_eq!(
+            (
+                &none["deliveries"],
+                &none["deliveries_partial"],
+                &none["deliveries_total"]
+            ),
+            (
+                &serde_json::json!([]),
+                &serde_json::json!(true),
+                &serde_json::json!(3)
+            )
+        );
+        // A read's first deliveries: more, not counted.
+        let first = serde_json::to_value(
+            EventView::first(&ev, &deliveries[..2], true).without_deliveries(),
+        )
+        .unwrap();
+        assert_eq!(first["deliveries_partial"], true);
+        assert!(first.get("deliveries_total").is_none());
+        let empty = serde_json::to_value(EventView::new(&ev, &[]).without_deliveries()).unwrap();
+        assert!(
+            empty.get("deliveries_partial").is_none(),
+            "nothing was left out"
+        );
+    }
 }

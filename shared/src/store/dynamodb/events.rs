@@ -520,24 +520,54 @@ impl DynamoStore {
     }
 
     pub(super) async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
+        self.first_deliveries_of_event(event, usize::MAX).await
+    }
+
+    pub(super) async fn event_deliveries(
+        &self,
+        event: &Event,
+        limit: u32,
+    ) -> StoreResult<crate::store::EventDeliveries> {
+        // One more than shown tells whether there are more.
+        let wanted = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        let read = self.first_deliveries_of_event(event, wanted).await?;
+        Ok(crate::store::EventDeliveries::first(read, limit))
+    }
+
+    /// At least the first `wanted` deliveries of the event by id (all if it has fewer).
+    async fn first_deliveries_of_event(
+        &self,
+        event: &Event,
+        wanted: usize,
+    ) -> StoreResult<Vec<Delivery>> {
         // A delivery's id is derived from (account, event, event time, endpoint) (checked
         // when it is written), so the candidates are one per endpoint the account ever had,
         // deleted ones included; the ones that exist are the event's deliveries. (No read of
         // the event: the fan-out function may not read the events table, only its stream.)
         let (account, id) = (&event.account_id, &event.id);
-        let ids: Vec<DeliveryId> = self
+        let mut ids: Vec<DeliveryId> = self
             .endpoint_ids_ever(account)
             .await?
             .iter()
             .map(|endpoint| DeliveryId::derived(account, id, event.created_at, endpoint))
             .collect();
-        let mut deliveries = self
-            .get_deliveries(&ids)
-            .await?
-            .iter()
-            .map(delivery_from_item)
-            .collect::<StoreResult<Vec<_>>>()?;
-        deliveries.retain(|d| &d.account_id == account && &d.event_id == id);
+        // Read in id order, a batch at a time: once `wanted` are found, no later candidate
+        // can come before them, and the rest (each a read unit, found or not) are not read.
+        ids.sort();
+        let mut deliveries = Vec::new();
+        for batch in ids.chunks(BATCH_GET_ITEMS) {
+            for item in self.get_deliveries(batch).await? {
+                let delivery = delivery_from_item(&item)?;
+                if &delivery.account_id == account && &delivery.event_id == id {
+                    deliveries.push(delivery);
+                }
+            }
+            if deliveries.len() >= wanted {
+                break;
+            }
+        }
         deliveries.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(deliveries)
     }

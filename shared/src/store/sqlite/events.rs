@@ -277,6 +277,26 @@ impl SqliteStore {
         })
         .await
     }
+
+    pub(super) async fn event_deliveries(
+        &self,
+        event: &Event,
+        limit: u32,
+    ) -> StoreResult<crate::store::EventDeliveries> {
+        let (account, id) = (event.account_id.clone(), event.id.clone());
+        self.read(move |conn| {
+            // One more than shown tells whether there are more.
+            let read = first_deliveries_of_event(
+                conn,
+                account.as_str(),
+                id.as_str(),
+                u64::from(limit) + 1,
+            )
+            .map_err(backend)?;
+            Ok(crate::store::EventDeliveries::first(read, limit))
+        })
+        .await
+    }
 }
 
 /// Marks one event missed (see `Store::mark_missed`), inside the caller's transaction.

@@ -325,3 +325,18 @@ pub(super) fn deliveries_of_event(
     let rows = stmt.query_map(params![account, event], delivery_from_row)?;
     rows.collect()
 }
+
+/// The first `limit` of [`deliveries_of_event`].
+pub(super) fn first_deliveries_of_event(
+    conn: &Connection,
+    account: &str,
+    event: &str,
+    limit: u64,
+) -> rusqlite::Result<Vec<Delivery>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?1 AND event_id = ?2 ORDER BY id LIMIT ?3"
+    ))?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = stmt.query_map(params![account, event, limit], delivery_from_row)?;
+    rows.collect()
+}

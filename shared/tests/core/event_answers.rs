@@ -1,0 +1,283 @@
+//! An event's answers (publish, read, erase) stay within what the AWS function may return
+//! (6 MB, the body JSON-escaped within it), however many endpoints the event goes to.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::body::Body;
+use hooklane::{
+    api::{self, ApiState},
+    domain::{AccountId, EventId},
+    service::access::AdminToken,
+    store::Store,
+    tokens::TokenKey,
+};
+use hooklane_testkit::fixtures::{create_account_and_endpoints, endpoint, t0};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const ADMIN: &str = "event-answers-admin-token-0123456789";
+
+/// What the API lists of one event's deliveries at most (`EventView`'s bound).
+const SHOWN: usize = 1_000;
+
+/// What the API keeps an answer under, JSON-escaped: Lambda's limit on a synchronous
+/// answer is 6 MB, and the rest of the function's response needs room too.
+const ANSWER_BYTES: usize = 5_000_000;
+
+fn router_and_store() -> (axum::Router, Arc<dyn Store>) {
+    let app = hooklane_testkit::app::api_only_app();
+    let store = Arc::clone(&app.store);
+    let router = api::router(ApiState::new(
+        app,
+        TokenKey::generate(),
+        AdminToken::fixed(ADMIN),
+        Duration::ZERO,
+        Arc::new(hooklane::limits::Unlimited),
+    ));
+    (router, store)
+}
+
+/// The status, the body as text and as JSON.
+async fn send(
+    router: &axum::Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, String, Value) {
+    let request = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    (status, text, json)
+}
+
+/// An account with `count` endpoints, each subscribed to every type.
+async fn account_with(store: &dyn Store, account: &str, count: usize) {
+    let endpoints: Vec<_> = (0..count)
+        .map(|i| endpoint(account, &format!("ep_{i:05}"), t0()))
+        .collect();
+    create_account_and_endpoints(store, account, &endpoints).await;
+}
+
+/// An event sent to more endpoints than an answer lists (18,000: listed whole, the answer
+/// would be over 6 MB JSON-escaped): publish (first and again), read and erase each answer
+/// the first deliveries, flagged partial, within the AWS limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() {
+    let (router, store) = router_and_store();
+    // Enough that every delivery listed would make the answer over 6 MB, as on AWS.
+    let endpoints = 18_000;
+    account_with(store.as_ref(), "wide", endpoints).await;
+    // Quotes are doubled by each escape: the payload weighs in the answer as it may.
+    let pad = "\"".repeat(100_000);
+    let publish = json!({"id": "evt_wide", "type": "invoice.paid", "data": {"pad": pad}});
+    let path = "/v1/accounts/wide/events/evt_wide";
+    let mut erased = Value::Null;
+    for (call, method, uri, body, status, total) in [
+        (
+            "publish",
+            "POST",
+            "/v1/accounts/wide/events",
+            Some(publish.clone()),
+            202,
+            Some(endpoints),
+        ),
+        (
+            "publish again",
+            "POST",
+            "/v1/accounts/wide/events",
+            Some(publish),
+            200,
+            Some(endpoints),
+        ),
+        ("get", "GET", path, None, 200, None),
+        ("erase", "DELETE", path, None, 200, Some(endpoints)),
+    ] {
+        let (got, text, answer) = send(&router, method, uri, body).await;
+        assert_eq!(got, status, "{call}: {}", &text[..text.len().min(300)]);
+        let escaped = serde_json::to_string(&text).unwrap().len();
+        assert!(
+            escaped <= ANSWER_BYTES,
+            "{call}: {escaped} bytes JSON-escaped"
+        );
+        let listed = answer["deliveries"].as_array().expect("deliveries");
+        assert!(
+            listed.len() <= SHOWN,
+            "{call}: {} deliveries listed, more than {SHOWN}",
+            listed.len()
+        );
+        assert_eq!(listed.len(), SHOWN, "{call}: the first ones are listed");
+        assert_eq!(
+            answer["deliveries_partial"], true,
+            "{call}: flagged partial"
+        );
+        assert_eq!(
+            answer["deliveries_total"].as_u64(),
+            total.map(|t| t as u64),
+            "{call}: the total, where the answer knows it"
+        );
+        erased = answer;
+    }
+    // A read and an erasure list the first deliveries by id.
+    let (_, _, read) = send(&router, "GET", path, None).await;
+    assert!(read["erased_at"].is_string());
+    let ids = |answer: &Value| -> Vec<String> {
+        answer["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let event = store
+        .get_event(
+            &AccountId::parse("wide").unwrap(),
+            &EventId::parse("evt_wide").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let first: Vec<String> = store.deliveries_of_event(&event).await.unwrap()[..SHOWN]
+        .iter()
+        .map(|d| d.id.as_str().to_owned())
+        .collect();
+    assert_eq!(ids(&read), first, "a read");
+    assert_eq!(ids(&erased), first, "an erasure");
+}
+
+/// An event with few deliveries is answered as it always was: every delivery, and no
+/// field more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_to_few_endpoints_is_answered_whole_as_before() {
+    let (router, store) = router_and_store();
+    account_with(store.as_ref(), "small", 3).await;
+    let publish = json!({"id": "evt_small", "type": "invoice.paid", "data": {"n": 1}});
+    let path = "/v1/accounts/small/events/evt_small";
+    let keys = |answer: &Value| -> Vec<String> {
+        let mut keys: Vec<String> = answer.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    let before = ["created_at", "data", "deliveries", "id", "type"];
+    for (call, method, uri, body, status) in [
+        (
+            "publish",
+            "POST",
+            "/v1/accounts/small/events",
+            Some(publish.clone()),
+            202,
+        ),
+        (
+            "publish again",
+            "POST",
+            "/v1/accounts/small/events",
+            Some(publish),
+            200,
+        ),
+        ("get", "GET", path, None, 200),
+        ("erase", "DELETE", path, None, 200),
+    ] {
+        let (got, text, answer) = send(&router, method, uri, body).await;
+        assert_eq!(got, status, "{call}: {text}");
+        assert_eq!(
+            answer["deliveries"].as_array().map(Vec::len),
+            Some(3),
+            "{call}"
+        );
+        let mut expected: Vec<&str> = before.to_vec();
+        if call == "erase" {
+            expected.push("erased_at");
+            expected.sort();
+        }
+        assert_eq!(keys(&answer), expected, "{call}: {answer}");
+        for delivery in answer["deliveries"].as_array().unwrap() {
+            let mut fields: Vec<&str> = delivery
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            fields.sort();
+            assert_eq!(
+                fields,
+                [
+                    "attempts",
+                    "created_at",
+                    "endpoint_id",
+                    "event_id",
+                    "event_type",
+                    "id",
+                    "last_error",
+                    "last_status",
+                    "next_try_at",
+                    "status",
+                    "updated_at"
+                ],
+                "{call}"
+            );
+        }
+    }
+}
+
+/// On DynamoDB an event's deliveries are found by key, one candidate per endpoint: a read
+/// of its first deliveries stops at the batch of candidates that holds them, where a read
+/// of them all reads every candidate (each a read unit, found or not).
+#[cfg(feature = "aws")]
+#[tokio::test]
+async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
+    use hooklane::{
+        aws::aws_sdk_dynamodb,
+        store::dynamodb::{create_tables, DynamoStore, Retention, TableNames},
+    };
+    use hooklane_testkit::{
+        fixtures::{delivery, event},
+        meter::{table_layouts, Meter},
+        testing::{require_emulator, test_secrets},
+    };
+    require_emulator();
+    let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
+    let meter = Meter::new(table_layouts(&tables));
+    let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
+        .interceptor(meter.interceptor())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    create_tables(&client, &tables).await.unwrap();
+    let store = DynamoStore::new(client, tables, Retention::default(), test_secrets(None))
+        .without_late_write_rule()
+        .showing_expired();
+    let endpoints: Vec<_> = (0..250)
+        .map(|i| endpoint("wide", &format!("ep_{i:03}"), t0()))
+        .collect();
+    create_account_and_endpoints(&store, "wide", &endpoints).await;
+    let ev = event("wide", "evt_wide", t0());
+    let sent: Vec<_> = endpoints.iter().map(|e| delivery(&ev, e, t0())).collect();
+    store.publish(&ev, &sent).await.unwrap();
+
+    let batch_reads = |reading: &hooklane_testkit::meter::Reading| {
+        reading
+            .operations
+            .get("DynamoDB.BatchGetItem")
+            .map_or(0, |usage| usage.calls)
+    };
+    let before = meter.reading();
+    let first = store.event_deliveries(&ev, 50).await.unwrap();
+    let shown = meter.reading().since(&before);
+    assert_eq!((first.deliveries.len(), first.more), (50, true));
+    let before = meter.reading();
+    assert_eq!(store.deliveries_of_event(&ev).await.unwrap().len(), 250);
+    let all = meter.reading().since(&before);
+    assert_eq!(
+        (batch_reads(&shown), batch_reads(&all)),
+        (1, 3),
+        "batch reads of the first 50 deliveries, of all 250"
+    );
+}
