@@ -282,3 +282,165 @@ async fn the_aws_shape_audits_each_change() {
     the_log_records_the_script(&server).await;
     crate::iam::assert_allowed(&server);
 }
+
+/// A change by `credential` with a distinctive user agent and `X-Forwarded-For`: whatever
+/// the server makes of them, a customer must not read them back.
+async fn patch_from_the_office(server: &Server, credential: &str, path: &str, body: Value) {
+    let response = reqwest::Client::new()
+        .patch(format!("{}{path}", server.base))
+        .bearer_auth(credential)
+        .header("user-agent", OPERATOR_AGENT)
+        .header("x-forwarded-for", OPERATOR_IP)
+        .json(&body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    assert_eq!(status, 200, "{path}: {text}");
+}
+
+const OPERATOR_AGENT: &str = "ops-console/7.1 (platform-internal)";
+const OPERATOR_IP: &str = "198.51.100.77";
+
+/// The platform's changes to an account (by the admin token and by its API keys) are shown to
+/// the account's own tokens as `platform`, with no address and no key id or name; the
+/// account's own changes, and every entry read by the admin token or a key, as recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_token_sees_the_platforms_changes_as_platform() {
+    use reqwest::Method;
+    let scratch = Scratch::new("audit-platform");
+    let server = Server::start(&scratch, &[]).await;
+    let farm = Farm::start().await.expect("farm");
+    farm.configure("shop", Behavior::ok());
+    let admin = crate::support::ADMIN_TOKEN;
+
+    server.create_account("acme").await;
+    let (endpoint, _) = server
+        .create_endpoint("acme", &farm.url("shop"), json!({}))
+        .await;
+    let endpoint_path = format!("/v1/accounts/acme/endpoints/{endpoint}");
+    // A key that may mint tokens holds every scope an account token does.
+    let key_name = "billing-backend-eu-7f3a";
+    let (status, key) = server
+        .post(
+            "/v1/keys",
+            json!({"name": key_name, "accounts": ["acme"], "scopes": [
+                "accounts:read", "endpoints:read", "endpoints:write", "deliveries:read",
+                "deliveries:replay", "tokens:write"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{key}");
+    let key_id = text(&key["id"], "key id");
+    let key_secret = text(&key["secret"], "key secret");
+
+    patch_from_the_office(
+        &server,
+        &key_secret,
+        &endpoint_path,
+        json!({"description": "set by the platform"}),
+    )
+    .await;
+    let (status, minted) = server
+        .request_as(
+            &key_secret,
+            Method::POST,
+            "/v1/accounts/acme/tokens",
+            Some(json!({"ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(status, 201, "{minted}");
+    let (status, portal) = server
+        .post("/v1/accounts/acme/portal", json!({"ttl_seconds": 600}))
+        .await;
+    assert_eq!(status, 201, "{portal}");
+    let portal_token = text(&portal["url"], "portal url")
+        .split_once("#token=")
+        .map(|(_, token)| token.to_owned())
+        .expect("a token in the portal link");
+    let portal_token_id = text(&portal["token_id"], "portal token id");
+    let account_token = text(&minted["token"], "account token");
+
+    let platform_actions = [
+        "portal_link.created",
+        "token.created",
+        "endpoint.updated",
+        "key.created",
+        "endpoint.created",
+        "account.created",
+    ];
+    for customer in [&portal_token, &account_token] {
+        let log = read_log(&server, customer, "acme", 50).await;
+        let actions: Vec<_> = log.iter().map(|e| e["action"].clone()).collect();
+        assert_eq!(actions, platform_actions, "{log:#?}");
+        // The endpoint's URL is on the farm at 127.0.0.1: the customer's own, not an address.
+        let dump = Value::Array(log.clone())
+            .to_string()
+            .replace(&farm.url("shop"), "");
+        for hidden in [
+            key_id.as_str(),
+            key_name,
+            "127.0.0.1",
+            OPERATOR_AGENT,
+            OPERATOR_IP,
+            "\"admin\"",
+        ] {
+            assert!(
+                !dump.contains(hidden),
+                "an account token reads {hidden:?} in its log: {dump}"
+            );
+        }
+        for entry in &log {
+            assert_eq!(
+                entry["actor"],
+                json!({"type": "platform", "id": null}),
+                "{entry}"
+            );
+            assert_eq!(entry["address"], Value::Null, "{entry}");
+        }
+        // What was done to what stays: the customer sees a key was made for its account.
+        let created = &log[3];
+        assert_eq!(created["target"]["type"], "key", "{created}");
+        let scopes = created["details"]["scopes"].as_array();
+        assert_eq!(scopes.map(Vec::len), Some(6), "{created}");
+        assert_eq!(log[2]["target"]["id"], endpoint.as_str(), "{}", log[2]);
+    }
+
+    // The admin token and the key read the entries as recorded.
+    for operator in [admin, key_secret.as_str()] {
+        let log = read_log(&server, operator, "acme", 50).await;
+        let dump = Value::Array(log.clone()).to_string();
+        assert!(dump.contains(&key_id) && dump.contains(key_name), "{dump}");
+        let updated = &log[2];
+        assert_eq!(updated["action"], "endpoint.updated", "{updated}");
+        assert_eq!(
+            updated["actor"],
+            json!({"type": "key", "id": key_id}),
+            "{updated}"
+        );
+        assert_eq!(updated["address"], "127.0.0.1", "{updated}");
+        assert_eq!(log[3]["target"]["id"], key_id.as_str(), "{}", log[3]);
+        assert_eq!(log[3]["details"]["name"], key_name, "{}", log[3]);
+        assert_eq!(log[0]["actor"]["type"], "admin", "{}", log[0]);
+    }
+
+    // The customer's own changes are shown to it as they are, address and all.
+    patch_from_the_office(
+        &server,
+        &portal_token,
+        &endpoint_path,
+        json!({"description": "set by the customer"}),
+    )
+    .await;
+    let log = read_log(&server, &account_token, "acme", 50).await;
+    assert_eq!(log[0]["action"], "endpoint.updated", "{}", log[0]);
+    assert_eq!(
+        log[0]["actor"],
+        json!({"type": "token", "id": portal_token_id}),
+        "{}",
+        log[0]
+    );
+    assert_eq!(log[0]["address"], "127.0.0.1", "{}", log[0]);
+    assert_eq!(log[1]["actor"]["type"], "platform", "{}", log[1]);
+}

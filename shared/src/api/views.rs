@@ -1,5 +1,7 @@
 //! What the API shows of the domain.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -14,8 +16,9 @@ use crate::{
     clock::Timestamp,
     domain::Scope,
     domain::{
-        rate::PublishRate, stats::Totals, Account, ApiKey, Attempt, AuditEntry, Delivery, Endpoint,
-        EndpointStats, Event, EventTypeDef, Replay, ReplayScope,
+        audit::REDACTED, rate::PublishRate, stats::Totals, Account, Actor, ApiKey, ApiKeyId,
+        Attempt, AuditEntry, Delivery, Endpoint, EndpointStats, Event, EventTypeDef, Replay,
+        ReplayScope, TargetKind,
     },
     service::{keys::MintedKey, tokens::MintedToken},
 };
@@ -329,9 +332,6 @@ impl<'a> From<&'a Delivery> for DeliveryView<'a> {
     }
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct EventView<'a> {
-    pub id: &'a str,
 /// Deliveries an event's answer (publish, read, erase) lists at most. An account may have
 /// 100,000 endpoints, and the AWS function answers 6 MB at most, the body JSON-escaped within
 /// it: a delivery's JSON is about 350 bytes, at most about 2.6 KB escaped (a 512-character
@@ -340,6 +340,9 @@ pub struct EventView<'a> {
 pub const EVENT_DELIVERIES_SHOWN: usize = 1_000;
 
 /// An event and its deliveries, 1,000 of them at most.
+#[derive(Serialize, ToSchema)]
+pub struct EventView<'a> {
+    pub id: &'a str,
     #[serde(rename = "type")]
     pub event_type: &'a str,
     #[schema(value_type = String, format = DateTime)]
@@ -352,14 +355,11 @@ pub const EVENT_DELIVERIES_SHOWN: usize = 1_000;
     #[schema(value_type = Option<String>, format = DateTime)]
     #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub erased_at: Option<Timestamp>,
-    pub deliveries: Vec<DeliveryView<'a>>,
-}
-
     /// Its deliveries, one per endpoint it was sent to: all of them up to 1,000. An event
     /// with more lists 1,000 of them (a read or an erasure: the first by id) and says so in
     /// `deliveries_partial`; none, should even these make the answer over 5 MB as the AWS
     /// function carries it.
-impl<'a> EventView<'a> {
+    pub deliveries: Vec<DeliveryView<'a>>,
     /// True when the event has more deliveries than `deliveries` lists; absent otherwise.
     /// The delivery log (`GET /v1/accounts/{account}/deliveries`) holds them all, but cannot
     /// be filtered by event.
@@ -370,12 +370,12 @@ impl<'a> EventView<'a> {
     /// does not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries_total: Option<u64>,
-    pub fn new(event: &'a Event, deliveries: &'a [Delivery]) -> Self {
-        Self {
-            id: event.id.as_str(),
+}
+
+impl<'a> EventView<'a> {
     /// The event with `deliveries`, all of them: the first [`EVENT_DELIVERIES_SHOWN`] if
     /// there are more, then counted.
-            event_type: event.event_type.as_str(),
+    pub fn new(event: &'a Event, deliveries: &'a [Delivery]) -> Self {
         let shown = deliveries
             .get(..EVENT_DELIVERIES_SHOWN)
             .unwrap_or(deliveries);
@@ -394,6 +394,9 @@ impl<'a> EventView<'a> {
     }
 
     fn listing(event: &'a Event, shown: &'a [Delivery], partial: bool, total: Option<u64>) -> Self {
+        Self {
+            id: event.id.as_str(),
+            event_type: event.event_type.as_str(),
             created_at: event.created_at,
             data: event.data(),
             erased_at: event.erased_at,
@@ -412,10 +415,10 @@ impl<'a> EventView<'a> {
             self.deliveries.clear();
             self.deliveries_partial = true;
         }
+        self
     }
 }
 
-        self
 #[derive(Serialize, ToSchema)]
 pub struct AttemptView<'a> {
     pub number: u32,
@@ -754,7 +757,11 @@ pub struct AdminTokenView<'a> {
     pub token: &'a str,
 }
 
-/// One audit-log entry: who changed what, when, from which address.
+/// One audit-log entry: who changed what, when, from which address. An account token (a
+/// customer, a portal link) reads the platform's changes to its account (by the admin token
+/// or an API key) with the actor `platform`, no `address`, and no key id or key name (a key's
+/// id as a target, a key's name in `details`): the operator's own addresses and keys are not
+/// the customer's to see. The admin token and API keys read every entry as recorded.
 #[derive(Serialize, ToSchema)]
 pub struct AuditView<'a> {
     /// `aud_…`, time-ordered.
@@ -770,27 +777,31 @@ pub struct AuditView<'a> {
     /// `endpoint.deleted`, `endpoint.disabled`, `endpoint.enabled`,
     /// `endpoint.secret_rotated`, `key.created`, `key.revoked`, `token.created`,
     /// `token.revoked`, `tokens.revoked`, `portal_link.created`, `replay.created`,
-    /// `event.erased`, `admin_token.rotated`.
+    /// `event.erased`, `admin_token.rotated`, `event_type.created`, `event_type.updated`,
+    /// `event_type.deleted`.
     #[schema(example = "endpoint.secret_rotated")]
     pub action: &'static str,
     pub target: AuditTargetView<'a>,
-    /// The client's IP address; `null` for changes Hooklane made itself.
+    /// The client's IP address; `null` for changes Hooklane made itself, and for the
+    /// platform's changes (actor `platform`) read by an account token.
     #[schema(required = true)]
     pub address: Option<&'a str>,
-    /// What changed, briefly; never a secret.
+    /// What changed, briefly; never a secret. Read by an account token, a platform change
+    /// holds no key name, and any key id in it is `[redacted]`.
     #[schema(value_type = Object)]
-    pub details: &'a serde_json::Map<String, serde_json::Value>,
+    pub details: Cow<'a, serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Who made a change.
 #[derive(Serialize, ToSchema)]
 pub struct AuditActorView<'a> {
     /// `admin` (the admin token), `key` (an API key), `token` (an account token) or
-    /// `system` (Hooklane itself, e.g. disabling a failing endpoint).
+    /// `system` (Hooklane itself, e.g. disabling a failing endpoint). An account token reads
+    /// `platform` in place of `admin` and `key`: a change the platform made.
     #[serde(rename = "type")]
     #[schema(example = "key")]
     pub kind: &'static str,
-    /// The key's or token's id; `null` for `admin` and `system`.
+    /// The key's or token's id; `null` for `admin`, `system` and `platform`.
     #[schema(required = true)]
     pub id: Option<&'a str>,
 }
@@ -798,10 +809,12 @@ pub struct AuditActorView<'a> {
 /// What a change was made to.
 #[derive(Serialize, ToSchema)]
 pub struct AuditTargetView<'a> {
-    /// `account`, `endpoint`, `key`, `token`, `replay`, `event` or `admin_token`.
+    /// `account`, `endpoint`, `key`, `token`, `replay`, `event`, `admin_token` or
+    /// `event_type`.
     #[serde(rename = "type")]
     #[schema(example = "endpoint")]
     pub kind: &'static str,
+    /// The target's id; a key's is `[redacted]` when an account token reads it.
     pub id: &'a str,
 }
 
@@ -821,7 +834,130 @@ impl<'a> From<&'a AuditEntry> for AuditView<'a> {
                 id: &e.target.id,
             },
             address: e.address.as_deref(),
-            details: &e.details,
+            details: Cow::Borrowed(&e.details),
+        }
+    }
+}
+
+impl<'a> AuditView<'a> {
+    /// The entry as `principal` may read it: see [`AuditView`]. Only the view changes; the
+    /// stored entry keeps who made the change and from where, for the operator.
+    pub fn shown_to(e: &'a AuditEntry, principal: &Principal) -> Self {
+        let mut view = Self::from(e);
+        let customer = matches!(principal, Principal::Account { .. });
+        if customer && matches!(e.actor, Actor::Admin | Actor::Key(_)) {
+            view.actor = AuditActorView {
+                kind: "platform",
+                id: None,
+            };
+            view.address = None;
+            if e.target.kind == TargetKind::Key || names_a_key(&e.target.id) {
+                view.target.id = REDACTED;
+            }
+            let mut details = e.details.clone();
+            // A key's name is the operator's label for it.
+            if e.target.kind == TargetKind::Key {
+                details.remove("name");
+            }
+            details.values_mut().for_each(redact_key_ids);
+            view.details = Cow::Owned(details);
+        }
+        view
+    }
+}
+
+/// Whether `text` holds an API key id (`key_` and 32 hex digits), alone or within it
+/// (`key:key_…`).
+fn names_a_key(text: &str) -> bool {
+    text.match_indices("key_").any(|(at, _)| {
+        text.get(at..at + 36)
+            .is_some_and(|id| ApiKeyId::parse(id).is_some())
+    })
+}
+
+/// Replaces every string in `value` that names an API key by `[redacted]`, whatever field
+/// holds it: no entry an account token reads tells it which of the operator's keys acted.
+fn redact_key_ids(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(text) if names_a_key(text) => *text = REDACTED.to_owned(),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_key_ids),
+        serde_json::Value::Object(map) => map.values_mut().for_each(redact_key_ids),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::domain::{AccountId, AuditAction, AuditTarget, Caller};
+
+    fn entry(actor: Actor, target: AuditTarget, details: Value) -> AuditEntry {
+        let Value::Object(details) = details else {
+            unreachable!()
+        };
+        let caller = Caller::new(actor, Some("203.0.113.10".into()));
+        let account = AccountId::parse("acme").ok();
+        let action = AuditAction::KeyCreated;
+        AuditEntry::new(
+            account,
+            chrono::Utc::now(),
+            &caller,
+            action,
+            target,
+            details,
+        )
+    }
+
+    fn shown(e: &AuditEntry, principal: &Principal) -> Value {
+        serde_json::to_value(AuditView::shown_to(e, principal)).unwrap()
+    }
+
+    fn customer() -> Principal {
+        Principal::Account {
+            account_id: AccountId::parse("acme").unwrap(),
+            token_id: "tok_1".into(),
+            expires_at: chrono::Utc::now(),
+            read_only: true,
+        }
+    }
+
+    #[test]
+    fn audit_entries_of_the_platform_name_no_key_to_an_account_token() {
+        let key = ApiKeyId::generate();
+        let made = entry(
+            Actor::Key(key.clone()),
+            AuditTarget::new(TargetKind::Key, &key),
+            json!({"name": "ops", "scopes": ["endpoints:read"], "via": [format!("key:{key}")]}),
+        );
+        let view = shown(&made, &customer());
+        assert_eq!(view["actor"], json!({"type": "platform", "id": null}));
+        assert_eq!(view["address"], Value::Null);
+        assert_eq!(view["target"], json!({"type": "key", "id": REDACTED}));
+        assert_eq!(
+            view["details"],
+            json!({"scopes": ["endpoints:read"], "via": [REDACTED]})
+        );
+        assert!(!view.to_string().contains(key.as_str()), "{view}");
+        // The stored entry, and what the admin token reads, keep it all.
+        assert_eq!(made.details["name"], "ops");
+        let admin = shown(&made, &Principal::Admin);
+        assert_eq!(admin, serde_json::to_value(AuditView::from(&made)).unwrap());
+        assert_eq!(admin["actor"]["id"], key.as_str());
+        assert_eq!(admin["address"], "203.0.113.10");
+    }
+
+    #[test]
+    fn audit_entries_of_the_account_and_hooklane_are_shown_as_recorded() {
+        for actor in [Actor::Token("tok_2".into()), Actor::System] {
+            let made = entry(
+                actor,
+                AuditTarget::new(TargetKind::Endpoint, "ep_1"),
+                json!({"changed": ["url"]}),
+            );
+            let recorded = serde_json::to_value(AuditView::from(&made)).unwrap();
+            assert_eq!(shown(&made, &customer()), recorded);
         }
     }
 }

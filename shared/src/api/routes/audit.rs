@@ -69,15 +69,21 @@ pub(super) fn byte_page<'a, T: 'a, V: serde::Serialize>(
 /// The bytes of a page of a list read whole: see [`byte_page`].
 pub(super) const LIST_PAGE_BYTES: usize = 1 << 20;
 
+/// A page of the log, each entry as `principal` may read it ([`AuditView::shown_to`]).
 async fn page(
     state: &ApiState,
+    principal: &Principal,
     account: Option<&AccountId>,
     params: Vec<(String, String)>,
 ) -> ApiResult<Response> {
     let (after, limit) = page_params(params, 50)?;
     let page = audit::list(&state.app, account, after.as_deref(), limit).await?;
     Ok(Json(ListView {
-        data: page.items.iter().map(AuditView::from).collect(),
+        data: page
+            .items
+            .iter()
+            .map(|entry| AuditView::shown_to(entry, principal))
+            .collect(),
         next_cursor: page.next_cursor,
     })
     .into_response())
@@ -89,15 +95,17 @@ async fn page(
     security(("bearer" = ["accounts:read"])),
     tag = "audit",
     summary = "The account's audit log: every change to it, its endpoints, secrets, keys and tokens, every replay and erasure; who, when, from where.",
+    description = "Read by an account token (the account's own, or a portal link's), a change the platform made (by the admin token or an API key) shows the actor `{\"type\": \"platform\", \"id\": null}`, `address` null, a key target's id as `[redacted]` and no key name or key id in `details`: the operator's addresses and keys are not the customer's to see. Changes by the account's tokens and by Hooklane itself (`system`) are shown as recorded, as is every entry to the admin token and API keys.",
     params(AccountPath, PageParams),
     responses((status = 200, description = "Entries, newest first", body = AuditList), ReadErrors),
 )]
 pub async fn list_audit(
     State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
     Scoped(account): Scoped,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    page(&state, Some(&account), params).await
+    page(&state, &principal, Some(&account), params).await
 }
 
 #[utoipa::path(
@@ -111,7 +119,8 @@ pub async fn list_audit(
 )]
 pub async fn list_operator_audit(
     State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    page(&state, None, params).await
+    page(&state, &principal, None, params).await
 }
