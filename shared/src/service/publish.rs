@@ -41,11 +41,27 @@ pub async fn publish_limited(
     account: &AccountId,
     input: NewEvent,
 ) -> ServiceResult<Published> {
+    let given_id = input.id.is_some();
     let event = new_event(app, account, input, app.clock.now())?;
     let Some(stored) = app.store.get_account(account).await? else {
         return Err(ServiceError::NotFound("account"));
     };
-    take_publish_tokens(app, limits, &stored, 1).await?;
+    if let Err(limited) = take_publish_tokens(app, limits, &stored, 1).await {
+        // A retry of an event already published is answered as within the limit (200, the
+        // first event): a client retrying after a timeout, or the outbox relay after a
+        // restart, was refused what it already had, and kept the limit spent.
+        if given_id {
+            if let Some(existing) = app.store.get_event(account, &event.id).await? {
+                let deliveries = app.store.deliveries_of_event(&existing).await?;
+                return Ok(Published {
+                    event: existing,
+                    deliveries,
+                    created: false,
+                });
+            }
+        }
+        return Err(limited);
+    }
     let endpoints = app.store.list_endpoints(account).await?;
     match app.publish {
         PublishMode::WithDeliveries => with_deliveries(app, event, &endpoints).await,
@@ -588,6 +604,55 @@ mod tests {
         assert_eq!(
             again[1].deliveries[0].id, published[1].deliveries[0].id,
             "the fanned-out delivery is the one listed"
+        );
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        domain::rate::PublishRate,
+        fixtures,
+        limits::MemoryBuckets,
+        store::{sqlite::SqliteStore, Store},
+    };
+
+    /// With the account's publish limit used up, the same id again is answered with the
+    /// event already published; a new id is refused.
+    #[tokio::test]
+    async fn a_retry_of_a_published_event_is_answered_over_the_limit() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = fixtures::app_on(store.clone(), clock.clone());
+        fixtures::account_with_endpoints(store.as_ref(), "acme", ["ep_1"]).await;
+        let account = AccountId::parse("acme").unwrap();
+        let mut limited = store.get_account(&account).await.unwrap().unwrap();
+        limited.publish_rate_limit = Some(PublishRate::new(1, Some(1), "x").unwrap());
+        store.update_account(&limited).await.unwrap();
+        let buckets = MemoryBuckets::new(clock.clone());
+        let event = |id: &str| NewEvent {
+            id: Some(id.to_owned()),
+            event_type: "invoice.paid".to_owned(),
+            data: serde_json::json!({"n": 1}),
+        };
+        let first = publish_limited(&app, &buckets, &account, event("evt_1"))
+            .await
+            .unwrap();
+        assert!(first.created);
+        let again = publish_limited(&app, &buckets, &account, event("evt_1"))
+            .await
+            .expect("the retry of a published event is refused over the limit");
+        assert!(!again.created);
+        assert_eq!(again.event.id, first.event.id);
+        assert_eq!(again.deliveries.len(), 1);
+        let new = publish_limited(&app, &buckets, &account, event("evt_2")).await;
+        assert!(
+            matches!(new, Err(ServiceError::RateLimited { .. })),
+            "{new:?}"
         );
     }
 }
