@@ -77,7 +77,7 @@ impl Server {
     }
 
     async fn start_with(database: PathBuf, log: PathBuf, env: Vec<(String, String)>) -> Self {
-        Self::spawn_with(database, log, Vec::new(), env).await
+        Self::spawn_with(database, log, (Vec::new(), env), None).await
     }
 
     /// As [`Server::start`], under an open-files limit of `open_files`, soft and hard (so
@@ -91,22 +91,13 @@ impl Server {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let database = scratch.path().join("hooklane.db");
-        let log = scratch.path().join("serve.log");
-        let (child, base, startup) = spawn(&database, &log, &[], &env, Some(open_files))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        Self {
-            child,
-            base,
-            startup,
-            database,
-            log,
-            args: Vec::new(),
-            env,
-            open_files: Some(open_files),
-            http: reqwest::Client::new(),
-        }
+        Self::spawn_with(
+            scratch.path().join("hooklane.db"),
+            scratch.path().join("serve.log"),
+            (Vec::new(), env),
+            Some(open_files),
+        )
+        .await
     }
 
     /// Starts `serve --backend aws` plus `args` against the AWS emulator of the tests
@@ -139,19 +130,21 @@ impl Server {
         Self::spawn_with(
             scratch.path().join("unused.db"),
             scratch.path().join("serve.log"),
-            args,
-            all,
+            (args, all),
+            None,
         )
         .await
     }
 
+    /// Starts `serve` with `args` and `env` (`command`), under `open_files` if given.
     async fn spawn_with(
         database: PathBuf,
         log: PathBuf,
-        args: Vec<String>,
-        env: Vec<(String, String)>,
+        command: (Vec<String>, Vec<(String, String)>),
+        open_files: Option<u64>,
     ) -> Self {
-        let (child, base, startup) = spawn(&database, &log, &args, &env, None)
+        let (args, env) = command;
+        let (child, base, startup) = spawn(&database, &log, &args, &env, open_files)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         Self {
@@ -162,7 +155,7 @@ impl Server {
             log,
             args,
             env,
-            open_files: None,
+            open_files,
             http: reqwest::Client::new(),
         }
     }
