@@ -92,14 +92,15 @@ mod tests {
             .len()
     }
 
-    /// An invocation whose time runs out reports the events it did not fan out, from the
-    /// first of them, rather than run into Lambda's timeout with nothing queued or marked;
-    /// the next invocation, from there, fans them out.
-    #[tokio::test]
-    async fn out_of_time_the_rest_is_left_to_the_next_invocation() {
+    /// An account with one endpoint, and the event the fixture's first stream record is the
+    /// image of, written by the platform through the outbox helper in its own transaction.
+    async fn the_fixtures_outbox_event() -> (
+        hooklane::aws::settings::AwsSettings,
+        AwsShape,
+        hooklane::domain::Event,
+    ) {
         let (settings, shape) = emulated_shape().await;
-        let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
+        fixtures::account_with_endpoints(shape.app.store.as_ref(), "acme", ["ep_1"]).await;
         let outbox_event = hooklane::domain::Event::new(
             EventId::parse("evt_outbox_1").unwrap(),
             AccountId::parse("acme").unwrap(),
@@ -109,6 +110,16 @@ mod tests {
         )
         .unwrap();
         write_through_outbox(&shape, &outbox_event).await;
+        (settings, shape, outbox_event)
+    }
+
+    /// An invocation whose time runs out reports the events it did not fan out, from the
+    /// first of them, rather than run into Lambda's timeout with nothing queued or marked;
+    /// the next invocation, from there, fans them out.
+    #[tokio::test]
+    async fn out_of_time_the_rest_is_left_to_the_next_invocation() {
+        let (settings, shape, outbox_event) = the_fixtures_outbox_event().await;
+        let store = shape.app.store.as_ref();
         // No time left at all.
         let late = handle_until(&shape, fixture(), Some(tokio::time::Instant::now())).await;
         let failures: Vec<_> = late
@@ -142,20 +153,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_outbox_event_from_the_stream_gets_its_deliveries_once() {
-        let (settings, shape) = emulated_shape().await;
+        let (settings, shape, outbox_event) = the_fixtures_outbox_event().await;
         let store = shape.app.store.as_ref();
-        fixtures::account_with_endpoints(store, "acme", ["ep_1"]).await;
-        // The platform writes the event through the outbox helper, in its own transaction;
-        // the stream record in the fixture is its image (same creation time).
-        let outbox_event = hooklane::domain::Event::new(
-            EventId::parse("evt_outbox_1").unwrap(),
-            AccountId::parse("acme").unwrap(),
-            EventType::parse("invoice.paid").unwrap(),
-            hooklane::clock::from_millis(1_796_011_200_000),
-            &serde_json::json!({"amount": 42}),
-        )
-        .unwrap();
-        write_through_outbox(&shape, &outbox_event).await;
 
         let (metrics, log, _recorder) =
             hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
