@@ -29,6 +29,12 @@ use crate::{
     telemetry, App,
 };
 
+/// A delivery not sent for want of this process's own resources (file descriptors) goes
+/// back to the queue for this long, drawn between the two: long enough for the requests
+/// still using the dropped connection pool to be answered and its sockets closed.
+const UNSENT_RETRY_MIN: Duration = Duration::from_secs(2);
+const UNSENT_RETRY_MAX: Duration = Duration::from_secs(8);
+
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
     /// Global worker slots: requests in flight across all endpoints.
@@ -287,6 +293,17 @@ async fn run_workers(
                     again.due = resend_at;
                     queue.add(vec![again]);
                 }
+                Err(AttemptError::Unsent(fault)) => {
+                    // Not sent, nothing recorded (the attempt logged why): back to the queue
+                    // soon, spread out so the deliveries put back together do not all
+                    // reconnect at once.
+                    let after = UNSENT_RETRY_MIN
+                        + (UNSENT_RETRY_MAX - UNSENT_RETRY_MIN).mul_f64(rand::random::<f64>());
+                    tracing::debug!(delivery.id = %lease.delivery_id, cause = %fault, retry_in_ms = after.as_millis(), "webhook not sent; back to the queue");
+                    let mut again = lease;
+                    again.due = crate::clock::add(app.clock.now(), after);
+                    queue.add(vec![again]);
+                }
                 Err(AttemptError::Service(error)) => {
                     // Nothing was sent (or the attempt is recorded, and its row says when the
                     // next is due): the row is still pending in the store; try again shortly.
@@ -403,6 +420,7 @@ mod tests {
                 body_truncated: false,
                 latency: Duration::from_millis(1),
                 error: None,
+                unsent: None,
             }
         }
     }

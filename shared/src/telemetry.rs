@@ -34,6 +34,7 @@ pub const EVENTS_REJECTED: &str = "hooklane_events_rejected_total";
 pub const EVENTS_RECOVERED: &str = "hooklane_events_recovered_total";
 pub const PUBLISHES_THROTTLED: &str = "hooklane_publishes_throttled_total";
 pub const STORE_WRITE_ERRORS: &str = "hooklane_store_write_errors_total";
+pub const SENDS_OUT_OF_RESOURCES: &str = "hooklane_sends_out_of_resources_total";
 
 /// Every metric name, for checks that dashboards and alarms name only real metrics.
 pub const ALL: &[&str] = &[
@@ -60,6 +61,7 @@ pub const ALL: &[&str] = &[
     EVENTS_RECOVERED,
     PUBLISHES_THROTTLED,
     STORE_WRITE_ERRORS,
+    SENDS_OUT_OF_RESOURCES,
 ];
 
 /// The CloudWatch namespace of the Lambda functions' metrics.
@@ -157,6 +159,12 @@ pub fn describe() {
         "Writes of an attempt's record (or of a delivery ended unsent) the store refused, \
          each try counted (a record written again after a failure counts again)"
     );
+    describe_counter!(
+        SENDS_OUT_OF_RESOURCES,
+        "Webhook connections this process could not open for want of its own resources (cause: \
+         file_descriptors, socket_memory): tried once more after the idle connections were \
+         dropped (outcome retried), or not sent and put back without an attempt (put_back)"
+    );
 }
 
 fn outcome_label(outcome: &AttemptOutcome) -> &'static str {
@@ -252,6 +260,13 @@ pub fn batch_item_failures(function: &'static str, count: usize) {
     if count > 0 {
         counter!(BATCH_ITEM_FAILURES, "function" => function).increment(count as u64);
     }
+}
+
+/// A webhook's connection that could not be opened for want of this process's own resources
+/// (`cause`): tried once more on a fresh pool (`outcome` = `retried`, whatever came of it),
+/// or not sent at all and its delivery put back without an attempt (`put_back`).
+pub fn send_out_of_resources(cause: &'static str, outcome: &'static str) {
+    counter!(SENDS_OUT_OF_RESOURCES, "cause" => cause, "outcome" => outcome).increment(1);
 }
 
 /// An owner mail that could not be sent: tried again later, or given up.

@@ -19,6 +19,7 @@ mod endpoint_changes;
 mod endpoint_stats;
 mod erasure;
 mod event_types;
+mod file_descriptors;
 mod health;
 mod hostile;
 mod iam;

@@ -384,6 +384,72 @@ mod tests {
         assert!(!text.contains("v1,"), "signature logged: {text}");
     }
 
+    /// A message whose webhook this environment had no descriptor to send (EMFILE; Lambda
+    /// allows 1,024) is reported failed, so SQS hands it out again, and records no attempt
+    /// against the endpoint; handed out again with descriptors to spare, it is delivered at
+    /// its first attempt.
+    #[tokio::test]
+    async fn a_message_not_sent_for_want_of_descriptors_comes_back_with_no_attempt() {
+        let (_, mut shape) = emulated_shape().await;
+        let receiver = slow_receiver(Duration::from_millis(5)).await;
+        let endpoint = acme_sending_to(&shape, &receiver.url).await;
+        let published = publish_and_fan_out(&shape, "evt_emfile", serde_json::json!({})).await;
+        let delivery = &published.deliveries[0];
+        let message = delivery_message(delivery);
+        // What the `HttpSender` answers when the environment is out of file descriptors
+        // even after dropping its idle connections: nothing was sent.
+        let out_of_descriptors = fixtures::Answering(hooklane::http::OutboundResponse {
+            error: Some("not sent: out of file descriptors".into()),
+            unsent: Some(hooklane::http::LocalFault::ProcessFileLimit),
+            ..Default::default()
+        });
+        let sender = std::mem::replace(
+            &mut shape.app.transport,
+            std::sync::Arc::new(out_of_descriptors),
+        );
+
+        let batch = batch_of_one(&message);
+        let id = batch.records[0].message_id.clone().unwrap();
+        let response = handle(&shape, batch).await;
+        let failed: Vec<_> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.clone())
+            .collect();
+        assert_eq!(failed, vec![id], "reported failed, not deleted");
+        let store = shape.app.store.as_ref();
+        let stored = store
+            .get_delivery(&endpoint.account_id, &delivery.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (stored.status, stored.attempts, stored.last_error),
+            (DeliveryStatus::Pending, 0, None)
+        );
+        let read = store
+            .get_endpoint(&endpoint.account_id, &endpoint.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.failing_since, None, "no failure streak");
+
+        // SQS hands it out again; descriptors are to spare now.
+        shape.app.transport = sender;
+        let response = handle(&shape, batch_of_one(&message)).await;
+        assert!(response.batch_item_failures.is_empty());
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
+        let stored = store
+            .get_delivery(&endpoint.account_id, &delivery.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Delivered, 1)
+        );
+    }
+
     fn aws_sdk_dynamodb_value(s: &str) -> hooklane::aws::aws_sdk_dynamodb::types::AttributeValue {
         hooklane::aws::aws_sdk_dynamodb::types::AttributeValue::S(s.to_owned())
     }

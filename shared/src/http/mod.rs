@@ -3,5 +3,7 @@
 pub mod sender;
 pub mod ssrf;
 
-pub use sender::{HttpSender, OutboundRequest, OutboundResponse, SenderConfig, Transport};
+pub use sender::{
+    HttpSender, LocalFault, OutboundRequest, OutboundResponse, SenderConfig, Transport,
+};
 pub use ssrf::{AddressPolicy, SsrfError};

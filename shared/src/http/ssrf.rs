@@ -43,7 +43,13 @@ pub enum SsrfError {
     #[error("host `{host}` did not resolve to any address")]
     Unresolvable { host: String },
     #[error("could not resolve host `{host}`: {reason}")]
-    LookupFailed { host: String, reason: String },
+    LookupFailed {
+        host: String,
+        reason: String,
+        /// The OS error behind it, if any: a lookup this process had no descriptor for
+        /// (`EMFILE`) is not the host's failure.
+        os_error: Option<i32>,
+    },
 }
 
 const UNSPECIFIED: &str = "unspecified address";
@@ -287,6 +293,7 @@ impl AddressPolicy {
             .map_err(|error| SsrfError::LookupFailed {
                 host: host.to_owned(),
                 reason: error.to_string(),
+                os_error: error.raw_os_error(),
             })?
             .collect();
         if addresses.is_empty() {

@@ -11,7 +11,7 @@ use crate::{
         health::should_disable, Attempt, AttemptOutcome, Decision, DeliveryId, DeliveryStatus,
         EndpointStatus, KeptResponse, RetryPolicy, Trigger,
     },
-    http::{OutboundRequest, OutboundResponse},
+    http::{LocalFault, OutboundRequest, OutboundResponse},
     signing::{self, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP},
     store::{
         AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, StoreError, StoreResult,
@@ -74,20 +74,17 @@ pub enum AttemptError {
         error: StoreError,
         resend_at: Timestamp,
     },
+    /// Nothing was sent: this process ran out of a resource of its own (file descriptors)
+    /// even after dropping its idle connections. Not the endpoint's failure, so no attempt
+    /// is recorded (no retry spent, no failure streak, no disable); the delivery is as it
+    /// was and is to be tried again soon.
+    #[error("webhook not sent, no attempt recorded: {0}")]
+    Unsent(LocalFault),
 }
 
 impl From<StoreError> for AttemptError {
     fn from(error: StoreError) -> Self {
         Self::Service(error.into())
-    }
-}
-
-impl From<AttemptError> for ServiceError {
-    fn from(error: AttemptError) -> Self {
-        match error {
-            AttemptError::Service(error) => error,
-            AttemptError::Unrecorded { error, .. } => error.into(),
-        }
     }
 }
 
@@ -138,7 +135,7 @@ pub async fn attempt(
     app: &App,
     delivery_id: &DeliveryId,
     trigger: Trigger,
-) -> ServiceResult<AttemptResult> {
+) -> Result<AttemptResult, AttemptError> {
     attempt_reporting_answer(app, delivery_id, trigger, &|| {}).await
 }
 
@@ -149,10 +146,8 @@ pub async fn attempt_reporting_answer(
     delivery_id: &DeliveryId,
     trigger: Trigger,
     answered: &(dyn Fn() + Send + Sync),
-) -> ServiceResult<AttemptResult> {
-    attempt_recording(app, delivery_id, trigger, answered, RecordRetry::ONCE, None)
-        .await
-        .map_err(ServiceError::from)
+) -> Result<AttemptResult, AttemptError> {
+    attempt_recording(app, delivery_id, trigger, answered, RecordRetry::ONCE, None).await
 }
 
 /// [`attempt_reporting_answer`], writing the attempt's record again on `retry`'s terms while
@@ -237,6 +232,11 @@ pub async fn attempt_recording(
         };
         let response = app.transport.post(request).await;
         answered();
+        if let Some(fault) = response.unsent {
+            // Hooklane's own fault: nothing reached the endpoint, so nothing is held against it.
+            tracing::error!(cause = %fault, "webhook not sent: this process is out of resources; no attempt recorded, the delivery is tried again soon");
+            return Err(AttemptError::Unsent(fault));
+        }
         let finished = app.clock.now();
         let outcome = classify(&response, finished);
         let policy = &app.config.retry;
@@ -697,7 +697,52 @@ mod tests {
             body_truncated: false,
             latency: Duration::from_millis(1),
             error: None,
+            unsent: None,
         }
+    }
+
+    /// A webhook the process had no descriptor to send is not the endpoint's failure: no
+    /// attempt is recorded (no retry spent, nothing in the failure streak), the delivery is
+    /// pending as it was, and the caller is told why, to put it back.
+    #[tokio::test]
+    async fn a_webhook_not_sent_for_want_of_descriptors_records_no_attempt() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let unsent = OutboundResponse {
+            error: Some("not sent: out of file descriptors".into()),
+            unsent: Some(LocalFault::ProcessFileLimit),
+            ..OutboundResponse::default()
+        };
+        let receiver = Arc::new(Counting {
+            answer: unsent,
+            posts: Default::default(),
+        });
+        let app = App {
+            transport: receiver.clone(),
+            ..fixtures::app_on(store.clone(), Arc::new(ManualClock::new(fixtures::t0())))
+        };
+        let [endpoint] = fixtures::account_with_endpoints(&*store, "acme", ["ep_a"]).await;
+        let (_, delivery) = fixtures::publish_one(&*store, &endpoint, "evt_1").await;
+        let result = attempt(&app, &delivery.id, Trigger::Scheduled).await;
+        assert!(
+            matches!(
+                result,
+                Err(AttemptError::Unsent(LocalFault::ProcessFileLimit))
+            ),
+            "{result:?}"
+        );
+        assert_eq!(receiver.posts.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let stored = fixtures::status_of(&*store, &delivery.account_id, &delivery.id).await;
+        assert_eq!(
+            (stored.status, stored.attempts, stored.last_error),
+            (DeliveryStatus::Pending, 0, None)
+        );
+        assert!(store.list_attempts(&delivery.id).await.unwrap().is_empty());
+        let read = store
+            .get_endpoint(&endpoint.account_id, &endpoint.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.failing_since, None, "no failure streak");
     }
 
     /// A record the store refuses past the retry's bound comes back unrecorded, once, with

@@ -60,6 +60,10 @@ pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
 pub enum SenderError {
     #[error(transparent)]
     Service(#[from] ServiceError),
+    /// The attempt failed, was left unrecorded, or was not sent for want of this process's
+    /// own resources (no attempt recorded): the message comes back, as for any error.
+    #[error(transparent)]
+    Attempt(#[from] deliver::AttemptError),
     #[error(transparent)]
     Slots(#[from] SlotError),
     #[error(transparent)]

@@ -304,6 +304,7 @@ pub fn largest_answer() -> hooklane::http::OutboundResponse {
         body_truncated: true,
         latency: std::time::Duration::from_millis(5),
         error: None,
+        unsent: None,
     }
 }
 
