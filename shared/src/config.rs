@@ -31,8 +31,14 @@ pub const CORE_SETTINGS: [(&str, &str); 14] = [
 /// each of them, and every publish reads them all.
 pub const DEFAULT_MAX_ENDPOINTS: usize = 100;
 
-/// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body is held in memory whole.
+/// The most `HOOKLANE_MAX_PAYLOAD` may be: a request body, up to [`JSON_ESCAPE_FACTOR`] times
+/// it, is held in memory whole.
 pub const MAX_PAYLOAD_CEILING: usize = 16 * 1024 * 1024;
+
+/// The most bytes a client's JSON may spend on one byte of the compact webhook body: a
+/// character written `\u0061` is 6 bytes for 1. Python's `json.dumps` (and so `requests`)
+/// escapes all text past ASCII by default: `日` (3 bytes of UTF-8) as 6, an emoji (4) as 12.
+pub const JSON_ESCAPE_FACTOR: usize = 6;
 
 /// [`CoreConfig::batch_body_limit`] for the usual event sizes.
 pub const BATCH_BODY_BYTES: usize = 3_700_000;
@@ -45,8 +51,8 @@ pub struct CoreConfig {
     pub sender: SenderConfig,
     /// The account whose endpoints receive operational events such as `endpoint.disabled`.
     pub operations_account: Option<AccountId>,
-    /// The largest webhook body an event may have (`HOOKLANE_MAX_PAYLOAD`); request bodies
-    /// are cut off a little above it ([`CoreConfig::body_limit`]).
+    /// The largest webhook body an event may have (`HOOKLANE_MAX_PAYLOAD`), checked on the
+    /// event's compact body; request bodies are cut off at [`CoreConfig::body_limit`].
     pub max_payload_bytes: usize,
     /// The publish rate limit of accounts without their own (`HOOKLANE_PUBLISH_RATE`,
     /// `HOOKLANE_PUBLISH_BURST`); none by default.
@@ -95,16 +101,20 @@ impl CoreConfig {
         &self.sender.policy
     }
 
-    /// The largest request body a publish may send: the webhook body limit plus room for
-    /// the event's id and type and for whitespace the compact body drops.
+    /// The largest request body a publish (or any route but the batch's) may send: a webhook
+    /// body at the limit however its text is escaped ([`JSON_ESCAPE_FACTOR`]), plus room for
+    /// the event's id and type and for whitespace the compact body drops. The limit that
+    /// matters, `max_payload_bytes`, is checked on the event as re-written. On AWS (350 KiB
+    /// at most) this is 2.2 MB, within the api function's 6 MB request.
     pub fn body_limit(&self) -> usize {
-        self.max_payload_bytes + 16 * 1024
+        JSON_ESCAPE_FACTOR * self.max_payload_bytes + 16 * 1024
     }
 
     /// The largest body of a batch publish: [`MAX_BATCH`](crate::service::publish::MAX_BATCH)
-    /// events at most, together within 3.7 MB, so that on AWS the batch's event items fit
-    /// one DynamoDB transaction (4 MB, with the items' other attributes), and never less
-    /// than what one event may be.
+    /// events at most, together within 3.7 MB as sent, so that on AWS the batch's event
+    /// items fit one DynamoDB transaction (4 MB, with the items' other attributes), and never
+    /// less than what one event may be. Not scaled for escaping as one event is: on AWS the
+    /// api function takes 6 MB at most, and the stored items must still fit the transaction.
     pub fn batch_body_limit(&self) -> usize {
         BATCH_BODY_BYTES.max(self.body_limit())
     }

@@ -125,11 +125,12 @@ async fn bad_input_is_refused_with_the_field_named() {
     for (path, body, status, field) in refused {
         expect_error(&server, path, body, status, field).await;
     }
-    // Over the request's limit: the body is refused as a whole, naming no field.
+    // Over the request's limit (six times HOOKLANE_MAX_PAYLOAD and 16 KiB): the body is
+    // refused as a whole, naming no field.
     let (status, body) = server
         .post(
             events,
-            json!({"type": "a.b", "data": {"blob": "x".repeat(300 * 1024)}}),
+            json!({"type": "a.b", "data": {"blob": "x".repeat(6 * 256 * 1024 + 16 * 1024)}}),
         )
         .await;
     assert_eq!(

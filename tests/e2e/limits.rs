@@ -1,6 +1,7 @@
 //! Limits: one account's publish storm is throttled (429 + Retry-After) while another
-//! account's publishes all go through, on both shapes; oversize bodies refused unread; an
-//! account's endpoints capped, and listed in pages of bounded size.
+//! account's publishes all go through, on both shapes; oversize bodies refused unread, and a
+//! payload within the limit taken however its request escapes it; an account's endpoints
+//! capped, and listed in pages of bounded size.
 
 use std::time::{Duration, Instant};
 
@@ -276,7 +277,8 @@ async fn oversize_bodies_are_refused_before_they_are_read_whole() {
     let scratch = Scratch::new("limits-size");
     let server = Server::start(&scratch, &[("HOOKLANE_MAX_PAYLOAD", "64KiB")]).await;
     server.create_account("acme").await;
-    let limit = 64 * 1024 + 16 * 1024;
+    // Room for the payload with every character `\u`-escaped (6 bytes), and for the rest.
+    let limit = 6 * 64 * 1024 + 16 * 1024;
     let path = "/v1/accounts/acme/events";
 
     // A Content-Length over the limit: answered 413 before a byte of the body is sent.
@@ -311,7 +313,7 @@ async fn oversize_bodies_are_refused_before_they_are_read_whole() {
     ]
     .concat()];
     let piece = vec![b'x'; 16 * 1024];
-    for _ in 0..8 {
+    for _ in 0..=limit / piece.len() {
         let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
         chunk.extend_from_slice(&piece);
         chunk.extend_from_slice(b"\r\n");
@@ -354,6 +356,113 @@ async fn oversize_bodies_are_refused_before_they_are_read_whole() {
         )
         .await;
     assert_eq!(status, 202, "{body}");
+}
+
+/// `text` as a JSON string the way Python's `json.dumps` writes it by default
+/// (`ensure_ascii=True`, which `requests.post(json=…)` uses): every character past ASCII as
+/// `\uXXXX`, those past the BMP as two of them. With `all`, ASCII letters too (`\u0061`).
+fn escaped(text: &str, all: bool) -> String {
+    let mut out = String::with_capacity(text.len() * 6 + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c.is_ascii_graphic() || c == ' ') && !(all && c.is_ascii_alphabetic()) => {
+                out.push(c)
+            }
+            c => {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A publish is limited by its webhook body (`HOOKLANE_MAX_PAYLOAD`), however the client
+/// escaped the text of its request: Python's `requests` sends `日本` as `\u65e5\u672c`,
+/// twice its UTF-8 size (an emoji's 4 bytes as 12). Such an event within the limit is taken
+/// and delivered as UTF-8, the text unchanged, even with every letter escaped; one over the
+/// limit is refused naming `data`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_within_the_limit_is_taken_however_its_text_is_escaped() {
+    let farm = hooklane_testkit::farm::Farm::start().await.expect("farm");
+    let scratch = Scratch::new("limits-escaped");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    server
+        .create_endpoint("acme", &farm.url("receiver"), json!({}))
+        .await;
+    let publish = |id: &str, data: String| {
+        let server = &server;
+        let body = format!(r#"{{"id":"{id}","type":"a.b","data":{data}}}"#);
+        async move {
+            let response = reqwest::Client::new()
+                .post(format!("{}/v1/accounts/acme/events", server.base))
+                .bearer_auth(ADMIN_TOKEN)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("publish");
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            (
+                status,
+                serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            )
+        }
+    };
+    let limit = 256 * 1024;
+
+    // 244 KB of UTF-8 as Python sends it: 492 KB of request.
+    let (blob, emoji) = ("日本".repeat(40_000), "😀".repeat(1_000));
+    let data = format!(
+        r#"{{"blob":{},"emoji":{}}}"#,
+        escaped(&blob, false),
+        escaped(&emoji, false)
+    );
+    assert!(data.len() > 2 * (blob.len() + emoji.len()) && blob.len() + emoji.len() < limit);
+    let (status, answer) = publish("escaped.1", data).await;
+    assert_eq!(status, 202, "{answer}");
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == 1)
+            .await
+    );
+    let webhook = farm.arrivals("receiver").remove(0).body;
+    assert!(webhook.len() <= limit, "{} bytes", webhook.len());
+    let delivered: Value = serde_json::from_slice(&webhook).expect("json");
+    assert_eq!(delivered["data"], json!({"blob": blob, "emoji": emoji}));
+
+    // Just under the limit as a webhook, every letter escaped: six times its size.
+    let letters = "a".repeat(limit - 200);
+    let data = format!(r#"{{"blob":{}}}"#, escaped(&letters, true));
+    assert!(data.len() > 6 * (limit - 200));
+    let (status, answer) = publish("escaped.2", data).await;
+    assert_eq!(status, 202, "{answer}");
+    assert!(
+        farm.wait_until(Duration::from_secs(10), |f| f.success_count("receiver")
+            == 2)
+            .await
+    );
+    let delivered: Value =
+        serde_json::from_slice(&farm.arrivals("receiver").remove(1).body).expect("json");
+    assert_eq!(delivered["data"], json!({"blob": letters}));
+
+    // Over the limit once re-written as UTF-8: refused for its size, naming `data`.
+    let data = format!(r#"{{"blob":{}}}"#, escaped(&"日本".repeat(44_000), false));
+    let (status, answer) = publish("escaped.3", data).await;
+    assert_eq!(
+        (status, &answer["error"]["code"], &answer["error"]["field"]),
+        (413, &json!("payload_too_large"), &json!("data")),
+        "{answer}"
+    );
+    let (status, _) = server.get("/v1/accounts/acme/events/escaped.3").await;
+    assert_eq!(status, 404, "nothing written");
 }
 
 /// An account has at most `HOOKLANE_MAX_ENDPOINTS` endpoints: each event goes to every one,

@@ -862,6 +862,96 @@ async fn a_sqlite_outbox_is_published_by_polling_through_a_kill() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Data that is not JSON is refused at the insert, with the business change.
+
+/// `data` texts the documented tables refuse: what Python's `json.dumps` writes by default for
+/// NaN and the infinities (JSON has neither), and text cut short. Once committed, such a row
+/// would only be marked refused by the relay, its webhook never sent.
+const NOT_JSON: [&str; 5] = [
+    r#"{"total": NaN}"#,
+    r#"{"total": Infinity}"#,
+    r#"{"total": -Infinity}"#,
+    r#"{"order": "ord_1""#,
+    "",
+];
+
+/// Python inserting `json.dumps({"total": float("nan")})` (allow_nan is True by default) into
+/// the table in `argv[1]`, in a transaction: what the database says.
+const PYTHON_INSERTS_NAN: &str = r#"
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+try:
+    with db:
+        db.execute("INSERT INTO orders VALUES ('ord_nan', 1)")
+        db.execute(
+            "INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES (?, ?, ?, ?)",
+            ("ord_nan.placed", "acme", "order.placed", json.dumps({"total": float("nan")})),
+        )
+    print("inserted")
+except sqlite3.IntegrityError as error:
+    print("refused:", error)
+print("orders:", db.execute("SELECT count(*) FROM orders").fetchone()[0])
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_that_is_not_json_is_refused_at_insert_sqlite() {
+    let scratch = Scratch::new("relay-not-json-sqlite");
+    let file = scratch.path().join("platform.db");
+    let db = rusqlite::Connection::open(&file).expect("sqlite");
+    let ddl = std::fs::read_to_string(Path::new(DOCS).join("sqlite.sql")).expect("ddl");
+    db.execute_batch(&ddl).expect("docs/outbox/sqlite.sql");
+    db.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)")
+        .expect("orders");
+    let insert =
+        "INSERT INTO hooklane_outbox (id, account_id, type, data) VALUES (?1, 'acme', 'a.b', ?2)";
+    for (n, data) in NOT_JSON.iter().enumerate() {
+        let inserted = db.execute(insert, rusqlite::params![format!("bad.{n}"), data]);
+        assert!(
+            inserted
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("CHECK constraint failed")),
+            "data {data:?}: {inserted:?}"
+        );
+    }
+    db.execute(insert, rusqlite::params!["good.1", r#"{"total": 42.5}"#])
+        .expect("JSON data");
+    drop(db);
+    // Python's own SQLite (another version than the bundled one), as a platform writes it.
+    let output = std::process::Command::new(crate::support::test_python())
+        .args(["-c", PYTHON_INSERTS_NAN])
+        .arg(&file)
+        .output()
+        .expect("run python");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        said.starts_with("refused: CHECK constraint failed") && said.contains("orders: 0"),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// PostgreSQL's `jsonb` refuses the same texts itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_that_is_not_json_is_refused_at_insert_postgres() {
+    let client = connect(&database("relay_not_json").await).await;
+    for (n, data) in NOT_JSON.iter().enumerate() {
+        let inserted = client
+            .execute(
+                "INSERT INTO hooklane_outbox (id, account_id, type, data) \
+                 VALUES ($1, 'acme', 'a.b', $2::text::jsonb)",
+                &[&format!("bad.{n}"), data],
+            )
+            .await;
+        assert!(
+            inserted
+                .as_ref()
+                .is_err_and(|e| format!("{e:?}").contains("invalid input syntax for type json")),
+            "data {data:?}: {inserted:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // One account at its publish rate limit waits alone.
 
 /// The outbox of the rate-limit tests, in either database.

@@ -1,11 +1,12 @@
-//! What `serve` sends verifies with independent Standard Webhooks libraries.
+//! What `serve` sends verifies with independent Standard Webhooks libraries, and holds the
+//! numbers the event was published with.
 
 use std::time::Duration;
 
 use hooklane_testkit::farm::{Arrival, Farm};
 use serde_json::json;
 
-use crate::support::{test_python, Scratch, Server};
+use crate::support::{test_python, Scratch, Server, ADMIN_TOKEN};
 
 const PYTHON_VERIFY: &str = r#"
 import json, sys
@@ -253,4 +254,105 @@ async fn during_a_rotation_either_secret_verifies_with_standardwebhooks() {
     let arrival = delivery_number(&farm, 2).await;
     assert!(python_verifies(&python, &newest, &arrival, &body_path));
     assert!(!python_verifies(&python, &new_secret, &arrival, &body_path));
+}
+
+/// `count` doubles as Python's `random.uniform(0, 1000)` makes them (53 random bits), from a
+/// fixed seed (splitmix64). Read back without correct rounding, about one in eight of them
+/// becomes a neighbouring double (449.49106478873813 → 449.4910647887382).
+fn uniform_doubles(count: usize) -> Vec<f64> {
+    let mut state: u64 = 20_240_601;
+    (0..count)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 53) as f64 * 1000.0
+        })
+        .collect()
+}
+
+/// The numbers of the array `"values":[…]` in a JSON text, each read by Rust's own
+/// (correctly rounded) parser: the test does not rely on the JSON library under test.
+fn values_in(text: &str) -> Vec<f64> {
+    let start = text.find(r#""values":["#).expect("a values array") + r#""values":["#.len();
+    let end = start + text[start..].find(']').expect("the array's end");
+    text[start..end]
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse::<f64>()
+                .unwrap_or_else(|e| panic!("{n}: {e}"))
+        })
+        .collect()
+}
+
+/// The values of `got` that are not, bit for bit, those of `sent`, as `sent → got`.
+fn changed(sent: &[f64], got: &[f64]) -> Vec<String> {
+    assert_eq!(got.len(), sent.len(), "as many values as sent");
+    sent.iter()
+        .zip(got)
+        .filter(|(s, g)| s.to_bits() != g.to_bits())
+        .map(|(s, g)| format!("{s:?} → {g:?}"))
+        .collect()
+}
+
+/// An event's numbers reach the endpoint as published: the publish answer, a read of the
+/// event and the signed webhook hold the same doubles, bit for bit, including those a JSON
+/// parser that is not correctly rounded reads as a neighbouring double.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floats_keep_their_value_from_publish_to_webhook() {
+    let Acme {
+        server,
+        scratch: _scratch,
+        farm,
+        secret,
+        ..
+    } = acme_sending_to_the_farm("floats").await;
+    let mut sent = vec![449.491_064_788_738_13, 0.1, -2.5e-8, 1e16, 6.02214076e23];
+    sent.extend(uniform_doubles(400));
+    // Written by Rust's shortest round-trip formatting, as Python's `repr` writes them.
+    let numbers: Vec<String> = sent.iter().map(|v| format!("{v:?}")).collect();
+    let body = format!(
+        r#"{{"id":"floats.1","type":"measurement.taken","data":{{"values":[{}]}}}}"#,
+        numbers.join(",")
+    );
+    let http = reqwest::Client::new();
+    let answer = http
+        .post(format!("{}/v1/accounts/acme/events", server.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("publish");
+    assert_eq!(answer.status().as_u16(), 202);
+    let published = answer.text().await.expect("answer");
+    let read = http
+        .get(format!("{}/v1/accounts/acme/events/floats.1", server.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("read")
+        .text()
+        .await
+        .expect("read answer");
+    let arrival = delivery_number(&farm, 1).await;
+    arrival.verify_with(&secret).expect("signed");
+    let webhook = String::from_utf8_lossy(&arrival.body).into_owned();
+    for (what, text) in [
+        ("publish answer", &published),
+        ("event read", &read),
+        ("webhook", &webhook),
+    ] {
+        let changed = changed(&sent, &values_in(text));
+        assert!(
+            changed.is_empty(),
+            "the {what} changed {} of {} numbers: {}",
+            changed.len(),
+            sent.len(),
+            changed[..changed.len().min(5)].join(", ")
+        );
+    }
 }

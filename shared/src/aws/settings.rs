@@ -150,6 +150,20 @@ mod tests {
     use super::*;
     use crate::fixtures::environment;
 
+    /// The largest request the api takes at the largest AWS payload (every character escaped
+    /// six-fold), escaped once more inside the function's event (a byte at most doubled),
+    /// fits the 6 MB a Lambda function is invoked with; the batch's limit stays the one that
+    /// keeps its items within one DynamoDB transaction.
+    #[test]
+    fn the_largest_request_fits_the_api_function() {
+        let core = CoreConfig {
+            max_payload_bytes: MAX_AWS_PAYLOAD,
+            ..CoreConfig::default()
+        };
+        assert!(2 * core.body_limit() < 6_000_000, "{}", core.body_limit());
+        assert_eq!(core.batch_body_limit(), crate::config::BATCH_BODY_BYTES);
+    }
+
     #[test]
     fn settings_from_the_template_variables() {
         let base = [
