@@ -3,6 +3,7 @@
 use super::items::*;
 use super::*;
 use crate::store::cursor;
+use futures_util::TryStreamExt;
 
 /// One endpoint's log partition in a listing: its deliveries read newest first, a page at
 /// a time, each buffered with its place in the merge (event time, then id).
@@ -25,6 +26,14 @@ impl LogPartition {
         }
     }
 }
+
+/// Log partitions an account's log queries at once. Each query in flight holds a connection
+/// of its own (the SDK's HTTP client sets no cap), and a Lambda execution environment has
+/// 1,024 file descriptors: an account that has had thousands of endpoints, deleted ones
+/// included, would run out of them (or into the HTTP API's 30 s) with every partition
+/// queried at once. 32 at a time is 32 sockets, and reads 1,000 partitions in about 32
+/// round trips' time.
+pub(super) const LOG_READ_CONCURRENCY: usize = 32;
 
 /// A log partition is one endpoint's: this keeps out another endpoint whose partition hash
 /// collides, and another account's endpoint of the same name.
@@ -108,6 +117,28 @@ impl DynamoStore {
         filter: LogFilter,
         consistent: bool,
     ) -> StoreResult<Vec<Item>> {
+        let Some((request, condition)) =
+            self.endpoint_log_query(account, endpoint, from, until, filter, consistent)
+        else {
+            return Ok(Vec::new());
+        };
+        self.query_all(request.filter_expression(condition)).await
+    }
+
+    /// The query of [`Self::endpoint_log`], with its filter expression apart (the caller may
+    /// add to it, then sets it); `None` for a window that holds nothing.
+    pub(super) fn endpoint_log_query(
+        &self,
+        account: &AccountId,
+        endpoint: &EndpointId,
+        from: Option<Timestamp>,
+        until: Option<Timestamp>,
+        filter: LogFilter,
+        consistent: bool,
+    ) -> Option<(
+        aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+        String,
+    )> {
         let partition = delivery_log_partition(account, endpoint);
         let lower = delivery_log_position(&partition, from.unwrap_or_else(|| from_millis(0)));
         let upper = match until {
@@ -116,7 +147,7 @@ impl DynamoStore {
         };
         if lower > upper {
             // DynamoDB refuses a BETWEEN whose bounds are the wrong way round.
-            return Ok(Vec::new());
+            return None;
         }
         let mut condition = LOG_PARTITION_FILTER.to_owned();
         let mut request = self
@@ -149,7 +180,7 @@ impl DynamoStore {
             request =
                 request.expression_attribute_values(":now", n(chrono::Utc::now().timestamp()));
         }
-        self.query_all(request.filter_expression(condition)).await
+        Some((request, condition))
     }
 
     /// A page of deliveries read from endpoints' log partitions merged newest first (by
@@ -195,13 +226,18 @@ impl DynamoStore {
             let want = limit + 1 - found.len();
             let mut batch: Vec<Delivery> = Vec::new();
             while batch.len() < want {
-                let empty = partitions
+                // Made here, run below a bounded number at once (`LOG_READ_CONCURRENCY`);
+                // each fills its own partition's buffer, so the merge sees the same in
+                // whatever order they finish.
+                let fills: Vec<_> = partitions
                     .iter_mut()
-                    .filter(|p| p.buffered.is_empty() && !p.exhausted);
-                futures_util::future::try_join_all(
-                    empty.map(|p| self.fill_partition(p, &window, want)),
-                )
-                .await?;
+                    .filter(|p| p.buffered.is_empty() && !p.exhausted)
+                    .map(|p| self.fill_partition(p, &window, want))
+                    .collect();
+                futures_util::stream::iter(fills)
+                    .buffer_unordered(LOG_READ_CONCURRENCY)
+                    .try_collect::<()>()
+                    .await?;
                 let newest = partitions
                     .iter_mut()
                     .filter(|p| !p.buffered.is_empty())
@@ -357,6 +393,41 @@ impl DynamoStore {
         self.shows_expired || expiry(item).is_none_or(|at| at > chrono::Utc::now().timestamp())
     }
 
+    /// The endpoints the account has had whose log partitions may still list something: all
+    /// but those deleted so long ago that none of their deliveries can still be shown. Deleting
+    /// abandons an endpoint's pending deliveries as of the deletion (and the tombstone keeps
+    /// its `failing_shard` until that is done); one that was being tried meanwhile ends by
+    /// its last retry at the latest (`Retention::retries` after it); and an ended delivery
+    /// is shown for `Retention::deliveries`. Tombstones never expire, so without this an
+    /// account's every page would query every endpoint it ever deleted.
+    pub(super) async fn endpoints_with_a_log(
+        &self,
+        account: &AccountId,
+    ) -> StoreResult<Vec<EndpointId>> {
+        if self.shows_expired {
+            return self.endpoint_ids_ever(account).await;
+        }
+        let items = self
+            .query_all(
+                self.partition_query(&self.tables.endpoints, "account_id", account.as_str())
+                    .projection_expression("id, #deleted, failing_shard")
+                    .expression_attribute_names("#deleted", DELETED_AT),
+            )
+            .await?;
+        let shown_for = self.retention.retries + self.retention.deliveries;
+        let cutoff = to_millis(crate::clock::sub(chrono::Utc::now(), shown_for));
+        let mut ids = Vec::with_capacity(items.len());
+        for item in &items {
+            let deleted_at = opt_n::<i64>(item, DELETED_AT)?;
+            let finished = !item.contains_key("failing_shard");
+            if deleted_at.is_some_and(|at| at < cutoff) && finished {
+                continue;
+            }
+            ids.push(EndpointId::from_trusted(get_s(item, "id")?));
+        }
+        Ok(ids)
+    }
+
     pub(super) async fn list_deliveries(
         &self,
         account: &AccountId,
@@ -365,9 +436,10 @@ impl DynamoStore {
         let limit = query.limit.clamp(1, 500) as usize;
         let partitions = match &query.endpoint_id {
             Some(endpoint) => vec![LogPartition::new(account, endpoint)],
-            // The account's log is the merge of its endpoints' logs, deleted ones included.
+            // The account's log is the merge of its endpoints' logs, deleted ones included
+            // while their deliveries can be shown.
             None => self
-                .endpoint_ids_ever(account)
+                .endpoints_with_a_log(account)
                 .await?
                 .iter()
                 .map(|endpoint| LogPartition::new(account, endpoint))

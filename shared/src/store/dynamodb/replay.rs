@@ -55,65 +55,20 @@ impl DynamoStore {
 
     pub(super) async fn replay(&self, request: &ReplayRequest) -> StoreResult<ReplayOutcome> {
         let mut replay = request.replay.clone();
-        let filter = replay.filter.clone();
         let limit = request.limit as usize;
-        let candidates: Vec<Delivery> = match &replay.scope {
-            ReplayScope::Delivery(id) => self.get_logged_delivery(id).await?.into_iter().collect(),
-            // Oldest first; the window's end is checked on each delivery below.
-            ReplayScope::Endpoint(endpoint) => self
-                .endpoint_log(
-                    &replay.account_id,
-                    endpoint,
-                    filter.since,
-                    filter.until,
-                    LogFilter::All,
-                    true,
-                )
-                .await?
-                .iter()
-                .map(delivery_from_item)
-                .collect::<StoreResult<Vec<_>>>()?,
-        };
-        let kept_longer = self
-            .events_kept_past_their_retention(&candidates, replay.requested_at)
-            .await?;
-        let mut endpoints: HashMap<EndpointId, Option<Endpoint>> = HashMap::new();
-        let mut matched = Vec::new();
-        for delivery in candidates {
-            if !endpoints.contains_key(&delivery.endpoint_id) {
-                let endpoint = self
-                    .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
+        let mut selected = Selected::default();
+        match &replay.scope {
+            ReplayScope::Delivery(id) => {
+                let candidates = self.get_logged_delivery(id).await?.into_iter().collect();
+                self.select_for_replay(&replay, candidates, &mut selected, limit)
                     .await?;
-                endpoints.insert(delivery.endpoint_id.clone(), endpoint);
             }
-            let endpoint = endpoints
-                .get(&delivery.endpoint_id)
-                .and_then(Option::as_ref);
-            let candidate = ReplayCandidate {
-                delivery_id: &delivery.id,
-                endpoint_id: &delivery.endpoint_id,
-                account_id: &delivery.account_id,
-                status: delivery.status,
-                event_type: &delivery.event_type,
-                created_at: delivery.created_at,
-                endpoint_active: endpoint.is_some_and(|e| e.status == EndpointStatus::Active),
-                // An event past retention is gone (TTL): its deliveries cannot be sent again,
-                // unless a replay or a late delivery kept it longer.
-                event_kept: crate::clock::add(delivery.created_at, self.retention.events)
-                    > replay.requested_at
-                    || kept_longer
-                        .contains(&(delivery.account_id.clone(), delivery.event_id.clone())),
-            };
-            let Some(endpoint) = endpoint.filter(|_| replay.selects(&candidate)) else {
-                continue;
-            };
-            let (max_in_flight, rate_limit) =
-                (endpoint.max_in_flight, endpoint.rate_limit_per_second);
-            matched.push((delivery, max_in_flight, rate_limit));
-            if matched.len() > limit {
-                break;
+            ReplayScope::Endpoint(endpoint) => {
+                self.select_from_log(&replay, endpoint, &mut selected, limit)
+                    .await?;
             }
         }
+        let mut matched = selected.matched;
         replay.more = replay.more || matched.len() > limit;
         matched.truncate(limit);
         let now = replay.requested_at;
@@ -220,6 +175,149 @@ impl DynamoStore {
             }
         }
         Ok(ReplayOutcome { replay, queued })
+    }
+
+    /// Selects from the endpoint's log, oldest first, until `limit + 1` are selected (the one
+    /// past the limit tells the caller there is more) or the window ends. Read a page at a
+    /// time, with the status and event-type clauses in the query's filter, so what is held
+    /// is the selection and one page, not the window (a month of an endpoint's deliveries is
+    /// more than the api function's memory). `Replay::selects` still decides each one.
+    async fn select_from_log(
+        &self,
+        replay: &Replay,
+        endpoint: &EndpointId,
+        selected: &mut Selected,
+        limit: usize,
+    ) -> StoreResult<()> {
+        let filter = &replay.filter;
+        if filter.statuses.is_empty() {
+            // Selects nothing (and DynamoDB refuses an empty `IN`).
+            return Ok(());
+        }
+        // Nothing of an endpoint that is not active is selected: no need to read its log.
+        let current = self.get_endpoint(&replay.account_id, endpoint).await?;
+        let active = current
+            .as_ref()
+            .is_some_and(|e| e.status == EndpointStatus::Active);
+        selected.endpoints.insert(endpoint.clone(), current);
+        if !active {
+            return Ok(());
+        }
+        let Some((mut request, mut condition)) = self.endpoint_log_query(
+            &replay.account_id,
+            endpoint,
+            filter.since,
+            filter.until,
+            LogFilter::All,
+            true,
+        ) else {
+            return Ok(());
+        };
+        let mut statuses = Vec::with_capacity(filter.statuses.len());
+        for (i, status) in filter.statuses.iter().enumerate() {
+            let name = format!(":status{i}");
+            request = request.expression_attribute_values(&name, s(status.as_str()));
+            statuses.push(name);
+        }
+        condition.push_str(&format!(" AND #status IN ({})", statuses.join(", ")));
+        request = request.expression_attribute_names("#status", "status");
+        // DynamoDB takes at most 100 operands in an `IN`; past that the types are checked
+        // on the deliveries read alone.
+        if !filter.event_types.is_empty() && filter.event_types.len() <= MAX_IN_OPERANDS {
+            let mut types = Vec::with_capacity(filter.event_types.len());
+            for (i, event_type) in filter.event_types.iter().enumerate() {
+                let name = format!(":type{i}");
+                request = request.expression_attribute_values(&name, s(event_type.as_str()));
+                types.push(name);
+            }
+            condition.push_str(&format!(" AND event_type IN ({})", types.join(", ")));
+        }
+        let request = request.filter_expression(condition);
+        let mut start: Option<Item> = None;
+        loop {
+            // `Limit` counts the items read before the filter: what is still wanted (all of
+            // them may match), but no fewer than a page, so that a filter matching few of
+            // a long window takes pages (DynamoDB ends one at 1 MB first), not a round trip
+            // per delivery.
+            let wanted = (limit + 1).saturating_sub(selected.matched.len());
+            let page = wanted.max((limit + 1).min(REPLAY_PAGE_ITEMS));
+            let out = request
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .limit(i32::try_from(page).unwrap_or(i32::MAX))
+                .send()
+                .await
+                .map_err(sdk)?;
+            let candidates = out
+                .items
+                .unwrap_or_default()
+                .iter()
+                .map(delivery_from_item)
+                .collect::<StoreResult<Vec<_>>>()?;
+            if self
+                .select_for_replay(replay, candidates, selected, limit)
+                .await?
+            {
+                return Ok(());
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Adds to `selected` those of `candidates` (in their order) the replay selects, until it
+    /// holds `limit + 1`; whether it does.
+    async fn select_for_replay(
+        &self,
+        replay: &Replay,
+        candidates: Vec<Delivery>,
+        selected: &mut Selected,
+        limit: usize,
+    ) -> StoreResult<bool> {
+        let kept_longer = self
+            .events_kept_past_their_retention(&candidates, replay.requested_at)
+            .await?;
+        for delivery in candidates {
+            if !selected.endpoints.contains_key(&delivery.endpoint_id) {
+                let endpoint = self
+                    .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
+                    .await?;
+                selected
+                    .endpoints
+                    .insert(delivery.endpoint_id.clone(), endpoint);
+            }
+            let endpoint = selected
+                .endpoints
+                .get(&delivery.endpoint_id)
+                .and_then(Option::as_ref);
+            let candidate = ReplayCandidate {
+                delivery_id: &delivery.id,
+                endpoint_id: &delivery.endpoint_id,
+                account_id: &delivery.account_id,
+                status: delivery.status,
+                event_type: &delivery.event_type,
+                created_at: delivery.created_at,
+                endpoint_active: endpoint.is_some_and(|e| e.status == EndpointStatus::Active),
+                // An event past retention is gone (TTL): its deliveries cannot be sent again,
+                // unless a replay or a late delivery kept it longer.
+                event_kept: crate::clock::add(delivery.created_at, self.retention.events)
+                    > replay.requested_at
+                    || kept_longer
+                        .contains(&(delivery.account_id.clone(), delivery.event_id.clone())),
+            };
+            let Some(endpoint) = endpoint.filter(|_| replay.selects(&candidate)) else {
+                continue;
+            };
+            let (max_in_flight, rate_limit) =
+                (endpoint.max_in_flight, endpoint.rate_limit_per_second);
+            selected.matched.push((delivery, max_in_flight, rate_limit));
+            if selected.matched.len() > limit {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Of the events of `deliveries` past the retention they were written with at `at`, those
@@ -337,6 +435,21 @@ impl DynamoStore {
             .collect::<StoreResult<Vec<_>>>()?;
         Ok((replays, items.len()))
     }
+}
+
+/// The fewest deliveries one page of a bulk replay's read asks for (when its limit is
+/// higher): about 1 MB of deliveries, where DynamoDB ends a page anyway.
+const REPLAY_PAGE_ITEMS: usize = 1_000;
+
+/// DynamoDB's limit of operands in a condition's `IN`.
+const MAX_IN_OPERANDS: usize = 100;
+
+/// What a replay has selected so far: the deliveries, each with its endpoint's
+/// `max_in_flight` and rate limit, and the endpoints read (`None`: gone).
+#[derive(Default)]
+struct Selected {
+    matched: Vec<(Delivery, u32, Option<u32>)>,
+    endpoints: HashMap<EndpointId, Option<Endpoint>>,
 }
 
 /// Below this, a replay record's sort key is of the earlier kind (milliseconds × 1000 and a

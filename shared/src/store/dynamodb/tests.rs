@@ -2348,3 +2348,301 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
         .unwrap();
     assert!(!item.contains_key("failing_since"), "{item:?}");
 }
+
+/// What a client's requests did: the most in flight at once, and the queries and the items
+/// they read (before their filters: what DynamoDB charges for).
+#[derive(Debug, Default)]
+struct Reads {
+    in_flight: std::sync::atomic::AtomicUsize,
+    most_in_flight: std::sync::atomic::AtomicUsize,
+    queries: std::sync::atomic::AtomicUsize,
+    scanned: std::sync::atomic::AtomicUsize,
+}
+
+impl Reads {
+    fn get(field: &std::sync::atomic::AtomicUsize) -> usize {
+        field.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug)]
+struct CountReads(std::sync::Arc<Reads>);
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for CountReads {
+    fn name(&self) -> &'static str {
+        "CountReads"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.0.in_flight.fetch_add(1, SeqCst) + 1;
+        self.0.most_in_flight.fetch_max(now, SeqCst);
+        Ok(())
+    }
+
+    fn read_after_transmit(
+        &self,
+        _: &aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextRef<'_>,
+        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::AfterDeserializationInterceptorContextRef<'_>,
+        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let output = context.output_or_error().ok();
+        if let Some(query) =
+            output.and_then(|o| o.downcast_ref::<aws_sdk_dynamodb::operation::query::QueryOutput>())
+        {
+            self.0.queries.fetch_add(1, SeqCst);
+            let scanned = usize::try_from(query.scanned_count()).unwrap_or_default();
+            self.0.scanned.fetch_add(scanned, SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// The store on the same tables through a client whose requests are counted.
+fn counting_reads(store: &DynamoStore) -> (DynamoStore, std::sync::Arc<Reads>) {
+    let reads = std::sync::Arc::new(Reads::default());
+    let config = store
+        .client()
+        .config()
+        .to_builder()
+        .interceptor(CountReads(reads.clone()))
+        .build();
+    let counted = DynamoStore {
+        client: aws_sdk_dynamodb::Client::from_conf(config),
+        ..store.clone()
+    };
+    (counted, reads)
+}
+
+/// Every page of the account's log, `limit` at a time, newest first.
+async fn whole_account_log(store: &DynamoStore, account: &AccountId, limit: u32) -> Vec<Delivery> {
+    let mut query = DeliveryQuery {
+        limit,
+        ..DeliveryQuery::default()
+    };
+    let mut listed = Vec::new();
+    for _ in 0..100 {
+        let page = store.list_deliveries(account, &query).await.unwrap();
+        listed.extend(page.items);
+        match page.next_cursor {
+            Some(cursor) => query.cursor = Some(cursor),
+            None => return listed,
+        }
+    }
+    panic!("the log never ends");
+}
+
+/// The account's log reads a partition per endpoint it ever had, deleted ones included:
+/// a bounded number at once, not all of them (each query in flight holds a connection, and
+/// a Lambda execution environment has 1,024 file descriptors), with the same pages.
+#[tokio::test]
+async fn the_account_log_reads_a_bounded_number_of_partitions_at_once() {
+    use crate::fixtures::{at, endpoint, publish, t0};
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    store
+        .create_account(&crate::fixtures::account("acme"))
+        .await
+        .unwrap();
+    const ENDPOINTS: i64 = 300;
+    let mut expected = Vec::new();
+    for i in 0..ENDPOINTS {
+        let ep = endpoint("acme", &format!("ep_{i:03}"), t0());
+        store.create_endpoint(&ep).await.unwrap();
+        if i % 10 == 0 {
+            let d = publish(&store, &account, i + 1, "invoice.paid", &[&ep]).await;
+            expected.extend(d.into_iter().map(|d| (d.id, i % 30 == 0)));
+        }
+        // All but one in thirty deleted (their pending deliveries abandoned).
+        if i % 30 != 0 {
+            let deletion = EndpointDeletion {
+                account_id: account.clone(),
+                endpoint_id: ep.id.clone(),
+                at: at(1_000),
+            };
+            assert!(store.delete_endpoint(&deletion).await.unwrap());
+        }
+    }
+    expected.reverse();
+
+    let (counted, reads) = counting_reads(&store);
+    let listed: Vec<_> = whole_account_log(&counted, &account, 7)
+        .await
+        .into_iter()
+        .map(|d| (d.id, d.status == DeliveryStatus::Pending))
+        .collect();
+    assert_eq!(listed, expected, "every delivery once, newest first");
+    let most = Reads::get(&reads.most_in_flight);
+    assert!(
+        most > 1 && most <= LOG_READ_CONCURRENCY,
+        "{most} queries in flight at once; at most {LOG_READ_CONCURRENCY}"
+    );
+}
+
+/// A bulk replay reads the endpoint's log a page at a time and stops once it has found one
+/// more matching delivery than it replays (which tells it there is more), rather than
+/// reading the whole window first: a month of deliveries is more than the api's memory.
+#[tokio::test]
+async fn a_bulk_replay_stops_reading_once_it_has_found_one_more_than_its_limit() {
+    use crate::fixtures::{attempt, failed, publish, replay};
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    const WINDOW: i64 = 60;
+    let mut matching = Vec::new();
+    for second in 1..=WINDOW {
+        // Failed, but one in three delivered; one in four of another type.
+        let event_type = if second % 4 == 0 {
+            "user.created"
+        } else {
+            "invoice.paid"
+        };
+        let d = publish(&store, &account, second, event_type, &[&ep])
+            .await
+            .remove(0);
+        let decision = if second % 3 == 0 {
+            Decision::Delivered
+        } else {
+            failed()
+        };
+        attempt(&store, &d.id, second, decision).await;
+        if second % 3 != 0 && second % 4 != 0 {
+            matching.push((second, d.id));
+        }
+    }
+    let filter = ReplayFilter::bulk(
+        crate::fixtures::at(0),
+        None,
+        Some(vec![DeliveryStatus::Failed]),
+        vec![EventType::parse("invoice.paid").unwrap()],
+        false,
+    )
+    .unwrap();
+    let (counted, reads) = counting_reads(&store);
+    let limit = 5;
+    let outcome = counted
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Endpoint(ep.id.clone()),
+                filter.clone(),
+                WINDOW + 10,
+            ),
+            limit,
+        })
+        .await
+        .unwrap();
+    let queued: Vec<_> = outcome
+        .queued
+        .iter()
+        .map(|p| p.delivery_id.clone())
+        .collect();
+    let oldest: Vec<_> = matching[..5].iter().map(|(_, id)| id.clone()).collect();
+    assert_eq!(queued, oldest, "the oldest matching ones");
+    assert_eq!((outcome.replay.count, outcome.replay.more), (5, true));
+    // The sixth match tells there is more; what is read past it is one page at most.
+    let (sixth, _) = matching[5];
+    let scanned = Reads::get(&reads.scanned);
+    let most = usize::try_from(sixth).unwrap() + 2 * (limit as usize + 1);
+    assert!(
+        scanned <= most,
+        "read {scanned} deliveries of the {WINDOW} in the window; the sixth match is the {sixth}th"
+    );
+
+    // Asked again, it goes on with the next ones (the first five are pending now).
+    let outcome = counted
+        .replay(&ReplayRequest {
+            replay: replay(
+                &account,
+                ReplayScope::Endpoint(ep.id.clone()),
+                filter,
+                WINDOW + 11,
+            ),
+            limit,
+        })
+        .await
+        .unwrap();
+    let queued: Vec<_> = outcome
+        .queued
+        .iter()
+        .map(|p| p.delivery_id.clone())
+        .collect();
+    let next: Vec<_> = matching[5..10].iter().map(|(_, id)| id.clone()).collect();
+    assert_eq!(queued, next);
+    assert!(outcome.replay.more);
+}
+
+/// Tombstones never expire, but the account's log passes over the partitions of endpoints
+/// deleted so long ago that none of their deliveries can still be shown; not those of one
+/// deleted lately, nor of one whose delete has yet to abandon its pending work.
+#[tokio::test]
+async fn the_account_log_passes_over_endpoints_deleted_longer_ago_than_it_shows() {
+    let store = store_hiding_expired().await;
+    let account = AccountId::from_trusted("acme".into());
+    let [_, old, recent, unfinished] = crate::fixtures::account_with_endpoints(
+        &store,
+        "acme",
+        ["ep_live", "ep_old", "ep_recent", "ep_unfinished"],
+    )
+    .await;
+    let now = chrono::Utc::now();
+    let shown_for = store.retention.retries + store.retention.deliveries;
+    let long_ago = crate::clock::sub(now, shown_for + std::time::Duration::from_secs(3_600));
+    let lately = crate::clock::sub(now, shown_for - std::time::Duration::from_secs(3_600));
+    for (endpoint, at) in [(&old, long_ago), (&recent, lately), (&unfinished, long_ago)] {
+        let deletion = EndpointDeletion {
+            account_id: account.clone(),
+            endpoint_id: endpoint.id.clone(),
+            at,
+        };
+        assert!(store.delete_endpoint(&deletion).await.unwrap());
+    }
+    // As a delete that stopped before abandoning its work leaves it.
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().endpoints)
+        .set_key(Some(account_key("acme", "ep_unfinished")))
+        .update_expression("SET failing_shard = :disabling")
+        .expression_attribute_values(":disabling", s(DISABLING_SHARD))
+        .send()
+        .await
+        .unwrap();
+
+    let ids = |ids: Vec<EndpointId>| ids.into_iter().map(|id| id.to_string()).collect::<Vec<_>>();
+    let read = store.endpoints_with_a_log(&account).await.unwrap();
+    assert_eq!(ids(read), ["ep_live", "ep_recent", "ep_unfinished"]);
+    let (counted, reads) = counting_reads(&store);
+    let query = DeliveryQuery {
+        limit: 10,
+        ..DeliveryQuery::default()
+    };
+    counted.list_deliveries(&account, &query).await.unwrap();
+    assert_eq!(
+        Reads::get(&reads.queries),
+        1 + 3,
+        "the endpoints, then three log partitions"
+    );
+    // A store showing what has expired (the contract tests') reads every one.
+    let showing = store.clone().showing_expired();
+    let read = showing.endpoints_with_a_log(&account).await.unwrap();
+    assert_eq!(read.len(), 4);
+}
