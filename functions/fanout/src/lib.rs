@@ -15,8 +15,9 @@ pub async fn handle(shape: &AwsShape, event: Event) -> DynamoDbEventResponse {
 }
 
 /// As [`handle`], fanning out until `deadline` (see [`fan_out_deadline`]): the events not
-/// done by then are reported from the first of them, and Lambda's next invocation (not
-/// counted as a failure of the function) begins there.
+/// done by then are reported from the first of them, and Lambda's next invocation begins
+/// there (a retry under the trigger's `MaximumRetryAttempts`; past them, the sweeper fans out
+/// what is left).
 pub async fn handle_until(
     shape: &AwsShape,
     event: Event,
@@ -113,15 +114,50 @@ mod tests {
         (settings, shape, outbox_event)
     }
 
+    /// The fixture's outbox record and a second outbox event after it (`evt_outbox_2`,
+    /// sequence number …093), as one stream batch; or, with `from_second`, the batch Lambda
+    /// retries from the second.
+    fn two_outbox_records(from_second: bool) -> Event {
+        let mut batch: serde_json::Value =
+            serde_json::from_str(include_str!("../fixtures/events-stream.json")).unwrap();
+        let records = batch["Records"].as_array_mut().unwrap();
+        let text = serde_json::to_string(&records[0])
+            .unwrap()
+            .replace("evt_outbox_1", "evt_outbox_2")
+            .replace(
+                "4421584500000000017450439091",
+                "4421584500000000017450439093",
+            );
+        let second: serde_json::Value = serde_json::from_str(&text).unwrap();
+        if from_second {
+            *records = vec![second];
+        } else {
+            records.truncate(1);
+            records.push(second);
+        }
+        serde_json::from_value(batch).unwrap()
+    }
+
     /// An invocation whose time runs out reports the events it did not fan out, from the
     /// first of them, rather than run into Lambda's timeout with nothing queued or marked;
-    /// the next invocation, from there, fans them out.
+    /// the next invocation, from there, fans them out. The first event always runs to its
+    /// end (a retry of it would begin again from nothing).
     #[tokio::test]
     async fn out_of_time_the_rest_is_left_to_the_next_invocation() {
-        let (settings, shape, outbox_event) = the_fixtures_outbox_event().await;
+        let (settings, shape, first) = the_fixtures_outbox_event().await;
         let store = shape.app.store.as_ref();
+        let second = hooklane::domain::Event::new(
+            EventId::parse("evt_outbox_2").unwrap(),
+            first.account_id.clone(),
+            first.event_type.clone(),
+            first.created_at,
+            &serde_json::json!({"amount": 42}),
+        )
+        .unwrap();
+        write_through_outbox(&shape, &second).await;
         // No time left at all.
-        let late = handle_until(&shape, fixture(), Some(tokio::time::Instant::now())).await;
+        let batch = two_outbox_records(false);
+        let late = handle_until(&shape, batch, Some(tokio::time::Instant::now())).await;
         let failures: Vec<_> = late
             .batch_item_failures
             .iter()
@@ -129,26 +165,21 @@ mod tests {
             .collect();
         assert_eq!(
             failures,
-            [Some("4421584500000000017450439091".to_owned())],
-            "the outbox event's record is where the next invocation begins"
+            [Some("4421584500000000017450439093".to_owned())],
+            "the second event's record is where the next invocation begins"
         );
-        assert_eq!(queued(&settings).await, 0, "nothing queued out of time");
+        assert_eq!(store.deliveries_of_event(&first).await.unwrap().len(), 1);
+        assert_eq!(queued(&settings).await, 1, "the first event's delivery");
         let in_30_s = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64
             + 30_000;
-        let next = handle_until(&shape, fixture(), Some(fan_out_deadline(in_30_s))).await;
+        let retry = two_outbox_records(true);
+        let next = handle_until(&shape, retry, Some(fan_out_deadline(in_30_s))).await;
         assert!(next.batch_item_failures.is_empty(), "{next:?}");
-        assert_eq!(
-            store
-                .deliveries_of_event(&outbox_event)
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
-        assert_eq!(queued(&settings).await, 1);
+        assert_eq!(store.deliveries_of_event(&second).await.unwrap().len(), 1);
+        assert_eq!(queued(&settings).await, 1, "the second event's delivery");
     }
 
     #[tokio::test]

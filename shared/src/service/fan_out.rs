@@ -142,10 +142,10 @@ pub fn longest_event_fan_out(endpoints: u64) -> std::time::Duration {
 #[cfg(feature = "aws")]
 pub const WRITE_TIME: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// As [`fan_out_batch`], beginning no event's fan-out after `deadline` and giving up those
-/// still running then: they and the events after them are reported as `failed` with no
-/// `error` (out of time), to be fanned out by the next invocation, which Lambda starts from
-/// the first of them. Those done are queued and marked as usual. A stream batch of a large
+/// As [`fan_out_batch`], giving up at `deadline` the events still running (all but the
+/// first, which runs to its end): they and the events after them are reported as `failed`
+/// with no `error` (out of time), to be fanned out by the next invocation, which Lambda
+/// starts from the first of them. Those done are queued and marked as usual. A stream batch of a large
 /// account's events otherwise ran into the function's timeout with nothing queued or
 /// marked, and every retry began the batch again.
 pub async fn fan_out_batch_until(
@@ -211,7 +211,10 @@ pub async fn fan_out_batch_until(
     let mut out_of_time = None;
     let mut next = 0;
     loop {
-        let item = match deadline {
+        // The first event always runs to its end: a fan-out begins again from nothing when
+        // retried (each write is made again), so one cut short at the deadline every time
+        // would never end, and hold back every event after it.
+        let item = match deadline.filter(|_| next > 0) {
             Some(deadline) => match tokio::time::timeout_at(deadline, done.next()).await {
                 Ok(item) => item,
                 Err(_) => {
@@ -247,6 +250,9 @@ pub async fn fan_out_batch_until(
             };
         }
     }
+    // Out of time before the event whose endpoints could not be read: the events between
+    // were cut short, so the retry begins at the first of them.
+    let failure = failure.filter(|(position, _)| out_of_time.is_none_or(|t| *position < t));
     let (failed, error) = match (failure, out_of_time) {
         (Some((position, error)), _) => (Some(position), Some(error)),
         (None, Some(position)) => {
