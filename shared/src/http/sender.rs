@@ -307,7 +307,7 @@ impl HttpSender {
         drop(client);
         let mut reply = sent.map_err(|e| match refused_address(&e) {
             Some(refused) => Failure::Other(refused_at_send(host, refused.reason())),
-            None => match LocalFault::find(&e) {
+            None => match local_fault_of(e.is_connect(), &e) {
                 Some(fault) => Failure::Local(fault),
                 None => Failure::Other(describe(&e)),
             },
@@ -339,6 +339,21 @@ impl HttpSender {
             response.body.extend_from_slice(&chunk);
         }
         Ok(())
+    }
+}
+
+/// The fault of this process's own behind a failed send, if the send failed while
+/// `connecting` (the name lookup included): only then is it sure nothing reached the
+/// endpoint. Out of memory writing the body or reading the answer, the request may have been
+/// taken, so that is the attempt's failure like any other.
+fn local_fault_of(
+    connecting: bool,
+    error: &(dyn std::error::Error + 'static),
+) -> Option<LocalFault> {
+    if connecting {
+        LocalFault::find(error)
+    } else {
+        None
     }
 }
 
@@ -564,6 +579,16 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&*self.1)
         }
+    }
+
+    /// Only a send that failed connecting can be known unsent: socket memory short while the
+    /// body or the answer was on its way is the attempt's failure.
+    #[test]
+    fn a_fault_after_connecting_is_the_attempts() {
+        let os = std::io::Error::from_raw_os_error;
+        let error = std::io::Error::other(os(ENOMEM));
+        assert_eq!(local_fault_of(false, &error), None);
+        assert_eq!(local_fault_of(true, &error), Some(LocalFault::SocketMemory));
     }
 
     /// EMFILE, ENFILE and the rest, however deep in a chain (as a source, inside an
