@@ -622,7 +622,9 @@ impl<'a> From<&'a MintedKey> for NewKeyView<'a> {
 pub struct ReplayView<'a> {
     pub id: &'a str,
     pub account_id: &'a str,
-    /// Who asked: `admin` or `token:<token id>`.
+    /// Who asked: `admin`, `key:<key id>` or `token:<token id>`; read by an account token
+    /// (a customer, a portal link), `platform` for the admin token and API keys, as in the
+    /// audit log.
     pub actor: &'a str,
     #[schema(value_type = ReplayScopeName)]
     pub scope: &'static str,
@@ -653,6 +655,23 @@ pub struct ReplayView<'a> {
     pub missed: u32,
     /// More deliveries matched than one request replays: send the same request again.
     pub more: bool,
+}
+
+impl<'a> ReplayView<'a> {
+    /// The replay as `principal` may read it: an account token does not learn which of the
+    /// operator's keys asked (see [`AuditView::shown_to`]).
+    pub fn shown_to(r: &'a Replay, principal: &Principal) -> Self {
+        let mut view = Self::from(r);
+        let customer = matches!(principal, Principal::Account { .. });
+        let platform = matches!(
+            Actor::parse(&r.actor),
+            Some(Actor::Admin | Actor::Key(_)) | None
+        );
+        if customer && platform {
+            view.actor = "platform";
+        }
+        view
+    }
 }
 
 impl<'a> From<&'a Replay> for ReplayView<'a> {
@@ -959,5 +978,41 @@ mod tests {
             let recorded = serde_json::to_value(AuditView::from(&made)).unwrap();
             assert_eq!(shown(&made, &customer()), recorded);
         }
+    }
+
+    /// The replay trail tells an account token no more than its audit log does: the
+    /// operator's key behind a replay reads as `platform`.
+    #[test]
+    fn replays_of_the_platform_name_no_key_to_an_account_token() {
+        use crate::domain::{DeliveryId, ReplayFilter, ReplayScope};
+        let key = ApiKeyId::generate();
+        let account = AccountId::parse("acme").unwrap();
+        let made_by = |actor: String| {
+            let mut replay = crate::fixtures::replay(
+                &account,
+                ReplayScope::Delivery(DeliveryId::from_trusted("dlv_1".into())),
+                ReplayFilter::single(),
+                0,
+            );
+            replay.actor = actor;
+            replay
+        };
+        let by_key = made_by(format!("key:{key}"));
+        let shown = ReplayView::shown_to(&by_key, &customer());
+        assert_eq!(shown.actor, "platform");
+        assert_eq!(made_by("admin".into()).actor, "admin");
+        assert_eq!(
+            ReplayView::shown_to(&made_by("admin".into()), &customer()).actor,
+            "platform"
+        );
+        assert_eq!(
+            ReplayView::shown_to(&by_key, &Principal::Admin).actor,
+            format!("key:{key}")
+        );
+        let by_token = made_by("token:tok_2".into());
+        assert_eq!(
+            ReplayView::shown_to(&by_token, &customer()).actor,
+            "token:tok_2"
+        );
     }
 }

@@ -110,6 +110,7 @@ pub async fn replay_endpoint(
 )]
 pub async fn list_replays(
     State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
     Scoped(account): Scoped,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
@@ -128,7 +129,11 @@ pub async fn list_replays(
     }
     let page = replay::list(&state.app, &account, after.as_ref(), limit).await?;
     Ok(Json(ListView {
-        data: page.items.iter().map(ReplayView::from).collect(),
+        data: page
+            .items
+            .iter()
+            .map(|r| ReplayView::shown_to(r, &principal))
+            .collect(),
         next_cursor: page.next_cursor,
     })
     .into_response())
