@@ -101,13 +101,21 @@ impl CoreConfig {
         &self.sender.policy
     }
 
-    /// The largest request body a publish (or any route but the batch's) may send: a webhook
+    /// The largest request body a publish (or an endpoint's test event) may send: a webhook
     /// body at the limit however its text is escaped ([`JSON_ESCAPE_FACTOR`]), plus room for
     /// the event's id and type and for whitespace the compact body drops. The limit that
     /// matters, `max_payload_bytes`, is checked on the event as re-written. On AWS (350 KiB
     /// at most) this is 2.2 MB, within the api function's 6 MB request.
     pub fn body_limit(&self) -> usize {
         JSON_ESCAPE_FACTOR * self.max_payload_bytes + 16 * 1024
+    }
+
+    /// The largest request body of the routes that carry no event data (endpoints, keys,
+    /// tokens, replays…): the payload limit and 16 KiB, far more than any of them needs. Not
+    /// scaled for escaping: a body is held and parsed whole, and these routes are open to
+    /// account tokens and portal links.
+    pub fn other_body_limit(&self) -> usize {
+        self.max_payload_bytes + 16 * 1024
     }
 
     /// The largest body of a batch publish: [`MAX_BATCH`](crate::service::publish::MAX_BATCH)

@@ -138,6 +138,22 @@ async fn bad_input_is_refused_with_the_field_named() {
         (413, &Value::Null),
         "{body}"
     );
+    // A route without event data keeps to HOOKLANE_MAX_PAYLOAD and 16 KiB: a body parsed
+    // whole, open to account tokens and portal links.
+    let (status, body) = server
+        .post(
+            endpoints,
+            json!({"url": "https://example.com/hook", "description": "x".repeat(300 * 1024)}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["message"].as_str()),
+        (
+            413,
+            Some("the request body is larger than the limit of 278528 bytes")
+        ),
+        "{body}"
+    );
     // Within it, but the webhook body is over HOOKLANE_MAX_PAYLOAD: `data` is named.
     let (status, body) = server
         .post(

@@ -28,19 +28,26 @@ pub fn too_large(limit: usize) -> ApiError {
     )
 }
 
-/// Sets the request's [`BodyLimit`] (a batch publish's, or every other route's) and refuses
-/// a request whose `Content-Length` is over it before a byte of the body is read. A body
-/// without a length (chunked) is cut off by [`JsonBody`] at the first byte past the limit.
+/// Sets the request's [`BodyLimit`] (a batch publish's, a single event's, or every other
+/// route's) and refuses a request whose `Content-Length` is over it before a byte of the
+/// body is read. A body without a length (chunked) is cut off by [`JsonBody`] at the first
+/// byte past the limit.
 pub async fn limit_body(
     axum::extract::State(state): axum::extract::State<super::ApiState>,
     mut request: Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let config = &state.app.config;
-    let limit = if request.uri().path().ends_with("/events/batch") {
+    let path = request.uri().path();
+    let limit = if path.ends_with("/events/batch") {
         config.batch_body_limit()
-    } else {
+    } else if request.method() == axum::http::Method::POST
+        && (path.ends_with("/events") || path.ends_with("/test"))
+    {
+        // A publish, or an endpoint's test event: event data, which may come escaped.
         config.body_limit()
+    } else {
+        config.other_body_limit()
     };
     let declared = request
         .headers()

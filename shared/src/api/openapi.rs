@@ -154,7 +154,7 @@ pub enum ReadErrors {
 pub enum BodyErrors {
     #[response(
         status = 413,
-        description = "The request body is over its limit (the message names it; a `Content-Length` over it is refused before the body is read), or an event's webhook body is over `HOOKLANE_MAX_PAYLOAD` (256 KiB by default). A request body may be six times `HOOKLANE_MAX_PAYLOAD` and 16 KiB more, room for text escaped as `\\uXXXX` (as Python's `json.dumps` does by default); a batch's, 3.7 MB as sent (or one event's limit, if larger)"
+        description = "The request body is over its limit (the message names it; a `Content-Length` over it is refused before the body is read), or an event's webhook body is over `HOOKLANE_MAX_PAYLOAD` (256 KiB by default). A publish's (or a test event's) request body may be six times `HOOKLANE_MAX_PAYLOAD` and 16 KiB more, room for text escaped as `\\uXXXX` (as Python's `json.dumps` does by default); other routes' bodies, `HOOKLANE_MAX_PAYLOAD` and 16 KiB more; a batch's, 3.7 MB as sent (or one event's limit, if larger)"
     )]
     TooLarge(ErrorBody<'static>),
     #[response(status = 415, description = "The body is not `application/json`")]
