@@ -425,3 +425,43 @@ async fn every_refused_address_is_answered_alike() {
     let (_, stored) = server.get(&endpoint).await;
     assert_eq!(stored["url"], "http://127.0.0.1:9/hook", "{stored}");
 }
+
+/// A body sent without a `Content-Length` (chunked) is cut off at its route's limit too,
+/// on the route that reads an optional body itself (a secret's rotation).
+#[tokio::test]
+async fn a_chunked_body_is_cut_off_at_its_routes_limit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let scratch = Scratch::new("chunked-limit");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (endpoint, _) = server
+        .create_endpoint("acme", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    let mut stream = tokio::net::TcpStream::connect(server.base.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/accounts/acme/endpoints/{endpoint}/secret/rotate HTTP/1.1\r\nHost: localhost\r\n\
+         Authorization: Bearer {}\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n",
+        crate::support::ADMIN_TOKEN
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    // 300 KB of whitespace ahead of a valid body: over 256 KiB and 16 KiB.
+    let body = format!("{}{{}}", " ".repeat(300 * 1024));
+    let chunk = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    // The server may answer and close before all of it is written.
+    let _ = stream.write_all(chunk.as_bytes()).await;
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut answer))
+        .await
+        .expect("no answer within 10 s")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(
+        answer.starts_with("HTTP/1.1 413"),
+        "a 300 KB chunked rotation body: {}",
+        answer.lines().next().unwrap_or_default()
+    );
+    assert!(answer.contains("278528"), "{answer}");
+}

@@ -109,30 +109,50 @@ where
                 "send a JSON body with `Content-Type: application/json`",
             ));
         }
-        let bytes = match request.extensions().get::<BodyLimit>().copied() {
-            // Read chunk by chunk, stopping at the first byte past the limit.
-            Some(BodyLimit(limit)) => Limited::new(request.into_body(), limit)
-                .collect()
-                .await
-                .map(|body| body.to_bytes())
-                .map_err(|error| {
-                    if error.is::<LengthLimitError>() {
-                        too_large(limit)
-                    } else {
-                        ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", error.to_string())
-                    }
-                })?,
-            None => Bytes::from_request(request, state)
-                .await
-                .map_err(|rejection| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_body",
-                        rejection.body_text(),
-                    )
-                })?,
-        };
+        let bytes = read_limited(request, state).await?;
         parse_object(&bytes).map(JsonBody)
+    }
+}
+
+/// A body read whole within the request's [`BodyLimit`], for a route that parses it itself
+/// (an optional body).
+pub struct LimitedBytes(pub Bytes);
+
+impl<S> FromRequest<S> for LimitedBytes
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        read_limited(request, state).await.map(LimitedBytes)
+    }
+}
+
+/// The request's body, read chunk by chunk and stopped at the first byte past its
+/// [`BodyLimit`] (a body without a `Content-Length` is not refused before it is read).
+async fn read_limited<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, ApiError> {
+    match request.extensions().get::<BodyLimit>().copied() {
+        Some(BodyLimit(limit)) => Limited::new(request.into_body(), limit)
+            .collect()
+            .await
+            .map(|body| body.to_bytes())
+            .map_err(|error| {
+                if error.is::<LengthLimitError>() {
+                    too_large(limit)
+                } else {
+                    ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", error.to_string())
+                }
+            }),
+        None => Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_body",
+                    rejection.body_text(),
+                )
+            }),
     }
 }
 

@@ -287,7 +287,7 @@ pub async fn rotate_secret(
     State(state): State<ApiState>,
     ScopedId(account, endpoint): ScopedId<EndpointId>,
     caller: Caller,
-    body: axum::body::Bytes,
+    crate::api::json::LimitedBytes(body): crate::api::json::LimitedBytes,
 ) -> ApiResult<Response> {
     // The body is optional: an empty POST (or `null`) rotates with the default grace period.
     let text = body.trim_ascii();
