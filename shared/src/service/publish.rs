@@ -171,8 +171,8 @@ async fn through_stream(
 
 /// The event `id` as a retry over the publish limit is answered, if it is already published
 /// and cheap to answer: the limit is what bounds a caller's reads, so an event with more
-/// deliveries than an answer lists, an event whose deliveries are not written yet, or a read
-/// that fails leaves the caller its 429 (a retry within the limit gets the full answer).
+/// deliveries than an answer lists, or a read that fails, leaves the caller its 429 (a retry
+/// within the limit gets the full answer).
 async fn already_published(app: &App, account: &AccountId, id: &EventId) -> Option<Published> {
     let event = app.store.get_event(account, id).await.ok()??;
     let first = app
@@ -180,12 +180,20 @@ async fn already_published(app: &App, account: &AccountId, id: &EventId) -> Opti
         .event_deliveries(&event, RETRY_ANSWER_DELIVERIES)
         .await
         .ok()?;
-    if first.more || first.deliveries.is_empty() {
+    let deliveries = if first.deliveries.is_empty() {
+        // None written: the fan-out has not run yet, or no endpoint takes the event; the
+        // answer lists the ones it creates, as a retry within the limit does.
+        let endpoints = app.store.list_endpoints(account).await.ok()?;
+        planned_deliveries(&event, &endpoints)
+    } else {
+        first.deliveries
+    };
+    if first.more || deliveries.len() > RETRY_ANSWER_DELIVERIES as usize {
         return None;
     }
     Some(Published {
         event,
-        deliveries: first.deliveries,
+        deliveries,
         created: false,
     })
 }
