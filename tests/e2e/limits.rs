@@ -400,16 +400,7 @@ async fn a_payload_within_the_limit_is_taken_however_its_text_is_escaped() {
         let server = &server;
         let body = format!(r#"{{"id":"{id}","type":"a.b","data":{data}}}"#);
         async move {
-            let response = reqwest::Client::new()
-                .post(format!("{}/v1/accounts/acme/events", server.base))
-                .bearer_auth(ADMIN_TOKEN)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .expect("publish");
-            let status = response.status().as_u16();
-            let text = response.text().await.unwrap_or_default();
+            let (status, text) = server.post_text("/v1/accounts/acme/events", body).await;
             (
                 status,
                 serde_json::from_str(&text).unwrap_or(Value::String(text)),

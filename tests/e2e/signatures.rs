@@ -318,17 +318,9 @@ async fn floats_keep_their_value_from_publish_to_webhook() {
         r#"{{"id":"floats.1","type":"measurement.taken","data":{{"values":[{}]}}}}"#,
         numbers.join(",")
     );
+    let (status, published) = server.post_text("/v1/accounts/acme/events", body).await;
+    assert_eq!(status, 202, "{published}");
     let http = reqwest::Client::new();
-    let answer = http
-        .post(format!("{}/v1/accounts/acme/events", server.base))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .expect("publish");
-    assert_eq!(answer.status().as_u16(), 202);
-    let published = answer.text().await.expect("answer");
     let read = http
         .get(format!("{}/v1/accounts/acme/events/floats.1", server.base))
         .bearer_auth(ADMIN_TOKEN)

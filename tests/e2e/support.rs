@@ -286,6 +286,22 @@ impl Server {
         )
     }
 
+    /// POSTs `body` as JSON text exactly as given (escapes, number spellings), as the admin;
+    /// the status and the answer's text.
+    pub async fn post_text(&self, path: &str, body: String) -> (u16, String) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+
     pub async fn raw_post(
         &self,
         path: &str,
