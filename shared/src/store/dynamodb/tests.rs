@@ -1517,33 +1517,6 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
     }
 }
 
-/// Counts the items every query answers.
-#[derive(Debug, Default)]
-struct QueriedItems(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl aws_smithy_runtime_api::client::interceptors::Intercept for QueriedItems {
-    fn name(&self) -> &'static str {
-        "QueriedItems"
-    }
-
-    fn read_after_deserialization(
-        &self,
-        context: &aws_smithy_runtime_api::client::interceptors::context::AfterDeserializationInterceptorContextRef<'_>,
-        _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
-        _: &mut aws_smithy_types::config_bag::ConfigBag,
-    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        if let Ok(output) = context.output_or_error() {
-            if let Some(query) =
-                output.downcast_ref::<aws_sdk_dynamodb::operation::query::QueryOutput>()
-            {
-                let count = usize::try_from(query.count()).unwrap_or_default();
-                self.0.fetch_add(count, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Account `acme` with an active endpoint and a disabled one.
 async fn live_and_disabled_endpoints(store: &DynamoStore) -> (Endpoint, Endpoint) {
     let [live] = crate::fixtures::account_with_endpoints(store, "acme", ["ep_live"]).await;
@@ -1596,18 +1569,7 @@ async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
             .unwrap();
         expected.push((at, d.id));
     }
-    let read = QueriedItems::default();
-    let count = read.0.clone();
-    let config = store
-        .client()
-        .config()
-        .to_builder()
-        .interceptor(read)
-        .build();
-    let counted = DynamoStore {
-        client: aws_sdk_dynamodb::Client::from_conf(config),
-        ..store.clone()
-    };
+    let (counted, reads) = counting_reads(&store);
 
     let due_before = add(t0(), Duration::from_secs(3600));
     let limit = 10;
@@ -1620,7 +1582,7 @@ async fn a_walk_of_due_deliveries_reads_each_page_not_the_whole_backlog() {
     let (shards, limit_items) = (PENDING_SHARDS as usize, limit as usize);
     let per_shard = limit_items.div_ceil(shards) + 2;
     let most = 2 * DUE as usize + 2 * DUE as usize + pages * shards * per_shard;
-    let queried = count.load(std::sync::atomic::Ordering::SeqCst);
+    let queried = Reads::get(&reads.returned);
     assert!(
         queried <= most,
         "{pages} pages of {limit} read {queried} items; at most {most} were needed"
@@ -2349,14 +2311,15 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
     assert!(!item.contains_key("failing_since"), "{item:?}");
 }
 
-/// What a client's requests did: the most in flight at once, and the queries and the items
-/// they read (before their filters: what DynamoDB charges for).
+/// What a client's requests did: the most in flight at once, and the queries, the items
+/// they read (before their filters: what DynamoDB charges for) and the items they answered.
 #[derive(Debug, Default)]
 struct Reads {
     in_flight: std::sync::atomic::AtomicUsize,
     most_in_flight: std::sync::atomic::AtomicUsize,
     queries: std::sync::atomic::AtomicUsize,
     scanned: std::sync::atomic::AtomicUsize,
+    returned: std::sync::atomic::AtomicUsize,
 }
 
 impl Reads {
@@ -2411,6 +2374,8 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for CountReads {
             self.0.queries.fetch_add(1, SeqCst);
             let scanned = usize::try_from(query.scanned_count()).unwrap_or_default();
             self.0.scanned.fetch_add(scanned, SeqCst);
+            let returned = usize::try_from(query.count()).unwrap_or_default();
+            self.0.returned.fetch_add(returned, SeqCst);
         }
         Ok(())
     }
