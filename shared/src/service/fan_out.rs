@@ -219,6 +219,12 @@ pub async fn fan_out_batch_until(
         // retried (each write is made again), so one cut short at the deadline every time
         // would never end, and hold back every event after it.
         let item = match deadline.filter(|_| next > 0) {
+            // Past it, an event that happens to be finished already is not taken either:
+            // where a batch stops does not depend on how its events were scheduled.
+            Some(deadline) if tokio::time::Instant::now() >= deadline => {
+                out_of_time = Some(next);
+                break;
+            }
             Some(deadline) => match tokio::time::timeout_at(deadline, done.next()).await {
                 Ok(item) => item,
                 Err(_) => {
