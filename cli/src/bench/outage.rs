@@ -132,6 +132,22 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
     })
     .await;
     let healthy_latencies = latencies_ms(&farm, &healthy, &clock);
+    // The same, by when the event was published: while the outage's calls ran, while its
+    // fan-out ran, after.
+    let calls_end = started + calls_took;
+    let fan_out_end = started + publishing;
+    let by_phase = |from: Instant, to: Instant| -> Vec<f64> {
+        let mut phase: Vec<f64> = timed_arrivals(&farm, &healthy, &clock)
+            .into_iter()
+            .filter(|(published, _)| *published >= from && *published < to)
+            .map(|(published, arrived)| ms_between(published, arrived))
+            .collect();
+        phase.sort_by(f64::total_cmp);
+        phase
+    };
+    let healthy_during_calls = by_phase(started, calls_end);
+    let healthy_during_fan_out = by_phase(calls_end, fan_out_end);
+    let healthy_after = by_phase(fan_out_end, Instant::now());
     let healthy_arrived = delivered(&farm, &healthy);
     // An answered attempt is recorded a moment after the endpoint answers; a kill before
     // that sends it again after the restart (at-least-once). The crash below is for the
@@ -185,6 +201,9 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         "attempts_per_s_after_publishing": round(attempts_after as f64 / settle.as_secs_f64()),
         "healthy_p50_ms": round(percentile(&healthy_latencies, 50.0)),
         "healthy_p99_ms": round(percentile(&healthy_latencies, 99.0)),
+        "healthy_p99_ms_during_calls": round(percentile(&healthy_during_calls, 99.0)),
+        "healthy_p99_ms_during_fan_out": round(percentile(&healthy_during_fan_out, 99.0)),
+        "healthy_p99_ms_after": round(percentile(&healthy_after, 99.0)),
         "healthy_publish_call_p50_ms": round(percentile(&healthy_calls, 50.0)),
         "healthy_publish_call_p99_ms": round(percentile(&healthy_calls, 99.0)),
         "database_bytes_per_delivery": database_bytes.map(|(file, _)| file / deliveries.max(1) as u64),
