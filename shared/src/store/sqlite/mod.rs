@@ -134,11 +134,11 @@ impl SqliteStore {
             conn.pragma_update(None, "wal_autocheckpoint", WAL_BACKSTOP_PAGES)
                 .map_err(backend)?;
             let (commits, committed) = mpsc::sync_channel(1);
-            let restart = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let wanted = Arc::clone(&restart);
+            let restart = Arc::new(Restart::default());
+            let shared = Arc::clone(&restart);
             std::thread::Builder::new()
                 .name("sqlite-checkpoint".into())
-                .spawn(move || run_checkpoints(checkpointer, committed, &wanted))
+                .spawn(move || run_checkpoints(checkpointer, committed, &shared))
                 .map_err(|e| {
                     StoreError::Backend(format!("cannot start the checkpoint thread: {e}"))
                 })?;

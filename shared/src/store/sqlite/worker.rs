@@ -1,5 +1,7 @@
 //! The store thread, the reader threads and the checkpointer: who owns which connection.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::rows::*;
 use super::*;
 
@@ -15,8 +17,20 @@ pub(super) struct Helpers {
 pub(super) struct Checkpoints {
     /// Signalled after each commit (full means a checkpoint is already asked for).
     pub(super) commits: mpsc::SyncSender<()>,
+    pub(super) restart: Arc<Restart>,
+}
+
+/// The two threads' side of a WAL restart (see [`run_checkpoints`] and [`run_jobs`]).
+#[derive(Default)]
+pub(super) struct Restart {
     /// Set by the checkpointer when the WAL is past `WAL_RESTART_PAGES`.
-    pub(super) restart: Arc<std::sync::atomic::AtomicBool>,
+    wanted: AtomicBool,
+    /// Set by the store thread while it holds the busy lanes back for the restart.
+    holding: AtomicBool,
+    /// Set by the checkpointer once it has copied what was written before the hold.
+    caught_up: AtomicBool,
+    /// The checkpointer's thread, woken from its pause by a hold.
+    checkpointer: std::sync::OnceLock<std::thread::Thread>,
 }
 
 /// An in-memory database is private to its connection: reads share the store thread.
@@ -228,6 +242,17 @@ impl Waiting {
     /// Every job of the quiet lanes (within `max_jobs` and `max_rows`), if a lane that is
     /// not quiet waits too (else the usual batch is the same thing).
     fn quiet_batch(&mut self, max_jobs: usize, max_rows: usize) -> Vec<Job> {
+        self.quiet_lanes(max_jobs, max_rows, false)
+    }
+
+    /// Every job of the quiet lanes (within `max_jobs` and `max_rows`), and nothing of the
+    /// others: the batches while a WAL restart holds the busy lanes back.
+    pub(super) fn quiet_only(&mut self, max_jobs: usize, max_rows: usize) -> Vec<Job> {
+        self.quiet_request = false;
+        self.quiet_lanes(max_jobs, max_rows, true)
+    }
+
+    fn quiet_lanes(&mut self, max_jobs: usize, max_rows: usize, alone: bool) -> Vec<Job> {
         let (mut jobs, mut rows) = (0, 0);
         let mut quiet = Vec::new();
         for lane in &self.turns {
@@ -243,7 +268,7 @@ impl Waiting {
                 quiet.push(lane.clone());
             }
         }
-        if quiet.is_empty() || quiet.len() == self.turns.len() {
+        if quiet.is_empty() || (!alone && quiet.len() == self.turns.len()) {
             return Vec::new();
         }
         let batch = quiet
@@ -267,51 +292,61 @@ impl Waiting {
 /// and reads all the time never has, so the file grew by every page written (851 MB in the
 /// W5 outage) and the store thread's backstop checkpoint then ran after every commit. Past
 /// `WAL_RESTART_PAGES` the checkpointer asks the store thread, the only writer, for a
-/// RESTART checkpoint between two batches (see [`run_jobs`]).
-pub(super) fn run_checkpoints(
-    conn: Connection,
-    commits: mpsc::Receiver<()>,
-    restart: &std::sync::atomic::AtomicBool,
-) {
-    while commits.recv().is_ok() {
-        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+/// RESTART checkpoint between two batches.
+///
+/// The RESTART copies what no pass has yet, while every write waits. In the W5 outage the
+/// writer outpaced the passes, and each restart copied 1,000–8,000 frames in 50–170 ms,
+/// once a second: the healthy account's publishes waited behind it. So the store thread
+/// first holds back the busy lanes and goes on with the quiet ones (see [`run_jobs`]),
+/// and the checkpointer, seeing the hold, passes until it has caught up: the RESTART then
+/// has next to nothing to copy.
+pub(super) fn run_checkpoints(conn: Connection, commits: mpsc::Receiver<()>, restart: &Restart) {
+    let pass = || {
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
             row.get::<_, i64>(1)
-        }) {
+        })
+    };
+    let _ = restart.checkpointer.set(std::thread::current());
+    while commits.recv().is_ok() {
+        if restart.holding.load(Ordering::Acquire) {
+            if let Ok(log) = pass() {
+                catch_up_passes(log, || pass().ok());
+            }
+            restart.caught_up.store(true, Ordering::Release);
+            // No pass while the store thread restarts: its RESTART would find the
+            // checkpoint lock taken and give up.
+            let since = std::time::Instant::now();
+            while restart.holding.load(Ordering::Acquire) && since.elapsed() < HOLD_MAX * 4 {
+                std::thread::sleep(HOLD_POLL);
+            }
+            continue;
+        }
+        match pass() {
             Ok(pages) if pages > WAL_RESTART_PAGES => {
-                catch_up(&conn, pages);
-                restart.store(true, std::sync::atomic::Ordering::Relaxed);
+                restart.wanted.store(true, Ordering::Release);
             }
             Ok(_) => {}
             Err(error) => {
                 tracing::warn!(%error, "WAL checkpoint failed; the store thread checkpoints past the backstop");
             }
         }
-        std::thread::sleep(CHECKPOINT_PAUSE);
+        // The pause between passes, cut short by a hold (the store thread unparks it).
+        let since = std::time::Instant::now();
+        while !restart.holding.load(Ordering::Acquire) {
+            let Some(left) = CHECKPOINT_PAUSE.checked_sub(since.elapsed()) else {
+                break;
+            };
+            std::thread::park_timeout(left);
+        }
     }
 }
 
-/// Before the store thread restarts the WAL, the checkpointer copies what was written while
-/// it last ran, and again, until a pass finds at most [`CAUGHT_UP_FRAMES`] new: the RESTART
-/// then has next to nothing to copy and sync while every write waits. Left the 100 ms of
-/// writes since the last pass, it held the store thread 5 to 12 ms at a time while a purge
-/// ran (W6), and so set the steady traffic's p99; a pass over nothing new takes microseconds.
-/// A pass that finds no fewer new frames than the one before ends it, and a WAL already
-/// past [`CATCH_UP_BELOW`] gets none: the writer is keeping pace or a restart is overdue,
-/// and a later restart only lets the WAL grow (W5's peak went from 130 to 216 MB without
-/// that bound, and to 367 MB when every catch-up could take four passes).
-fn catch_up(conn: &Connection, log: i64) {
-    catch_up_passes(log, || {
-        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
-            .ok()
-    });
-}
-
-/// [`catch_up`]'s passes: `pass` checkpoints and returns the WAL's frames (`None` when it
-/// failed). Returns how many passes ran.
+/// [`run_checkpoints`]' passes during a hold: `pass` checkpoints and returns the WAL's
+/// frames (`None` when it failed), `log` those of the pass before. It stops once a pass
+/// finds at most [`CAUGHT_UP_FRAMES`] new (the quiet lanes still write), or no fewer than
+/// the pass before (they keep pace: the RESTART copies the rest), after
+/// [`CATCH_UP_PASSES`] at most. Returns how many passes ran.
 pub(super) fn catch_up_passes(mut log: i64, mut pass: impl FnMut() -> Option<i64>) -> usize {
-    if log > CATCH_UP_BELOW {
-        return 0;
-    }
     let mut before = i64::MAX;
     for ran in 1..=CATCH_UP_PASSES {
         let Some(now) = pass() else {
@@ -330,11 +365,15 @@ pub(super) fn catch_up_passes(mut log: i64, mut pass: impl FnMut() -> Option<i64
 /// Frames written during a catch-up pass below which the WAL counts as caught up.
 pub(super) const CAUGHT_UP_FRAMES: i64 = 64;
 
-/// WAL frames past which the checkpointer asks for a restart without catching up first.
-pub(super) const CATCH_UP_BELOW: i64 = WAL_RESTART_PAGES * 3 / 2;
-
-/// Catch-up passes at most: under a writer that outpaces them, the RESTART copies the rest.
+/// Catch-up passes at most: under writes that outpace them, the RESTART copies the rest.
 pub(super) const CATCH_UP_PASSES: usize = 4;
+
+/// The longest the store thread holds the busy lanes back before a restart: should the
+/// checkpointer not catch up by then (or have stopped), the RESTART copies what is left.
+pub(super) const HOLD_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How often a thread waiting on the other during a hold looks again.
+const HOLD_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// WAL pages (4 KiB) past which the WAL is restarted: 32 MiB.
 pub(super) const WAL_RESTART_PAGES: i64 = 8192;
@@ -412,17 +451,54 @@ pub(super) fn run_jobs(
     checkpoints: Option<Checkpoints>,
 ) {
     let mut waiting = Waiting::default();
+    // Since when the busy lanes are held back for a WAL restart (see `run_checkpoints`).
+    let mut hold: Option<std::time::Instant> = None;
     loop {
-        if waiting.is_empty() {
-            match jobs.recv() {
-                Ok(job) => waiting.push(job),
-                Err(_) => break,
+        if let (Some(since), Some(checkpoints)) = (hold, &checkpoints) {
+            let restart = &checkpoints.restart;
+            if restart.caught_up.load(Ordering::Acquire) || since.elapsed() >= HOLD_MAX {
+                let _ = restart_wal(&conn);
+                restart.holding.store(false, Ordering::Release);
+                hold = None;
             }
         }
-        while let Ok(job) = jobs.try_recv() {
-            waiting.push(job);
-        }
-        let mut batch = waiting.next_batch(MAX_BATCH, MAX_BATCH_ROWS).into_iter();
+        let batch = if hold.is_some() {
+            while let Ok(job) = jobs.try_recv() {
+                waiting.push(job);
+            }
+            let quiet = waiting.quiet_only(MAX_BATCH, MAX_BATCH_ROWS);
+            if quiet.is_empty() {
+                // The busy lanes wait for the checkpointer, which is looked at every poll.
+                match jobs.recv_timeout(HOLD_POLL) {
+                    Ok(job) => waiting.push(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        // Shutting down: what is queued is written, no restart first.
+                        if let Some(checkpoints) = &checkpoints {
+                            checkpoints.restart.holding.store(false, Ordering::Release);
+                        }
+                        hold = None;
+                        if waiting.is_empty() {
+                            break;
+                        }
+                    }
+                }
+                continue;
+            }
+            quiet
+        } else {
+            if waiting.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => waiting.push(job),
+                    Err(_) => break,
+                }
+            }
+            while let Ok(job) = jobs.try_recv() {
+                waiting.push(job);
+            }
+            waiting.next_batch(MAX_BATCH, MAX_BATCH_ROWS)
+        };
+        let mut batch = batch.into_iter();
         let began = run_cached(&conn, "BEGIN IMMEDIATE").map_err(backend);
         let started = std::time::Instant::now();
         let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
@@ -470,11 +546,16 @@ pub(super) fn run_jobs(
             reply(error.as_ref());
         }
         if let Some(checkpoints) = &checkpoints {
-            if checkpoints
-                .restart
-                .swap(false, std::sync::atomic::Ordering::Relaxed)
-            {
-                let _ = restart_wal(&conn);
+            let restart = &checkpoints.restart;
+            if hold.is_none() && restart.wanted.swap(false, Ordering::AcqRel) {
+                restart.caught_up.store(false, Ordering::Release);
+                restart.holding.store(true, Ordering::Release);
+                hold = Some(std::time::Instant::now());
+                // Wakes the checkpointer from its pause, and for its pass if no commit has.
+                let _ = checkpoints.commits.try_send(());
+                if let Some(checkpointer) = restart.checkpointer.get() {
+                    checkpointer.unpark();
+                }
             }
         }
     }
@@ -653,6 +734,152 @@ mod tests {
             lanes(&batch),
             [(Some("down"), 201), (Some("q3"), 3), (Some("q3"), 3)]
         );
+    }
+
+    #[test]
+    fn while_a_wal_restart_holds_the_busy_lanes_only_the_quiet_ones_are_taken() {
+        let mut waiting = Waiting::default();
+        waiting.push(job(Some("down"), QUIET_ROWS + 1));
+        assert!(
+            waiting.quiet_only(256, 2_048).is_empty(),
+            "only a busy lane"
+        );
+        waiting.push(job(Some("ok"), 2));
+        waiting.push(job(None, 1));
+        waiting.push(job(Some("ok"), 3));
+        let batch = waiting.quiet_only(256, 2_048);
+        assert_eq!(lanes(&batch), [(Some("ok"), 2), (Some("ok"), 3), (None, 1)]);
+        let batch = waiting.next_batch(256, 2_048);
+        assert_eq!(
+            lanes(&batch),
+            [(Some("down"), QUIET_ROWS + 1)],
+            "after the hold"
+        );
+        // With no busy lane, every quiet one goes (the usual quiet batch takes none then).
+        waiting.push(job(Some("q1"), 3));
+        waiting.push(job(Some("q2"), 3));
+        assert_eq!(waiting.quiet_only(256, 2_048).len(), 2);
+        assert!(waiting.is_empty());
+    }
+
+    /// The store thread and the checkpointer around a WAL restart, on a file: asked for a
+    /// restart, the store thread holds a busy lane's job back while a quiet lane's is
+    /// written, until the checkpointer has caught up; then the WAL starts over and the busy
+    /// job is written. Without a checkpointer the hold ends after `HOLD_MAX` all the same.
+    #[test]
+    fn a_wal_restart_holds_the_busy_lanes_until_the_checkpointer_has_caught_up() {
+        let dir = std::env::temp_dir().join(format!("hooklane-hold-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hold.db");
+        let open = || {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+            conn
+        };
+        let writer = open();
+        writer
+            .execute_batch("CREATE TABLE t (lane TEXT, body BLOB)")
+            .unwrap();
+        let written = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let write = |lane: &str, rows: usize| {
+            let (done, answered) = mpsc::channel();
+            let (name, written) = (lane.to_owned(), Arc::clone(&written));
+            let job = Job {
+                run: Box::new(move |conn| {
+                    let conn = conn.unwrap();
+                    for _ in 0..rows.min(200) {
+                        conn.execute(
+                            "INSERT INTO t VALUES (?1, zeroblob(4000))",
+                            params![name.clone()],
+                        )
+                        .unwrap();
+                    }
+                    written.lock().unwrap().push(name);
+                    Box::new(move |_| {
+                        let _ = done.send(());
+                    })
+                }),
+                ..job(Some(lane), rows)
+            };
+            (job, answered)
+        };
+        let frames = |conn: &Connection| -> i64 {
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
+                .unwrap()
+        };
+
+        for with_checkpointer in [true, false] {
+            let (jobs, queue) = mpsc::channel();
+            let (commits, committed) = mpsc::sync_channel(1);
+            let restart = Arc::new(Restart::default());
+            let store_thread = {
+                let checkpoints = Checkpoints {
+                    commits,
+                    restart: Arc::clone(&restart),
+                };
+                let conn = open();
+                std::thread::spawn(move || run_jobs(conn, queue, Some(checkpoints)))
+            };
+            // Fill the WAL, then ask for a restart: the next commit starts the hold.
+            let (fill, filled) = write("fill", 200);
+            jobs.send(fill).unwrap();
+            filled.recv().unwrap();
+            let before = frames(&open());
+            assert!(before >= 200, "{before} frames in the WAL");
+            restart.wanted.store(true, Ordering::Release);
+            let (first, first_done) = write("first", 1);
+            jobs.send(first).unwrap();
+            first_done.recv().unwrap();
+            // The hold begins once the first job's batch has answered.
+            let asked = std::time::Instant::now();
+            while !restart.holding.load(Ordering::Acquire) {
+                assert!(
+                    asked.elapsed() < std::time::Duration::from_secs(5),
+                    "no hold"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let held_at = std::time::Instant::now();
+            let (busy, busy_done) = write("busy", QUIET_ROWS + 1);
+            jobs.send(busy).unwrap();
+            let (quiet, quiet_done) = write("quiet", 1);
+            jobs.send(quiet).unwrap();
+            quiet_done.recv().unwrap();
+            assert!(
+                busy_done.try_recv().is_err(),
+                "the busy lane's job was written during the hold"
+            );
+            let checkpointer = with_checkpointer.then(|| {
+                let (conn, restart) = (open(), Arc::clone(&restart));
+                std::thread::spawn(move || run_checkpoints(conn, committed, &restart))
+            });
+            busy_done.recv().unwrap();
+            let held = held_at.elapsed();
+            assert!(
+                !restart.holding.load(Ordering::Acquire),
+                "the busy job was written while the hold was on"
+            );
+            let order: Vec<String> = std::mem::take(&mut *written.lock().unwrap());
+            assert_eq!(order, ["fill", "first", "quiet", "busy"]);
+            // Started over: the WAL holds only what the busy job wrote after the restart.
+            let after = frames(&open());
+            assert!(
+                after < before,
+                "{after} frames after the restart, {before} before"
+            );
+            // The hold ended when the checkpointer said it had caught up, or after HOLD_MAX.
+            assert_eq!(restart.caught_up.load(Ordering::Acquire), with_checkpointer);
+            if !with_checkpointer {
+                assert!(held >= HOLD_MAX / 2, "held {held:?} with no checkpointer");
+            }
+            drop(jobs);
+            store_thread.join().unwrap();
+            if let Some(checkpointer) = checkpointer {
+                checkpointer.join().unwrap();
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn request(lane: &str, rows: usize) -> Job {
