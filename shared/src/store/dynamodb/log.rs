@@ -13,6 +13,8 @@ pub(super) struct LogPartition {
     buffered: std::collections::VecDeque<(String, Delivery)>,
     start: Option<Item>,
     exhausted: bool,
+    /// The `Limit` of its next query: see [`first_page`]. Doubles after each query.
+    page: usize,
 }
 
 impl LogPartition {
@@ -23,8 +25,21 @@ impl LogPartition {
             buffered: std::collections::VecDeque::new(),
             start: None,
             exhausted: false,
+            page: MAX_PAGE,
         }
     }
+}
+
+/// A query's `Limit` at most: a page of the log (500) and the one that says there is more.
+const MAX_PAGE: usize = 501;
+
+/// The first query's `Limit` in each of `partitions` log partitions merged for a page of
+/// `wanted` deliveries: an equal part, each partition's next page twice its last. A page of
+/// 100 from an account of 1,000 endpoints read 101 deliveries from each (101,000, held in
+/// memory and charged as read) to show 100; with parts, about one per endpoint, and a few
+/// more from those whose deliveries the page shows.
+fn first_page(wanted: usize, partitions: usize) -> usize {
+    wanted.div_ceil(partitions.max(1)).clamp(1, MAX_PAGE)
 }
 
 /// Log partitions an account's log queries at once. Each query in flight holds a connection
@@ -219,6 +234,10 @@ impl DynamoStore {
             event_type: query.event_type.clone(),
         };
         let mut partitions = partitions;
+        let first = first_page(limit + 1, partitions.len());
+        for partition in &mut partitions {
+            partition.page = first;
+        }
         let mut found: Vec<Delivery> = Vec::new();
         let mut examined = 0usize;
         let mut last_examined: Option<(Timestamp, DeliveryId)> = None;
@@ -321,8 +340,7 @@ impl DynamoStore {
                 upper,
             )
             .scan_index_forward(false)
-            .consistent_read(true)
-            .limit(i32::try_from(want.clamp(1, 500) + 1).unwrap_or(501));
+            .consistent_read(true);
         if let Some(event_type) = &window.event_type {
             request = request.expression_attribute_values(":event_type", s(event_type));
             filters.push("event_type = :event_type");
@@ -336,8 +354,12 @@ impl DynamoStore {
         }
         request = request.filter_expression(filters.join(" AND "));
         while partition.buffered.is_empty() && !partition.exhausted {
+            // No more than the merge still wants from any one partition.
+            let page = partition.page.min(want.clamp(1, 500) + 1);
+            partition.page = (partition.page * 2).min(MAX_PAGE);
             let out = request
                 .clone()
+                .limit(i32::try_from(page).unwrap_or(1))
                 .set_exclusive_start_key(partition.start.take())
                 .send()
                 .await

@@ -2462,6 +2462,60 @@ async fn the_account_log_reads_a_bounded_number_of_partitions_at_once() {
     );
 }
 
+/// A page of the account's log reads about a page from its partitions, not a page from
+/// each: the first query in each asks for an equal part, and a partition whose deliveries
+/// the page shows is read further, twice as many each time. The pages are the same.
+#[tokio::test]
+async fn a_page_of_the_account_log_reads_about_a_page_not_a_page_per_endpoint() {
+    use crate::fixtures::{endpoint, publish, t0};
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    store
+        .create_account(&crate::fixtures::account("acme"))
+        .await
+        .unwrap();
+    const ENDPOINTS: usize = 40;
+    let mut endpoints = Vec::new();
+    for i in 0..ENDPOINTS {
+        let ep = endpoint("acme", &format!("ep_{i:02}"), t0());
+        store.create_endpoint(&ep).await.unwrap();
+        endpoints.push(ep);
+    }
+    let receivers: Vec<&Endpoint> = endpoints.iter().collect();
+    // 12 events to all 40: 480 deliveries, each endpoint's newest of the same event.
+    let mut expected = Vec::new();
+    for event in 1..=12 {
+        let mut created = publish(&store, &account, event, "invoice.paid", &receivers).await;
+        created.sort_by(|a, b| b.id.cmp(&a.id));
+        expected.splice(0..0, created.into_iter().map(|d| d.id));
+    }
+
+    let (counted, reads) = counting_reads(&store);
+    let page = counted
+        .list_deliveries(
+            &account,
+            &DeliveryQuery {
+                limit: 10,
+                ..DeliveryQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    let shown: Vec<_> = page.items.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(shown, expected[..10], "the newest ten");
+    let scanned = Reads::get(&reads.scanned);
+    assert!(
+        scanned <= 2 * ENDPOINTS + 4 * 11,
+        "read {scanned} deliveries for a page of 10 from {ENDPOINTS} endpoints"
+    );
+    let listed: Vec<_> = whole_account_log(&counted, &account, 25)
+        .await
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(listed, expected, "every delivery once, newest first");
+}
+
 /// A bulk replay reads the endpoint's log a page at a time and stops once it has found one
 /// more matching delivery than it replays (which tells it there is more), rather than
 /// reading the whole window first: a month of deliveries is more than the api's memory.
