@@ -1264,27 +1264,51 @@ async fn every_reader_has_the_wal_open_from_the_start() {
     assert_eq!(work.map(|w| w.delivery.id), Some(d.id));
 }
 
-/// The checkpointer's catch-up while the store thread holds the busy lanes back for a WAL
-/// restart: it stops once a pass finds little new, or once the quiet lanes' writes keep
-/// pace with it (no fewer new frames than the pass before), and after `CATCH_UP_PASSES` at
-/// most.
+/// The checkpointer's passes while the store thread holds the busy lanes back for a WAL
+/// restart: they stop once what the RESTART would copy (what the last pass could not, and
+/// about what was written while it ran) is at most `CAUGHT_UP_FRAMES`, or once the quiet
+/// lanes' writes keep pace (no fewer new frames than the pass before), and after
+/// `CATCH_UP_PASSES` at most, or when a pass fails or the hold gives up.
 #[test]
 fn the_catch_up_before_a_wal_restart_stops_when_caught_up_or_outpaced() {
     use super::worker::{catch_up_passes, CATCH_UP_PASSES, CAUGHT_UP_FRAMES};
-    // Each pass returns the WAL's frames: `log` plus what was written during the pass before.
-    let passes = |written: &[i64]| {
+    // Each pass returns the WAL's frames (those of the pass before plus `written`) and the
+    // frames it copied: all of them, less `held` (a reader's snapshot holds them back).
+    let passes = |written: &[(i64, i64)]| {
         let mut log = 10_000;
         let mut written = written.iter();
-        catch_up_passes(log, move || {
-            log += written.next()?;
-            Some(log)
+        catch_up_passes(move || {
+            let (new, held) = written.next()?;
+            log += new;
+            Some((log, log - held))
         })
     };
-    assert_eq!(passes(&[300, 99, CAUGHT_UP_FRAMES]), 3, "caught up");
-    assert_eq!(passes(&[300, 400, 500, 600]), 2, "the writer keeps pace");
-    assert_eq!(passes(&[300, 300, 10]), 2, "as many new frames as before");
-    assert_eq!(passes(&[900, 800, 700, 600, 500]), CATCH_UP_PASSES);
-    assert_eq!(passes(&[300]), 2, "a failed pass ends it");
+    assert_eq!(
+        passes(&[(0, 0), (300, 0), (99, 0), (20, 0)]),
+        4,
+        "caught up"
+    );
+    assert_eq!(
+        passes(&[(0, 0), (CAUGHT_UP_FRAMES, 0)]),
+        2,
+        "as much written while a pass ran as may be left"
+    );
+    assert_eq!(
+        passes(&[(0, 0), (10, 500), (10, 500), (10, 500), (10, 500), (10, 0)]),
+        3,
+        "a reader holds frames back, and the writes keep pace"
+    );
+    assert_eq!(
+        passes(&[(0, 0), (300, 0), (400, 0)]),
+        3,
+        "the writes keep pace"
+    );
+    assert_eq!(
+        passes(&[(0, 0), (900, 0), (800, 0), (700, 0), (600, 0), (500, 0)]),
+        CATCH_UP_PASSES
+    );
+    assert_eq!(passes(&[(0, 0), (300, 0)]), 3, "a failed pass ends it");
+    assert_eq!(passes(&[]), 1, "a failed first pass too");
 }
 
 /// An event erased before its fan-out leaves the list, and a fan-out already under way adds
