@@ -290,7 +290,7 @@ async fn no_token_no_access_and_publish_is_idempotent() {
     let again = server
         .post(
             "/v1/accounts/acme/events",
-            json!({"id": "evt-42", "type": "a.b", "data": {"n": 2}}),
+            json!({"id": "evt-42", "type": "a.b", "data": {"n": 1}}),
         )
         .await;
     assert_eq!(again.0, 200, "{}", again.1);
@@ -303,6 +303,29 @@ async fn no_token_no_access_and_publish_is_idempotent() {
         first.1["deliveries"][0]["id"],
         again.1["deliveries"][0]["id"]
     );
+    // Another event under that id (other data, another type) is refused, naming the field:
+    // taken for the first, it would never be sent.
+    for (body, field) in [
+        (
+            json!({"id": "evt-42", "type": "a.b", "data": {"n": 2}}),
+            "data",
+        ),
+        (
+            json!({"id": "evt-42", "type": "a.c", "data": {"n": 1}}),
+            "type",
+        ),
+    ] {
+        let (status, refused) = server.post("/v1/accounts/acme/events", body).await;
+        assert_eq!(status, 409, "{refused}");
+        assert_eq!(refused["error"]["code"], "conflict", "{refused}");
+        assert_eq!(refused["error"]["field"], field, "{refused}");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("event `evt-42` was already published with")),
+            "{refused}"
+        );
+    }
     // The first publish's delivery is written by the fan-out, a moment after its answer.
     server.fanned_out("acme", &first.1).await;
     assert_eq!(
@@ -311,9 +334,25 @@ async fn no_token_no_access_and_publish_is_idempotent() {
         "a repeated id creates nothing"
     );
 
+    // A batch with an item under the id of another event is refused naming it, and writes
+    // none of its items.
+    let (status, refused) = server
+        .post(
+            "/v1/accounts/acme/events/batch",
+            json!({"events": [
+                {"id": "evt-44", "type": "a.b", "data": {"n": 6}},
+                {"id": "evt-42", "type": "a.b", "data": {"n": 3}},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["field"], "events[1].data", "{refused}");
+    let (status, _) = server.get("/v1/accounts/acme/events/evt-44").await;
+    assert_eq!(status, 404, "nothing of a refused batch is written");
+
     // A batch answers each event in order; an id published before is returned, not made again.
     let batch = json!({"events": [
-        {"id": "evt-42", "type": "a.b", "data": {"n": 3}},
+        {"id": "evt-42", "type": "a.b", "data": {"n": 1}},
         {"id": "evt-43", "type": "a.b", "data": {"n": 4}},
         {"type": "a.b", "data": {"n": 5}},
     ]});

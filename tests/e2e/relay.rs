@@ -1346,3 +1346,71 @@ async fn a_token_refused_for_good_stops_the_relay() {
     );
     nothing_published(&server, &outbox, &log).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// A row whose id is already another event is set aside.
+
+/// A row whose id Hooklane already holds as another event (here: published through the API
+/// with other data) is answered 409 `conflict` naming it in the batch: the relay marks that
+/// row with the reason and publishes the rows around it, never retrying it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_id_is_another_event_is_marked_refused_and_the_others_published() {
+    let scratch = Scratch::new("relay-conflict");
+    let (outbox, source) = sqlite_outbox(&scratch);
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let (status, body) = server
+        .post(
+            "/v1/accounts/acme/events",
+            json!({"id": "acme_2.placed", "type": "order.placed", "data": {"row": "another"}}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    for (n, id) in ["acme_1.placed", "acme_2.placed", "acme_3.placed"]
+        .iter()
+        .enumerate()
+    {
+        outbox.insert(id, "acme", n as i64).await;
+    }
+    let relay = Relay::start(&scratch, &source, &server.base, "100ms").await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (mut sent, mut failed) = outbox.marked().await;
+    while sent.len() + failed.len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (sent, failed) = outbox.marked().await;
+    }
+    let log = relay.log_text();
+    assert_eq!(
+        sent,
+        HashSet::from(["acme_1.placed".to_owned(), "acme_3.placed".to_owned()]),
+        "relay log:\n{log}"
+    );
+    assert_eq!(failed, ["acme_2.placed"], "relay log:\n{log}");
+    let Outbox::Sqlite(file) = &outbox else {
+        unreachable!("a SQLite outbox")
+    };
+    let error: String = rusqlite::Connection::open(file)
+        .expect("sqlite")
+        .query_row(
+            "SELECT error FROM hooklane_outbox WHERE id = 'acme_2.placed'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("the refused row");
+    assert!(
+        error.contains("HTTP 409")
+            && error.contains("event `acme_2.placed` was already published with other data"),
+        "{error}"
+    );
+    let (status, stored) = server.get("/v1/accounts/acme/events/acme_2.placed").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        stored["data"],
+        json!({"row": "another"}),
+        "the first event stays"
+    );
+    for id in ["acme_1.placed", "acme_3.placed"] {
+        let (status, event) = server.get(&format!("/v1/accounts/acme/events/{id}")).await;
+        assert_eq!((status, &event["data"]), (200, &json!({"row": id})));
+    }
+}

@@ -388,6 +388,12 @@ fn classify(
             ))
         }
         413 => Answer::Narrow(format!("HTTP 413: {message}")),
+        // Hooklane's own 409: a row's id is already another event (another type or other
+        // data). Retrying cannot change that; the row is refused and the rest go on.
+        409 if code == Some("conflict") => match refused_index(body) {
+            Some(index) => Answer::RefusedAt(index, format!("HTTP {status}: {message}")),
+            None => Answer::Narrow(format!("HTTP {status}: {message}")),
+        },
         400 | 422 => match refused_index(body) {
             Some(index) => Answer::RefusedAt(index, format!("HTTP {status}: {message}")),
             // Hooklane's own answer naming no event (a body it could not read, an event id
@@ -939,6 +945,52 @@ pub(super) mod tests {
         assert!(matches!(
             Publisher::new(&url, "token").unwrap().check_token().await,
             TokenCheck::Unknown(_)
+        ));
+    }
+
+    /// Hooklane's 409 `conflict` naming an event of the batch (its id is already another
+    /// event: another type or other data): that row is refused with the reason and the rest
+    /// of the batch sent again and published; nothing is retried or held back.
+    #[tokio::test]
+    async fn a_row_whose_id_is_another_event_is_refused_and_the_rest_published() {
+        let conflict = json!({"error": {"code": "conflict",
+            "message": "events[1]: event `a2` was already published with other data: an event \
+                        id names one event; publish this one under a new id",
+            "field": "events[1].data"}});
+        let (url, seen) = fake_api_with(move |_, before| match before {
+            0 => (409, None, Some(conflict.clone())),
+            _ => (202, None, None),
+        })
+        .await;
+        let publisher = Publisher::new(&url, "token").unwrap();
+        let outcome = publisher
+            .publish(&rows_of(&[("a1", "a"), ("a2", "a"), ("a3", "a")]))
+            .await;
+        assert!(outcome.error.is_none(), "{:?}", outcome.error);
+        assert!(outcome.paused.is_empty(), "{:?}", outcome.paused);
+        assert_eq!(outcome.published, ["a1", "a3"]);
+        assert_eq!(outcome.refused.len(), 1, "{:?}", outcome.refused);
+        let (row, reason) = &outcome.refused[0];
+        assert_eq!(row, "a2");
+        assert!(
+            reason.starts_with(
+                "HTTP 409: events[1]: event `a2` was already published with other data"
+            ),
+            "{reason}"
+        );
+        assert_eq!(outcome.answered, ["a"]);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                ("a".to_owned(), ids(&["a1", "a2", "a3"])),
+                ("a".to_owned(), ids(&["a1", "a3"]))
+            ]
+        );
+        // A 409 that is not Hooklane's (no `conflict` code) is no verdict on the rows.
+        let gateway = json!({"message": "Conflict"});
+        assert!(matches!(
+            classify(409, None, &gateway, "a", &[]),
+            Answer::Retry(Scope::Api, _)
         ));
     }
 

@@ -121,6 +121,10 @@ impl From<ServiceError> for ApiError {
             }
             ServiceError::NotFound(what) => Self::not_found(what),
             ServiceError::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            ServiceError::EventConflict(conflict) => {
+                Self::new(StatusCode::CONFLICT, "conflict", conflict.to_string())
+                    .with_field(conflict.field())
+            }
             ServiceError::TooLarge { field, message } => {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
                     .with_field(field)

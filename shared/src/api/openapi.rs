@@ -177,6 +177,16 @@ pub enum PublishErrors {
     TooManyRequests(ErrorBody<'static>),
 }
 
+/// The publish routes' 409, listed after [`ReadErrors`] in place of its general one.
+#[derive(IntoResponses)]
+pub enum EventIdTaken {
+    #[response(
+        status = 409,
+        description = "The id is already an event of another `type`, or with other `data` (compared as JSON: members in any order, numbers by value; of an erased event, the `type` alone): an id names one event, so this one is refused, not answered with the stored one. `field` is `type` or `data` (in a batch, `events[3].data`: the whole batch is refused and nothing of it is written). Nothing was written; publish the event under a new id"
+    )]
+    Conflict(ErrorBody<'static>),
+}
+
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct AccountPath {

@@ -174,6 +174,63 @@ impl Event {
     }
 }
 
+/// Why an event published under the id of a stored one is not that event: an id names one
+/// event (customers de-duplicate on it), so a publish of it with another `type` or other
+/// `data` is refused instead of being answered with the stored event as its own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventConflict {
+    #[error(
+        "event `{id}` was already published with another type (`{}`): an event id names one \
+         event; publish this one under a new id",
+        .stored.as_str()
+    )]
+    Type { id: EventId, stored: EventType },
+    #[error(
+        "event `{id}` was already published with other data: an event id names one event; \
+         publish this one under a new id"
+    )]
+    Data { id: EventId },
+}
+
+impl EventConflict {
+    /// The id both events have.
+    pub fn id(&self) -> &EventId {
+        match self {
+            Self::Type { id, .. } | Self::Data { id } => id,
+        }
+    }
+
+    /// The field of the publish that differs from the stored event: `type` or `data`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Type { .. } => "type",
+            Self::Data { .. } => "data",
+        }
+    }
+}
+
+impl Event {
+    /// What makes `new`, published under this stored event's id, another event: `None` when
+    /// it is this one again (a retry), of the same type and with JSON-equal `data` (members
+    /// in any order, numbers as parsed). Of an erased event only the type is compared: its
+    /// data is gone. Neither `created` nor the deliveries count: a retry is made later, and
+    /// to the endpoints subscribed then.
+    pub fn conflict_with(&self, new: &Event) -> Option<EventConflict> {
+        if self.event_type != new.event_type {
+            return Some(EventConflict::Type {
+                id: self.id.clone(),
+                stored: self.event_type.clone(),
+            });
+        }
+        if self.is_erased() || new.is_erased() || self.data() == new.data() {
+            return None;
+        }
+        Some(EventConflict::Data {
+            id: self.id.clone(),
+        })
+    }
+}
+
 /// An event an endpoint did not get because it was disabled when the event was fanned out.
 /// The stores keep such events findable by time, so that a resend that asks for them
 /// (`include_missed`) creates the deliveries the endpoint never had.
@@ -269,6 +326,103 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// A publish under a stored event's id is the same event (a retry) when its type is the
+    /// same and its data JSON-equal; otherwise the conflict names the field that differs. An
+    /// erased event is compared by its type alone.
+    #[test]
+    fn an_id_published_again_is_the_same_event_only_with_the_same_type_and_data() {
+        let at = from_millis(1_614_265_330_123);
+        let made = |kind: &str, data: serde_json::Value, created: i64| {
+            Event::new(
+                EventId::parse("evt_1").unwrap(),
+                AccountId::parse("acme").unwrap(),
+                EventType::parse(kind).unwrap(),
+                from_millis(created),
+                &data,
+            )
+            .unwrap()
+        };
+        let stored = made(
+            "invoice.paid",
+            serde_json::json!({"amount": 42.5, "lines": [{"sku": "a"}], "currency": "EUR"}),
+            1_614_265_330_123,
+        );
+        // Members in another order, published later: the same event.
+        let retry: serde_json::Value = serde_json::from_str(
+            r#"{"currency": "EUR", "lines": [{"sku": "a"}], "amount": 42.50}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            stored.conflict_with(&made("invoice.paid", retry, 1_614_265_999_000)),
+            None
+        );
+        // An outbox row's data text, as written, is compared as JSON too.
+        let outbox = Event::from_data_text(
+            EventId::parse("evt_1").unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            at,
+            r#" {"lines":[{"sku":"a"}],"amount":4.25e1,"currency":"EUR"} "#,
+        )
+        .unwrap();
+        assert_eq!(outbox.conflict_with(&stored), None);
+
+        let other_type = made(
+            "invoice.voided",
+            serde_json::json!({"amount": 42.5, "lines": [{"sku": "a"}], "currency": "EUR"}),
+            1_614_265_330_123,
+        );
+        let conflict = stored.conflict_with(&other_type).expect("another type");
+        assert_eq!(
+            conflict,
+            EventConflict::Type {
+                id: EventId::parse("evt_1").unwrap(),
+                stored: EventType::parse("invoice.paid").unwrap(),
+            }
+        );
+        assert_eq!(conflict.field(), "type");
+        assert_eq!(
+            conflict.to_string(),
+            "event `evt_1` was already published with another type (`invoice.paid`): an event \
+             id names one event; publish this one under a new id"
+        );
+        for data in [
+            serde_json::json!({"amount": 43, "lines": [{"sku": "a"}], "currency": "EUR"}),
+            serde_json::json!({"amount": 42.5, "lines": [{"sku": "b"}], "currency": "EUR"}),
+            serde_json::json!({"amount": 42.5, "lines": [{"sku": "a"}]}),
+            serde_json::json!({"amount": 42.5, "lines": [{"sku": "a"}], "currency": "EUR", "x": null}),
+            serde_json::json!(null),
+        ] {
+            let conflict = stored
+                .conflict_with(&made("invoice.paid", data.clone(), 1_614_265_330_123))
+                .unwrap_or_else(|| panic!("other data taken for the same: {data}"));
+            assert_eq!(
+                conflict,
+                EventConflict::Data {
+                    id: EventId::parse("evt_1").unwrap()
+                },
+                "{data}"
+            );
+            assert_eq!(conflict.field(), "data");
+        }
+        // The type is compared first: both differing is answered for the type.
+        let both = made("invoice.voided", serde_json::json!({}), 1_614_265_330_123);
+        assert_eq!(stored.conflict_with(&both).map(|c| c.field()), Some("type"));
+
+        // Erased, the data cannot be compared; the type still is.
+        let erased = stored.erased(at);
+        let other_data = made(
+            "invoice.paid",
+            serde_json::json!({"n": 1}),
+            1_614_265_330_123,
+        );
+        assert_eq!(erased.conflict_with(&other_data), None);
+        assert_eq!(
+            erased.conflict_with(&other_type).map(|c| c.field()),
+            Some("type")
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use endpoint::{
     by_id as endpoints_by_id, Endpoint, EndpointStatus, EndpointUrl, EndpointVersion,
     EventTypeFilter,
 };
-pub use event::{Event, EventType, MissedEvent};
+pub use event::{Event, EventConflict, EventType, MissedEvent};
 pub use ids::{AccountId, DeliveryId, EndpointId, EventId, ReplayId};
 pub use outcome::{AttemptOutcome, Decision, DeliveryUpdate, RetryPolicy};
 pub use replay::{Replay, ReplayCandidate, ReplayFilter, ReplayScope};

@@ -29,6 +29,9 @@ pub enum ServiceError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
+    /// A publish under the id of another event: answered 409 naming the field that differs.
+    #[error(transparent)]
+    EventConflict(crate::domain::EventConflict),
     /// `field` is over its size limit.
     #[error("{message}")]
     TooLarge {
@@ -63,6 +66,7 @@ impl From<StoreError> for ServiceError {
                 Self::Conflict(format!("{entity} `{id}` already exists"))
             }
             StoreError::NotFound(what) => Self::NotFound(what),
+            StoreError::EventConflict(conflict) => Self::EventConflict(conflict),
             other => Self::Store(other),
         }
     }

@@ -5,7 +5,7 @@ use crate::{
         InvalidField,
     },
     limits::{PublishBuckets, Unlimited},
-    store::{EventDeliveries, PendingRef, PublishOutcome, PutEventOutcome},
+    store::{EventDeliveries, PendingRef, PublishOutcome, PutEventOutcome, StoreError},
     App, PublishMode,
 };
 
@@ -24,7 +24,10 @@ pub struct Published {
     pub created: bool,
 }
 
-/// Records an event, idempotent on its id, and one delivery per endpoint subscribed now.
+/// Records an event, idempotent on its id, and one delivery per endpoint subscribed now. An
+/// id already published is answered with the stored event when this is the same event again
+/// (a retry: same type, JSON-equal data), and refused (`EventConflict`, nothing written)
+/// when it is another: see [`Event::conflict_with`].
 /// How depends on `app.publish`: with [`PublishMode::WithDeliveries`] the event and its
 /// deliveries are written in one transaction and queued here; with
 /// [`PublishMode::ThroughStream`] only the event is written, and the stream's fan-out
@@ -49,10 +52,11 @@ pub async fn publish_limited(
     if let Err(limited) = take_publish_tokens(app, limits, &stored, 1).await {
         // A retry of an event already published is answered as within the limit (200, the
         // first event): a client retrying after a timeout, or the outbox relay after a
-        // restart, was refused what it already had, and kept the limit spent.
+        // restart, was refused what it already had, and kept the limit spent. So is another
+        // event under a published id (409): waiting would not change that answer.
         if given_id {
-            if let Some(retried) = already_published(app, account, &event.id).await {
-                return Ok(retried);
+            if let Some(answer) = already_published(app, account, &event).await {
+                return answer;
             }
         }
         return Err(limited);
@@ -169,12 +173,20 @@ async fn through_stream(
     }
 }
 
-/// The event `id` as a retry over the publish limit is answered, if it is already published
-/// and cheap to answer: the limit is what bounds a caller's reads, so an event with more
-/// deliveries than an answer lists, or a read that fails, leaves the caller its 429 (a retry
-/// within the limit gets the full answer).
-async fn already_published(app: &App, account: &AccountId, id: &EventId) -> Option<Published> {
-    let event = app.store.get_event(account, id).await.ok()??;
+/// How a publish of `new` over the publish limit is answered if its id is already published
+/// and the answer is cheap: the stored event if `new` is that event again, the conflict if
+/// it is another (one read, nothing written). The limit is what bounds a caller's reads, so
+/// an event with more deliveries than an answer lists, or a read that fails, leaves the
+/// caller its 429 (a retry within the limit gets the full answer).
+async fn already_published(
+    app: &App,
+    account: &AccountId,
+    new: &Event,
+) -> Option<ServiceResult<Published>> {
+    let event = app.store.get_event(account, &new.id).await.ok()??;
+    if let Some(conflict) = event.conflict_with(new) {
+        return Some(Err(ServiceError::EventConflict(conflict)));
+    }
     let first = app
         .store
         .event_deliveries(&event, RETRY_ANSWER_DELIVERIES)
@@ -191,11 +203,11 @@ async fn already_published(app: &App, account: &AccountId, id: &EventId) -> Opti
     if first.more || deliveries.len() > RETRY_ANSWER_DELIVERIES as usize {
         return None;
     }
-    Some(Published {
+    Some(Ok(Published {
         event,
         deliveries,
         created: false,
-    })
+    }))
 }
 
 /// Deliveries a retry over the publish limit reads at most to be answered.
@@ -206,7 +218,9 @@ pub const MAX_BATCH: usize = 100;
 
 /// Publishes up to [`MAX_BATCH`] events of one account at once, each idempotent on its id;
 /// answered in order. Every item is checked before anything is written: one invalid item
-/// fails the whole batch with an error naming its index, and nothing is written.
+/// fails the whole batch with an error naming its index, and nothing is written. So does an
+/// item under the id of another stored event (`InBatch` of an `EventConflict`), found as the
+/// store writes the batch, in the same transaction.
 pub async fn publish_batch(
     app: &App,
     account: &AccountId,
@@ -279,7 +293,25 @@ pub async fn publish_batch_limited(
             (event.clone(), deliveries)
         })
         .collect();
-    let outcomes = app.store.publish_batch(&items).await?;
+    let outcomes = match app.store.publish_batch(&items).await {
+        Ok(outcomes) => outcomes,
+        // An item under the id of another event: nothing of the batch was written, and it is
+        // refused naming that item, as an invalid one is.
+        Err(StoreError::EventConflict(conflict)) => {
+            let index = items
+                .iter()
+                .position(|(event, _)| &event.id == conflict.id());
+            let error = ServiceError::EventConflict(conflict);
+            return Err(match index {
+                Some(index) => ServiceError::InBatch {
+                    index,
+                    error: Box::new(error),
+                },
+                None => error,
+            });
+        }
+        Err(other) => return Err(other.into()),
+    };
     let mut published = Vec::with_capacity(items.len());
     let mut queued = Vec::new();
     for ((event, deliveries), outcome) in items.into_iter().zip(outcomes) {
@@ -441,7 +473,8 @@ pub async fn get(
 }
 
 /// Erases an event's content on request (a customer's deletion request): see
-/// [`crate::store::Store::erase_event`]. Publishing its id again returns the erased event.
+/// [`crate::store::Store::erase_event`]. Publishing its id again returns the erased event
+/// (its type compared, its data gone: [`Event::conflict_with`]).
 pub async fn erase(
     app: &App,
     account: &AccountId,
@@ -633,6 +666,107 @@ mod tests {
             "the fanned-out delivery is the one listed"
         );
     }
+
+    /// On DynamoDB, as on SQLite: another event under a published id is refused naming the
+    /// field, alone or in a batch (naming the item, nothing of the batch written); the same
+    /// event again is answered with the stored one.
+    #[tokio::test]
+    async fn on_the_aws_shape_another_event_under_a_published_id_is_refused() {
+        let (_settings, shape) = emulated_shape().await;
+        let store = &shape.app.store;
+        store
+            .create_account(&fixtures::account("acme"))
+            .await
+            .unwrap();
+        let account = AccountId::parse("acme").unwrap();
+        let new = |id: &str, kind: &str, data: serde_json::Value| NewEvent {
+            id: Some(id.into()),
+            event_type: kind.into(),
+            data,
+        };
+        let first = publish(
+            &shape.app,
+            &account,
+            new(
+                "evt_1",
+                "invoice.paid",
+                serde_json::json!({"amount": 1, "to": "x"}),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(first.created);
+        let retry = publish(
+            &shape.app,
+            &account,
+            new(
+                "evt_1",
+                "invoice.paid",
+                serde_json::json!({"to": "x", "amount": 1}),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(!retry.created);
+        for (field, input) in [
+            (
+                "type",
+                new(
+                    "evt_1",
+                    "invoice.voided",
+                    serde_json::json!({"amount": 1, "to": "x"}),
+                ),
+            ),
+            (
+                "data",
+                new(
+                    "evt_1",
+                    "invoice.paid",
+                    serde_json::json!({"amount": 2, "to": "x"}),
+                ),
+            ),
+        ] {
+            match publish(&shape.app, &account, input).await {
+                Err(ServiceError::EventConflict(conflict)) => {
+                    assert_eq!(conflict.field(), field, "{conflict}");
+                }
+                other => panic!("other {field} under a published id: {other:?}"),
+            }
+        }
+        let batch = vec![
+            new("evt_2", "invoice.paid", serde_json::json!({})),
+            new(
+                "evt_1",
+                "invoice.paid",
+                serde_json::json!({"amount": 2, "to": "x"}),
+            ),
+        ];
+        match publish_batch(&shape.app, &account, batch).await {
+            Err(ServiceError::InBatch { index: 1, error }) => {
+                assert!(
+                    matches!(*error, ServiceError::EventConflict(ref c) if c.field() == "data"),
+                    "{error:?}"
+                );
+            }
+            other => panic!("a batch with another event under a published id: {other:?}"),
+        }
+        assert_eq!(
+            store
+                .get_event(&account, &EventId::parse("evt_2").unwrap())
+                .await
+                .unwrap(),
+            None,
+            "nothing of the refused batch is written"
+        );
+        assert_eq!(
+            store
+                .get_event(&account, &first.event.id)
+                .await
+                .unwrap()
+                .map(|e| e.payload),
+            Some(first.event.payload),
+        );
+    }
 }
 
 #[cfg(test)]
@@ -681,5 +815,108 @@ mod limit_tests {
             matches!(new, Err(ServiceError::RateLimited { .. })),
             "{new:?}"
         );
+    }
+
+    /// Within the limit or over it, another event under a published id is refused as a
+    /// conflict (not a 429: waiting would not change the answer), and nothing is written; a
+    /// batch with such an item is refused naming it, and writes none of its items.
+    #[tokio::test]
+    async fn another_event_under_a_published_id_is_a_conflict_within_the_limit_or_over_it() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = fixtures::app_on(store.clone(), clock.clone());
+        fixtures::account_with_endpoints(store.as_ref(), "acme", ["ep_1"]).await;
+        let account = AccountId::parse("acme").unwrap();
+        let event = |id: &str, kind: &str, n: u32| NewEvent {
+            id: Some(id.to_owned()),
+            event_type: kind.to_owned(),
+            data: serde_json::json!({"n": n}),
+        };
+        let conflict = |result: ServiceResult<Published>, field: &str| match result {
+            Err(ServiceError::EventConflict(conflict)) => {
+                assert_eq!(conflict.field(), field, "{conflict}");
+                assert_eq!(conflict.id().as_str(), "evt_1", "{conflict}");
+            }
+            other => panic!("another event under a published id ({field}): {other:?}"),
+        };
+        let buckets = MemoryBuckets::new(clock.clone());
+        let first = publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 1))
+            .await
+            .unwrap();
+        assert!(first.created);
+        // Within the limit (none set yet).
+        conflict(
+            publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 2)).await,
+            "data",
+        );
+        conflict(
+            publish_limited(
+                &app,
+                &buckets,
+                &account,
+                event("evt_1", "invoice.voided", 1),
+            )
+            .await,
+            "type",
+        );
+        match publish_batch(
+            &app,
+            &account,
+            vec![
+                event("evt_2", "invoice.paid", 1),
+                event("evt_3", "invoice.paid", 1),
+                event("evt_1", "invoice.paid", 2),
+            ],
+        )
+        .await
+        {
+            Err(ServiceError::InBatch { index: 2, error }) => {
+                assert!(
+                    matches!(*error, ServiceError::EventConflict(ref c) if c.field() == "data"),
+                    "{error:?}"
+                );
+            }
+            other => panic!("a batch with another event under a published id: {other:?}"),
+        }
+        for id in ["evt_2", "evt_3"] {
+            assert_eq!(
+                store
+                    .get_event(&account, &EventId::parse(id).unwrap())
+                    .await
+                    .unwrap(),
+                None,
+                "{id}: nothing of the refused batch is written"
+            );
+        }
+        assert_eq!(
+            store.deliveries_of_event(&first.event).await.unwrap(),
+            first.deliveries
+        );
+
+        // Over the limit: the same answers, the stored event's retry included.
+        let mut limited = store.get_account(&account).await.unwrap().unwrap();
+        limited.publish_rate_limit = Some(PublishRate::new(1, Some(1), "x").unwrap());
+        store.update_account(&limited).await.unwrap();
+        publish_limited(&app, &buckets, &account, event("evt_4", "invoice.paid", 1))
+            .await
+            .unwrap();
+        conflict(
+            publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 2)).await,
+            "data",
+        );
+        conflict(
+            publish_limited(
+                &app,
+                &buckets,
+                &account,
+                event("evt_1", "invoice.voided", 1),
+            )
+            .await,
+            "type",
+        );
+        let again = publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 1))
+            .await
+            .unwrap();
+        assert_eq!((again.created, again.event), (false, first.event));
     }
 }

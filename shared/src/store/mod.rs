@@ -38,6 +38,11 @@ pub enum StoreError {
     /// exists, has no deliveries, and never will; the reason names the attribute and rule.
     #[error("the event item was rejected by fan-out and has no deliveries: {0}")]
     Rejected(String),
+    /// A publish under the id of a stored event that is another event (its type or data
+    /// differ: [`crate::domain::Event::conflict_with`]). Nothing was written: of a batch, no
+    /// item.
+    #[error(transparent)]
+    EventConflict(#[from] crate::domain::EventConflict),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -45,7 +50,9 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// One event of [`Store::publish_batch`]: with its deliveries, or alone (`None`).
 pub type BatchItem = (Event, Option<Vec<Delivery>>);
 
-/// Publishing an event id that already exists returns the first event and creates nothing.
+/// Publishing an event id that already exists returns the first event and creates nothing,
+/// when it is the same event again (a retry); another event under that id is refused with
+/// [`StoreError::EventConflict`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum PublishOutcome {
     Created,
@@ -491,15 +498,23 @@ store_port! { $
     // as each of its writes commits: only the store knows how many a write that failed
     // part-way wrote, and a retry finds those written and counts none of them again.
 
-    /// Writes the event and its deliveries in one transaction (the outbox).
+    /// Writes the event and its deliveries in one transaction (the outbox). Idempotent on the
+    /// event's id: the same event again (see [`Event::conflict_with`]) is answered with the
+    /// stored one; another event under that id is [`StoreError::EventConflict`], and nothing
+    /// is written.
     async fn publish(&self, event: &Event, deliveries: &[Delivery]) -> StoreResult<PublishOutcome>;
     /// Several publishes at once, each idempotent on its event id as [`Store::publish`] is,
     /// and answered in order. An item with deliveries is written with them; one with `None`
     /// is the event alone, as [`Store::put_event`] writes it (for a store's change stream to
-    /// fan out). One transaction on SQLite; on DynamoDB one per 100 items or 4 MB.
+    /// fan out). One transaction on SQLite; on DynamoDB one per 100 items or 4 MB. An item
+    /// whose id is another stored event refuses the batch ([`StoreError::EventConflict`]):
+    /// on SQLite no item is written; on DynamoDB none of that item's transaction, while the
+    /// transactions before it stay written (an event with deliveries is its own there). The
+    /// API's batches are events alone within one transaction's limits: nothing is written.
     async fn publish_batch(&self, items: &[BatchItem]) -> StoreResult<Vec<PublishOutcome>>;
     /// Writes the event without deliveries, exactly as the outbox helper does, so that the
-    /// store's change stream (where there is one) hands it to fan-out. Idempotent on the id.
+    /// store's change stream (where there is one) hands it to fan-out. Idempotent on the id
+    /// as [`Store::publish`] is.
     async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome>;
     /// Adds deliveries of an event stored without them (fan-out of an outbox event), each
     /// only if its (event, endpoint) has none yet; returns the ones added. Callers give a

@@ -1418,6 +1418,175 @@ pub async fn publish_batch_answers_each_item_once(store: &dyn Store) {
     );
 }
 
+/// An id names one event: another event under a stored id (another type, or other data) is
+/// refused with `EventConflict` naming the field, by `publish`, `put_event` and
+/// `publish_batch` alike, and writes nothing: of a batch, no item. The same event again (later,
+/// its members in another order) is still answered with the stored one; of an erased event
+/// only the type is compared.
+pub async fn another_event_under_a_stored_id_is_refused_and_writes_nothing(store: &dyn Store) {
+    fn refused<T: std::fmt::Debug>(call: &str, result: Result<T, StoreError>, field: &str) {
+        match result {
+            Err(StoreError::EventConflict(conflict)) => {
+                assert_eq!(conflict.field(), field, "{call}: {conflict}");
+                assert_eq!(conflict.id().as_str(), "evt_1", "{call}: {conflict}");
+            }
+            other => panic!("{call}: another event under a stored id was taken: {other:?}"),
+        }
+    }
+    let [ep] = account_with_endpoints(store, "acme", ["ep_a"]).await;
+    let acme = AccountId::parse("acme").unwrap();
+    let made = |id: &str, kind: &str, data: serde_json::Value| {
+        Event::new(
+            EventId::parse(id).unwrap(),
+            acme.clone(),
+            EventType::parse(kind).unwrap(),
+            add(t0(), secs(9)),
+            &data,
+        )
+        .unwrap()
+    };
+    let stored = Event::new(
+        EventId::parse("evt_1").unwrap(),
+        acme.clone(),
+        EventType::parse("invoice.paid").unwrap(),
+        t0(),
+        &serde_json::json!({"amount": 42.5, "currency": "EUR"}),
+    )
+    .unwrap();
+    let first = delivery(&stored, &ep, t0());
+    store
+        .publish(&stored, std::slice::from_ref(&first))
+        .await
+        .unwrap();
+
+    let other_type = made(
+        "evt_1",
+        "invoice.voided",
+        serde_json::json!({"amount": 42.5, "currency": "EUR"}),
+    );
+    let other_data = made(
+        "evt_1",
+        "invoice.paid",
+        serde_json::json!({"amount": 43, "currency": "EUR"}),
+    );
+    let later = add(t0(), secs(9));
+    for (what, new) in [("type", &other_type), ("data", &other_data)] {
+        refused(
+            &format!("publish, other {what}"),
+            store.publish(new, &[delivery(new, &ep, later)]).await,
+            what,
+        );
+        refused(
+            &format!("put_event, other {what}"),
+            store.put_event(new).await,
+            what,
+        );
+    }
+    // In a batch, whatever its place: nothing of the batch is written.
+    let fresh = |id: &str| made(id, "invoice.paid", serde_json::json!({"n": id}));
+    let (evt_2, evt_3) = (fresh("evt_2"), fresh("evt_3"));
+    refused(
+        "publish_batch of events alone",
+        store
+            .publish_batch(&[
+                (evt_2.clone(), None),
+                (other_data.clone(), None),
+                (evt_3.clone(), None),
+            ])
+            .await,
+        "data",
+    );
+    refused(
+        "publish_batch with deliveries",
+        store
+            .publish_batch(&[
+                (
+                    other_type.clone(),
+                    Some(vec![delivery(&other_type, &ep, later)]),
+                ),
+                (evt_2.clone(), Some(vec![delivery(&evt_2, &ep, later)])),
+            ])
+            .await,
+        "type",
+    );
+    for ev in [&evt_2, &evt_3] {
+        assert_eq!(
+            store.get_event(&acme, &ev.id).await.unwrap(),
+            None,
+            "{}: an item of a refused batch was written",
+            ev.id
+        );
+    }
+    assert_eq!(
+        store.get_event(&acme, &stored.id).await.unwrap(),
+        Some(stored.clone()),
+        "the stored event is untouched"
+    );
+    assert_eq!(
+        store.deliveries_of_event(&stored).await.unwrap(),
+        vec![first.clone()],
+        "no delivery was added"
+    );
+
+    // The same event again, its members in another order: answered with the stored one.
+    let retry = made(
+        "evt_1",
+        "invoice.paid",
+        serde_json::json!({"currency": "EUR", "amount": 42.5}),
+    );
+    match store
+        .publish(&retry, &[delivery(&retry, &ep, later)])
+        .await
+        .unwrap()
+    {
+        PublishOutcome::AlreadyExists { event, deliveries } => {
+            assert_eq!((event, deliveries), (stored.clone(), vec![first.clone()]));
+        }
+        other => panic!("a retry created something: {other:?}"),
+    }
+    assert_eq!(
+        store.put_event(&retry).await.unwrap(),
+        PutEventOutcome::AlreadyExists(stored.clone())
+    );
+    let outcomes = store
+        .publish_batch(&[(retry.clone(), None), (evt_2.clone(), None)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcomes[..], [PublishOutcome::AlreadyExists { event, .. }, PublishOutcome::Created] if *event == stored),
+        "{outcomes:?}"
+    );
+
+    // Erased: its data is gone and cannot be compared; its type still is.
+    let at = add(t0(), secs(20));
+    store
+        .erase_event(&acme, &stored.id, at)
+        .await
+        .unwrap()
+        .unwrap();
+    match store.publish(&other_data, &[]).await.unwrap() {
+        PublishOutcome::AlreadyExists { event, .. } => assert!(event.is_erased()),
+        other => panic!("expected the erased event, got {other:?}"),
+    }
+    assert!(matches!(
+        store.put_event(&other_data).await.unwrap(),
+        PutEventOutcome::AlreadyExists(event) if event.is_erased()
+    ));
+    refused(
+        "put_event, erased, other type",
+        store.put_event(&other_type).await,
+        "type",
+    );
+    refused(
+        "publish_batch, erased, other type",
+        store
+            .publish_batch(&[(evt_3.clone(), None), (other_type.clone(), None)])
+            .await,
+        "type",
+    );
+    assert_eq!(store.get_event(&acme, &evt_3.id).await.unwrap(), None);
+}
+
 pub async fn put_event_writes_the_event_alone_once(store: &dyn Store) {
     let [ep] = account_with_endpoints(store, "acme", ["ep_a"]).await;
     let ev = event("acme", "evt_alone", t0());
@@ -2155,6 +2324,7 @@ macro_rules! store_contract_tests {
             delete_endpoint_abandons_pending_and_keeps_history,
             add_deliveries_adds_each_pair_once,
             put_event_writes_the_event_alone_once,
+            another_event_under_a_stored_id_is_refused_and_writes_nothing,
             publish_batch_answers_each_item_once,
             load_work_sees_writes_made_after_the_publish,
             move_unattempted_changes_only_the_expected_state,

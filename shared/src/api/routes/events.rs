@@ -1,4 +1,5 @@
-//! Events: publish one or a batch (each idempotent on its id), read one.
+//! Events: publish one or a batch (each idempotent on its id: the same event again is
+//! answered with the stored one, another event under that id is a 409), read one.
 
 use super::super::views::{BatchEventView, BatchResult, BatchView, EVENT_DELIVERIES_SHOWN};
 use super::*;
@@ -8,7 +9,8 @@ use serde::Serialize;
 #[derive(Deserialize, ToSchema, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PublishEvent {
-    /// Idempotency key: publishing the same id again returns the first event.
+    /// Idempotency key: publishing the same event again (same `type`, JSON-equal `data`)
+    /// returns the first one; another event under this id is refused (409).
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     id: Option<String>,
     /// Dot-separated segments of letters, digits, `_` or `-`.
@@ -32,7 +34,7 @@ pub struct PublishEvent {
     params(AccountPath),
     request_body = PublishEvent,
     description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with 1,000 of them, `deliveries_partial` true and `deliveries_total` their number.",
-    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "An event with this id exists: it is returned and nothing is created", body = EventView), ReadErrors, BodyErrors, PublishErrors),
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "This event was published before (same id and `type`, JSON-equal `data`; an erased one, same id and `type`): it is returned and nothing is created", body = EventView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
 )]
 pub async fn publish_event(
     State(state): State<ApiState>,
@@ -81,10 +83,10 @@ pub struct PublishBatch {
     security(("bearer" = ["events:publish"])),
     tag = "events",
     summary = "Publishes up to 100 events at once, each idempotent on its id.",
-    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. The batch is one transaction in both shapes: its body may be 3.7 MB, so that on AWS its events fit one DynamoDB transaction.",
+    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. So does one whose id is already another event (409, `events[3].data` or `events[3].type`); an id that is the same event again is answered with it, as a single publish is. The batch is one transaction in both shapes: its body may be 3.7 MB, so that on AWS its events fit one DynamoDB transaction.",
     params(AccountPath),
     request_body = PublishBatch,
-    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would, unless the whole answer would be over 5 MB as the AWS function carries it: then it is `abridged`, each event without its deliveries, and without its `data` when this batch created it", body = BatchView), ReadErrors, BodyErrors, PublishErrors),
+    responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would, unless the whole answer would be over 5 MB as the AWS function carries it: then it is `abridged`, each event without its deliveries, and without its `data` when this batch created it", body = BatchView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
 )]
 pub async fn publish_batch(
     State(state): State<ApiState>,
@@ -92,7 +94,8 @@ pub async fn publish_batch(
     JsonBody(body): JsonBody<PublishBatch>,
 ) -> ApiResult<Response> {
     publish::check_batch_size(body.events.len())?;
-    // Every item is checked before any is written: one bad item refuses the batch.
+    // Every item is checked before any is written: one bad item refuses the batch (and so
+    // does one under the id of another event, found as the batch is written).
     for (index, event) in body.events.iter().enumerate() {
         if let Err(error) = state
             .catalog
@@ -196,7 +199,8 @@ pub async fn get_event(
     description = "Removes the event's payload and the response bodies of the attempts to send it. \
         The event, its deliveries and their attempts stay in the log, the event marked with `erased_at` \
         and `data` null; deliveries still pending end `failed` and are never sent. Erasing again \
-        changes nothing; publishing the id again returns the erased event. An event item written \
+        changes nothing; publishing the id again returns the erased event (its data cannot be \
+        compared any more; another `type` is refused, 409). An event item written \
         through the outbox that fan-out could not read (docs/OUTBOX.md) loses its `data` the same way \
         and stays refused. The answer lists at most 1,000 deliveries, the first by id: an event \
         sent to more endpoints is answered with `deliveries_partial` true and `deliveries_total` \

@@ -281,6 +281,9 @@ impl DynamoStore {
                     .get_event_item(event.account_id.as_str(), event.id.as_str())
                     .await?
                     .ok_or_else(|| StoreError::Backend("event vanished during publish".into()))?;
+                if let Some(conflict) = existing.conflict_with(event) {
+                    return Err(conflict.into());
+                }
                 let deliveries = self.deliveries_of_event(&existing).await?;
                 return Ok(PublishOutcome::AlreadyExists {
                     event: existing,
@@ -314,7 +317,7 @@ impl DynamoStore {
             if !chunk.is_empty()
                 && (chunk.len() == MAX_TRANSACTION_ITEMS || bytes + size > MAX_TRANSACTION_BYTES)
             {
-                self.put_events_together(std::mem::take(&mut chunk), &mut outcomes)
+                self.put_events_together(items, std::mem::take(&mut chunk), &mut outcomes)
                     .await?;
                 bytes = 0;
             }
@@ -322,7 +325,8 @@ impl DynamoStore {
             chunk.push((index, item));
         }
         if !chunk.is_empty() {
-            self.put_events_together(chunk, &mut outcomes).await?;
+            self.put_events_together(items, chunk, &mut outcomes)
+                .await?;
         }
         outcomes
             .into_iter()
@@ -331,9 +335,12 @@ impl DynamoStore {
     }
 
     /// One transaction of conditional event puts. Those whose id exists are answered with
-    /// the stored event, and the transaction is tried again without them.
+    /// the stored event, and the transaction is tried again without them; if one of them is
+    /// another event than its item's (`items[index].0`), the chunk is refused with
+    /// `StoreError::EventConflict` and nothing of it is written.
     async fn put_events_together(
         &self,
+        items: &[crate::store::BatchItem],
         mut chunk: Vec<(usize, Item)>,
         outcomes: &mut [Option<PublishOutcome>],
     ) -> StoreResult<()> {
@@ -366,6 +373,13 @@ impl DynamoStore {
                             .ok_or_else(|| {
                                 StoreError::Backend("event vanished during publish".into())
                             })?;
+                        // The transaction was cancelled: refused here, nothing of the chunk
+                        // is written.
+                        if let Some((event, _)) = items.get(index) {
+                            if let Some(conflict) = stored.conflict_with(event) {
+                                return Err(conflict.into());
+                            }
+                        }
                         let deliveries = self.deliveries_of_event(&stored).await?;
                         outcomes[index] = Some(PublishOutcome::AlreadyExists {
                             event: stored,
@@ -390,11 +404,16 @@ impl DynamoStore {
             .await;
         match written(result)? {
             Some(_) => Ok(PutEventOutcome::Created),
-            None => self
-                .get_event_item(event.account_id.as_str(), event.id.as_str())
-                .await?
-                .map(PutEventOutcome::AlreadyExists)
-                .ok_or_else(|| StoreError::Backend("event vanished during publish".into())),
+            None => {
+                let stored = self
+                    .get_event_item(event.account_id.as_str(), event.id.as_str())
+                    .await?
+                    .ok_or_else(|| StoreError::Backend("event vanished during publish".into()))?;
+                match stored.conflict_with(event) {
+                    Some(conflict) => Err(conflict.into()),
+                    None => Ok(PutEventOutcome::AlreadyExists(stored)),
+                }
+            }
         }
     }
 

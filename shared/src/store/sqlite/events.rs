@@ -6,8 +6,9 @@ use super::*;
 
 impl SqliteStore {
     /// Every item in the one transaction of a store job: an event id that exists returns
-    /// the stored event and its deliveries and writes nothing for that item. An item
-    /// without deliveries is the event alone, listed as unfanned until its fan-out is done.
+    /// the stored event and its deliveries and writes nothing for that item, or, if the item
+    /// is another event, refuses the batch and writes nothing at all. An item without
+    /// deliveries is the event alone, listed as unfanned until its fan-out is done.
     pub(super) async fn publish_batch(
         &self,
         items: &[crate::store::BatchItem],
@@ -384,7 +385,8 @@ fn add_to(
 }
 
 /// One event and its deliveries inside the caller's transaction; without deliveries
-/// (`None`), the event is listed as unfanned.
+/// (`None`), the event is listed as unfanned. An id that exists is answered with the stored
+/// event if `event` is the same one, and is `StoreError::EventConflict` if it is another.
 fn publish_one(
     conn: &Connection,
     event: &Event,
@@ -403,6 +405,11 @@ fn publish_one(
         })
         .map_err(backend)?;
     if let Some(existing) = existing {
+        // Another event under this id: the caller's transaction is not committed, so nothing
+        // of the batch is written.
+        if let Some(conflict) = existing.conflict_with(event) {
+            return Err(conflict.into());
+        }
         let deliveries =
             deliveries_of_event(conn, existing.account_id.as_str(), existing.id.as_str())
                 .map_err(backend)?;
