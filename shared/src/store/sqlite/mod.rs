@@ -32,6 +32,7 @@ mod access;
 mod accounts;
 mod audit;
 mod catalog;
+mod checkpoint;
 mod deliveries;
 mod events;
 mod fresh;
@@ -44,6 +45,7 @@ mod tests;
 mod unfanned;
 mod worker;
 
+use checkpoint::*;
 pub use retention::{PurgePace, Purged, SLICE_ROWS};
 use rows::*;
 use schema::*;

@@ -1271,7 +1271,7 @@ async fn every_reader_has_the_wal_open_from_the_start() {
 /// `CATCH_UP_PASSES` at most, or when a pass fails or the hold gives up.
 #[test]
 fn the_catch_up_before_a_wal_restart_stops_when_caught_up_or_outpaced() {
-    use super::worker::{catch_up_passes, CATCH_UP_PASSES, CAUGHT_UP_FRAMES};
+    use super::checkpoint::{catch_up_passes, CATCH_UP_PASSES, CAUGHT_UP_FRAMES};
     // Each pass returns the WAL's frames (those of the pass before plus `written`) and the
     // frames it copied: all of them, less `held` (a reader's snapshot holds them back).
     let passes = |written: &[(i64, i64)]| {
