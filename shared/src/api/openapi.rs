@@ -182,7 +182,7 @@ pub enum PublishErrors {
 pub enum EventIdTaken {
     #[response(
         status = 409,
-        description = "The id is already an event of another `type`, or with other `data` (compared as JSON: members in any order, numbers by value; of an erased event, the `type` alone): an id names one event, so this one is refused, not answered with the stored one. `field` is `type` or `data` (in a batch, `events[3].data`: the whole batch is refused and nothing of it is written). Nothing was written; publish the event under a new id"
+        description = "The id is already an event of another `type`, or with other `data` (compared as JSON: members in any order; numbers as parsed, so `1` and `1.0` differ; of an erased event, the `type` alone): an id names one event, so this one is refused, not answered with the stored one. `field` is `type` or `data` (in a batch, `events[3].data`: the whole batch is refused and nothing of it is written). Nothing was written; publish the event under a new id"
     )]
     Conflict(ErrorBody<'static>),
 }

@@ -167,10 +167,14 @@ impl Event {
 
     /// The `data` member of the payload, for showing the event back through the API.
     pub fn data(&self) -> serde_json::Value {
+        self.data_value().unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The `data` member, if the payload parses and has one.
+    fn data_value(&self) -> Option<serde_json::Value> {
         serde_json::from_str::<serde_json::Value>(&self.payload)
             .ok()
             .and_then(|mut body| body.get_mut("data").map(serde_json::Value::take))
-            .unwrap_or(serde_json::Value::Null)
     }
 }
 
@@ -222,8 +226,15 @@ impl Event {
                 stored: self.event_type.clone(),
             });
         }
-        if self.is_erased() || new.is_erased() || self.data() == new.data() {
+        if self.is_erased() || new.is_erased() {
             return None;
+        }
+        // A payload that does not parse (an outbox item's number past a double's range) is
+        // compared as another event's, not as `data: null`.
+        if let (Some(stored), Some(new)) = (self.data_value(), new.data_value()) {
+            if stored == new {
+                return None;
+            }
         }
         Some(EventConflict::Data {
             id: self.id.clone(),
@@ -407,6 +418,35 @@ mod tests {
             );
             assert_eq!(conflict.field(), "data");
         }
+        // A stored payload that does not parse (an outbox item's `1e400`) is not `null`.
+        let unreadable = Event::from_data_text(
+            EventId::parse("evt_1").unwrap(),
+            AccountId::parse("acme").unwrap(),
+            EventType::parse("invoice.paid").unwrap(),
+            at,
+            r#"{"amount": 1e400}"#,
+        )
+        .unwrap();
+        let null = made("invoice.paid", serde_json::Value::Null, 1_614_265_330_123);
+        assert_eq!(
+            unreadable.conflict_with(&null).map(|c| c.field()),
+            Some("data")
+        );
+        // Numbers as parsed: an integer and a float are other data.
+        let float = made(
+            "invoice.paid",
+            serde_json::json!({"n": 1.0}),
+            1_614_265_330_123,
+        );
+        let integer = made(
+            "invoice.paid",
+            serde_json::json!({"n": 1}),
+            1_614_265_330_123,
+        );
+        assert_eq!(
+            float.conflict_with(&integer).map(|c| c.field()),
+            Some("data")
+        );
         // The type is compared first: both differing is answered for the type.
         let both = made("invoice.voided", serde_json::json!({}), 1_614_265_330_123);
         assert_eq!(stored.conflict_with(&both).map(|c| c.field()), Some("type"));

@@ -844,21 +844,36 @@ mod limit_tests {
             .await
             .unwrap();
         assert!(first.created);
-        // Within the limit (none set yet).
-        conflict(
-            publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 2)).await,
-            "data",
-        );
-        conflict(
-            publish_limited(
-                &app,
-                &buckets,
-                &account,
-                event("evt_1", "invoice.voided", 1),
-            )
-            .await,
-            "type",
-        );
+        // Within the limit (none set yet), then over it: the same answers.
+        for over_limit in [false, true] {
+            if over_limit {
+                let mut limited = store.get_account(&account).await.unwrap().unwrap();
+                limited.publish_rate_limit = Some(PublishRate::new(1, Some(1), "x").unwrap());
+                store.update_account(&limited).await.unwrap();
+                publish_limited(&app, &buckets, &account, event("evt_4", "invoice.paid", 1))
+                    .await
+                    .unwrap();
+                let new_id =
+                    publish_limited(&app, &buckets, &account, event("evt_9", "invoice.paid", 1))
+                        .await;
+                assert!(
+                    matches!(new_id, Err(ServiceError::RateLimited { .. })),
+                    "over the limit: {new_id:?}"
+                );
+            }
+            for (kind, n, field) in [("invoice.paid", 2, "data"), ("invoice.voided", 1, "type")] {
+                conflict(
+                    publish_limited(&app, &buckets, &account, event("evt_1", kind, n)).await,
+                    field,
+                );
+            }
+        }
+        // Over the limit still, the stored event's retry is answered with it.
+        let again = publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 1))
+            .await
+            .unwrap();
+        assert_eq!((again.created, &again.event), (false, &first.event));
+
         match publish_batch(
             &app,
             &account,
@@ -892,31 +907,5 @@ mod limit_tests {
             store.deliveries_of_event(&first.event).await.unwrap(),
             first.deliveries
         );
-
-        // Over the limit: the same answers, the stored event's retry included.
-        let mut limited = store.get_account(&account).await.unwrap().unwrap();
-        limited.publish_rate_limit = Some(PublishRate::new(1, Some(1), "x").unwrap());
-        store.update_account(&limited).await.unwrap();
-        publish_limited(&app, &buckets, &account, event("evt_4", "invoice.paid", 1))
-            .await
-            .unwrap();
-        conflict(
-            publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 2)).await,
-            "data",
-        );
-        conflict(
-            publish_limited(
-                &app,
-                &buckets,
-                &account,
-                event("evt_1", "invoice.voided", 1),
-            )
-            .await,
-            "type",
-        );
-        let again = publish_limited(&app, &buckets, &account, event("evt_1", "invoice.paid", 1))
-            .await
-            .unwrap();
-        assert_eq!((again.created, again.event), (false, first.event));
     }
 }

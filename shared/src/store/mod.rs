@@ -507,10 +507,10 @@ store_port! { $
     /// and answered in order. An item with deliveries is written with them; one with `None`
     /// is the event alone, as [`Store::put_event`] writes it (for a store's change stream to
     /// fan out). One transaction on SQLite; on DynamoDB one per 100 items or 4 MB. An item
-    /// whose id is another stored event refuses the batch ([`StoreError::EventConflict`]):
-    /// on SQLite no item is written; on DynamoDB none of that item's transaction, while the
-    /// transactions before it stay written (an event with deliveries is its own there). The
-    /// API's batches are events alone within one transaction's limits: nothing is written.
+    /// whose id is another stored event refuses the batch ([`StoreError::EventConflict`])
+    /// and nothing is written: on DynamoDB a batch of several transactions (an event with
+    /// deliveries is its own) is compared with the stored events before the first; only a
+    /// publish of one of its ids landing meanwhile leaves the transactions before it written.
     async fn publish_batch(&self, items: &[BatchItem]) -> StoreResult<Vec<PublishOutcome>>;
     /// Writes the event without deliveries, exactly as the outbox helper does, so that the
     /// store's change stream (where there is one) hands it to fan-out. Idempotent on the id

@@ -1,22 +1,16 @@
 //! An event's answers (publish, read, erase) stay within what the AWS function may return
 //! (6 MB, the body JSON-escaped within it), however many endpoints the event goes to.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use axum::body::Body;
 use hooklane::{
-    api::{self, ApiState},
     domain::{AccountId, EventId},
-    service::access::AdminToken,
     store::Store,
-    tokens::TokenKey,
 };
 use hooklane_testkit::fixtures::{create_account_and_endpoints, endpoint, t0};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-const ADMIN: &str = "event-answers-admin-token-0123456789";
+use crate::admin_api::{router, send};
 
 /// What the API lists of one event's deliveries at most (`EventView`'s bound).
 const SHOWN: usize = 1_000;
@@ -28,36 +22,7 @@ const ANSWER_BYTES: usize = 5_000_000;
 fn router_and_store() -> (axum::Router, Arc<dyn Store>) {
     let app = hooklane_testkit::app::api_only_app();
     let store = Arc::clone(&app.store);
-    let router = api::router(ApiState::new(
-        app,
-        TokenKey::generate(),
-        AdminToken::fixed(ADMIN),
-        Duration::ZERO,
-        Arc::new(hooklane::limits::Unlimited),
-    ));
-    (router, store)
-}
-
-/// The status, the body as text and as JSON.
-async fn send(
-    router: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, String, Value) {
-    let request = axum::http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("authorization", format!("Bearer {ADMIN}"))
-        .header("content-type", "application/json")
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
-    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-    (status, text, json)
+    (router(app), store)
 }
 
 /// An account with `count` endpoints, each subscribed to every type.

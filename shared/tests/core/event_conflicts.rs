@@ -3,21 +3,11 @@
 //! nothing; the same event again is answered 200 with the stored one. Through the API's
 //! router, in both publish modes (the event with its deliveries, or alone for the fan-out).
 
-use std::{sync::Arc, time::Duration};
-
-use axum::body::Body;
-use hooklane::{
-    api::{self, ApiState},
-    service::access::AdminToken,
-    tokens::TokenKey,
-    PublishMode,
-};
+use hooklane::PublishMode;
 use hooklane_testkit::fixtures::{create_account_and_endpoints, endpoint, t0};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-const ADMIN: &str = "event-conflicts-admin-token-0123456789";
+use crate::admin_api;
 
 async fn router(publish: PublishMode) -> axum::Router {
     let app = hooklane::App {
@@ -30,13 +20,7 @@ async fn router(publish: PublishMode) -> axum::Router {
         &[endpoint("acme", "ep_a", t0())],
     )
     .await;
-    api::router(ApiState::new(
-        app,
-        TokenKey::generate(),
-        AdminToken::fixed(ADMIN),
-        Duration::ZERO,
-        Arc::new(hooklane::limits::Unlimited),
-    ))
+    admin_api::router(app)
 }
 
 async fn send(
@@ -45,21 +29,8 @@ async fn send(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let request = axum::http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("authorization", format!("Bearer {ADMIN}"))
-        .header("content-type", "application/json")
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    let (status, _, json) = admin_api::send(router, method, path, body).await;
+    (status, json)
 }
 
 const PUBLISH: &str = "/v1/accounts/acme/events";

@@ -5,6 +5,7 @@
 //! emits and needs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failed test
 
+mod admin_api;
 mod api_gateway;
 mod event_answers;
 mod event_conflicts;

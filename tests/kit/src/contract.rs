@@ -1500,11 +1500,11 @@ pub async fn another_event_under_a_stored_id_is_refused_and_writes_nothing(store
         "publish_batch with deliveries",
         store
             .publish_batch(&[
+                (evt_2.clone(), Some(vec![delivery(&evt_2, &ep, later)])),
                 (
                     other_type.clone(),
                     Some(vec![delivery(&other_type, &ep, later)]),
                 ),
-                (evt_2.clone(), Some(vec![delivery(&evt_2, &ep, later)])),
             ])
             .await,
         "type",

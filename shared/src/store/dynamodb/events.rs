@@ -299,17 +299,23 @@ impl DynamoStore {
 
     /// Events alone share transactions (at most 100 items and 4 MB each, DynamoDB's limits
     /// for one `TransactWriteItems`); an event with deliveries is its own publish, as its
-    /// deliveries alone can fill a transaction.
+    /// deliveries alone can fill a transaction. A batch written in more than one step is
+    /// first compared with the events stored under its ids ([`Self::refuse_conflicts`]), so
+    /// that an item under another event's id refuses it before any step is written.
     pub(super) async fn publish_batch(
         &self,
         items: &[crate::store::BatchItem],
     ) -> StoreResult<Vec<PublishOutcome>> {
-        let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; items.len()];
+        enum Step {
+            Alone(usize),
+            Together(Vec<(usize, Item)>),
+        }
+        let mut steps = Vec::new();
         let mut chunk: Vec<(usize, Item)> = Vec::new();
         let mut bytes = 0;
         for (index, (event, deliveries)) in items.iter().enumerate() {
-            if let Some(deliveries) = deliveries {
-                outcomes[index] = Some(self.publish(event, deliveries).await?);
+            if deliveries.is_some() {
+                steps.push(Step::Alone(index));
                 continue;
             }
             let item = self.event_item(event, false);
@@ -317,21 +323,62 @@ impl DynamoStore {
             if !chunk.is_empty()
                 && (chunk.len() == MAX_TRANSACTION_ITEMS || bytes + size > MAX_TRANSACTION_BYTES)
             {
-                self.put_events_together(items, std::mem::take(&mut chunk), &mut outcomes)
-                    .await?;
+                steps.push(Step::Together(std::mem::take(&mut chunk)));
                 bytes = 0;
             }
             bytes += size;
             chunk.push((index, item));
         }
         if !chunk.is_empty() {
-            self.put_events_together(items, chunk, &mut outcomes)
-                .await?;
+            steps.push(Step::Together(chunk));
+        }
+        if steps.len() > 1 {
+            self.refuse_conflicts(items).await?;
+        }
+        let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; items.len()];
+        for step in steps {
+            match step {
+                Step::Alone(index) => {
+                    let (event, deliveries) = &items[index];
+                    let deliveries = deliveries.as_deref().unwrap_or_default();
+                    outcomes[index] = Some(self.publish(event, deliveries).await?);
+                }
+                Step::Together(chunk) => {
+                    self.put_events_together(items, chunk, &mut outcomes)
+                        .await?
+                }
+            }
         }
         outcomes
             .into_iter()
             .map(|o| o.ok_or_else(|| StoreError::Backend("a batch item was not written".into())))
             .collect()
+    }
+
+    /// Reads the events stored under the batch's ids (strongly consistent) and refuses the
+    /// batch if one is another event than its item. Each step compares again as it writes:
+    /// another publish of one of these ids landing after this read still refuses the batch
+    /// at that step, with the steps before it written.
+    async fn refuse_conflicts(&self, items: &[crate::store::BatchItem]) -> StoreResult<()> {
+        let mut keys: Vec<Item> = Vec::with_capacity(items.len());
+        let mut seen = std::collections::HashSet::new();
+        for (event, _) in items {
+            // DynamoDB refuses a BatchGetItem that names one key twice.
+            if seen.insert((event.account_id.as_str(), event.id.as_str())) {
+                keys.push(account_key(event.account_id.as_str(), event.id.as_str()));
+            }
+        }
+        for stored in self.batch_get(&self.tables.events, &keys, None).await? {
+            let stored = event_from_item(&stored)?;
+            let conflict = items
+                .iter()
+                .filter(|(event, _)| event.id == stored.id && event.account_id == stored.account_id)
+                .find_map(|(event, _)| stored.conflict_with(event));
+            if let Some(conflict) = conflict {
+                return Err(conflict.into());
+            }
+        }
+        Ok(())
     }
 
     /// One transaction of conditional event puts. Those whose id exists are answered with

@@ -1444,6 +1444,48 @@ async fn the_largest_batch_the_api_takes_is_one_transaction() {
     );
 }
 
+/// A batch written in more than one step (here 101 events alone: two transactions; and an
+/// event with deliveries before another) is refused whole by an item under another event's
+/// id, wherever it is: none of the steps before it is written.
+#[tokio::test]
+async fn a_batch_of_several_transactions_with_another_event_under_a_stored_id_writes_nothing() {
+    use crate::fixtures::{account_with_endpoints, delivery, t0};
+    let store = emulator_store().await;
+    let [ep] = account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let stored = crate::fixtures::event("acme", "evt_stored", t0());
+    store.publish(&stored, &[]).await.unwrap();
+    let other = crate::fixtures::typed_event("acme", "evt_stored", "invoice.voided", t0());
+
+    let mut alone: Vec<crate::store::BatchItem> = (0..MAX_TRANSACTION_ITEMS)
+        .map(|i| {
+            (
+                crate::fixtures::event("acme", &format!("evt_{i:03}"), t0()),
+                None,
+            )
+        })
+        .collect();
+    alone.push((other.clone(), None));
+    let fresh = crate::fixtures::event("acme", "evt_fresh", t0());
+    let with_deliveries: Vec<crate::store::BatchItem> = vec![
+        (fresh.clone(), Some(vec![delivery(&fresh, &ep, t0())])),
+        (other.clone(), Some(vec![delivery(&other, &ep, t0())])),
+    ];
+    for (what, batch) in [("101 alone", alone), ("with deliveries", with_deliveries)] {
+        match store.publish_batch(&batch).await {
+            Err(StoreError::EventConflict(conflict)) => assert_eq!(conflict.field(), "type"),
+            other => panic!("{what}: another event under a stored id was taken: {other:?}"),
+        }
+        for (event, _) in &batch[..batch.len() - 1] {
+            assert_eq!(
+                store.get_event(&event.account_id, &event.id).await.unwrap(),
+                None,
+                "{what}: {} of the refused batch was written",
+                event.id
+            );
+        }
+    }
+}
+
 /// An outbox write that fan-out rejected keeps its `data` for the operator; a deletion
 /// request for it removes that as it would an event's payload, and answers what the item
 /// says of the event (it has no deliveries).
