@@ -251,19 +251,7 @@ pub(super) const WAL_BACKSTOP_PAGES: i64 = 40_000;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::worker::{Job, Lane};
-
-    /// A job of `lane`, `rows` long, that does nothing.
-    fn job(lane: Option<&str>, rows: usize) -> Job {
-        Job {
-            lane: lane.map_or(Lane::Shared, |a| {
-                Lane::Account(AccountId::from_trusted(a.into()))
-            }),
-            rows,
-            request: false,
-            run: Box::new(|_| Box::new(|_| {})),
-        }
-    }
+    use crate::store::sqlite::worker::tests::job;
 
     /// A directory removed when the test ends, however it ends.
     struct TempDir(PathBuf);

@@ -467,10 +467,11 @@ impl Drop for JobSavepoint<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn job(lane: Option<&str>, rows: usize) -> Job {
+    /// A job of `lane`, `rows` long, that does nothing.
+    pub(in crate::store::sqlite) fn job(lane: Option<&str>, rows: usize) -> Job {
         Job {
             lane: lane.map_or(Lane::Shared, |a| {
                 Lane::Account(AccountId::from_trusted(a.into()))
