@@ -390,4 +390,92 @@ mod tests {
             }
         }
     }
+
+    /// A hold the checkpointer cannot end (writes outpace its passes) has a limit: past
+    /// `hold_max` the checkpointer is told to give up. It makes no further pass and says it
+    /// is done, and the store thread restarts the WAL, copying what is left.
+    #[test]
+    fn a_hold_past_its_limit_stops_the_passes_then_restarts_anyway() {
+        let dir =
+            TempDir(std::env::temp_dir().join(format!("hooklane-give-up-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let path = dir.0.join("give-up.db");
+        let open = || {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+            conn.pragma_update(None, "synchronous", "OFF").unwrap();
+            conn
+        };
+        let store = open();
+        store
+            .execute_batch("CREATE TABLE t (body BLOB); PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        for _ in 0..200 {
+            store
+                .execute("INSERT INTO t VALUES (zeroblob(4000))", [])
+                .unwrap();
+        }
+        let file_bytes = || std::fs::metadata(&path).unwrap().len();
+        let wal_bytes = || {
+            std::fs::metadata(path.with_extension("db-wal"))
+                .unwrap()
+                .len()
+        };
+        let before = file_bytes();
+
+        let hold_max = std::time::Duration::from_millis(50);
+        let (commits, committed) = mpsc::sync_channel(1);
+        let restart = Arc::new(Restart::holding_at_most(hold_max));
+        let checkpoints = Checkpoints {
+            commits,
+            restart: Arc::clone(&restart),
+        };
+        restart.wanted.store(true, Ordering::Release);
+        let since = checkpoints.begin_hold().expect("a restart was asked for");
+        assert!(!checkpoints.end_hold(&store, since), "ended at once");
+        // Past the limit: the checkpointer is told to give up; the hold goes on.
+        let past =
+            |limit: std::time::Duration| std::time::Instant::now().checked_sub(limit).unwrap();
+        assert!(!checkpoints.end_hold(&store, past(hold_max * 3 / 2)));
+        assert!(restart.give_up.load(Ordering::Acquire));
+        assert!(restart.holding.load(Ordering::Acquire));
+        // Woken for the hold, the checkpointer makes no pass: nothing reaches the file.
+        let checkpointer = {
+            let (conn, restart) = (open(), Arc::clone(&restart));
+            std::thread::spawn(move || run_checkpoints(conn, committed, &restart))
+        };
+        let woken = std::time::Instant::now();
+        while !restart.caught_up.load(Ordering::Acquire) {
+            assert!(
+                woken.elapsed() < std::time::Duration::from_secs(10),
+                "the checkpointer did not stop passing"
+            );
+            std::thread::sleep(HOLD_POLL);
+        }
+        assert_eq!(
+            file_bytes(),
+            before,
+            "told to give up, the checkpointer still copied the WAL into the file"
+        );
+        // Having given up, it says it is done: the store thread restarts the WAL at once,
+        // copying what is left, and starts it over. (Past twice the limit it would restart
+        // with no word from the checkpointer: see the test above.)
+        let wal_before = wal_bytes();
+        assert!(checkpoints.end_hold(&store, since));
+        assert!(!restart.holding.load(Ordering::Acquire));
+        assert!(file_bytes() > before, "the restart copied nothing");
+        store
+            .execute("INSERT INTO t VALUES (zeroblob(4000))", [])
+            .unwrap();
+        let frames: i64 = store
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
+            .unwrap();
+        assert!(
+            frames < 10,
+            "{frames} frames after the restart: the WAL did not start over ({wal_before} bytes)"
+        );
+        drop(checkpoints);
+        checkpointer.join().unwrap();
+    }
 }
