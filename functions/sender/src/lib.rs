@@ -385,17 +385,23 @@ mod tests {
     }
 
     /// A message whose webhook this environment had no descriptor to send (EMFILE; Lambda
-    /// allows 1,024) is reported failed, so SQS hands it out again, and records no attempt
-    /// against the endpoint; handed out again with descriptors to spare, it is delivered at
-    /// its first attempt.
+    /// allows 1,024) records no attempt against the endpoint and is not reported failed
+    /// (SQS would hand it out again only after its visibility timeout): a copy is put back
+    /// on the queue for 2–8 s. Handed in with descriptors to spare, that copy is delivered
+    /// at its first attempt.
     #[tokio::test]
-    async fn a_message_not_sent_for_want_of_descriptors_comes_back_with_no_attempt() {
-        let (_, mut shape) = emulated_shape().await;
+    async fn a_message_not_sent_for_want_of_descriptors_is_put_back_within_seconds_with_no_attempt()
+    {
+        let (settings, mut shape) = emulated_shape().await;
         let receiver = slow_receiver(Duration::from_millis(5)).await;
         let endpoint = acme_sending_to(&shape, &receiver.url).await;
         let published = publish_and_fan_out(&shape, "evt_emfile", serde_json::json!({})).await;
         let delivery = &published.deliveries[0];
         let message = delivery_message(delivery);
+        // The fan-out's message, as the sender's trigger takes it off the queue.
+        let taken = hooklane_testkit::testing::receive_queued(&settings.queue_url, 1).await;
+        assert_eq!(taken.len(), 1, "{taken:?}");
+        assert_eq!(taken[0].body(), Some(message.as_str()));
         // What the `HttpSender` answers when the environment is out of file descriptors
         // even after dropping its idle connections: nothing was sent.
         let out_of_descriptors = fixtures::Answering(hooklane::http::OutboundResponse {
@@ -408,15 +414,15 @@ mod tests {
             std::sync::Arc::new(out_of_descriptors),
         );
 
-        let batch = batch_of_one(&message);
-        let id = batch.records[0].message_id.clone().unwrap();
-        let response = handle(&shape, batch).await;
-        let failed: Vec<_> = response
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.clone())
-            .collect();
-        assert_eq!(failed, vec![id], "reported failed, not deleted");
+        let began = std::time::Instant::now();
+        let response = handle(&shape, batch_of_one(&message)).await;
+        let handled = std::time::Instant::now();
+        assert!(
+            response.batch_item_failures.is_empty(),
+            "deleted, not reported failed: {:?}",
+            response.batch_item_failures
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
         let store = shape.app.store.as_ref();
         let stored = store
             .get_delivery(&endpoint.account_id, &delivery.id)
@@ -434,9 +440,27 @@ mod tests {
             .unwrap();
         assert_eq!(read.failing_since, None, "no failure streak");
 
-        // SQS hands it out again; descriptors are to spare now.
+        // A copy of its message is on the queue, held back at least 2 s and at most 8 s
+        // (the emulator makes it visible within a second of its delay).
+        assert!(
+            hooklane_testkit::testing::receive_queued(&settings.queue_url, 0)
+                .await
+                .is_empty(),
+            "the copy waits its delay"
+        );
+        let back = hooklane_testkit::testing::receive_queued(&settings.queue_url, 12).await;
+        let (since_sent, since_handled) = (began.elapsed(), handled.elapsed());
+        assert_eq!(back.len(), 1, "the copy came back: {back:?}");
+        let body = back[0].body().unwrap_or_default();
+        assert_eq!(body, message, "the delivery's own message");
+        assert!(
+            since_sent >= Duration::from_secs(2) && since_handled <= Duration::from_secs(10),
+            "back {since_sent:?} after the batch began, {since_handled:?} after it ended"
+        );
+
+        // Handed in with descriptors to spare now: delivered at its first attempt.
         shape.app.transport = sender;
-        let response = handle(&shape, batch_of_one(&message)).await;
+        let response = handle(&shape, batch_of_one(body)).await;
         assert!(response.batch_item_failures.is_empty());
         assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
         let stored = store

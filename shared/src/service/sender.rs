@@ -13,6 +13,12 @@
 //! holder takes listed deliveries once its own are done, and a message that comes while
 //! the holder finishes its last attempt waits for the slot instead of going back to the
 //! queue.
+//!
+//! A webhook this sender could not send at all, for want of its own resources (out of file
+//! descriptors: nothing reached the endpoint, no attempt recorded), goes back to the queue
+//! in 2–8 s, as in the embedded dispatcher, instead of after the queue's visibility timeout;
+//! its message is done with. If it cannot be queued again, the message fails and comes back
+//! after the visibility timeout.
 
 use std::{
     sync::{Arc, Mutex},
@@ -56,12 +62,20 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
 
+/// A delivery not sent for want of this sender's own resources (file descriptors) goes back
+/// to the queue for this long, drawn between the two, as the embedded dispatcher's do: soon,
+/// as it is not the endpoint's fault, and spread out so that the deliveries put back
+/// together do not all connect again at once.
+pub const UNSENT_REQUEUE_MIN: Duration = Duration::from_secs(2);
+pub const UNSENT_REQUEUE_MAX: Duration = Duration::from_secs(8);
+
 #[derive(Debug, thiserror::Error)]
 pub enum SenderError {
     #[error(transparent)]
     Service(#[from] ServiceError),
-    /// The attempt failed, was left unrecorded, or was not sent for want of this process's
-    /// own resources (no attempt recorded): the message comes back, as for any error.
+    /// The attempt failed or was left unrecorded: the message comes back, as for any error.
+    /// (One not sent for want of this process's own resources is re-queued instead, as
+    /// [`Busy::OutOfResources`], unless that fails.)
     #[error(transparent)]
     Attempt(#[from] deliver::AttemptError),
     #[error(transparent)]
@@ -74,7 +88,8 @@ pub enum SenderError {
 pub enum Handled {
     /// An attempt ran (or the delivery needed none); its follow-up is queued.
     Attempted(AttemptResult),
-    /// The endpoint is busy or over its rate: the message was queued again for later.
+    /// The endpoint is busy or over its rate, or this sender could not send: the message
+    /// was queued again for later, no attempt spent.
     Requeued { after: Duration, busy: Busy },
     /// Nothing to do: the delivery is no longer pending, or its endpoint is gone or disabled.
     Skipped,
@@ -87,6 +102,10 @@ pub enum Busy {
     /// This batch held a slot for the endpoint as long as its lease allows; the slot is
     /// free now, so the message comes back at once to take it.
     SlotTimeUsed,
+    /// This sender ran out of its own resources, such as file descriptors: nothing was
+    /// sent and no attempt recorded (not the endpoint's fault), so the message comes back
+    /// in 2–8 s.
+    OutOfResources,
 }
 
 /// The per-endpoint limits kept outside the sender instances.
@@ -118,10 +137,10 @@ pub type Message = (DeliveryId, EndpointId, AccountId);
 
 /// A queue batch: the messages of each endpoint handled together (see
 /// [`handle_endpoint_group`]), the endpoints side by side, and the follow-ups they queue
-/// (retries, busy endpoints' re-queues) sent together, so SQS takes ten to a request.
-/// One outcome per message, in order. If the follow-ups cannot be queued, every message
-/// that had one fails, so the queue hands it out again (its attempt is recorded; the
-/// repeat finds it not yet due and queues it again).
+/// (retries; re-queues for busy endpoints and for webhooks not sent) sent together, so SQS
+/// takes ten to a request. One outcome per message, in order. If the follow-ups cannot be
+/// queued, every message that had one fails, so the queue hands it out again (its attempt,
+/// if any, is recorded; the repeat finds it not yet due and queues it again).
 pub async fn handle_batch(
     app: &App,
     lanes: Lanes<'_>,
@@ -201,7 +220,8 @@ async fn flush_hour_counts(app: &App) {
 /// taken together — as many as are free, up to one per message — each slot works through
 /// the messages in turn for up to one request deadline, and the slots are given back
 /// together when all of them are done. A message that finds no free slot or token, or no
-/// time left, is re-queued without spending an attempt. One outcome per message, in order.
+/// time left, is re-queued without spending an attempt, as is one whose webhook this sender
+/// could not send for want of its own resources. One outcome per message, in order.
 async fn handle_endpoint_group(
     lanes: Lanes<'_>,
     group: &[(&App, &DeliveryId)],
@@ -423,13 +443,15 @@ async fn handle_endpoint_group(
         // soon as the endpoint has answered, while the last attempt is being recorded.
         let mut recording = futures_util::stream::FuturesUnordered::new();
         let mut sent = 0usize;
-        while let Some((n, _)) = next(sent == 0) {
+        while let Some((n, d)) = next(sent == 0) {
             sent += 1;
             let (app, delivery) = group[n];
             let answered = Arc::new(tokio::sync::Notify::new());
             let signal = answered.clone();
+            let endpoint = &endpoint;
             recording.push(async move {
-                let result = attempt_answering(app, delivery, &move || signal.notify_one())
+                let answered = move || signal.notify_one();
+                let result = attempt_answering(app, lanes, &d, endpoint, &answered)
                     .instrument(span(delivery))
                     .await;
                 (n, result)
@@ -528,14 +550,26 @@ async fn handle_endpoint_group(
 
 /// One attempt of a delivery whose slot is held, and its follow-up queued; `answered` is
 /// called once the endpoint has answered (or the request failed), before the recording.
+/// A webhook not sent for want of this process's own resources is re-queued for 2–8 s
+/// ([`Busy::OutOfResources`]); the message fails only if that cannot be done.
 async fn attempt_answering(
     app: &App,
-    delivery_id: &DeliveryId,
+    lanes: Lanes<'_>,
+    delivery: &Delivery,
+    endpoint: &Endpoint,
     answered: &(dyn Fn() + Send + Sync),
 ) -> Result<Handled, SenderError> {
-    let result =
-        deliver::attempt_reporting_answer(app, delivery_id, Trigger::Scheduled, answered).await?;
-    follow_up(app, result).await
+    match deliver::attempt_reporting_answer(app, &delivery.id, Trigger::Scheduled, answered).await {
+        Ok(result) => follow_up(app, result).await,
+        Err(deliver::AttemptError::Unsent(fault)) => {
+            // Nothing was sent and nothing recorded (the attempt logged why): the delivery
+            // is as it was read, pending with the same attempts.
+            let busy = Busy::OutOfResources;
+            tracing::debug!(delivery.id = %delivery.id, cause = %fault, "webhook not sent; back to the queue");
+            requeue(app, lanes, delivery, endpoint, busy, busy_delay(busy)).await
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 async fn follow_up(app: &App, result: AttemptResult) -> Result<Handled, SenderError> {
@@ -556,7 +590,10 @@ fn lists_waiting(endpoint: &Endpoint) -> bool {
 /// Takes one delivery off the endpoint's waiting list and attempts it, with the endpoint's
 /// one slot held. Its follow-up is not queued: the delivery's own message is still on its
 /// way and carries on from there when it comes back (it finds the delivery done, a retry
-/// due, or a retry to queue for its time). `false` when the list has nothing to take.
+/// due, or a retry to queue for its time). That goes for a webhook not sent for want of
+/// this process's own resources too (nothing recorded: its message finds it still to be
+/// tried), so it is not re-queued. `false` when there is nothing more to take: the list is
+/// empty, or this process is out of resources and the next one would fare no better.
 async fn attempt_waiting(
     app: &App,
     lanes: Lanes<'_>,
@@ -575,9 +612,17 @@ async fn attempt_waiting(
         endpoint.id = %endpoint.id,
         account.id = %endpoint.account_id,
     );
-    let result = deliver::attempt(app, &delivery, Trigger::Scheduled)
+    let result = match deliver::attempt(app, &delivery, Trigger::Scheduled)
         .instrument(span)
-        .await?;
+        .await
+    {
+        Ok(result) => result,
+        Err(deliver::AttemptError::Unsent(fault)) => {
+            tracing::debug!(delivery.id = %delivery, endpoint.id = %endpoint.id, cause = %fault, "waiting delivery not sent; its own message brings it back");
+            return Ok(false);
+        }
+        Err(error) => return Err(error.into()),
+    };
     tracing::debug!(delivery.id = %delivery, endpoint.id = %endpoint.id, ?result, "waiting delivery taken");
     Ok(true)
 }
@@ -686,13 +731,15 @@ impl Queue for Holding {
 }
 
 /// How long a message waits for a busy endpoint: 5–15 s (jittered, so senders do not come
-/// back in step), or nothing when this batch has just given the endpoint's slot back.
+/// back in step), or nothing when this batch has just given the endpoint's slot back; one
+/// this sender could not send waits 2–8 s ([`UNSENT_REQUEUE_MIN`]).
 fn busy_delay(busy: Busy) -> Duration {
     match busy {
         Busy::SlotTimeUsed => Duration::ZERO,
         Busy::AllSlotsHeld | Busy::RateLimited => {
             rand::rng().random_range(REQUEUE_MIN..=REQUEUE_MAX)
         }
+        Busy::OutOfResources => rand::rng().random_range(UNSENT_REQUEUE_MIN..=UNSENT_REQUEUE_MAX),
     }
 }
 
@@ -708,9 +755,10 @@ fn until_slot_free(now: Timestamp, at: Timestamp) -> Duration {
 const SLOT_POLL: Duration = Duration::from_millis(200);
 
 /// Puts the message back for `after` ([`busy_delay`], or [`until_slot_free`] for a listed
-/// delivery). When the sweeper would take the delivery for lost before the message is back
-/// (its next try plus the sweeper's grace comes first), the next try moves to the message's
-/// time: one conditional write per grace period of waiting, not per re-queue.
+/// delivery), no attempt spent. When the sweeper would take the delivery for lost before
+/// the message is back (its next try plus the sweeper's grace comes first), the next try
+/// moves to the message's time: one conditional write per grace period of waiting, not per
+/// re-queue.
 async fn requeue(
     app: &App,
     lanes: Lanes<'_>,
@@ -728,7 +776,7 @@ async fn requeue(
     app.queue
         .enqueue(vec![PendingRef::new(delivery, endpoint, due)])
         .await?;
-    tracing::debug!(delivery.id = %delivery.id, endpoint.id = %endpoint.id, ?busy, ?after, "endpoint busy; re-queued");
+    tracing::debug!(delivery.id = %delivery.id, endpoint.id = %endpoint.id, ?busy, ?after, "no attempt now; re-queued");
     Ok(Handled::Requeued { after, busy })
 }
 
@@ -801,6 +849,24 @@ mod tests {
         let messages = receive(e, 1).await;
         assert_eq!(messages.len(), 1, "{messages:?}");
         DeliveryMessage::parse(messages[0].body().unwrap()).unwrap()
+    }
+
+    /// How many messages the queue holds back for their delay.
+    async fn delayed_messages(e: &Emulated) -> usize {
+        let name = aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesDelayed;
+        e.sqs
+            .get_queue_attributes()
+            .queue_url(&e.queue_url)
+            .attribute_names(name.clone())
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap_or_default()
+            .remove(&name)
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 
     /// Publishes an `invoice.paid` of this id to `acme` and takes its delivery's message
@@ -932,6 +998,56 @@ mod tests {
         assert_eq!(again, Handled::Skipped);
     }
 
+    /// A webhook this sender had no descriptor to send (EMFILE) is put back on the queue for
+    /// 2–8 s, as the embedded dispatcher does, instead of failing the message (back only after
+    /// the queue's visibility timeout); no attempt is recorded against the endpoint.
+    #[tokio::test]
+    async fn a_message_not_sent_for_want_of_descriptors_is_requeued_for_seconds_with_no_attempt() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
+        let (mut app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        let (delivery, endpoint, account) =
+            publish_and_receive(&app, &emulated, "evt_emfile").await;
+        // What the `HttpSender` answers when the process is out of file descriptors even
+        // after dropping its idle connections: nothing was sent.
+        app.transport = Arc::new(fixtures::Answering(crate::http::OutboundResponse {
+            error: Some("not sent: out of file descriptors".into()),
+            unsent: Some(crate::http::LocalFault::ProcessFileLimit),
+            ..Default::default()
+        }));
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
+        let handled = handle_message(&app, lanes, &delivery, &endpoint, &account).await;
+        let Ok(Handled::Requeued { after, busy }) = handled else {
+            panic!("expected a re-queue, got {handled:?}");
+        };
+        assert_eq!(busy, Busy::OutOfResources);
+        assert!(
+            (std::time::Duration::from_secs(2)..=std::time::Duration::from_secs(8))
+                .contains(&after),
+            "back after {after:?}, not 2–8 s"
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
+        let stored = stored(&app, &account, &delivery).await;
+        assert_eq!(
+            (stored.status, stored.attempts, stored.last_error),
+            (DeliveryStatus::Pending, 0, None)
+        );
+        let read = app
+            .store
+            .get_endpoint(&account, &endpoint)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.failing_since, None, "no failure streak");
+        // Its copy is on the queue, held back for its delay.
+        assert!(
+            receive(&emulated, 0).await.is_empty(),
+            "the re-queued message waits its delay"
+        );
+        assert_eq!(delayed_messages(&emulated).await, 1);
+        // The slot came back.
+        assert!(slots.live_leases(&endpoint).await.unwrap().is_empty());
+    }
+
     #[tokio::test]
     async fn copies_of_a_delivery_get_one_attempt_and_a_stale_copy_takes_no_slot() {
         let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
@@ -1045,6 +1161,95 @@ mod tests {
         assert_eq!(again, Handled::Skipped);
         assert_eq!(receiver.served.load(Ordering::SeqCst), 2);
         assert!(slots.live_leases(endpoint).await.unwrap().is_empty());
+    }
+
+    /// Sends the `unsent`-th request (counting from 1) nowhere, as when the process is out
+    /// of file descriptors, and every other one through `inner`.
+    struct UnsentAt {
+        inner: HttpSender,
+        unsent: usize,
+        posted: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::http::Transport for UnsentAt {
+        async fn post(
+            &self,
+            request: crate::http::OutboundRequest,
+        ) -> crate::http::OutboundResponse {
+            if self.posted.fetch_add(1, Ordering::SeqCst) + 1 == self.unsent {
+                return crate::http::OutboundResponse {
+                    error: Some("not sent: out of file descriptors".into()),
+                    unsent: Some(crate::http::LocalFault::ProcessFileLimit),
+                    ..Default::default()
+                };
+            }
+            self.inner.post(request).await
+        }
+    }
+
+    /// A listed delivery the slot holder could not send (out of descriptors) is not queued
+    /// again by the holder: its own message, put back when it found the endpoint busy, is
+    /// on its way and finds it pending with no attempt, and delivers it.
+    #[tokio::test]
+    async fn a_waiting_delivery_the_holder_could_not_send_is_left_to_its_own_message() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(1500)).await;
+        let (mut app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        app.transport = Arc::new(UnsentAt {
+            inner: HttpSender::new(app.config.sender.clone()).unwrap(),
+            unsent: 2,
+            posted: Default::default(),
+        });
+        let (first, endpoint, account) = publish_and_receive(&app, &emulated, "evt_first").await;
+        let (second, _, _) = publish_and_receive(&app, &emulated, "evt_second").await;
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
+        let (held, waited) = tokio::join!(
+            handle_message(&app, lanes, &first, &endpoint, &account),
+            async {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                handle_message(&app, lanes, &second, &endpoint, &account).await
+            }
+        );
+        assert!(
+            matches!(
+                held,
+                Ok(Handled::Attempted(AttemptResult::Attempted { .. }))
+            ),
+            "{held:?}"
+        );
+        assert!(
+            matches!(
+                waited,
+                Ok(Handled::Requeued {
+                    busy: Busy::AllSlotsHeld,
+                    ..
+                })
+            ),
+            "{waited:?}"
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 1);
+        let waiting = stored(&app, &account, &second).await;
+        assert_eq!(
+            (waiting.status, waiting.attempts, waiting.last_error),
+            (DeliveryStatus::Pending, 0, None)
+        );
+        // The holder queued nothing for it: only its own message is on its way.
+        assert_eq!(delayed_messages(&emulated).await, 1);
+        assert!(receive(&emulated, 0).await.is_empty());
+        // Which, when it comes back, delivers it at its first attempt.
+        let handled = handle_message(&app, lanes, &second, &endpoint, &account)
+            .await
+            .unwrap();
+        assert!(
+            matches!(handled, Handled::Attempted(AttemptResult::Attempted { .. })),
+            "{handled:?}"
+        );
+        let delivered = stored(&app, &account, &second).await;
+        assert_eq!(
+            (delivered.status, delivered.attempts),
+            (DeliveryStatus::Delivered, 1)
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
