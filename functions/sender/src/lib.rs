@@ -440,21 +440,22 @@ mod tests {
             .unwrap();
         assert_eq!(read.failing_since, None, "no failure streak");
 
-        // A copy of its message is on the queue, held back at least 2 s and at most 8 s
-        // (the emulator makes it visible within a second of its delay).
+        // A copy of its message is on the queue, held back at least 2 s and at most 8 s (the
+        // emulator makes it visible within a second or so of its delay; more on a loaded
+        // machine, hence the slack).
         assert!(
             hooklane_testkit::testing::receive_queued(&settings.queue_url, 0)
                 .await
                 .is_empty(),
             "the copy waits its delay"
         );
-        let back = hooklane_testkit::testing::receive_queued(&settings.queue_url, 12).await;
+        let back = hooklane_testkit::testing::receive_queued(&settings.queue_url, 18).await;
         let (since_sent, since_handled) = (began.elapsed(), handled.elapsed());
         assert_eq!(back.len(), 1, "the copy came back: {back:?}");
         let body = back[0].body().unwrap_or_default();
         assert_eq!(body, message, "the delivery's own message");
         assert!(
-            since_sent >= Duration::from_secs(2) && since_handled <= Duration::from_secs(10),
+            since_sent >= Duration::from_secs(2) && since_handled <= Duration::from_secs(15),
             "back {since_sent:?} after the batch began, {since_handled:?} after it ended"
         );
 

@@ -16,9 +16,11 @@
 //!
 //! A webhook this sender could not send at all, for want of its own resources (out of file
 //! descriptors: nothing reached the endpoint, no attempt recorded), goes back to the queue
-//! in 2–8 s, as in the embedded dispatcher, instead of after the queue's visibility timeout;
-//! its message is done with. If it cannot be queued again, the message fails and comes back
-//! after the visibility timeout.
+//! due 2–8 s later, as in the embedded dispatcher, instead of after the queue's visibility
+//! timeout; its message is done with. The copy is sent with the batch's other follow-ups,
+//! when the batch ends (by then the sender has let its idle connections go): one that was
+//! due by then comes back at once. If it cannot be queued again, the message fails and
+//! comes back after the visibility timeout.
 
 use std::{
     sync::{Arc, Mutex},

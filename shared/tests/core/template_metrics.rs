@@ -231,6 +231,9 @@ fn emitted() -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
         telemetry::notification_failed();
         telemetry::event_rejected();
         telemetry::events_recovered(1);
+        for cause in ["file_descriptors", "socket_memory"] {
+            telemetry::send_out_of_resources(cause, "put_back");
+        }
     });
     let mut seen: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
     for document in recorder.flush(0) {

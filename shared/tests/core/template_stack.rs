@@ -421,6 +421,28 @@ fn failed_batch_items_rejected_events_and_failed_mail_raise_alarms() {
             "no alarm with actions on {metric}"
         );
     }
+    // A webhook the sender put back unsent is queued again, not failed: it reaches neither
+    // the failed-items alarm nor the dead-letter queue, so an alarm of its own watches it,
+    // for each cause.
+    for cause in ["file_descriptors", "socket_memory"] {
+        let watched = of_type("AWS::CloudWatch::Alarm").any(|(_, p)| {
+            p["AlarmActions"].as_array().is_some_and(|a| !a.is_empty())
+                && p["Threshold"] == 0
+                && p["ComparisonOperator"] == "GreaterThanThreshold"
+                && p["Metrics"].as_array().into_iter().flatten().any(|m| {
+                    let metric = &m["MetricStat"]["Metric"];
+                    metric["MetricName"] == telemetry::SENDS_OUT_OF_RESOURCES
+                        && dimension(metric, "Stack").as_deref() == Some(stack)
+                        && dimension(metric, "cause").as_deref() == Some(cause)
+                        && dimension(metric, "outcome").as_deref() == Some("put_back")
+                })
+        });
+        assert!(
+            watched,
+            "no alarm with actions on {} put back for {cause}",
+            telemetry::SENDS_OUT_OF_RESOURCES
+        );
+    }
     let dashboard = render(&properties("Dashboard")["DashboardBody"]);
     assert!(
         dashboard.contains(telemetry::EVENTS_RECOVERED),
