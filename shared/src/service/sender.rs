@@ -1050,6 +1050,45 @@ mod tests {
         assert!(slots.live_leases(&endpoint).await.unwrap().is_empty());
     }
 
+    /// A queue that takes nothing.
+    struct Refusing;
+
+    #[async_trait::async_trait]
+    impl Queue for Refusing {
+        async fn enqueue(&self, _: Vec<PendingRef>) -> Result<(), QueueError> {
+            Err(QueueError("refused".into()))
+        }
+
+        async fn update_lane(&self, _: &EndpointId, _: u32, _: Option<u32>) {}
+    }
+
+    /// A webhook not sent for want of descriptors whose copy the queue then refuses fails
+    /// its message: SQS hands it out again after the visibility timeout, and nothing is lost.
+    #[tokio::test]
+    async fn a_webhook_not_sent_whose_copy_is_refused_fails_its_message() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
+        let (mut app, emulated, slots) = aws_app(&receiver.url, 1).await;
+        let message = publish_and_receive(&app, &emulated, "evt_emfile_refused").await;
+        app.transport = Arc::new(fixtures::Answering(crate::http::OutboundResponse {
+            error: Some("not sent: out of file descriptors".into()),
+            unsent: Some(crate::http::LocalFault::ProcessFileLimit),
+            ..Default::default()
+        }));
+        app.queue = Arc::new(Refusing);
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
+        let handled = handle_batch(&app, lanes, std::slice::from_ref(&message)).await;
+        assert!(
+            matches!(handled.as_slice(), [Err(SenderError::Queue(_))]),
+            "the message must fail when its copy cannot be queued: {handled:?}"
+        );
+        let (delivery, _, account) = message;
+        let stored = stored(&app, &account, &delivery).await;
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Pending, 0)
+        );
+    }
+
     #[tokio::test]
     async fn copies_of_a_delivery_get_one_attempt_and_a_stale_copy_takes_no_slot() {
         let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
