@@ -262,6 +262,25 @@ mod tests {
         }
     }
 
+    /// An empty directory of its own for a test, and the database file to make in it.
+    fn scratch(name: &str) -> (TempDir, PathBuf) {
+        let dir =
+            TempDir(std::env::temp_dir().join(format!("hooklane-{name}-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let path = dir.0.join(format!("{name}.db"));
+        (dir, path)
+    }
+
+    /// A connection to `path` in WAL mode, without fsync: these tests are about who waits
+    /// for whom, not the disk.
+    fn open_wal(path: &Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.pragma_update(None, "synchronous", "OFF").unwrap();
+        conn
+    }
+
     /// The store thread and the checkpointer around a WAL restart, on a file: asked for a
     /// restart, the store thread holds a busy lane's job back while a quiet lane's is
     /// written, until the checkpointer has caught up (well before a hold limit of 10 s);
@@ -269,18 +288,8 @@ mod tests {
     /// hold ends after twice its limit all the same.
     #[test]
     fn a_wal_restart_holds_the_busy_lanes_until_the_checkpointer_has_caught_up() {
-        let dir =
-            TempDir(std::env::temp_dir().join(format!("hooklane-hold-{}", std::process::id())));
-        let _ = std::fs::remove_dir_all(&dir.0);
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let path = dir.0.join("hold.db");
-        let open = || {
-            let conn = Connection::open(&path).unwrap();
-            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-            // No fsync: the test is about who waits for whom, not the disk.
-            conn.pragma_update(None, "synchronous", "OFF").unwrap();
-            conn
-        };
+        let (_dir, path) = scratch("hold");
+        let open = || open_wal(&path);
         open()
             .execute_batch("CREATE TABLE t (lane TEXT, body BLOB)")
             .unwrap();
@@ -396,17 +405,8 @@ mod tests {
     /// is done, and the store thread restarts the WAL, copying what is left.
     #[test]
     fn a_hold_past_its_limit_stops_the_passes_then_restarts_anyway() {
-        let dir =
-            TempDir(std::env::temp_dir().join(format!("hooklane-give-up-{}", std::process::id())));
-        let _ = std::fs::remove_dir_all(&dir.0);
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let path = dir.0.join("give-up.db");
-        let open = || {
-            let conn = Connection::open(&path).unwrap();
-            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-            conn.pragma_update(None, "synchronous", "OFF").unwrap();
-            conn
-        };
+        let (_dir, path) = scratch("give-up");
+        let open = || open_wal(&path);
         let store = open();
         store
             .execute_batch("CREATE TABLE t (body BLOB); PRAGMA wal_checkpoint(TRUNCATE);")
