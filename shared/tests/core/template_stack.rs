@@ -922,6 +922,24 @@ fn the_delivery_queue_expires_messages_before_its_dead_letter_queue() {
     );
 }
 
+/// Every message to the delivery queue carries its own delay (a retry due within 15 minutes,
+/// a busy endpoint's re-queue, a webhook put back unsent), which SQS refuses on a FIFO queue
+/// ("you can't set DelaySeconds per message"); the emulator takes it on either.
+#[test]
+fn the_delivery_queue_is_a_standard_queue_so_each_message_may_have_its_delay() {
+    let queue = properties("DeliveryQueue");
+    assert!(
+        queue.get("FifoQueue").is_none_or(|f| f == false),
+        "DeliveryQueue is a FIFO queue: SQS would refuse each message's DelaySeconds"
+    );
+    // Nor a queue-wide delay, which would hold back the first try of every delivery too.
+    assert!(
+        queue.get("DelaySeconds").is_none_or(|d| d == 0),
+        "DeliveryQueue delays every message: {}",
+        queue["DelaySeconds"]
+    );
+}
+
 /// Lambda refuses to create an SQS event source mapping whose function may run longer than
 /// the queue's visibility timeout, and advises six times the function's timeout, so that a
 /// batch held while the function is throttled is still hidden when it runs. The emulator
