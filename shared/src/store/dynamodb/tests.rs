@@ -2457,18 +2457,23 @@ async fn whole_account_log(store: &DynamoStore, account: &AccountId, limit: u32)
     panic!("the log never ends");
 }
 
+/// A store on the emulator with the account acme in it.
+async fn acme_store() -> (DynamoStore, AccountId) {
+    let store = emulator_store().await;
+    store
+        .create_account(&crate::fixtures::account("acme"))
+        .await
+        .unwrap();
+    (store, AccountId::from_trusted("acme".into()))
+}
+
 /// The account's log reads a partition per endpoint it ever had, deleted ones included:
 /// a bounded number at once, not all of them (each query in flight holds a connection, and
 /// a Lambda execution environment has 1,024 file descriptors), with the same pages.
 #[tokio::test]
 async fn the_account_log_reads_a_bounded_number_of_partitions_at_once() {
     use crate::fixtures::{at, endpoint, publish, t0};
-    let store = emulator_store().await;
-    let account = AccountId::from_trusted("acme".into());
-    store
-        .create_account(&crate::fixtures::account("acme"))
-        .await
-        .unwrap();
+    let (store, account) = acme_store().await;
     const ENDPOINTS: i64 = 300;
     let mut expected = Vec::new();
     for i in 0..ENDPOINTS {
@@ -2510,12 +2515,7 @@ async fn the_account_log_reads_a_bounded_number_of_partitions_at_once() {
 #[tokio::test]
 async fn a_page_of_the_account_log_reads_about_a_page_not_a_page_per_endpoint() {
     use crate::fixtures::{endpoint, publish, t0};
-    let store = emulator_store().await;
-    let account = AccountId::from_trusted("acme".into());
-    store
-        .create_account(&crate::fixtures::account("acme"))
-        .await
-        .unwrap();
+    let (store, account) = acme_store().await;
     const ENDPOINTS: usize = 40;
     let mut endpoints = Vec::new();
     for i in 0..ENDPOINTS {
