@@ -111,13 +111,23 @@ fn assert_signed(arrival: &Arrival, secret: &str) {
     assert_eq!(result, Ok(()), "the delivery's signature does not verify");
 }
 
-/// The event's deliveries as the delivery log shows them.
+/// The event's deliveries as its answer lists them, and as its delivery list does.
 async fn deliveries_of(server: &Server, account: &str, event: &str) -> Vec<serde_json::Value> {
-    let (status, body) = server
-        .get(&format!("/v1/accounts/{account}/events/{event}"))
-        .await;
+    let path = format!("/v1/accounts/{account}/events/{event}");
+    let (status, body) = server.get(&path).await;
     assert_eq!(status, 200, "{body}");
-    body["deliveries"].as_array().cloned().unwrap_or_default()
+    let listed = body["deliveries"].as_array().cloned().unwrap_or_default();
+    let (status, page) = server.get(&format!("{path}/deliveries")).await;
+    assert_eq!(status, 200, "{page}");
+    let ids = |list: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        list.iter().map(|d| d["id"].clone()).collect()
+    };
+    assert_eq!(
+        ids(page["data"].as_array().map_or(&[], Vec::as_slice)),
+        ids(&listed),
+        "the event's delivery list: {page}"
+    );
+    listed
 }
 
 pub(crate) async fn eventually_delivered(

@@ -97,6 +97,7 @@ fn v1_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(routes::publish_event))
         .routes(routes!(routes::publish_batch))
         .routes(routes!(routes::get_event, routes::erase_event))
+        .routes(routes!(routes::list_event_deliveries))
         .routes(routes!(routes::list_deliveries))
         .routes(routes!(routes::get_delivery))
         .routes(routes!(routes::list_attempts))

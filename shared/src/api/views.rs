@@ -17,10 +17,11 @@ use crate::{
     domain::Scope,
     domain::{
         audit::REDACTED, rate::PublishRate, stats::Totals, Account, Actor, ApiKey, ApiKeyId,
-        Attempt, AuditEntry, Delivery, Endpoint, EndpointStats, Event, EventTypeDef, Replay,
-        ReplayScope, TargetKind,
+        Attempt, AuditEntry, Delivery, Endpoint, EndpointId, EndpointStats, Event, EventTypeDef,
+        Replay, ReplayScope, TargetKind,
     },
     service::{keys::MintedKey, tokens::MintedToken},
+    store::EventDeliveries,
 };
 
 #[derive(Serialize, ToSchema)]
@@ -355,16 +356,21 @@ pub struct EventView<'a> {
     #[schema(value_type = Option<String>, format = DateTime)]
     #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub erased_at: Option<Timestamp>,
-    /// Its deliveries, one per endpoint it was sent to: all of them up to 1,000. An event
-    /// with more lists 1,000 of them (a read or an erasure: the first by id) and says so in
+    /// Its deliveries, one per endpoint it was sent to, in endpoint-id order: all of them
+    /// up to 1,000. An event with more lists the first 1,000 and says so in
     /// `deliveries_partial`; none, should even these make the answer over 5 MB as the AWS
     /// function carries it.
     pub deliveries: Vec<DeliveryView<'a>>,
     /// True when the event has more deliveries than `deliveries` lists; absent otherwise.
-    /// The delivery log (`GET /v1/accounts/{account}/deliveries`) holds them all, but cannot
-    /// be filtered by event.
+    /// `GET /v1/accounts/{account}/events/{event}/deliveries` lists them all, a page at a
+    /// time.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub deliveries_partial: bool,
+    /// With a partial list: the `cursor` for `GET …/events/{event}/deliveries` that goes on
+    /// after the last delivery listed. Absent when none is listed (start that list from its
+    /// beginning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries_next_cursor: Option<String>,
     /// How many deliveries the event has, given with a partial list when the answer knows
     /// it: a publish and an erasure do; a read, which reads only the deliveries it lists,
     /// does not.
@@ -372,36 +378,72 @@ pub struct EventView<'a> {
     pub deliveries_total: Option<u64>,
 }
 
+/// The cursor of an event's delivery list after the delivery to `endpoint` (deliveries are
+/// listed in endpoint-id order); [`event_page_after`] reads it back.
+pub fn event_page_cursor(endpoint: &EndpointId) -> String {
+    crate::store::cursor::encode(0, endpoint.as_str())
+}
+
+/// The endpoint an event's delivery list goes on after, from a cursor of
+/// [`event_page_cursor`]; `None` when it is not one.
+pub fn event_page_after(cursor: &str) -> Option<EndpointId> {
+    let (_, endpoint) = crate::store::cursor::decode(cursor)?;
+    EndpointId::parse(&endpoint).ok()
+}
+
 impl<'a> EventView<'a> {
-    /// The event with `deliveries`, all of them: the first [`EVENT_DELIVERIES_SHOWN`] if
-    /// there are more, then counted.
+    /// The event with `deliveries`, all of them: the first [`EVENT_DELIVERIES_SHOWN`] in
+    /// endpoint-id order if there are more, then counted.
     pub fn new(event: &'a Event, deliveries: &'a [Delivery]) -> Self {
-        let shown = deliveries
-            .get(..EVENT_DELIVERIES_SHOWN)
-            .unwrap_or(deliveries);
+        let mut shown: Vec<&Delivery> = deliveries.iter().collect();
+        shown.sort_by(|a, b| a.endpoint_id.cmp(&b.endpoint_id));
+        shown.truncate(EVENT_DELIVERIES_SHOWN);
         let partial = shown.len() < deliveries.len();
         let total = partial.then(|| u64::try_from(deliveries.len()).unwrap_or(u64::MAX));
-        Self::listing(event, shown, partial, total)
+        let next = partial
+            .then(|| shown.last().map(|d| event_page_cursor(&d.endpoint_id)))
+            .flatten();
+        Self::listing(event, &shown, partial, next, total)
     }
 
-    /// The event with the first of its deliveries (as `Store::event_deliveries` reads
-    /// them), `more` when it has others.
-    pub fn first(event: &'a Event, deliveries: &'a [Delivery], more: bool) -> Self {
-        let shown = deliveries
-            .get(..EVENT_DELIVERIES_SHOWN)
-            .unwrap_or(deliveries);
-        Self::listing(event, shown, more || shown.len() < deliveries.len(), None)
+    /// The event with a page of its deliveries as `Store::event_deliveries` reads it (the
+    /// first, of at most [`EVENT_DELIVERIES_SHOWN`]), partial when it may have others.
+    pub fn first(event: &'a Event, page: &'a EventDeliveries) -> Self {
+        let shown: Vec<&Delivery> = page
+            .deliveries
+            .iter()
+            .take(EVENT_DELIVERIES_SHOWN)
+            .collect();
+        let next = match (&page.next, page.deliveries.len() > shown.len()) {
+            (_, true) => shown.last().map(|d| d.endpoint_id.clone()),
+            (next, false) => next.clone(),
+        };
+        let partial = next.is_some();
+        Self::listing(
+            event,
+            &shown,
+            partial,
+            next.as_ref().map(event_page_cursor),
+            None,
+        )
     }
 
-    fn listing(event: &'a Event, shown: &'a [Delivery], partial: bool, total: Option<u64>) -> Self {
+    fn listing(
+        event: &'a Event,
+        shown: &[&'a Delivery],
+        partial: bool,
+        next_cursor: Option<String>,
+        total: Option<u64>,
+    ) -> Self {
         Self {
             id: event.id.as_str(),
             event_type: event.event_type.as_str(),
             created_at: event.created_at,
             data: event.data(),
             erased_at: event.erased_at,
-            deliveries: shown.iter().map(DeliveryView::from).collect(),
+            deliveries: shown.iter().map(|d| DeliveryView::from(*d)).collect(),
             deliveries_partial: partial,
+            deliveries_next_cursor: next_cursor,
             deliveries_total: total,
         }
     }
@@ -414,6 +456,7 @@ impl<'a> EventView<'a> {
             }
             self.deliveries.clear();
             self.deliveries_partial = true;
+            self.deliveries_next_cursor = None;
         }
         self
     }

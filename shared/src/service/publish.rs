@@ -1,11 +1,11 @@
 use super::{ServiceError, ServiceResult};
 use crate::{
     domain::{
-        deliveries_to, Account, AccountId, Delivery, Endpoint, Event, EventId, EventType,
-        InvalidField,
+        deliveries_to, Account, AccountId, Delivery, Endpoint, EndpointId, Event, EventId,
+        EventType, InvalidField,
     },
     limits::{PublishBuckets, Unlimited},
-    store::{EventDeliveries, PendingRef, PublishOutcome, PutEventOutcome, StoreError},
+    store::{EventDeliveries, PageAfter, PendingRef, PublishOutcome, PutEventOutcome, StoreError},
     App, PublishMode,
 };
 
@@ -189,9 +189,12 @@ async fn already_published(
     }
     let first = app
         .store
-        .event_deliveries(&event, RETRY_ANSWER_DELIVERIES)
+        .event_deliveries(&event, &PageAfter::first(RETRY_ANSWER_DELIVERIES))
         .await
         .ok()?;
+    if first.more() {
+        return None;
+    }
     let deliveries = if first.deliveries.is_empty() {
         // None written: the fan-out has not run yet, or no endpoint takes the event; the
         // answer lists the ones it creates, as a retry within the limit does.
@@ -200,7 +203,7 @@ async fn already_published(
     } else {
         first.deliveries
     };
-    if first.more || deliveries.len() > RETRY_ANSWER_DELIVERIES as usize {
+    if deliveries.len() > RETRY_ANSWER_DELIVERIES as usize {
         return None;
     }
     Some(Ok(Published {
@@ -455,20 +458,22 @@ fn planned_deliveries(event: &Event, endpoints: &[Endpoint]) -> Vec<Delivery> {
         .collect()
 }
 
-/// An event and its first `limit` deliveries by id, and whether it has more: an event sent
-/// to many endpoints is shown without reading every delivery.
+/// An event and a page of its deliveries, in endpoint-id order ([`Store::event_deliveries`]):
+/// an event sent to many endpoints is shown without reading every delivery.
+///
+/// [`Store::event_deliveries`]: crate::store::Store::event_deliveries
 pub async fn get(
     app: &App,
     account: &AccountId,
     id: &EventId,
-    limit: u32,
+    page: &PageAfter<EndpointId>,
 ) -> ServiceResult<(Event, EventDeliveries)> {
     let event = app
         .store
         .get_event(account, id)
         .await?
         .ok_or(ServiceError::NotFound("event"))?;
-    let deliveries = app.store.event_deliveries(&event, limit).await?;
+    let deliveries = app.store.event_deliveries(&event, page).await?;
     Ok((event, deliveries))
 }
 

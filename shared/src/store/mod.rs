@@ -74,23 +74,31 @@ pub struct Erasure {
     pub ended: u32,
 }
 
-/// The first of an event's deliveries ([`Store::event_deliveries`]).
+/// A page of an event's deliveries ([`Store::event_deliveries`]).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct EventDeliveries {
-    /// Up to the limit asked for, the first by id.
+    /// Up to the limit asked for, in endpoint-id order.
     pub deliveries: Vec<Delivery>,
-    /// Whether the event has more deliveries than these.
-    pub more: bool,
+    /// Where the next page starts (after this endpoint), when the event may have more.
+    pub next: Option<EndpointId>,
 }
 
 impl EventDeliveries {
-    /// The first `limit` of `deliveries` (in order, with at least one more read when there
-    /// are more), and whether there were more.
+    /// The first `limit` of `deliveries` (in endpoint-id order, with at least one more read
+    /// when there are more), and where the next page starts if there were more.
     pub fn first(mut deliveries: Vec<Delivery>, limit: u32) -> Self {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         let more = deliveries.len() > limit;
         deliveries.truncate(limit);
-        Self { deliveries, more }
+        let next = more
+            .then(|| deliveries.last().map(|d| d.endpoint_id.clone()))
+            .flatten();
+        Self { deliveries, next }
+    }
+
+    /// Whether the event may have deliveries after these.
+    pub fn more(&self) -> bool {
+        self.next.is_some()
     }
 }
 
@@ -550,10 +558,18 @@ store_port! { $
     async fn missed_events(&self, query: &MissedQuery) -> StoreResult<Vec<MissedEvent>>;
     /// The deliveries of a stored event (its id and creation time are what is used).
     async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>>;
-    /// The first `limit` deliveries of a stored event by id, as [`Store::deliveries_of_event`]
-    /// orders them, and whether it has more: an event sent to 100,000 endpoints is shown
-    /// without reading each of its deliveries.
-    async fn event_deliveries(&self, event: &Event, limit: u32) -> StoreResult<EventDeliveries>;
+    /// A page of a stored event's deliveries in endpoint-id order: at most `page.limit` of
+    /// them, to endpoints after `page.after`, and where the next page starts when there may
+    /// be more. An event sent to 100,000 endpoints is read a page at a time, each page reading
+    /// in proportion to its length: on DynamoDB, where an event's deliveries are found by key
+    /// (one candidate per endpoint the account ever had), a page looks at no more than
+    /// [`LIST_EXAMINE_BUDGET`] candidates (or its limit and one), so an event sent to few of
+    /// many endpoints may answer short pages, even empty ones, with a next.
+    async fn event_deliveries(
+        &self,
+        event: &Event,
+        page: &PageAfter<EndpointId>,
+    ) -> StoreResult<EventDeliveries>;
     /// Erases an event's content on request: the payload goes, and so do the response
     /// bodies of the attempts to send it; the event, its deliveries and attempts stay in the
     /// log, and deliveries still pending end `failed`. `None` if there is no such event.

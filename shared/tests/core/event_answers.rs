@@ -3,10 +3,7 @@
 
 use std::sync::Arc;
 
-use hooklane::{
-    domain::{AccountId, EventId},
-    store::Store,
-};
+use hooklane::store::Store;
 use hooklane_testkit::fixtures::{create_account_and_endpoints, endpoint, t0};
 use serde_json::{json, Value};
 
@@ -92,31 +89,38 @@ async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() 
         );
         erased = answer;
     }
-    // A read and an erasure list the first deliveries by id.
+    // A read and an erasure list the first deliveries by endpoint id, and the cursor they
+    // give goes on through the event's delivery list, which holds the others once each.
     let (_, _, read) = send(&router, "GET", path, None).await;
     assert!(read["erased_at"].is_string());
-    let ids = |answer: &Value| -> Vec<String> {
-        answer["deliveries"]
-            .as_array()
+    let endpoints_of = |list: &Value| -> Vec<String> {
+        list.as_array()
             .unwrap()
             .iter()
-            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .map(|d| d["endpoint_id"].as_str().unwrap().to_owned())
             .collect()
     };
-    let event = store
-        .get_event(
-            &AccountId::parse("wide").unwrap(),
-            &EventId::parse("evt_wide").unwrap(),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    let first: Vec<String> = store.deliveries_of_event(&event).await.unwrap()[..SHOWN]
-        .iter()
-        .map(|d| d.id.as_str().to_owned())
-        .collect();
-    assert_eq!(ids(&read), first, "a read");
-    assert_eq!(ids(&erased), first, "an erasure");
+    let all: Vec<String> = (0..endpoints).map(|i| format!("ep_{i:05}")).collect();
+    assert_eq!(endpoints_of(&read["deliveries"]), all[..SHOWN], "a read");
+    assert_eq!(
+        endpoints_of(&erased["deliveries"]),
+        all[..SHOWN],
+        "an erasure"
+    );
+    let mut cursor = read["deliveries_next_cursor"].as_str().map(str::to_owned);
+    assert_eq!(erased["deliveries_next_cursor"].as_str(), cursor.as_deref());
+    let mut listed = endpoints_of(&read["deliveries"]);
+    let mut pages = 0;
+    while let Some(after) = cursor {
+        let uri = format!("{path}/deliveries?limit=500&cursor={after}");
+        let (status, text, page) = send(&router, "GET", &uri, None).await;
+        assert_eq!(status, 200, "{text}");
+        listed.extend(endpoints_of(&page["data"]));
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        pages += 1;
+    }
+    assert_eq!(pages, (endpoints - SHOWN).div_ceil(500));
+    assert_eq!(listed, all, "every delivery once, in endpoint-id order");
 }
 
 /// An event with few deliveries is answered as it always was: every delivery, and no
@@ -234,9 +238,12 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
             .map_or(0, |usage| usage.calls)
     };
     let before = meter.reading();
-    let first = store.event_deliveries(&ev, 50).await.unwrap();
+    let first = store
+        .event_deliveries(&ev, &hooklane::store::PageAfter::first(50))
+        .await
+        .unwrap();
     let shown = meter.reading().since(&before);
-    assert_eq!((first.deliveries.len(), first.more), (50, true));
+    assert_eq!((first.deliveries.len(), first.more()), (50, true));
     let before = meter.reading();
     assert_eq!(store.deliveries_of_event(&ev).await.unwrap().len(), 250);
     let all = meter.reading().since(&before);
@@ -245,4 +252,44 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
         (1, 3),
         "batch reads of the first 50 deliveries, of all 250"
     );
+}
+
+/// The event's delivery list names what it cannot read: a cursor that is not one it gave, a
+/// limit out of range, a parameter it does not take; an event that does not exist is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_delivery_list_names_what_it_cannot_read() {
+    let (router, store) = router_and_store();
+    account_with(store.as_ref(), "small", 3).await;
+    let publish = json!({"id": "evt_small", "type": "invoice.paid", "data": {}});
+    let (status, text, _) = send(&router, "POST", "/v1/accounts/small/events", Some(publish)).await;
+    assert_eq!(status, 202, "{text}");
+    let list = "/v1/accounts/small/events/evt_small/deliveries";
+    let (status, text, page) = send(&router, "GET", &format!("{list}?limit=2"), None).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(page["data"].as_array().map(Vec::len), Some(2));
+    let next = page["next_cursor"]
+        .as_str()
+        .expect("a next cursor")
+        .to_owned();
+    let (_, _, rest) = send(&router, "GET", &format!("{list}?cursor={next}"), None).await;
+    assert_eq!(rest["data"][0]["endpoint_id"], "ep_00002");
+    assert!(rest.get("next_cursor").is_none_or(Value::is_null), "{rest}");
+    for (query, field) in [
+        ("cursor=not-a-cursor", "cursor"),
+        ("limit=0", "limit"),
+        ("limit=501", "limit"),
+        ("status=failed", "status"),
+    ] {
+        let (status, text, answer) = send(&router, "GET", &format!("{list}?{query}"), None).await;
+        assert_eq!(status, 400, "{query}: {text}");
+        assert_eq!(answer["error"]["field"], field, "{query}: {text}");
+    }
+    let (status, text, _) = send(
+        &router,
+        "GET",
+        "/v1/accounts/small/events/evt_none/deliveries",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{text}");
 }

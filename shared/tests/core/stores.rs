@@ -67,7 +67,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         attempts_are_counted_by_endpoint_and_hour,
         the_event_type_catalog_is_kept_by_name,
         missed_events_are_listed_by_account_and_time,
-        event_deliveries_are_read_up_to_a_limit,
+        event_deliveries_are_read_a_page_at_a_time,
     );
     let store = SqliteStore::open(dir.join("replays.db"), test_secrets(None)).unwrap();
     hooklane_testkit::replay_contract::replays_follow_the_contract(&store).await;
@@ -101,6 +101,79 @@ mod dynamodb {
         let store = emulator_store().await.with_list_examine_budget(4);
         super::sparse_pages_continue_where_they_stopped(&store).await;
     }
+
+    /// DynamoDB finds an event's deliveries by key, one candidate per endpoint: with 6
+    /// candidates a page (the budget, or a page of 5 and one), an event sent to 2 of 13
+    /// endpoints is read in three pages, the last empty, each going on after the last
+    /// endpoint it looked at.
+    #[tokio::test]
+    async fn an_event_to_few_of_many_endpoints_is_read_in_short_pages() {
+        let store = emulator_store().await.with_list_examine_budget(4);
+        assert_eq!(
+            super::event_pages_to_two_of_thirteen(&store).await,
+            [
+                (vec!["ep_03"], Some("ep_05")),
+                (vec!["ep_10"], Some("ep_11")),
+                (vec![], None),
+            ]
+        );
+    }
+}
+
+/// The embedded store reads only the event's own deliveries: one page holds both.
+#[tokio::test]
+async fn an_event_to_few_of_many_endpoints_is_read_in_one_page() {
+    let store = hooklane::store::sqlite::SqliteStore::in_memory()
+        .unwrap()
+        .with_list_examine_budget(4);
+    assert_eq!(
+        event_pages_to_two_of_thirteen(&store).await,
+        [(vec!["ep_03", "ep_10"], None)]
+    );
+}
+
+/// The pages of 5 of an event sent to ep_03 and ep_10 of ep_00…ep_12: each page's endpoints
+/// and where the next one starts.
+async fn event_pages_to_two_of_thirteen(
+    store: &dyn hooklane::store::Store,
+) -> Vec<(Vec<&'static str>, Option<&'static str>)> {
+    use hooklane::store::PageAfter;
+    use hooklane_testkit::fixtures::{create_account_and_endpoints, delivery, endpoint, event, t0};
+    const NAMES: [&str; 13] = [
+        "ep_00", "ep_01", "ep_02", "ep_03", "ep_04", "ep_05", "ep_06", "ep_07", "ep_08", "ep_09",
+        "ep_10", "ep_11", "ep_12",
+    ];
+    let endpoints: Vec<_> = NAMES.iter().map(|n| endpoint("acme", n, t0())).collect();
+    create_account_and_endpoints(store, "acme", &endpoints).await;
+    let ev = event("acme", "evt_sparse", t0());
+    let sent = [
+        delivery(&ev, &endpoints[3], t0()),
+        delivery(&ev, &endpoints[10], t0()),
+    ];
+    store.publish(&ev, &sent).await.unwrap();
+    let name =
+        |id: &hooklane::domain::EndpointId| *NAMES.iter().find(|n| **n == id.as_str()).unwrap();
+    let mut pages = Vec::new();
+    let mut after = None;
+    for _ in 0..10 {
+        let page = store
+            .event_deliveries(&ev, &PageAfter { after, limit: 5 })
+            .await
+            .unwrap();
+        let next = page.next.clone();
+        pages.push((
+            page.deliveries
+                .iter()
+                .map(|d| name(&d.endpoint_id))
+                .collect(),
+            next.as_ref().map(name),
+        ));
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    pages
 }
 
 #[tokio::test]

@@ -2126,11 +2126,13 @@ pub async fn an_event_stored_alone_waits_for_its_fan_out(store: &dyn Store) {
     assert_eq!(store.deliveries_of_event(&first).await.unwrap(), vec![d]);
 }
 
-/// An event's first deliveries by id, up to a limit, and whether it has more, as
-/// `deliveries_of_event` orders them; another event's are not among them. More endpoints
-/// than one batch read holds (DynamoDB reads candidates 100 at a time, in id order).
-pub async fn event_deliveries_are_read_up_to_a_limit(store: &dyn Store) {
+/// An event's deliveries a page at a time, in endpoint-id order (neither the endpoints'
+/// creation order nor the deliveries' ids), each page up to its limit and with where the next
+/// starts while there are more; another event's are not among them. More endpoints than one
+/// batch read holds (DynamoDB reads candidates 100 at a time), created in reverse id order.
+pub async fn event_deliveries_are_read_a_page_at_a_time(store: &dyn Store) {
     let endpoints: Vec<Endpoint> = (0..230)
+        .rev()
         .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
         .collect();
     crate::fixtures::create_account_and_endpoints(store, "acme", &endpoints).await;
@@ -2148,31 +2150,61 @@ pub async fn event_deliveries_are_read_up_to_a_limit(store: &dyn Store) {
         .map(|e| delivery(&other, e, t0()))
         .collect();
     store.publish(&other, &theirs).await.unwrap();
-    sent.sort_by(|a, b| a.id.cmp(&b.id));
-    assert_eq!(store.deliveries_of_event(&ev).await.unwrap(), sent);
-    for (limit, more) in [
-        (0, true),
-        (1, true),
-        (60, true),
-        (114, true),
-        (115, false),
-        (500, false),
-    ] {
-        let first = store.event_deliveries(&ev, limit).await.unwrap();
-        let shown = sent.len().min(limit as usize);
-        assert_eq!(
-            first,
-            EventDeliveries {
-                deliveries: sent[..shown].to_vec(),
-                more,
-            },
-            "limit {limit}"
-        );
+    sent.sort_by(|a, b| a.endpoint_id.cmp(&b.endpoint_id));
+    assert_ne!(
+        sent.iter().map(|d| &d.id).collect::<Vec<_>>(),
+        {
+            let mut ids: Vec<_> = sent.iter().map(|d| &d.id).collect();
+            ids.sort();
+            ids
+        },
+        "the fixture tells endpoint order from id order"
+    );
+    let ev = &ev;
+    let page = |after: Option<&str>, limit: u32| {
+        let after = after.map(|a| hooklane::domain::EndpointId::parse(a).unwrap());
+        async move {
+            store
+                .event_deliveries(ev, &PageAfter { after, limit })
+                .await
+                .unwrap()
+        }
+    };
+    for limit in [1, 7, 60, 114, 115, 500] {
+        let mut read: Vec<Delivery> = Vec::new();
+        let mut after: Option<String> = None;
+        for call in 1.. {
+            let got = page(after.as_deref(), limit).await;
+            assert!(got.deliveries.len() <= limit as usize, "limit {limit}");
+            let end = (read.len() + limit as usize).min(sent.len());
+            assert_eq!(
+                got.deliveries,
+                sent[read.len()..end],
+                "limit {limit}, page {call}: the next deliveries by endpoint"
+            );
+            read.extend(got.deliveries.iter().cloned());
+            let Some(next) = got.next else { break };
+            assert_eq!(
+                Some(&next),
+                got.deliveries.last().map(|d| &d.endpoint_id),
+                "limit {limit}, page {call}: the next page goes on after its last delivery"
+            );
+            after = Some(next.as_str().to_owned());
+        }
+        assert_eq!(read, sent, "limit {limit}: every delivery once");
     }
+    // A cursor at an endpoint without a delivery (the event went to ep_001, not ep_000), at
+    // one with, or past them all.
+    assert_eq!(page(Some("ep_000"), 2).await.deliveries, sent[0..2]);
+    assert_eq!(page(Some("ep_001"), 1).await.deliveries, sent[1..2]);
+    assert_eq!(page(Some("ep_999"), 10).await, EventDeliveries::default());
     let alone = event("acme", "evt_3", t0());
     store.publish(&alone, &[]).await.unwrap();
     assert_eq!(
-        store.event_deliveries(&alone, 10).await.unwrap(),
+        store
+            .event_deliveries(&alone, &PageAfter::first(10))
+            .await
+            .unwrap(),
         EventDeliveries::default()
     );
 }
@@ -2331,7 +2363,7 @@ macro_rules! store_contract_tests {
             published_events_are_never_left_unfanned,
             an_event_stored_alone_waits_for_its_fan_out,
             erase_event_removes_the_content_and_keeps_the_log,
-            event_deliveries_are_read_up_to_a_limit,
+            event_deliveries_are_read_a_page_at_a_time,
             api_keys_are_kept_listed_and_revoked,
             token_revocations_are_kept_per_account,
             audit_log_is_listed_per_account_newest_first_in_pages,

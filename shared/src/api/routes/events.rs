@@ -1,9 +1,13 @@
 //! Events: publish one or a batch (each idempotent on its id: the same event again is
-//! answered with the stored one, another event under that id is a 409), read one.
+//! answered with the stored one, another event under that id is a 409), read one and its
+//! deliveries a page at a time, erase one.
 
-use super::super::views::{BatchEventView, BatchResult, BatchView, EVENT_DELIVERIES_SHOWN};
+use super::super::views::{
+    event_page_after, event_page_cursor, BatchEventView, BatchResult, BatchView,
+    EVENT_DELIVERIES_SHOWN,
+};
 use super::*;
-use crate::service::publish;
+use crate::{service::publish, store::PageAfter};
 use serde::Serialize;
 
 #[derive(Deserialize, ToSchema, Clone)]
@@ -33,7 +37,7 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with 1,000 of them, `deliveries_partial` true and `deliveries_total` their number.",
+    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with the first 1,000 by endpoint id, `deliveries_partial` true, `deliveries_total` their number, and `deliveries_next_cursor` for `GET …/events/{event}/deliveries`, which lists the others.",
     responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "This event was published before (same id and `type`, JSON-equal `data`; an erased one, same id and `type`): it is returned and nothing is created", body = EventView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
 )]
 pub async fn publish_event(
@@ -172,7 +176,7 @@ fn within_aws_answer<F: Serialize, A: Serialize>(
     security(("bearer" = ["deliveries:read"])),
     tag = "events",
     summary = "Reads an event and its deliveries.",
-    description = "Lists at most 1,000 deliveries, the first by id, reading no more of them: an event sent to more endpoints is answered with `deliveries_partial` true (and no `deliveries_total`: they are not counted).",
+    description = "Lists at most 1,000 deliveries, the first by endpoint id, reading no more of them: an event sent to more endpoints is answered with `deliveries_partial` true (and no `deliveries_total`: they are not counted) and `deliveries_next_cursor`, where `GET …/events/{event}/deliveries` goes on. On the AWS shape the answer looks at no more than 2,000 of the account's endpoints (each endpoint it ever had is one read), so an event sent to few of more endpoints than that may list fewer, with `deliveries_partial` true.",
     params(EventPath),
     responses((status = 200, description = "The event and its deliveries, 1,000 at most", body = EventView), (status = 422, description = "An event item written through the outbox that fan-out rejected (docs/OUTBOX.md); the message gives the reason", body = crate::api::error::Body), ReadErrors),
 )]
@@ -180,14 +184,44 @@ pub async fn get_event(
     State(state): State<ApiState>,
     ScopedId(account, event): ScopedId<EventId>,
 ) -> ApiResult<Response> {
-    // The store reads one more than this, to know whether there are more.
     let limit = u32::try_from(EVENT_DELIVERIES_SHOWN).unwrap_or(u32::MAX);
-    let (event, first) = publish::get(&state.app, &account, &event, limit).await?;
+    let (event, first) =
+        publish::get(&state.app, &account, &event, &PageAfter::first(limit)).await?;
     Ok(within_aws_answer(
         StatusCode::OK,
-        EventView::first(&event, &first.deliveries, first.more),
+        EventView::first(&event, &first),
         EventView::without_deliveries,
     ))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{account}/events/{event}/deliveries",
+    security(("bearer" = ["deliveries:read"])),
+    tag = "events",
+    summary = "An event's deliveries, a page at a time.",
+    description = "One delivery per endpoint the event was sent to, in endpoint-id order, `limit` a page (100 by default, 500 at most), with `next_cursor` while there may be more. Start from the beginning, or from the `deliveries_next_cursor` of the event's answer (which lists the first 1,000). On the AWS shape a page looks at no more than 2,000 of the account's endpoints (each endpoint it ever had is one read), so an event sent to few of many endpoints may answer short pages, even empty ones, with a `next_cursor` to go on.",
+    params(EventPath, PageParams),
+    responses((status = 200, description = "A page of the event's deliveries, in endpoint-id order", body = DeliveryList), ReadErrors),
+)]
+pub async fn list_event_deliveries(
+    State(state): State<ApiState>,
+    ScopedId(account, event): ScopedId<EventId>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (cursor, limit) = super::audit::page_params(params, 100)?;
+    let after = match cursor.as_deref() {
+        None => None,
+        Some(raw) => Some(event_page_after(raw).ok_or_else(|| {
+            ApiError::bad_request("cursor", "cursor is not one of an event's delivery list")
+        })?),
+    };
+    let (_, page) = publish::get(&state.app, &account, &event, &PageAfter { after, limit }).await?;
+    Ok(Json(ListView {
+        data: page.deliveries.iter().map(DeliveryView::from).collect(),
+        next_cursor: page.next.as_ref().map(event_page_cursor),
+    })
+    .into_response())
 }
 
 #[utoipa::path(
@@ -202,8 +236,8 @@ pub async fn get_event(
         changes nothing; publishing the id again returns the erased event (its data cannot be \
         compared any more; another `type` is refused, 409). An event item written \
         through the outbox that fan-out could not read (docs/OUTBOX.md) loses its `data` the same way \
-        and stays refused. The answer lists at most 1,000 deliveries, the first by id: an event \
-        sent to more endpoints is answered with `deliveries_partial` true and `deliveries_total` \
+        and stays refused. The answer lists at most 1,000 deliveries, the first by endpoint id: an event \
+        sent to more endpoints is answered with `deliveries_partial` true, `deliveries_next_cursor` and `deliveries_total` \
         their number.",
     params(EventPath),
     responses((status = 200, description = "The event as it is now, with its deliveries (1,000 at most)", body = EventView), ReadErrors),
@@ -270,13 +304,22 @@ mod tests {
                 &serde_json::json!(3)
             )
         );
-        // A read's first deliveries: more, not counted.
-        let first = serde_json::to_value(
-            EventView::first(&ev, &deliveries[..2], true).without_deliveries(),
-        )
-        .unwrap();
+        // A read's first deliveries: more, not counted, and where to go on; without them,
+        // from the start.
+        let page = crate::store::EventDeliveries::first(deliveries.clone(), 2);
+        let first = serde_json::to_value(EventView::first(&ev, &page)).unwrap();
         assert_eq!(first["deliveries_partial"], true);
         assert!(first.get("deliveries_total").is_none());
+        assert_eq!(
+            first["deliveries_next_cursor"]
+                .as_str()
+                .and_then(event_page_after),
+            Some(deliveries[1].endpoint_id.clone())
+        );
+        let none = serde_json::to_value(EventView::first(&ev, &page).without_deliveries()).unwrap();
+        assert_eq!(none["deliveries_partial"], true);
+        assert!(none.get("deliveries_total").is_none());
+        assert!(none.get("deliveries_next_cursor").is_none());
         let empty = serde_json::to_value(EventView::new(&ev, &[]).without_deliveries()).unwrap();
         assert!(
             empty.get("deliveries_partial").is_none(),

@@ -586,55 +586,83 @@ impl DynamoStore {
     }
 
     pub(super) async fn deliveries_of_event(&self, event: &Event) -> StoreResult<Vec<Delivery>> {
-        self.first_deliveries_of_event(event, usize::MAX).await
+        let endpoints = self.endpoint_ids_ever(&event.account_id).await?;
+        let mut deliveries = self.deliveries_to(event, &endpoints).await?;
+        deliveries.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(deliveries)
     }
 
     pub(super) async fn event_deliveries(
         &self,
         event: &Event,
-        limit: u32,
+        page: &PageAfter<EndpointId>,
     ) -> StoreResult<crate::store::EventDeliveries> {
-        // One more than shown tells whether there are more.
-        let wanted = usize::try_from(limit)
-            .unwrap_or(usize::MAX)
-            .saturating_add(1);
-        let read = self.first_deliveries_of_event(event, wanted).await?;
-        Ok(crate::store::EventDeliveries::first(read, limit))
-    }
-
-    /// At least the first `wanted` deliveries of the event by id (all if it has fewer).
-    async fn first_deliveries_of_event(
-        &self,
-        event: &Event,
-        wanted: usize,
-    ) -> StoreResult<Vec<Delivery>> {
-        // A delivery's id is derived from (account, event, event time, endpoint) (checked
-        // when it is written), so the candidates are one per endpoint the account ever had,
-        // deleted ones included; the ones that exist are the event's deliveries. (No read of
-        // the event: the fan-out function may not read the events table, only its stream.)
-        let (account, id) = (&event.account_id, &event.id);
-        let mut ids: Vec<DeliveryId> = self
-            .endpoint_ids_ever(account)
+        let limit = usize::try_from(page.limit).unwrap_or(usize::MAX);
+        // The candidates a page looks at, in id order after the cursor (the endpoints
+        // table's sort key): enough for a full page and one more, at least the log's budget.
+        let budget = self.list_examine_budget.max(limit.saturating_add(1));
+        let mut query = self
+            .partition_query(
+                &self.tables.endpoints,
+                "account_id",
+                event.account_id.as_str(),
+            )
+            .projection_expression("id");
+        if let Some(after) = &page.after {
+            query = query
+                .key_condition_expression("#pk = :pk AND #id > :after")
+                .expression_attribute_names("#id", "id")
+                .expression_attribute_values(":after", s(after.as_str()));
+        }
+        let candidates: Vec<EndpointId> = self
+            .query_at_most(query, budget)
             .await?
             .iter()
-            .map(|endpoint| DeliveryId::derived(account, id, event.created_at, endpoint))
-            .collect();
-        // Read in id order, a batch at a time: once `wanted` are found, no later candidate
-        // can come before them, and the rest (each a read unit, found or not) are not read.
-        ids.sort();
+            .map(|item| get_s(item, "id").map(EndpointId::from_trusted))
+            .collect::<StoreResult<_>>()?;
         let mut deliveries = Vec::new();
-        for batch in ids.chunks(BATCH_GET_ITEMS) {
-            for item in self.get_deliveries(batch).await? {
-                let delivery = delivery_from_item(&item)?;
-                if &delivery.account_id == account && &delivery.event_id == id {
-                    deliveries.push(delivery);
-                }
-            }
-            if deliveries.len() >= wanted {
+        let mut looked_at = 0;
+        // A batch read at a time: once more than a page is found, no later candidate can
+        // come before them, and the rest (each a read unit, found or not) are not read.
+        for batch in candidates.chunks(BATCH_GET_ITEMS) {
+            deliveries.extend(self.deliveries_to(event, batch).await?);
+            looked_at += batch.len();
+            if deliveries.len() > limit {
                 break;
             }
         }
-        deliveries.sort_by(|a, b| a.id.cmp(&b.id));
+        deliveries.sort_by(|a, b| a.endpoint_id.cmp(&b.endpoint_id));
+        let mut found = crate::store::EventDeliveries::first(deliveries, page.limit);
+        if found.next.is_none() && candidates.len() >= budget {
+            // The page stopped at its budget, not at the last endpoint: the next one goes on
+            // after the last candidate looked at.
+            found.next = candidates.get(looked_at.saturating_sub(1)).cloned();
+        }
+        Ok(found)
+    }
+
+    /// The event's deliveries to these endpoints (of its account), in no order. A delivery's
+    /// id is derived from (account, event, event time, endpoint) (checked when it is
+    /// written), so each endpoint is one candidate key; the ones that exist are the event's
+    /// deliveries. (No read of the event: the fan-out function may not read the events
+    /// table, only its stream.)
+    async fn deliveries_to(
+        &self,
+        event: &Event,
+        endpoints: &[EndpointId],
+    ) -> StoreResult<Vec<Delivery>> {
+        let (account, id) = (&event.account_id, &event.id);
+        let ids: Vec<DeliveryId> = endpoints
+            .iter()
+            .map(|endpoint| DeliveryId::derived(account, id, event.created_at, endpoint))
+            .collect();
+        let mut deliveries = Vec::new();
+        for item in self.get_deliveries(&ids).await? {
+            let delivery = delivery_from_item(&item)?;
+            if &delivery.account_id == account && &delivery.event_id == id {
+                deliveries.push(delivery);
+            }
+        }
         Ok(deliveries)
     }
 

@@ -282,15 +282,17 @@ impl SqliteStore {
     pub(super) async fn event_deliveries(
         &self,
         event: &Event,
-        limit: u32,
+        page: &PageAfter<EndpointId>,
     ) -> StoreResult<crate::store::EventDeliveries> {
         let (account, id) = (event.account_id.clone(), event.id.clone());
+        let (after, limit) = (page.after.clone(), page.limit);
         self.read(move |conn| {
-            // One more than shown tells whether there are more.
-            let read = first_deliveries_of_event(
+            // One more than asked for tells whether there are more.
+            let read = event_deliveries_after(
                 conn,
                 account.as_str(),
                 id.as_str(),
+                after.as_ref().map(EndpointId::as_str),
                 u64::from(limit) + 1,
             )
             .map_err(backend)?;

@@ -326,17 +326,29 @@ pub(super) fn deliveries_of_event(
     rows.collect()
 }
 
-/// The first `limit` of [`deliveries_of_event`].
-pub(super) fn first_deliveries_of_event(
+/// Up to `limit` of an event's deliveries to endpoints after `after` (all when `None`), in
+/// endpoint-id order: a range of the `(account_id, event_id, endpoint_id)` unique index, in
+/// its order, whatever the event's size (`tests::an_event_page_reads_its_index_in_order`).
+pub(super) fn event_deliveries_after(
     conn: &Connection,
     account: &str,
     event: &str,
+    after: Option<&str>,
     limit: u64,
 ) -> rusqlite::Result<Vec<Delivery>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?1 AND event_id = ?2 ORDER BY id LIMIT ?3"
-    ))?;
+    let mut stmt = conn.prepare_cached(&event_page_sql())?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = stmt.query_map(params![account, event, limit], delivery_from_row)?;
+    // No endpoint id is empty: '' is before them all.
+    let rows = stmt.query_map(
+        params![account, event, after.unwrap_or(""), limit],
+        delivery_from_row,
+    )?;
     rows.collect()
+}
+
+pub(super) fn event_page_sql() -> String {
+    format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE account_id = ?1 AND event_id = ?2 \
+         AND endpoint_id > ?3 ORDER BY endpoint_id LIMIT ?4"
+    )
 }

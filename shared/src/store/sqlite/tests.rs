@@ -1057,6 +1057,30 @@ fn every_log_query_reads_an_index_in_order() {
     assert_eq!(checked, 2 * 5 * 2 * 3 * 2 * 4);
 }
 
+/// A page of an event's deliveries searches the `(account_id, event_id, endpoint_id)` unique
+/// index from the cursor on, in its order: no scan, no sort of an event's 100,000 deliveries.
+#[test]
+fn an_event_page_reads_its_index_in_order() {
+    let conn = Connection::open_in_memory().unwrap();
+    conn.execute_batch(SCHEMA).unwrap();
+    add_missing_columns(&conn, "deliveries", ADDED_DELIVERY_COLUMNS).unwrap();
+    let plan = query_plan(
+        &conn,
+        &super::rows::event_page_sql(),
+        params!["acme", "evt_1", "ep_a", 100],
+    );
+    println!("event page: {plan}");
+    assert!(
+        plan.starts_with("SEARCH deliveries USING INDEX sqlite_autoindex_deliveries_"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("(account_id=? AND event_id=? AND endpoint_id>?)"),
+        "{plan}"
+    );
+    assert!(!plan.contains("TEMP B-TREE"), "a sort: {plan}");
+}
+
 /// The window's two reads search the partial indexes of pending rows in due order.
 #[test]
 fn the_window_reads_pending_rows_in_due_order_from_their_indexes() {
