@@ -56,6 +56,7 @@ async fn bench_quick_runs_every_workload() {
         "endpoint_log_first_page_p99_ms",
         "filtered_log_first_page_p99_ms",
         "cursor_page_p99_ms",
+        "event_deliveries_page_p99_ms",
         "publish_calls_s",
         "publish_deliveries_per_s",
         "publish_call_p99_ms",

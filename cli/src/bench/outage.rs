@@ -119,8 +119,14 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
     let attempts_after = failing_attempts(&farm, &failing) - attempts_before;
 
     // Phase 3: the log, read while the backlog is there.
+    // The first account's events are those whose index is 0 modulo the accounts' number
+    // (`publish_timed`).
+    let first_events: Vec<String> = (0..size.events)
+        .step_by(accounts.len())
+        .map(|i| format!("{}-{i}", accounts[0].0))
+        .collect();
     let (first_pages, cursor_pages) =
-        read_log(&api, &accounts[0].0, &endpoint_ids[0], quick).await?;
+        read_log(&api, &accounts[0].0, &endpoint_ids[0], &first_events, quick).await?;
 
     stop_healthy.store(true, Ordering::Relaxed);
     let (healthy_events, healthy_calls) = healthy_publisher
@@ -190,6 +196,8 @@ pub(super) async fn outage(options: &BenchOptions) -> Result<Value, BenchError> 
         "filtered_log_first_page_p99_ms": round(percentile(&first_pages.filtered, 99.0)),
         "cursor_page_p50_ms": round(percentile(&cursor_pages, 50.0)),
         "cursor_page_p99_ms": round(percentile(&cursor_pages, 99.0)),
+        "event_deliveries_page_p50_ms": round(percentile(&first_pages.event, 50.0)),
+        "event_deliveries_page_p99_ms": round(percentile(&first_pages.event, 99.0)),
         "publish_calls_s": round3(calls_took.as_secs_f64()),
         "publish_deliveries_per_s": round(deliveries as f64 / publishing.as_secs_f64()),
         "publish_call_p50_ms": round(percentile(&calls, 50.0)),
@@ -275,14 +283,18 @@ struct LogPages {
     endpoint: Vec<f64>,
     /// First pages of the account's log under every filter the API offers.
     filtered: Vec<f64>,
+    /// Pages of one event's deliveries, the first and the one its cursor gives.
+    event: Vec<f64>,
 }
 
 /// Times the delivery log of one failing account: first pages of its endpoints' logs, first
-/// pages under each filter and combinations of them, and pages deep into the log by cursor.
+/// pages under each filter and combinations of them, pages deep into the log by cursor, and
+/// the pages of some of its events' deliveries.
 async fn read_log(
     api: &Api,
     account: &str,
     endpoints: &[String],
+    events: &[String],
     quick: bool,
 ) -> Result<(LogPages, Vec<f64>), BenchError> {
     let rounds = if quick { 2 } else { 10 };
@@ -290,7 +302,23 @@ async fn read_log(
     let mut pages = LogPages {
         endpoint: Vec::new(),
         filtered: Vec::new(),
+        event: Vec::new(),
     };
+    // Events spread over the publishing, each read in pages of 50 to its end.
+    let spread = (events.len() / (rounds * 4)).max(1);
+    for event in events.iter().step_by(spread).take(rounds * 4) {
+        let start = format!("/v1/accounts/{account}/events/{event}/deliveries?limit=50");
+        let mut path = start.clone();
+        // An event goes to at most every endpoint of the account: a few pages.
+        for _ in 0..=endpoints.len().div_ceil(50) {
+            let (page, took) = api.get_timed(&path).await?;
+            pages.event.push(took);
+            match page["next_cursor"].as_str() {
+                Some(next) => path = format!("{start}&cursor={next}"),
+                None => break,
+            }
+        }
+    }
     for (i, endpoint) in endpoints.iter().cycle().take(rounds * 4).enumerate() {
         let (_, took) = api
             .get_timed(&format!("{base}&endpoint={endpoint}"))
@@ -349,6 +377,7 @@ async fn read_log(
     }
     pages.endpoint.sort_by(f64::total_cmp);
     pages.filtered.sort_by(f64::total_cmp);
+    pages.event.sort_by(f64::total_cmp);
     cursor_pages.sort_by(f64::total_cmp);
     Ok((pages, cursor_pages))
 }
