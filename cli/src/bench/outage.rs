@@ -283,7 +283,7 @@ struct LogPages {
     endpoint: Vec<f64>,
     /// First pages of the account's log under every filter the API offers.
     filtered: Vec<f64>,
-    /// Pages of one event's deliveries, the first and the one its cursor gives.
+    /// Pages of some events' deliveries, each event's read to its end.
     event: Vec<f64>,
 }
 
@@ -310,13 +310,22 @@ async fn read_log(
         let start = format!("/v1/accounts/{account}/events/{event}/deliveries?limit=50");
         let mut path = start.clone();
         // An event goes to at most every endpoint of the account: a few pages.
+        let mut ended = false;
         for _ in 0..=endpoints.len().div_ceil(50) {
             let (page, took) = api.get_timed(&path).await?;
             pages.event.push(took);
             match page["next_cursor"].as_str() {
                 Some(next) => path = format!("{start}&cursor={next}"),
-                None => break,
+                None => {
+                    ended = true;
+                    break;
+                }
             }
+        }
+        if !ended {
+            return Err(BenchError::Api(format!(
+                "{start}: still a next page after one per 50 endpoints"
+            )));
         }
     }
     for (i, endpoint) in endpoints.iter().cycle().take(rounds * 4).enumerate() {

@@ -362,6 +362,15 @@ pub struct DeliveryList {
 }
 
 #[derive(ToSchema)]
+pub struct EventDeliveryList {
+    data: Vec<DeliveryView<'static>>,
+    /// Present while the event may have more deliveries. On the AWS shape a page looks at no
+    /// more than 2,000 of the account's endpoints, so an event sent to few of many can answer
+    /// fewer than `limit`, or none, and still continue.
+    next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
 pub struct AttemptList {
     data: Vec<AttemptView<'static>>,
     /// Present when there are more attempts to read.

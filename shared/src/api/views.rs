@@ -361,14 +361,14 @@ pub struct EventView<'a> {
     /// `deliveries_partial`; none, should even these make the answer over 5 MB as the AWS
     /// function carries it.
     pub deliveries: Vec<DeliveryView<'a>>,
-    /// True when the event has more deliveries than `deliveries` lists; absent otherwise.
-    /// `GET /v1/accounts/{account}/events/{event}/deliveries` lists them all, a page at a
-    /// time.
+    /// True when the event has, or may have, more deliveries than `deliveries` lists;
+    /// absent otherwise. `GET /v1/accounts/{account}/events/{event}/deliveries` lists them
+    /// all, a page at a time.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub deliveries_partial: bool,
     /// With a partial list: the `cursor` for `GET …/events/{event}/deliveries` that goes on
-    /// after the last delivery listed. Absent when none is listed (start that list from its
-    /// beginning).
+    /// where this answer's list stopped. Absent when the answer left its list out to stay
+    /// small (start that list from its beginning).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries_next_cursor: Option<String>,
     /// How many deliveries the event has, given with a partial list when the answer knows
@@ -381,13 +381,13 @@ pub struct EventView<'a> {
 /// The cursor of an event's delivery list after the delivery to `endpoint` (deliveries are
 /// listed in endpoint-id order); [`event_page_after`] reads it back.
 pub fn event_page_cursor(endpoint: &EndpointId) -> String {
-    crate::store::cursor::encode(0, endpoint.as_str())
+    crate::store::cursor::encode_event_page(endpoint.as_str())
 }
 
 /// The endpoint an event's delivery list goes on after, from a cursor of
-/// [`event_page_cursor`]; `None` when it is not one.
+/// [`event_page_cursor`]; `None` when it is not one (another list's cursor included).
 pub fn event_page_after(cursor: &str) -> Option<EndpointId> {
-    let (_, endpoint) = crate::store::cursor::decode(cursor)?;
+    let endpoint = crate::store::cursor::decode_event_page(cursor)?;
     EndpointId::parse(&endpoint).ok()
 }
 

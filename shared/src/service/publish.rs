@@ -187,11 +187,22 @@ async fn already_published(
     if let Some(conflict) = event.conflict_with(new) {
         return Some(Err(ServiceError::EventConflict(conflict)));
     }
-    let first = app
-        .store
-        .event_deliveries(&event, &PageAfter::first(RETRY_ANSWER_DELIVERIES))
-        .await
-        .ok()?;
+    // Pages until the answer's worth or the last endpoint: a DynamoDB page looks at a
+    // bounded number of the account's endpoints, and may find few of the event's deliveries.
+    let mut first = EventDeliveries::default();
+    let mut page = PageAfter::first(RETRY_ANSWER_DELIVERIES);
+    loop {
+        let read = app.store.event_deliveries(&event, &page).await.ok()?;
+        first.deliveries.extend(read.deliveries);
+        first.next = read.next;
+        if first.deliveries.len() >= RETRY_ANSWER_DELIVERIES as usize {
+            break;
+        }
+        match &first.next {
+            Some(next) => page.after = Some(next.clone()),
+            None => break,
+        }
+    }
     if first.more() {
         return None;
     }

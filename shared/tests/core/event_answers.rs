@@ -231,11 +231,17 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
     let sent: Vec<_> = endpoints.iter().map(|e| delivery(&ev, e, t0())).collect();
     store.publish(&ev, &sent).await.unwrap();
 
-    let batch_reads = |reading: &hooklane_testkit::meter::Reading| {
+    let calls = |reading: &hooklane_testkit::meter::Reading, operation: &str| {
         reading
             .operations
-            .get("DynamoDB.BatchGetItem")
+            .get(operation)
             .map_or(0, |usage| usage.calls)
+    };
+    let reads = |reading: &hooklane_testkit::meter::Reading| {
+        (
+            calls(reading, "DynamoDB.Query"),
+            calls(reading, "DynamoDB.BatchGetItem"),
+        )
     };
     let before = meter.reading();
     let first = store
@@ -245,13 +251,23 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
     let shown = meter.reading().since(&before);
     assert_eq!((first.deliveries.len(), first.more()), (50, true));
     let before = meter.reading();
+    let page = store
+        .event_deliveries(&ev, &hooklane::store::PageAfter::first(500))
+        .await
+        .unwrap();
+    let paged = meter.reading().since(&before);
+    assert_eq!((page.deliveries.len(), page.more()), (250, false));
+    let before = meter.reading();
     assert_eq!(store.deliveries_of_event(&ev).await.unwrap().len(), 250);
     let all = meter.reading().since(&before);
+    // Endpoints are listed 100 at a time, each hundred read before the next is listed.
     assert_eq!(
-        (batch_reads(&shown), batch_reads(&all)),
-        (1, 3),
-        "batch reads of the first 50 deliveries, of all 250"
+        reads(&shown),
+        (1, 1),
+        "the first 50: one query, one batch read"
     );
+    assert_eq!(reads(&paged), (3, 3), "a page of all 250");
+    assert_eq!(calls(&all, "DynamoDB.BatchGetItem"), 3, "all 250");
 }
 
 /// The event's delivery list names what it cannot read: a cursor that is not one it gave, a
@@ -274,11 +290,36 @@ async fn an_events_delivery_list_names_what_it_cannot_read() {
     let (_, _, rest) = send(&router, "GET", &format!("{list}?cursor={next}"), None).await;
     assert_eq!(rest["data"][0]["endpoint_id"], "ep_00002");
     assert!(rest.get("next_cursor").is_none_or(Value::is_null), "{rest}");
+    // Each list takes its own cursors only: the delivery log's would restart this one.
+    let (_, _, log) = send(
+        &router,
+        "GET",
+        "/v1/accounts/small/deliveries?limit=1",
+        None,
+    )
+    .await;
+    let log_cursor = log["next_cursor"]
+        .as_str()
+        .expect("a log cursor")
+        .to_owned();
+    let (status, text, answer) = send(
+        &router,
+        "GET",
+        &format!("/v1/accounts/small/deliveries?cursor={next}"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (400, &json!("cursor")),
+        "{text}"
+    );
     for (query, field) in [
-        ("cursor=not-a-cursor", "cursor"),
-        ("limit=0", "limit"),
-        ("limit=501", "limit"),
-        ("status=failed", "status"),
+        (format!("cursor={log_cursor}"), "cursor"),
+        ("cursor=not-a-cursor".to_owned(), "cursor"),
+        ("limit=0".to_owned(), "limit"),
+        ("limit=501".to_owned(), "limit"),
+        ("status=failed".to_owned(), "status"),
     ] {
         let (status, text, answer) = send(&router, "GET", &format!("{list}?{query}"), None).await;
         assert_eq!(status, 400, "{query}: {text}");

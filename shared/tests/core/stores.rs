@@ -104,16 +104,16 @@ mod dynamodb {
 
     /// DynamoDB finds an event's deliveries by key, one candidate per endpoint: with 6
     /// candidates a page (the budget, or a page of 5 and one), an event sent to 2 of 13
-    /// endpoints is read in three pages, the last empty, each going on after the last
-    /// endpoint it looked at.
+    /// endpoints is read in three pages, the first and the last empty, each going on after
+    /// the last endpoint it looked at.
     #[tokio::test]
     async fn an_event_to_few_of_many_endpoints_is_read_in_short_pages() {
         let store = emulator_store().await.with_list_examine_budget(4);
         assert_eq!(
             super::event_pages_to_two_of_thirteen(&store).await,
             [
-                (vec!["ep_03"], Some("ep_05")),
-                (vec!["ep_10"], Some("ep_11")),
+                (vec![], Some("ep_05")),
+                (vec!["ep_08", "ep_10"], Some("ep_11")),
                 (vec![], None),
             ]
         );
@@ -128,11 +128,11 @@ async fn an_event_to_few_of_many_endpoints_is_read_in_one_page() {
         .with_list_examine_budget(4);
     assert_eq!(
         event_pages_to_two_of_thirteen(&store).await,
-        [(vec!["ep_03", "ep_10"], None)]
+        [(vec!["ep_08", "ep_10"], None)]
     );
 }
 
-/// The pages of 5 of an event sent to ep_03 and ep_10 of ep_00…ep_12: each page's endpoints
+/// The pages of 5 of an event sent to ep_08 and ep_10 of ep_00…ep_12: each page's endpoints
 /// and where the next one starts.
 async fn event_pages_to_two_of_thirteen(
     store: &dyn hooklane::store::Store,
@@ -147,7 +147,7 @@ async fn event_pages_to_two_of_thirteen(
     create_account_and_endpoints(store, "acme", &endpoints).await;
     let ev = event("acme", "evt_sparse", t0());
     let sent = [
-        delivery(&ev, &endpoints[3], t0()),
+        delivery(&ev, &endpoints[8], t0()),
         delivery(&ev, &endpoints[10], t0()),
     ];
     store.publish(&ev, &sent).await.unwrap();

@@ -202,20 +202,26 @@ pub async fn get_event(
     summary = "An event's deliveries, a page at a time.",
     description = "One delivery per endpoint the event was sent to, in endpoint-id order, `limit` a page (100 by default, 500 at most), with `next_cursor` while there may be more. Start from the beginning, or from the `deliveries_next_cursor` of the event's answer (which lists the first 1,000). On the AWS shape a page looks at no more than 2,000 of the account's endpoints (each endpoint it ever had is one read), so an event sent to few of many endpoints may answer short pages, even empty ones, with a `next_cursor` to go on.",
     params(EventPath, PageParams),
-    responses((status = 200, description = "A page of the event's deliveries, in endpoint-id order", body = DeliveryList), ReadErrors),
+    responses((status = 200, description = "A page of the event's deliveries, in endpoint-id order", body = EventDeliveryList), (status = 422, description = "An event item written through the outbox that fan-out rejected (docs/OUTBOX.md); the message gives the reason", body = crate::api::error::Body), ReadErrors),
 )]
 pub async fn list_event_deliveries(
     State(state): State<ApiState>,
     ScopedId(account, event): ScopedId<EventId>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let (cursor, limit) = super::audit::page_params(params, 100)?;
-    let after = match cursor.as_deref() {
-        None => None,
-        Some(raw) => Some(event_page_after(raw).ok_or_else(|| {
-            ApiError::bad_request("cursor", "cursor is not one of an event's delivery list")
-        })?),
-    };
+    let (mut after, mut limit) = (None, 100);
+    for (name, value) in params {
+        match name.as_str() {
+            // Only this list's own cursors: one of the delivery log's would restart it.
+            "cursor" => {
+                after = Some(event_page_after(&value).ok_or_else(|| {
+                    ApiError::bad_request("cursor", "cursor is not one this list returned")
+                })?)
+            }
+            "limit" => limit = super::deliveries::parse_limit(&value)?,
+            other => return Err(super::deliveries::unknown_parameter(other)),
+        }
+    }
     let (_, page) = publish::get(&state.app, &account, &event, &PageAfter { after, limit }).await?;
     Ok(Json(ListView {
         data: page.deliveries.iter().map(DeliveryView::from).collect(),
@@ -320,6 +326,19 @@ mod tests {
         assert_eq!(none["deliveries_partial"], true);
         assert!(none.get("deliveries_total").is_none());
         assert!(none.get("deliveries_next_cursor").is_none());
+        // A first page that found none yet (DynamoDB stopped at its budget) still goes on.
+        let looked = crate::store::EventDeliveries {
+            deliveries: Vec::new(),
+            next: Some(deliveries[0].endpoint_id.clone()),
+        };
+        let empty = serde_json::to_value(EventView::first(&ev, &looked)).unwrap();
+        assert_eq!(empty["deliveries_partial"], true);
+        assert_eq!(
+            empty["deliveries_next_cursor"]
+                .as_str()
+                .and_then(event_page_after),
+            looked.next
+        );
         let empty = serde_json::to_value(EventView::new(&ev, &[]).without_deliveries()).unwrap();
         assert!(
             empty.get("deliveries_partial").is_none(),

@@ -19,9 +19,9 @@ use super::{
     json::{whole, JsonBody},
     openapi::{
         AccountPath, AttemptList, BodyErrors, DeliveryFilters, DeliveryList, DeliveryPath,
-        EndpointFilter, EndpointList, EndpointPath, EventIdTaken, EventPath, EventTypeName,
-        EventTypePattern, PageParams, PublishErrors, ReadErrors, ReplayList, ReplayableStatus,
-        TokenPath,
+        EndpointFilter, EndpointList, EndpointPath, EventDeliveryList, EventIdTaken, EventPath,
+        EventTypeName, EventTypePattern, PageParams, PublishErrors, ReadErrors, ReplayList,
+        ReplayableStatus, TokenPath,
     },
     views::{
         AccountView, AdminTokenView, AttemptView, DeliveryView, EndpointView, EventView, ListView,

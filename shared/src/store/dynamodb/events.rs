@@ -614,29 +614,46 @@ impl DynamoStore {
                 .expression_attribute_names("#id", "id")
                 .expression_attribute_values(":after", s(after.as_str()));
         }
-        let candidates: Vec<EndpointId> = self
-            .query_at_most(query, budget)
-            .await?
-            .iter()
-            .map(|item| get_s(item, "id").map(EndpointId::from_trusted))
-            .collect::<StoreResult<_>>()?;
         let mut deliveries = Vec::new();
-        let mut looked_at = 0;
-        // A batch read at a time: once more than a page is found, no later candidate can
-        // come before them, and the rest (each a read unit, found or not) are not read.
-        for batch in candidates.chunks(BATCH_GET_ITEMS) {
-            deliveries.extend(self.deliveries_to(event, batch).await?);
+        let (mut looked_at, mut last_looked_at) = (0, None);
+        let mut start: Option<Item> = None;
+        // A batch of endpoints at a time, each read as soon as it is listed: once more than
+        // a page is found, no later candidate can come before them, and the rest are not
+        // read (each is a read unit of the endpoints table, and one of the deliveries',
+        // found or not).
+        let ended = loop {
+            let wanted = (budget - looked_at).min(BATCH_GET_ITEMS);
+            let out = query
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .limit(i32::try_from(wanted).unwrap_or(i32::MAX))
+                .send()
+                .await
+                .map_err(sdk)?;
+            let batch = out
+                .items()
+                .iter()
+                .map(|item| get_s(item, "id").map(EndpointId::from_trusted))
+                .collect::<StoreResult<Vec<_>>>()?;
             looked_at += batch.len();
-            if deliveries.len() > limit {
-                break;
+            if let Some(last) = batch.last() {
+                last_looked_at = Some(last.clone());
             }
-        }
+            deliveries.extend(self.deliveries_to(event, &batch).await?);
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break true,
+            }
+            if deliveries.len() > limit || looked_at >= budget {
+                break false;
+            }
+        };
         deliveries.sort_by(|a, b| a.endpoint_id.cmp(&b.endpoint_id));
         let mut found = crate::store::EventDeliveries::first(deliveries, page.limit);
-        if found.next.is_none() && candidates.len() >= budget {
+        if found.next.is_none() && !ended {
             // The page stopped at its budget, not at the last endpoint: the next one goes on
             // after the last candidate looked at.
-            found.next = candidates.get(looked_at.saturating_sub(1)).cloned();
+            found.next = last_looked_at;
         }
         Ok(found)
     }
