@@ -14,12 +14,21 @@ pub(super) fn page_params(
     params: Vec<(String, String)>,
     default: u32,
 ) -> ApiResult<(Option<String>, u32)> {
+    page_params_of(params, default, |raw| cursor::decode(raw).is_some())
+}
+
+/// [`page_params`] for a list whose cursors `ours` tells apart from other lists'.
+pub(super) fn page_params_of(
+    params: Vec<(String, String)>,
+    default: u32,
+    ours: impl Fn(&str) -> bool,
+) -> ApiResult<(Option<String>, u32)> {
     let mut after = None;
     let mut limit = default;
     for (name, value) in params {
         match name.as_str() {
             "cursor" => {
-                if cursor::decode(&value).is_none() {
+                if !ours(&value) {
                     return Err(ApiError::bad_request(
                         "cursor",
                         "cursor is not one this API returned",

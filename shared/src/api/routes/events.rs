@@ -209,19 +209,10 @@ pub async fn list_event_deliveries(
     ScopedId(account, event): ScopedId<EventId>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let (mut after, mut limit) = (None, 100);
-    for (name, value) in params {
-        match name.as_str() {
-            // Only this list's own cursors: one of the delivery log's would restart it.
-            "cursor" => {
-                after = Some(event_page_after(&value).ok_or_else(|| {
-                    ApiError::bad_request("cursor", "cursor is not one this list returned")
-                })?)
-            }
-            "limit" => limit = super::deliveries::parse_limit(&value)?,
-            other => return Err(super::deliveries::unknown_parameter(other)),
-        }
-    }
+    // Only this list's own cursors: one of the delivery log's would restart it.
+    let (cursor, limit) =
+        super::audit::page_params_of(params, 100, |raw| event_page_after(raw).is_some())?;
+    let after = cursor.as_deref().and_then(event_page_after);
     let (_, page) = publish::get(&state.app, &account, &event, &PageAfter { after, limit }).await?;
     Ok(Json(ListView {
         data: page.deliveries.iter().map(DeliveryView::from).collect(),
