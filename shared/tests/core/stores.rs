@@ -102,6 +102,103 @@ mod dynamodb {
         super::sparse_pages_continue_where_they_stopped(&store).await;
     }
 
+    /// Over the publish limit, a retry of a published event is answered with it even when
+    /// DynamoDB's first page of the event's deliveries, stopped at its budget (1,001
+    /// candidates for an answer of 1,000), found none: the two are past it. The other
+    /// endpoints are bare items of the endpoints table (an id is all a candidate is read
+    /// for), written 25 to a request: created one by one they take the emulator 40 s.
+    #[tokio::test]
+    async fn a_retry_over_the_limit_is_answered_when_its_deliveries_are_past_a_page() {
+        use hooklane::aws::aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+        use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention, TableNames};
+        use hooklane::{
+            domain::{rate::PublishRate, AccountId},
+            limits::{MemoryBuckets, PublishBuckets},
+            service::publish::{publish_limited, NewEvent},
+            store::Store,
+        };
+        use hooklane_testkit::fixtures::{
+            app_on, create_account_and_endpoints, delivery, endpoint, event, t0,
+        };
+        use hooklane_testkit::testing::{emulator_client, test_secrets};
+        use std::sync::Arc;
+        let client = emulator_client().await;
+        let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
+        create_tables(&client, &tables).await.unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            DynamoStore::new(
+                client.clone(),
+                tables.clone(),
+                Retention::default(),
+                test_secrets(None),
+            )
+            .without_late_write_rule()
+            .showing_expired()
+            .with_list_examine_budget(4),
+        );
+        let endpoints: Vec<_> = (0..1_100)
+            .map(|i| endpoint("acme", &format!("ep_{i:04}"), t0()))
+            .collect();
+        let far = [&endpoints[1_050], &endpoints[1_080]];
+        create_account_and_endpoints(store.as_ref(), "acme", far).await;
+        let bare: Vec<WriteRequest> = endpoints
+            .iter()
+            .filter(|e| !far.contains(e))
+            .map(|e| {
+                let item = [("account_id", "acme"), ("id", e.id.as_str())]
+                    .map(|(k, v)| (k.to_owned(), AttributeValue::S(v.to_owned())));
+                let put = PutRequest::builder()
+                    .set_item(Some(item.into()))
+                    .build()
+                    .unwrap();
+                WriteRequest::builder().put_request(put).build()
+            })
+            .collect();
+        for chunk in bare.chunks(25) {
+            let out = client
+                .batch_write_item()
+                .request_items(&tables.endpoints, chunk.to_vec())
+                .send()
+                .await
+                .unwrap();
+            assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
+        }
+        let ev = event("acme", "evt_far", t0());
+        let sent = far.map(|e| delivery(&ev, e, t0()));
+        store.publish(&ev, &sent).await.unwrap();
+        let account = AccountId::parse("acme").unwrap();
+        let mut limited = store.get_account(&account).await.unwrap().unwrap();
+        limited.publish_rate_limit = Some(PublishRate::new(1, Some(1), "x").unwrap());
+        store.update_account(&limited).await.unwrap();
+        let clock = Arc::new(hooklane::clock::ManualClock::new(t0()));
+        let app = app_on(store.clone(), clock.clone());
+        let buckets = MemoryBuckets::new(clock);
+        let new = |id: &str, data: serde_json::Value| NewEvent {
+            id: Some(id.to_owned()),
+            event_type: "invoice.paid".to_owned(),
+            data,
+        };
+        // The bucket's one token is spent.
+        let rate = PublishRate::new(1, Some(1), "x").unwrap();
+        assert_eq!(buckets.take(&account, rate, 1).await.unwrap(), None);
+        let again = publish_limited(
+            &app,
+            &buckets,
+            &account,
+            new("evt_far", serde_json::json!({"n": "evt_far"})),
+        )
+        .await
+        .expect("the retry is answered over the limit");
+        assert!(!again.created);
+        let mut to: Vec<&str> = again
+            .deliveries
+            .iter()
+            .map(|d| d.endpoint_id.as_str())
+            .collect();
+        to.sort();
+        assert_eq!(to, ["ep_1050", "ep_1080"]);
+    }
+
     /// DynamoDB finds an event's deliveries by key, one candidate per endpoint: with 6
     /// candidates a page (the budget, or a page of 5 and one), an event sent to 2 of 13
     /// endpoints is read in three pages, the first and the last empty, each going on after
