@@ -110,7 +110,6 @@ mod dynamodb {
     #[tokio::test]
     async fn a_retry_over_the_limit_is_answered_when_its_deliveries_are_past_a_page() {
         use hooklane::aws::aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
-        use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention, TableNames};
         use hooklane::{
             domain::{rate::PublishRate, AccountId},
             limits::{MemoryBuckets, PublishBuckets},
@@ -120,22 +119,9 @@ mod dynamodb {
         use hooklane_testkit::fixtures::{
             app_on, create_account_and_endpoints, delivery, endpoint, event, t0,
         };
-        use hooklane_testkit::testing::{emulator_client, test_secrets};
         use std::sync::Arc;
-        let client = emulator_client().await;
-        let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
-        create_tables(&client, &tables).await.unwrap();
-        let store: Arc<dyn Store> = Arc::new(
-            DynamoStore::new(
-                client.clone(),
-                tables.clone(),
-                Retention::default(),
-                test_secrets(None),
-            )
-            .without_late_write_rule()
-            .showing_expired()
-            .with_list_examine_budget(4),
-        );
+        let (store, client, tables) = hooklane_testkit::testing::emulator_store_and_tables().await;
+        let store: Arc<dyn Store> = Arc::new(store.with_list_examine_budget(4));
         let endpoints: Vec<_> = (0..1_100)
             .map(|i| endpoint("acme", &format!("ep_{i:04}"), t0()))
             .collect();

@@ -243,13 +243,30 @@ pub fn test_secrets(previous: Option<&[u8; 32]>) -> hooklane::secrets::SecretsCi
 /// sweeper's walk would go untested), and every ended one would have expired.
 #[cfg(feature = "aws")]
 pub async fn emulator_store() -> hooklane::store::dynamodb::DynamoStore {
+    emulator_store_and_tables().await.0
+}
+
+/// [`emulator_store`], with the client and table names it uses: for a test that writes
+/// items of its own beside the store's.
+#[cfg(feature = "aws")]
+pub async fn emulator_store_and_tables() -> (
+    hooklane::store::dynamodb::DynamoStore,
+    hooklane::aws::aws_sdk_dynamodb::Client,
+    hooklane::store::dynamodb::TableNames,
+) {
     use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention, TableNames};
     let client = emulator_client().await;
     let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
     create_tables(&client, &tables).await.unwrap();
-    DynamoStore::new(client, tables, Retention::default(), test_secrets(None))
-        .without_late_write_rule()
-        .showing_expired()
+    let store = DynamoStore::new(
+        client.clone(),
+        tables.clone(),
+        Retention::default(),
+        test_secrets(None),
+    )
+    .without_late_write_rule()
+    .showing_expired();
+    (store, client, tables)
 }
 
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to
