@@ -20,7 +20,7 @@ use crate::{
         Attempt, AuditEntry, Delivery, Endpoint, EndpointId, EndpointStats, Event, EventTypeDef,
         Replay, ReplayScope, TargetKind,
     },
-    service::{keys::MintedKey, tokens::MintedToken},
+    service::{keys::MintedKey, publish::Published, tokens::MintedToken},
     store::EventDeliveries,
 };
 
@@ -372,8 +372,8 @@ pub struct EventView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries_next_cursor: Option<String>,
     /// How many deliveries the event has, given with a partial list when the answer knows
-    /// it: a publish and an erasure do; a read, which reads only the deliveries it lists,
-    /// does not.
+    /// it: a publish that created the event and an erasure do; a read and a publish of an id
+    /// published before, which read only the deliveries they list, do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries_total: Option<u64>,
 }
@@ -409,21 +409,29 @@ impl<'a> EventView<'a> {
     /// The event with a page of its deliveries as `Store::event_deliveries` reads it (the
     /// first, of at most [`EVENT_DELIVERIES_SHOWN`]), partial when it may have others.
     pub fn first(event: &'a Event, page: &'a EventDeliveries) -> Self {
-        let shown: Vec<&Delivery> = page
-            .deliveries
-            .iter()
-            .take(EVENT_DELIVERIES_SHOWN)
-            .collect();
-        let next = match (&page.next, page.deliveries.len() > shown.len()) {
-            (_, true) => shown.last().map(|d| d.endpoint_id.clone()),
-            (next, false) => next.clone(),
+        Self::first_of(event, &page.deliveries, page.next.as_ref())
+    }
+
+    /// The answer to a publish: every delivery it created (see [`EventView::new`]), or for
+    /// an id published before, the first stored ones as [`EventView::first`] lists a page.
+    pub fn published(published: &'a Published) -> Self {
+        match &published.next {
+            None => Self::new(&published.event, &published.deliveries),
+            Some(next) => Self::first_of(&published.event, &published.deliveries, Some(next)),
+        }
+    }
+
+    fn first_of(event: &'a Event, deliveries: &'a [Delivery], next: Option<&EndpointId>) -> Self {
+        let shown: Vec<&Delivery> = deliveries.iter().take(EVENT_DELIVERIES_SHOWN).collect();
+        let next = match (next, deliveries.len() > shown.len()) {
+            (_, true) => shown.last().map(|d| &d.endpoint_id),
+            (next, false) => next,
         };
-        let partial = next.is_some();
         Self::listing(
             event,
             &shown,
-            partial,
-            next.as_ref().map(event_page_cursor),
+            next.is_some(),
+            next.map(event_page_cursor),
             None,
         )
     }
@@ -770,25 +778,38 @@ pub struct BatchEventView<'a> {
     #[schema(value_type = Option<String>, format = DateTime)]
     #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub erased_at: Option<Timestamp>,
-    /// Left out of an abridged answer: read them with `GET …/events/{event}`.
+    /// Left out of an abridged answer: read them with `GET …/events/{event}`. An event
+    /// this batch created lists all it created; one published before, its first 1,000 by
+    /// endpoint id at most (see `deliveries_next_cursor`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries: Option<Vec<DeliveryView<'a>>>,
+    /// For an event published before that may have more deliveries than `deliveries` lists:
+    /// the `cursor` for `GET …/events/{event}/deliveries` that goes on after them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries_next_cursor: Option<String>,
 }
 
 impl<'a> BatchEventView<'a> {
-    pub fn new(
-        event: &'a Event,
-        deliveries: &'a [Delivery],
-        created: bool,
-        abridged: bool,
-    ) -> Self {
+    pub fn new(published: &'a Published, abridged: bool) -> Self {
+        let event = &published.event;
         Self {
             id: event.id.as_str(),
             event_type: event.event_type.as_str(),
             created_at: event.created_at,
-            data: (!abridged || !created).then(|| event.data()),
+            data: (!abridged || !published.created).then(|| event.data()),
             erased_at: event.erased_at,
-            deliveries: (!abridged).then(|| deliveries.iter().map(DeliveryView::from).collect()),
+            deliveries: (!abridged).then(|| {
+                published
+                    .deliveries
+                    .iter()
+                    .map(DeliveryView::from)
+                    .collect()
+            }),
+            deliveries_next_cursor: published
+                .next
+                .as_ref()
+                .filter(|_| !abridged)
+                .map(event_page_cursor),
         }
     }
 }

@@ -19,9 +19,81 @@ pub struct NewEvent {
 #[derive(Debug, Clone)]
 pub struct Published {
     pub event: Event,
+    /// Those created, all of them; for an id published before, the first stored ones in
+    /// endpoint-id order (see [`first_deliveries`]), or those its fan-out will create.
     pub deliveries: Vec<Delivery>,
     /// False when the id was published before: nothing new was created.
     pub created: bool,
+    /// With an id published before: where the list of its deliveries goes on after
+    /// `deliveries`, when the event may have more (the cursor of
+    /// `GET …/events/{event}/deliveries`). `None` when `deliveries` are all of them.
+    pub next: Option<EndpointId>,
+}
+
+impl Published {
+    fn created(event: Event, deliveries: Vec<Delivery>) -> Self {
+        Self {
+            event,
+            deliveries,
+            created: true,
+            next: None,
+        }
+    }
+
+    /// An id published before, answered with its stored deliveries (`stored`, the first
+    /// ones), or, when none are stored and none may follow, the ones its fan-out will create
+    /// (`planned`: it has not run yet, a client retrying at once, or no endpoint takes it).
+    fn again(
+        event: Event,
+        stored: EventDeliveries,
+        planned: impl FnOnce(&Event) -> Vec<Delivery>,
+    ) -> Self {
+        let deliveries = if stored.deliveries.is_empty() && !stored.more() {
+            planned(&event)
+        } else {
+            stored.deliveries
+        };
+        Self {
+            event,
+            deliveries,
+            created: false,
+            next: stored.next,
+        }
+    }
+}
+
+/// Deliveries an answer for an id published before lists at most.
+const ANSWER_DELIVERIES: u32 = 1_000;
+
+/// Pages [`first_deliveries`] reads at most to find them.
+const ANSWER_PAGES: usize = 4;
+
+/// The first of a stored event's deliveries, [`ANSWER_DELIVERIES`] at most in endpoint-id
+/// order, and where their list goes on: what a retry is answered with. An event may have
+/// 100,000 deliveries, and a retry (a client timed out, an outbox relay restarted) came at
+/// the moment the platform was slowest: it reads what it lists, not all of them. A DynamoDB
+/// page looks at a bounded number of the account's endpoints, and may find few of an event
+/// sent to few of many: the read goes on for [`ANSWER_PAGES`] pages at most (8,000 of the
+/// account's endpoints), then answers what it found with the cursor.
+async fn first_deliveries(app: &App, event: &Event) -> ServiceResult<EventDeliveries> {
+    let mut first = EventDeliveries::default();
+    let mut page = PageAfter::first(ANSWER_DELIVERIES);
+    for _ in 0..ANSWER_PAGES {
+        let read = app.store.event_deliveries(event, &page).await?;
+        first.deliveries.extend(read.deliveries);
+        first.next = read.next;
+        let found = u32::try_from(first.deliveries.len()).unwrap_or(u32::MAX);
+        match &first.next {
+            Some(next) if found < ANSWER_DELIVERIES => {
+                page = PageAfter {
+                    after: Some(next.clone()),
+                    limit: ANSWER_DELIVERIES - found,
+                };
+            }
+            _ => break,
+        }
+    }
+    Ok(first)
 }
 
 /// Records an event, idempotent on its id, and one delivery per endpoint subscribed now. An
@@ -115,11 +187,10 @@ pub(super) async fn write_with_deliveries(
     let now = event.created_at;
     let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) = chosen.into_iter().unzip();
     match app.store.publish(&event, &deliveries).await? {
-        PublishOutcome::AlreadyExists { event, deliveries } => Ok(Published {
-            event,
-            deliveries,
-            created: false,
-        }),
+        PublishOutcome::AlreadyExists { event } => {
+            let stored = first_deliveries(app, &event).await?;
+            Ok(Published::again(event, stored, |_| Vec::new()))
+        }
         PublishOutcome::Created => {
             let refs = deliveries
                 .iter()
@@ -131,11 +202,7 @@ pub(super) async fn write_with_deliveries(
             if let Err(error) = app.queue.enqueue(refs).await {
                 tracing::error!(event.id = %event.id, %error, "enqueue after publish failed; the sweeper will retry");
             }
-            Ok(Published {
-                event,
-                deliveries,
-                created: true,
-            })
+            Ok(Published::created(event, deliveries))
         }
     }
 }
@@ -149,35 +216,23 @@ async fn through_stream(
         PutEventOutcome::Created => {
             crate::telemetry::event_published();
             let deliveries = planned_deliveries(&event, endpoints);
-            Ok(Published {
-                event,
-                deliveries,
-                created: true,
-            })
+            Ok(Published::created(event, deliveries))
         }
         PutEventOutcome::AlreadyExists(event) => {
-            let stored = app.store.deliveries_of_event(&event).await?;
-            // None stored yet: the fan-out has not run (a client retrying at once), and
-            // these are the ones it will create.
-            let deliveries = if stored.is_empty() {
-                planned_deliveries(&event, endpoints)
-            } else {
-                stored
-            };
-            Ok(Published {
-                event,
-                deliveries,
-                created: false,
-            })
+            let stored = first_deliveries(app, &event).await?;
+            Ok(Published::again(event, stored, |event| {
+                planned_deliveries(event, endpoints)
+            }))
         }
     }
 }
 
-/// How a publish of `new` over the publish limit is answered if its id is already published
-/// and the answer is cheap: the stored event if `new` is that event again, the conflict if
-/// it is another (one read, nothing written). The limit is what bounds a caller's reads, so
-/// an event with more deliveries than an answer lists, or a read that fails, leaves the
-/// caller its 429 (a retry within the limit gets the full answer).
+/// How a publish of `new` over the publish limit is answered if its id is already published:
+/// as a retry within the limit is (the stored event and its first deliveries) if `new` is
+/// that event again, with the conflict if it is another; nothing is written. A read that
+/// fails leaves the caller its 429, and so does an event none of whose deliveries are
+/// stored yet when more are planned than an answer lists: the limit is what bounds a
+/// caller's reads, and planning them reads every endpoint of the account.
 async fn already_published(
     app: &App,
     account: &AccountId,
@@ -187,45 +242,15 @@ async fn already_published(
     if let Some(conflict) = event.conflict_with(new) {
         return Some(Err(ServiceError::EventConflict(conflict)));
     }
-    // Pages until the answer's worth or the last endpoint: a DynamoDB page looks at a
-    // bounded number of the account's endpoints, and may find few of the event's deliveries.
-    let mut first = EventDeliveries::default();
-    let mut page = PageAfter::first(RETRY_ANSWER_DELIVERIES);
-    loop {
-        let read = app.store.event_deliveries(&event, &page).await.ok()?;
-        first.deliveries.extend(read.deliveries);
-        first.next = read.next;
-        if first.deliveries.len() >= RETRY_ANSWER_DELIVERIES as usize {
-            break;
-        }
-        match &first.next {
-            Some(next) => page.after = Some(next.clone()),
-            None => break,
-        }
-    }
-    if first.more() {
-        return None;
-    }
-    let deliveries = if first.deliveries.is_empty() {
-        // None written: the fan-out has not run yet, or no endpoint takes the event; the
-        // answer lists the ones it creates, as a retry within the limit does.
-        let endpoints = app.store.list_endpoints(account).await.ok()?;
-        planned_deliveries(&event, &endpoints)
+    let stored = first_deliveries(app, &event).await.ok()?;
+    let endpoints = if stored.deliveries.is_empty() && !stored.more() {
+        app.store.list_endpoints(account).await.ok()?
     } else {
-        first.deliveries
+        Vec::new()
     };
-    if deliveries.len() > RETRY_ANSWER_DELIVERIES as usize {
-        return None;
-    }
-    Some(Ok(Published {
-        event,
-        deliveries,
-        created: false,
-    }))
+    let answer = Published::again(event, stored, |event| planned_deliveries(event, &endpoints));
+    (answer.deliveries.len() <= ANSWER_DELIVERIES as usize).then_some(Ok(answer))
 }
-
-/// Deliveries a retry over the publish limit reads at most to be answered.
-const RETRY_ANSWER_DELIVERIES: u32 = 1_000;
 
 /// Events one batch holds at most.
 pub const MAX_BATCH: usize = 100;
@@ -339,23 +364,14 @@ pub async fn publish_batch_limited(
                     }
                     None => planned_deliveries(&event, &endpoints),
                 };
-                Published {
-                    event,
-                    deliveries,
-                    created: true,
-                }
+                Published::created(event, deliveries)
             }
-            PublishOutcome::AlreadyExists { event, deliveries } => {
-                let deliveries = if deliveries.is_empty() && !with_deliveries {
-                    planned_deliveries(&event, &endpoints)
-                } else {
-                    deliveries
-                };
-                Published {
-                    event,
-                    deliveries,
-                    created: false,
-                }
+            PublishOutcome::AlreadyExists { event } => {
+                let stored = first_deliveries(app, &event).await?;
+                Published::again(event, stored, |event| match with_deliveries {
+                    true => Vec::new(),
+                    false => planned_deliveries(event, &endpoints),
+                })
             }
         });
     }

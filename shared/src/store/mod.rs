@@ -52,14 +52,12 @@ pub type BatchItem = (Event, Option<Vec<Delivery>>);
 
 /// Publishing an event id that already exists returns the first event and creates nothing,
 /// when it is the same event again (a retry); another event under that id is refused with
-/// [`StoreError::EventConflict`].
+/// [`StoreError::EventConflict`]. Its deliveries are not read with it: an event may have
+/// 100,000, and a retry's answer lists a page of them ([`Store::event_deliveries`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PublishOutcome {
     Created,
-    AlreadyExists {
-        event: Event,
-        deliveries: Vec<Delivery>,
-    },
+    AlreadyExists { event: Event },
 }
 
 /// What erasing an event (`Store::erase_event`) left.

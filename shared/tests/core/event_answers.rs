@@ -42,8 +42,9 @@ async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() 
     // Quotes are doubled by each escape: the payload weighs in the answer as it may.
     let pad = "\"".repeat(100_000);
     let publish = json!({"id": "evt_wide", "type": "invoice.paid", "data": {"pad": pad}});
+    let batch = json!({"events": [publish.clone()]});
     let path = "/v1/accounts/wide/events/evt_wide";
-    let mut erased = Value::Null;
+    let (mut erased, mut again) = (Value::Null, Value::Null);
     for (call, method, uri, body, status, total) in [
         (
             "publish",
@@ -53,13 +54,14 @@ async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() 
             202,
             Some(endpoints),
         ),
+        // A retry reads only the deliveries it lists, as a read does.
         (
             "publish again",
             "POST",
             "/v1/accounts/wide/events",
             Some(publish),
             200,
-            Some(endpoints),
+            None,
         ),
         ("get", "GET", path, None, 200, None),
         ("erase", "DELETE", path, None, 200, Some(endpoints)),
@@ -87,6 +89,9 @@ async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() 
             total.map(|t| t as u64),
             "{call}: the total, where the answer knows it"
         );
+        if call == "publish again" {
+            again = answer.clone();
+        }
         erased = answer;
     }
     // A read and an erasure list the first deliveries by endpoint id, and the cursor they
@@ -107,8 +112,26 @@ async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() 
         all[..SHOWN],
         "an erasure"
     );
+    assert_eq!(endpoints_of(&again["deliveries"]), all[..SHOWN], "a retry");
     let mut cursor = read["deliveries_next_cursor"].as_str().map(str::to_owned);
     assert_eq!(erased["deliveries_next_cursor"].as_str(), cursor.as_deref());
+    assert_eq!(again["deliveries_next_cursor"].as_str(), cursor.as_deref());
+    // In a batch, an event published before lists its first deliveries the same way.
+    let (status, text, answer) = send(
+        &router,
+        "POST",
+        "/v1/accounts/wide/events/batch",
+        Some(batch),
+    )
+    .await;
+    assert_eq!(status, 202, "{}", &text[..text.len().min(300)]);
+    let item = &answer["results"][0]["event"];
+    assert_eq!(
+        endpoints_of(&item["deliveries"]),
+        all[..SHOWN],
+        "a batch retry"
+    );
+    assert_eq!(item["deliveries_next_cursor"].as_str(), cursor.as_deref());
     let mut listed = endpoints_of(&read["deliveries"]);
     let mut pages = 0;
     while let Some(after) = cursor {
@@ -197,18 +220,20 @@ async fn an_event_to_few_endpoints_is_answered_whole_as_before() {
     }
 }
 
-/// On DynamoDB an event's deliveries are found by key, one candidate per endpoint: a read
-/// of its first deliveries stops at the batch of candidates that holds them, where a read
-/// of them all reads every candidate (each a read unit, found or not).
+/// A DynamoDB store on the emulator whose client counts its calls; with the client and the
+/// table names, to write items directly.
 #[cfg(feature = "aws")]
-#[tokio::test]
-async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
+async fn metered_dynamo_store() -> (
+    hooklane::store::dynamodb::DynamoStore,
+    hooklane::aws::aws_sdk_dynamodb::Client,
+    hooklane::store::dynamodb::TableNames,
+    hooklane_testkit::meter::Meter,
+) {
     use hooklane::{
         aws::aws_sdk_dynamodb,
         store::dynamodb::{create_tables, DynamoStore, Retention, TableNames},
     };
     use hooklane_testkit::{
-        fixtures::{delivery, event},
         meter::{table_layouts, Meter},
         testing::{require_emulator, test_secrets},
     };
@@ -220,9 +245,34 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
         .build();
     let client = aws_sdk_dynamodb::Client::from_conf(config);
     create_tables(&client, &tables).await.unwrap();
-    let store = DynamoStore::new(client, tables, Retention::default(), test_secrets(None))
-        .without_late_write_rule()
-        .showing_expired();
+    let store = DynamoStore::new(
+        client.clone(),
+        tables.clone(),
+        Retention::default(),
+        test_secrets(None),
+    )
+    .without_late_write_rule()
+    .showing_expired();
+    (store, client, tables, meter)
+}
+
+/// Calls of `operation` (`DynamoDB.Query`) in a meter's reading.
+#[cfg(feature = "aws")]
+fn calls(reading: &hooklane_testkit::meter::Reading, operation: &str) -> u64 {
+    reading
+        .operations
+        .get(operation)
+        .map_or(0, |usage| usage.calls)
+}
+
+/// On DynamoDB an event's deliveries are found by key, one candidate per endpoint: a read
+/// of its first deliveries stops at the batch of candidates that holds them, where a read
+/// of them all reads every candidate (each a read unit, found or not).
+#[cfg(feature = "aws")]
+#[tokio::test]
+async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
+    use hooklane_testkit::fixtures::{delivery, event};
+    let (store, _, _, meter) = metered_dynamo_store().await;
     let endpoints: Vec<_> = (0..250)
         .map(|i| endpoint("wide", &format!("ep_{i:03}"), t0()))
         .collect();
@@ -231,12 +281,6 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
     let sent: Vec<_> = endpoints.iter().map(|e| delivery(&ev, e, t0())).collect();
     store.publish(&ev, &sent).await.unwrap();
 
-    let calls = |reading: &hooklane_testkit::meter::Reading, operation: &str| {
-        reading
-            .operations
-            .get(operation)
-            .map_or(0, |usage| usage.calls)
-    };
     let reads = |reading: &hooklane_testkit::meter::Reading| {
         (
             calls(reading, "DynamoDB.Query"),
@@ -268,6 +312,123 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
     );
     assert_eq!(reads(&paged), (3, 3), "a page of all 250");
     assert_eq!(calls(&all, "DynamoDB.BatchGetItem"), 3, "all 250");
+}
+
+/// A publish of an id published before (a client retrying after a timeout, an outbox relay
+/// after a restart) is answered with the first of the event's deliveries it finds, the way a
+/// read is, and where their list goes on: on DynamoDB, where each of the account's endpoints
+/// is a candidate to read, a retry of an event sent to 2 of 10,000 endpoints looks at a few
+/// pages of candidates, not at every one of them.
+#[cfg(feature = "aws")]
+#[tokio::test]
+async fn a_retry_reads_a_few_pages_of_an_events_deliveries_not_all() {
+    use hooklane::{
+        aws::aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest},
+        domain::AccountId,
+        service::publish::{publish, NewEvent},
+        store::{PageAfter, PublishOutcome},
+        PublishMode,
+    };
+    use hooklane_testkit::{
+        fixtures::{app_on, delivery, event},
+        testing::test_secrets,
+    };
+    const ENDPOINTS: usize = 10_000;
+    let (store, client, tables, meter) = metered_dynamo_store().await;
+    // Each page looks at as few candidates as it may: the answer's 1,000 and one.
+    let store: Arc<dyn Store> = Arc::new(store.with_list_examine_budget(4));
+    let all: Vec<_> = (0..ENDPOINTS)
+        .map(|i| endpoint("vast", &format!("ep_{i:05}"), t0()))
+        .collect();
+    let far = [&all[9_990], &all[9_995]];
+    create_account_and_endpoints(store.as_ref(), "vast", far).await;
+    // The others are written 25 to a request (one by one, 10,000 take the emulator minutes):
+    // copies of a stored endpoint's item, each with its own id and its secret sealed to it.
+    let template = client
+        .get_item()
+        .table_name(&tables.endpoints)
+        .key("account_id", AttributeValue::S("vast".into()))
+        .key("id", AttributeValue::S(far[0].id.as_str().into()))
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("the stored endpoint");
+    let cipher = test_secrets(None);
+    let copies: Vec<WriteRequest> = all
+        .iter()
+        .filter(|e| !far.contains(e))
+        .map(|e| {
+            let mut item = template.clone();
+            let sealed = cipher
+                .seal(&e.secret.expose(), &e.account_id, &e.id)
+                .unwrap();
+            item.insert("id".into(), AttributeValue::S(e.id.as_str().into()));
+            item.insert("secret".into(), AttributeValue::S(sealed));
+            let put = PutRequest::builder().set_item(Some(item)).build().unwrap();
+            WriteRequest::builder().put_request(put).build()
+        })
+        .collect();
+    for chunk in copies.chunks(25) {
+        let out = client
+            .batch_write_item()
+            .request_items(&tables.endpoints, chunk.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
+    }
+    let account = AccountId::parse("vast").unwrap();
+    assert_eq!(
+        store.list_endpoints(&account).await.unwrap().len(),
+        ENDPOINTS
+    );
+    let ev = event("vast", "evt_far", t0());
+    let sent = far.map(|e| delivery(&ev, e, t0()));
+    assert_eq!(
+        store.publish(&ev, &sent).await.unwrap(),
+        PublishOutcome::Created
+    );
+    let mut app = app_on(
+        Arc::clone(&store),
+        Arc::new(hooklane::clock::ManualClock::new(t0())),
+    );
+    app.publish = PublishMode::ThroughStream;
+    let retry = NewEvent {
+        id: Some(ev.id.as_str().to_owned()),
+        event_type: ev.event_type.as_str().to_owned(),
+        data: ev.data(),
+    };
+    let before = meter.reading();
+    let again = publish(&app, &account, retry).await.unwrap();
+    let read = meter.reading().since(&before);
+    assert!(!again.created);
+    // Four pages of 1,001 candidates, read 100 at a time, where all 10,000 took 100.
+    let batch_reads = calls(&read, "DynamoDB.BatchGetItem");
+    assert!(
+        batch_reads <= 44,
+        "{batch_reads} batch reads for a retry's answer"
+    );
+    // None found in those pages: the answer lists none, and the cursor goes on to both.
+    assert!(again.deliveries.is_empty(), "{:?}", again.deliveries);
+    let mut after = again.next.clone();
+    assert!(after.is_some(), "the answer says where the list goes on");
+    let mut found = Vec::new();
+    while let Some(next) = after {
+        let page = store
+            .event_deliveries(
+                &again.event,
+                &PageAfter {
+                    after: Some(next),
+                    limit: 1_000,
+                },
+            )
+            .await
+            .unwrap();
+        found.extend(page.deliveries.into_iter().map(|d| d.endpoint_id));
+        after = page.next;
+    }
+    assert_eq!(found, far.map(|e| e.id.clone()));
 }
 
 /// The event's delivery list names what it cannot read: a cursor that is not one it gave, a

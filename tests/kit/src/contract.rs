@@ -255,11 +255,9 @@ pub async fn publish_is_idempotent_on_the_event_id(store: &dyn Store) {
     let again = event("acme", "evt_1", add(t0(), secs(9)));
     let second = vec![delivery(&again, &a, add(t0(), secs(9)))];
     match store.publish(&again, &second).await.unwrap() {
-        PublishOutcome::AlreadyExists {
-            event,
-            mut deliveries,
-        } => {
+        PublishOutcome::AlreadyExists { event } => {
             assert_eq!(event, ev, "the first event wins");
+            let mut deliveries = store.deliveries_of_event(&ev).await.unwrap();
             deliveries.sort_by(|x, y| x.id.cmp(&y.id));
             let mut expected = first.clone();
             expected.sort_by(|x, y| x.id.cmp(&y.id));
@@ -1390,9 +1388,9 @@ pub async fn publish_batch_answers_each_item_once(store: &dyn Store) {
     let outcomes = store.publish_batch(&items).await.unwrap();
     assert_eq!(outcomes.len(), 104);
     match &outcomes[0] {
-        PublishOutcome::AlreadyExists { event, deliveries } => {
+        PublishOutcome::AlreadyExists { event } => {
             assert_eq!(event, &earlier, "the stored event wins");
-            assert_eq!(deliveries.len(), 1);
+            assert_eq!(store.deliveries_of_event(event).await.unwrap().len(), 1);
         }
         other => panic!("evt_b0 existed: {other:?}"),
     }
@@ -1539,8 +1537,12 @@ pub async fn another_event_under_a_stored_id_is_refused_and_writes_nothing(store
         .await
         .unwrap()
     {
-        PublishOutcome::AlreadyExists { event, deliveries } => {
-            assert_eq!((event, deliveries), (stored.clone(), vec![first.clone()]));
+        PublishOutcome::AlreadyExists { event } => {
+            assert_eq!(event, stored);
+            assert_eq!(
+                store.deliveries_of_event(&event).await.unwrap(),
+                std::slice::from_ref(&first)
+            );
         }
         other => panic!("a retry created something: {other:?}"),
     }

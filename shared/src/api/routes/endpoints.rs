@@ -335,9 +335,5 @@ pub async fn send_test_event(
         &endpoint,
     )
     .await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(EventView::new(&published.event, &published.deliveries)),
-    )
-        .into_response())
+    Ok((StatusCode::ACCEPTED, Json(EventView::published(&published))).into_response())
 }

@@ -37,8 +37,8 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with the first 1,000 by endpoint id, `deliveries_partial` true, `deliveries_total` their number, and `deliveries_next_cursor` for `GET …/events/{event}/deliveries`, which lists the others.",
-    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "This event was published before (same id and `type`, JSON-equal `data`; an erased one, same id and `type`): it is returned and nothing is created", body = EventView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
+    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with the first 1,000 by endpoint id, `deliveries_partial` true, `deliveries_total` their number, and `deliveries_next_cursor` for `GET …/events/{event}/deliveries`, which lists the others. An id published before is answered as `GET …/events/{event}` is: the first deliveries stored, reading no more of them (no `deliveries_total`); on the AWS shape the answer looks at no more than 8,000 of the account's endpoints, so an event sent to few of more endpoints than that may list fewer, even none, with `deliveries_partial` true and the cursor.",
+    responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "This event was published before (same id and `type`, JSON-equal `data`; an erased one, same id and `type`): it is returned with its first deliveries and nothing is created", body = EventView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
 )]
 pub async fn publish_event(
     State(state): State<ApiState>,
@@ -67,7 +67,7 @@ pub async fn publish_event(
     };
     Ok(within_aws_answer(
         status,
-        EventView::new(&published.event, &published.deliveries),
+        EventView::published(&published),
         EventView::without_deliveries,
     ))
 }
@@ -87,7 +87,7 @@ pub struct PublishBatch {
     security(("bearer" = ["events:publish"])),
     tag = "events",
     summary = "Publishes up to 100 events at once, each idempotent on its id.",
-    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. So does one whose id is already another event (409, `events[3].data` or `events[3].type`); an id that is the same event again is answered with it, as a single publish is. The batch is one transaction in both shapes: its body may be 3.7 MB, so that on AWS its events fit one DynamoDB transaction (unless numbers written out longer than sent, such as `1e15`, make them pass 4 MB: then several, and the events stored under the batch's ids are compared with it before the first is written).",
+    description = "Every event is checked before anything is written: an invalid one fails the whole batch with an error whose `field` names it (`events[3].type`), and nothing is written. So does one whose id is already another event (409, `events[3].data` or `events[3].type`); an id that is the same event again is answered with it, as a single publish is (its first 1,000 deliveries by endpoint id at most, with `deliveries_next_cursor` when it may have more). The batch is one transaction in both shapes: its body may be 3.7 MB, so that on AWS its events fit one DynamoDB transaction (unless numbers written out longer than sent, such as `1e15`, make them pass 4 MB: then several, and the events stored under the batch's ids are compared with it before the first is written).",
     params(AccountPath),
     request_body = PublishBatch,
     responses((status = 202, description = "The events were recorded; `results` answers each in order, as a single publish would, unless the whole answer would be over 5 MB as the AWS function carries it: then it is `abridged`, each event without its deliveries, and without its `data` when this batch created it", body = BatchView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
@@ -127,7 +127,7 @@ pub async fn publish_batch(
             .iter()
             .map(|p| BatchResult {
                 created: p.created,
-                event: BatchEventView::new(&p.event, &p.deliveries, p.created, abridged),
+                event: BatchEventView::new(p, abridged),
             })
             .collect(),
         abridged,

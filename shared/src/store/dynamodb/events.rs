@@ -284,11 +284,7 @@ impl DynamoStore {
                 if let Some(conflict) = existing.conflict_with(event) {
                     return Err(conflict.into());
                 }
-                let deliveries = self.deliveries_of_event(&existing).await?;
-                return Ok(PublishOutcome::AlreadyExists {
-                    event: existing,
-                    deliveries,
-                });
+                return Ok(PublishOutcome::AlreadyExists { event: existing });
             }
             Err(other) => return Err(other.into_store_error()),
         }
@@ -427,11 +423,7 @@ impl DynamoStore {
                                 return Err(conflict.into());
                             }
                         }
-                        let deliveries = self.deliveries_of_event(&stored).await?;
-                        outcomes[index] = Some(PublishOutcome::AlreadyExists {
-                            event: stored,
-                            deliveries,
-                        });
+                        outcomes[index] = Some(PublishOutcome::AlreadyExists { event: stored });
                     }
                 }
                 Err(other) => return Err(other.into_store_error()),

@@ -85,7 +85,7 @@ impl SqliteStore {
             .ok_or_else(|| StoreError::Backend("a publish of one event answered nothing".into()))?;
         Ok(match outcome {
             PublishOutcome::Created => PutEventOutcome::Created,
-            PublishOutcome::AlreadyExists { event, .. } => PutEventOutcome::AlreadyExists(event),
+            PublishOutcome::AlreadyExists { event } => PutEventOutcome::AlreadyExists(event),
         })
     }
 
@@ -412,13 +412,7 @@ fn publish_one(
         if let Some(conflict) = existing.conflict_with(event) {
             return Err(conflict.into());
         }
-        let deliveries =
-            deliveries_of_event(conn, existing.account_id.as_str(), existing.id.as_str())
-                .map_err(backend)?;
-        return Ok(PublishOutcome::AlreadyExists {
-            event: existing,
-            deliveries,
-        });
+        return Ok(PublishOutcome::AlreadyExists { event: existing });
     }
     insert_event(conn, event).map_err(backend)?;
     match deliveries {
