@@ -20,7 +20,11 @@ use crate::{
         Attempt, AuditEntry, Delivery, Endpoint, EndpointId, EndpointStats, Event, EventTypeDef,
         Replay, ReplayScope, TargetKind,
     },
-    service::{keys::MintedKey, publish::Published, tokens::MintedToken},
+    service::{
+        keys::MintedKey,
+        publish::{Erased, Published},
+        tokens::MintedToken,
+    },
     store::EventDeliveries,
 };
 
@@ -376,6 +380,12 @@ pub struct EventView<'a> {
     /// published before, which read only the deliveries they list, do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries_total: Option<u64>,
+    /// Only in an erasure's answer, and only true: the erasure stopped part-way through the
+    /// event's deliveries (on AWS, an event sent to many thousands of endpoints). The payload
+    /// is gone and nothing can send it; some response bodies remain until the `DELETE` is
+    /// repeated, which goes on where this one stopped.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub erasure_incomplete: bool,
 }
 
 /// The cursor of an event's delivery list after the delivery to `endpoint` (deliveries are
@@ -453,6 +463,16 @@ impl<'a> EventView<'a> {
             deliveries_partial: partial,
             deliveries_next_cursor: next_cursor,
             deliveries_total: total,
+            erasure_incomplete: false,
+        }
+    }
+
+    /// The answer to an erasure (`DELETE …/events/{event}`): the event and its first
+    /// deliveries after it, flagged when it is not complete.
+    pub fn erased(erased: &'a Erased) -> Self {
+        Self {
+            erasure_incomplete: !erased.erasure.complete,
+            ..Self::first(&erased.erasure.event, &erased.first)
         }
     }
 

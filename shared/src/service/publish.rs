@@ -504,15 +504,25 @@ pub async fn get(
     Ok((event, deliveries))
 }
 
+/// An erasure, and the event's first deliveries as they are after it.
+#[derive(Debug, Clone)]
+pub struct Erased {
+    pub erasure: crate::store::Erasure,
+    /// As [`first_deliveries`] reads them.
+    pub first: EventDeliveries,
+}
+
 /// Erases an event's content on request (a customer's deletion request): see
 /// [`crate::store::Store::erase_event`]. Publishing its id again returns the erased event
-/// (its type compared, its data gone: [`Event::conflict_with`]).
+/// (its type compared, its data gone: [`Event::conflict_with`]). An erasure that is not
+/// complete (DynamoDB, an event to many thousands of endpoints) is recorded in the audit
+/// log as such; calling again goes on with it.
 pub async fn erase(
     app: &App,
     account: &AccountId,
     id: &EventId,
     caller: &crate::domain::Caller,
-) -> ServiceResult<crate::store::Erasure> {
+) -> ServiceResult<Erased> {
     let erasure = app
         .store
         .erase_event(account, id, app.clock.now())
@@ -521,17 +531,21 @@ pub async fn erase(
     if erasure.ended > 0 {
         crate::telemetry::completed(account, "failed", u64::from(erasure.ended));
     }
-    tracing::info!(account.id = %account, event.id = %id, ended = erasure.ended, "event erased");
+    tracing::info!(account.id = %account, event.id = %id, ended = erasure.ended, complete = erasure.complete, "event erased");
     super::audit::record(
         app,
         caller,
         Some(account),
         crate::domain::AuditAction::EventErased,
         crate::domain::AuditTarget::new(crate::domain::TargetKind::Event, id),
-        super::audit::details(serde_json::json!({ "deliveries_ended": erasure.ended })),
+        super::audit::details(serde_json::json!({
+            "deliveries_ended": erasure.ended,
+            "complete": erasure.complete,
+        })),
     )
     .await?;
-    Ok(erasure)
+    let first = first_deliveries(app, &erasure.event).await?;
+    Ok(Erased { erasure, first })
 }
 
 #[cfg(all(test, feature = "aws"))]

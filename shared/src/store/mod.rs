@@ -60,16 +60,20 @@ pub enum PublishOutcome {
     AlreadyExists { event: Event },
 }
 
-/// What erasing an event (`Store::erase_event`) left.
+/// What erasing an event (`Store::erase_event`) did. Its deliveries are not read with it:
+/// an event may have 100,000 ([`Store::event_deliveries`] reads them a page at a time).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Erasure {
     /// The event as stored now: no payload, `erased_at` set.
     pub event: Event,
-    /// Its deliveries; the ones that were pending have ended `failed`
-    /// ([`crate::domain::event::EVENT_ERASED`]).
-    pub deliveries: Vec<Delivery>,
-    /// How many deliveries the erasure ended.
+    /// How many deliveries this call ended (`failed`,
+    /// [`crate::domain::event::EVENT_ERASED`]).
     pub ended: u32,
+    /// False when the store stopped part-way through the event's deliveries (DynamoDB, past
+    /// its time for one call): the payload is gone and no attempt can send it, but some
+    /// response bodies remain, and some pending deliveries wait to be ended (by the sender
+    /// when it takes them, or by the next call). Erasing again goes on where this one stopped.
+    pub complete: bool,
 }
 
 /// A page of an event's deliveries ([`Store::event_deliveries`]).
@@ -571,7 +575,8 @@ store_port! { $
     /// Erases an event's content on request: the payload goes, and so do the response
     /// bodies of the attempts to send it; the event, its deliveries and attempts stay in the
     /// log, and deliveries still pending end `failed`. `None` if there is no such event.
-    /// Erasing again changes nothing (the first `erased_at` stays).
+    /// Erasing again changes nothing (the first `erased_at` stays), unless the last call was
+    /// not complete ([`Erasure::complete`]): then it goes on where that one stopped.
     async fn erase_event(
         &self,
         account: &AccountId,

@@ -64,7 +64,8 @@ async fn an_event_to_more_endpoints_than_listed_is_answered_partial_and_small() 
             None,
         ),
         ("get", "GET", path, None, 200, None),
-        ("erase", "DELETE", path, None, 200, Some(endpoints)),
+        // An erasure lists its first deliveries after it, as a read does.
+        ("erase", "DELETE", path, None, 200, None),
     ] {
         let (got, text, answer) = send(&router, method, uri, body).await;
         assert_eq!(got, status, "{call}: {}", &text[..text.len().min(300)]);

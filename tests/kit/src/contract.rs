@@ -2253,6 +2253,7 @@ pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store
     assert_eq!(erasure.event.payload, "");
     assert_eq!(erasure.event.data(), serde_json::Value::Null);
     assert_eq!(erasure.ended, 1, "the pending delivery ended");
+    assert!(erasure.complete, "two deliveries are erased in one call");
     let stored = store
         .get_event(&ev.account_id, &ev.id)
         .await
@@ -2265,7 +2266,6 @@ pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store
     );
 
     let deliveries = store.deliveries_of_event(&ev).await.unwrap();
-    assert_eq!(deliveries, erasure.deliveries);
     assert_eq!(deliveries.len(), 2, "the log keeps both deliveries");
     let ended = deliveries.iter().find(|d| d.id == retrying.id).unwrap();
     assert_eq!(ended.status, DeliveryStatus::Failed);
@@ -2310,7 +2310,7 @@ pub async fn erase_event_removes_the_content_and_keeps_the_log(store: &dyn Store
         .unwrap()
         .unwrap();
     assert_eq!(again.event.erased_at, Some(at));
-    assert_eq!(again.ended, 0);
+    assert_eq!((again.ended, again.complete), (0, true));
     match store.publish(&ev, &[]).await.unwrap() {
         PublishOutcome::AlreadyExists { event, .. } => assert_eq!(event.erased_at, Some(at)),
         other => panic!("expected the erased event, got {other:?}"),

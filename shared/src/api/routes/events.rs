@@ -233,21 +233,28 @@ pub async fn list_event_deliveries(
         changes nothing; publishing the id again returns the erased event (its data cannot be \
         compared any more; another `type` is refused, 409). An event item written \
         through the outbox that fan-out could not read (docs/OUTBOX.md) loses its `data` the same way \
-        and stays refused. The answer lists at most 1,000 deliveries, the first by endpoint id: an event \
-        sent to more endpoints is answered with `deliveries_partial` true, `deliveries_next_cursor` and `deliveries_total` \
-        their number.",
+        and stays refused. The answer lists the event's first deliveries after the erasure as \
+        `GET …/events/{event}` does (1,000 at most, `deliveries_partial` and `deliveries_next_cursor` when it has more). \
+        On the AWS shape an erasure goes through the event's deliveries for 20 s at most: one sent to more endpoints \
+        than that covers (some thousands) is answered 202 with `erasure_incomplete` true, and each repeat of the \
+        `DELETE` goes on where the last stopped, until one answers 200.",
     params(EventPath),
-    responses((status = 200, description = "The event as it is now, with its deliveries (1,000 at most)", body = EventView), ReadErrors),
+    responses((status = 200, description = "The event as it is now, erased, with its first deliveries (1,000 at most)", body = EventView), (status = 202, description = "AWS shape: the payload is gone and nothing can send it, but the erasure stopped part-way through the event's deliveries (`erasure_incomplete`): some response bodies remain. Repeat the `DELETE` to go on", body = EventView), ReadErrors),
 )]
 pub async fn erase_event(
     State(state): State<ApiState>,
     ScopedId(account, event): ScopedId<EventId>,
     caller: Caller,
 ) -> ApiResult<Response> {
-    let erasure = publish::erase(&state.app, &account, &event, &caller).await?;
+    let erased = publish::erase(&state.app, &account, &event, &caller).await?;
+    let status = if erased.erasure.complete {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
     Ok(within_aws_answer(
-        StatusCode::OK,
-        EventView::new(&erasure.event, &erasure.deliveries),
+        status,
+        EventView::erased(&erased),
         EventView::without_deliveries,
     ))
 }
@@ -335,5 +342,38 @@ mod tests {
             empty.get("deliveries_partial").is_none(),
             "nothing was left out"
         );
+    }
+
+    /// An erasure that stopped part-way says so, with or without its deliveries; a complete
+    /// one has no such field.
+    #[test]
+    fn an_unfinished_erasure_is_flagged() {
+        let ev = event("acme", "evt_1", t0()).erased(t0());
+        let to = endpoint("acme", "ep_1", t0());
+        let erased = |complete| publish::Erased {
+            erasure: crate::store::Erasure {
+                event: ev.clone(),
+                ended: 1,
+                complete,
+            },
+            first: crate::store::EventDeliveries {
+                deliveries: vec![delivery(&ev, &to, t0())],
+                next: None,
+            },
+        };
+        let (unfinished, done) = (erased(false), erased(true));
+        let answer = serde_json::to_value(EventView::erased(&unfinished)).unwrap();
+        assert_eq!(
+            (
+                &answer["erasure_incomplete"],
+                &answer["erased_at"].is_string()
+            ),
+            (&serde_json::json!(true), &true)
+        );
+        assert_eq!(answer["deliveries"].as_array().map(Vec::len), Some(1));
+        let bare = serde_json::to_value(EventView::erased(&unfinished).without_deliveries());
+        assert_eq!(bare.unwrap()["erasure_incomplete"], true);
+        let answer = serde_json::to_value(EventView::erased(&done)).unwrap();
+        assert!(answer.get("erasure_incomplete").is_none(), "{answer}");
     }
 }

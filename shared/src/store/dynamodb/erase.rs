@@ -2,12 +2,31 @@
 
 use super::items::*;
 use super::*;
-use crate::{domain::event::EVENT_ERASED, store::Erasure};
+use crate::{
+    domain::event::EVENT_ERASED,
+    store::{Erasure, PageAfter},
+};
+
+/// How long one call goes through an event's deliveries before it stops, leaving its place
+/// on the event item for the next: the API function's timeout is 30 s, API Gateway's 29 s,
+/// and an event sent to 100,000 endpoints takes minutes.
+pub(super) const ERASE_BUDGET: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Deliveries read per page while erasing.
+const ERASE_PAGE: u32 = 100;
+
+/// On the event item: the endpoint whose delivery an unfinished erasure did last (they are
+/// done in endpoint-id order).
+const ERASE_AFTER: &str = "erase_after";
 
 impl DynamoStore {
     /// The payload is removed first: from then on no attempt can send it (the sender
-    /// reads an event without one as erased). Pending deliveries are then ended one by one;
-    /// one that an attempt moves on meanwhile is ended by the sender when next taken.
+    /// reads an event without one as erased). Pending deliveries are then ended, and the
+    /// response bodies emptied, a page at a time in endpoint-id order, until
+    /// [`ERASE_BUDGET`]: a call that runs out records where it stopped on the event item,
+    /// and the next goes on from there. One that an attempt moves on meanwhile is ended by
+    /// the sender when next taken. Once through them all, erasing again starts over: an
+    /// attempt's record can land just after its delivery was cleared (docs/OPERATIONS.md).
     pub(super) async fn erase_event(
         &self,
         account: &AccountId,
@@ -68,37 +87,97 @@ impl DynamoStore {
             // Removed by retention between the read and the update.
             return Ok(None);
         }
-        // Several deliveries at once: an event sent to hundreds of endpoints is erased well
-        // within the API's 30 s. An erasure cut short answers an error; repeating it finishes.
-        let each = self
-            .deliveries_of_event(&event)
-            .await?
-            .into_iter()
-            .map(|delivery| async move {
-                let mut ended = 0;
-                if delivery.status == DeliveryStatus::Pending {
-                    let change = Unattempted::Fail(EVENT_ERASED.to_owned());
-                    if self
-                        .move_unattempted(&UnattemptedMove::of(&delivery, change, now))
-                        .await?
-                    {
-                        ended = 1;
-                    }
+        let after = match item.get(ERASE_AFTER) {
+            Some(AttributeValue::S(endpoint)) => Some(
+                EndpointId::parse(endpoint)
+                    .map_err(|e| StoreError::Corrupt(format!("{ERASE_AFTER}: {e}")))?,
+            ),
+            _ => None,
+        };
+        let started = std::time::Instant::now();
+        let mut page = PageAfter {
+            after,
+            limit: ERASE_PAGE,
+        };
+        let mut ended = 0;
+        loop {
+            let read = self.event_deliveries(&event, &page).await?;
+            ended += self.erase_deliveries(read.deliveries, now).await?;
+            let Some(next) = read.next else {
+                break;
+            };
+            if started.elapsed() >= self.erase_budget {
+                self.mark_erasure(account, id, Some(&next)).await?;
+                return Ok(Some(Erasure {
+                    event,
+                    ended,
+                    complete: false,
+                }));
+            }
+            page.after = Some(next);
+        }
+        self.mark_erasure(account, id, None).await?;
+        Ok(Some(Erasure {
+            event,
+            ended,
+            complete: true,
+        }))
+    }
+
+    /// Ends the pending ones of `deliveries` and empties the response bodies of them all,
+    /// several at once; returns how many it ended.
+    async fn erase_deliveries(
+        &self,
+        deliveries: Vec<Delivery>,
+        now: Timestamp,
+    ) -> StoreResult<u32> {
+        let each = deliveries.into_iter().map(|delivery| async move {
+            let mut ended = 0;
+            if delivery.status == DeliveryStatus::Pending {
+                let change = Unattempted::Fail(EVENT_ERASED.to_owned());
+                if self
+                    .move_unattempted(&UnattemptedMove::of(&delivery, change, now))
+                    .await?
+                {
+                    ended = 1;
                 }
-                self.erase_responses(&delivery.id).await?;
-                StoreResult::Ok(ended)
-            });
-        let ended = futures_util::StreamExt::buffer_unordered(futures_util::stream::iter(each), 16)
+            }
+            self.erase_responses(&delivery.id).await?;
+            StoreResult::Ok(ended)
+        });
+        futures_util::StreamExt::buffer_unordered(futures_util::stream::iter(each), 16)
             .collect::<Vec<_>>()
             .await
             .into_iter()
-            .sum::<StoreResult<u32>>()?;
-        let deliveries = self.deliveries_of_event(&event).await?;
-        Ok(Some(Erasure {
-            event,
-            deliveries,
-            ended,
-        }))
+            .sum()
+    }
+
+    /// Records on the event item where an unfinished erasure stopped (`Some`), or that one
+    /// went through every delivery (`None`: the next starts from the first).
+    async fn mark_erasure(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+        stopped_after: Option<&EndpointId>,
+    ) -> StoreResult<()> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(account_key(account.as_str(), id.as_str())))
+            .condition_expression("attribute_exists(id)");
+        let update = match stopped_after {
+            Some(endpoint) => update
+                .update_expression("SET #after = :after")
+                .expression_attribute_names("#after", ERASE_AFTER)
+                .expression_attribute_values(":after", s(endpoint.as_str())),
+            None => update
+                .update_expression("REMOVE #after")
+                .expression_attribute_names("#after", ERASE_AFTER),
+        };
+        // Gone meanwhile (retention): nothing is left to erase.
+        written(update.send().await)?;
+        Ok(())
     }
 
     /// Empties the response bodies of a delivery's attempts: the first try kept on the

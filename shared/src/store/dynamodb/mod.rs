@@ -233,6 +233,8 @@ pub struct DynamoStore {
     list_examine_budget: usize,
     /// `WALK_BUDGET`, smaller in tests.
     walk_budget: std::time::Duration,
+    /// `erase::ERASE_BUDGET`, smaller in tests.
+    erase_budget: std::time::Duration,
     /// `LATE_FAN_OUT`; `None` in the store contract tests, whose fixed times lie years in
     /// the past (every delivery would be indexed as it is written, and the walk would go
     /// untested).
@@ -273,6 +275,13 @@ impl DynamoStore {
         self
     }
 
+    /// With another bound on the time one erasure call spends on an event's deliveries
+    /// (`ERASE_BUDGET`, 20 s): tests stop after each page with none.
+    pub fn with_erase_budget(mut self, budget: std::time::Duration) -> Self {
+        self.erase_budget = budget;
+        self
+    }
+
     /// With another bound on the deliveries one log page reads (`store::LIST_EXAMINE_BUDGET`):
     /// tests make short pages with a few rows.
     pub fn with_list_examine_budget(mut self, budget: usize) -> Self {
@@ -304,6 +313,7 @@ impl DynamoStore {
             retention,
             list_examine_budget: super::LIST_EXAMINE_BUDGET,
             walk_budget: WALK_BUDGET,
+            erase_budget: erase::ERASE_BUDGET,
             late_fan_out: Some(LATE_FAN_OUT),
             hour_tally: hours::HourTally::default(),
             shows_expired: false,

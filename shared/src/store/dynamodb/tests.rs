@@ -1533,7 +1533,7 @@ async fn erasing_a_rejected_outbox_write_removes_its_data() {
             (erasure.event.id.as_str(), erasure.event.event_type.as_str()),
             (id, "customer.updated")
         );
-        assert!(erasure.event.is_erased() && erasure.deliveries.is_empty());
+        assert!(erasure.event.is_erased() && erasure.ended == 0 && erasure.complete);
         let stored = store
             .client()
             .get_item()
@@ -2706,4 +2706,89 @@ async fn the_account_log_passes_over_endpoints_deleted_longer_ago_than_it_shows(
     let showing = store.clone().showing_expired();
     let read = showing.endpoints_with_a_log(&account).await.unwrap();
     assert_eq!(read.len(), 4);
+}
+
+/// An erasure of an event sent to more endpoints than one call gets through stops after a
+/// page, records where on the event item, and the next call goes on from there; once one has
+/// been through them all, a repeat starts over from the first.
+#[tokio::test]
+async fn an_erasure_longer_than_one_call_is_finished_by_the_next() {
+    use crate::clock::add;
+    use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
+    use std::time::Duration;
+    let mut store = emulator_store().await;
+    store.erase_budget = Duration::ZERO;
+    store.create_account(&account("acme")).await.unwrap();
+    let endpoints: Vec<_> = (0..130)
+        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
+        .collect();
+    for ep in &endpoints {
+        store.create_endpoint(ep).await.unwrap();
+    }
+    let ev = event("acme", "evt_wide", t0());
+    let deliveries: Vec<_> = endpoints.iter().map(|ep| delivery(&ev, ep, t0())).collect();
+    store.publish(&ev, &deliveries).await.unwrap();
+    // One delivery in each page of 100 delivered, its answer quoting the payload.
+    let (early, late) = (&deliveries[5], &deliveries[120]);
+    for d in [early, late] {
+        let mut record = attempt_record(
+            d,
+            1,
+            Decision::Delivered,
+            true,
+            add(t0(), Duration::from_secs(1)),
+        );
+        record.attempt.response_body = "echo: evt_wide".into();
+        store.record_attempt(&record).await.unwrap();
+    }
+    let body = |d: &Delivery| {
+        let (store, id) = (&store, d.id.clone());
+        async move {
+            store.list_attempts(&id).await.unwrap()[0]
+                .response_body
+                .clone()
+        }
+    };
+    let status = |d: &Delivery| {
+        let (store, account, id) = (&store, ev.account_id.clone(), d.id.clone());
+        async move {
+            store
+                .get_delivery(&account, &id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status
+        }
+    };
+    let erase = |second: u64| {
+        store.erase_event(
+            &ev.account_id,
+            &ev.id,
+            add(t0(), Duration::from_secs(second)),
+        )
+    };
+
+    let first = erase(5).await.unwrap().unwrap();
+    assert!(first.event.is_erased());
+    assert_eq!(
+        (first.ended, first.complete),
+        (99, false),
+        "the first page only"
+    );
+    assert_eq!(body(early).await, "");
+    assert_eq!(body(late).await, "echo: evt_wide", "past the first page");
+    assert_eq!(status(&deliveries[110]).await, DeliveryStatus::Pending);
+
+    let second = erase(6).await.unwrap().unwrap();
+    assert_eq!((second.ended, second.complete), (29, true), "the rest");
+    assert_eq!(second.event.erased_at, first.event.erased_at);
+    assert_eq!(body(late).await, "");
+    assert_eq!(status(&deliveries[110]).await, DeliveryStatus::Failed);
+
+    let again = erase(7).await.unwrap().unwrap();
+    assert_eq!(
+        (again.ended, again.complete),
+        (0, false),
+        "from the first page"
+    );
 }

@@ -260,12 +260,12 @@ impl SqliteStore {
                 keys,
             )
             .map_err(backend)?;
-            let deliveries = deliveries_of_event(&job, account.as_str(), id.as_str()).map_err(backend)?;
             job.commit().map_err(backend)?;
+            // One transaction: all of it or nothing.
             Ok(Some(super::super::Erasure {
                 event,
-                deliveries,
                 ended: u32::try_from(ended).unwrap_or(u32::MAX),
+                complete: true,
             }))
         })
         .await
