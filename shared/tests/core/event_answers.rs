@@ -230,30 +230,19 @@ async fn metered_dynamo_store() -> (
     hooklane::store::dynamodb::TableNames,
     hooklane_testkit::meter::Meter,
 ) {
-    use hooklane::{
-        aws::aws_sdk_dynamodb,
-        store::dynamodb::{create_tables, DynamoStore, Retention, TableNames},
-    };
+    use hooklane::aws::aws_sdk_dynamodb;
     use hooklane_testkit::{
         meter::{table_layouts, Meter},
-        testing::{require_emulator, test_secrets},
+        testing::{emulator_store_on, fresh_table_names, require_emulator},
     };
     require_emulator();
-    let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
+    let tables = fresh_table_names();
     let meter = Meter::new(table_layouts(&tables));
     let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
         .interceptor(meter.interceptor())
         .build();
     let client = aws_sdk_dynamodb::Client::from_conf(config);
-    create_tables(&client, &tables).await.unwrap();
-    let store = DynamoStore::new(
-        client.clone(),
-        tables.clone(),
-        Retention::default(),
-        test_secrets(None),
-    )
-    .without_late_write_rule()
-    .showing_expired();
+    let store = emulator_store_on(client.clone(), &tables).await;
     (store, client, tables, meter)
 }
 
@@ -324,7 +313,7 @@ async fn dynamodb_reads_no_more_of_an_events_deliveries_than_it_shows() {
 #[tokio::test]
 async fn a_retry_reads_a_few_pages_of_an_events_deliveries_not_all() {
     use hooklane::{
-        aws::aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest},
+        aws::aws_sdk_dynamodb::types::AttributeValue,
         domain::AccountId,
         service::publish::{publish, NewEvent},
         store::{PageAfter, PublishOutcome},
@@ -332,7 +321,7 @@ async fn a_retry_reads_a_few_pages_of_an_events_deliveries_not_all() {
     };
     use hooklane_testkit::{
         fixtures::{app_on, delivery, event},
-        testing::test_secrets,
+        testing::{put_items, test_secrets},
     };
     const ENDPOINTS: usize = 10_000;
     let (store, client, tables, meter) = metered_dynamo_store().await;
@@ -356,29 +345,16 @@ async fn a_retry_reads_a_few_pages_of_an_events_deliveries_not_all() {
         .item
         .expect("the stored endpoint");
     let cipher = test_secrets(None);
-    let copies: Vec<WriteRequest> = all
-        .iter()
-        .filter(|e| !far.contains(e))
-        .map(|e| {
-            let mut item = template.clone();
-            let sealed = cipher
-                .seal(&e.secret.expose(), &e.account_id, &e.id)
-                .unwrap();
-            item.insert("id".into(), AttributeValue::S(e.id.as_str().into()));
-            item.insert("secret".into(), AttributeValue::S(sealed));
-            let put = PutRequest::builder().set_item(Some(item)).build().unwrap();
-            WriteRequest::builder().put_request(put).build()
-        })
-        .collect();
-    for chunk in copies.chunks(25) {
-        let out = client
-            .batch_write_item()
-            .request_items(&tables.endpoints, chunk.to_vec())
-            .send()
-            .await
+    let copies = all.iter().filter(|e| !far.contains(e)).map(|e| {
+        let mut item = template.clone();
+        let sealed = cipher
+            .seal(&e.secret.expose(), &e.account_id, &e.id)
             .unwrap();
-        assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
-    }
+        item.insert("id".into(), AttributeValue::S(e.id.as_str().into()));
+        item.insert("secret".into(), AttributeValue::S(sealed));
+        item
+    });
+    put_items(&client, &tables.endpoints, copies).await;
     let account = AccountId::parse("vast").unwrap();
     assert_eq!(
         store.list_endpoints(&account).await.unwrap().len(),

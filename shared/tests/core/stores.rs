@@ -109,7 +109,7 @@ mod dynamodb {
     /// for), written 25 to a request: created one by one they take the emulator 40 s.
     #[tokio::test]
     async fn a_retry_over_the_limit_is_answered_when_its_deliveries_are_past_a_page() {
-        use hooklane::aws::aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+        use hooklane::aws::aws_sdk_dynamodb::types::AttributeValue;
         use hooklane::{
             domain::{rate::PublishRate, AccountId},
             limits::{MemoryBuckets, PublishBuckets},
@@ -127,28 +127,12 @@ mod dynamodb {
             .collect();
         let far = [&endpoints[1_050], &endpoints[1_080]];
         create_account_and_endpoints(store.as_ref(), "acme", far).await;
-        let bare: Vec<WriteRequest> = endpoints
-            .iter()
-            .filter(|e| !far.contains(e))
-            .map(|e| {
-                let item = [("account_id", "acme"), ("id", e.id.as_str())]
-                    .map(|(k, v)| (k.to_owned(), AttributeValue::S(v.to_owned())));
-                let put = PutRequest::builder()
-                    .set_item(Some(item.into()))
-                    .build()
-                    .unwrap();
-                WriteRequest::builder().put_request(put).build()
-            })
-            .collect();
-        for chunk in bare.chunks(25) {
-            let out = client
-                .batch_write_item()
-                .request_items(&tables.endpoints, chunk.to_vec())
-                .send()
-                .await
-                .unwrap();
-            assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
-        }
+        let bare = endpoints.iter().filter(|e| !far.contains(e)).map(|e| {
+            [("account_id", "acme"), ("id", e.id.as_str())]
+                .map(|(k, v)| (k.to_owned(), AttributeValue::S(v.to_owned())))
+                .into()
+        });
+        hooklane_testkit::testing::put_items(&client, &tables.endpoints, bare).await;
         let ev = event("acme", "evt_far", t0());
         let sent = far.map(|e| delivery(&ev, e, t0()));
         store.publish(&ev, &sent).await.unwrap();

@@ -254,19 +254,71 @@ pub async fn emulator_store_and_tables() -> (
     hooklane::aws::aws_sdk_dynamodb::Client,
     hooklane::store::dynamodb::TableNames,
 ) {
-    use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention, TableNames};
     let client = emulator_client().await;
-    let tables = TableNames::with_prefix(&format!("t{}", uuid::Uuid::new_v4().simple()));
-    create_tables(&client, &tables).await.unwrap();
-    let store = DynamoStore::new(
-        client.clone(),
+    let tables = fresh_table_names();
+    let store = emulator_store_on(client.clone(), &tables).await;
+    (store, client, tables)
+}
+
+/// Table names no other test uses.
+#[cfg(feature = "aws")]
+pub fn fresh_table_names() -> hooklane::store::dynamodb::TableNames {
+    hooklane::store::dynamodb::TableNames::with_prefix(&format!(
+        "t{}",
+        uuid::Uuid::new_v4().simple()
+    ))
+}
+
+/// [`emulator_store`] on `tables`, created through `client` (one that counts its calls,
+/// say).
+#[cfg(feature = "aws")]
+pub async fn emulator_store_on(
+    client: hooklane::aws::aws_sdk_dynamodb::Client,
+    tables: &hooklane::store::dynamodb::TableNames,
+) -> hooklane::store::dynamodb::DynamoStore {
+    use hooklane::store::dynamodb::{create_tables, DynamoStore, Retention};
+    create_tables(&client, tables).await.unwrap();
+    DynamoStore::new(
+        client,
         tables.clone(),
         Retention::default(),
         test_secrets(None),
     )
     .without_late_write_rule()
-    .showing_expired();
-    (store, client, tables)
+    .showing_expired()
+}
+
+/// Writes `items` to `table` directly, 25 to a request (BatchWriteItem's most): thousands
+/// of items a test needs only to exist, where the store's own writes would take the
+/// emulator minutes.
+#[cfg(feature = "aws")]
+pub async fn put_items(
+    client: &hooklane::aws::aws_sdk_dynamodb::Client,
+    table: &str,
+    items: impl IntoIterator<
+        Item = std::collections::HashMap<
+            String,
+            hooklane::aws::aws_sdk_dynamodb::types::AttributeValue,
+        >,
+    >,
+) {
+    use hooklane::aws::aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+    let requests: Vec<WriteRequest> = items
+        .into_iter()
+        .map(|item| {
+            let put = PutRequest::builder().set_item(Some(item)).build().unwrap();
+            WriteRequest::builder().put_request(put).build()
+        })
+        .collect();
+    for chunk in requests.chunks(25) {
+        let out = client
+            .batch_write_item()
+            .request_items(table, chunk.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
+    }
 }
 
 /// A whole AWS shape on fresh tables, queue and schedule group of the emulator, sending to
