@@ -1015,6 +1015,23 @@ fn an_event_to_the_most_endpoints_allowed_fits_one_fanout_invocation() {
     );
 }
 
+/// An erasure stops going through an event's deliveries in time to answer: an HTTP API
+/// gives its Lambda integration 30 s at most (the emulator has neither a gateway nor a Lambda
+/// timeout), and the API function has its own timeout. What the budget leaves covers the
+/// page under way and the answer's reads.
+#[test]
+fn an_erasure_answers_within_the_api_functions_timeout() {
+    let timeout = properties("ApiFunction")["Timeout"].as_u64().unwrap_or(3);
+    let answered_by = std::time::Duration::from_secs(timeout.min(30));
+    let budget = hooklane::store::dynamodb::ERASE_BUDGET;
+    let room = std::time::Duration::from_secs(5);
+    assert!(
+        budget + room <= answered_by,
+        "an erasure works for {budget:?}, and then needs {room:?} more, but is answered by \
+         {answered_by:?} (the api function's timeout: {timeout} s)"
+    );
+}
+
 /// The local runner gives a failing events-stream record up after as many retries as the
 /// fan-out trigger's `MaximumRetryAttempts`, as Lambda does (the emulator never does).
 #[test]

@@ -10,7 +10,7 @@ use crate::{
 /// How long one call goes through an event's deliveries before it stops, leaving its place
 /// on the event item for the next: the API function's timeout is 30 s, API Gateway's 29 s,
 /// and an event sent to 100,000 endpoints takes minutes.
-pub(super) const ERASE_BUDGET: std::time::Duration = std::time::Duration::from_secs(20);
+pub const ERASE_BUDGET: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Deliveries read per page while erasing.
 const ERASE_PAGE: u32 = 100;

@@ -36,6 +36,7 @@ mod size;
 mod tests;
 mod write;
 
+pub use erase::ERASE_BUDGET;
 use items::*;
 pub use items::{pending_shard, unfanned_shard};
 use log::*;
