@@ -799,8 +799,9 @@ pub struct BatchEventView<'a> {
     #[serde(serialize_with = "crate::clock::as_optional_text")]
     pub erased_at: Option<Timestamp>,
     /// Left out of an abridged answer: read them with `GET …/events/{event}`. An event
-    /// this batch created lists all it created; one published before, its first 1,000 by
-    /// endpoint id at most (see `deliveries_next_cursor`).
+    /// this batch created lists all it created; one published before, its first stored ones
+    /// (1,000 at most, by endpoint id: see `deliveries_next_cursor`), or with none stored yet,
+    /// those its fan-out creates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries: Option<Vec<DeliveryView<'a>>>,
     /// For an event published before that may have more deliveries than `deliveries` lists:

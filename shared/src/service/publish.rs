@@ -19,8 +19,9 @@ pub struct NewEvent {
 #[derive(Debug, Clone)]
 pub struct Published {
     pub event: Event,
-    /// Those created, all of them; for an id published before, the first stored ones in
-    /// endpoint-id order (see [`first_deliveries`]), or those its fan-out will create.
+    /// Those created (with [`PublishMode::ThroughStream`], those its fan-out creates), all
+    /// of them; for an id published before, the first stored ones in endpoint-id order (see
+    /// [`first_deliveries`]), or, none stored yet, those its fan-out will create.
     pub deliveries: Vec<Delivery>,
     /// False when the id was published before: nothing new was created.
     pub created: bool,
@@ -41,23 +42,29 @@ impl Published {
     }
 
     /// An id published before, answered with its stored deliveries (`stored`, the first
-    /// ones), or, when none are stored and none may follow, the ones its fan-out will create
-    /// (`planned`: it has not run yet, a client retrying at once, or no endpoint takes it).
+    /// ones), or, when none were found, the ones its fan-out will create (`planned`: `None`
+    /// where the publish writes the deliveries itself). The fan-out may not have run yet (a
+    /// client retrying at once), and a cursor past the endpoints looked at would skip the
+    /// deliveries it then writes before it; the planned list is whole, and has none.
     fn again(
         event: Event,
         stored: EventDeliveries,
-        planned: impl FnOnce(&Event) -> Vec<Delivery>,
+        planned: impl FnOnce(&Event) -> Option<Vec<Delivery>>,
     ) -> Self {
-        let deliveries = if stored.deliveries.is_empty() && !stored.more() {
-            planned(&event)
-        } else {
-            stored.deliveries
+        let planned = stored
+            .deliveries
+            .is_empty()
+            .then(|| planned(&event))
+            .flatten();
+        let (deliveries, next) = match planned {
+            Some(planned) => (planned, None),
+            None => (stored.deliveries, stored.next),
         };
         Self {
             event,
             deliveries,
             created: false,
-            next: stored.next,
+            next,
         }
     }
 }
@@ -189,7 +196,7 @@ pub(super) async fn write_with_deliveries(
     match app.store.publish(&event, &deliveries).await? {
         PublishOutcome::AlreadyExists { event } => {
             let stored = first_deliveries(app, &event).await?;
-            Ok(Published::again(event, stored, |_| Vec::new()))
+            Ok(Published::again(event, stored, |_| None))
         }
         PublishOutcome::Created => {
             let refs = deliveries
@@ -221,7 +228,7 @@ async fn through_stream(
         PutEventOutcome::AlreadyExists(event) => {
             let stored = first_deliveries(app, &event).await?;
             Ok(Published::again(event, stored, |event| {
-                planned_deliveries(event, endpoints)
+                Some(planned_deliveries(event, endpoints))
             }))
         }
     }
@@ -243,12 +250,14 @@ async fn already_published(
         return Some(Err(ServiceError::EventConflict(conflict)));
     }
     let stored = first_deliveries(app, &event).await.ok()?;
-    let endpoints = if stored.deliveries.is_empty() && !stored.more() {
-        app.store.list_endpoints(account).await.ok()?
+    let endpoints = if stored.deliveries.is_empty() && app.publish == PublishMode::ThroughStream {
+        Some(app.store.list_endpoints(account).await.ok()?)
     } else {
-        Vec::new()
+        None
     };
-    let answer = Published::again(event, stored, |event| planned_deliveries(event, &endpoints));
+    let answer = Published::again(event, stored, |event| {
+        endpoints.map(|endpoints| planned_deliveries(event, &endpoints))
+    });
     (answer.deliveries.len() <= ANSWER_DELIVERIES as usize).then_some(Ok(answer))
 }
 
@@ -351,10 +360,11 @@ pub async fn publish_batch_limited(
         }
         Err(other) => return Err(other.into()),
     };
-    let mut published = Vec::with_capacity(items.len());
+    let mut created = Vec::with_capacity(items.len());
+    let mut again = Vec::new();
     let mut queued = Vec::new();
-    for ((event, deliveries), outcome) in items.into_iter().zip(outcomes) {
-        published.push(match outcome {
+    for (index, ((event, deliveries), outcome)) in items.into_iter().zip(outcomes).enumerate() {
+        match outcome {
             PublishOutcome::Created => {
                 crate::telemetry::event_published();
                 let deliveries = match deliveries {
@@ -364,17 +374,13 @@ pub async fn publish_batch_limited(
                     }
                     None => planned_deliveries(&event, &endpoints),
                 };
-                Published::created(event, deliveries)
+                created.push((index, Published::created(event, deliveries)));
             }
-            PublishOutcome::AlreadyExists { event } => {
-                let stored = first_deliveries(app, &event).await?;
-                Published::again(event, stored, |event| match with_deliveries {
-                    true => Vec::new(),
-                    false => planned_deliveries(event, &endpoints),
-                })
-            }
-        });
+            PublishOutcome::AlreadyExists { event } => again.push((index, event)),
+        }
     }
+    // What was written is queued and marked before anything is read for the answer: a
+    // read that fails then only fails the answer.
     if !queued.is_empty() {
         // Committed; if the queue fails now, the store is still the source of truth.
         if let Err(error) = app.queue.enqueue(queued).await {
@@ -383,9 +389,28 @@ pub async fn publish_batch_limited(
     }
     if with_deliveries {
         // Without deliveries, the stream's fan-out marks what it finds missed.
-        mark_missed(app, published.iter().map(|p| &p.event), &endpoints).await?;
+        let events = created.iter().map(|(_, p)| &p.event);
+        mark_missed(app, events.chain(again.iter().map(|(_, e)| e)), &endpoints).await?;
     }
-    Ok(published)
+    // The events published before are read a few at a time.
+    use futures_util::StreamExt;
+    let endpoints = &endpoints;
+    let reads = again.into_iter().map(|(index, event)| async move {
+        let stored = first_deliveries(app, &event).await?;
+        let answer = Published::again(event, stored, |event| {
+            (!with_deliveries).then(|| planned_deliveries(event, endpoints))
+        });
+        ServiceResult::Ok((index, answer))
+    });
+    let again: Vec<(usize, Published)> = futures_util::stream::iter(reads)
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<ServiceResult<_>>()?;
+    let mut published: Vec<(usize, Published)> = created.into_iter().chain(again).collect();
+    published.sort_unstable_by_key(|(index, _)| *index);
+    Ok(published.into_iter().map(|(_, p)| p).collect())
 }
 
 /// Takes `n` tokens of the account's publish limit (its own, or the configured default);
@@ -860,6 +885,50 @@ mod limit_tests {
         assert!(
             matches!(new, Err(ServiceError::RateLimited { .. })),
             "{new:?}"
+        );
+    }
+
+    /// Where the publish writes the deliveries, a retry lists those written, over the limit
+    /// as within it: none for an event no endpoint took, even once an endpoint that takes it
+    /// is added (it would be a delivery that is never created).
+    #[tokio::test]
+    async fn a_retry_lists_only_what_was_written_within_the_limit_or_over_it() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().unwrap());
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = fixtures::app_on(store.clone(), clock.clone());
+        assert_eq!(app.publish, PublishMode::WithDeliveries);
+        fixtures::account_with_endpoints(store.as_ref(), "acme", [] as [&str; 0]).await;
+        let account = AccountId::parse("acme").unwrap();
+        let event = |id: &str| NewEvent {
+            id: Some(id.to_owned()),
+            event_type: "invoice.paid".to_owned(),
+            data: serde_json::json!({"n": 1}),
+        };
+        let buckets = MemoryBuckets::new(clock.clone());
+        let first = publish_limited(&app, &buckets, &account, event("evt_1"))
+            .await
+            .unwrap();
+        assert!(first.created && first.deliveries.is_empty());
+        let late = fixtures::endpoint("acme", "ep_late", fixtures::t0());
+        store.create_endpoint(&late).await.unwrap();
+        let within = publish_limited(&app, &buckets, &account, event("evt_1"))
+            .await
+            .unwrap();
+        assert_eq!((within.created, within.deliveries.len()), (false, 0));
+        let mut limited = store.get_account(&account).await.unwrap().unwrap();
+        limited.publish_rate_limit = Some(PublishRate::new(1, Some(1), "x").unwrap());
+        store.update_account(&limited).await.unwrap();
+        publish_limited(&app, &buckets, &account, event("evt_2"))
+            .await
+            .unwrap();
+        let over = publish_limited(&app, &buckets, &account, event("evt_1"))
+            .await
+            .expect("a retry is answered over the limit");
+        assert_eq!(
+            (over.created, over.deliveries.len(), over.next),
+            (false, 0, None),
+            "{:?}",
+            over.deliveries
         );
     }
 

@@ -37,7 +37,7 @@ pub struct PublishEvent {
     summary = "Publishes an event, idempotent on its id.",
     params(AccountPath),
     request_body = PublishEvent,
-    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with the first 1,000 by endpoint id, `deliveries_partial` true, `deliveries_total` their number, and `deliveries_next_cursor` for `GET …/events/{event}/deliveries`, which lists the others. An id published before is answered as `GET …/events/{event}` is: the first deliveries stored, reading no more of them (no `deliveries_total`); on the AWS shape the answer looks at no more than 8,000 of the account's endpoints, so an event sent to few of more endpoints than that may list fewer, even none, with `deliveries_partial` true and the cursor.",
+    description = "The answer lists at most 1,000 deliveries, so that it stays well within what the AWS function may answer (6 MB): an event sent to more endpoints is answered with the first 1,000 by endpoint id, `deliveries_partial` true, `deliveries_total` their number, and `deliveries_next_cursor` for `GET …/events/{event}/deliveries`, which lists the others. An id published before is answered with the first deliveries stored, 1,000 at most by endpoint id, reading no more of them (so with no `deliveries_total`), and `deliveries_next_cursor` when it may have more; on the AWS shape the answer looks at no more than 8,000 of the account's endpoints, so an event sent to few of more endpoints than that may list fewer. With none found (on the AWS shape the fan-out may not have run yet), it lists the deliveries the fan-out creates for the endpoints subscribed now, as a first publish does.",
     responses((status = 202, description = "The event was recorded. `deliveries` lists one pending delivery per endpoint subscribed to its type now (1,000 at most: see `deliveries_partial`). On the embedded shape they are created and queued with the event; on the AWS shape the event is written alone and the events table's stream fan-out creates and queues them moments later, with these ids", body = EventView), (status = 200, description = "This event was published before (same id and `type`, JSON-equal `data`; an erased one, same id and `type`): it is returned with its first deliveries and nothing is created", body = EventView), ReadErrors, EventIdTaken, BodyErrors, PublishErrors),
 )]
 pub async fn publish_event(
@@ -229,7 +229,7 @@ pub async fn list_event_deliveries(
     summary = "Erases an event's content, for a deletion request.",
     description = "Removes the event's payload and the response bodies of the attempts to send it. \
         The event, its deliveries and their attempts stay in the log, the event marked with `erased_at` \
-        and `data` null; deliveries still pending end `failed` and are never sent. Erasing again \
+        and `data` null; deliveries still pending end `failed` and are never sent. Erasing again once one has answered 200 \
         changes nothing; publishing the id again returns the erased event (its data cannot be \
         compared any more; another `type` is refused, 409). An event item written \
         through the outbox that fan-out could not read (docs/OUTBOX.md) loses its `data` the same way \

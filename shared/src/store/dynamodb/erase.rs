@@ -87,13 +87,12 @@ impl DynamoStore {
             // Removed by retention between the read and the update.
             return Ok(None);
         }
+        // Written by an earlier call from an endpoint id it read.
         let after = match item.get(ERASE_AFTER) {
-            Some(AttributeValue::S(endpoint)) => Some(
-                EndpointId::parse(endpoint)
-                    .map_err(|e| StoreError::Corrupt(format!("{ERASE_AFTER}: {e}")))?,
-            ),
+            Some(AttributeValue::S(endpoint)) => Some(EndpointId::from_trusted(endpoint.clone())),
             _ => None,
         };
+        let resumed = after.is_some();
         let started = std::time::Instant::now();
         let mut page = PageAfter {
             after,
@@ -116,7 +115,9 @@ impl DynamoStore {
             }
             page.after = Some(next);
         }
-        self.mark_erasure(account, id, None).await?;
+        if resumed {
+            self.mark_erasure(account, id, None).await?;
+        }
         Ok(Some(Erasure {
             event,
             ended,
