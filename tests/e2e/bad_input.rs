@@ -504,3 +504,39 @@ async fn a_chunked_body_is_cut_off_at_its_routes_limit() {
     );
     assert!(answer.contains("278528"), "{answer}");
 }
+
+/// A body over its route's limit, its length declared, is read and dropped before the 413:
+/// a client still sending it reads the answer, not a reset connection. 12 MiB is more than
+/// loopback's socket buffers hold, so a server that answered and closed at once would reset
+/// the connection under the writer.
+#[tokio::test]
+async fn a_declared_body_over_the_limit_is_answered_413_not_reset() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let scratch = Scratch::new("declared-limit");
+    let server = Server::start(&scratch, &[]).await;
+    server.create_account("acme").await;
+    let mut stream = tokio::net::TcpStream::connect(server.base.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    let length = 12 * 1024 * 1024;
+    let head = format!(
+        "POST /v1/accounts/acme/events HTTP/1.1\r\nHost: localhost\r\n\
+         Authorization: Bearer {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n",
+        crate::support::ADMIN_TOKEN
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let sent = stream.write_all(&vec![b' '; length]).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("no answer within 10 s");
+    assert!(sent.is_ok(), "the body was not read: {sent:?}");
+    assert!(read.is_ok(), "the answer could not be read: {read:?}");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
+}

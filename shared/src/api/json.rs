@@ -29,9 +29,9 @@ pub fn too_large(limit: usize) -> ApiError {
 }
 
 /// Sets the request's [`BodyLimit`] (a batch publish's, a single event's, or every other
-/// route's) and refuses a request whose `Content-Length` is over it before a byte of the
-/// body is read. A body without a length (chunked) is cut off by [`JsonBody`] at the first
-/// byte past the limit.
+/// route's) and refuses a request whose `Content-Length` is over it without keeping a byte
+/// of the body (what is on its way is read and dropped first: see [`drain`]). A body without
+/// a length (chunked) is cut off by [`JsonBody`] at the first byte past the limit.
 pub async fn limit_body(
     axum::extract::State(state): axum::extract::State<super::ApiState>,
     mut request: Request,
@@ -54,7 +54,10 @@ pub async fn limit_body(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
+    if let Some(length) = declared.filter(|length| *length > limit as u64) {
+        if length <= DRAIN_BYTES {
+            drain(request.into_body()).await;
+        }
         return closing(axum::response::IntoResponse::into_response(too_large(
             limit,
         )));
@@ -66,6 +69,30 @@ pub async fn limit_body(
     } else {
         response
     }
+}
+
+/// The most of a refused body [`drain`] reads, and for how long.
+const DRAIN_BYTES: u64 = 16 * 1024 * 1024;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads and drops a refused request's body, [`DRAIN_BYTES`] and [`DRAIN_TIME`] at most. A
+/// server that answers and closes while the client is still sending resets the connection
+/// (the unread bytes make the kernel send RST), and clients such as Python's requests and
+/// reqwest then report a reset instead of the 413 and its JSON. Nothing is kept, and a body
+/// declared larger is not read: its client gets the reset.
+async fn drain(body: axum::body::Body) {
+    use futures_util::StreamExt;
+    let mut data = body.into_data_stream();
+    let mut read = 0u64;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(bytes)) = data.next().await {
+            read += bytes.len() as u64;
+            if read > DRAIN_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Marks a 413 `Connection: close`. The rest of its body may still be on the way, so the

@@ -8,7 +8,7 @@ use crate::{
 };
 
 /// How long one call goes through an event's deliveries before it stops, leaving its place
-/// on the event item for the next: the API function's timeout is 30 s, API Gateway's 29 s,
+/// on the event item for the next: the API function's timeout is 30 s, as is an HTTP API's,
 /// and an event sent to 100,000 endpoints takes minutes.
 pub const ERASE_BUDGET: std::time::Duration = std::time::Duration::from_secs(20);
 
