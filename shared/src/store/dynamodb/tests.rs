@@ -2319,7 +2319,14 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
     let left = status_of(&store, &account, &delivery.id).await;
     assert_eq!(left.status, DeliveryStatus::Pending);
 
-    assert!(store.failing_endpoints(at(10)).await.unwrap().is_empty());
+    // A check finishes what its time allows and the next goes on: on a loaded host the
+    // emulator can take the abandon's whole budget, so a few checks, not one.
+    for _ in 0..5 {
+        assert!(store.failing_endpoints(at(10)).await.unwrap().is_empty());
+        if failing_shard_of(&store, "acme", "ep_a").await.as_deref() == Some(FAILING_SHARD) {
+            break;
+        }
+    }
     let done = status_of(&store, &account, &delivery.id).await;
     assert_eq!(
         done.status,
