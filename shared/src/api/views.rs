@@ -342,7 +342,7 @@ impl<'a> From<&'a Delivery> for DeliveryView<'a> {
 /// it: a delivery's JSON is about 350 bytes, at most about 2.6 KB escaped (a 512-character
 /// redirect in `last_error`, 128-character ids), so 1,000 of them and a 256 KiB payload stay
 /// well within it (and within what a client wants to read at once).
-pub const EVENT_DELIVERIES_SHOWN: usize = 1_000;
+pub const EVENT_DELIVERIES_SHOWN: usize = crate::service::publish::ANSWER_DELIVERIES as usize;
 
 /// An event and its deliveries, 1,000 of them at most.
 #[derive(Serialize, ToSchema)]

@@ -69,8 +69,9 @@ impl Published {
     }
 }
 
-/// Deliveries an answer for an id published before lists at most.
-const ANSWER_DELIVERIES: u32 = 1_000;
+/// Deliveries an event's answer lists at most, and so what an answer for an id published
+/// before reads (`api::views::EVENT_DELIVERIES_SHOWN` says why 1,000).
+pub const ANSWER_DELIVERIES: u32 = 1_000;
 
 /// Pages [`first_deliveries`] reads at most to find them.
 const ANSWER_PAGES: usize = 4;
