@@ -2,11 +2,16 @@
 //!
 //! The queue pushes work at any number of senders, so before an attempt the sender takes
 //! one of the endpoint's in-flight slots (and a rate token, if the endpoint has a rate
-//! limit). When none is free the message goes back to the queue in 5–15 s, with jitter,
-//! and no attempt is spent. The messages of one batch for the same endpoint take their
-//! slots together and give them back together: two writes of the slot record for the
-//! batch, not two per message. A slot works through its batch's messages for one request
-//! deadline (the hold), each request sent as soon as the previous one is answered.
+//! limit). When none is free the message goes back to the queue and no attempt is spent:
+//! for 5–15 s at first, then for about as long again as the delivery has waited past its
+//! time, at most 5 minutes ([`BUSY_REQUEUE_LONGEST`]). Every trip costs a receive, a read
+//! and a send: a flat 5–15 s would bring a saturated endpoint's backlog of N messages round
+//! N/10 times a second, its cost growing with N², where this brings it round at most N/150
+//! times a second and still drains it at the endpoint's pace (`sender/requeue_model.rs`).
+//! The messages of one batch for the same endpoint take their slots together and give them
+//! back together: two writes of the slot record for the batch, not two per message. A slot
+//! works through its batch's messages for one request deadline (the hold), each request sent
+//! as soon as the previous one is answered.
 //!
 //! An endpoint with one slot is kept busy across senders: a message that finds the slot
 //! held is listed on the slot record and comes back when the holder's hold is over; the
@@ -63,6 +68,14 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
 
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
+/// The longest a message waits in the queue for a busy endpoint: a delivery that has waited
+/// long comes back this often, so the endpoint's slot, once free, is taken within it. Under
+/// SQS's 900 s `DelaySeconds`, so a re-queue never takes the Scheduler's path.
+pub const BUSY_REQUEUE_LONGEST: Duration = Duration::from_secs(300);
+const _: () = assert!(
+    BUSY_REQUEUE_LONGEST.as_secs() as i64 <= crate::queue::sqs::MAX_SQS_DELAY_SECONDS,
+    "a re-queue for a busy endpoint must fit SQS's DelaySeconds"
+);
 
 /// A delivery not sent for want of this sender's own resources (file descriptors) goes back
 /// to the queue for this long, drawn between the two, as the embedded dispatcher's do: soon,
@@ -311,7 +324,7 @@ async fn handle_endpoint_group(
                         &d,
                         &endpoint,
                         Busy::RateLimited,
-                        busy_delay(Busy::RateLimited),
+                        busy_delay(Busy::RateLimited, waited(&d, app.clock.now())),
                     )
                     .instrument(span(delivery))
                     .await;
@@ -521,7 +534,7 @@ async fn handle_endpoint_group(
         let (app, delivery) = group[*n];
         let after = match back_at {
             Some(at) if position < listed => until_slot_free(app.clock.now(), at),
-            _ => busy_delay(busy),
+            _ => busy_delay(busy, waited(d, app.clock.now())),
         };
         let endpoint = &endpoint;
         async move {
@@ -568,7 +581,15 @@ async fn attempt_answering(
             // is as it was read, pending with the same attempts.
             let busy = Busy::OutOfResources;
             tracing::debug!(delivery.id = %delivery.id, cause = %fault, "webhook not sent; back to the queue");
-            requeue(app, lanes, delivery, endpoint, busy, busy_delay(busy)).await
+            requeue(
+                app,
+                lanes,
+                delivery,
+                endpoint,
+                busy,
+                busy_delay(busy, Duration::ZERO),
+            )
+            .await
         }
         Err(error) => Err(error.into()),
     }
@@ -733,16 +754,37 @@ impl Queue for Holding {
 }
 
 /// How long a message waits for a busy endpoint: 5–15 s (jittered, so senders do not come
-/// back in step), or nothing when this batch has just given the endpoint's slot back; one
-/// this sender could not send waits 2–8 s ([`UNSENT_REQUEUE_MIN`]).
-fn busy_delay(busy: Busy) -> Duration {
+/// back in step), or, once the delivery has `waited` past its time longer than that, half to
+/// all of that again, at most [`BUSY_REQUEUE_LONGEST`]; nothing when this batch has just
+/// given the endpoint's slot back; 2–8 s for one this sender could not send
+/// ([`UNSENT_REQUEUE_MIN`]), which is no fault of the endpoint's.
+fn busy_delay(busy: Busy, waited: Duration) -> Duration {
+    busy_delay_drawn(busy, waited, &mut rand::rng())
+}
+
+fn busy_delay_drawn(busy: Busy, waited: Duration, rng: &mut impl Rng) -> Duration {
     match busy {
         Busy::SlotTimeUsed => Duration::ZERO,
         Busy::AllSlotsHeld | Busy::RateLimited => {
-            rand::rng().random_range(REQUEUE_MIN..=REQUEUE_MAX)
+            let first = rng.random_range(REQUEUE_MIN..=REQUEUE_MAX);
+            // Doubling the wait bounds the trips at about log2 of it, plus one per
+            // `BUSY_REQUEUE_LONGEST` once there; the jitter keeps a backlog spread out.
+            let again = waited
+                .min(BUSY_REQUEUE_LONGEST)
+                .mul_f64(rng.random_range(0.5..=1.0));
+            first.max(again).min(BUSY_REQUEUE_LONGEST)
         }
-        Busy::OutOfResources => rand::rng().random_range(UNSENT_REQUEUE_MIN..=UNSENT_REQUEUE_MAX),
+        Busy::OutOfResources => rng.random_range(UNSENT_REQUEUE_MIN..=UNSENT_REQUEUE_MAX),
     }
+}
+
+/// How long `delivery` has waited past its time (its retry's, or its creation for a first
+/// try): a busy endpoint's re-queue is about as long again. Waiting for a busy endpoint moves
+/// only `queued_until`, never this.
+fn waited(delivery: &Delivery, now: Timestamp) -> Duration {
+    (now - delivery.next_try_at.unwrap_or(delivery.created_at))
+        .to_std()
+        .unwrap_or_default()
 }
 
 /// How long a listed delivery's message waits: until `at` (the holder's hold is over), plus
@@ -781,6 +823,9 @@ async fn requeue(
     tracing::debug!(delivery.id = %delivery.id, endpoint.id = %endpoint.id, ?busy, ?after, "no attempt now; re-queued");
     Ok(Handled::Requeued { after, busy })
 }
+
+#[cfg(test)]
+mod requeue_model;
 
 #[cfg(test)]
 mod tests {
@@ -1000,6 +1045,60 @@ mod tests {
         assert_eq!(again, Handled::Skipped);
     }
 
+    /// A delivery that has waited for a busy endpoint goes back for about as long again
+    /// (half to all of it), not the first wait's 5–15 s, and only its `queued_until` moves:
+    /// its next trip still measures the wait from its own time. The message waits in SQS.
+    #[tokio::test]
+    async fn a_delivery_that_has_waited_for_a_busy_endpoint_goes_back_for_longer() {
+        let receiver = slow_receiver(std::time::Duration::from_millis(10)).await;
+        // Two slots: a one-slot endpoint lists its waiting deliveries for the holder instead.
+        let (app, emulated, slots) = aws_app(&receiver.url, 2).await;
+        let account = AccountId::parse("acme").unwrap();
+        let endpoint = EndpointId::parse("ep_slow").unwrap();
+        let held = slots
+            .acquire_many(&endpoint, 2, 2, std::time::Duration::from_secs(1800))
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 2);
+        let (delivery, endpoint_id, account_id) =
+            publish_and_receive(&app, &emulated, "evt_waited").await;
+        let published = stored(&app, &account, &delivery).await;
+        let lanes = lanes_of(&slots, std::time::Duration::from_secs(300));
+        let mut waits = Vec::new();
+        for waited_secs in [0, 240] {
+            let later = App {
+                clock: Arc::new(crate::clock::ManualClock::new(add(
+                    published.created_at,
+                    std::time::Duration::from_secs(waited_secs),
+                ))),
+                ..app.clone()
+            };
+            let handled = handle_message(&later, lanes, &delivery, &endpoint_id, &account_id)
+                .await
+                .unwrap();
+            let Handled::Requeued { after, busy } = handled else {
+                panic!("expected a re-queue, got {handled:?}");
+            };
+            assert_eq!(busy, Busy::AllSlotsHeld);
+            waits.push(after.as_secs());
+        }
+        assert!((5..=15).contains(&waits[0]), "{waits:?}");
+        assert!((120..=240).contains(&waits[1]), "{waits:?}");
+        let kept = stored(&app, &account, &delivery).await;
+        assert_eq!(
+            (kept.status, kept.attempts, kept.next_try_at),
+            (DeliveryStatus::Pending, 0, published.next_try_at),
+            "waiting moves no more than queued_until"
+        );
+        assert!(kept.queued_until > published.queued_until);
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0);
+        assert!(receive(&emulated, 0).await.is_empty());
+        assert_eq!(
+            delayed_messages(&emulated).await,
+            2,
+            "both copies wait in SQS"
+        );
+    }
     /// A webhook this sender had no descriptor to send (EMFILE) is put back on the queue for
     /// 2–8 s, as the embedded dispatcher does, instead of failing the message (back only after
     /// the queue's visibility timeout); no attempt is recorded against the endpoint.
