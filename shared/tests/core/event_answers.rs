@@ -459,3 +459,68 @@ async fn an_events_delivery_list_names_what_it_cannot_read() {
     .await;
     assert_eq!(status, 404, "{text}");
 }
+
+/// A batch queues what it created before it reads anything for its answer: when the read of
+/// an earlier event's deliveries fails (here, the deliveries table refuses batch reads), the
+/// batch is answered with the error, and the new event's delivery is already in the queue.
+#[cfg(feature = "aws")]
+#[tokio::test]
+async fn a_batch_whose_answer_cannot_be_read_has_queued_what_it_created() {
+    use hooklane::{
+        aws::aws_sdk_dynamodb,
+        domain::AccountId,
+        queue::embedded::EmbeddedQueue,
+        service::{
+            fan_out::delivery_id_for,
+            publish::{publish, publish_batch, NewEvent},
+        },
+    };
+    use hooklane_testkit::{
+        faults::RefuseBatchReads,
+        fixtures::app_on,
+        testing::{emulator_store_on, fresh_table_names, require_emulator},
+    };
+    require_emulator();
+    let tables = fresh_table_names();
+    let refuse = RefuseBatchReads::of(&tables.deliveries);
+    let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
+        .interceptor(refuse.clone())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let store: Arc<dyn Store> = Arc::new(emulator_store_on(client, &tables).await);
+    let ep = endpoint("acme", "ep_1", t0());
+    create_account_and_endpoints(store.as_ref(), "acme", [&ep]).await;
+    let queue = Arc::new(EmbeddedQueue::new());
+    let mut app = app_on(
+        Arc::clone(&store),
+        Arc::new(hooklane::clock::ManualClock::new(t0())),
+    );
+    app.queue = queue.clone();
+    let account = AccountId::parse("acme").unwrap();
+    let new = |id: &str| NewEvent {
+        id: Some(id.to_owned()),
+        event_type: "invoice.paid".to_owned(),
+        data: json!({"id": id}),
+    };
+    let first = publish(&app, &account, new("evt_1")).await.unwrap();
+    assert!(first.created);
+    refuse.refuse(true);
+    let batch = publish_batch(&app, &account, vec![new("evt_2"), new("evt_1")]).await;
+    assert!(
+        batch.is_err(),
+        "the retry's answer could not be read: {batch:?}"
+    );
+    refuse.refuse(false);
+    let second = store
+        .get_event(
+            &account,
+            &hooklane::domain::EventId::parse("evt_2").unwrap(),
+        )
+        .await
+        .unwrap()
+        .expect("the batch's new event is written");
+    assert!(
+        queue.is_known(&delivery_id_for(&second, &ep.id)),
+        "its delivery is queued, not left for the sweeper"
+    );
+}
