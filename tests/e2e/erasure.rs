@@ -221,3 +221,100 @@ async fn erasing_an_event_on_the_aws_shape_removes_its_content_with_the_template
     erase_scenario(&server, &farm).await;
     crate::iam::assert_allowed(&server);
 }
+
+/// On AWS a `DELETE` of an event to many endpoints can run out of time (answered 202, where
+/// it stopped kept on the event item). The sweeper finishes one nobody repeats, with its own
+/// role's grants: here the test's own erasure call, given no time, stops after the first
+/// page of 100 deliveries as a call out of time does, and the serve's sweeper empties the
+/// answers on the second page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erasure_left_unfinished_on_aws_is_finished_by_the_sweeper_with_its_grants() {
+    use hooklane::store::{
+        dynamodb::{DynamoStore, Retention, TableNames},
+        Store,
+    };
+    require_emulator();
+    let farm = Farm::start().await.expect("farm");
+    let scratch = Scratch::new("aws-erasure-sweeper");
+    let prefix = crate::aws_pipeline::unique("erasesweep");
+    let env = [
+        ("HOOKLANE_RETRY_SCHEDULE".to_owned(), "1".to_owned()),
+        ("HOOKLANE_SWEEP_INTERVAL".to_owned(), "500ms".to_owned()),
+        // More than a page of them (the default is 100).
+        ("HOOKLANE_MAX_ENDPOINTS".to_owned(), "101".to_owned()),
+    ];
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &env).await;
+    server.create_account("acme").await;
+    let mut endpoints = Vec::new();
+    for i in 0..101 {
+        let name = format!("e{i:03}");
+        let (id, _) = server
+            .create_endpoint("acme", &farm.url(&name), json!({}))
+            .await;
+        endpoints.push((id, name));
+    }
+    endpoints.sort();
+    // The last in endpoint-id order is on the erasure's second page: it fails once, then
+    // echoes the event, so its answers are on the delivery item and in the attempts table.
+    let (last, last_name) = endpoints.last().cloned().expect("endpoints");
+    farm.configure(
+        &last_name,
+        Behavior::failing_first(1).with_body(format!("echo {SECRET}")),
+    );
+    let event = server
+        .publish("acme", "card.added", json!({"number": SECRET}))
+        .await;
+    let event_id = event["id"].as_str().expect("id").to_owned();
+    let delivery = delivery_to(&event, &last)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let echoed = || async {
+        attempts(&server, "acme", &delivery)
+            .await
+            .iter()
+            .filter(|a| a["response_body"].as_str().is_some_and(|b| !b.is_empty()))
+            .count()
+    };
+    assert!(
+        server
+            .eventually(Duration::from_secs(30), || async { echoed().await == 2 })
+            .await,
+        "both attempts of the last delivery were recorded with their answers: {:?}",
+        attempts(&server, "acme", &delivery).await
+    );
+
+    let client = hooklane_testkit::testing::emulator_client().await;
+    let store = DynamoStore::new(
+        client,
+        TableNames::with_prefix(&prefix),
+        Retention::default(),
+        hooklane_testkit::testing::test_secrets(None),
+    )
+    .with_erase_budget(Duration::ZERO);
+    let account = hooklane::domain::AccountId::parse("acme").unwrap();
+    let event_id = hooklane::domain::EventId::parse(&event_id).unwrap();
+    let call = store
+        .erase_event(&account, &event_id, chrono::Utc::now())
+        .await
+        .expect("erase")
+        .expect("the event");
+    assert!(!call.complete, "stopped after the first page");
+    assert_eq!(echoed().await, 2, "the second page is left for the sweeper");
+    assert!(
+        server
+            .eventually(Duration::from_secs(30), || async {
+                store.unfinished_erasures().await.unwrap().is_empty()
+            })
+            .await,
+        "the sweeper did not finish the erasure; serve log:\n{}",
+        server.log_text()
+    );
+    assert_eq!(echoed().await, 0, "the sweeper emptied the answers");
+    let (status, read) = server
+        .get(&format!("/v1/accounts/acme/events/{event_id}"))
+        .await;
+    assert_eq!(status, 200, "{read}");
+    assert!(read["erased_at"].is_string(), "{read}");
+    crate::iam::assert_allowed(&server);
+}

@@ -1,8 +1,9 @@
 //! The sweeper function: on a schedule, fans out the events whose stream record never
 //! completed fan-out (dropped after the stream's retries, or lost), hands every pending
 //! delivery that is past its due time by more than the grace period back to the queue (its
-//! message was lost, or its schedule never fired), and reports the due backlog (the `hooklane_due_backlog` and
-//! `hooklane_oldest_due_age_seconds` metrics). The scheduled event's content does not matter.
+//! message was lost, or its schedule never fired), reports the due backlog (the
+//! `hooklane_due_backlog` and `hooklane_oldest_due_age_seconds` metrics), and finishes the
+//! erasures a `DELETE` left unfinished. The scheduled event's content does not matter.
 
 use hooklane::aws::{
     handlers::{sweep, SWEEP_EVERY},

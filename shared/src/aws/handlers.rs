@@ -307,8 +307,11 @@ async fn sweep_now(
             .set_due_walk_resume(report.resume_at.as_ref())
             .await?;
     }
+    // Erasures a call left unfinished (answered 202) end whether or not it is repeated.
+    let erased = shape.store.finish_erasures(now).await;
     tracing::info!(
         recovered = recovered.as_ref().ok(),
+        erasures_finished = erased.as_ref().ok(),
         requeued = report.requeued,
         due = report.due,
         oldest_due = ?report.oldest_due,
@@ -316,6 +319,7 @@ async fn sweep_now(
         "swept"
     );
     recovered?;
+    erased?;
     shape.store.set_last_sweep(now).await?;
     Ok(report)
 }

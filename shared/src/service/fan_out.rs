@@ -22,6 +22,10 @@ pub fn delivery_id_for(event: &Event, endpoint: &EndpointId) -> DeliveryId {
     DeliveryId::derived(&event.account_id, &event.id, event.created_at, endpoint)
 }
 
+/// How long one sweep spends fanning out events whose stream record never completed
+/// fan-out (the event under way when it runs out is finished).
+pub const RECOVER_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Fans out the events whose stream record never completed fan-out (lost, or discarded
 /// after the stream's retries): those still unmarked `grace` after their creation. Returns
 /// how many events were fanned out.
@@ -34,17 +38,16 @@ pub async fn recover_unfanned(
     // A bounded share per run (the sweeper's next run goes on), so a backlog leaves the
     // deliveries' sweep its time.
     const PAGES_PER_RUN: usize = 50;
-    const BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
     let started = std::time::Instant::now();
     // Within a page too: a page of a large account's events takes minutes, and the sweep of
     // the deliveries comes after this in the same run.
-    let deadline = tokio::time::Instant::now() + BUDGET;
+    let deadline = tokio::time::Instant::now() + RECOVER_BUDGET;
     let cutoff = now - chrono::TimeDelta::from_std(grace).unwrap_or_default();
     let mut recovered = 0;
     let mut after = None;
     let mut first_error = None;
     for _ in 0..PAGES_PER_RUN {
-        if started.elapsed() >= BUDGET {
+        if started.elapsed() >= RECOVER_BUDGET {
             break;
         }
         let page = app.store.unfanned_events(after, cutoff, PAGE).await?;

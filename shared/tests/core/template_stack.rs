@@ -1032,6 +1032,34 @@ fn an_erasure_answers_within_the_api_functions_timeout() {
     );
 }
 
+/// A sweep's parts end within the sweeper's timeout, as Lambda stops it there (the local
+/// runner does not): the recovery of unfanned events, the walk of due deliveries, and the
+/// erasures left unfinished, with room for the writes around them.
+#[test]
+fn a_sweeps_budgets_fit_the_sweepers_timeout() {
+    let timeout = properties("SweeperFunction")["Timeout"]
+        .as_u64()
+        .unwrap_or(3);
+    let parts = [
+        (
+            "unfanned events",
+            hooklane::service::fan_out::RECOVER_BUDGET,
+        ),
+        ("due deliveries", hooklane::service::sweep::WALK_BUDGET),
+        (
+            "unfinished erasures",
+            hooklane::store::dynamodb::FINISHING_LONGEST,
+        ),
+    ];
+    let room = std::time::Duration::from_secs(15);
+    let total: std::time::Duration = parts.iter().map(|(_, budget)| *budget).sum();
+    assert!(
+        total + room <= std::time::Duration::from_secs(timeout),
+        "a sweep may take {total:?} ({parts:?}) and {room:?} more; the sweeper's timeout is \
+         {timeout} s"
+    );
+}
+
 /// The local runner gives a failing events-stream record up after as many retries as the
 /// fan-out trigger's `MaximumRetryAttempts`, as Lambda does (the emulator never does).
 #[test]

@@ -1,18 +1,33 @@
-//! An SDK interceptor that makes one table's batch reads fail while a switch is on, as a
-//! throttled or unreachable table would: for tests of what a use-case has done by the time
-//! one of its reads fails.
+//! SDK interceptors that make DynamoDB behave as the emulator never does, for tests: one
+//! table's batch reads failing while a switch is on, as a throttled or unreachable table's
+//! would; and a global secondary index that still shows items the table no longer has, as
+//! a real index may for about a second (every read of a GSI is eventually consistent).
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
     Arc,
 };
 
-use aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemInput;
+use std::{collections::HashMap, sync::Mutex};
+
+use aws_sdk_dynamodb::{
+    operation::{
+        batch_get_item::BatchGetItemInput,
+        query::{QueryInput, QueryOutput},
+    },
+    types::AttributeValue,
+};
 use aws_smithy_runtime_api::{
     box_error::BoxError,
-    client::interceptors::{context::BeforeSerializationInterceptorContextRef, Intercept},
+    client::{
+        interceptors::{
+            context::{BeforeSerializationInterceptorContextRef, FinalizerInterceptorContextMut},
+            Intercept,
+        },
+        runtime_components::RuntimeComponents,
+    },
 };
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 
 /// Fails every `BatchGetItem` that names `table` while [`Self::refuse`] is on.
 #[derive(Debug, Clone)]
@@ -53,6 +68,85 @@ impl Intercept for RefuseBatchReads {
             .is_some_and(|items| items.contains_key(&self.table));
         if self.on.load(Ordering::SeqCst) && names_table {
             return Err(format!("the test refuses batch reads of {}", self.table).into());
+        }
+        Ok(())
+    }
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+/// Adds `stale` items to the answer of every query of `index`: what the index still showed
+/// of items deleted from the table a moment before.
+#[derive(Debug, Clone, Default)]
+pub struct LaggingIndex {
+    index: String,
+    stale: Arc<Mutex<Vec<Item>>>,
+    /// What the last query of the index answered.
+    last: Arc<Mutex<Vec<Item>>>,
+}
+
+/// Marks a request as a query of the lagging index, from before it is sent to its answer.
+#[derive(Debug, Clone)]
+struct OfIndex;
+
+impl Storable for OfIndex {
+    type Storer = StoreReplace<Self>;
+}
+
+impl LaggingIndex {
+    pub fn of(index: &str) -> Self {
+        Self {
+            index: index.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// The items its queries also answer from now on (none: it has caught up).
+    pub fn showing(&self, stale: Vec<Item>) {
+        *self.stale.lock().unwrap_or_else(|p| p.into_inner()) = stale;
+    }
+
+    /// What the last query of the index answered (stale items aside).
+    pub fn last_answer(&self) -> Vec<Item> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Intercept for LaggingIndex {
+    fn name(&self) -> &'static str {
+        "HooklaneLaggingIndex"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let query = context.input().downcast_ref::<QueryInput>();
+        if query.and_then(QueryInput::index_name) == Some(self.index.as_str()) {
+            cfg.interceptor_state().store_put(OfIndex);
+        }
+        Ok(())
+    }
+
+    fn modify_before_completion(
+        &self,
+        context: &mut FinalizerInterceptorContextMut<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg.load::<OfIndex>().is_none() {
+            return Ok(());
+        }
+        let stale = self.stale.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(Ok(output)) = context.output_or_error_mut() {
+            if let Some(query) = output.downcast_mut::<QueryOutput>() {
+                let mut items = query.items.take().unwrap_or_default();
+                *self.last.lock().unwrap_or_else(|p| p.into_inner()) = items.clone();
+                items.extend(stale);
+                query.count = i32::try_from(items.len()).unwrap_or(i32::MAX);
+                query.items = Some(items);
+            }
         }
         Ok(())
     }

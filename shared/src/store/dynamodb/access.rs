@@ -19,7 +19,7 @@ pub(super) fn revoked_pk(account: &AccountId, token_id: &str) -> String {
 }
 
 /// The sparse index that lists control items by kind, and its partition for API keys.
-const LISTED: &str = "listed";
+pub(super) const LISTED: &str = "listed";
 const API_KEYS: &str = "apikeys";
 
 fn key_pk(id: &ApiKeyId) -> String {

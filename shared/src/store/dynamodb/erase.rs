@@ -19,6 +19,23 @@ const ERASE_PAGE: u32 = 100;
 /// done in endpoint-id order).
 const ERASE_AFTER: &str = "erase_after";
 
+/// The control table's list (its `listed` index) of the erasures a call left unfinished:
+/// the sweeper goes on with them, so an erasure answered 202 ends even if nobody repeats it.
+const UNFINISHED: &str = "erasures";
+
+/// How many unfinished erasures the sweeper looks at in one run.
+const UNFINISHED_PER_RUN: i32 = 20;
+
+/// The sweeper starts erasure calls for this long, each up to [`ERASE_BUDGET`]: its run
+/// spends [`FINISHING_LONGEST`] at most on them.
+const FINISHING_STARTS: std::time::Duration = std::time::Duration::from_secs(10);
+pub const FINISHING_LONGEST: std::time::Duration =
+    std::time::Duration::from_secs(FINISHING_STARTS.as_secs() + ERASE_BUDGET.as_secs());
+
+fn unfinished_pk(account: &AccountId, id: &EventId) -> String {
+    format!("erasure#{account}#{id}")
+}
+
 impl DynamoStore {
     /// The payload is removed first: from then on no attempt can send it (the sender
     /// reads an event without one as erased). Pending deliveries are then ended, and the
@@ -106,6 +123,9 @@ impl DynamoStore {
                 break;
             };
             if started.elapsed() >= self.erase_budget {
+                // Listed first: an erasure marked unfinished is always one the sweeper finds.
+                self.list_unfinished(account, id, expiry(&item), now)
+                    .await?;
                 self.mark_erasure(account, id, Some(&next)).await?;
                 return Ok(Some(Erasure {
                     event,
@@ -117,12 +137,109 @@ impl DynamoStore {
         }
         if resumed {
             self.mark_erasure(account, id, None).await?;
+            self.forget_unfinished(account, id).await?;
         }
         Ok(Some(Erasure {
             event,
             ended,
             complete: true,
         }))
+    }
+
+    /// Goes on with the erasures that calls left unfinished (answered 202), oldest listed
+    /// first, for [`FINISHING_LONGEST`] at most: the sweeper's part, so that an erasure ends
+    /// whether or not its caller repeats it. Returns how many it finished.
+    pub async fn finish_erasures(&self, now: Timestamp) -> StoreResult<usize> {
+        let started = std::time::Instant::now();
+        let mut finished = 0;
+        for (account, id) in self.unfinished_erasures().await? {
+            if started.elapsed() >= FINISHING_STARTS {
+                break;
+            }
+            // The index lags its table: one finished a moment ago may still be listed, and
+            // erasing it again would start over from the first delivery.
+            let pk = unfinished_pk(&account, &id);
+            if self
+                .get(&self.tables.control, key1("pk", &pk))
+                .await?
+                .is_none()
+            {
+                continue;
+            }
+            match self.erase_event(&account, &id, now).await? {
+                Some(erasure) if erasure.complete => finished += 1,
+                // Still unfinished: listed for the next run.
+                Some(_) => {}
+                // Removed by retention meanwhile: nothing is left to erase.
+                None => self.forget_unfinished(&account, &id).await?,
+            }
+        }
+        Ok(finished)
+    }
+
+    /// The first erasures listed as unfinished, oldest first.
+    pub async fn unfinished_erasures(&self) -> StoreResult<Vec<(AccountId, EventId)>> {
+        let listed = self
+            .client
+            .query()
+            .table_name(&self.tables.control)
+            .index_name(super::access::LISTED)
+            .key_condition_expression("#list = :list")
+            .expression_attribute_names("#list", "list")
+            .expression_attribute_values(":list", s(UNFINISHED))
+            .limit(UNFINISHED_PER_RUN)
+            .send()
+            .await
+            .map_err(sdk)?;
+        listed
+            .items
+            .unwrap_or_default()
+            .iter()
+            .map(|item| {
+                Ok((
+                    AccountId::from_trusted(get_s(item, "account_id")?),
+                    EventId::from_trusted(get_s(item, "event_id")?),
+                ))
+            })
+            .collect()
+    }
+
+    /// Lists an erasure as unfinished until the event's own expiry (`expires_at`, or the
+    /// events' retention from now).
+    async fn list_unfinished(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+        expires_at: Option<i64>,
+        now: Timestamp,
+    ) -> StoreResult<()> {
+        let retention = chrono::TimeDelta::from_std(self.retention.events).unwrap_or_default();
+        let expires_at = expires_at.unwrap_or_else(|| (now + retention).timestamp());
+        let created = to_millis(now);
+        self.client
+            .put_item()
+            .table_name(&self.tables.control)
+            .item("pk", s(unfinished_pk(account, id)))
+            .item("list", s(UNFINISHED))
+            .item("list_key", s(format!("{created:013}#{account}#{id}")))
+            .item("account_id", s(account.as_str()))
+            .item("event_id", s(id.as_str()))
+            .item("expires_at", n(expires_at))
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(())
+    }
+
+    async fn forget_unfinished(&self, account: &AccountId, id: &EventId) -> StoreResult<()> {
+        self.client
+            .delete_item()
+            .table_name(&self.tables.control)
+            .set_key(Some(key1("pk", &unfinished_pk(account, id))))
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(())
     }
 
     /// Ends the pending ones of `deliveries` and empties the response bodies of them all,

@@ -36,7 +36,7 @@ mod size;
 mod tests;
 mod write;
 
-pub use erase::ERASE_BUDGET;
+pub use erase::{ERASE_BUDGET, FINISHING_LONGEST};
 use items::*;
 pub use items::{pending_shard, unfanned_shard};
 use log::*;

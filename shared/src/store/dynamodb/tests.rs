@@ -2795,3 +2795,74 @@ async fn an_erasure_longer_than_one_call_is_finished_by_the_next() {
         "from the first page"
     );
 }
+
+/// An erasure a call left unfinished is listed for the sweeper, whose run finishes it and
+/// drops it from the list; one whose event is gone meanwhile (retention) is dropped too.
+#[tokio::test]
+async fn an_erasure_left_unfinished_is_finished_by_the_sweeper() {
+    use crate::clock::add;
+    use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
+    use std::time::Duration;
+    let mut store = emulator_store().await;
+    store.erase_budget = Duration::ZERO;
+    store.create_account(&account("acme")).await.unwrap();
+    let endpoints: Vec<_> = (0..101)
+        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
+        .collect();
+    for ep in &endpoints {
+        store.create_endpoint(ep).await.unwrap();
+    }
+    let (wide, gone) = (
+        event("acme", "evt_wide", t0()),
+        event("acme", "evt_gone", t0()),
+    );
+    for ev in [&wide, &gone] {
+        let deliveries: Vec<_> = endpoints.iter().map(|ep| delivery(ev, ep, t0())).collect();
+        store.publish(ev, &deliveries).await.unwrap();
+    }
+    // The last delivery, on the second page, has an answer quoting the payload.
+    let last = delivery(&wide, &endpoints[100], t0());
+    let mut record = attempt_record(
+        &last,
+        1,
+        Decision::Delivered,
+        true,
+        add(t0(), Duration::from_secs(1)),
+    );
+    record.attempt.response_body = "echo: evt_wide".into();
+    store.record_attempt(&record).await.unwrap();
+    let body = || async {
+        store.list_attempts(&last.id).await.unwrap()[0]
+            .response_body
+            .clone()
+    };
+    let at = |second: u64| add(t0(), Duration::from_secs(second));
+    for ev in [&wide, &gone] {
+        let call = store
+            .erase_event(&ev.account_id, &ev.id, at(5))
+            .await
+            .unwrap();
+        assert!(!call.unwrap().complete, "{}: one page a call", ev.id);
+    }
+    let mut listed = store.unfinished_erasures().await.unwrap();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [&gone, &wide].map(|e| (e.account_id.clone(), e.id.clone()))
+    );
+    assert_eq!(body().await, "echo: evt_wide");
+    // Retention removes one of the events before the sweeper comes.
+    store
+        .client
+        .delete_item()
+        .table_name(&store.tables.events)
+        .set_key(Some(account_key("acme", "evt_gone")))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(store.finish_erasures(at(300)).await.unwrap(), 1);
+    assert_eq!(body().await, "", "the second page is erased");
+    assert_eq!(store.unfinished_erasures().await.unwrap(), []);
+    assert_eq!(store.finish_erasures(at(600)).await.unwrap(), 0);
+}

@@ -1,0 +1,71 @@
+//! Erasures a call left unfinished on DynamoDB, as the sweeper finishes them, against what
+//! the emulator does not do: a global secondary index that lags its table.
+
+#![cfg(feature = "aws")]
+
+use std::{sync::Arc, time::Duration};
+
+use hooklane::{
+    aws::aws_sdk_dynamodb,
+    clock::add,
+    store::{dynamodb::DynamoStore, Store},
+};
+use hooklane_testkit::{
+    faults::LaggingIndex,
+    fixtures::{account, delivery, endpoint, event, t0},
+    testing::{emulator_store_on, fresh_table_names, require_emulator},
+};
+
+/// A store on fresh tables whose control table's `listed` index lags as `lag` says, and
+/// whose erasure calls stop after each page, as calls out of time do.
+async fn lagging_store(lag: &LaggingIndex) -> DynamoStore {
+    require_emulator();
+    let tables = fresh_table_names();
+    let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
+        .interceptor(lag.clone())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    emulator_store_on(client, &tables)
+        .await
+        .with_erase_budget(Duration::ZERO)
+}
+
+/// An erasure finished a moment ago may still be listed by the index (DynamoDB propagates a
+/// write to a GSI within about a second, and every GSI read is eventually consistent). The
+/// sweeper passes it by: erasing it again would start over from the first delivery, run out
+/// of time, and list it again.
+#[tokio::test]
+async fn the_sweeper_passes_by_an_erasure_its_index_still_lists_after_it_finished() {
+    let lag = LaggingIndex::of("listed");
+    let store = Arc::new(lagging_store(&lag).await);
+    store.create_account(&account("acme")).await.unwrap();
+    let endpoints: Vec<_> = (0..101)
+        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
+        .collect();
+    for ep in &endpoints {
+        store.create_endpoint(ep).await.unwrap();
+    }
+    let ev = event("acme", "evt_wide", t0());
+    let deliveries: Vec<_> = endpoints.iter().map(|ep| delivery(&ev, ep, t0())).collect();
+    store.publish(&ev, &deliveries).await.unwrap();
+    let at = |second: u64| add(t0(), Duration::from_secs(second));
+    let erase = |second| store.erase_event(&ev.account_id, &ev.id, at(second));
+
+    assert!(!erase(5).await.unwrap().unwrap().complete, "a page a call");
+    let listed = store.unfinished_erasures().await.unwrap();
+    assert_eq!(listed, [(ev.account_id.clone(), ev.id.clone())]);
+    let as_indexed = lag.last_answer();
+    assert!(erase(6).await.unwrap().unwrap().complete, "the rest");
+    assert_eq!(store.unfinished_erasures().await.unwrap(), []);
+
+    // The index has not caught up with the delete yet.
+    lag.showing(as_indexed);
+    assert_eq!(store.unfinished_erasures().await.unwrap(), listed);
+    assert_eq!(store.finish_erasures(at(300)).await.unwrap(), 0);
+    lag.showing(Vec::new());
+    assert_eq!(
+        store.unfinished_erasures().await.unwrap(),
+        [],
+        "the finished erasure was started over, and left unfinished again"
+    );
+}
