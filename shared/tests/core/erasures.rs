@@ -12,7 +12,7 @@ use hooklane::{
 };
 use hooklane_testkit::{
     faults::LaggingIndex,
-    fixtures::{account, delivery, endpoint, event, t0},
+    fixtures::{account_with_numbered_endpoints, publish_to_all, t0},
     testing::{emulator_store_on, fresh_table_names, require_emulator},
 };
 
@@ -38,16 +38,8 @@ async fn lagging_store(lag: &LaggingIndex) -> DynamoStore {
 async fn the_sweeper_passes_by_an_erasure_its_index_still_lists_after_it_finished() {
     let lag = LaggingIndex::of("listed");
     let store = Arc::new(lagging_store(&lag).await);
-    store.create_account(&account("acme")).await.unwrap();
-    let endpoints: Vec<_> = (0..101)
-        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
-        .collect();
-    for ep in &endpoints {
-        store.create_endpoint(ep).await.unwrap();
-    }
-    let ev = event("acme", "evt_wide", t0());
-    let deliveries: Vec<_> = endpoints.iter().map(|ep| delivery(&ev, ep, t0())).collect();
-    store.publish(&ev, &deliveries).await.unwrap();
+    let endpoints = account_with_numbered_endpoints(store.as_ref(), "acme", 101).await;
+    let (ev, _) = publish_to_all(store.as_ref(), &endpoints, "evt_wide").await;
     let at = |second: u64| add(t0(), Duration::from_secs(second));
     let erase = |second| store.erase_event(&ev.account_id, &ev.id, at(second));
 

@@ -82,6 +82,34 @@ pub async fn account_with_endpoints<const N: usize>(
     endpoints
 }
 
+/// Stores the account `id` with `count` endpoints, `ep_000`, `ep_001`, … (as [`endpoint`]
+/// makes them, created at `t0`); returns them in that order.
+pub async fn account_with_numbered_endpoints(
+    store: &dyn Store,
+    id: &str,
+    count: usize,
+) -> Vec<Endpoint> {
+    let endpoints: Vec<Endpoint> = (0..count)
+        .map(|i| endpoint(id, &format!("ep_{i:03}"), t0()))
+        .collect();
+    create_account_and_endpoints(store, id, &endpoints).await;
+    endpoints
+}
+
+/// Publishes the event `event_id` of their account at `t0` to every one of `endpoints`;
+/// returns it and its deliveries, in their order.
+pub async fn publish_to_all(
+    store: &dyn Store,
+    endpoints: &[Endpoint],
+    event_id: &str,
+) -> (Event, Vec<Delivery>) {
+    let account = endpoints.first().map_or("acme", |e| e.account_id.as_str());
+    let ev = event(account, event_id, t0());
+    let deliveries: Vec<Delivery> = endpoints.iter().map(|e| delivery(&ev, e, t0())).collect();
+    store.publish(&ev, &deliveries).await.unwrap();
+    (ev, deliveries)
+}
+
 pub fn event(account: &str, id: &str, at: Timestamp) -> Event {
     typed_event(account, id, "invoice.paid", at)
 }

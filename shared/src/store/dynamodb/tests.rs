@@ -2721,20 +2721,14 @@ async fn the_account_log_passes_over_endpoints_deleted_longer_ago_than_it_shows(
 #[tokio::test]
 async fn an_erasure_longer_than_one_call_is_finished_by_the_next() {
     use crate::clock::add;
-    use crate::fixtures::{account, attempt_record, delivery, endpoint, event, status_of, t0};
+    use crate::fixtures::{
+        account_with_numbered_endpoints, attempt_record, publish_to_all, status_of, t0,
+    };
     use std::time::Duration;
     let mut store = emulator_store().await;
     store.erase_budget = Duration::ZERO;
-    store.create_account(&account("acme")).await.unwrap();
-    let endpoints: Vec<_> = (0..130)
-        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
-        .collect();
-    for ep in &endpoints {
-        store.create_endpoint(ep).await.unwrap();
-    }
-    let ev = event("acme", "evt_wide", t0());
-    let deliveries: Vec<_> = endpoints.iter().map(|ep| delivery(&ev, ep, t0())).collect();
-    store.publish(&ev, &deliveries).await.unwrap();
+    let endpoints = account_with_numbered_endpoints(&store, "acme", 130).await;
+    let (ev, deliveries) = publish_to_all(&store, &endpoints, "evt_wide").await;
     // One delivery in each page of 100 delivered, its answer quoting the payload.
     let (early, late) = (&deliveries[5], &deliveries[120]);
     for d in [early, late] {
@@ -2801,27 +2795,15 @@ async fn an_erasure_longer_than_one_call_is_finished_by_the_next() {
 #[tokio::test]
 async fn an_erasure_left_unfinished_is_finished_by_the_sweeper() {
     use crate::clock::add;
-    use crate::fixtures::{account, attempt_record, delivery, endpoint, event, t0};
+    use crate::fixtures::{account_with_numbered_endpoints, attempt_record, publish_to_all, t0};
     use std::time::Duration;
     let mut store = emulator_store().await;
     store.erase_budget = Duration::ZERO;
-    store.create_account(&account("acme")).await.unwrap();
-    let endpoints: Vec<_> = (0..101)
-        .map(|i| endpoint("acme", &format!("ep_{i:03}"), t0()))
-        .collect();
-    for ep in &endpoints {
-        store.create_endpoint(ep).await.unwrap();
-    }
-    let (wide, gone) = (
-        event("acme", "evt_wide", t0()),
-        event("acme", "evt_gone", t0()),
-    );
-    for ev in [&wide, &gone] {
-        let deliveries: Vec<_> = endpoints.iter().map(|ep| delivery(ev, ep, t0())).collect();
-        store.publish(ev, &deliveries).await.unwrap();
-    }
+    let endpoints = account_with_numbered_endpoints(&store, "acme", 101).await;
+    let (wide, sent) = publish_to_all(&store, &endpoints, "evt_wide").await;
+    let (gone, _) = publish_to_all(&store, &endpoints, "evt_gone").await;
     // The last delivery, on the second page, has an answer quoting the payload.
-    let last = delivery(&wide, &endpoints[100], t0());
+    let last = sent[100].clone();
     let mut record = attempt_record(
         &last,
         1,
