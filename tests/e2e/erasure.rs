@@ -299,8 +299,8 @@ async fn an_erasure_left_unfinished_on_aws_is_finished_by_the_sweeper_with_its_g
         .await
         .expect("erase")
         .expect("the event");
+    // The serve's sweeper may take it up at once: what it leaves is checked below.
     assert!(!call.complete, "stopped after the first page");
-    assert_eq!(echoed().await, 2, "the second page is left for the sweeper");
     assert!(
         server
             .eventually(Duration::from_secs(30), || async {

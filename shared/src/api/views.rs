@@ -383,7 +383,7 @@ pub struct EventView<'a> {
     /// Only in an erasure's answer, and only true: the erasure stopped part-way through the
     /// event's deliveries (on AWS, an event sent to many thousands of endpoints). The payload
     /// is gone and nothing can send it; some response bodies remain until the `DELETE` is
-    /// repeated, which goes on where this one stopped, or the sweeper finishes it.
+    /// repeated, which goes on where this one stopped, or a sweep goes on with it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub erasure_incomplete: bool,
 }

@@ -291,6 +291,7 @@ async fn sweep_now(
     grace: std::time::Duration,
     every: std::time::Duration,
 ) -> ServiceResult<SweepReport> {
+    let run_started = std::time::Instant::now();
     let now = shape.app.clock.now();
     // Events first: their deliveries are then due, and the walk below sees them. A failure
     // there does not keep the deliveries from being swept; the run still fails, afterwards.
@@ -307,8 +308,14 @@ async fn sweep_now(
             .set_due_walk_resume(report.resume_at.as_ref())
             .await?;
     }
-    // Erasures a call left unfinished (answered 202) end whether or not it is repeated.
-    let erased = shape.store.finish_erasures(now).await;
+    // The walk is done: the next sweep's window starts here, whatever happens below.
+    shape.store.set_last_sweep(now).await?;
+    // Erasures a call left unfinished (answered 202) end whether or not it is repeated,
+    // started only while a whole call and the writes after it fit in the sweeper's time.
+    let left = SWEEP_RUN.saturating_sub(run_started.elapsed());
+    let starts_for = left
+        .saturating_sub(crate::store::dynamodb::ERASE_BUDGET + std::time::Duration::from_secs(15));
+    let erased = shape.store.finish_erasures(now, starts_for).await;
     tracing::info!(
         recovered = recovered.as_ref().ok(),
         erasures_finished = erased.as_ref().ok(),
@@ -320,7 +327,6 @@ async fn sweep_now(
     );
     recovered?;
     erased?;
-    shape.store.set_last_sweep(now).await?;
     Ok(report)
 }
 

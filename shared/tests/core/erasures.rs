@@ -6,12 +6,11 @@
 use std::{sync::Arc, time::Duration};
 
 use hooklane::{
-    aws::aws_sdk_dynamodb,
     clock::add,
     store::{dynamodb::DynamoStore, Store},
 };
 use hooklane_testkit::{
-    faults::LaggingIndex,
+    faults::{dynamodb_client_with, LaggingIndex},
     fixtures::{account_with_numbered_endpoints, publish_to_all, t0},
     testing::{emulator_store_on, fresh_table_names, require_emulator},
 };
@@ -21,10 +20,7 @@ use hooklane_testkit::{
 async fn lagging_store(lag: &LaggingIndex) -> DynamoStore {
     require_emulator();
     let tables = fresh_table_names();
-    let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
-        .interceptor(lag.clone())
-        .build();
-    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let client = dynamodb_client_with(lag.clone()).await;
     emulator_store_on(client, &tables)
         .await
         .with_erase_budget(Duration::ZERO)
@@ -53,7 +49,10 @@ async fn the_sweeper_passes_by_an_erasure_its_index_still_lists_after_it_finishe
     // The index has not caught up with the delete yet.
     lag.showing(as_indexed);
     assert_eq!(store.unfinished_erasures().await.unwrap(), listed);
-    assert_eq!(store.finish_erasures(at(300)).await.unwrap(), 0);
+    assert_eq!(
+        store.finish_erasures(at(300), Duration::MAX).await.unwrap(),
+        0
+    );
     lag.showing(Vec::new());
     assert_eq!(
         store.unfinished_erasures().await.unwrap(),

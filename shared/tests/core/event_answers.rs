@@ -230,7 +230,6 @@ async fn metered_dynamo_store() -> (
     hooklane::store::dynamodb::TableNames,
     hooklane_testkit::meter::Meter,
 ) {
-    use hooklane::aws::aws_sdk_dynamodb;
     use hooklane_testkit::{
         meter::{table_layouts, Meter},
         testing::{emulator_store_on, fresh_table_names, require_emulator},
@@ -238,10 +237,7 @@ async fn metered_dynamo_store() -> (
     require_emulator();
     let tables = fresh_table_names();
     let meter = Meter::new(table_layouts(&tables));
-    let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
-        .interceptor(meter.interceptor())
-        .build();
-    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let client = hooklane_testkit::faults::dynamodb_client_with(meter.interceptor()).await;
     let store = emulator_store_on(client.clone(), &tables).await;
     (store, client, tables, meter)
 }
@@ -467,7 +463,6 @@ async fn an_events_delivery_list_names_what_it_cannot_read() {
 #[tokio::test]
 async fn a_batch_whose_answer_cannot_be_read_has_queued_what_it_created() {
     use hooklane::{
-        aws::aws_sdk_dynamodb,
         domain::AccountId,
         queue::embedded::EmbeddedQueue,
         service::{
@@ -476,17 +471,14 @@ async fn a_batch_whose_answer_cannot_be_read_has_queued_what_it_created() {
         },
     };
     use hooklane_testkit::{
-        faults::RefuseBatchReads,
+        faults::{dynamodb_client_with, RefuseBatchReads},
         fixtures::app_on,
         testing::{emulator_store_on, fresh_table_names, require_emulator},
     };
     require_emulator();
     let tables = fresh_table_names();
     let refuse = RefuseBatchReads::of(&tables.deliveries);
-    let config = aws_sdk_dynamodb::config::Builder::from(&hooklane::aws::load_sdk_config().await)
-        .interceptor(refuse.clone())
-        .build();
-    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let client = dynamodb_client_with(refuse.clone()).await;
     let store: Arc<dyn Store> = Arc::new(emulator_store_on(client, &tables).await);
     let ep = endpoint("acme", "ep_1", t0());
     create_account_and_endpoints(store.as_ref(), "acme", [&ep]).await;

@@ -1032,9 +1032,11 @@ fn an_erasure_answers_within_the_api_functions_timeout() {
     );
 }
 
-/// A sweep's parts end within the sweeper's timeout, as Lambda stops it there (the local
-/// runner does not): the recovery of unfanned events, the walk of due deliveries, and the
-/// erasures left unfinished, with room for the writes around them.
+/// A sweep's parts' budgets add up within the sweeper's timeout, as Lambda stops it there
+/// (the local runner does not): the recovery of unfanned events, the walk of due deliveries,
+/// and the erasures left unfinished, with room for the writes around them. (Each part may
+/// run past its budget by the page or event under way; the erasures also start a call only
+/// while a whole one fits in the time left.)
 #[test]
 fn a_sweeps_budgets_fit_the_sweepers_timeout() {
     let timeout = properties("SweeperFunction")["Timeout"]

@@ -151,3 +151,15 @@ impl Intercept for LaggingIndex {
         Ok(())
     }
 }
+
+/// A DynamoDB client for the emulator (the SDK's configuration from the environment) with
+/// `interceptor` installed.
+pub async fn dynamodb_client_with(
+    interceptor: impl Intercept + 'static,
+) -> aws_sdk_dynamodb::Client {
+    let sdk = hooklane::aws::load_sdk_config().await;
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
+        .interceptor(interceptor)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}

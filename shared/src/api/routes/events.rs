@@ -237,8 +237,8 @@ pub async fn list_event_deliveries(
         `GET …/events/{event}` does (1,000 at most, `deliveries_partial` and `deliveries_next_cursor` when it has more). \
         On the AWS shape an erasure goes through the event's deliveries for 20 s at most: one sent to more endpoints \
         than that covers (some thousands) is answered 202 with `erasure_incomplete` true, and each repeat of the \
-        `DELETE` goes on where the last stopped, until one answers 200; if nobody repeats it, the sweeper \
-        finishes it within minutes.",
+        `DELETE` goes on where the last stopped, until one answers 200; if nobody repeats it, each sweep \
+        (every 5 minutes) goes on with it until it is done.",
     params(EventPath),
     responses((status = 200, description = "The event as it is now, erased, with its first deliveries (1,000 at most)", body = EventView), (status = 202, description = "AWS shape: the payload is gone and nothing can send it, but the erasure stopped part-way through the event's deliveries (`erasure_incomplete`): some response bodies remain. Repeat the `DELETE` to go on (the sweeper finishes it otherwise)", body = EventView), ReadErrors),
 )]

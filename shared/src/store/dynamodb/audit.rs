@@ -11,7 +11,7 @@ use super::write::Write;
 use super::*;
 use crate::domain::{Actor, AuditAction, AuditEntry, AuditId, AuditTarget, TargetKind};
 
-const LISTED: &str = "listed";
+use super::access::LISTED;
 /// The account part of the operator's entries (no account id holds `*`).
 const OPERATOR: &str = "*";
 

@@ -24,10 +24,10 @@ const ERASE_AFTER: &str = "erase_after";
 const UNFINISHED: &str = "erasures";
 
 /// How many unfinished erasures the sweeper looks at in one run.
-const UNFINISHED_PER_RUN: i32 = 20;
+const UNFINISHED_PER_RUN: usize = 20;
 
-/// The sweeper starts erasure calls for this long, each up to [`ERASE_BUDGET`]: its run
-/// spends [`FINISHING_LONGEST`] at most on them.
+/// The sweeper starts erasure calls for this long at most, each up to [`ERASE_BUDGET`]: its
+/// run spends [`FINISHING_LONGEST`] at most on them.
 const FINISHING_STARTS: std::time::Duration = std::time::Duration::from_secs(10);
 pub const FINISHING_LONGEST: std::time::Duration =
     std::time::Duration::from_secs(FINISHING_STARTS.as_secs() + ERASE_BUDGET.as_secs());
@@ -146,55 +146,73 @@ impl DynamoStore {
         }))
     }
 
-    /// Goes on with the erasures that calls left unfinished (answered 202), oldest listed
-    /// first, for [`FINISHING_LONGEST`] at most: the sweeper's part, so that an erasure ends
-    /// whether or not its caller repeats it. Returns how many it finished.
-    pub async fn finish_erasures(&self, now: Timestamp) -> StoreResult<usize> {
+    /// Goes on with the erasures that calls left unfinished (answered 202), in turn (one
+    /// that runs out again goes to the back of the list), starting calls for
+    /// `starts_for` at most: the sweeper's part, so that an erasure ends whether or not its
+    /// caller repeats it. One that fails is logged and left listed for the next run; the
+    /// others go on. Returns how many it finished.
+    pub async fn finish_erasures(
+        &self,
+        now: Timestamp,
+        starts_for: std::time::Duration,
+    ) -> StoreResult<usize> {
         let started = std::time::Instant::now();
         let mut finished = 0;
         for (account, id) in self.unfinished_erasures().await? {
-            if started.elapsed() >= FINISHING_STARTS {
+            if started.elapsed() >= starts_for.min(FINISHING_STARTS) {
                 break;
             }
-            // The index lags its table: one finished a moment ago may still be listed, and
-            // erasing it again would start over from the first delivery.
-            let pk = unfinished_pk(&account, &id);
-            if self
-                .get(&self.tables.control, key1("pk", &pk))
-                .await?
-                .is_none()
-            {
-                continue;
-            }
-            match self.erase_event(&account, &id, now).await? {
-                Some(erasure) if erasure.complete => finished += 1,
-                // Still unfinished: listed for the next run.
-                Some(_) => {}
-                // Removed by retention meanwhile: nothing is left to erase.
-                None => self.forget_unfinished(&account, &id).await?,
+            match self.finish_erasure(&account, &id, now).await {
+                Ok(true) => finished += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(account.id = %account, event.id = %id, %error, "an unfinished erasure failed again; the next sweep tries it again");
+                }
             }
         }
         Ok(finished)
     }
 
-    /// The first erasures listed as unfinished, oldest first.
+    /// One listed erasure taken further; `true` when it is done (and off the list).
+    async fn finish_erasure(
+        &self,
+        account: &AccountId,
+        id: &EventId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        // The index lags its table: one finished a moment ago may still be listed, and
+        // erasing it again would start over from the first delivery.
+        let pk = unfinished_pk(account, id);
+        if self
+            .get(&self.tables.control, key1("pk", &pk))
+            .await?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        match self.erase_event(account, id, now).await? {
+            // Done, from where it stopped or from the first delivery (its place was never
+            // written, or another call finished it meanwhile): off the list either way.
+            Some(erasure) if erasure.complete => {
+                self.forget_unfinished(account, id).await?;
+                Ok(true)
+            }
+            // Out of time again: listed for the next run.
+            Some(_) => Ok(false),
+            // Removed by retention meanwhile: nothing is left to erase.
+            None => {
+                self.forget_unfinished(account, id).await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The first erasures listed as unfinished, in the order they ran out.
     pub async fn unfinished_erasures(&self) -> StoreResult<Vec<(AccountId, EventId)>> {
-        let listed = self
-            .client
-            .query()
-            .table_name(&self.tables.control)
-            .index_name(super::access::LISTED)
-            .key_condition_expression("#list = :list")
-            .expression_attribute_names("#list", "list")
-            .expression_attribute_values(":list", s(UNFINISHED))
-            .limit(UNFINISHED_PER_RUN)
-            .send()
-            .await
-            .map_err(sdk)?;
+        let listed = self.listed(UNFINISHED, false).await?;
         listed
-            .items
-            .unwrap_or_default()
             .iter()
+            .take(UNFINISHED_PER_RUN)
             .map(|item| {
                 Ok((
                     AccountId::from_trusted(get_s(item, "account_id")?),
@@ -206,7 +224,7 @@ impl DynamoStore {
 
     /// Lists an erasure as unfinished until the event's own expiry (`expires_at`, or the
     /// events' retention from now).
-    async fn list_unfinished(
+    pub(super) async fn list_unfinished(
         &self,
         account: &AccountId,
         id: &EventId,
