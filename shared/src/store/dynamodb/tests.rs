@@ -2866,4 +2866,33 @@ async fn an_erasure_left_unfinished_is_finished_by_the_sweeper() {
         1
     );
     assert_eq!(store.unfinished_erasures().await.unwrap(), []);
+    // One that fails (its delivery item is unreadable) stays listed; the one after it in
+    // the list is finished all the same, and the sweep goes on.
+    let (broken, sent) = publish_to_all(&store, &endpoints[..1], "evt_broken").await;
+    let (fine, _) = publish_to_all(&store, &endpoints[..1], "evt_fine").await;
+    store
+        .client
+        .update_item()
+        .table_name(&store.tables.deliveries)
+        .set_key(delivery_key(&sent[0].id))
+        .update_expression("SET #status = :bogus")
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":bogus", s("bogus"))
+        .send()
+        .await
+        .unwrap();
+    for (ev, second) in [(&broken, 800), (&fine, 801)] {
+        store
+            .list_unfinished(&ev.account_id, &ev.id, None, at(second))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.finish_erasures(at(900), Duration::MAX).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.unfinished_erasures().await.unwrap(),
+        [(broken.account_id.clone(), broken.id.clone())]
+    );
 }
