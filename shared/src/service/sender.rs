@@ -6,9 +6,10 @@
 //! for 5–15 s while the delivery is on time, and otherwise for about as long again as it has
 //! waited past its time (half to all of it), at most 5 minutes ([`BUSY_REQUEUE_LONGEST`]):
 //! one the sweeper sent again, 5 minutes late, goes back for 2.5–5. Every trip costs a
-//! receive, a read and a send: a flat 5–15 s would bring a saturated endpoint's backlog of N messages round
-//! N/10 times a second, its cost growing with N², where this brings it round at most N/150
-//! times a second and still drains it at the endpoint's pace (`sender/requeue_model.rs`).
+//! receive, a read and a send: a flat 5–15 s would bring a saturated endpoint's backlog of
+//! N messages round N/10 times a second, its cost growing with N², where this brings it
+//! round at most N/150 times a second and still drains it at the endpoint's pace
+//! (`sender/requeue_model.rs`).
 //! The messages of one batch for the same endpoint take their slots together and give them
 //! back together: two writes of the slot record for the batch, not two per message. A slot
 //! works through its batch's messages for one request deadline (the hold), each request sent
@@ -802,8 +803,8 @@ const SLOT_POLL: Duration = Duration::from_millis(200);
 /// Puts the message back for `after` ([`busy_delay`], or [`until_slot_free`] for a listed
 /// delivery), no attempt spent. When the sweeper would take the delivery for lost before
 /// the message is back (its next try plus the sweeper's grace comes first), its
-/// `queued_until` moves to the message's time: one conditional write per grace period of waiting, not per
-/// re-queue.
+/// `queued_until` moves to the message's time: one conditional write per grace period of
+/// waiting, not per re-queue.
 async fn requeue(
     app: &App,
     lanes: Lanes<'_>,

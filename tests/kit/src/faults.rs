@@ -3,12 +3,13 @@
 //! would; and a global secondary index that still shows items the table no longer has, as
 //! a real index may for about a second (every read of a GSI is eventually consistent).
 
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Arc,
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
 };
-
-use std::{collections::HashMap, sync::Mutex};
 
 use aws_sdk_dynamodb::{
     operation::{
