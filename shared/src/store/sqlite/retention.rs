@@ -63,10 +63,10 @@ impl PurgePace {
     /// `serve`'s pace for a purge every `interval`. A purge that keeps up removes what
     /// ended within about an interval before the cutoff, so it counts as behind only past an
     /// hour (or two intervals, if longer). In W6 (steady traffic of 1,000 deliveries a
-    /// second beside a purge of some 237,000), 20 ms between slices of 50 rows purged 2,200
-    /// deliveries a second with the steady p99 close to the one outside the purge; 5 ms
-    /// purged 6,800-7,200 a second at 1.2-2.0x, 2.5 ms 10,500-11,300 a second at 1.8-2.4x.
-    /// Tokio's timer rounds a pause up to its next millisecond.
+    /// second beside a purge of some 235,000), 20 ms between slices of 50 rows purge 2,200
+    /// deliveries a second (docs/PERFORMANCE.md gives the steady p99 beside them); 5 ms
+    /// purged 6,800-7,200 a second and 2.5 ms 10,500-11,300, each with a higher p99 beside
+    /// it. Tokio's timer rounds a pause up to its next millisecond.
     pub fn every(interval: Duration) -> Self {
         Self {
             pause: Duration::from_millis(20),
