@@ -283,3 +283,28 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
         "the sweeper's safety net"
     );
 }
+
+/// A batch whose last event ends past the deadline is done: nothing is left for a retry, so
+/// no record is reported. (Reported, Lambda ran the whole batch again from its first record.)
+#[tokio::test]
+async fn a_batch_whose_last_event_ends_past_the_deadline_is_not_retried() {
+    let (_settings, shape) = emulated_shape().await;
+    fixtures::account_with_endpoints(shape.app.store.as_ref(), "acme", ENDPOINTS).await;
+    let (batch, _) = outbox_batch(&shape, &["evt_late_1", "evt_late_2"], 600).await;
+    // Out of time from the start: the first event runs to its end, the second is left over.
+    let response =
+        super::handle_until(&shape, batch.clone(), Some(tokio::time::Instant::now())).await;
+    let second = batch.records[1].change.sequence_number.clone();
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    assert_eq!(failed, [second], "retried from the second event");
+    let (last, _) = outbox_batch(&shape, &["evt_late_3"], 700).await;
+    let response = super::handle_until(&shape, last, Some(tokio::time::Instant::now())).await;
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "a batch whose one event ran to its end: {response:?}"
+    );
+}

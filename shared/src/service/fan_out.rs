@@ -221,6 +221,10 @@ pub async fn fan_out_batch_until(
         // The first event always runs to its end: a fan-out begins again from nothing when
         // retried (each write is made again), so one cut short at the deadline every time
         // would never end, and hold back every event after it.
+        if next == readable {
+            // All done, however late: nothing is left over for a retry to begin at.
+            break;
+        }
         let item = match deadline.filter(|_| next > 0) {
             // Past it, an event that happens to be finished already is not taken either:
             // where a batch stops does not depend on how its events were scheduled.
