@@ -75,6 +75,10 @@ pub struct CoreConfig {
     pub strict_event_types: bool,
     /// Endpoints (not deleted) one account may have (`HOOKLANE_MAX_ENDPOINTS`).
     pub max_endpoints: usize,
+    /// An event to more endpoints than this is fanned out this many at a time, each part
+    /// written, queued and recorded before the next, so that a fan-out cut short goes on
+    /// where it stopped ([`crate::service::fan_out`]).
+    pub fan_out_part: usize,
 }
 
 impl Default for CoreConfig {
@@ -92,6 +96,7 @@ impl Default for CoreConfig {
             public_url: None,
             strict_event_types: false,
             max_endpoints: DEFAULT_MAX_ENDPOINTS,
+            fan_out_part: crate::service::fan_out::FAN_OUT_PART,
         }
     }
 }

@@ -525,6 +525,9 @@ async fn every_aws_request_of_the_functions_is_allowed_by_their_roles_in_the_tem
             ("HOOKLANE_HEALTH_INTERVAL", "500ms"),
             ("HOOKLANE_SWEEP_INTERVAL", "500ms"),
             ("HOOKLANE_SWEEP_GRACE", "1s"),
+            // The event's three deliveries in parts of two: the fan-out reads and records
+            // how far it got, as it does for an event to more than 1,000 endpoints.
+            ("HOOKLANE_FAN_OUT_PART", "2"),
         ],
     );
     let server = Server::start_aws(&scratch, &[], &env).await;

@@ -284,6 +284,165 @@ async fn deliveries_left_unqueued_by_a_dead_fan_out_are_queued_by_its_retry() {
     );
 }
 
+/// More endpoints than a fan-out part (set to 2 here; 1,000 by default).
+const FIVE: [&str; 5] = ["ep_a", "ep_b", "ep_c", "ep_d", "ep_e"];
+
+/// A store on the emulator whose fan-out writes `part` deliveries at a time, with the account
+/// acme and the endpoints [`FIVE`].
+async fn shape_with_parts_of(part: usize) -> (hooklane::aws::settings::AwsSettings, AwsShape) {
+    let core = hooklane::config::CoreConfig {
+        fan_out_part: part,
+        ..Default::default()
+    };
+    let (settings, shape) = hooklane_testkit::testing::emulated_shape_with(core).await;
+    fixtures::account_with_endpoints(shape.app.store.as_ref(), "acme", FIVE).await;
+    (settings, shape)
+}
+
+/// The ids of the deliveries queued since the last look, sorted.
+async fn drain_queued(queue_url: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        let got = receive_queued(queue_url, 1).await;
+        if got.is_empty() {
+            break;
+        }
+        ids.extend(got.iter().map(|m| {
+            DeliveryMessage::parse(m.body().unwrap())
+                .unwrap()
+                .0
+                .to_string()
+        }));
+    }
+    ids.sort();
+    ids
+}
+
+/// The id of the delivery of `event` to each of `endpoints`, sorted.
+fn delivery_ids(event: &Event, endpoints: &[&str]) -> Vec<String> {
+    let mut ids: Vec<String> = endpoints
+        .iter()
+        .map(|id| {
+            let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
+            hooklane::service::fan_out::delivery_id_for(event, &endpoint).to_string()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Lambda ends an invocation at its timeout; the local runner never does. An event to more
+/// endpoints than a part, whose every invocation is out of time from its start: each writes,
+/// queues and records one part more and reports the record for a retry; none begins again at
+/// the first endpoint, and the last one marks the event done. (Written whole, an event too
+/// large for one invocation began again with each retry and never ended.)
+#[tokio::test]
+async fn an_event_cut_short_at_every_deadline_goes_on_a_part_per_invocation() {
+    let (settings, shape) = shape_with_parts_of(2).await;
+    let store = shape.app.store.as_ref();
+    let (batch, events) = outbox_batch(&shape, &["evt_big"], 400).await;
+    let event = &events[0];
+    let sequence = batch.records[0].change.sequence_number.clone().unwrap();
+    let mut queued = Vec::new();
+    for (run, (through, done)) in [("ep_b", ["ep_a", "ep_b"]), ("ep_d", ["ep_c", "ep_d"])]
+        .into_iter()
+        .enumerate()
+    {
+        let out_of_time = Some(tokio::time::Instant::now());
+        let response = super::handle_until(&shape, batch.clone(), out_of_time).await;
+        let failed: Vec<_> = response
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            failed,
+            std::slice::from_ref(&sequence),
+            "run {run}: retried from the event"
+        );
+        assert_eq!(
+            store
+                .fan_out_progress(&event.account_id, &event.id)
+                .await
+                .unwrap()
+                .map(|ep| ep.to_string())
+                .as_deref(),
+            Some(through),
+            "run {run}"
+        );
+        assert_eq!(
+            store.deliveries_of_event(event).await.unwrap().len(),
+            2 * (run + 1),
+            "run {run}: one part more"
+        );
+        let this_run = drain_queued(&settings.queue_url).await;
+        assert_eq!(
+            this_run,
+            delivery_ids(event, &done),
+            "run {run} queued its part"
+        );
+        queued.extend(this_run);
+    }
+    let last = super::handle(&shape, batch).await;
+    assert!(last.batch_item_failures.is_empty(), "{last:?}");
+    queued.extend(drain_queued(&settings.queue_url).await);
+    queued.sort();
+    assert_eq!(
+        queued,
+        delivery_ids(event, &FIVE),
+        "each delivery queued once"
+    );
+    assert_eq!(store.deliveries_of_event(event).await.unwrap().len(), 5);
+    let later = hooklane::clock::add(fixtures::t0(), std::time::Duration::from_secs(86_400));
+    let unfanned = store.unfanned_events(None, later, 100).await.unwrap();
+    assert!(
+        unfanned.events.iter().all(|e| e.id != event.id),
+        "marked done once whole: {unfanned:?}"
+    );
+}
+
+/// A fan-out that died within a part (the first part recorded, one delivery of the second
+/// written but neither queued nor recorded): the retry goes on from the recorded part,
+/// queues the delivery it finds written and still unattempted, writes the rest, and queues
+/// nothing of the part recorded before.
+#[tokio::test]
+async fn a_fan_out_that_died_within_a_part_goes_on_from_the_last_part_recorded() {
+    let (settings, shape) = shape_with_parts_of(2).await;
+    let store = shape.app.store.as_ref();
+    let (batch, events) = outbox_batch(&shape, &["evt_died"], 500).await;
+    let event = &events[0];
+    let pending = |endpoints: &[&str]| -> Vec<hooklane::domain::Delivery> {
+        endpoints
+            .iter()
+            .map(|id| {
+                let endpoint = hooklane::domain::EndpointId::parse(id).unwrap();
+                hooklane::domain::Delivery::new_pending(event, endpoint, fixtures::t0())
+            })
+            .collect()
+    };
+    store
+        .add_deliveries_of(event, &pending(&["ep_a", "ep_b"]))
+        .await
+        .unwrap();
+    let through = hooklane::domain::EndpointId::parse("ep_b").unwrap();
+    store
+        .record_fan_out_progress(&event.account_id, &event.id, &through)
+        .await
+        .unwrap();
+    store
+        .add_deliveries_of(event, &pending(&["ep_c"]))
+        .await
+        .unwrap();
+
+    let retry = super::handle(&shape, batch).await;
+    assert!(retry.batch_item_failures.is_empty(), "{retry:?}");
+    assert_eq!(
+        drain_queued(&settings.queue_url).await,
+        delivery_ids(event, &["ep_c", "ep_d", "ep_e"])
+    );
+    assert_eq!(store.deliveries_of_event(event).await.unwrap().len(), 5);
+}
+
 /// A batch whose last event ends past the deadline is done: nothing is left for a retry, so
 /// no record is reported. (Reported, Lambda ran the whole batch again from its first record.)
 #[tokio::test]

@@ -76,6 +76,20 @@ impl AwsSettings {
         }
         .with_settings(|name| vars.get(name).map(String::as_str))
         .map_err(|e| invalid(e.field, e.message))?;
+        // Deliveries a large event's fan-out writes, queues and records at a time.
+        let core = match get("HOOKLANE_FAN_OUT_PART") {
+            Some(raw) => CoreConfig {
+                fan_out_part: raw
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|part| *part > 0)
+                    .ok_or_else(|| {
+                        invalid("HOOKLANE_FAN_OUT_PART", "must be a whole number above 0")
+                    })?,
+                ..core
+            },
+            None => core,
+        };
         // An event is one DynamoDB item, which holds 400 KB with its other attributes.
         if core.max_payload_bytes > MAX_AWS_PAYLOAD {
             return Err(invalid(

@@ -23,7 +23,7 @@ pub fn delivery_id_for(event: &Event, endpoint: &EndpointId) -> DeliveryId {
 }
 
 /// How long one sweep spends fanning out events whose stream record never completed
-/// fan-out (the event under way when it runs out is finished).
+/// fan-out (the event under way when it runs out is finished, or a large one's part).
 pub const RECOVER_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Fans out the events whose stream record never completed fan-out (lost, or discarded
@@ -81,7 +81,8 @@ pub async fn recover_unfanned(
             }
             first_error.get_or_insert(error);
             if tokio::time::Instant::now() >= deadline {
-                // Each call runs its first event to its end: past the budget, no more calls.
+                // Each call runs its first event to its end (or a part's): past the budget,
+                // no more calls.
                 return first_error.map_or(Ok(recovered), Err);
             }
             rest = rest.get(done + 1..).unwrap_or_default();
@@ -132,29 +133,39 @@ pub async fn fan_out_batch(app: &App, events: &[Event]) -> BatchOutcome {
     fan_out_batch_until(app, events, None).await
 }
 
-/// How long one event's fan-out to `endpoints` endpoints may take on DynamoDB: a
-/// conditional write per delivery, [`WRITE_CONCURRENCY`](crate::store::dynamodb::WRITE_CONCURRENCY)
-/// at a time, each counted at [`WRITE_TIME`] (DynamoDB's writes take single-digit
-/// milliseconds; this leaves room for the slower ones and for throttling's retries). The
-/// fan-out function's timeout must cover the largest account's: an event cannot be split
-/// across invocations.
+/// Deliveries an event's fan-out writes and queues at a time when it has more than this
+/// many, recording after each part how far it got
+/// ([`Store::record_fan_out_progress`](crate::store::Store::record_fan_out_progress)): an
+/// event to 100,000 endpoints that runs out of time, or whose writes are slowed by
+/// throttling, goes on where it stopped instead of beginning again, so every invocation
+/// moves it forward. An event to this many or fewer is written whole, and queued with its
+/// batch's other events. The default of `CoreConfig::fan_out_part`.
+pub const FAN_OUT_PART: usize = 1000;
+
+/// How long writing the deliveries of one part of a fan-out, to `endpoints` endpoints, may
+/// take on DynamoDB: a conditional write per delivery,
+/// [`WRITE_CONCURRENCY`](crate::store::dynamodb::WRITE_CONCURRENCY) at a time, each counted
+/// at [`WRITE_TIME`] (DynamoDB's writes take single-digit milliseconds; this leaves room
+/// for the slower ones and for throttling's retries). The fan-out function's share of its
+/// timeout must cover one part ([`FAN_OUT_PART`]): an invocation then always moves an event
+/// forward, however many endpoints it has.
 #[cfg(feature = "aws")]
-pub fn longest_event_fan_out(endpoints: u64) -> std::time::Duration {
+pub fn longest_fan_out(endpoints: u64) -> std::time::Duration {
     let concurrency = crate::store::dynamodb::WRITE_CONCURRENCY as u64;
     let rounds = endpoints.div_ceil(concurrency.max(1));
     WRITE_TIME.saturating_mul(u32::try_from(rounds).unwrap_or(u32::MAX))
 }
 
-/// What [`longest_event_fan_out`] counts for one write.
+/// What [`longest_fan_out`] counts for one write.
 #[cfg(feature = "aws")]
 pub const WRITE_TIME: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// As [`fan_out_batch`], giving up at `deadline` the events still running (all but the
-/// first, which runs to its end): they and the events after them are reported as `failed`
-/// with no `error` (out of time), to be fanned out by the next invocation, which Lambda
-/// starts from the first of them. Those done are queued and marked as usual. A stream batch of a large
-/// account's events otherwise ran into the function's timeout with nothing queued or
-/// marked, and every retry began the batch again.
+/// As [`fan_out_batch`], giving up at `deadline` the events still running (the first stops
+/// at the end of a part, see [`FAN_OUT_PART`]): they and the events after them are reported
+/// as `failed` with no `error` (out of time), to be fanned out by the next invocation, which
+/// Lambda starts from the first of them. Those done are queued and marked as usual. A stream
+/// batch of a large account's events otherwise ran into the function's timeout with nothing
+/// queued or marked, and every retry began the batch again.
 pub async fn fan_out_batch_until(
     app: &App,
     events: &[Event],
@@ -209,7 +220,7 @@ pub async fn fan_out_batch_until(
             let endpoints = endpoints_of
                 .get(&event.account_id)
                 .map_or(&[][..], Vec::as_slice);
-            fan_out_one(app, event, now, endpoints)
+            fan_out_one(app, event, now, endpoints, deadline)
         })
         .collect();
     let mut done = stream::iter(pending)
@@ -218,8 +229,9 @@ pub async fn fan_out_batch_until(
     let mut out_of_time = None;
     let mut next = 0;
     loop {
-        // The first event always runs to its end: a fan-out begins again from nothing when
-        // retried (each write is made again), so one cut short at the deadline every time
+        // The first event is not cut short here: it stops itself past the deadline at the end
+        // of a part, once that part is recorded. An event cut anywhere else begins that part
+        // again (each of its writes made again), so one cut short at the deadline every time
         // would never end, and hold back every event after it.
         if next == readable {
             // All done, however late: nothing is left over for a retry to begin at.
@@ -246,9 +258,13 @@ pub async fn fan_out_batch_until(
         };
         next = position + 1;
         match result {
-            Ok((added, queued)) => {
-                created += added;
-                refs.extend(queued);
+            Ok(one) => {
+                created += one.created;
+                refs.extend(one.to_queue);
+                if one.cut_short {
+                    out_of_time = Some(position);
+                    break;
+                }
             }
             Err(error) => {
                 failure = Some((position, error));
@@ -308,15 +324,82 @@ pub async fn fan_out_batch_until(
     }
 }
 
-/// The deliveries of one event: how many were created, and what to queue.
+/// What one event's fan-out came to.
+struct EventFanOut {
+    created: usize,
+    /// What its batch queues: an event fanned out in parts has queued its own.
+    to_queue: Vec<PendingRef>,
+    /// Stopped at the deadline after a part; the next fan-out of it goes on from there.
+    cut_short: bool,
+}
+
+/// The deliveries of one event: written whole and left to the batch to queue, or, to more
+/// endpoints than a part ([`FAN_OUT_PART`]), a part at a time in endpoint-id order from where
+/// an earlier fan-out of it stopped, each part queued and recorded before the next. Past
+/// `deadline` it stops at the end of a part.
 async fn fan_out_one(
     app: &App,
     event: &Event,
     now: crate::clock::Timestamp,
     endpoints: &[Endpoint],
+    deadline: Option<tokio::time::Instant>,
+) -> ServiceResult<EventFanOut> {
+    let mut planned = deliveries_to(event, endpoints, now);
+    let part = app.config.fan_out_part.max(1);
+    if planned.len() <= part {
+        let (created, to_queue) = write_whole(app, event, now, planned).await?;
+        return Ok(EventFanOut {
+            created,
+            to_queue,
+            cut_short: false,
+        });
+    }
+    planned.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+    if let Some(through) = app
+        .store
+        .fan_out_progress(&event.account_id, &event.id)
+        .await?
+    {
+        planned.retain(|(endpoint, _)| endpoint.id > through);
+    }
+    let mut created = 0;
+    let mut parts = planned.chunks(part).peekable();
+    while let Some(part) = parts.next() {
+        let (added, to_queue) = write_part(app, event, now, part).await?;
+        created += added;
+        if !to_queue.is_empty() {
+            app.queue.enqueue(to_queue).await?;
+        }
+        if let Some((last, _)) = part.last() {
+            app.store
+                .record_fan_out_progress(&event.account_id, &event.id, &last.id)
+                .await?;
+        }
+        let out_of_time = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
+        if out_of_time && parts.peek().is_some() {
+            tracing::warn!(event.id = %event.id, account.id = %event.account_id, through = ?part.last().map(|(e, _)| &e.id), "out of time in this event's fan-out: the next goes on after the endpoint recorded");
+            return Ok(EventFanOut {
+                created,
+                to_queue: Vec::new(),
+                cut_short: true,
+            });
+        }
+    }
+    Ok(EventFanOut {
+        created,
+        to_queue: Vec::new(),
+        cut_short: false,
+    })
+}
+
+/// An event's deliveries written at once: how many were created, and what to queue.
+async fn write_whole(
+    app: &App,
+    event: &Event,
+    now: crate::clock::Timestamp,
+    planned: Vec<(&Endpoint, Delivery)>,
 ) -> ServiceResult<(usize, Vec<PendingRef>)> {
-    let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) =
-        deliveries_to(event, endpoints, now).into_iter().unzip();
+    let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) = planned.into_iter().unzip();
     let added = app.store.add_deliveries_of(event, &deliveries).await?;
     let mut to_queue: Vec<Delivery> = added.clone();
     if added.len() < deliveries.len() {
@@ -327,14 +410,64 @@ async fn fan_out_one(
             d.status == DeliveryStatus::Pending && d.attempts == 0 && !added.contains(&d.id)
         }));
     }
+    Ok((added.len(), pending_refs(&to_queue, &receivers, now)))
+}
+
+/// One part of an event's deliveries written: how many were created, and what to queue. Those
+/// already written (by the fan-out this one goes on from, cut short within this part) are
+/// read back one by one, as a part is all a replay can find written past the recorded mark.
+async fn write_part(
+    app: &App,
+    event: &Event,
+    now: crate::clock::Timestamp,
+    part: &[(&Endpoint, Delivery)],
+) -> ServiceResult<(usize, Vec<PendingRef>)> {
+    let deliveries: Vec<Delivery> = part.iter().map(|(_, d)| d.clone()).collect();
+    let added = app.store.add_deliveries_of(event, &deliveries).await?;
+    let mut to_queue: Vec<Delivery> = added.clone();
+    if added.len() < deliveries.len() {
+        let added: std::collections::HashSet<&DeliveryId> = added.iter().map(|a| &a.id).collect();
+        let earlier: Vec<DeliveryId> = deliveries
+            .iter()
+            .map(|d| d.id.clone())
+            .filter(|id| !added.contains(id))
+            .collect();
+        let store = std::sync::Arc::clone(&app.store);
+        let account = event.account_id.clone();
+        let read: Vec<_> = stream::iter(earlier)
+            .map(move |id| {
+                let (store, account) = (std::sync::Arc::clone(&store), account.clone());
+                async move { store.get_delivery(&account, &id).await }
+            })
+            .buffered(READ_CONCURRENCY)
+            .collect()
+            .await;
+        for delivery in read {
+            to_queue.extend(
+                delivery?.filter(|d| d.status == DeliveryStatus::Pending && d.attempts == 0),
+            );
+        }
+    }
+    let receivers: Vec<&Endpoint> = part.iter().map(|(e, _)| *e).collect();
+    Ok((added.len(), pending_refs(&to_queue, &receivers, now)))
+}
+
+/// Reads of a replayed part's deliveries made at a time.
+const READ_CONCURRENCY: usize = 16;
+
+/// What to queue for `deliveries`, each beside its endpoint among `receivers`.
+fn pending_refs(
+    deliveries: &[Delivery],
+    receivers: &[&Endpoint],
+    now: crate::clock::Timestamp,
+) -> Vec<PendingRef> {
     let receivers: HashMap<&EndpointId, &Endpoint> =
-        receivers.into_iter().map(|e| (&e.id, e)).collect();
-    let refs = to_queue
+        receivers.iter().map(|e| (&e.id, *e)).collect();
+    deliveries
         .iter()
         .filter_map(|d| {
             let endpoint = receivers.get(&d.endpoint_id)?;
             Some(PendingRef::new(d, endpoint, d.next_try_at.unwrap_or(now)))
         })
-        .collect();
-    Ok((added.len(), refs))
+        .collect()
 }

@@ -552,6 +552,25 @@ store_port! { $
     /// Marks the fan-out of these events done (they leave `unfanned_events`), and those a
     /// disabled endpoint missed as [`Store::mark_missed`] does, in the same write.
     async fn mark_fanned_out(&self, events: &[FannedOut]) -> StoreResult<()>;
+    /// How far a fan-out of the event got before it was cut short: the last endpoint, in id
+    /// order, up to which every delivery was written and queued
+    /// ([`Store::record_fan_out_progress`]). `None` when nothing was recorded, or the event
+    /// is not stored.
+    async fn fan_out_progress(
+        &self,
+        account: &AccountId,
+        event: &EventId,
+    ) -> StoreResult<Option<EndpointId>>;
+    /// Records that the event's deliveries to every endpoint up to `through` (in id order)
+    /// are written and queued, so that a fan-out cut short (out of time, or stopped) goes on
+    /// after it. Only forward: a mark at or before the recorded one changes nothing, nor does
+    /// one of an event no longer stored.
+    async fn record_fan_out_progress(
+        &self,
+        account: &AccountId,
+        event: &EventId,
+        through: &EndpointId,
+    ) -> StoreResult<()>;
     /// Marks these stored events missed: a disabled endpoint would have received them
     /// ([`Event::missed_by_any`]), so a resend asking for them finds them by time. Marking
     /// again changes nothing; an event no longer stored, or erased, is passed over.

@@ -68,6 +68,7 @@ async fn a_file_store_keeps_the_contract_with_its_reader_and_checkpoint_threads(
         the_event_type_catalog_is_kept_by_name,
         missed_events_are_listed_by_account_and_time,
         event_deliveries_are_read_a_page_at_a_time,
+        fan_out_progress_is_kept_and_only_moves_forward,
     );
     let store = SqliteStore::open(dir.join("replays.db"), test_secrets(None)).unwrap();
     hooklane_testkit::replay_contract::replays_follow_the_contract(&store).await;

@@ -995,23 +995,44 @@ fn the_sender_may_run_its_longest_batch_to_the_end() {
     );
 }
 
-/// One event's fan-out cannot be split across invocations: the fan-out function's share of
-/// its timeout covers an event to the most endpoints an account may be given.
+/// An event to many endpoints is fanned out a part at a time, each part recorded, and an
+/// invocation past its share of the timeout stops at the end of a part. So the share covers
+/// one part (every invocation moves the event forward), and at the counted write time the
+/// stream's own tries (the first and `MaximumRetryAttempts` retries) finish an event to the
+/// most endpoints allowed with room for writes many times slower; past them the sweeper
+/// goes on from the same mark. Lambda stops an invocation at its timeout; the emulator's
+/// local runner never does.
 #[test]
-fn an_event_to_the_most_endpoints_allowed_fits_one_fanout_invocation() {
+fn a_fan_out_part_fits_one_invocation_and_the_largest_event_fits_the_streams_tries() {
     let most = stack()["Parameters"]["MaxEndpoints"]["MaxValue"]
         .as_u64()
         .expect("MaxEndpoints has a MaxValue");
     let timeout = properties("FanoutFunction")["Timeout"]
         .as_u64()
         .unwrap_or(3);
-    let longest = hooklane::service::fan_out::longest_event_fan_out(most);
+    let part = hooklane::service::fan_out::FAN_OUT_PART as u64;
+    assert!(
+        properties("FanoutFunction")["Environment"]["Variables"]
+            .get("HOOKLANE_FAN_OUT_PART")
+            .is_none(),
+        "the check below counts the default part"
+    );
     let share =
         std::time::Duration::from_secs(timeout).mul_f64(hooklane::aws::handlers::FAN_OUT_SHARE);
+    let one_part = hooklane::service::fan_out::longest_fan_out(part);
     assert!(
-        longest <= share,
-        "an event to {most} endpoints may take {longest:?} to fan out, but the fanout \
-         function fans out for {share:?} of its {timeout} s"
+        one_part <= share,
+        "a part of {part} deliveries may take {one_part:?} to write, but the fanout function \
+         fans out for {share:?} of its {timeout} s"
+    );
+    let tries = u64::from(hooklane::aws::stream::STREAM_RETRIES) + 1;
+    let parts_per_try = (share.as_millis() / one_part.as_millis().max(1)) as u64;
+    let room = 10;
+    assert!(
+        most.div_ceil(part) * room <= parts_per_try * tries,
+        "an event to {most} endpoints is {} parts; {tries} tries of {parts_per_try} parts \
+         each leave less than {room} times the counted write time",
+        most.div_ceil(part)
     );
 }
 

@@ -17,7 +17,7 @@ use hooklane::{
     domain::rate::PublishRate,
     domain::{
         AccountId, Decision, Delivery, DeliveryId, DeliveryStatus, EmailAddress, Endpoint,
-        EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
+        EndpointId, EndpointStatus, EndpointUrl, Event, EventId, EventType, EventTypeFilter,
     },
 };
 
@@ -2128,6 +2128,55 @@ pub async fn an_event_stored_alone_waits_for_its_fan_out(store: &dyn Store) {
     assert_eq!(store.deliveries_of_event(&first).await.unwrap(), vec![d]);
 }
 
+/// How far a fan-out cut short got is kept on its event, and only moves forward: a mark at
+/// or before the one kept (a second fan-out of the event that is behind) leaves it, as does
+/// a mark of an event not stored. Another event's is its own.
+pub async fn fan_out_progress_is_kept_and_only_moves_forward(store: &dyn Store) {
+    account_with_endpoints(store, "acme", ["ep_1"]).await;
+    let (big, other) = (
+        event("acme", "evt_big", t0()),
+        event("acme", "evt_other", t0()),
+    );
+    store.put_event(&big).await.unwrap();
+    store.put_event(&other).await.unwrap();
+    let account = &big.account_id;
+    let progress = |id: &'static str| async move {
+        store
+            .fan_out_progress(account, &EventId::parse(id).unwrap())
+            .await
+            .unwrap()
+            .map(|through| through.as_str().to_owned())
+    };
+    assert_eq!(progress("evt_big").await, None, "nothing recorded yet");
+    let mark = |id: &'static str, through: &'static str| async move {
+        store
+            .record_fan_out_progress(
+                account,
+                &EventId::parse(id).unwrap(),
+                &EndpointId::parse(through).unwrap(),
+            )
+            .await
+            .unwrap()
+    };
+    mark("evt_big", "ep_0500").await;
+    assert_eq!(progress("evt_big").await.as_deref(), Some("ep_0500"));
+    mark("evt_big", "ep_1000").await;
+    assert_eq!(progress("evt_big").await.as_deref(), Some("ep_1000"));
+    mark("evt_big", "ep_0999").await;
+    assert_eq!(
+        progress("evt_big").await.as_deref(),
+        Some("ep_1000"),
+        "a mark behind the kept one leaves it"
+    );
+    assert_eq!(
+        progress("evt_other").await,
+        None,
+        "another event's is its own"
+    );
+    mark("evt_missing", "ep_0001").await;
+    assert_eq!(progress("evt_missing").await, None, "no event, no mark");
+}
+
 /// An event's deliveries a page at a time, in endpoint-id order (neither the endpoints'
 /// creation order nor the deliveries' ids), each page up to its limit and with where the next
 /// starts while there are more; another event's are not among them. More endpoints than one
@@ -2374,6 +2423,7 @@ macro_rules! store_contract_tests {
             the_event_type_catalog_is_kept_by_name,
             missed_events_are_listed_by_account_and_time,
             every_delivery_written_is_counted_once,
+            fan_out_progress_is_kept_and_only_moves_forward,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {

@@ -861,6 +861,54 @@ impl DynamoStore {
         Ok(())
     }
 
+    pub(super) async fn fan_out_progress(
+        &self,
+        account: &AccountId,
+        event: &EventId,
+    ) -> StoreResult<Option<EndpointId>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(account_key(account.as_str(), event.as_str())))
+            .projection_expression("#through")
+            .expression_attribute_names("#through", FANNED_THROUGH)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(sdk)?;
+        Ok(out
+            .item
+            .and_then(|item| opt_s(&item, FANNED_THROUGH))
+            .map(EndpointId::from_trusted))
+    }
+
+    pub(super) async fn record_fan_out_progress(
+        &self,
+        account: &AccountId,
+        event: &EventId,
+        through: &EndpointId,
+    ) -> StoreResult<()> {
+        // A MODIFY record on the stream, which fan-out's filter (INSERT) passes over. Only
+        // forward: a second fan-out of the event (the sweeper's, beside a stream retry) that
+        // is behind does not send the first back over what it did.
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.events)
+            .set_key(Some(account_key(account.as_str(), event.as_str())))
+            .update_expression("SET #through = :through")
+            .condition_expression(
+                "attribute_exists(id) AND (attribute_not_exists(#through) OR #through < :through)",
+            )
+            .expression_attribute_names("#through", FANNED_THROUGH)
+            .expression_attribute_values(":through", s(through.as_str()))
+            .send()
+            .await;
+        written(update)?;
+        Ok(())
+    }
+
     pub(super) async fn mark_missed(&self, events: &[Event]) -> StoreResult<()> {
         let updates: Vec<_> = events
             .iter()

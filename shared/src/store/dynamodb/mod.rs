@@ -94,6 +94,8 @@ const UNFANNED_SHARD: &str = "unfanned_shard";
 /// carry its sort key, `missed_at` (their creation time).
 const MISSED: &str = "missed";
 const MISSED_AT: &str = "missed_at";
+/// How far a fan-out cut short got: the last endpoint id (in id order) it wrote and queued.
+const FANNED_THROUGH: &str = "fanned_through";
 /// Partitions of the `unfanned` index: every outbox write lands in one of them.
 pub const UNFANNED_SHARDS: u32 = 4;
 /// The control item holding how far `walk_unsent_first_tries` has looked.

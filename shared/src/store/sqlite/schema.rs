@@ -12,7 +12,7 @@ use super::*;
 /// migration step, one that rewrites rows without changing the layout included. The test
 /// `the_schema_version_changes_with_the_layout` (tests.rs) records a digest of a new file's
 /// layout for each version and fails until the bump and the new version's line are made.
-pub(super) const SCHEMA_VERSION: i32 = 1;
+pub(super) const SCHEMA_VERSION: i32 = 2;
 
 /// The file's schema version; a newer one than this build's is refused, naming both.
 pub(super) fn schema_version(conn: &Connection) -> StoreResult<i32> {
@@ -101,6 +101,7 @@ CREATE TABLE IF NOT EXISTS events (
   account_id TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, created_at INTEGER NOT NULL, payload TEXT NOT NULL,
   erased_at INTEGER,
   missed INTEGER,
+  fanned_through TEXT,
   PRIMARY KEY (account_id, id)
 );
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -322,8 +323,11 @@ pub(super) const ADDED_NOTIFICATION_COLUMNS: &[(&str, &str)] = &[
     ("last_error", "TEXT"),
 ];
 
-pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] =
-    &[("erased_at", "INTEGER"), ("missed", "INTEGER")];
+pub(super) const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[
+    ("erased_at", "INTEGER"),
+    ("missed", "INTEGER"),
+    ("fanned_through", "TEXT"),
+];
 
 /// Indexes over columns an older file gets from the lists above, made once they exist.
 /// `events_missed` holds only the events a disabled endpoint missed (`missed` is null for

@@ -1838,10 +1838,16 @@ async fn version_of_a_new_file() -> i32 {
 
 /// The fingerprint of the schema a new file gets, per schema version (`SCHEMA_VERSION` in
 /// schema.rs): one line for each version, never edited once it has been released.
-const RECORDED_LAYOUTS: &[(i32, &str)] = &[(
-    1,
-    "53833a07eb8735a0859c75819d458f693be5ec3bc97b1e2637d68c85f3b95bff",
-)];
+const RECORDED_LAYOUTS: &[(i32, &str)] = &[
+    (
+        1,
+        "53833a07eb8735a0859c75819d458f693be5ec3bc97b1e2637d68c85f3b95bff",
+    ),
+    (
+        2,
+        "c7c5dba66d2e6ea142a97002d14f3d04a217bbde081682e728c675784f4e2935",
+    ),
+];
 
 /// A digest of everything a file's schema holds (every table, index and their SQL, as
 /// `sqlite_master` keeps them, whitespace aside).

@@ -183,4 +183,48 @@ impl SqliteStore {
         )
         .await
     }
+
+    pub(super) async fn fan_out_progress(
+        &self,
+        account: &AccountId,
+        event: &EventId,
+    ) -> StoreResult<Option<EndpointId>> {
+        let (account, event) = (account.clone(), event.clone());
+        self.read(move |conn| {
+            conn.query_row(
+                "SELECT fanned_through FROM events WHERE account_id = ?1 AND id = ?2",
+                params![account.as_str(), event.as_str()],
+                |row| row.get::<_, Option<String>>(0),
+            )
+            .optional()
+            .map_err(backend)
+            .map(|through| through.flatten().map(EndpointId::from_trusted))
+        })
+        .await
+    }
+
+    pub(super) async fn record_fan_out_progress(
+        &self,
+        account: &AccountId,
+        event: &EventId,
+        through: &EndpointId,
+    ) -> StoreResult<()> {
+        let keys = (account.as_str().to_owned(), event.as_str().to_owned());
+        let through = through.as_str().to_owned();
+        // Only forward, as on DynamoDB; nothing a first try reads changes.
+        self.run_for(
+            (Lane::Account(account.clone()), 1, false),
+            move |conn| {
+                conn.prepare_cached(
+                    "UPDATE events SET fanned_through = ?3 WHERE account_id = ?1 AND id = ?2 \
+                     AND (fanned_through IS NULL OR fanned_through < ?3)",
+                )
+                .and_then(|mut update| update.execute(params![keys.0, keys.1, through]))
+                .map(|_| ())
+                .map_err(backend)
+            },
+            |_| {},
+        )
+        .await
+    }
 }
