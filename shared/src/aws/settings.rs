@@ -234,6 +234,22 @@ mod tests {
         let mut half = base.to_vec();
         half.push(("HOOKLANE_SCHEDULE_GROUP", "g"));
         assert!(AwsSettings::from_vars(&environment(&half)).is_err());
+        assert_eq!(
+            AwsSettings::from_vars(&environment(&base))
+                .unwrap()
+                .core
+                .fan_out_part,
+            crate::service::fan_out::FAN_OUT_PART
+        );
+        for (part, read) in [("2", Some(2)), ("0", None), ("-1", None), ("many", None)] {
+            let mut parts = base.to_vec();
+            parts.push(("HOOKLANE_FAN_OUT_PART", part));
+            match (AwsSettings::from_vars(&environment(&parts)), read) {
+                (Ok(settings), Some(read)) => assert_eq!(settings.core.fan_out_part, read),
+                (Err(err), None) => assert_eq!(err.variable, "HOOKLANE_FAN_OUT_PART", "{part}"),
+                (other, _) => panic!("HOOKLANE_FAN_OUT_PART={part}: {other:?}"),
+            }
+        }
     }
 
     #[test]
