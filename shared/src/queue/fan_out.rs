@@ -349,6 +349,57 @@ mod tests {
         stop(task).await;
     }
 
+    /// An event to more endpoints than a part goes on after the part recorded on it: a
+    /// fan-out that stopped after writing and queueing the deliveries to ep_a and ep_b (here,
+    /// only its mark is made) is finished with the other three, in parts of two.
+    #[tokio::test]
+    async fn an_event_in_parts_goes_on_after_the_part_recorded() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let five = ["ep_a", "ep_b", "ep_c", "ep_d", "ep_e"];
+        account_with_endpoints(store.as_ref(), "acme", five).await;
+        let big = event("acme", "evt_big", t0());
+        store.put_event(&big).await.unwrap();
+        let through = crate::domain::EndpointId::parse("ep_b").unwrap();
+        store
+            .record_fan_out_progress(&big.account_id, &big.id, &through)
+            .await
+            .unwrap();
+        let (stop_task, stopped) = watch::channel(false);
+        let app = App {
+            config: Arc::new(crate::config::CoreConfig {
+                fan_out_part: 2,
+                ..Default::default()
+            }),
+            ..app(&store)
+        };
+        let running = tokio::spawn(super::run(app, Arc::clone(&store), stopped));
+        eventually("the event is off the list", || {
+            let store = Arc::clone(&store);
+            async move { unfanned(&store).await == 0 }
+        })
+        .await;
+        let mut to: Vec<String> = store
+            .deliveries_of_event(&big)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.endpoint_id.to_string())
+            .collect();
+        to.sort();
+        assert_eq!(to, ["ep_c", "ep_d", "ep_e"]);
+        assert_eq!(
+            store
+                .fan_out_progress(&big.account_id, &big.id)
+                .await
+                .unwrap()
+                .map(|ep| ep.to_string())
+                .as_deref(),
+            Some("ep_e"),
+            "each part recorded"
+        );
+        stop((stop_task, running)).await;
+    }
+
     /// A turn whose task panicked gives its account back to the line (its events are still
     /// listed), and a turn that ended with more waiting does too; one that found its
     /// account's list empty does not.
