@@ -406,9 +406,11 @@ async fn write_whole(
         // A replay: queue again what an earlier run created but may not have queued.
         let existing = app.store.deliveries_of_event(event).await?;
         let added: std::collections::HashSet<&DeliveryId> = added.iter().map(|a| &a.id).collect();
-        to_queue.extend(existing.into_iter().filter(|d| {
-            d.status == DeliveryStatus::Pending && d.attempts == 0 && !added.contains(&d.id)
-        }));
+        to_queue.extend(
+            existing
+                .into_iter()
+                .filter(|d| unsent(d) && !added.contains(&d.id)),
+        );
     }
     Ok((added.len(), pending_refs(&to_queue, &receivers, now)))
 }
@@ -443,13 +445,17 @@ async fn write_part(
             .collect()
             .await;
         for delivery in read {
-            to_queue.extend(
-                delivery?.filter(|d| d.status == DeliveryStatus::Pending && d.attempts == 0),
-            );
+            to_queue.extend(delivery?.filter(unsent));
         }
     }
     let receivers: Vec<&Endpoint> = part.iter().map(|(e, _)| *e).collect();
     Ok((added.len(), pending_refs(&to_queue, &receivers, now)))
+}
+
+/// What a replay queues again of the deliveries it finds written: those still pending with no
+/// attempt (it cannot know whether the run that wrote them got as far as queueing them).
+fn unsent(delivery: &Delivery) -> bool {
+    delivery.status == DeliveryStatus::Pending && delivery.attempts == 0
 }
 
 /// Reads of a replayed part's deliveries made at a time.
