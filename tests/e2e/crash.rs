@@ -14,8 +14,10 @@ use crate::support::{Scratch, Server};
 async fn kill_nine_mid_flight_then_restart_delivers_everything() {
     let farm = Farm::start().await.expect("farm");
     let endpoints: Vec<String> = (0..5).map(|i| format!("crash{i}")).collect();
+    // 1,500 deliveries at 16 workers × 100 ms take 9 s or more, so the kill after the
+    // first 100 lands mid-run however fast or loaded the host is.
     for name in &endpoints {
-        farm.configure(name, Behavior::slow(Duration::from_millis(40)));
+        farm.configure(name, Behavior::slow(Duration::from_millis(100)));
     }
     let scratch = Scratch::new("crash");
     let mut server = Server::start(&scratch, &[("HOOKLANE_WORKERS", "16")]).await;
@@ -29,10 +31,16 @@ async fn kill_nine_mid_flight_then_restart_delivers_everything() {
     }
     let events = 300;
     let started = Instant::now();
-    for i in 0..events {
-        server
-            .publish("acme", "order.created", json!({"order": i}))
+    // In batches of 100: one event at a time took long enough on a loaded host for
+    // every delivery to be sent before the kill.
+    for first in (0..events).step_by(100) {
+        let batch: Vec<_> = (first..first + 100)
+            .map(|i| json!({"type": "order.created", "data": {"order": i}}))
+            .collect();
+        let (status, answer) = server
+            .post("/v1/accounts/acme/events/batch", json!({ "events": batch }))
             .await;
+        assert_eq!(status, 202, "{answer}");
     }
     // Let some deliveries complete and others be mid-request, then crash.
     assert!(
@@ -46,6 +54,10 @@ async fn kill_nine_mid_flight_then_restart_delivers_everything() {
     );
     server.kill9().await;
     let at_crash = farm.total_arrivals();
+    assert!(
+        at_crash < events * endpoints.len() / 2,
+        "the kill came late: {at_crash} requests had begun"
+    );
     server.restart().await;
     let expected = events * endpoints.len();
     let all_arrived = |f: &Farm| {
