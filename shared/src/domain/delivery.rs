@@ -42,7 +42,8 @@ impl DeliveryStatus {
     }
 }
 
-/// The deliveries of `event` to those of `endpoints` that receive its type, created at
+/// The deliveries of `event` to those of `endpoints` that receive it (see
+/// [`Endpoint::receives`](crate::domain::Endpoint::receives)), created at
 /// `now`, each beside its endpoint: who gets an event, decided in one place.
 pub fn deliveries_to<'a>(
     event: &crate::domain::Event,
@@ -51,7 +52,7 @@ pub fn deliveries_to<'a>(
 ) -> Vec<(&'a crate::domain::Endpoint, Delivery)> {
     endpoints
         .iter()
-        .filter(|endpoint| endpoint.receives(&event.event_type))
+        .filter(|endpoint| endpoint.receives(event))
         .map(|endpoint| {
             (
                 endpoint,
@@ -262,6 +263,34 @@ mod tests {
             &serde_json::json!({}),
         )
         .unwrap()
+    }
+
+    /// Who gets an event: the active endpoints subscribed to its type that existed when it
+    /// was published, to the millisecond the stores keep.
+    #[test]
+    fn an_event_goes_to_the_active_endpoints_that_existed_when_it_was_published() {
+        use crate::fixtures::endpoint;
+        let published = 1_700_000_000_000;
+        let event = event("evt_1", published);
+        let at = |offset: i64| from_millis(published + offset);
+        let mut disabled = endpoint("acme", "ep_disabled", at(-1));
+        disabled.status = crate::domain::EndpointStatus::Disabled;
+        let endpoints = [
+            endpoint("acme", "ep_before", at(-60_000)),
+            // Within the event's millisecond, after it: the stores cannot tell them apart.
+            endpoint(
+                "acme",
+                "ep_same_ms",
+                at(0) + chrono::TimeDelta::microseconds(500),
+            ),
+            endpoint("acme", "ep_after", at(1)),
+            disabled,
+        ];
+        let to: Vec<&str> = deliveries_to(&event, &endpoints, at(5))
+            .iter()
+            .map(|(endpoint, _)| endpoint.id.as_str())
+            .collect();
+        assert_eq!(to, ["ep_before", "ep_same_ms"]);
     }
 
     #[test]

@@ -233,8 +233,13 @@ impl Endpoint {
         secrets
     }
 
-    pub fn receives(&self, event_type: &EventType) -> bool {
-        self.status == EndpointStatus::Active && self.event_types.matches(event_type)
+    /// Whether `event` is sent to this endpoint: it is active, subscribes to the event's
+    /// type, and existed when the event was published. An endpoint created later does not
+    /// get it, however late the event's fan-out runs (after a crash, in parts on AWS), so
+    /// who gets an event does not hang on when its fan-out ran or on endpoint ids.
+    pub fn receives(&self, event: &super::Event) -> bool {
+        self.status == EndpointStatus::Active
+            && self.subscribed_at(&event.event_type, event.created_at)
     }
 
     /// Whether the endpoint, whatever its status, subscribes to `event_type` and existed

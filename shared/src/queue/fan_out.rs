@@ -349,6 +349,43 @@ mod tests {
         stop(task).await;
     }
 
+    /// An event goes to the endpoints that existed when it was published, whenever its
+    /// fan-out runs: one created since (a customer adding an endpoint while the event waits
+    /// to be fanned out) does not get it, and is not sent the account's past events.
+    #[tokio::test]
+    async fn an_endpoint_created_after_the_event_does_not_get_it() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        account_with_endpoints(store.as_ref(), "acme", ["ep_a"]).await;
+        let published = t0() + chrono::TimeDelta::seconds(1);
+        let waiting = event("acme", "evt_waiting", published);
+        store.put_event(&waiting).await.unwrap();
+        for (id, at) in [
+            ("ep_same_ms", published),
+            ("ep_late", published + chrono::TimeDelta::milliseconds(1)),
+        ] {
+            store
+                .create_endpoint(&crate::fixtures::endpoint("acme", id, at))
+                .await
+                .unwrap();
+        }
+        let task = start(&store);
+        eventually("the event is off the list", || {
+            let store = Arc::clone(&store);
+            async move { unfanned(&store).await == 0 }
+        })
+        .await;
+        let mut to: Vec<String> = store
+            .deliveries_of_event(&waiting)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.endpoint_id.to_string())
+            .collect();
+        to.sort();
+        assert_eq!(to, ["ep_a", "ep_same_ms"]);
+        stop(task).await;
+    }
+
     /// An event to more endpoints than a part goes on after the part recorded on it: a
     /// fan-out that stopped after writing and queueing the deliveries to ep_a and ep_b (here,
     /// only its mark is made) is finished with the other three, in parts of two.
@@ -359,6 +396,13 @@ mod tests {
         account_with_endpoints(store.as_ref(), "acme", five).await;
         let big = event("acme", "evt_big", t0());
         store.put_event(&big).await.unwrap();
+        // Created between two parts, after the event: it does not get it, though its id
+        // sorts after the mark.
+        let later = t0() + chrono::TimeDelta::milliseconds(1);
+        store
+            .create_endpoint(&crate::fixtures::endpoint("acme", "ep_f", later))
+            .await
+            .unwrap();
         let through = crate::domain::EndpointId::parse("ep_b").unwrap();
         store
             .record_fan_out_progress(&big.account_id, &big.id, &through)

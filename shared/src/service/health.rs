@@ -124,7 +124,7 @@ async fn operational_event(
         .list_endpoints(ops)
         .await?
         .iter()
-        .filter(|e| e.id != endpoint.id && e.receives(&event.event_type))
+        .filter(|e| e.id != endpoint.id && e.receives(&event))
         .map(|e| Delivery::new_pending(&event, e.id.clone(), now))
         .collect();
     Ok(Some((event, deliveries)))
