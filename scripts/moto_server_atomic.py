@@ -18,17 +18,26 @@ refused by DynamoDB (ValidationException: "The BETWEEN operator requires upper b
 greater than or equal to lower bound"); moto answers it with no items. Refused here too, so
 a test of code that can build such a window fails as it would on AWS.
 
+A table over its write capacity refuses the write with ProvisionedThroughputExceededException,
+and a write whose condition fails still uses its capacity unit; moto has no capacity. Here the
+delivery log of a stack whose name begins with `throttled` (`throttled…-delivery-log`) takes
+at most `THROTTLED_WRITES_PER_SECOND` item writes in any second, as a table of that many
+write units with no burst left would, and refuses the rest (before looking at their condition).
+Other tables, and other stacks, are never throttled.
+
 Usage: python moto_server_atomic.py [moto_server options]
 """
 
 import re
 import sys
 import threading
+import time
+from collections import deque
 from decimal import Decimal
 
 from moto import server
 from moto.dynamodb.models import DynamoDBBackend
-from moto.dynamodb.exceptions import MockValidationException
+from moto.dynamodb.exceptions import ERROR_TYPE_PREFIX, DynamodbException, MockValidationException
 from moto.dynamodb.responses import DynamoHandler
 from moto.dynamodbstreams.responses import DynamoDBStreamsHandler
 
@@ -104,6 +113,47 @@ def _query_refusing_reversed_between(self):
 
 
 DynamoHandler.query = _query_refusing_reversed_between
+
+THROTTLED_WRITES_PER_SECOND = 20
+_THROTTLED_TABLE = re.compile(r"^throttled.*-delivery-log$")
+_writes = {}
+
+
+class ProvisionedThroughputExceeded(DynamodbException):
+    error_type = ERROR_TYPE_PREFIX + "ProvisionedThroughputExceededException"
+
+    def __init__(self, table):
+        super().__init__(
+            self.error_type,
+            message="The level of configured provisioned throughput for the table was exceeded. "
+            f"Consider increasing your provisioning level with the UpdateTable API ({table})",
+        )
+
+
+def _within_capacity(handler):
+    """Called under the DynamoDB lock: counts the write, or refuses it past the capacity."""
+    table = handler.body.get("TableName") or ""
+    if not _THROTTLED_TABLE.match(table):
+        return
+    now = time.monotonic()
+    recent = _writes.setdefault(table, deque())
+    while recent and now - recent[0] >= 1.0:
+        recent.popleft()
+    if len(recent) >= THROTTLED_WRITES_PER_SECOND:
+        raise ProvisionedThroughputExceeded(table)
+    recent.append(now)
+
+
+def _capacity_checked(write):
+    def checked(self):
+        _within_capacity(self)
+        return write(self)
+
+    return checked
+
+
+for _write in ("put_item", "update_item", "delete_item"):
+    setattr(DynamoHandler, _write, _capacity_checked(getattr(DynamoHandler, _write)))
 
 if __name__ == "__main__":
     server.main(sys.argv[1:])

@@ -467,3 +467,65 @@ async fn a_batch_whose_last_event_ends_past_the_deadline_is_not_retried() {
         "a batch whose one event ran to its end: {response:?}"
     );
 }
+
+/// DynamoDB refuses a write past a table's capacity (ProvisionedThroughputExceeded; a write
+/// whose condition fails still uses its unit), and the SDK gives up after three tries. The
+/// emulator enforces 20 writes a second on a `throttled…` stack's delivery log (see
+/// `scripts/moto_server_atomic.py`). An event to 80 endpoints, in parts of 40, handled
+/// again each time it reports its record, as the stream retries it: it ends whole within a
+/// few runs, every delivery written once and queued, and the event marked done. (When a
+/// throttled put failed the whole part, every run put the part's 40 again, using up the
+/// second's capacity on those already written: twelve runs wrote nothing more.)
+#[tokio::test]
+async fn a_fan_out_over_the_delivery_logs_capacity_ends_whole_with_each_delivery_queued() {
+    const ENDPOINTS: usize = 80;
+    const RUNS: usize = 12;
+    let core = hooklane::config::CoreConfig {
+        fan_out_part: 40,
+        ..Default::default()
+    };
+    let (settings, shape) =
+        hooklane_testkit::testing::emulated_shape_named("throttled", core).await;
+    let store = shape.app.store.as_ref();
+    let endpoints = fixtures::account_with_numbered_endpoints(store, "acme", ENDPOINTS).await;
+    let (batch, events) = outbox_batch(&shape, &["evt_throttled"], 800).await;
+    let event = &events[0];
+    let (mut reported, mut queued) = (0, Vec::new());
+    let mut done = false;
+    let began = std::time::Instant::now();
+    for _ in 0..RUNS {
+        let response = super::handle(&shape, batch.clone()).await;
+        queued.extend(drain_queued(&settings.queue_url).await);
+        if response.batch_item_failures.is_empty() {
+            done = true;
+            break;
+        }
+        reported += 1;
+    }
+    let took = began.elapsed();
+    println!(
+        "throttled fan-out: {took:?}, {reported} runs reported the record, {} messages queued for {ENDPOINTS} deliveries",
+        queued.len()
+    );
+    // 80 writes at 20 a second: the first 20 in the first second, the rest at least 3 s on.
+    assert!(
+        took >= std::time::Duration::from_secs(3),
+        "written in {took:?}: the emulator's capacity rule did not apply"
+    );
+    assert!(done, "still reporting the record after {RUNS} runs");
+    let ids: Vec<&str> = endpoints.iter().map(|e| e.id.as_str()).collect();
+    let all = delivery_ids(event, &ids);
+    assert_eq!(
+        store.deliveries_of_event(event).await.unwrap().len(),
+        ENDPOINTS
+    );
+    let mut distinct = queued.clone();
+    distinct.dedup();
+    assert_eq!(distinct, all, "every delivery queued");
+    let later = hooklane::clock::add(fixtures::t0(), std::time::Duration::from_secs(86_400));
+    let unfanned = store.unfanned_events(None, later, 100).await.unwrap();
+    assert!(
+        unfanned.events.iter().all(|e| e.id != event.id),
+        "marked done: {unfanned:?}"
+    );
+}

@@ -476,6 +476,19 @@ pub async fn expire_as_ttl_would(
 /// leases run out within a test); loopback receivers are allowed whatever `core` says.
 #[cfg(feature = "aws")]
 pub async fn emulated_shape_with(
+    core: hooklane::config::CoreConfig,
+) -> (
+    hooklane::aws::settings::AwsSettings,
+    hooklane::aws::shape::AwsShape,
+) {
+    emulated_shape_named("f", core).await
+}
+
+/// [`emulated_shape_with`] for a stack whose name begins with `start`: `throttled` gives its
+/// delivery log a write capacity the emulator enforces (see `scripts/moto_server_atomic.py`).
+#[cfg(feature = "aws")]
+pub async fn emulated_shape_named(
+    start: &str,
     mut core: hooklane::config::CoreConfig,
 ) -> (
     hooklane::aws::settings::AwsSettings,
@@ -486,7 +499,10 @@ pub async fn emulated_shape_with(
         hooklane::http::AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], false);
     // The key of endpoint secrets, which `Server::start_aws` of the end-to-end tests also gives.
     core.secrets.current.get_or_insert(TEST_SECRETS_KEY);
-    let prefix = format!("f{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let prefix = format!(
+        "{start}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     let settings = hooklane::aws::local::provision(&prefix, core)
         .await
         .unwrap();

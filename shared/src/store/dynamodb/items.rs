@@ -17,6 +17,21 @@ pub(super) fn is_condition_failed<E: ProvideErrorMetadata, R>(error: &SdkError<E
         == Some("ConditionalCheckFailedException")
 }
 
+/// Whether DynamoDB refused the request for the table's (or the account's) throughput: it
+/// may go through after a pause, and wrote nothing.
+pub(super) fn is_throttled<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -> bool {
+    matches!(
+        error
+            .as_service_error()
+            .and_then(ProvideErrorMetadata::code),
+        Some(
+            "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "RequestLimitExceeded"
+        )
+    )
+}
+
 /// The output of a conditional write, or `None` when its condition did not hold.
 pub(super) fn written<T, E, R>(result: Result<T, SdkError<E, R>>) -> StoreResult<Option<T>>
 where
