@@ -212,6 +212,24 @@ mod tests {
         panic!("not within 10 s: {what}");
     }
 
+    /// Once the fan-out has emptied the list: the endpoints `event` has deliveries to, sorted.
+    async fn fanned_out_to(store: &Arc<SqliteStore>, event: &crate::domain::Event) -> Vec<String> {
+        eventually("the event is off the list", || {
+            let store = Arc::clone(store);
+            async move { unfanned(&store).await == 0 }
+        })
+        .await;
+        let mut to: Vec<String> = store
+            .deliveries_of_event(event)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.endpoint_id.to_string())
+            .collect();
+        to.sort();
+        to
+    }
+
     async fn unfanned(store: &SqliteStore) -> usize {
         let later = t0() + chrono::TimeDelta::days(3650);
         store
@@ -369,20 +387,10 @@ mod tests {
                 .unwrap();
         }
         let task = start(&store);
-        eventually("the event is off the list", || {
-            let store = Arc::clone(&store);
-            async move { unfanned(&store).await == 0 }
-        })
-        .await;
-        let mut to: Vec<String> = store
-            .deliveries_of_event(&waiting)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|d| d.endpoint_id.to_string())
-            .collect();
-        to.sort();
-        assert_eq!(to, ["ep_a", "ep_same_ms"]);
+        assert_eq!(
+            fanned_out_to(&store, &waiting).await,
+            ["ep_a", "ep_same_ms"]
+        );
         stop(task).await;
     }
 
@@ -417,20 +425,7 @@ mod tests {
             ..app(&store)
         };
         let running = tokio::spawn(super::run(app, Arc::clone(&store), stopped));
-        eventually("the event is off the list", || {
-            let store = Arc::clone(&store);
-            async move { unfanned(&store).await == 0 }
-        })
-        .await;
-        let mut to: Vec<String> = store
-            .deliveries_of_event(&big)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|d| d.endpoint_id.to_string())
-            .collect();
-        to.sort();
-        assert_eq!(to, ["ep_c", "ep_d", "ep_e"]);
+        assert_eq!(fanned_out_to(&store, &big).await, ["ep_c", "ep_d", "ep_e"]);
         assert_eq!(
             store
                 .fan_out_progress(&big.account_id, &big.id)
