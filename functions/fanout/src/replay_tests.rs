@@ -520,6 +520,7 @@ async fn a_fan_out_over_the_delivery_logs_capacity_ends_whole_with_each_delivery
         ENDPOINTS
     );
     let mut distinct = queued.clone();
+    distinct.sort();
     distinct.dedup();
     assert_eq!(distinct, all, "every delivery queued");
     let later = hooklane::clock::add(fixtures::t0(), std::time::Duration::from_secs(86_400));

@@ -560,7 +560,7 @@ impl DynamoStore {
             throttled = Vec::new();
             for (at, result, put) in results {
                 // Over the table's capacity, once the SDK's own tries are spent: put again
-                // after a pause, alone. Given up, the whole call failed, and its retry (a
+                // after a pause (as a batch read's unprocessed keys are), only those. Given up, the whole call failed, and its retry (a
                 // part of a fan-out is written again) put every delivery again, each using
                 // capacity even where its condition fails: under a steady limit, a part
                 // never got through.
