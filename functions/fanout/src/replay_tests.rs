@@ -530,3 +530,62 @@ async fn a_fan_out_over_the_delivery_logs_capacity_ends_whole_with_each_delivery
         "marked done: {unfanned:?}"
     );
 }
+
+/// The sender against the same throttled delivery log: 60 deliveries sent at once, each
+/// attempt's record a write of the delivery log. Every record is written, and so every
+/// webhook sent once: a record refused for the table's capacity once the SDK's tries are
+/// spent is tried again, not left failed (the queue would hand its message out again, and
+/// the endpoint that had answered 2xx would get the webhook twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
+    const ENDPOINTS: usize = 60;
+    let (settings, shape) = hooklane_testkit::testing::emulated_shape_named(
+        "throttled",
+        hooklane::config::CoreConfig::default(),
+    )
+    .await;
+    let receiver = slow_receiver(Duration::from_millis(5)).await;
+    let store = shape.app.store.as_ref();
+    let endpoints: Vec<_> = (0..ENDPOINTS)
+        .map(|i| fixtures::endpoint_sending_to("acme", &format!("ep_{i:03}"), &receiver.url))
+        .collect();
+    fixtures::create_account_and_endpoints(store, "acme", &endpoints).await;
+    let (batch, _) = outbox_batch(&shape, &["evt_recorded"], 900).await;
+    let fanned = handle(&shape, batch).await;
+    assert!(fanned.batch_item_failures.is_empty(), "{fanned:?}");
+    let mut messages = Vec::new();
+    loop {
+        let got = receive_queued(&settings.queue_url, 1).await;
+        if got.is_empty() {
+            break;
+        }
+        messages.extend(
+            got.iter()
+                .map(|m| DeliveryMessage::parse(m.body().unwrap()).unwrap()),
+        );
+    }
+    assert_eq!(messages.len(), ENDPOINTS);
+    let lanes = Lanes {
+        slots: shape.slots.as_ref(),
+        rate: shape.slots.as_ref(),
+        sweep_grace: shape.sweep_grace,
+    };
+    // One batch of them all, the endpoints side by side (a sender's batch is ten).
+    let handled = hooklane::service::sender::handle_batch(&shape.app, lanes, &messages).await;
+    let not_recorded: Vec<_> = handled
+        .iter()
+        .filter(|h| !matches!(h, Ok(Handled::Attempted(_))))
+        .collect();
+    println!(
+        "throttled records: {} of {ENDPOINTS} not recorded, {} requests",
+        not_recorded.len(),
+        receiver.arrivals().len()
+    );
+    assert!(
+        not_recorded.is_empty(),
+        "{} of {ENDPOINTS} not recorded, the first: {:?}",
+        not_recorded.len(),
+        not_recorded.first()
+    );
+    assert_eq!(receiver.arrivals().len(), ENDPOINTS);
+}

@@ -163,7 +163,7 @@ impl DynamoStore {
         if !removes.is_empty() {
             expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
         }
-        let updated = self
+        let update = self
             .client
             .update_item()
             .table_name(&self.tables.deliveries)
@@ -173,9 +173,8 @@ impl DynamoStore {
             .expression_attribute_names("#status", "status")
             .set_expression_attribute_values(Some(values))
             // The endpoint's key needs the account, which the delivery knows.
-            .return_values(ReturnValue::AllNew)
-            .send()
-            .await;
+            .return_values(ReturnValue::AllNew);
+        let updated = sent_through_throttling(|| update.clone().send()).await;
         // Not written: not pending at the expected count, or no such delivery.
         let Some(out) = written(updated)? else {
             return Ok(RecordOutcome::Stale);
@@ -190,11 +189,12 @@ impl DynamoStore {
             .ok_or_else(|| corrupt("account_id"))?;
 
         if let Some(row) = attempt_row {
-            self.client
+            let put = self
+                .client
                 .put_item()
                 .table_name(&self.tables.attempts)
-                .set_item(Some(row))
-                .send()
+                .set_item(Some(row));
+            sent_through_throttling(|| put.clone().send())
                 .await
                 .map_err(sdk)?;
         }

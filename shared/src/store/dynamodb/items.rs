@@ -32,6 +32,32 @@ pub(super) fn is_throttled<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -
     )
 }
 
+/// `send`'s answer, sent again after a pause while DynamoDB refuses it for throughput
+/// (up to [`UNPROCESSED_ROUNDS`] times, pausing as for a batch read's unprocessed keys),
+/// once the SDK's own tries are spent: for a write whose failure costs more than waiting,
+/// such as an attempt's record after the endpoint answered (left failed, its message is
+/// handed out again and the webhook sent twice).
+pub(super) async fn sent_through_throttling<T, E, R, F, Fut>(
+    mut send: F,
+) -> Result<T, SdkError<E, R>>
+where
+    E: ProvideErrorMetadata,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, SdkError<E, R>>>,
+{
+    let mut round = 0;
+    loop {
+        let answer = send().await;
+        match &answer {
+            Err(error) if is_throttled(error) && round < UNPROCESSED_ROUNDS => {
+                round += 1;
+                tokio::time::sleep(unprocessed_pause(round)).await;
+            }
+            _ => return answer,
+        }
+    }
+}
+
 /// The output of a conditional write, or `None` when its condition did not hold.
 pub(super) fn written<T, E, R>(result: Result<T, SdkError<E, R>>) -> StoreResult<Option<T>>
 where
