@@ -486,6 +486,7 @@ async fn a_fan_out_over_the_delivery_logs_capacity_ends_whole_with_each_delivery
     };
     let (settings, shape) =
         hooklane_testkit::testing::emulated_shape_named("throttled", core).await;
+    hooklane_testkit::testing::assert_emulator_throttles(&settings.tables.deliveries).await;
     let store = shape.app.store.as_ref();
     let endpoints = fixtures::account_with_numbered_endpoints(store, "acme", ENDPOINTS).await;
     let (batch, events) = outbox_batch(&shape, &["evt_throttled"], 800).await;
@@ -502,15 +503,10 @@ async fn a_fan_out_over_the_delivery_logs_capacity_ends_whole_with_each_delivery
         }
         reported += 1;
     }
-    let took = began.elapsed();
     println!(
-        "throttled fan-out: {took:?}, {reported} runs reported the record, {} messages queued for {ENDPOINTS} deliveries",
+        "throttled fan-out: {:?}, {reported} runs reported the record, {} messages queued for {ENDPOINTS} deliveries",
+        began.elapsed(),
         queued.len()
-    );
-    // 80 writes at 20 a second: the first 20 in the first second, the rest at least 3 s on.
-    assert!(
-        took >= std::time::Duration::from_secs(3),
-        "written in {took:?}: the emulator's capacity rule did not apply"
     );
     assert!(done, "still reporting the record after {RUNS} runs");
     let ids: Vec<&str> = endpoints.iter().map(|e| e.id.as_str()).collect();
@@ -544,6 +540,7 @@ async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
         hooklane::config::CoreConfig::default(),
     )
     .await;
+    hooklane_testkit::testing::assert_emulator_throttles(&settings.tables.deliveries).await;
     let receiver = slow_receiver(Duration::from_millis(5)).await;
     let store = shape.app.store.as_ref();
     let endpoints: Vec<_> = (0..ENDPOINTS)

@@ -472,6 +472,47 @@ pub async fn expire_as_ttl_would(
     }
 }
 
+/// Fails unless the emulator refuses writes to `table` past its capacity (a `throttled…`
+/// stack's delivery log): 30 deletes of an item that does not exist, one after the other
+/// with the SDK's retries off, must meet `ProvisionedThroughputExceededException`. A test
+/// of behaviour under throttling calls it first, so that it cannot pass against an emulator
+/// that never throttles. It waits a second after, for the capacity to come back.
+#[cfg(feature = "aws")]
+pub async fn assert_emulator_throttles(table: &str) {
+    use hooklane::aws::aws_sdk_dynamodb::{
+        config::{retry::RetryConfig, Builder},
+        error::ProvideErrorMetadata,
+        types::AttributeValue,
+        Client,
+    };
+    let config = Builder::from(&hooklane::aws::load_sdk_config().await)
+        .retry_config(RetryConfig::disabled())
+        .build();
+    let client = Client::from_conf(config);
+    let mut refused = 0;
+    for n in 0..30 {
+        let answer = client
+            .delete_item()
+            .table_name(table)
+            .key("log", AttributeValue::S("capacity-probe".into()))
+            .key("id", AttributeValue::S(format!("probe-{n}")))
+            .send()
+            .await;
+        match answer {
+            Ok(_) => {}
+            Err(error) if error.code() == Some("ProvisionedThroughputExceededException") => {
+                refused += 1
+            }
+            Err(error) => panic!("probe of {table}: {error:?}"),
+        }
+    }
+    assert!(
+        refused > 0,
+        "{table} took 30 writes at once: the emulator does not throttle it (scripts/moto_server_atomic.py)"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+}
+
 /// [`emulated_shape`] with chosen settings (e.g. a short request deadline, so that slot
 /// leases run out within a test); loopback receivers are allowed whatever `core` says.
 #[cfg(feature = "aws")]
