@@ -234,22 +234,32 @@ impl Endpoint {
     }
 
     /// Whether `event` is sent to this endpoint: it is active, subscribes to the event's
-    /// type, and existed when the event was published. An endpoint created later does not
-    /// get it, however late the event's fan-out runs (after a crash, in parts on AWS), so
-    /// who gets an event does not hang on when its fan-out ran or on endpoint ids.
+    /// type, and existed when the event was published (within [`CLOCK_ALLOWANCE`]). An
+    /// endpoint created later does not get it, however late the event's fan-out runs (after
+    /// a crash, in parts on AWS), so who gets an event does not hang on when its fan-out ran
+    /// or on endpoint ids.
     pub fn receives(&self, event: &super::Event) -> bool {
         self.status == EndpointStatus::Active
             && self.subscribed_at(&event.event_type, event.created_at)
     }
 
     /// Whether the endpoint, whatever its status, subscribes to `event_type` and existed
-    /// when an event of it was published at `published_at` (to the millisecond, as the
-    /// stores keep times).
+    /// when an event of it was published at `published_at`: created less than
+    /// [`CLOCK_ALLOWANCE`] after it (to the millisecond, as the stores keep times).
     pub fn subscribed_at(&self, event_type: &EventType, published_at: Timestamp) -> bool {
+        let allowance = i64::try_from(CLOCK_ALLOWANCE.as_millis()).unwrap_or(i64::MAX);
         self.event_types.matches(event_type)
-            && crate::clock::to_millis(self.created_at) <= crate::clock::to_millis(published_at)
+            && crate::clock::to_millis(self.created_at)
+                < crate::clock::to_millis(published_at).saturating_add(allowance)
     }
 }
+
+/// How much later than an event an endpoint may have been created and still get it. On AWS
+/// the two times come from different clocks (two API functions; the platform's own for an
+/// outbox event): an endpoint created just before a publish must not miss it because the
+/// publishing clock runs a few milliseconds behind. The price is that an endpoint created
+/// less than a second after an event gets it.
+pub const CLOCK_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `endpoints` by id, to match each of many deliveries to its endpoint in one pass: an
 /// account may have 100,000 endpoints, and a search of the list per delivery is quadratic.
