@@ -527,62 +527,37 @@ impl DynamoStore {
             .await?;
         let puts = deliveries
             .iter()
-            .enumerate()
-            .map(|(at, delivery)| {
-                Ok((
-                    at,
-                    self.client
-                        .put_item()
-                        .table_name(&self.tables.deliveries)
-                        .set_item(Some(self.delivery_item(delivery)?))
-                        .condition_expression("attribute_not_exists(id)"),
-                ))
+            .map(|delivery| {
+                Ok(self
+                    .client
+                    .put_item()
+                    .table_name(&self.tables.deliveries)
+                    .set_item(Some(self.delivery_item(delivery)?))
+                    .condition_expression("attribute_not_exists(id)"))
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        // Every put runs: those written are counted even when another failed (its retry
+        // Several at a time: an event fanned out to a hundred endpoints, or a resend that
+        // recovers thousands of missed events, is not a hundred or thousands of round trips.
+        // A put over the table's capacity is sent again on its own: failed, it failed the
+        // call, whose retry (a part of a fan-out written again) put every delivery again,
+        // each using capacity even where its condition fails, so under a steady limit a part
+        // never got through.
+        let results: Vec<_> = futures_util::stream::iter(puts)
+            .map(|put| async move { sent_through_throttling(|| put.clone().send()).await })
+            .buffered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        // Every put has run: those written are counted even when another failed (its retry
         // finds them written and counts only the rest).
-        let mut added_at = Vec::new();
+        let mut added = Vec::new();
         let mut failure = None;
-        let mut throttled = puts;
-        let mut round = 0;
-        while !throttled.is_empty() {
-            if round > 0 {
-                tokio::time::sleep(unprocessed_pause(round)).await;
-            }
-            round += 1;
-            // Several at a time: an event fanned out to a hundred endpoints, or a resend that
-            // recovers thousands of missed events, is not a hundred or thousands of round trips.
-            let results: Vec<_> = futures_util::stream::iter(throttled)
-                .map(|(at, put)| async move { (at, put.clone().send().await, put) })
-                .buffered(WRITE_CONCURRENCY)
-                .collect()
-                .await;
-            throttled = Vec::new();
-            for (at, result, put) in results {
-                // Over the table's capacity, once the SDK's own tries are spent: put again
-                // after a pause (as a batch read's unprocessed keys are), only those. Given up, the whole call failed, and its retry (a
-                // part of a fan-out is written again) put every delivery again, each using
-                // capacity even where its condition fails: under a steady limit, a part
-                // never got through.
-                if let Err(error) = &result {
-                    if is_throttled(error) && round <= UNPROCESSED_ROUNDS {
-                        throttled.push((at, put));
-                        continue;
-                    }
-                }
-                match written(result) {
-                    Ok(Some(_)) => added_at.push(at),
-                    Ok(None) => {}
-                    Err(error) => failure = failure.or(Some(error)),
-                }
+        for (delivery, result) in deliveries.iter().zip(results) {
+            match written(result) {
+                Ok(Some(_)) => added.push(delivery.clone()),
+                Ok(None) => {}
+                Err(error) => failure = failure.or(Some(error)),
             }
         }
-        // In the callers' order, whatever round wrote them.
-        added_at.sort_unstable();
-        let added: Vec<Delivery> = added_at
-            .into_iter()
-            .filter_map(|at| deliveries.get(at).cloned())
-            .collect();
         crate::telemetry::deliveries_created(added.len());
         match failure {
             Some(error) => Err(error),
