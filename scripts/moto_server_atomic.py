@@ -23,7 +23,9 @@ and a write whose condition fails still uses its capacity unit; moto has no capa
 delivery log of a stack whose name begins with `throttled` (`throttled…-delivery-log`) takes
 at most `THROTTLED_WRITES_PER_SECOND` item writes in any second, as a table of that many
 write units with no burst left would, and refuses the rest (before looking at their condition).
-Other tables, and other stacks, are never throttled.
+The attempts table of a stack whose name begins with `saturated` (`saturated…-attempts`)
+takes no write at all, as a table whose capacity another workload uses up for longer than a
+caller waits. Other tables, and other stacks, are never throttled.
 
 Usage: python moto_server_atomic.py [moto_server options]
 """
@@ -116,6 +118,7 @@ DynamoHandler.query = _query_refusing_reversed_between
 
 THROTTLED_WRITES_PER_SECOND = 20
 _THROTTLED_TABLE = re.compile(r"^throttled.*-delivery-log$")
+_SATURATED_TABLE = re.compile(r"^saturated.*-attempts$")
 _writes = {}
 
 
@@ -133,6 +136,8 @@ class ProvisionedThroughputExceeded(DynamodbException):
 def _within_capacity(handler):
     """Called under the DynamoDB lock: counts the write, or refuses it past the capacity."""
     table = handler.body.get("TableName") or ""
+    if _SATURATED_TABLE.match(table):
+        raise ProvisionedThroughputExceeded(table)
     if not _THROTTLED_TABLE.match(table):
         return
     now = time.monotonic()

@@ -586,3 +586,65 @@ async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
     );
     assert_eq!(receiver.arrivals().len(), ENDPOINTS);
 }
+
+/// A table that takes no writes for longer than a caller can wait: the emulator refuses
+/// every write to a `saturated…` stack's attempts table, where an attempt's detail goes
+/// unless it is a first try's small enough to keep on the delivery itself. The sender's
+/// record of such an attempt (a 2xx with a 4 KiB body) waits for the table at most
+/// `RECORD_THROTTLE_WAIT` and the SDK's own tries of its last write: the message is
+/// answered well inside the sender's longest batch, which its function's timeout covers,
+/// not cut off by that timeout. The delivery's own record went through before, so the
+/// message handled again sends nothing.
+#[tokio::test]
+async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_the_records_wait() {
+    use hooklane::store::RECORD_THROTTLE_WAIT;
+    use hooklane_testkit::farm::{Behavior, Farm};
+    // The SDK's three tries of the last write pause up to 1 s and 2 s; 2 s more for the
+    // message's dozen requests on a loaded host.
+    const LAST_TRIES: Duration = Duration::from_secs(5);
+    let (settings, shape) = hooklane_testkit::testing::emulated_shape_named(
+        "saturated",
+        hooklane::config::CoreConfig::default(),
+    )
+    .await;
+    hooklane_testkit::testing::assert_emulator_throttles(&settings.tables.attempts).await;
+    let farm = Farm::start().await.unwrap();
+    farm.configure("ep_1", Behavior::ok().with_body(vec![b'x'; 4096]));
+    let store = shape.app.store.as_ref();
+    let endpoint = fixtures::endpoint_sending_to("acme", "ep_1", &farm.url("ep_1"));
+    fixtures::create_account_and_endpoints(store, "acme", [&endpoint]).await;
+    let (batch, _) = outbox_batch(&shape, &["evt_saturated"], 1000).await;
+    let fanned = handle(&shape, batch).await;
+    assert!(fanned.batch_item_failures.is_empty(), "{fanned:?}");
+    let queued = receive_queued(&settings.queue_url, 1).await;
+    assert_eq!(queued.len(), 1);
+    let (delivery, endpoint_id, account) =
+        DeliveryMessage::parse(queued[0].body().unwrap()).unwrap();
+    let lanes = Lanes {
+        slots: shape.slots.as_ref(),
+        rate: shape.slots.as_ref(),
+        sweep_grace: shape.sweep_grace,
+    };
+
+    let began = std::time::Instant::now();
+    let handled = handle_message(&shape.app, lanes, &delivery, &endpoint_id, &account).await;
+    let took = began.elapsed();
+    println!("saturated attempts table: answered in {took:?}: {handled:?}");
+    assert!(
+        took <= RECORD_THROTTLE_WAIT + LAST_TRIES,
+        "answered after {took:?}, past the record's wait of {RECORD_THROTTLE_WAIT:?} and the last tries"
+    );
+    // Recorded, as its delivery was: only the attempt's detail is missing from the log.
+    assert!(matches!(handled, Ok(Handled::Attempted(_))), "{handled:?}");
+    assert_eq!(farm.arrival_count("ep_1"), 1);
+    let stored = store
+        .get_delivery(&account, &delivery)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, hooklane::domain::DeliveryStatus::Delivered);
+
+    let again = handle_message(&shape.app, lanes, &delivery, &endpoint_id, &account).await;
+    assert!(matches!(again, Ok(Handled::Skipped)), "{again:?}");
+    assert_eq!(farm.arrival_count("ep_1"), 1, "the webhook was sent again");
+}

@@ -50,7 +50,7 @@ use crate::{
     },
     queue::{Queue, QueueError},
     slots::{lease_for, RateLimiter, SlotError, SlotLeases, WAITING_MAX},
-    store::{PendingRef, StoreError, Unattempted, UnattemptedMove},
+    store::{PendingRef, StoreError, Unattempted, UnattemptedMove, RECORD_THROTTLE_WAIT},
     App,
 };
 
@@ -62,11 +62,16 @@ pub fn slot_lease(request_deadline: Duration) -> Duration {
 
 /// The longest a queue batch can take the sender: a one-slot endpoint's wait for the slot,
 /// the hold that starts further attempts, and the last attempt started at its end, each up to
-/// one request deadline; and 15 s more for the writes that record the attempts and queue
-/// their follow-ups, throttled and retried by the SDK. The function's timeout covers it.
+/// one request deadline; then the writes that record the attempts, which wait at most
+/// [`RECORD_THROTTLE_WAIT`] for a throttled table, and `AFTER_THE_WAIT` more. The function's
+/// timeout covers it.
 pub fn longest_batch(request_deadline: Duration) -> Duration {
-    request_deadline * 3 + Duration::from_secs(15)
+    request_deadline * 3 + RECORD_THROTTLE_WAIT + AFTER_THE_WAIT
 }
+
+/// The SDK's own tries of a record's last write (pauses of up to 1 s and 2 s between three
+/// tries), and of the writes that queue the follow-ups.
+const AFTER_THE_WAIT: Duration = Duration::from_secs(9);
 
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);

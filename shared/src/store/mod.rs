@@ -451,6 +451,11 @@ pub struct MissedQuery {
     pub limit: u32,
 }
 
+/// How long [`Store::record_attempt`] waits, in all, for a backend that refuses its writes
+/// for throughput before it gives the refusal back: the sender counts it in its longest
+/// batch ([`crate::service::sender::longest_batch`]), which its function's timeout covers.
+pub const RECORD_THROTTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// Declares the [`Store`] trait from one list of its methods, and `delegate_store!`, the
 /// `impl Store` of an adapter whose inherent methods of the same names and signatures do the
 /// work (so that an adapter keeps them in files by concern: `sqlite/`, `dynamodb/`). The
@@ -604,6 +609,8 @@ store_port! { $
     ) -> StoreResult<Option<Erasure>>;
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
+    /// Records an attempt. A backend that refuses its writes for throughput (DynamoDB past a
+    /// table's capacity) is waited for at most [`RECORD_THROTTLE_WAIT`] in all.
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
     /// Changes a delivery that is still pending with `expected_attempts` without recording
     /// an attempt. `false` (nothing written) when it moved on meanwhile or does not exist.

@@ -473,8 +473,9 @@ pub async fn expire_as_ttl_would(
 }
 
 /// Fails unless the emulator refuses writes to `table` past its capacity (a `throttled…`
-/// stack's delivery log): 40 deletes of an item that does not exist, sent at once with the
-/// SDK's retries off, must meet `ProvisionedThroughputExceededException`. A test
+/// stack's delivery log, a `saturated…` stack's attempts): 40 deletes of an item that does
+/// not exist, sent at once with the SDK's retries off, must meet
+/// `ProvisionedThroughputExceededException`. A test
 /// of behaviour under throttling calls it first, so that it cannot pass against an emulator
 /// that never throttles. It waits a second after, for the capacity to come back.
 #[cfg(feature = "aws")]
@@ -489,15 +490,37 @@ pub async fn assert_emulator_throttles(table: &str) {
         .retry_config(RetryConfig::disabled())
         .build();
     let client = Client::from_conf(config);
+    // The probe's key, of the table's own attributes and types.
+    let described = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("describe {table}: {e:?}"));
+    let description = described.table().expect("a table description");
+    let key: Vec<(String, bool)> = description
+        .key_schema()
+        .iter()
+        .map(|k| {
+            let numeric = description.attribute_definitions().iter().any(|a| {
+                a.attribute_name() == k.attribute_name() && a.attribute_type().as_str() == "N"
+            });
+            (k.attribute_name().to_owned(), numeric)
+        })
+        .collect();
     // At once, not one after the other: on a loaded host 40 calls in a row may take over a
     // second, and then never exceed 20 in one.
     let mut deletes = tokio::task::JoinSet::new();
     for n in 0..40 {
-        let delete = client
-            .delete_item()
-            .table_name(table)
-            .key("log", AttributeValue::S("capacity-probe".into()))
-            .key("id", AttributeValue::S(format!("probe-{n}")));
+        let mut delete = client.delete_item().table_name(table);
+        for (name, numeric) in &key {
+            let value = if *numeric {
+                AttributeValue::N(n.to_string())
+            } else {
+                AttributeValue::S(format!("capacity-probe-{n}"))
+            };
+            delete = delete.key(name, value);
+        }
         deletes.spawn(delete.send());
     }
     let mut refused = 0;

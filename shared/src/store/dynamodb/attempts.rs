@@ -174,7 +174,10 @@ impl DynamoStore {
             .set_expression_attribute_values(Some(values))
             // The endpoint's key needs the account, which the delivery knows.
             .return_values(ReturnValue::AllNew);
-        let updated = sent_through_throttling(|| update.clone().send()).await;
+        // Both writes share one wait: a throttled table costs the sender's batch at most
+        // that, and the refusal comes back inside the function's timeout.
+        let until = Some(tokio::time::Instant::now() + crate::store::RECORD_THROTTLE_WAIT);
+        let updated = sent_through_throttling(until, || update.clone().send()).await;
         // Not written: not pending at the expected count, or no such delivery.
         let Some(out) = written(updated)? else {
             return Ok(RecordOutcome::Stale);
@@ -188,15 +191,23 @@ impl DynamoStore {
             .map(AccountId::from_trusted)
             .ok_or_else(|| corrupt("account_id"))?;
 
+        // The delivery is recorded: a row refused now loses only the attempt's detail, as a
+        // crash here would. Failing the record for it sent the message back to a delivery
+        // that had moved on, and the row was not written then either.
         if let Some(row) = attempt_row {
             let put = self
                 .client
                 .put_item()
                 .table_name(&self.tables.attempts)
                 .set_item(Some(row));
-            sent_through_throttling(|| put.clone().send())
-                .await
-                .map_err(sdk)?;
+            if let Err(error) = sent_through_throttling(until, || put.clone().send()).await {
+                tracing::warn!(
+                    delivery.id = delivery_id,
+                    attempt = r.attempt.number,
+                    error = %error_text(&error),
+                    "attempt recorded on its delivery, but its detail could not be written"
+                );
+            }
         }
 
         let endpoint_failing_since = self.track_failing_clock(&account, r).await?;

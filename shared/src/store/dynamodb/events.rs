@@ -543,7 +543,7 @@ impl DynamoStore {
         // each using capacity even where its condition fails, so under a steady limit a part
         // never got through.
         let results: Vec<_> = futures_util::stream::iter(puts)
-            .map(|put| async move { sent_through_throttling(|| put.clone().send()).await })
+            .map(|put| async move { sent_through_throttling(None, || put.clone().send()).await })
             .buffered(WRITE_CONCURRENCY)
             .collect()
             .await;

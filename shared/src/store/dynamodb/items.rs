@@ -36,8 +36,11 @@ pub(super) fn is_throttled<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -
 /// (up to [`UNPROCESSED_ROUNDS`] times, pausing as for a batch read's unprocessed keys),
 /// once the SDK's own tries are spent: for a write whose failure costs more than waiting,
 /// such as an attempt's record after the endpoint answered (left failed, its message is
-/// handed out again and the webhook sent twice).
+/// handed out again and the webhook sent twice). No pause ends past `until`, if given: a
+/// caller with a time limit of its own (a sender's batch has its function's timeout) gets
+/// the refusal back in time to act on it.
 pub(super) async fn sent_through_throttling<T, E, R, F, Fut>(
+    until: Option<tokio::time::Instant>,
     mut send: F,
 ) -> Result<T, SdkError<E, R>>
 where
@@ -51,7 +54,11 @@ where
         match &answer {
             Err(error) if is_throttled(error) && round < UNPROCESSED_ROUNDS => {
                 round += 1;
-                tokio::time::sleep(unprocessed_pause(round)).await;
+                let pause = unprocessed_pause(round);
+                if until.is_some_and(|until| tokio::time::Instant::now() + pause > until) {
+                    return answer;
+                }
+                tokio::time::sleep(pause).await;
             }
             _ => return answer,
         }

@@ -2896,3 +2896,71 @@ async fn an_erasure_left_unfinished_is_finished_by_the_sweeper() {
         [(broken.account_id.clone(), broken.id.clone())]
     );
 }
+
+/// A write DynamoDB keeps refusing for throughput is sent again after pauses, none of which
+/// ends past the caller's `until`: a sender's record gives the refusal back in time for its
+/// batch to end inside the function's timeout. Past `until` already, it is sent once; with
+/// no `until`, it is sent again [`UNPROCESSED_ROUNDS`] times. (Time is paused: the pauses
+/// take none.)
+#[tokio::test(start_paused = true)]
+async fn a_throttled_write_is_sent_again_until_its_callers_time_runs_out() {
+    use aws_sdk_dynamodb::{
+        operation::put_item::PutItemError, types::error::ProvisionedThroughputExceededException,
+    };
+    use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let refused = || {
+        let meta = aws_smithy_types::error::ErrorMetadata::builder()
+            .code("ProvisionedThroughputExceededException")
+            .build();
+        let error = ProvisionedThroughputExceededException::builder()
+            .meta(meta)
+            .build();
+        SdkError::service_error(
+            PutItemError::ProvisionedThroughputExceededException(error),
+            HttpResponse::new(
+                400.try_into().unwrap(),
+                aws_smithy_types::body::SdkBody::empty(),
+            ),
+        )
+    };
+    let sends = AtomicUsize::new(0);
+    let send = || {
+        sends.fetch_add(1, SeqCst);
+        std::future::ready(Err::<(), _>(refused()))
+    };
+    let wait = std::time::Duration::from_secs(6);
+    let mut most = std::time::Duration::ZERO;
+    // The pauses are drawn at random: many runs, each within the wait.
+    for _ in 0..50 {
+        sends.store(0, SeqCst);
+        let began = tokio::time::Instant::now();
+        let answer = sent_through_throttling(Some(began + wait), send).await;
+        assert!(is_throttled(&answer.unwrap_err()));
+        let took = began.elapsed();
+        assert!(
+            took <= wait,
+            "the pauses ended {took:?} after the first send"
+        );
+        assert!(sends.load(SeqCst) >= 2, "no pause within {wait:?}");
+        most = most.max(took);
+    }
+    assert!(
+        most > wait / 2,
+        "the pauses stopped long before the wait: {most:?}"
+    );
+
+    sends.store(0, SeqCst);
+    let began = tokio::time::Instant::now();
+    let answer = sent_through_throttling(Some(began), send).await;
+    assert!(answer.is_err());
+    assert_eq!(
+        (sends.load(SeqCst), began.elapsed()),
+        (1, std::time::Duration::ZERO)
+    );
+
+    sends.store(0, SeqCst);
+    let answer = sent_through_throttling(None, send).await;
+    assert!(answer.is_err());
+    assert_eq!(sends.load(SeqCst), 1 + UNPROCESSED_ROUNDS as usize);
+}
