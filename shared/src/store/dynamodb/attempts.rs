@@ -85,9 +85,10 @@ impl DynamoStore {
     pub(super) async fn record_attempt(&self, r: &AttemptRecord) -> StoreResult<RecordOutcome> {
         // Three single writes, no transaction (a transaction costs every item twice): the
         // delivery's conditional update decides; only then the attempt's detail and, if its
-        // failing clock starts or stops, the endpoint. A crash between them loses that
-        // attempt's detail (the delivery keeps its status, last status and error) or delays
-        // the clock to the next attempt, never a delivery's state.
+        // failing clock starts or stops, the endpoint. A crash between them, or either later
+        // write refused, loses that attempt's detail (the delivery keeps its status, last
+        // status and error) or delays the clock to the next attempt, never a delivery's
+        // state.
         let delivery_id = r.attempt.delivery_id.as_str();
         // An id no delivery can have: no such delivery, as for a missing one.
         let Some(key) = delivery_key(&r.attempt.delivery_id) else {
@@ -210,7 +211,19 @@ impl DynamoStore {
             }
         }
 
-        let endpoint_failing_since = self.track_failing_clock(&account, r).await?;
+        // Nor does a clock refused now undo the record: it starts or stops at the next
+        // attempt, and whether to disable the endpoint is decided then.
+        let endpoint_failing_since = match self.track_failing_clock(&account, r).await {
+            Ok(since) => since,
+            Err(error) => {
+                tracing::warn!(
+                    endpoint.id = %r.endpoint_id,
+                    %error,
+                    "attempt recorded, but its endpoint's failing clock could not be written"
+                );
+                None
+            }
+        };
         Ok(RecordOutcome::Recorded {
             endpoint_failing_since,
         })
