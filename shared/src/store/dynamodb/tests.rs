@@ -2965,31 +2965,6 @@ async fn a_throttled_write_is_sent_again_until_its_callers_time_runs_out() {
     assert_eq!(sends.load(SeqCst), 1 + UNPROCESSED_ROUNDS as usize);
 }
 
-/// Refuses every `UpdateItem` of one table, as a table whose partition stays over its
-/// capacity past the SDK's tries, or that cannot be reached, would.
-#[derive(Debug)]
-struct RefusedUpdates(String);
-
-impl aws_smithy_runtime_api::client::interceptors::Intercept for RefusedUpdates {
-    fn name(&self) -> &'static str {
-        "RefusedUpdates"
-    }
-
-    fn read_before_execution(
-        &self,
-        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
-        _: &mut aws_smithy_types::config_bag::ConfigBag,
-    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        let update = context
-            .input()
-            .downcast_ref::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>();
-        if update.is_some_and(|u| u.table_name() == Some(self.0.as_str())) {
-            return Err(format!("the test refuses updates of {}", self.0).into());
-        }
-        Ok(())
-    }
-}
-
 /// An attempt is recorded when its endpoint's failing clock cannot be written: the
 /// delivery's own update decides, and the clock starts at the next attempt, as after a
 /// crash between the two writes. (When the clock's failure failed the record, the attempt
@@ -3000,16 +2975,9 @@ async fn an_attempt_is_recorded_when_its_endpoints_failing_clock_cannot_be_writt
     use crate::fixtures::t0;
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
-    let config = store
-        .client()
-        .config()
-        .to_builder()
-        .interceptor(RefusedUpdates(store.tables().endpoints.clone()))
-        .build();
-    let refusing = DynamoStore {
-        client: aws_sdk_dynamodb::Client::from_conf(config),
-        ..store.clone()
-    };
+    // The delivery's update goes through; the next, the clock's, is refused.
+    let refusing =
+        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 1);
     let later = |secs: i64| t0() + chrono::Duration::seconds(secs);
     let first = crate::fixtures::attempt_record(
         &delivery,
