@@ -23,9 +23,10 @@ and a write whose condition fails still uses its capacity unit; moto has no capa
 delivery log of a stack whose name begins with `throttled` (`throttled…-delivery-log`) takes
 at most `THROTTLED_WRITES_PER_SECOND` item writes in any second, as a table of that many
 write units with no burst left would, and refuses the rest (before looking at their condition).
-The attempts table of a stack whose name begins with `saturated` (`saturated…-attempts`)
-takes no write at all, as a table whose capacity another workload uses up for longer than a
-caller waits. Other tables, and other stacks, are never throttled.
+Two tables take no write at all, as tables whose capacity another workload uses up for
+longer than a caller waits: the attempts table of a stack whose name begins with `saturated`
+(`saturated…-attempts`), and the delivery log of one whose name begins with `jammed`
+(`jammed…-delivery-log`). Other tables, and other stacks, are never throttled.
 
 Usage: python moto_server_atomic.py [moto_server options]
 """
@@ -118,7 +119,7 @@ DynamoHandler.query = _query_refusing_reversed_between
 
 THROTTLED_WRITES_PER_SECOND = 20
 _THROTTLED_TABLE = re.compile(r"^throttled.*-delivery-log$")
-_SATURATED_TABLE = re.compile(r"^saturated.*-attempts$")
+_SATURATED_TABLE = re.compile(r"^(saturated.*-attempts|jammed.*-delivery-log)$")
 _writes = {}
 
 

@@ -421,7 +421,7 @@ async fn a_fan_out_that_died_within_a_part_goes_on_from_the_last_part_recorded()
             .collect()
     };
     store
-        .add_deliveries_of(event, &pending(&["ep_a", "ep_b"]))
+        .add_deliveries_of(event, &pending(&["ep_a", "ep_b"]), None)
         .await
         .unwrap();
     let through = hooklane::domain::EndpointId::parse("ep_b").unwrap();
@@ -430,7 +430,7 @@ async fn a_fan_out_that_died_within_a_part_goes_on_from_the_last_part_recorded()
         .await
         .unwrap();
     store
-        .add_deliveries_of(event, &pending(&["ep_c"]))
+        .add_deliveries_of(event, &pending(&["ep_c"]), None)
         .await
         .unwrap();
 
@@ -647,4 +647,45 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
     let again = handle_message(&shape.app, lanes, &delivery, &endpoint_id, &account).await;
     assert!(matches!(again, Ok(Handled::Skipped)), "{again:?}");
     assert_eq!(farm.arrival_count("ep_1"), 1, "the webhook was sent again");
+}
+
+/// A delivery log that takes no write for longer than an invocation runs: the emulator
+/// refuses every write to a `jammed…` stack's. Its fan-out stops waiting for the table at
+/// its deadline and reports the event, for Lambda to retry from it, with a third of the
+/// invocation left; it does not go through every round of every put, which a part of many
+/// deliveries runs past the function's timeout, after which Lambda retries the whole
+/// batch, the events fanned out before it included.
+#[tokio::test]
+async fn a_fan_out_whose_delivery_log_takes_no_writes_reports_its_event_by_the_deadline() {
+    // The SDK's three tries of the writes under way pause up to 1 s and 2 s; 1 s more for
+    // the event's other requests on a loaded host.
+    const LAST_TRIES: Duration = Duration::from_secs(4);
+    let (settings, shape) = hooklane_testkit::testing::emulated_shape_named(
+        "jammed",
+        hooklane::config::CoreConfig::default(),
+    )
+    .await;
+    hooklane_testkit::testing::assert_emulator_throttles(&settings.tables.deliveries).await;
+    fixtures::account_with_endpoints(shape.app.store.as_ref(), "acme", ENDPOINTS).await;
+    let (batch, _) = outbox_batch(&shape, &["evt_jammed"], 1100).await;
+    let wait = Duration::from_secs(1);
+    let began = std::time::Instant::now();
+    let response = super::handle_until(
+        &shape,
+        batch.clone(),
+        Some(tokio::time::Instant::now() + wait),
+    )
+    .await;
+    let took = began.elapsed();
+    println!("jammed delivery log: reported after {took:?}: {response:?}");
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    assert_eq!(failed, [batch.records[0].change.sequence_number.clone()]);
+    assert!(
+        took <= wait + LAST_TRIES,
+        "reported after {took:?}, past the deadline of {wait:?} and the last tries"
+    );
 }

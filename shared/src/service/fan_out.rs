@@ -347,7 +347,7 @@ async fn fan_out_one(
     let mut planned = deliveries_to(event, endpoints, now);
     let part = app.config.fan_out_part.max(1);
     if planned.len() <= part {
-        let (created, to_queue) = write_whole(app, event, now, planned).await?;
+        let (created, to_queue) = write_whole(app, event, now, planned, deadline).await?;
         return Ok(EventFanOut {
             created,
             to_queue,
@@ -365,7 +365,7 @@ async fn fan_out_one(
     let mut created = 0;
     let mut parts = planned.chunks(part).peekable();
     while let Some(part) = parts.next() {
-        let (added, to_queue) = write_part(app, event, now, part).await?;
+        let (added, to_queue) = write_part(app, event, now, part, deadline).await?;
         created += added;
         if !to_queue.is_empty() {
             app.queue.enqueue(to_queue).await?;
@@ -398,9 +398,13 @@ async fn write_whole(
     event: &Event,
     now: crate::clock::Timestamp,
     planned: Vec<(&Endpoint, Delivery)>,
+    deadline: Option<tokio::time::Instant>,
 ) -> ServiceResult<(usize, Vec<PendingRef>)> {
     let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) = planned.into_iter().unzip();
-    let added = app.store.add_deliveries_of(event, &deliveries).await?;
+    let added = app
+        .store
+        .add_deliveries_of(event, &deliveries, deadline)
+        .await?;
     let mut to_queue: Vec<Delivery> = added.clone();
     if added.len() < deliveries.len() {
         // A replay: queue again what an earlier run created but may not have queued.
@@ -423,9 +427,13 @@ async fn write_part(
     event: &Event,
     now: crate::clock::Timestamp,
     part: &[(&Endpoint, Delivery)],
+    deadline: Option<tokio::time::Instant>,
 ) -> ServiceResult<(usize, Vec<PendingRef>)> {
     let deliveries: Vec<Delivery> = part.iter().map(|(_, d)| d.clone()).collect();
-    let added = app.store.add_deliveries_of(event, &deliveries).await?;
+    let added = app
+        .store
+        .add_deliveries_of(event, &deliveries, deadline)
+        .await?;
     let mut to_queue: Vec<Delivery> = added.clone();
     if added.len() < deliveries.len() {
         let added: std::collections::HashSet<&DeliveryId> = added.iter().map(|a| &a.id).collect();

@@ -451,9 +451,11 @@ pub struct MissedQuery {
     pub limit: u32,
 }
 
-/// How long [`Store::record_attempt`] waits, in all, for a backend that refuses its writes
-/// for throughput before it gives the refusal back: the sender counts it in its longest
-/// batch ([`crate::service::sender::longest_batch`]), which its function's timeout covers.
+/// How long [`Store::record_attempt`] pauses, in all, for a backend that refuses its writes
+/// for throughput: no pause of its own ends later than this after the record began, and past
+/// it a refusal comes back once the SDK's own tries of that write are spent. The sender
+/// counts it in its longest batch ([`crate::service::sender::longest_batch`]), which its
+/// function's timeout covers.
 pub const RECORD_THROTTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(6);
 
 /// Declares the [`Store`] trait from one list of its methods, and `delegate_store!`, the
@@ -537,11 +539,14 @@ store_port! { $
     async fn add_deliveries(&self, deliveries: &[Delivery]) -> StoreResult<Vec<Delivery>>;
     /// [`Store::add_deliveries`] for the deliveries of one event, as its fan-out adds them.
     /// The embedded store adds none to an event erased meanwhile, and keeps what it adds for
-    /// the first try, as it keeps a publish's.
+    /// the first try, as it keeps a publish's. A backend that refuses writes for throughput
+    /// is waited for until `deadline` at most (the fan-out's): past it, the refusal comes
+    /// back once the SDK's own tries of the writes under way are spent.
     async fn add_deliveries_of(
         &self,
         event: &Event,
         deliveries: &[Delivery],
+        deadline: Option<tokio::time::Instant>,
     ) -> StoreResult<Vec<Delivery>>;
     async fn get_event(&self, account: &AccountId, id: &EventId) -> StoreResult<Option<Event>>;
     /// Events stored without their deliveries (`put_event`) whose fan-out is not marked done,
@@ -610,7 +615,7 @@ store_port! { $
 
     async fn load_work(&self, delivery: &DeliveryId) -> StoreResult<Option<DeliveryWork>>;
     /// Records an attempt. A backend that refuses its writes for throughput (DynamoDB past a
-    /// table's capacity) is waited for at most [`RECORD_THROTTLE_WAIT`] in all.
+    /// table's capacity) is waited for as [`RECORD_THROTTLE_WAIT`] says.
     async fn record_attempt(&self, record: &AttemptRecord) -> StoreResult<RecordOutcome>;
     /// Changes a delivery that is still pending with `expected_attempts` without recording
     /// an attempt. `false` (nothing written) when it moved on meanwhile or does not exist.

@@ -2107,13 +2107,13 @@ pub async fn an_event_stored_alone_waits_for_its_fan_out(store: &dyn Store) {
     let d = delivery(&first, &ep, t0());
     assert_eq!(
         store
-            .add_deliveries_of(&first, std::slice::from_ref(&d))
+            .add_deliveries_of(&first, std::slice::from_ref(&d), None)
             .await
             .unwrap(),
         vec![d.clone()]
     );
     assert!(store
-        .add_deliveries_of(&first, std::slice::from_ref(&d))
+        .add_deliveries_of(&first, std::slice::from_ref(&d), None)
         .await
         .unwrap()
         .is_empty());

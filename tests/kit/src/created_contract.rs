@@ -44,10 +44,13 @@ pub async fn every_delivery_written_is_counted_once(store: &dyn Store) {
     store.put_event(&alone).await.unwrap();
     assert_eq!(counted(&recorder), 0, "an event alone has no delivery");
     let fanned = to_each(&alone, &[a.clone(), b.clone()]);
-    store.add_deliveries_of(&alone, &fanned).await.unwrap();
+    store
+        .add_deliveries_of(&alone, &fanned, None)
+        .await
+        .unwrap();
     assert_eq!(counted(&recorder), 2, "its fan-out");
     let all = to_each(&alone, &[a.clone(), b.clone(), c.clone()]);
-    store.add_deliveries_of(&alone, &all).await.unwrap();
+    store.add_deliveries_of(&alone, &all, None).await.unwrap();
     assert_eq!(
         counted(&recorder),
         1,

@@ -514,13 +514,22 @@ impl DynamoStore {
         &self,
         _event: &Event,
         deliveries: &[Delivery],
+        deadline: Option<tokio::time::Instant>,
     ) -> StoreResult<Vec<Delivery>> {
-        self.add_deliveries(deliveries).await
+        self.add_deliveries_until(deliveries, deadline).await
     }
 
     pub(super) async fn add_deliveries(
         &self,
         deliveries: &[Delivery],
+    ) -> StoreResult<Vec<Delivery>> {
+        self.add_deliveries_until(deliveries, None).await
+    }
+
+    async fn add_deliveries_until(
+        &self,
+        deliveries: &[Delivery],
+        deadline: Option<tokio::time::Instant>,
     ) -> StoreResult<Vec<Delivery>> {
         derived_ids_only(deliveries)?;
         self.keep_events_for_retries(deliveries, chrono::Utc::now())
@@ -543,7 +552,9 @@ impl DynamoStore {
         // each using capacity even where its condition fails, so under a steady limit a part
         // never got through.
         let results: Vec<_> = futures_util::stream::iter(puts)
-            .map(|put| async move { sent_through_throttling(None, || put.clone().send()).await })
+            .map(
+                |put| async move { sent_through_throttling(deadline, || put.clone().send()).await },
+            )
             .buffered(WRITE_CONCURRENCY)
             .collect()
             .await;

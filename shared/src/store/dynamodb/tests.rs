@@ -1181,7 +1181,10 @@ async fn a_fan_out_that_fails_part_way_counts_what_it_wrote() {
     let recorder = crate::telemetry::emf::EmfRecorder::new("Hooklane", Vec::new());
     let _local = metrics::set_default_local_recorder(&recorder);
     let failing = refusing_after::<aws_sdk_dynamodb::operation::put_item::PutItemInput>(&store, 25);
-    assert!(failing.add_deliveries_of(&ev, &deliveries).await.is_err());
+    assert!(failing
+        .add_deliveries_of(&ev, &deliveries, None)
+        .await
+        .is_err());
     let written = store.deliveries_of_event(&ev).await.unwrap().len();
     assert_eq!(written, 25, "the puts the table took");
     assert_eq!(
@@ -1189,7 +1192,10 @@ async fn a_fan_out_that_fails_part_way_counts_what_it_wrote() {
         25,
         "what the failed fan-out wrote"
     );
-    let added = store.add_deliveries_of(&ev, &deliveries).await.unwrap();
+    let added = store
+        .add_deliveries_of(&ev, &deliveries, None)
+        .await
+        .unwrap();
     assert_eq!(added.len(), 15);
     assert_eq!(deliveries_counted(&recorder), 15, "what its retry wrote");
 }
@@ -1221,7 +1227,10 @@ async fn an_event_whose_other_deliveries_cannot_be_written_is_left_to_the_fan_ou
         "what the publish wrote"
     );
     // Its fan-out writes and counts the rest.
-    store.add_deliveries_of(&ev, &deliveries).await.unwrap();
+    store
+        .add_deliveries_of(&ev, &deliveries, None)
+        .await
+        .unwrap();
     assert_eq!(deliveries_counted(&recorder), 150 - written as u64);
     let later = crate::clock::add(t0(), std::time::Duration::from_secs(60));
     let unfanned = store.unfanned_events(None, later, 10).await.unwrap();
@@ -1301,7 +1310,7 @@ async fn an_operational_event_whose_other_deliveries_cannot_be_written_is_left_t
 
     // What the fan-out does with it: the rest written, the event marked.
     store
-        .add_deliveries_of(&op_event, &op_deliveries)
+        .add_deliveries_of(&op_event, &op_deliveries, None)
         .await
         .unwrap();
     assert_eq!(

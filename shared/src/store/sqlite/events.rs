@@ -115,6 +115,8 @@ impl SqliteStore {
         &self,
         event: &Event,
         deliveries: &[Delivery],
+        // The file is never throttled.
+        _deadline: Option<tokio::time::Instant>,
     ) -> StoreResult<Vec<Delivery>> {
         if deliveries.is_empty() {
             return Ok(Vec::new());

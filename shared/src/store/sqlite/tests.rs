@@ -1352,7 +1352,7 @@ async fn an_event_erased_before_its_fan_out_gets_no_deliveries() {
     let page = store.unfanned_events(None, later, 10).await.unwrap();
     assert!(page.events.is_empty(), "{page:?}");
     let added = store
-        .add_deliveries_of(&ev, &[delivery(&ev, &ep, t0())])
+        .add_deliveries_of(&ev, &[delivery(&ev, &ep, t0())], None)
         .await
         .unwrap();
     assert!(added.is_empty(), "{added:?}");
@@ -1435,12 +1435,12 @@ async fn a_fan_out_that_fails_part_way_is_completed_by_the_next_with_each_delive
     };
     // The third insert fails after the first two were written.
     fail_inserts_to(&store, "ep_3").await;
-    let failed = store.add_deliveries_of(&ev, &planned).await;
+    let failed = store.add_deliveries_of(&ev, &planned, None).await;
     assert!(failed.is_err(), "{failed:?}");
     let left = store.deliveries_of_event(&ev).await.unwrap();
     assert_eq!(ids(&left), ids(&planned[..2]), "the first two stay");
     stop_failing_inserts(&store).await;
-    let added = store.add_deliveries_of(&ev, &planned).await.unwrap();
+    let added = store.add_deliveries_of(&ev, &planned, None).await.unwrap();
     assert_eq!(ids(&added), ids(&planned[2..]), "the next adds the rest");
     let stored = store.deliveries_of_event(&ev).await.unwrap();
     assert_eq!(ids(&stored), ids(&planned), "each once");
@@ -1485,7 +1485,7 @@ async fn retention_keeps_what_a_failed_fan_out_left_until_the_event_is_fanned_ou
         .map(|ep| delivery(&ev, ep, at(10)))
         .collect();
     fail_inserts_to(&store, "ep_2").await;
-    assert!(store.add_deliveries_of(&ev, &planned).await.is_err());
+    assert!(store.add_deliveries_of(&ev, &planned, None).await.is_err());
     store
         .record_attempt(&delivered(&planned[0], 20))
         .await
@@ -1504,7 +1504,7 @@ async fn retention_keeps_what_a_failed_fan_out_left_until_the_event_is_fanned_ou
     );
 
     stop_failing_inserts(&store).await;
-    let added = store.add_deliveries_of(&ev, &planned).await.unwrap();
+    let added = store.add_deliveries_of(&ev, &planned, None).await.unwrap();
     let added: Vec<&DeliveryId> = added.iter().map(|d| &d.id).collect();
     assert_eq!(
         added,
