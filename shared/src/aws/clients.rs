@@ -134,4 +134,27 @@ mod tests {
             RetryAction::NoActionIndicated
         );
     }
+
+    /// The sender's longest batch counts, after a record's wait, three writes that the SDK
+    /// may each try three times, pausing up to 1 s and then 2 s (the standard retry mode's
+    /// full-jitter pauses, doubling from the first): `service::sender::AFTER_THE_WAIT`. A
+    /// newer SDK behaviour version, or `AWS_MAX_ATTEMPTS` in the environment, could change
+    /// that, and the function's timeout would no longer cover the batch.
+    #[tokio::test]
+    async fn the_sdks_tries_of_three_writes_pause_no_longer_than_the_sender_counts() {
+        use aws_config::retry::RetryMode;
+        let sdk = crate::aws::load_sdk_config().await;
+        let retry = sdk.retry_config().expect("a retry configuration");
+        assert_eq!(retry.mode(), RetryMode::Standard);
+        let pauses: std::time::Duration = (0..retry.max_attempts().saturating_sub(1))
+            .map(|n| retry.initial_backoff() * 2u32.pow(n))
+            .sum();
+        assert_eq!(
+            (retry.max_attempts(), pauses),
+            (3, std::time::Duration::from_secs(3))
+        );
+        assert!(pauses * 3 <= crate::service::sender::AFTER_THE_WAIT);
+        let client = super::dynamodb(&sdk, None);
+        assert_eq!(client.config().retry_config(), Some(retry));
+    }
 }

@@ -69,9 +69,10 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
     request_deadline * 3 + RECORD_THROTTLE_WAIT + AFTER_THE_WAIT
 }
 
-/// The SDK's own tries of a record's last write (pauses of up to 1 s and 2 s between three
-/// tries), and of the writes that queue the follow-ups.
-const AFTER_THE_WAIT: Duration = Duration::from_secs(9);
+/// The SDK's own pauses between its three tries of a write (up to 1 s, then 2 s; checked
+/// against the SDK's configuration in `aws::clients`), for the three writes that may follow
+/// the record's wait: its last, the endpoint's failing clock, and the follow-up's queueing.
+pub const AFTER_THE_WAIT: Duration = Duration::from_secs(9);
 
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);

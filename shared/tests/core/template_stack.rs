@@ -987,6 +987,16 @@ fn the_sender_may_run_its_longest_batch_to_the_end() {
     let timeout = properties("SenderFunction")["Timeout"]
         .as_u64()
         .unwrap_or(3);
+    // The batch counts the SDK's default tries (`aws::clients`' test): no function's
+    // environment may change them.
+    let functions: Vec<_> = of_type("AWS::Lambda::Function").collect();
+    assert!(functions.len() >= 5, "{} functions", functions.len());
+    for (_, function) in functions {
+        let variables = &function["Environment"]["Variables"];
+        for name in ["AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"] {
+            assert!(variables.get(name).is_none(), "{name} set: {variables}");
+        }
+    }
     assert!(
         std::time::Duration::from_secs(timeout) >= longest,
         "the sender may run {timeout} s, but a batch may take {longest:?} \
