@@ -657,9 +657,9 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
 /// batch, the events fanned out before it included.
 #[tokio::test]
 async fn a_fan_out_whose_delivery_log_takes_no_writes_reports_its_event_by_the_deadline() {
-    // The SDK's three tries of the writes under way pause up to 1 s and 2 s; 1 s more for
+    // The SDK's three tries of the writes under way pause up to 1 s and 2 s; 2 s more for
     // the event's other requests on a loaded host.
-    const LAST_TRIES: Duration = Duration::from_secs(4);
+    const LAST_TRIES: Duration = Duration::from_secs(5);
     let (settings, shape) = hooklane_testkit::testing::emulated_shape_named(
         "jammed",
         hooklane::config::CoreConfig::default(),
