@@ -28,6 +28,11 @@ use super::handle;
 
 const ENDPOINTS: [&str; 3] = ["ep_a", "ep_b", "ep_c"];
 
+/// What a write refused past its wait may still take: the SDK's three tries pause up to
+/// 1 s and 2 s, and 2 s more for the other requests of a message or an event on a loaded
+/// host.
+const LAST_TRIES: Duration = Duration::from_secs(5);
+
 /// DynamoDB JSON, as the stream carries item images.
 fn dynamodb_json(value: &AttributeValue) -> Value {
     match value {
@@ -599,9 +604,6 @@ async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
 async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_the_records_wait() {
     use hooklane::store::RECORD_THROTTLE_WAIT;
     use hooklane_testkit::farm::{Behavior, Farm};
-    // The SDK's three tries of the last write pause up to 1 s and 2 s; 2 s more for the
-    // message's dozen requests on a loaded host.
-    const LAST_TRIES: Duration = Duration::from_secs(5);
     let (settings, shape) = hooklane_testkit::testing::emulated_shape_named(
         "saturated",
         hooklane::config::CoreConfig::default(),
@@ -657,9 +659,6 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
 /// batch, the events fanned out before it included.
 #[tokio::test]
 async fn a_fan_out_whose_delivery_log_takes_no_writes_reports_its_event_by_the_deadline() {
-    // The SDK's three tries of the writes under way pause up to 1 s and 2 s; 2 s more for
-    // the event's other requests on a loaded host.
-    const LAST_TRIES: Duration = Duration::from_secs(5);
     let (settings, shape) = hooklane_testkit::testing::emulated_shape_named(
         "jammed",
         hooklane::config::CoreConfig::default(),
