@@ -35,6 +35,7 @@ pub const EVENTS_RECOVERED: &str = "hooklane_events_recovered_total";
 pub const PUBLISHES_THROTTLED: &str = "hooklane_publishes_throttled_total";
 pub const STORE_WRITE_ERRORS: &str = "hooklane_store_write_errors_total";
 pub const SENDS_OUT_OF_RESOURCES: &str = "hooklane_sends_out_of_resources_total";
+pub const RECORDS_INCOMPLETE: &str = "hooklane_records_incomplete_total";
 
 /// Every metric name, for checks that dashboards and alarms name only real metrics.
 pub const ALL: &[&str] = &[
@@ -62,6 +63,7 @@ pub const ALL: &[&str] = &[
     PUBLISHES_THROTTLED,
     STORE_WRITE_ERRORS,
     SENDS_OUT_OF_RESOURCES,
+    RECORDS_INCOMPLETE,
 ];
 
 /// The CloudWatch namespace of the Lambda functions' metrics.
@@ -158,6 +160,12 @@ pub fn describe() {
         STORE_WRITE_ERRORS,
         "Writes of an attempt's record (or of a delivery ended unsent) the store refused, \
          each try counted (a record written again after a failure counts again)"
+    );
+    describe_counter!(
+        RECORDS_INCOMPLETE,
+        "Attempts recorded on their delivery whose detail (part detail: missing from the \
+         delivery's attempt list) or endpoint failing clock (part failing_clock: moved at the \
+         next attempt) the store could not write"
     );
     describe_counter!(
         SENDS_OUT_OF_RESOURCES,
@@ -267,6 +275,11 @@ pub fn batch_item_failures(function: &'static str, count: usize) {
 /// or not sent at all and its delivery put back without an attempt (`put_back`).
 pub fn send_out_of_resources(cause: &'static str, outcome: &'static str) {
     counter!(SENDS_OUT_OF_RESOURCES, "cause" => cause, "outcome" => outcome).increment(1);
+}
+
+/// An attempt recorded on its delivery, but not its `part` (`detail`, `failing_clock`).
+pub fn record_incomplete(part: &'static str) {
+    counter!(RECORDS_INCOMPLETE, "part" => part).increment(1);
 }
 
 /// An owner mail that could not be sent: tried again later, or given up.

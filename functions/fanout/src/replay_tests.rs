@@ -628,16 +628,34 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
         sweep_grace: shape.sweep_grace,
     };
 
+    let (metrics, log, _recorder) =
+        hooklane_testkit::testing::capture_lambda_metrics("hooklane-test");
     let began = std::time::Instant::now();
-    let handled = handle_message(&shape.app, lanes, &delivery, &endpoint_id, &account).await;
+    let handled = metrics
+        .flushed(handle_message(
+            &shape.app,
+            lanes,
+            &delivery,
+            &endpoint_id,
+            &account,
+        ))
+        .await;
     let took = began.elapsed();
     println!("saturated attempts table: answered in {took:?}: {handled:?}");
     assert!(
         took <= RECORD_THROTTLE_WAIT + LAST_TRIES,
         "answered after {took:?}, past the record's wait of {RECORD_THROTTLE_WAIT:?} and the last tries"
     );
-    // Recorded, as its delivery was: only the attempt's detail is missing from the log.
+    // Recorded, as its delivery was: only the attempt's detail is missing from the log,
+    // and the operator is told so.
     assert!(matches!(handled, Ok(Handled::Attempted(_))), "{handled:?}");
+    assert_eq!(
+        log.value(
+            "hooklane_records_incomplete_total",
+            &[("Stack", "hooklane-test"), ("part", "detail")]
+        ),
+        Some(json!(1))
+    );
     assert_eq!(farm.arrival_count("ep_1"), 1);
     let stored = store
         .get_delivery(&account, &delivery)

@@ -208,6 +208,7 @@ impl DynamoStore {
                     error = %error_text(&error),
                     "attempt recorded on its delivery, but its detail could not be written"
                 );
+                crate::telemetry::record_incomplete("detail");
             }
         }
 
@@ -221,6 +222,7 @@ impl DynamoStore {
                     %error,
                     "attempt recorded, but its endpoint's failing clock could not be written"
                 );
+                crate::telemetry::record_incomplete("failing_clock");
                 None
             }
         };

@@ -2995,7 +2995,8 @@ async fn an_attempt_is_recorded_when_its_endpoints_failing_clock_cannot_be_writt
         false,
         later(1),
     );
-    let outcome = refusing.record_attempt(&first).await;
+    let (metrics, log, _recorder) = crate::testing::capture_lambda_metrics("hooklane-test");
+    let outcome = metrics.flushed(refusing.record_attempt(&first)).await;
     assert!(
         matches!(
             outcome,
@@ -3004,6 +3005,13 @@ async fn an_attempt_is_recorded_when_its_endpoints_failing_clock_cannot_be_writt
             })
         ),
         "{outcome:?}"
+    );
+    assert_eq!(
+        log.value(
+            crate::telemetry::RECORDS_INCOMPLETE,
+            &[("Stack", "hooklane-test"), ("part", "failing_clock")]
+        ),
+        Some(serde_json::json!(1))
     );
     let stored = store
         .get_delivery(&account, &delivery.id)
