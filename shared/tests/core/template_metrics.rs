@@ -234,6 +234,9 @@ fn emitted() -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
         for cause in ["file_descriptors", "socket_memory"] {
             telemetry::send_out_of_resources(cause, "put_back");
         }
+        for part in ["detail", "failing_clock"] {
+            telemetry::record_incomplete(part);
+        }
     });
     let mut seen: BTreeMap<String, Vec<BTreeMap<String, String>>> = BTreeMap::new();
     for document in recorder.flush(0) {
