@@ -252,10 +252,13 @@ pub async fn stats(
     account: &AccountId,
     id: &EndpointId,
 ) -> ServiceResult<(Endpoint, EndpointStats)> {
-    let endpoint = get(app, account, id).await?;
+    // The counts first: an attempt they include was recorded, failing clock and all, before
+    // the endpoint is read, so the answer never counts a success on an endpoint still shown
+    // failing (read the other way round, a poll once saw both).
     let now = app.clock.now();
     let since = hour_of(now) - chrono::TimeDelta::hours(STATS_HOURS as i64 - 1);
     let counts = app.store.endpoint_hours(id, since).await?;
+    let endpoint = get(app, account, id).await?;
     Ok((endpoint, EndpointStats::from_counts(&counts, now)))
 }
 
