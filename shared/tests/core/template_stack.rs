@@ -1108,6 +1108,32 @@ fn the_local_runner_gives_stream_records_up_as_the_trigger_does() {
     );
 }
 
+/// The fan-out and the sender answer with the items that failed (the fan-out from the event
+/// it could not finish, the sender each message to retry). Lambda reads that answer only from
+/// a trigger with `ReportBatchItemFailures`: without it, the invocation counts as a success,
+/// the stream moves past the failed records and the queue deletes the failed messages. The
+/// local runner reads the answer whatever the trigger says.
+#[test]
+fn both_triggers_read_the_items_their_function_reports_failed() {
+    let mappings: Vec<_> = of_type("AWS::Lambda::EventSourceMapping").collect();
+    let sources: Vec<String> = mappings
+        .iter()
+        .map(|(_, m)| render(&m["EventSourceArn"]))
+        .collect();
+    assert!(
+        sources.iter().any(|s| s == "${EventsTable.StreamArn}")
+            && sources.iter().any(|s| s == "${DeliveryQueue.Arn}"),
+        "{sources:?}"
+    );
+    for (name, mapping) in mappings {
+        assert_eq!(
+            mapping["FunctionResponseTypes"],
+            serde_json::json!(["ReportBatchItemFailures"]),
+            "{name}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- 13: least privilege
 
 #[test]
