@@ -654,6 +654,10 @@ fn round(value: f64) -> f64 {
     (value * 10.0).round() / 10.0
 }
 
+fn round2(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
 fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }

@@ -71,6 +71,8 @@ const STORE_CACHE_KIB: i64 = -8 * 1024;
 #[derive(Clone)]
 pub struct SqliteStore {
     jobs: mpsc::Sender<Job>,
+    /// The jobs queued for the store thread that have not begun.
+    queued: Arc<Queued>,
     /// Where the API's reads go (log pages, gets): a reader thread on its own connection
     /// for a file database (WAL lets it read while the store thread writes), the store
     /// thread in memory.
@@ -312,6 +314,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
         Ok(Self {
             jobs,
+            queued: Arc::default(),
             reads,
             sends,
             scans,
@@ -333,9 +336,12 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         let fresh = Arc::clone(&self.fresh);
-        Self::submit(&self.jobs, (Lane::Shared, 1, false), work, move |_| {
-            fresh.forget_all()
-        })
+        Self::submit(
+            (&self.jobs, Some(&self.queued)),
+            (Lane::Shared, 1, false),
+            work,
+            move |_| fresh.forget_all(),
+        )
         .await
     }
 
@@ -349,7 +355,13 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.jobs, (Lane::Shared, 1, false), work, |_| {}).await
+        Self::submit(
+            (&self.jobs, Some(&self.queued)),
+            (Lane::Shared, 1, false),
+            work,
+            |_| {},
+        )
+        .await
     }
 
     /// A read on the store thread, which sees every write acknowledged before it (the
@@ -359,7 +371,13 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.jobs, (Lane::Shared, 0, false), work, |_| {}).await
+        Self::submit(
+            (&self.jobs, Some(&self.queued)),
+            (Lane::Shared, 0, false),
+            work,
+            |_| {},
+        )
+        .await
     }
 
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
@@ -370,7 +388,13 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(&self.jobs, (Lane::Shared, 1, false), work, after_commit).await
+        Self::submit(
+            (&self.jobs, Some(&self.queued)),
+            (Lane::Shared, 1, false),
+            work,
+            after_commit,
+        )
+        .await
     }
 
     /// [`SqliteStore::run_then`] for one account's traffic (a publish, an attempt) of
@@ -387,7 +411,13 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
-        Self::submit(&self.jobs, (lane, rows, request), work, after_commit).await
+        Self::submit(
+            (&self.jobs, Some(&self.queued)),
+            (lane, rows, request),
+            work,
+            after_commit,
+        )
+        .await
     }
 
     /// Runs read-only `work` where reads go (see [`SqliteStore::reads`]).
@@ -396,7 +426,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.reads, (Lane::Shared, 0, false), work, |_| {}).await
+        Self::submit((&self.reads, None), (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// Runs the dispatcher's read of what it sends where those go (see [`SqliteStore::sends`]).
@@ -405,7 +435,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.sends, (Lane::Shared, 0, false), work, |_| {}).await
+        Self::submit((&self.sends, None), (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// Runs a read-only scan where scans go (see [`SqliteStore::scans`]).
@@ -414,7 +444,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(&self.scans, (Lane::Shared, 0, false), work, |_| {}).await
+        Self::submit((&self.scans, None), (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// Queues `work`; `after_commit` runs on the store thread once the batch has committed
@@ -422,7 +452,7 @@ impl SqliteStore {
     /// job's commit, and it runs even when the caller has stopped waiting (a client that
     /// disconnects drops its request's future).
     async fn submit<T, F, A>(
-        queue: &mpsc::Sender<Job>,
+        (queue, queued): (&mpsc::Sender<Job>, Option<&Arc<Queued>>),
         (lane, rows, request): (Lane, usize, bool),
         work: F,
         after_commit: A,
@@ -458,10 +488,19 @@ impl SqliteStore {
             lane,
             rows,
             request,
+            queued: queued.cloned(),
             run,
         };
+        if let Some(queued) = queued {
+            queued.add();
+        }
         let stopped = || StoreError::Backend("the store thread has stopped".into());
-        queue.send(job).map_err(|_| stopped())?;
+        queue.send(job).map_err(|_| {
+            if let Some(queued) = queued {
+                queued.begun();
+            }
+            stopped()
+        })?;
         answered.await.map_err(|_| stopped())?
     }
 }

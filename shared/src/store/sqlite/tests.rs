@@ -768,7 +768,7 @@ fn a_purge_far_past_retention_pauses_less() {
     );
     // A slice that removed nothing only read: the next follows at the shorter pause.
     assert_eq!(
-        pace.pause_after_slice(&Purged::default()),
+        pace.pause_after_slice(&Purged::default(), false),
         Duration::from_micros(2500)
     );
     let removed = Purged {
@@ -776,7 +776,104 @@ fn a_purge_far_past_retention_pauses_less() {
         overdue: minute,
         ..Purged::default()
     };
-    assert_eq!(pace.pause_after_slice(&removed), Duration::from_millis(20));
+    assert_eq!(
+        pace.pause_after_slice(&removed, false),
+        Duration::from_millis(20)
+    );
+    // A slice cut short for a waiting write rests for its share: 5 rows of 50, 2 ms.
+    let cut = Purged {
+        deliveries: 5,
+        ..removed
+    };
+    assert_eq!(pace.pause_after_slice(&cut, true), Duration::from_millis(2));
+    // Only a purge that keeps up gives way to writes; one that is behind takes whole slices.
+    assert!(pace.yields_after(hour - Duration::from_millis(1)));
+    assert!(!pace.yields_after(hour));
+    assert!(!super::PurgePace::FLAT_OUT.yields_after(Duration::ZERO));
+}
+
+/// A purge slice ends at the row after which a write waits for the store thread, so the
+/// write waits for one row and the slice's commit, not for fifty rows; the next slice goes
+/// on from there.
+#[tokio::test]
+async fn a_purge_slice_ends_at_the_row_after_which_a_write_waits() {
+    use crate::domain::Decision;
+    use crate::fixtures::{at, attempt, publish};
+    let (dir, store, ep) = file_store_with_endpoint("purge-yield").await;
+    let account = ep.account_id.clone();
+    for second in 0..5 {
+        let d = publish(&store, &account, second, "invoice.paid", &[&ep])
+            .await
+            .remove(0);
+        attempt(&store, &d.id, second, Decision::Delivered).await;
+    }
+    let cutoff = to_millis(at(10));
+    let slice = |waits_after: usize| {
+        store.run_forgetting_nothing(move |conn| {
+            let looked = std::cell::Cell::new(0);
+            let mut purged = Purged::default();
+            let ended = super::retention::purge_deliveries(conn, cutoff, &mut purged, || {
+                looked.set(looked.get() + 1);
+                looked.get() >= waits_after
+            })?;
+            Ok((ended, purged.deliveries, purged.attempts))
+        })
+    };
+    // (none left, cut short), deliveries and attempts removed.
+    assert_eq!(slice(2).await.unwrap(), ((false, true), 2, 2));
+    assert_eq!(slice(usize::MAX).await.unwrap(), ((true, false), 3, 3));
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The store counts the jobs queued for its thread that have not begun: what a purge slice
+/// looks at to give way.
+#[tokio::test]
+async fn jobs_queued_behind_the_running_one_are_counted_until_they_begin() {
+    use crate::fixtures::account;
+    let store = SqliteStore::in_memory().unwrap();
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let (began, running) = tokio::sync::oneshot::channel::<()>();
+    let blocker = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .run_forgetting_nothing(move |_| {
+                    let _ = began.send(());
+                    let _ = held.recv();
+                    Ok(())
+                })
+                .await
+        }
+    });
+    running.await.unwrap();
+    assert_eq!(
+        store.queued.count(),
+        0,
+        "the running job is no longer queued"
+    );
+    let writes: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create_account(&account(name)).await })
+        })
+        .collect();
+    let since = std::time::Instant::now();
+    while store.queued.count() < 2 {
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(5),
+            "never counted"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.queued.count(), 2);
+    release.send(()).unwrap();
+    blocker.await.unwrap().unwrap();
+    for write in writes {
+        write.await.unwrap().unwrap();
+    }
+    assert_eq!(store.queued.count(), 0, "every job has begun");
 }
 
 /// A purge says how far behind retention it is: how long before the cutoff the oldest

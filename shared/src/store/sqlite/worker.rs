@@ -51,7 +51,38 @@ pub(super) struct Job {
     /// Someone waits for its answer (a publish, or the deliveries an event's fan-out adds):
     /// from a quiet lane, it ends the running batch early (see [`run_jobs`]).
     pub(super) request: bool,
+    /// The count of the store thread's jobs not yet begun, which this job is in until it
+    /// begins (`None` for reads on their own threads).
+    pub(super) queued: Option<Arc<Queued>>,
     pub(super) run: RunJob,
+}
+
+/// How many jobs are queued for the store thread and have not begun: whether a write is
+/// waiting for the job that runs. A purge slice looks after each row, and ends there when
+/// one is (see `retention`).
+#[derive(Debug, Default)]
+pub(super) struct Queued(std::sync::atomic::AtomicUsize);
+
+impl Queued {
+    /// Counts a job about to be queued.
+    pub(super) fn add(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// A counted job has begun, or will never run (its queue is gone).
+    pub(super) fn begun(&self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// How many jobs wait for the store thread.
+    pub(super) fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Some job waits for the store thread.
+    pub(super) fn any(&self) -> bool {
+        self.count() > 0
+    }
 }
 
 /// Whose write a job is. An account's publishes take turns apart from the rest of its
@@ -348,6 +379,9 @@ pub(super) fn run_jobs(
         let started = std::time::Instant::now();
         let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
         for job in batch.by_ref() {
+            if let Some(queued) = &job.queued {
+                queued.begun();
+            }
             // Without a transaction a job's writes would each commit on their own, and it
             // would still be answered with the batch's failure: it is answered unrun.
             let within = began.is_ok().then_some(&mut conn);
@@ -478,6 +512,7 @@ pub(super) mod tests {
             }),
             rows,
             request: false,
+            queued: None,
             run: Box::new(|_| Box::new(|_| {})),
         }
     }
