@@ -337,7 +337,7 @@ impl SqliteStore {
     {
         let fresh = Arc::clone(&self.fresh);
         Self::submit(
-            (&self.jobs, Some(&self.queued)),
+            self.store_thread(),
             (Lane::Shared, 1, false),
             work,
             move |_| fresh.forget_all(),
@@ -355,13 +355,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(
-            (&self.jobs, Some(&self.queued)),
-            (Lane::Shared, 1, false),
-            work,
-            |_| {},
-        )
-        .await
+        Self::submit(self.store_thread(), (Lane::Shared, 1, false), work, |_| {}).await
     }
 
     /// A read on the store thread, which sees every write acknowledged before it (the
@@ -371,13 +365,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
-        Self::submit(
-            (&self.jobs, Some(&self.queued)),
-            (Lane::Shared, 0, false),
-            work,
-            |_| {},
-        )
-        .await
+        Self::submit(self.store_thread(), (Lane::Shared, 0, false), work, |_| {}).await
     }
 
     /// [`SqliteStore::run`] for the two writes that keep [`fresh::FreshWork`] up to date
@@ -389,7 +377,7 @@ impl SqliteStore {
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
         Self::submit(
-            (&self.jobs, Some(&self.queued)),
+            self.store_thread(),
             (Lane::Shared, 1, false),
             work,
             after_commit,
@@ -412,7 +400,7 @@ impl SqliteStore {
         A: FnOnce(&StoreResult<T>) + Send + 'static,
     {
         Self::submit(
-            (&self.jobs, Some(&self.queued)),
+            self.store_thread(),
             (lane, rows, request),
             work,
             after_commit,
@@ -445,6 +433,11 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         Self::submit((&self.scans, None), (Lane::Shared, 0, false), work, |_| {}).await
+    }
+
+    /// The store thread's queue, and its count of the jobs that have not begun.
+    fn store_thread(&self) -> (&mpsc::Sender<Job>, Option<&Arc<Queued>>) {
+        (&self.jobs, Some(&self.queued))
     }
 
     /// Queues `work`; `after_commit` runs on the store thread once the batch has committed
