@@ -28,12 +28,23 @@ client!(dynamodb, aws_sdk_dynamodb, |config| {
         delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError,
     };
     config
+        .timeout_config(
+            aws_smithy_types::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(crate::service::sender::WRITE_TRY_LONGEST)
+                .build(),
+        )
         .retry_classifier(ConflictRetry::<UpdateItemError>::default())
         .retry_classifier(ConflictRetry::<PutItemError>::default())
         .retry_classifier(ConflictRetry::<DeleteItemError>::default())
 });
 client!(sqs, aws_sdk_sqs);
-client!(scheduler, aws_sdk_scheduler);
+
+client!(scheduler, aws_sdk_scheduler, |config| config
+    .timeout_config(
+        aws_smithy_types::timeout::TimeoutConfig::builder()
+            .operation_attempt_timeout(crate::service::sender::WRITE_TRY_LONGEST)
+            .build()
+    ));
 client!(sesv2, aws_sdk_sesv2);
 client!(dynamodbstreams, aws_sdk_dynamodbstreams);
 client!(ssm, aws_sdk_ssm);
@@ -89,7 +100,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use aws_sdk_dynamodb::{
         operation::update_item::UpdateItemError,
         types::error::{ConditionalCheckFailedException, TransactionConflictException},
@@ -136,12 +147,13 @@ mod tests {
     }
 
     /// The sender's longest batch counts, after a record's wait, three writes that the SDK
-    /// may each try three times, pausing up to 1 s and then 2 s (the standard retry mode's
-    /// full-jitter pauses, doubling from the first): `service::sender::AFTER_THE_WAIT`. A
-    /// newer SDK behaviour version, or `AWS_MAX_ATTEMPTS` in the environment, could change
-    /// that, and the function's timeout would no longer cover the batch.
+    /// may each try three times, each try given up after `WRITE_TRY_LONGEST`, pausing up to
+    /// 1 s and then 2 s between them (the standard retry mode's full-jitter pauses, doubling
+    /// from the first): `service::sender::AFTER_THE_WAIT`. A newer SDK behaviour version, or
+    /// `AWS_MAX_ATTEMPTS` in the environment, could change that, and the function's timeout
+    /// would no longer cover the batch.
     #[tokio::test]
-    async fn the_sdks_tries_of_three_writes_pause_no_longer_than_the_sender_counts() {
+    async fn the_sdks_tries_of_three_writes_take_no_longer_than_the_sender_counts() {
         use aws_config::retry::RetryMode;
         let sdk = crate::aws::load_sdk_config().await;
         let retry = sdk.retry_config().expect("a retry configuration");
@@ -153,8 +165,103 @@ mod tests {
             (retry.max_attempts(), pauses),
             (3, std::time::Duration::from_secs(3))
         );
-        assert!(pauses * 3 <= crate::service::sender::AFTER_THE_WAIT);
         let client = super::dynamodb(&sdk, None);
         assert_eq!(client.config().retry_config(), Some(retry));
+        let timeouts = client.config().timeout_config().expect("timeouts");
+        let try_longest = timeouts
+            .operation_attempt_timeout()
+            .expect("DynamoDB requests have an attempt timeout");
+        assert_eq!(try_longest, crate::service::sender::WRITE_TRY_LONGEST);
+        // The follow-ups' schedules too (their sends to SQS set it per request, in
+        // `queue::sqs`, as the client's own long polls wait longer).
+        let scheduler = super::scheduler(&sdk, None);
+        let scheduler_timeouts = scheduler.config().timeout_config().expect("timeouts");
+        assert_eq!(
+            scheduler_timeouts.operation_attempt_timeout(),
+            Some(try_longest)
+        );
+        // The SDK's own connect timeout is kept beside it.
+        assert!(timeouts.connect_timeout().is_some(), "{timeouts:?}");
+        let one_write = try_longest * retry.max_attempts() + pauses;
+        assert!(
+            one_write * 3 <= crate::service::sender::AFTER_THE_WAIT,
+            "three writes of {one_write:?} each"
+        );
+    }
+
+    /// A peer on 127.0.0.1 that reads each request and holds its connection open, never
+    /// writing a byte back; and how many requests it has read.
+    pub(crate) fn never_answering_peer() -> (
+        std::net::SocketAddr,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::io::Read;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut head = [0u8; 1024];
+                if stream.read(&mut head).is_ok_and(|n| n > 0) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                held.push(stream);
+            }
+        });
+        (address, requests)
+    }
+
+    /// The SDK configuration `serve` and the functions load, sending to `address`.
+    pub(crate) async fn sdk_at(address: std::net::SocketAddr) -> aws_config::SdkConfig {
+        crate::aws::load_sdk_config()
+            .await
+            .into_builder()
+            .endpoint_url(format!("http://{address}"))
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+                aws_sdk_dynamodb::config::Credentials::new("test", "test", None, None, "test"),
+            ))
+            .build()
+    }
+
+    /// Waits for `call` against a [`never_answering_peer`] that has read `requests`: it must
+    /// come back as a timeout after three tries, each given up after `WRITE_TRY_LONGEST`
+    /// (and the SDK's pauses between them), not wait for ever.
+    pub(crate) async fn given_up_after_three_tries<T: std::fmt::Debug, E: std::fmt::Debug>(
+        requests: &std::sync::atomic::AtomicUsize,
+        call: impl std::future::Future<Output = Result<T, E>>,
+    ) -> E {
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), call)
+            .await
+            .expect("no answer after 30 s: the request waits for ever");
+        let took = started.elapsed();
+        let error = answer.expect_err("the peer never answers");
+        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+        let longest = crate::service::sender::WRITE_TRY_LONGEST;
+        assert!(
+            took >= longest * 3 && took <= longest * 3 + std::time::Duration::from_secs(3 + 5),
+            "three tries of {longest:?} and their pauses took {took:?}"
+        );
+        error
+    }
+
+    /// A DynamoDB request whose answer never comes (a connection lost on the way) is given
+    /// up after the attempt timeout and tried again, three times in all, and then comes back
+    /// as a timeout: not a wait until Lambda stops the function. DynamoDB and the emulator
+    /// always answer, so only a peer of the test's own shows it.
+    #[tokio::test]
+    async fn a_dynamodb_request_that_is_never_answered_is_given_up_after_its_tries() {
+        let (address, requests) = never_answering_peer();
+        let client = super::dynamodb(&sdk_at(address).await, None);
+        let call = client.describe_table().table_name("never-answered").send();
+        let error = given_up_after_three_tries(&requests, call).await;
+        assert!(
+            matches!(error, aws_sdk_dynamodb::error::SdkError::TimeoutError(_)),
+            "{error:?}"
+        );
     }
 }

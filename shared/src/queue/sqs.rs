@@ -12,6 +12,7 @@ use aws_sdk_scheduler::types::{
     ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
 };
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use aws_smithy_types::timeout::TimeoutConfig;
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,7 @@ use crate::{
     aws::error_text,
     clock::{to_millis, Clock, Timestamp},
     domain::{AccountId, DeliveryId, EndpointId},
+    service::sender::WRITE_TRY_LONGEST,
     store::PendingRef,
 };
 
@@ -141,7 +143,18 @@ impl SqsQueue {
                 .map_err(|e| QueueError(e.to_string()))?;
             request = request.entries(entry);
         }
+        // Each try given up as a DynamoDB request's is: the client's own long polls (the
+        // local runner's receive) wait longer than a try of a write may.
+        let timeouts = self
+            .sqs
+            .config()
+            .timeout_config()
+            .map_or_else(TimeoutConfig::builder, TimeoutConfig::to_builder)
+            .operation_attempt_timeout(WRITE_TRY_LONGEST)
+            .build();
         let out = request
+            .customize()
+            .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(timeouts))
             .send()
             .await
             .map_err(|e| QueueError(error_text(&e)))?;
@@ -379,6 +392,28 @@ pub(crate) mod tests {
             max_in_flight: 4,
             rate_limit_per_second: None,
         }
+    }
+
+    /// The sender's follow-ups are queued in its batch, which its function's timeout covers:
+    /// a send whose answer never comes is given up after three tries, as a DynamoDB write's
+    /// (the emulator always answers; a peer of the test's own never does).
+    #[tokio::test]
+    async fn a_send_that_is_never_answered_is_given_up_after_its_tries() {
+        use crate::aws::clients::tests::{
+            given_up_after_three_tries, never_answering_peer, sdk_at,
+        };
+        let (address, requests) = never_answering_peer();
+        let queue = SqsQueue::new(
+            crate::aws::clients::sqs(&sdk_at(address).await, None),
+            format!("http://{address}/123456789012/never-answered"),
+            "arn:aws:sqs:us-east-1:123456789012:never-answered",
+            None,
+            Arc::new(SystemClock),
+        );
+        let now = chrono::Utc::now();
+        let call = queue.enqueue(vec![pending("dlv_never", "acme", now)]);
+        let error = given_up_after_three_tries(&requests, call).await;
+        assert!(error.0.contains("timeout"), "{error:?}");
     }
 
     #[tokio::test]
