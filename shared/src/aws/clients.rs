@@ -30,7 +30,7 @@ client!(dynamodb, aws_sdk_dynamodb, |config| {
     config
         .timeout_config(
             aws_smithy_types::timeout::TimeoutConfig::builder()
-                .operation_attempt_timeout(crate::service::sender::WRITE_TRY_LONGEST)
+                .read_timeout(crate::service::sender::WRITE_TRY_LONGEST)
                 .build(),
         )
         .retry_classifier(ConflictRetry::<UpdateItemError>::default())
@@ -42,7 +42,7 @@ client!(sqs, aws_sdk_sqs);
 client!(scheduler, aws_sdk_scheduler, |config| config
     .timeout_config(
         aws_smithy_types::timeout::TimeoutConfig::builder()
-            .operation_attempt_timeout(crate::service::sender::WRITE_TRY_LONGEST)
+            .read_timeout(crate::service::sender::WRITE_TRY_LONGEST)
             .build()
     ));
 client!(sesv2, aws_sdk_sesv2);
@@ -147,7 +147,8 @@ pub(crate) mod tests {
     }
 
     /// The sender's longest batch counts, after a record's wait, three writes that the SDK
-    /// may each try three times, each try given up after `WRITE_TRY_LONGEST`, pausing up to
+    /// may each try three times, each try given up when its answer has not begun after
+    /// `WRITE_TRY_LONGEST` (a write's answer is a few hundred bytes), pausing up to
     /// 1 s and then 2 s between them (the standard retry mode's full-jitter pauses, doubling
     /// from the first): `service::sender::AFTER_THE_WAIT`. A newer SDK behaviour version, or
     /// `AWS_MAX_ATTEMPTS` in the environment, could change that, and the function's timeout
@@ -169,17 +170,14 @@ pub(crate) mod tests {
         assert_eq!(client.config().retry_config(), Some(retry));
         let timeouts = client.config().timeout_config().expect("timeouts");
         let try_longest = timeouts
-            .operation_attempt_timeout()
-            .expect("DynamoDB requests have an attempt timeout");
+            .read_timeout()
+            .expect("DynamoDB requests wait for their answer for a limited time");
         assert_eq!(try_longest, crate::service::sender::WRITE_TRY_LONGEST);
         // The follow-ups' schedules too (their sends to SQS set it per request, in
         // `queue::sqs`, as the client's own long polls wait longer).
         let scheduler = super::scheduler(&sdk, None);
         let scheduler_timeouts = scheduler.config().timeout_config().expect("timeouts");
-        assert_eq!(
-            scheduler_timeouts.operation_attempt_timeout(),
-            Some(try_longest)
-        );
+        assert_eq!(scheduler_timeouts.read_timeout(), Some(try_longest));
         // The SDK's own connect timeout is kept beside it.
         assert!(timeouts.connect_timeout().is_some(), "{timeouts:?}");
         let one_write = try_longest * retry.max_attempts() + pauses;
@@ -214,17 +212,17 @@ pub(crate) mod tests {
         (address, requests)
     }
 
-    /// The SDK configuration `serve` and the functions load, sending to `address`.
+    /// The SDK configuration `serve` and the functions load, sending to `address`: set on
+    /// the loader, so that `AWS_ENDPOINT_URL` (the emulator, in the suite) does not win.
     pub(crate) async fn sdk_at(address: std::net::SocketAddr) -> aws_config::SdkConfig {
-        crate::aws::load_sdk_config()
-            .await
-            .into_builder()
+        crate::aws::sdk_config_loader()
             .endpoint_url(format!("http://{address}"))
             .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
-                aws_sdk_dynamodb::config::Credentials::new("test", "test", None, None, "test"),
+            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+                "test", "test", None, None, "test",
             ))
-            .build()
+            .load()
+            .await
     }
 
     /// Waits for `call` against a [`never_answering_peer`] that has read `requests`: it must
@@ -250,7 +248,7 @@ pub(crate) mod tests {
     }
 
     /// A DynamoDB request whose answer never comes (a connection lost on the way) is given
-    /// up after the attempt timeout and tried again, three times in all, and then comes back
+    /// up after the read timeout and tried again, three times in all, and then comes back
     /// as a timeout: not a wait until Lambda stops the function. DynamoDB and the emulator
     /// always answer, so only a peer of the test's own shows it.
     #[tokio::test]
@@ -260,7 +258,7 @@ pub(crate) mod tests {
         let call = client.describe_table().table_name("never-answered").send();
         let error = given_up_after_three_tries(&requests, call).await;
         assert!(
-            matches!(error, aws_sdk_dynamodb::error::SdkError::TimeoutError(_)),
+            matches!(&error, aws_sdk_dynamodb::error::SdkError::DispatchFailure(failure) if failure.is_timeout()),
             "{error:?}"
         );
     }

@@ -38,13 +38,15 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 /// Loads the SDK configuration the standard way, with an HTTPS client on rustls + ring.
 pub async fn load_sdk_config() -> SdkConfig {
+    sdk_config_loader().load().await
+}
+
+/// [`load_sdk_config`]'s loader, for a test to set more on it.
+pub(crate) fn sdk_config_loader() -> aws_config::ConfigLoader {
     let http_client = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
         .build_https();
-    aws_config::defaults(BehaviorVersion::latest())
-        .http_client(http_client)
-        .load()
-        .await
+    aws_config::defaults(BehaviorVersion::latest()).http_client(http_client)
 }
 
 /// The full text of an SDK error, including its source chain (the `Display` of an

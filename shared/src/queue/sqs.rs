@@ -143,14 +143,14 @@ impl SqsQueue {
                 .map_err(|e| QueueError(e.to_string()))?;
             request = request.entries(entry);
         }
-        // Each try given up as a DynamoDB request's is: the client's own long polls (the
-        // local runner's receive) wait longer than a try of a write may.
+        // Each try waits for SQS's answer as long as a DynamoDB request's does. Set here, not
+        // on the client: the same client's long polls (the local runner's receive) wait longer.
         let timeouts = self
             .sqs
             .config()
             .timeout_config()
             .map_or_else(TimeoutConfig::builder, TimeoutConfig::to_builder)
-            .operation_attempt_timeout(WRITE_TRY_LONGEST)
+            .read_timeout(WRITE_TRY_LONGEST)
             .build();
         let out = request
             .customize()
@@ -394,9 +394,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// The sender's follow-ups are queued in its batch, which its function's timeout covers:
-    /// a send whose answer never comes is given up after three tries, as a DynamoDB write's
-    /// (the emulator always answers; a peer of the test's own never does).
+    /// A send to SQS whose answer never comes is given up after three tries, as a DynamoDB
+    /// request is: the sender queues its follow-ups within its batch, which its function's
+    /// timeout covers (the emulator always answers; a peer of the test's own never does).
     #[tokio::test]
     async fn a_send_that_is_never_answered_is_given_up_after_its_tries() {
         use crate::aws::clients::tests::{

@@ -70,19 +70,21 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
 }
 
 /// The three writes that may follow the record's wait (its last, the endpoint's failing
-/// clock, and the follow-up's queueing), each with the SDK's three tries of at most
-/// [`WRITE_TRY_LONGEST`] and its pauses between them (up to 1 s, then 2 s). Checked against
-/// the SDK's configuration in `aws::clients`.
+/// clock, and the follow-up's queueing), each with the SDK's three tries, of at most
+/// [`WRITE_TRY_LONGEST`] before their answer begins, and its pauses between them (up to 1 s,
+/// then 2 s). Checked against the SDK's configuration in `aws::clients`.
 pub const AFTER_THE_WAIT: Duration =
     Duration::from_millis(3 * (3 * WRITE_TRY_LONGEST.as_millis() as u64 + 3000));
 
-/// The longest one try of a DynamoDB request may take before the SDK gives it up and tries
-/// again (the client's attempt timeout, set in `aws::clients`). DynamoDB answers in
-/// milliseconds, but without it a request whose answer never comes (a connection lost on
-/// the way) waited until Lambda stopped the function, and a sender stopped there has sent
-/// webhooks it never recorded. AWS advises a second or more for `TransactWriteItems`, so
-/// that a try rarely meets its own transaction still under way; the emulator, one Python
-/// process serving the whole suite, is given half a second more.
+/// How long one try of a request to DynamoDB or the Scheduler, or of a send to SQS, waits
+/// for its answer to begin (connecting and sending included; the SDK's read timeout) before
+/// the SDK gives it up and tries again. Without it, a request whose answer never came (a
+/// connection lost on the way) waited until Lambda stopped the function, and a sender
+/// stopped there has sent webhooks it never recorded. DynamoDB begins its answer within
+/// milliseconds; the body that follows (a page of a query, a batch of payloads) is not
+/// counted, so a large read is never cut short. AWS advises a second or more for
+/// `TransactWriteItems`, whose tries share the idempotency token the SDK fills in, so that a
+/// try rarely meets its own transaction still under way.
 pub const WRITE_TRY_LONGEST: Duration = Duration::from_millis(1500);
 
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
