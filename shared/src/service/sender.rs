@@ -69,10 +69,18 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
     request_deadline * 3 + RECORD_THROTTLE_WAIT + AFTER_THE_WAIT
 }
 
-/// The three writes that may follow the record's wait (its last, the endpoint's failing
-/// clock, and the follow-up's queueing), each with the SDK's three tries, of at most
+/// Three requests that may follow the record's wait (its last, the endpoint's failing clock,
+/// and the follow-up's queueing), each with the SDK's three tries, of at most
 /// [`WRITE_TRY_LONGEST`] before their answer begins, and its pauses between them (up to 1 s,
-/// then 2 s). Checked against the SDK's configuration in `aws::clients`.
+/// then 2 s). Checked against the SDK's configuration in `aws::clients`. Not counted: the
+/// other requests that may follow the record one after another: the attempt's detail row,
+/// the clock's read, the slot's release, the hour counts, and a schedule before the SQS send
+/// (eight in all). Each answers in milliseconds; one that goes unanswered costs 1.5 s and a
+/// try more, and 7.5 s only if all three tries go unanswered. The record's last write is
+/// the first of the chain: what the function's timeout cuts short after it sends no webhook
+/// twice (the messages come back, and the repeat finds each delivery recorded and queues it
+/// again), but the detail rows and hour counts not yet written are missing, and the slots'
+/// leases are held until they end.
 pub const AFTER_THE_WAIT: Duration =
     Duration::from_millis(3 * (3 * WRITE_TRY_LONGEST.as_millis() as u64 + 3000));
 
