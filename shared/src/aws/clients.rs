@@ -30,7 +30,7 @@ client!(dynamodb, aws_sdk_dynamodb, |config| {
     config
         .timeout_config(
             aws_smithy_types::timeout::TimeoutConfig::builder()
-                .read_timeout(crate::service::sender::WRITE_TRY_LONGEST)
+                .read_timeout(crate::service::sender::TRY_ANSWER_WAIT)
                 .build(),
         )
         .retry_classifier(ConflictRetry::<UpdateItemError>::default())
@@ -42,7 +42,7 @@ client!(sqs, aws_sdk_sqs);
 client!(scheduler, aws_sdk_scheduler, |config| config
     .timeout_config(
         aws_smithy_types::timeout::TimeoutConfig::builder()
-            .read_timeout(crate::service::sender::WRITE_TRY_LONGEST)
+            .read_timeout(crate::service::sender::TRY_ANSWER_WAIT)
             .build()
     ));
 client!(sesv2, aws_sdk_sesv2);
@@ -148,7 +148,7 @@ pub(crate) mod tests {
 
     /// The sender's longest batch counts, after a record's wait, three writes that the SDK
     /// may each try three times, each try given up when its answer has not begun after
-    /// `WRITE_TRY_LONGEST` (a write's answer is a few hundred bytes), pausing up to
+    /// `TRY_ANSWER_WAIT` (a write's answer is a few hundred bytes), pausing up to
     /// 1 s and then 2 s between them (the standard retry mode's full-jitter pauses, doubling
     /// from the first): `service::sender::AFTER_THE_WAIT`. A newer SDK behaviour version, or
     /// `AWS_MAX_ATTEMPTS` in the environment, could change that, and the function's timeout
@@ -172,7 +172,7 @@ pub(crate) mod tests {
         let try_longest = timeouts
             .read_timeout()
             .expect("DynamoDB requests wait for their answer for a limited time");
-        assert_eq!(try_longest, crate::service::sender::WRITE_TRY_LONGEST);
+        assert_eq!(try_longest, crate::service::sender::TRY_ANSWER_WAIT);
         // The follow-ups' schedules too (their sends to SQS set it per request, in
         // `queue::sqs`, as the client's own long polls wait longer).
         let scheduler = super::scheduler(&sdk, None);
@@ -226,7 +226,7 @@ pub(crate) mod tests {
     }
 
     /// Waits for `call` against a [`never_answering_peer`] that has read `requests`: it must
-    /// come back as a timeout after three tries, each given up after `WRITE_TRY_LONGEST`
+    /// come back as a timeout after three tries, each given up after `TRY_ANSWER_WAIT`
     /// (and the SDK's pauses between them), not wait for ever.
     pub(crate) async fn given_up_after_three_tries<T: std::fmt::Debug, E: std::fmt::Debug>(
         requests: &std::sync::atomic::AtomicUsize,
@@ -239,7 +239,7 @@ pub(crate) mod tests {
         let took = started.elapsed();
         let error = answer.expect_err("the peer never answers");
         assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 3);
-        let longest = crate::service::sender::WRITE_TRY_LONGEST;
+        let longest = crate::service::sender::TRY_ANSWER_WAIT;
         assert!(
             took >= longest * 3 && took <= longest * 3 + std::time::Duration::from_secs(3 + 5),
             "three tries of {longest:?} and their pauses took {took:?}"

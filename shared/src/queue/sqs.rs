@@ -21,7 +21,7 @@ use crate::{
     aws::error_text,
     clock::{to_millis, Clock, Timestamp},
     domain::{AccountId, DeliveryId, EndpointId},
-    service::sender::WRITE_TRY_LONGEST,
+    service::sender::TRY_ANSWER_WAIT,
     store::PendingRef,
 };
 
@@ -150,7 +150,7 @@ impl SqsQueue {
             .config()
             .timeout_config()
             .map_or_else(TimeoutConfig::builder, TimeoutConfig::to_builder)
-            .read_timeout(WRITE_TRY_LONGEST)
+            .read_timeout(TRY_ANSWER_WAIT)
             .build();
         let out = request
             .customize()

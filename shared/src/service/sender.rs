@@ -71,7 +71,7 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
 
 /// Three requests that may follow the record's wait (its last, the endpoint's failing clock,
 /// and the follow-up's queueing), each with the SDK's three tries, of at most
-/// [`WRITE_TRY_LONGEST`] before their answer begins, and its pauses between them (up to 1 s,
+/// [`TRY_ANSWER_WAIT`] before their answer begins, and its pauses between them (up to 1 s,
 /// then 2 s). Checked against the SDK's configuration in `aws::clients`. Not counted: the
 /// other requests that may follow the record one after another: the attempt's detail row,
 /// the clock's read, the slot's release, the hour counts, and a schedule before the SQS send
@@ -82,7 +82,7 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
 /// again), but the detail rows and hour counts not yet written are missing, and the slots'
 /// leases are held until they end.
 pub const AFTER_THE_WAIT: Duration =
-    Duration::from_millis(3 * (3 * WRITE_TRY_LONGEST.as_millis() as u64 + 3000));
+    Duration::from_millis(3 * (3 * TRY_ANSWER_WAIT.as_millis() as u64 + 3000));
 
 /// How long one try of a request to DynamoDB or the Scheduler, or of a send to SQS, waits
 /// for its answer to begin (connecting and sending included; the SDK's read timeout) before
@@ -93,7 +93,7 @@ pub const AFTER_THE_WAIT: Duration =
 /// counted, so a large read is never cut short. AWS advises a second or more for
 /// `TransactWriteItems`, whose tries share the idempotency token the SDK fills in, so that a
 /// try rarely meets its own transaction still under way.
-pub const WRITE_TRY_LONGEST: Duration = Duration::from_millis(1500);
+pub const TRY_ANSWER_WAIT: Duration = Duration::from_millis(1500);
 
 pub const REQUEUE_MIN: Duration = Duration::from_secs(5);
 pub const REQUEUE_MAX: Duration = Duration::from_secs(15);
