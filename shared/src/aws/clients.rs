@@ -28,23 +28,23 @@ client!(dynamodb, aws_sdk_dynamodb, |config| {
         delete_item::DeleteItemError, put_item::PutItemError, update_item::UpdateItemError,
     };
     config
-        .timeout_config(
-            aws_smithy_types::timeout::TimeoutConfig::builder()
-                .read_timeout(crate::service::sender::TRY_ANSWER_WAIT)
-                .build(),
-        )
+        .timeout_config(answer_wait())
         .retry_classifier(ConflictRetry::<UpdateItemError>::default())
         .retry_classifier(ConflictRetry::<PutItemError>::default())
         .retry_classifier(ConflictRetry::<DeleteItemError>::default())
 });
 client!(sqs, aws_sdk_sqs);
-
 client!(scheduler, aws_sdk_scheduler, |config| config
-    .timeout_config(
-        aws_smithy_types::timeout::TimeoutConfig::builder()
-            .read_timeout(crate::service::sender::TRY_ANSWER_WAIT)
-            .build()
-    ));
+    .timeout_config(answer_wait()));
+
+/// A try given up once its answer has not begun after [`crate::service::sender::TRY_ANSWER_WAIT`]
+/// (the SDK's read timeout; its other timeouts stay as they are). Not on the SQS client:
+/// its long polls wait longer, so its batch sends set it per request (`queue::sqs`).
+pub fn answer_wait() -> aws_smithy_types::timeout::TimeoutConfig {
+    aws_smithy_types::timeout::TimeoutConfig::builder()
+        .read_timeout(crate::service::sender::TRY_ANSWER_WAIT)
+        .build()
+}
 client!(sesv2, aws_sdk_sesv2);
 client!(dynamodbstreams, aws_sdk_dynamodbstreams);
 client!(ssm, aws_sdk_ssm);

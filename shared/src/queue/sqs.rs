@@ -12,16 +12,14 @@ use aws_sdk_scheduler::types::{
     ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
 };
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
-use aws_smithy_types::timeout::TimeoutConfig;
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::{Queue, QueueError};
 use crate::{
-    aws::error_text,
+    aws::{clients::answer_wait, error_text},
     clock::{to_millis, Clock, Timestamp},
     domain::{AccountId, DeliveryId, EndpointId},
-    service::sender::TRY_ANSWER_WAIT,
     store::PendingRef,
 };
 
@@ -145,16 +143,9 @@ impl SqsQueue {
         }
         // Each try waits for SQS's answer as long as a DynamoDB request's does. Set here, not
         // on the client: the same client's long polls (the local runner's receive) wait longer.
-        let timeouts = self
-            .sqs
-            .config()
-            .timeout_config()
-            .map_or_else(TimeoutConfig::builder, TimeoutConfig::to_builder)
-            .read_timeout(TRY_ANSWER_WAIT)
-            .build();
         let out = request
             .customize()
-            .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(timeouts))
+            .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(answer_wait()))
             .send()
             .await
             .map_err(|e| QueueError(error_text(&e)))?;
