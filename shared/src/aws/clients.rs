@@ -39,15 +39,27 @@ client!(scheduler, aws_sdk_scheduler, |config| config
 
 /// A try given up once its answer has not begun after [`crate::service::sender::TRY_ANSWER_WAIT`]
 /// (the SDK's read timeout; its other timeouts stay as they are). Not on the SQS client:
-/// its long polls wait longer, so its batch sends set it per request (`queue::sqs`).
+/// its long polls wait longer, so its requests set it one by one (`queue::sqs`, `aws::dlq`).
 pub fn answer_wait() -> aws_smithy_types::timeout::TimeoutConfig {
+    answer_wait_after(std::time::Duration::ZERO)
+}
+
+/// As [`answer_wait`], for a request whose answer begins only after `wait` (a long poll's
+/// `WaitTimeSeconds`).
+pub fn answer_wait_after(wait: std::time::Duration) -> aws_smithy_types::timeout::TimeoutConfig {
     aws_smithy_types::timeout::TimeoutConfig::builder()
-        .read_timeout(crate::service::sender::TRY_ANSWER_WAIT)
+        .read_timeout(wait + crate::service::sender::TRY_ANSWER_WAIT)
         .build()
 }
-client!(sesv2, aws_sdk_sesv2);
-client!(dynamodbstreams, aws_sdk_dynamodbstreams);
-client!(ssm, aws_sdk_ssm);
+
+// The owner mail, the local runner's stream reads and the parameters read at a cold start:
+// none of them waits for an answer that never comes either.
+client!(sesv2, aws_sdk_sesv2, |config| config
+    .timeout_config(answer_wait()));
+client!(dynamodbstreams, aws_sdk_dynamodbstreams, |config| config
+    .timeout_config(answer_wait()));
+client!(ssm, aws_sdk_ssm, |config| config
+    .timeout_config(answer_wait()));
 
 /// Has the SDK try again, with its backoff, a single-item write that met a transaction
 /// writing the same item (`TransactionConflictException`). DynamoDB refuses such a write;
@@ -232,6 +244,16 @@ pub(crate) mod tests {
         requests: &std::sync::atomic::AtomicUsize,
         call: impl std::future::Future<Output = Result<T, E>>,
     ) -> E {
+        let longest = crate::service::sender::TRY_ANSWER_WAIT;
+        given_up_after_three_tries_of(longest, requests, call).await
+    }
+
+    /// As [`given_up_after_three_tries`], for tries given up after `longest` each.
+    pub(crate) async fn given_up_after_three_tries_of<T: std::fmt::Debug, E: std::fmt::Debug>(
+        longest: std::time::Duration,
+        requests: &std::sync::atomic::AtomicUsize,
+        call: impl std::future::Future<Output = Result<T, E>>,
+    ) -> E {
         let started = std::time::Instant::now();
         let answer = tokio::time::timeout(std::time::Duration::from_secs(30), call)
             .await
@@ -239,7 +261,6 @@ pub(crate) mod tests {
         let took = started.elapsed();
         let error = answer.expect_err("the peer never answers");
         assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 3);
-        let longest = crate::service::sender::TRY_ANSWER_WAIT;
         assert!(
             took >= longest * 3 && took <= longest * 3 + std::time::Duration::from_secs(3 + 5),
             "three tries of {longest:?} and their pauses took {took:?}"
@@ -259,6 +280,60 @@ pub(crate) mod tests {
         let error = given_up_after_three_tries(&requests, call).await;
         assert!(
             matches!(&error, aws_sdk_dynamodb::error::SdkError::DispatchFailure(failure) if failure.is_timeout()),
+            "{error:?}"
+        );
+    }
+    /// The parameters a function reads when it starts (its admin token, the key of endpoint
+    /// secrets): a read whose answer never comes fails the start within its tries, with the
+    /// parameter's name, instead of holding the start until Lambda gives it up.
+    #[tokio::test]
+    async fn a_parameter_read_that_is_never_answered_fails_the_start_within_its_tries() {
+        let (address, requests) = never_answering_peer();
+        let ssm = super::ssm(&sdk_at(address).await, None);
+        let call = crate::aws::parameters::secure_string(&ssm, "/hooklane/admin-token");
+        let error = given_up_after_three_tries(&requests, call).await;
+        let text = error.to_string();
+        assert!(
+            text.contains("/hooklane/admin-token") && text.contains("timeout"),
+            "{text}"
+        );
+    }
+
+    /// An owner's mail whose sending SES never answers is given up within its tries and
+    /// stays queued (`Unavailable`), so the health run goes on instead of waiting until
+    /// Lambda stops it.
+    #[tokio::test]
+    async fn a_mail_that_ses_never_answers_is_given_up_and_stays_queued() {
+        use crate::notify::{Notifier, NotifyError};
+        let (address, requests) = never_answering_peer();
+        let notifier = crate::notify::ses::SesNotifier::new(
+            super::sesv2(&sdk_at(address).await, None),
+            "hooklane@example.com",
+        );
+        let notification = crate::store::Notification {
+            id: "ntf_1".into(),
+            account_id: crate::domain::AccountId::parse("acme").unwrap(),
+            recipient: crate::domain::EmailAddress::parse("owner@example.com").unwrap(),
+            subject: "Webhook endpoint disabled".into(),
+            body: "We disabled your endpoint.".into(),
+            created_at: crate::fixtures::t0(),
+        };
+        let error = given_up_after_three_tries(&requests, notifier.send(&notification)).await;
+        assert!(matches!(error, NotifyError::Unavailable(_)), "{error:?}");
+    }
+
+    /// The local runner's reads of the events table's stream.
+    #[tokio::test]
+    async fn a_stream_read_that_is_never_answered_is_given_up_after_its_tries() {
+        let (address, requests) = never_answering_peer();
+        let streams = super::dynamodbstreams(&sdk_at(address).await, None);
+        let call = streams
+            .describe_stream()
+            .stream_arn("arn:aws:dynamodb:us-east-1:123456789012:table/events/stream/2026-12-07T00:00:00.000")
+            .send();
+        let error = given_up_after_three_tries(&requests, call).await;
+        assert!(
+            matches!(&error, aws_sdk_dynamodbstreams::error::SdkError::DispatchFailure(failure) if failure.is_timeout()),
             "{error:?}"
         );
     }

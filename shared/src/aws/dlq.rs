@@ -10,7 +10,17 @@
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
-use super::error_text;
+use super::{clients::answer_wait_after, error_text};
+
+/// How long a receive waits for a message to come: its answer begins only after that.
+const RECEIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Each request's tries wait for their answer as the functions' do, after `wait` (a receive's
+/// long poll), so that a redrive whose answer never comes stops with an error rather than
+/// hanging the command. Set per request: the client is the caller's.
+fn waiting(wait: std::time::Duration) -> aws_sdk_sqs::config::Builder {
+    aws_sdk_sqs::config::Builder::default().timeout_config(answer_wait_after(wait))
+}
 
 /// What one redrive moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,7 +53,9 @@ pub async fn redrive(
             .max_number_of_messages(wanted)
             // Long enough to send and delete the batch before anyone else could see it.
             .visibility_timeout(60)
-            .wait_time_seconds(1)
+            .wait_time_seconds(RECEIVE_WAIT.as_secs() as i32)
+            .customize()
+            .config_override(waiting(RECEIVE_WAIT))
             .send()
             .await
             .map_err(|e| fail(moved, error_text(&e)))?;
@@ -60,7 +72,12 @@ pub async fn redrive(
                 .map_err(|e| fail(moved, e.to_string()))?;
             send = send.entries(entry);
         }
-        let sent = send.send().await.map_err(|e| fail(moved, error_text(&e)))?;
+        let sent = send
+            .customize()
+            .config_override(waiting(std::time::Duration::ZERO))
+            .send()
+            .await
+            .map_err(|e| fail(moved, error_text(&e)))?;
         let failed: Vec<usize> = sent
             .failed()
             .iter()
@@ -77,6 +94,8 @@ pub async fn redrive(
             sqs.delete_message()
                 .queue_url(dead_letters)
                 .receipt_handle(receipt)
+                .customize()
+                .config_override(waiting(std::time::Duration::ZERO))
                 .send()
                 .await
                 .map_err(|e| fail(moved, error_text(&e)))?;
@@ -151,5 +170,24 @@ mod tests {
             .messages
             .unwrap_or_default();
         assert!(left.is_empty(), "the dead-letter queue is empty");
+    }
+
+    /// A redrive whose receive SQS never answers stops with an error after the receive's
+    /// tries (each its long poll's second and `TRY_ANSWER_WAIT` more), having moved nothing,
+    /// instead of hanging the command.
+    #[tokio::test]
+    async fn a_redrive_that_sqs_never_answers_stops_with_an_error() {
+        use crate::aws::clients::tests::{
+            given_up_after_three_tries_of, never_answering_peer, sdk_at,
+        };
+        let (address, requests) = never_answering_peer();
+        let sqs = crate::aws::clients::sqs(&sdk_at(address).await, None);
+        let dead = format!("http://{address}/123456789012/dlq");
+        let main = format!("http://{address}/123456789012/main");
+        let each = RECEIVE_WAIT + crate::service::sender::TRY_ANSWER_WAIT;
+        let call = redrive(&sqs, &dead, &main, 10);
+        let error = given_up_after_three_tries_of(each, &requests, call).await;
+        assert_eq!(error.moved, 0);
+        assert!(error.message.contains("timeout"), "{error}");
     }
 }
