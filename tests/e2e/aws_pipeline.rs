@@ -757,8 +757,8 @@ async fn kill_nine_mid_flight_twice_then_restart_delivers_everything_once_or_mor
     );
     let mut server = Server::start_aws(&scratch, &[], &env).await;
     server.create_account("acme").await;
-    // A dead process's slot leases run out only after the request deadline plus a margin
-    // (15 s). Room for every message the consumers can hold at once (10 each) keeps the
+    // A dead process's slot leases run out only after two request deadlines plus a margin
+    // (25 s). Room for every message the consumers can hold at once (10 each) keeps the
     // restarted sender from waiting on them; the lease expiry itself is the slot store's
     // own test.
     let max_in_flight = workers * 10;
