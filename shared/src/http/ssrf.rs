@@ -515,6 +515,22 @@ mod tests {
         assert!(URL_CASES.len() >= 40);
     }
 
+    /// docs/RELIABILITY.md counts the table's forms: a case added or removed changes them.
+    #[test]
+    fn the_reliability_doc_counts_the_url_table() {
+        let doc = include_str!("../../../docs/RELIABILITY.md").replace('\n', " ");
+        let refused = URL_CASES.iter().filter(|(_, e)| e.is_some()).count();
+        let public = URL_CASES.len() - refused;
+        let claim = format!(
+            "`check_url_table` runs **{} URL forms** through the guard: **{refused} refused** with the expected reason and {public} public ones",
+            URL_CASES.len()
+        );
+        assert!(
+            doc.contains(&claim),
+            "docs/RELIABILITY.md should say: {claim}"
+        );
+    }
+
     /// `None`: public unicast; `Some(text)`: forbidden with a reason containing `text`.
     const ADDRESS_CASES: &[(&str, Option<&str>)] = &[
         ("0.0.0.0", Some("unspecified")),
