@@ -1,5 +1,5 @@
 """moto_server with DynamoDB's atomicity, streams that survive a cancelled transaction, and
-DynamoDB's refusal of a reversed BETWEEN.
+DynamoDB's refusal of a reversed BETWEEN or of a starting key outside the query's range.
 
 DynamoDB applies each request to an item atomically: a conditional write's check and its
 write cannot interleave with another request's. moto's threaded server lets them (a
@@ -16,7 +16,10 @@ those records in between.
 A Query whose key condition is `BETWEEN :low AND :high` with `:low` above `:high` is
 refused by DynamoDB (ValidationException: "The BETWEEN operator requires upper bound to be
 greater than or equal to lower bound"); moto answers it with no items. Refused here too, so
-a test of code that can build such a window fails as it would on AWS.
+a test of code that can build such a window fails as it would on AWS. So is a Query whose
+`ExclusiveStartKey` does not meet its key condition (another partition, or a sort key outside
+the range: "The provided starting key is outside query boundaries based on provided
+condition"): moto starts from it all the same.
 
 A table over its write capacity refuses the write with ProvisionedThroughputExceededException,
 and a write whose condition fails still uses its capacity unit; moto has no capacity. Here the
@@ -116,6 +119,63 @@ def _query_refusing_reversed_between(self):
 
 
 DynamoHandler.query = _query_refusing_reversed_between
+
+_KEY_BETWEEN = re.compile(r"(#?\w+)\s+BETWEEN\s+(:\w+)\s+AND\s+(:\w+)", re.IGNORECASE)
+_KEY_COMPARE = re.compile(r"(#?\w+)\s*(<=|>=|=|<|>)\s*(:\w+)")
+_KEY_PREFIX = re.compile(r"begins_with\s*\(\s*(#?\w+)\s*,\s*(:\w+)\s*\)", re.IGNORECASE)
+_COMPARE = {
+    "=": lambda a, b: a == b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+def _start_key_conditions(body):
+    """(attribute, test) for each condition of the key condition expression."""
+    names = body.get("ExpressionAttributeNames", {})
+    values = body.get("ExpressionAttributeValues", {})
+    condition = body.get("KeyConditionExpression") or ""
+
+    def name(token):
+        return names.get(token, token)
+
+    def bound(token):
+        return _bound(values.get(token, {}))
+
+    for attribute, low, high in _KEY_BETWEEN.findall(condition):
+        lower, upper = bound(low), bound(high)
+        yield name(attribute), lambda v, lower=lower, upper=upper: lower <= v <= upper
+    for attribute, prefix in _KEY_PREFIX.findall(condition):
+        start = bound(prefix)
+        yield name(attribute), lambda v, start=start: v.startswith(start)
+    rest = _KEY_PREFIX.sub(" ", _KEY_BETWEEN.sub(" ", condition))
+    for attribute, operator, operand in _KEY_COMPARE.findall(rest):
+        operand_value = bound(operand)
+        yield name(attribute), lambda v, op=_COMPARE[operator], b=operand_value: op(v, b)
+
+
+def _query_refusing_a_start_key_outside(self):
+    start = self.body.get("ExclusiveStartKey")
+    if start:
+        for attribute, holds in _start_key_conditions(self.body):
+            value = _bound(start.get(attribute, {}))
+            if value is None:
+                continue
+            try:
+                inside = holds(value)
+            except TypeError:
+                inside = False
+            if not inside:
+                raise MockValidationException(
+                    "The provided starting key is outside query boundaries based on provided "
+                    f"condition ({attribute}: {start.get(attribute)})"
+                )
+    return _query_refusing_reversed_between(self)
+
+
+DynamoHandler.query = _query_refusing_a_start_key_outside
 
 THROTTLED_WRITES_PER_SECOND = 20
 _THROTTLED_TABLE = re.compile(r"^throttled.*-delivery-log$")

@@ -969,12 +969,19 @@ impl DynamoStore {
         }
         let account = query.account.as_str();
         // The index's own order (time, then as DynamoDB keeps equal times) from just past
-        // the previous page's last event, which its full key names.
-        let mut start = query.after.as_ref().map(|(at, id)| {
-            let mut key = account_key(account, id.as_str());
-            key.insert(MISSED_AT.into(), n(to_millis(*at)));
-            key
-        });
+        // the previous page's last event, which its full key names. DynamoDB refuses a
+        // starting key outside the key condition's range: a cursor before the window (its
+        // start, the retention's edge, moved on since that page) goes on from the start, and
+        // one past its end has nothing after it.
+        let mut start = match &query.after {
+            Some((at, _)) if to_millis(*at) > upper => return Ok(Vec::new()),
+            Some((at, id)) if to_millis(*at) >= lower => {
+                let mut key = account_key(account, id.as_str());
+                key.insert(MISSED_AT.into(), n(to_millis(*at)));
+                Some(key)
+            }
+            _ => None,
+        };
         let mut found = Vec::new();
         loop {
             let out = self
