@@ -705,33 +705,6 @@ fn samconfig() -> toml::Table {
     text.parse().unwrap()
 }
 
-/// EventBridge Scheduler takes group names of 64 characters at most, CloudFormation stack
-/// names of 128: the template's group name is made from the stack name, so infra/README.md
-/// states the longest stack name that deploys, and samconfig's fits it.
-#[test]
-fn the_stack_name_limit_in_the_docs_is_the_schedule_group_s() {
-    let name = render(&properties("RetryScheduleGroup")["Name"]);
-    let suffix = name
-        .strip_prefix("${AWS::StackName}")
-        .unwrap_or_else(|| panic!("the group name is not made from the stack name: {name}"));
-    let longest = 64 - suffix.len();
-    let readme = std::fs::read_to_string(root().join("infra/README.md"))
-        .unwrap()
-        .replace('\n', " ");
-    let stated = format!("The stack name may be at most {longest} characters");
-    assert!(
-        readme.contains(&stated),
-        "infra/README.md does not say {stated:?}"
-    );
-    let stack_name = samconfig()["default"]["global"]["parameters"]["stack_name"]
-        .as_str()
-        .map(str::len);
-    assert!(
-        stack_name.is_some_and(|n| n <= longest),
-        "samconfig's stack_name: {stack_name:?}"
-    );
-}
-
 #[test]
 fn build_and_deploy_read_the_same_architecture() {
     let config = samconfig();
@@ -1315,4 +1288,56 @@ fn the_http_api_throttles_every_route_before_invoking_the_api() {
             );
         }
     }
+}
+
+/// The names the template gives its resources fit the services' limits whatever the stack's
+/// name: CloudFormation takes stack names of up to 128 characters, and a name built from one
+/// can pass a service's limit, which only the deployment would show (cfn-lint cannot know the
+/// stack's name, and the emulator's stacks have short ones). An EventBridge Scheduler group
+/// takes 64 characters (the AWS::Scheduler::ScheduleGroup reference).
+#[test]
+fn every_name_fits_its_service_for_the_longest_stack_name() {
+    // (type, naming property, longest name the service takes)
+    const LIMITS: [(&str, &str, usize); 9] = [
+        ("AWS::DynamoDB::Table", "TableName", 255),
+        ("AWS::Logs::LogGroup", "LogGroupName", 512),
+        ("AWS::Scheduler::ScheduleGroup", "Name", 64),
+        ("AWS::SQS::Queue", "QueueName", 80),
+        ("AWS::CloudWatch::Dashboard", "DashboardName", 255),
+        ("AWS::CloudWatch::Alarm", "AlarmName", 255),
+        ("AWS::Lambda::Function", "FunctionName", 64),
+        ("AWS::IAM::Role", "RoleName", 64),
+        ("AWS::SNS::Topic", "TopicName", 256),
+    ];
+    let longest_stack = format!("h{}", "x".repeat(127));
+    let mut named = 0;
+    let mut too_long = Vec::new();
+    for (logical, resource) in resources() {
+        let kind = resource["Type"].as_str().unwrap_or_default();
+        for (_, property, limit) in LIMITS.iter().filter(|(k, _, _)| *k == kind) {
+            let name = match &resource["Properties"][*property] {
+                Value::Null => continue,
+                Value::String(literal) => literal.clone(),
+                other => other["Fn::Sub"]
+                    .as_str()
+                    .unwrap_or_else(|| {
+                        panic!("{logical}.{property}: not a string or a Sub: {other}")
+                    })
+                    .replace("${AWS::StackName}", &longest_stack),
+            };
+            assert!(
+                !name.contains("${"),
+                "{logical}.{property}: cannot resolve {name}"
+            );
+            named += 1;
+            if name.len() > *limit {
+                too_long.push(format!("{logical}.{property}: {} > {limit}", name.len()));
+            }
+        }
+    }
+    assert!(
+        named >= 10,
+        "only {named} names checked: the template's layout changed?"
+    );
+    assert!(too_long.is_empty(), "{too_long:#?}");
 }

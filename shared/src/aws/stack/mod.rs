@@ -186,7 +186,8 @@ impl Stack {
             };
             stack.resources.insert(logical.clone(), physical);
         }
-        // Named by the template; they reference nothing but parameters.
+        // Named by the template (a schedule group as CloudFormation would, as it is left
+        // unnamed); they reference nothing but parameters.
         for (logical, properties) in resources_of("AWS::Logs::LogGroup")? {
             let group = stack.string(&properties["LogGroupName"])?;
             let arn = format!("logs:{region}:{account}:log-group:{group}");
@@ -194,7 +195,10 @@ impl Stack {
             stack.resources.insert(logical.clone(), physical);
         }
         for (logical, properties) in resources_of("AWS::Scheduler::ScheduleGroup")? {
-            let group = stack.string(&properties["Name"])?;
+            let group = match &properties["Name"] {
+                Value::Null => generated_name(name, logical),
+                named => stack.string(named)?,
+            };
             let physical = stack.named(
                 &group,
                 format!("scheduler:{region}:{account}:schedule-group/{group}"),

@@ -85,7 +85,7 @@ fn a_resource_the_provisioner_has_not_decided_on_is_refused() {
 fn the_sender_is_given_the_stack_it_runs_in() {
     let env = stack().function_env("SenderFunction").unwrap();
     assert_eq!(env["HOOKLANE_TABLE_PREFIX"], "st");
-    assert_eq!(env["HOOKLANE_SCHEDULE_GROUP"], "st-retries");
+    assert_eq!(env["HOOKLANE_SCHEDULE_GROUP"], "st-RetryScheduleGroup");
     assert_eq!(
         env["HOOKLANE_SCHEDULER_ROLE_ARN"],
         "arn:aws:iam::111122223333:role/st-SchedulerSendRole"
@@ -453,13 +453,10 @@ async fn the_provisioned_stack_is_the_template_field_by_field() {
                 }
             }
             "AWS::Scheduler::ScheduleGroup" => {
-                let group = p["Name"]["Fn::Sub"]
-                    .as_str()
-                    .unwrap()
-                    .replace("${AWS::StackName}", &name);
+                let group = &stack.resources[logical.as_str()].reference;
                 aws_sdk_scheduler::Client::new(&sdk)
                     .get_schedule_group()
-                    .name(&group)
+                    .name(group)
                     .send()
                     .await
                     .unwrap_or_else(|e| panic!("{logical}: {e:?}"));
