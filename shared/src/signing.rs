@@ -139,11 +139,16 @@ pub fn verify(
         .trim()
         .parse()
         .map_err(|_| VerifyError::MalformedTimestamp)?;
-    if now_unix - ts > tolerance_secs {
-        return Err(VerifyError::TimestampTooOld(now_unix - ts - tolerance_secs));
+    // Saturating: the header is the sender's to write, up to i64's ends.
+    let age = now_unix.saturating_sub(ts);
+    if age > tolerance_secs {
+        return Err(VerifyError::TimestampTooOld(
+            age.saturating_sub(tolerance_secs),
+        ));
     }
-    if ts - now_unix > tolerance_secs {
-        return Err(VerifyError::TimestampTooNew(ts - now_unix));
+    let ahead = ts.saturating_sub(now_unix);
+    if ahead > tolerance_secs {
+        return Err(VerifyError::TimestampTooNew(ahead));
     }
     let candidates: Vec<Vec<u8>> = signature
         .split_whitespace()
@@ -214,6 +219,18 @@ mod tests {
         assert_eq!(
             verify(&[&other], MSG_ID, "1614265330", EXPECTED, BODY, TS, 300),
             Err(VerifyError::NoMatch)
+        );
+        // Timestamps at the ends of i64 (the header is the sender's to write) are too old or
+        // too new, not an overflow.
+        let extreme =
+            |timestamp: &str| verify(&[&secret], MSG_ID, timestamp, EXPECTED, BODY, TS, 300);
+        assert_eq!(
+            extreme("-9223372036854775808"),
+            Err(VerifyError::TimestampTooOld(i64::MAX - 300))
+        );
+        assert_eq!(
+            extreme("9223372036854775807"),
+            Err(VerifyError::TimestampTooNew(i64::MAX - TS))
         );
     }
 

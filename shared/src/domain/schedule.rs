@@ -54,7 +54,8 @@ impl RetrySchedule {
                     .parse::<f64>()
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0)
-                    .map(Duration::from_secs_f64)
+                    // Past what a Duration holds: too long, which `new` refuses as such.
+                    .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
                     .ok_or_else(|| {
                         InvalidField::new(
                             "retry_schedule",
@@ -148,6 +149,10 @@ mod tests {
         assert!(RetrySchedule::parse("1,x").is_err());
         assert!(RetrySchedule::parse("0").is_err());
         assert!(RetrySchedule::parse("-3").is_err());
+        // Past what a Duration holds: refused as too long, not a panic at start-up.
+        let huge = RetrySchedule::parse("30,1e20").unwrap_err();
+        assert_eq!(huge.field, "retry_schedule");
+        assert!(huge.message.contains("30 days"), "{}", huge.message);
     }
 }
 
