@@ -27,8 +27,8 @@ use crate::{
 pub const MAX_SQS_DELAY_SECONDS: i64 = 900;
 const SQS_BATCH: usize = 10;
 /// Requests (batches of ten, or schedules) in flight at once: a fan-out of a stream batch to
-/// a hundred endpoints each is a thousand batches, which one at a time took most of the fan-out
-/// function's 30 s (a timeout fails the stream batch, and its retry queues every message again).
+/// a hundred endpoints each is a thousand batches, which one at a time took 30 s (a fan-out
+/// past its function's timeout fails the stream batch, and its retry queues every message again).
 const SEND_CONCURRENCY: usize = 16;
 
 /// The body of every queue message: which delivery to attempt, and for whom.

@@ -203,9 +203,9 @@ async fn the_router_serves_api_gateway_events() {
     assert_eq!((status, &body["error"]["field"]), (400, &json!("limit")));
 }
 
-/// Behind a custom domain whose API mapping has a key (`hooks.example.com/base`), an HTTP
-/// API passes the path on with the key in it: with `PublicUrl` naming that path, the API
-/// answers there, and at its own paths still.
+/// Behind a custom domain whose API mapping has a key (`hooks.example.com/base`), the API
+/// answers under that path when `PublicUrl` names it, and at its own paths still: an HTTP
+/// API's `rawPath` leaves the mapping's key out, a proxy in front of it may not.
 #[tokio::test]
 async fn the_api_answers_under_the_path_of_its_public_url() {
     let mut app = hooklane_testkit::app::api_only_app();
