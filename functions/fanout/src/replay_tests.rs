@@ -175,6 +175,7 @@ async fn a_stream_batch_handled_twice_or_at_once_makes_each_delivery_once_and_on
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
         sweep_grace: shape.sweep_grace,
+        send_by: None,
     };
     let mut skipped = 0;
     let mut attempted = std::collections::BTreeSet::new();
@@ -571,6 +572,7 @@ async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
         sweep_grace: shape.sweep_grace,
+        send_by: None,
     };
     // One batch of them all, the endpoints side by side (a sender's batch is ten).
     let handled = hooklane::service::sender::handle_batch(&shape.app, lanes, &messages).await;
@@ -626,6 +628,7 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
         sweep_grace: shape.sweep_grace,
+        send_by: None,
     };
 
     let (metrics, log, _recorder) =

@@ -4,11 +4,24 @@
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use hooklane::aws::{
-    handlers::{handle_queue_batch, MessageOutcome},
+    handlers::{handle_queue_batch_until, MessageOutcome},
     shape::AwsShape,
 };
 
+pub use hooklane::aws::handlers::send_by;
+
 pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
+    handle_until(shape, event, None).await
+}
+
+/// As [`handle`], sending webhooks only until `send_by` (see [`send_by`]): the messages
+/// whose webhook would be sent later go back to the queue, to be sent soon by another
+/// invocation.
+pub async fn handle_until(
+    shape: &AwsShape,
+    event: SqsEvent,
+    send_by: Option<tokio::time::Instant>,
+) -> SqsBatchResponse {
     let messages: Vec<(&str, Option<&str>)> = event
         .records
         .iter()
@@ -20,7 +33,7 @@ pub async fn handle(shape: &AwsShape, event: SqsEvent) -> SqsBatchResponse {
         })
         .collect();
     // Handled concurrently; their retries are queued together.
-    let outcomes = handle_queue_batch(shape, &messages).await;
+    let outcomes = handle_queue_batch_until(shape, &messages, send_by).await;
     let mut response = SqsBatchResponse::default();
     for ((id, _), outcome) in messages.iter().zip(outcomes) {
         if outcome == MessageOutcome::Retry {
@@ -219,6 +232,54 @@ mod tests {
         assert!(
             matches!(&replay, Err(hooklane::service::ServiceError::Conflict(m)) if m.contains("past retention")),
             "{replay:?}"
+        );
+    }
+
+    /// Lambda stops the sender at its timeout, and a webhook sent too close to it could be
+    /// cut off before its record is written, then be sent again. Past `send_by` (the
+    /// invocation's deadline less the request's and its record's time) the sender sends
+    /// nothing: the message goes back to the queue, due within seconds, no attempt spent.
+    /// With time left, the same message is sent.
+    #[tokio::test]
+    async fn a_message_whose_send_would_end_past_the_invocation_goes_back_unsent() {
+        let (settings, shape) = emulated_shape().await;
+        let receiver = slow_receiver(Duration::from_millis(5)).await;
+        let store = shape.app.store.as_ref();
+        let endpoint = acme_sending_to(&shape, &receiver.url).await;
+        let published = publish_and_fan_out(&shape, "evt_late", serde_json::json!({})).await;
+        let delivery = &published.deliveries[0];
+        // Drain the fan-out's message: the one the sender puts back is the only one.
+        let _ = hooklane_testkit::testing::receive_queued(&settings.queue_url, 1).await;
+
+        let batch = batch_of_one(&delivery_message(delivery));
+        let late = handle_until(&shape, batch.clone(), Some(tokio::time::Instant::now())).await;
+        assert!(
+            late.batch_item_failures.is_empty(),
+            "queued again, not failed: {:?}",
+            late.batch_item_failures
+        );
+        assert_eq!(receiver.served.load(Ordering::SeqCst), 0, "nothing sent");
+        let stored = store
+            .get_delivery(&endpoint.account_id, &delivery.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (stored.status, stored.attempts),
+            (DeliveryStatus::Pending, 0)
+        );
+        let waited = hooklane::service::sender::UNSENT_REQUEUE_MAX.as_secs() as i32 + 2;
+        let back = hooklane_testkit::testing::receive_queued(&settings.queue_url, waited).await;
+        let bodies: Vec<_> = back.iter().filter_map(|m| m.body.as_deref()).collect();
+        assert_eq!(bodies, [delivery_message(delivery)], "its message is back");
+
+        let in_an_hour = tokio::time::Instant::now() + Duration::from_secs(3600);
+        let sent = handle_until(&shape, batch, Some(in_an_hour)).await;
+        assert!(sent.batch_item_failures.is_empty());
+        assert_eq!(
+            receiver.served.load(Ordering::SeqCst),
+            1,
+            "sent with time left"
         );
     }
 

@@ -20,7 +20,7 @@ use crate::{
         catalog::Catalog,
         fan_out::{fan_out_batch_until, recover_unfanned},
         health, notifications,
-        sender::{handle_batch, Lanes},
+        sender::{self, handle_batch, Lanes},
         sweep::{sweep_overdue, SweepReport},
         tokens, ServiceResult,
     },
@@ -196,6 +196,23 @@ pub async fn handle_queue_batch(
     shape: &AwsShape,
     messages: &[(&str, Option<&str>)],
 ) -> Vec<MessageOutcome> {
+    handle_queue_batch_until(shape, messages, None).await
+}
+
+/// When an invocation whose deadline is `deadline_ms` (epoch milliseconds, as Lambda's
+/// context gives it) sends its last webhook: [`sender::send_margin`] before it.
+pub fn send_by(deadline_ms: u64, request_deadline: std::time::Duration) -> tokio::time::Instant {
+    let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
+    let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+    tokio::time::Instant::now() + left.saturating_sub(sender::send_margin(request_deadline))
+}
+
+/// [`handle_queue_batch`], sending webhooks only until `send_by` (see [`send_by`]).
+pub async fn handle_queue_batch_until(
+    shape: &AwsShape,
+    messages: &[(&str, Option<&str>)],
+    send_by: Option<tokio::time::Instant>,
+) -> Vec<MessageOutcome> {
     let mut outcomes = vec![MessageOutcome::Done; messages.len()];
     let mut parsed = Vec::new();
     let mut positions = Vec::new();
@@ -219,6 +236,7 @@ pub async fn handle_queue_batch(
         slots: shape.slots.as_ref(),
         rate: shape.slots.as_ref(),
         sweep_grace: shape.sweep_grace,
+        send_by,
     };
     let handled = handle_batch(&shape.app, lanes, &parsed).await;
     for ((position, (delivery, _, _)), result) in positions.into_iter().zip(&parsed).zip(handled) {

@@ -55,6 +55,11 @@ pub enum LocalFault {
     /// `ENOBUFS` or `ENOMEM`: the kernel has no memory for another socket.
     #[error("the kernel has no memory for another socket (ENOBUFS/ENOMEM)")]
     SocketMemory,
+    /// Too little of this Lambda invocation is left to send the webhook and still record its
+    /// answer before the function is stopped: sent then, it could go unrecorded and be sent
+    /// again.
+    #[error("too little of the invocation is left to send the webhook and record its answer")]
+    InvocationTime,
 }
 
 impl LocalFault {
@@ -102,6 +107,7 @@ impl LocalFault {
         match self {
             Self::ProcessFileLimit | Self::SystemFileLimit => "file_descriptors",
             Self::SocketMemory => "socket_memory",
+            Self::InvocationTime => "invocation_time",
         }
     }
 }

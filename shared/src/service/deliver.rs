@@ -147,7 +147,21 @@ pub async fn attempt_reporting_answer(
     trigger: Trigger,
     answered: &(dyn Fn() + Send + Sync),
 ) -> Result<AttemptResult, AttemptError> {
-    attempt_recording(app, delivery_id, trigger, answered, RecordRetry::ONCE, None).await
+    attempt_sent_by(app, delivery_id, trigger, answered, None).await
+}
+
+/// [`attempt_reporting_answer`], sending the webhook only until `send_by`: past it (what is
+/// left of a Lambda invocation would not cover the request and its record) nothing is sent,
+/// as [`AttemptError::Unsent`] with [`LocalFault::InvocationTime`].
+pub async fn attempt_sent_by(
+    app: &App,
+    delivery_id: &DeliveryId,
+    trigger: Trigger,
+    answered: &(dyn Fn() + Send + Sync),
+    send_by: Option<tokio::time::Instant>,
+) -> Result<AttemptResult, AttemptError> {
+    let retry = RecordRetry::ONCE;
+    attempt_until(app, delivery_id, trigger, answered, retry, None, send_by).await
 }
 
 /// [`attempt_reporting_answer`], writing the attempt's record again on `retry`'s terms while
@@ -160,6 +174,18 @@ pub async fn attempt_recording(
     answered: &(dyn Fn() + Send + Sync),
     retry: RecordRetry,
     stop: Option<&watch::Receiver<bool>>,
+) -> Result<AttemptResult, AttemptError> {
+    attempt_until(app, delivery_id, trigger, answered, retry, stop, None).await
+}
+
+async fn attempt_until(
+    app: &App,
+    delivery_id: &DeliveryId,
+    trigger: Trigger,
+    answered: &(dyn Fn() + Send + Sync),
+    retry: RecordRetry,
+    stop: Option<&watch::Receiver<bool>>,
+    send_by: Option<tokio::time::Instant>,
 ) -> Result<AttemptResult, AttemptError> {
     let Some(work) = app.store.load_work(delivery_id).await? else {
         return Ok(AttemptResult::Skipped);
@@ -230,6 +256,13 @@ pub async fn attempt_recording(
             .collect(),
             body,
         };
+        // Checked after the reads (which may have taken long), before anything is sent.
+        if send_by.is_some_and(|by| tokio::time::Instant::now() >= by) {
+            answered();
+            crate::telemetry::send_out_of_resources(LocalFault::InvocationTime.label(), "put_back");
+            tracing::warn!("webhook not sent: too little of the invocation is left to send it and record its answer; the delivery is tried again soon");
+            return Err(AttemptError::Unsent(LocalFault::InvocationTime));
+        }
         let response = app.transport.post(request).await;
         answered();
         if let Some(fault) = response.unsent {

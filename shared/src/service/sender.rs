@@ -81,8 +81,22 @@ pub fn longest_batch(request_deadline: Duration) -> Duration {
 /// twice (the messages come back, and the repeat finds each delivery recorded and queues it
 /// again), but the detail rows and hour counts not yet written are missing, and the slots'
 /// leases are held until they end.
-pub const AFTER_THE_WAIT: Duration =
-    Duration::from_millis(3 * (3 * TRY_ANSWER_WAIT.as_millis() as u64 + 3000));
+pub const AFTER_THE_WAIT: Duration = Duration::from_millis(3 * ONE_WRITE.as_millis() as u64);
+
+/// One request's three tries, each of at most [`TRY_ANSWER_WAIT`] before its answer begins,
+/// and the SDK's pauses between them (up to 1 s, then 2 s).
+pub const ONE_WRITE: Duration =
+    Duration::from_millis(3 * TRY_ANSWER_WAIT.as_millis() as u64 + 3000);
+
+/// How much of a Lambda invocation must be left for the sender to send a webhook: the
+/// request's deadline, then the record's wait for a throttled table and its last write's
+/// tries. A webhook sent later could be cut off by the function's timeout before its record
+/// is written, and be sent again; its message goes back to the queue instead. A batch's
+/// sends start within two deadlines (a slot's wait and its hold) unless reads before them
+/// went unanswered: the function's timeout leaves room for both (a template test).
+pub fn send_margin(request_deadline: Duration) -> Duration {
+    request_deadline + RECORD_THROTTLE_WAIT + ONE_WRITE
+}
 
 /// How long one try of a request to DynamoDB or the Scheduler, or of a send to SQS, waits
 /// for its answer to begin (connecting and sending included; the SDK's read timeout) before
@@ -160,6 +174,9 @@ pub struct Lanes<'a> {
     /// How long past due the sweeper lets a pending delivery be before it re-sends it: a
     /// delivery re-queued for a busy endpoint has its next try moved before then.
     pub sweep_grace: Duration,
+    /// On Lambda, the last moment a webhook may be sent (see [`send_margin`]); its message
+    /// goes back to the queue instead, as for a sender out of its own resources.
+    pub send_by: Option<tokio::time::Instant>,
 }
 
 pub async fn handle_message(
@@ -603,7 +620,14 @@ async fn attempt_answering(
     endpoint: &Endpoint,
     answered: &(dyn Fn() + Send + Sync),
 ) -> Result<Handled, SenderError> {
-    match deliver::attempt_reporting_answer(app, &delivery.id, Trigger::Scheduled, answered).await {
+    let sent = deliver::attempt_sent_by(
+        app,
+        &delivery.id,
+        Trigger::Scheduled,
+        answered,
+        lanes.send_by,
+    );
+    match sent.await {
         Ok(result) => follow_up(app, result).await,
         Err(deliver::AttemptError::Unsent(fault)) => {
             // Nothing was sent and nothing recorded (the attempt logged why): the delivery
@@ -664,9 +688,15 @@ async fn attempt_waiting(
         endpoint.id = %endpoint.id,
         account.id = %endpoint.account_id,
     );
-    let result = match deliver::attempt(app, &delivery, Trigger::Scheduled)
-        .instrument(span)
-        .await
+    let result = match deliver::attempt_sent_by(
+        app,
+        &delivery,
+        Trigger::Scheduled,
+        &|| {},
+        lanes.send_by,
+    )
+    .instrument(span)
+    .await
     {
         Ok(result) => result,
         Err(deliver::AttemptError::Unsent(fault)) => {
@@ -918,6 +948,7 @@ mod tests {
             slots,
             rate: slots,
             sweep_grace,
+            send_by: None,
         }
     }
 

@@ -976,6 +976,24 @@ fn the_sender_may_run_its_longest_batch_to_the_end() {
          (a slot's wait, its hold and the last attempt, each up to the {deadline:?} deadline, \
          and the writes that record them)"
     );
+    // A batch's sends start within a slot's wait and its hold: the sender holds none of them
+    // back for want of time (`send_margin`) unless reads before them went unanswered.
+    let margin = hooklane::service::sender::send_margin(deadline);
+    assert!(
+        std::time::Duration::from_secs(timeout) >= deadline * 2 + margin,
+        "the sender may run {timeout} s: a send started after two deadlines of {deadline:?} \
+         would be held back, as {margin:?} must be left to send and record it"
+    );
+    let reliability = std::fs::read_to_string(root().join("docs/RELIABILITY.md")).unwrap();
+    let reliability = reliability.split_whitespace().collect::<Vec<_>>().join(" ");
+    let stated = format!(
+        "its record's time ({} s of its {timeout} s)",
+        margin.as_secs_f64()
+    );
+    assert!(
+        reliability.contains(&stated),
+        "docs/RELIABILITY.md does not say {stated:?}"
+    );
 }
 
 /// An event to many endpoints is fanned out a part at a time, each part recorded, and an

@@ -373,6 +373,7 @@ impl Pipeline {
             slots: self.shape.slots.as_ref(),
             rate: self.shape.slots.as_ref(),
             sweep_grace: self.shape.sweep_grace,
+            send_by: None,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.receiver.delivered.load(Ordering::SeqCst) < delivered_total {
