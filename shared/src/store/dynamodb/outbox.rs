@@ -183,6 +183,11 @@ pub fn read_outbox_item(item: &impl Attributes) -> Result<OutboxItem, String> {
         let at = at
             .parse::<i64>()
             .map_err(|_| format!("`erased_at` {at} is not a whole number"))?;
+        if !(CREATED_AT_MIN..=CREATED_AT_MAX).contains(&at) {
+            return Err(format!(
+                "`erased_at` {at} is not milliseconds since 1970 (13 digits, like 1767225600000)"
+            ));
+        }
         return Ok(OutboxItem::New(Event {
             id,
             account_id,
@@ -338,6 +343,11 @@ mod tests {
             (
                 reason(|i| drop(i.insert("expires_at".into(), json!({"N": "1769817600.5"})))),
                 "`expires_at` 1769817600.5 is not a whole number",
+            ),
+            // Milliseconds, as `created_at`: out of range, it read as the year -262143.
+            (
+                reason(|i| drop(i.insert("erased_at".into(), json!({"N": "-99999999999999999"})))),
+                "`erased_at` -99999999999999999 is not milliseconds since 1970",
             ),
             (
                 reason(|i| drop(i.insert("unfanned_shard".into(), json!({"S": "7"})))),
