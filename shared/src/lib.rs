@@ -28,6 +28,10 @@ pub mod telemetry;
 // the integration tests (`tests/core/stores.rs`), which can use the kit.
 #[cfg(test)]
 extern crate self as hooklane;
+#[cfg(all(test, feature = "aws"))]
+#[allow(dead_code)]
+#[path = "../../tests/kit/src/faults.rs"]
+pub(crate) mod faults;
 #[cfg(test)]
 #[allow(dead_code)]
 #[path = "../../tests/kit/src/fixtures.rs"]

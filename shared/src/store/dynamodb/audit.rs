@@ -228,10 +228,16 @@ impl DynamoStore {
                     .condition("attribute_exists(id)"),
                 Refused::With(StoreError::NotFound("account")),
             ),
-            // A deleted endpoint's tombstone gives way to a new endpoint of the same id.
+            // A deleted endpoint's tombstone gives way to a new endpoint of the same id, once
+            // its delete is finished (no `failing_shard` marker left): the new item would drop
+            // the marker, and the old endpoint's pending deliveries, in the same log, would go
+            // to the new one.
             AuditedChange::CreateEndpoint { endpoint, .. } => (
                 Write::put(&tables.endpoints, endpoint_item(endpoint, &self.secrets)?)
-                    .condition("attribute_not_exists(id) OR attribute_exists(#deleted)")
+                    .condition(
+                        "attribute_not_exists(id) \
+                         OR (attribute_exists(#deleted) AND attribute_not_exists(failing_shard))",
+                    )
                     .name("#deleted", DELETED_AT),
                 conflict("endpoint", endpoint.id.as_str()),
             ),

@@ -355,7 +355,7 @@ impl DynamoStore {
         // Each takes up to ABANDON_BUDGET; past FINISHING_BUDGET the rest wait for the next
         // check, which must still disable and mail within the function's 300 s.
         let started = std::time::Instant::now();
-        for item in &unfinished {
+        for listed in &unfinished {
             if started.elapsed() >= FINISHING_BUDGET {
                 tracing::info!(
                     left = unfinished.len(),
@@ -363,6 +363,17 @@ impl DynamoStore {
                 );
                 break;
             }
+            // The index lags its table: since the copy it listed, the endpoint may have been
+            // enabled again, or a new one created under a deleted one's id. What the table
+            // says now decides, or the abandon would take what is pending now.
+            let key = account_key(&get_s(listed, "account_id")?, &get_s(listed, "id")?);
+            let Some(item) = self.get(&self.tables.endpoints, key).await? else {
+                continue;
+            };
+            if opt_s(&item, "failing_shard").as_deref() != Some(DISABLING_SHARD) {
+                continue;
+            }
+            let item = &item;
             if is_tombstone(item) {
                 // No secret left to open: its keys and when it was deleted are enough.
                 let account = AccountId::from_trusted(get_s(item, "account_id")?);

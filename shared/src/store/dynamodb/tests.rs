@@ -2295,6 +2295,50 @@ async fn a_delete_that_stopped_part_way_is_finished_by_the_health_check() {
     assert!(!item.contains_key("failing_since"), "{item:?}");
 }
 
+/// A deleted endpoint's id may be taken again, but not while its delete is unfinished (its
+/// abandon stopped part way): the new endpoint's item would replace the tombstone and its
+/// marker, and the old endpoint's pending deliveries, in the same log, would then be sent
+/// to the new one's URL. Once the health check has finished the delete, the id is free.
+#[tokio::test]
+async fn an_id_whose_delete_is_unfinished_is_not_taken_again_until_it_is() {
+    use crate::fixtures::{at, status_of};
+    let store = emulator_store().await;
+    let (account, delivery) = one_delivery(&store).await;
+    let abandon_fails =
+        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
+    let deletion = EndpointDeletion {
+        account_id: account.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
+        at: at(5),
+    };
+    assert!(abandon_fails.delete_endpoint(&deletion).await.unwrap());
+    assert_eq!(
+        status_of(&store, &account, &delivery.id).await.status,
+        DeliveryStatus::Pending
+    );
+    let again = crate::fixtures::endpoint("acme", "ep_a", at(6));
+    let refused = store.create_endpoint(&again).await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Conflict {
+                entity: "endpoint",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+
+    assert!(store.failing_endpoints(at(10)).await.unwrap().is_empty());
+    assert_eq!(
+        status_of(&store, &account, &delivery.id).await.status,
+        DeliveryStatus::Abandoned
+    );
+    store.create_endpoint(&again).await.unwrap();
+    let taken = store.get_endpoint(&account, &again.id).await.unwrap();
+    assert_eq!(taken.map(|e| e.created_at), Some(again.created_at));
+}
+
 /// An owner's disable of an endpoint that was not failing, stopped part way (its abandon
 /// out of time, or failed), is found and finished by the health check: the disable gives it
 /// a clock of 0 for the `failing` index alone, which reads as none and which an enable
@@ -2367,6 +2411,74 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
         .unwrap()
         .unwrap();
     assert!(!item.contains_key("failing_since"), "{item:?}");
+}
+
+/// The `failing` index lags its table on AWS (every read of a GSI is eventually consistent;
+/// the emulator's indexes never lag). An endpoint whose disable stopped part way, and that
+/// its owner has enabled again since, may still be listed in the index as being disabled:
+/// the health check must not finish that disable and abandon what the endpoint has pending
+/// now (its owner's resend, say). The same goes for a deleted endpoint's id taken again.
+#[tokio::test]
+async fn a_disable_undone_since_is_not_finished_from_a_lagging_index() {
+    use crate::fixtures::{at, status_of};
+    let lag = crate::faults::LaggingIndex::of("failing");
+    let on_time = emulator_store().await;
+    let config = on_time
+        .client()
+        .config()
+        .to_builder()
+        .interceptor(lag.clone())
+        .build();
+    let store = DynamoStore {
+        client: aws_sdk_dynamodb::Client::from_conf(config),
+        ..on_time
+    };
+    let (account, delivery) = one_delivery(&store).await;
+    let abandon_fails =
+        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
+    let request = DisableRequest {
+        account_id: account.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
+        reason: "disabled by its owner".into(),
+        now: at(5),
+        expected_failing_since: None,
+        notification: None,
+        operational_event: None,
+    };
+    assert!(abandon_fails.disable_endpoint(&request).await.is_ok());
+    assert_eq!(
+        failing_shard_of(&store, "acme", "ep_a").await.as_deref(),
+        Some(DISABLING_SHARD)
+    );
+    // What the index shows of it until it catches up.
+    let as_indexed = store
+        .get(&store.tables().endpoints, account_key("acme", "ep_a"))
+        .await
+        .unwrap()
+        .unwrap();
+    let read = store
+        .get_endpoint(&account, &delivery.endpoint_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut enabled = read.clone();
+    enabled.status = EndpointStatus::Active;
+    enabled.disabled_reason = None;
+    enabled.touch(at(20));
+    store
+        .update_endpoint(&enabled, &read.version())
+        .await
+        .unwrap();
+    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
+
+    lag.showing(vec![as_indexed]);
+    store.failing_endpoints(at(30)).await.unwrap();
+    assert_eq!(
+        status_of(&store, &account, &delivery.id).await.status,
+        DeliveryStatus::Pending,
+        "an enabled endpoint's delivery abandoned from the index's old copy"
+    );
+    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
 }
 
 /// What a client's requests did: the most in flight at once, and the queries, the items
