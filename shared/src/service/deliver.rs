@@ -178,6 +178,7 @@ pub async fn attempt_recording(
     attempt_until(app, delivery_id, trigger, answered, retry, stop, None).await
 }
 
+/// [`attempt_recording`], sending nothing past `send_by` (see [`attempt_sent_by`]).
 async fn attempt_until(
     app: &App,
     delivery_id: &DeliveryId,

@@ -2339,6 +2339,41 @@ async fn an_id_whose_delete_is_unfinished_is_not_taken_again_until_it_is() {
     assert_eq!(taken.map(|e| e.created_at), Some(again.created_at));
 }
 
+/// The owner's disable of the delivery's endpoint at 5 s, its abandon refused: the endpoint
+/// is disabled, and its marker left for the health check to finish.
+async fn disable_stopped_part_way(store: &DynamoStore, delivery: &Delivery) {
+    let abandon_fails =
+        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(store, 0);
+    let request = DisableRequest {
+        account_id: delivery.account_id.clone(),
+        endpoint_id: delivery.endpoint_id.clone(),
+        reason: "disabled by its owner".into(),
+        now: crate::fixtures::at(5),
+        expected_failing_since: None,
+        notification: None,
+        operational_event: None,
+    };
+    assert!(abandon_fails.disable_endpoint(&request).await.is_ok());
+}
+
+/// The owner enables the delivery's endpoint (`ep_a`) again at `second`: no clock left.
+async fn enable_again(store: &DynamoStore, delivery: &Delivery, second: i64) {
+    let read = store
+        .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut enabled = read.clone();
+    enabled.status = EndpointStatus::Active;
+    enabled.disabled_reason = None;
+    enabled.touch(crate::fixtures::at(second));
+    store
+        .update_endpoint(&enabled, &read.version())
+        .await
+        .unwrap();
+    assert_eq!(failing_shard_of(store, "acme", "ep_a").await, None);
+}
+
 /// An owner's disable of an endpoint that was not failing, stopped part way (its abandon
 /// out of time, or failed), is found and finished by the health check: the disable gives it
 /// a clock of 0 for the `failing` index alone, which reads as none and which an enable
@@ -2348,18 +2383,7 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
     use crate::fixtures::{at, status_of};
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
-    let abandon_fails =
-        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
-    let request = DisableRequest {
-        account_id: account.clone(),
-        endpoint_id: delivery.endpoint_id.clone(),
-        reason: "disabled by its owner".into(),
-        now: at(5),
-        expected_failing_since: None,
-        notification: None,
-        operational_event: None,
-    };
-    assert!(abandon_fails.disable_endpoint(&request).await.is_ok());
+    disable_stopped_part_way(&store, &delivery).await;
     let read = store
         .get_endpoint(&account, &delivery.endpoint_id)
         .await
@@ -2391,20 +2415,7 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
         Some(FAILING_SHARD)
     );
     // Enabled again: no clock left, for the index or the sender.
-    let read = store
-        .get_endpoint(&account, &delivery.endpoint_id)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut enabled = read.clone();
-    enabled.status = EndpointStatus::Active;
-    enabled.disabled_reason = None;
-    enabled.touch(at(20));
-    store
-        .update_endpoint(&enabled, &read.version())
-        .await
-        .unwrap();
-    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
+    enable_again(&store, &delivery, 20).await;
     let item = store
         .get(&store.tables().endpoints, account_key("acme", "ep_a"))
         .await
@@ -2434,18 +2445,7 @@ async fn a_disable_undone_since_is_not_finished_from_a_lagging_index() {
         ..on_time
     };
     let (account, delivery) = one_delivery(&store).await;
-    let abandon_fails =
-        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
-    let request = DisableRequest {
-        account_id: account.clone(),
-        endpoint_id: delivery.endpoint_id.clone(),
-        reason: "disabled by its owner".into(),
-        now: at(5),
-        expected_failing_since: None,
-        notification: None,
-        operational_event: None,
-    };
-    assert!(abandon_fails.disable_endpoint(&request).await.is_ok());
+    disable_stopped_part_way(&store, &delivery).await;
     assert_eq!(
         failing_shard_of(&store, "acme", "ep_a").await.as_deref(),
         Some(DISABLING_SHARD)
@@ -2456,20 +2456,7 @@ async fn a_disable_undone_since_is_not_finished_from_a_lagging_index() {
         .await
         .unwrap()
         .unwrap();
-    let read = store
-        .get_endpoint(&account, &delivery.endpoint_id)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut enabled = read.clone();
-    enabled.status = EndpointStatus::Active;
-    enabled.disabled_reason = None;
-    enabled.touch(at(20));
-    store
-        .update_endpoint(&enabled, &read.version())
-        .await
-        .unwrap();
-    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
+    enable_again(&store, &delivery, 20).await;
 
     lag.showing(vec![as_indexed]);
     store.failing_endpoints(at(30)).await.unwrap();
