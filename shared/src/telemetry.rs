@@ -171,7 +171,9 @@ pub fn describe() {
         SENDS_OUT_OF_RESOURCES,
         "Webhook connections this process could not open for want of its own resources (cause: \
          file_descriptors, socket_memory): tried once more after the idle connections were \
-         dropped (outcome retried), or not sent and put back without an attempt (put_back)"
+         dropped (outcome retried), or not sent and put back without an attempt (put_back); \
+         and webhooks the AWS sender did not send for want of invocation time (cause \
+         invocation_time, put_back)"
     );
 }
 

@@ -99,9 +99,13 @@ pub const FAN_OUT_SHARE: f64 = 2.0 / 3.0;
 /// When an invocation whose deadline is `deadline_ms` (epoch milliseconds, as Lambda's
 /// context gives it) stops fanning out: [`FAN_OUT_SHARE`] of the time it has left.
 pub fn fan_out_deadline(deadline_ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::now() + time_left(deadline_ms).mul_f64(FAN_OUT_SHARE)
+}
+
+/// What is left of an invocation whose deadline is `deadline_ms` (epoch milliseconds).
+fn time_left(deadline_ms: u64) -> std::time::Duration {
     let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
-    let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms));
-    tokio::time::Instant::now() + left.mul_f64(FAN_OUT_SHARE)
+    std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms))
 }
 
 /// As [`fan_out_images`], leaving the events not fanned out by `deadline` to a retry from
@@ -202,9 +206,8 @@ pub async fn handle_queue_batch(
 /// When an invocation whose deadline is `deadline_ms` (epoch milliseconds, as Lambda's
 /// context gives it) sends its last webhook: [`sender::send_margin`] before it.
 pub fn send_by(deadline_ms: u64, request_deadline: std::time::Duration) -> tokio::time::Instant {
-    let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
-    let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms));
-    tokio::time::Instant::now() + left.saturating_sub(sender::send_margin(request_deadline))
+    let margin = sender::send_margin(request_deadline);
+    tokio::time::Instant::now() + time_left(deadline_ms).saturating_sub(margin)
 }
 
 /// [`handle_queue_batch`], sending webhooks only until `send_by` (see [`send_by`]).

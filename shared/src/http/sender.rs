@@ -63,6 +63,14 @@ pub enum LocalFault {
 }
 
 impl LocalFault {
+    /// Every fault: what the metric's `cause` may be (see [`Self::label`]).
+    pub const ALL: [Self; 4] = [
+        Self::ProcessFileLimit,
+        Self::SystemFileLimit,
+        Self::SocketMemory,
+        Self::InvocationTime,
+    ];
+
     /// The fault an OS error code stands for, if it is one.
     pub fn of_os_error(code: i32) -> Option<Self> {
         match code {

@@ -204,8 +204,8 @@ async fn the_router_serves_api_gateway_events() {
 }
 
 /// Behind a custom domain whose API mapping has a key (`hooks.example.com/base`), the API
-/// answers under that path when `PublicUrl` names it, and at its own paths still: an HTTP
-/// API's `rawPath` leaves the mapping's key out, a proxy in front of it may not.
+/// answers under that path when `PublicUrl` names it, and at its own paths still: whether
+/// the path it is handed carries the mapping's key or not (a proxy in front may add it).
 #[tokio::test]
 async fn the_api_answers_under_the_path_of_its_public_url() {
     let mut app = hooklane_testkit::app::api_only_app();

@@ -231,7 +231,7 @@ fn emitted() -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
         telemetry::notification_failed();
         telemetry::event_rejected();
         telemetry::events_recovered(1);
-        for cause in ["file_descriptors", "socket_memory"] {
+        for cause in hooklane::http::LocalFault::ALL.map(hooklane::http::LocalFault::label) {
             telemetry::send_out_of_resources(cause, "put_back");
         }
         for part in ["detail", "failing_clock"] {

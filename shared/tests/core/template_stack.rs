@@ -424,7 +424,7 @@ fn failed_batch_items_rejected_events_and_failed_mail_raise_alarms() {
     // A webhook the sender put back unsent is queued again, not failed: it reaches neither
     // the failed-items alarm nor the dead-letter queue, so an alarm of its own watches it,
     // for each cause.
-    for cause in ["file_descriptors", "socket_memory"] {
+    for cause in hooklane::http::LocalFault::ALL.map(hooklane::http::LocalFault::label) {
         let watched = of_type("AWS::CloudWatch::Alarm").any(|(_, p)| {
             p["AlarmActions"].as_array().is_some_and(|a| !a.is_empty())
                 && p["Threshold"] == 0
