@@ -775,6 +775,22 @@ fn every_table_is_protected_from_deletion_and_restorable() {
     }
 }
 
+/// CloudFormation deletes a replaced resource once its new one is made, unless it is retained:
+/// a replaced table would leave its records behind empty, a replaced schedule group would take
+/// its scheduled retries with it (deleting a group deletes its schedules).
+#[test]
+fn what_holds_records_or_scheduled_retries_is_kept_when_replaced() {
+    let kinds = ["AWS::DynamoDB::Table", "AWS::Scheduler::ScheduleGroup"];
+    let held: Vec<_> = resources()
+        .iter()
+        .filter(|(_, r)| kinds.contains(&r["Type"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(held.len(), 7, "six tables and the retry schedule group");
+    for (name, resource) in held {
+        assert_eq!(resource["UpdateReplacePolicy"], "Retain", "{name}");
+    }
+}
+
 // ---------------------------------------------------------------- 9: logs
 
 #[test]
