@@ -935,3 +935,127 @@ async fn nothing_a_key_mints_outlives_the_key() {
         );
     }
 }
+
+/// The placeholders of a path template, `{account}` aside.
+fn placeholders(template: &str) -> Vec<&str> {
+    template
+        .split('{')
+        .skip(1)
+        .filter_map(|rest| rest.split_once('}').map(|(name, _)| name))
+        .filter(|name| *name != "account")
+        .collect()
+}
+
+/// Another account's ids under the caller's own account's path: every route looks its ids up
+/// within the path's account, so a credential of alpha naming gamma's endpoint, event or
+/// delivery is answered 404 and changes nothing of gamma's. (The matrix above puts another
+/// account in the path, which the account check refuses before any id is looked up.)
+async fn foreign_ids_under_own_account(server: &Server) -> usize {
+    for account in ["alpha", "gamma"] {
+        server.create_account(account).await;
+    }
+    let (endpoint, _) = server
+        .create_endpoint("gamma", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    let event = server
+        .publish("gamma", "invoice.paid", json!({"n": 1}))
+        .await;
+    let event_id = event["id"].as_str().expect("event id").to_owned();
+    let delivery = event["deliveries"][0]["id"]
+        .as_str()
+        .expect("delivery")
+        .to_owned();
+    let ids = [
+        ("account", "alpha"),
+        ("endpoint", endpoint.as_str()),
+        ("event", event_id.as_str()),
+        ("delivery", delivery.as_str()),
+    ];
+    let gamma = |what: &str| format!("/v1/accounts/gamma/{what}");
+    let (_, endpoint_before) = server.get(&gamma(&format!("endpoints/{endpoint}"))).await;
+    // Every scope but admin, limited to alpha; and alpha's own account token.
+    let (alpha_key, _) = key(server, &SCOPES[..9], Some(&["alpha"]), None).await;
+    let alpha_token = mint(server, "alpha", 600).await["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let mut checked = 0;
+    for (method, template, scope) in documented_scopes(server).await {
+        let names = placeholders(&template);
+        if !template.contains("{account}")
+            || names.is_empty()
+            || !names
+                .iter()
+                .all(|n| ["endpoint", "event", "delivery"].contains(n))
+        {
+            continue;
+        }
+        let path = fill(&template, &ids);
+        let mut credentials = vec![alpha_key.as_str()];
+        if scope
+            .as_deref()
+            .is_some_and(|s| ACCOUNT_TOKEN_SCOPES.contains(&s))
+        {
+            credentials.push(alpha_token.as_str());
+        }
+        // A body each route takes, so that only the lookup can refuse it.
+        let sent = if template.ends_with("/endpoints/{endpoint}/replay") {
+            json!({"since": "2026-01-01T00:00:00Z"})
+        } else {
+            json!({})
+        };
+        let verb = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        for credential in credentials {
+            let (status, body) = server
+                .request_as(credential, verb.clone(), &path, Some(sent.clone()))
+                .await;
+            assert_eq!(status, 404, "{method} {path}: {body}");
+            assert!(
+                body["error"].is_object() && !body.to_string().contains("gamma"),
+                "{method} {path}: {body}"
+            );
+            checked += 1;
+        }
+    }
+    // Gamma's are as they were: nothing deleted, erased, changed or replayed.
+    // (Its failing clock is the sender's: its deliveries go to a closed port meanwhile.)
+    let as_set = |mut endpoint: Value| {
+        endpoint["failing_since"] = Value::Null;
+        endpoint
+    };
+    let (status, after) = server.get(&gamma(&format!("endpoints/{endpoint}"))).await;
+    assert_eq!((status, as_set(after)), (200, as_set(endpoint_before)));
+    let (status, stored) = server.get(&gamma(&format!("events/{event_id}"))).await;
+    assert_eq!(status, 200, "{stored}");
+    assert!(stored["erased_at"].is_null(), "{stored}");
+    let (status, attempts) = server
+        .get(&gamma(&format!("deliveries/{delivery}/attempts")))
+        .await;
+    assert_eq!(status, 200, "{attempts}");
+    let manual = attempts["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["trigger"] == "manual")
+        .count();
+    assert_eq!(manual, 0, "a replay reached gamma's delivery: {attempts}");
+    checked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_accounts_ids_under_ones_own_account_are_not_found() {
+    let scratch = Scratch::new("foreign-ids");
+    let server = Server::start(&scratch, &[]).await;
+    let checked = foreign_ids_under_own_account(&server).await;
+    assert!(checked >= 12, "only {checked} requests checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_shape_finds_no_other_accounts_ids_under_ones_own_account() {
+    let scratch = Scratch::new("aws-foreign-ids");
+    let prefix = crate::aws_pipeline::unique("foreign");
+    let server = Server::start_aws(&scratch, &["--provision", &prefix], &[]).await;
+    let checked = foreign_ids_under_own_account(&server).await;
+    assert!(checked >= 12, "only {checked} requests checked");
+    crate::iam::assert_allowed(&server);
+}
