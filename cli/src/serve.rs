@@ -510,8 +510,10 @@ pub async fn run(
     let metrics = install_metrics()?;
     let secrets = secrets_cipher(&config)?;
     let store = Arc::new(SqliteStore::open(&config.database, secrets.clone())?);
-    let resealed = store.reseal_secrets().await.map_err(|e| {
-        ServeError::Startup(format!(
+    let resealed = store.reseal_secrets().await.map_err(|e| match e {
+        // Only a secret that does not open is the key's fault; a lock held past the busy
+        // wait or an I/O error is the file's.
+        StoreError::Corrupt(_) => ServeError::Startup(format!(
             "endpoint signing secrets in {} do not open with the configured key (key id {}): \
              {e}; give the key that sealed them as HOOKLANE_SECRETS_KEY (during a rotation, \
              as HOOKLANE_SECRETS_KEY_PREVIOUS) or restore {} (docs/OPERATIONS.md, \
@@ -519,7 +521,11 @@ pub async fn run(
             config.database.display(),
             secrets.key_id(),
             secrets_key_file(&config.database).display(),
-        ))
+        )),
+        other => ServeError::Startup(format!(
+            "cannot seal the endpoint signing secrets in {} again: {other}",
+            config.database.display(),
+        )),
     })?;
     tracing::info!(
         key_id = secrets.key_id(),

@@ -40,6 +40,61 @@ mod replay;
 mod retention;
 mod rows;
 mod schema;
+
+/// An endpoint whose secrets or headers [`SqliteStore::reseal_secrets`] seals again, with
+/// them sealed.
+struct Resealed {
+    account: AccountId,
+    id: EndpointId,
+    secrets: Option<(String, Option<String>)>,
+    headers: Option<String>,
+}
+
+/// Every endpoint whose secrets or headers need sealing again. Every value is opened,
+/// re-sealed or not: a start with the wrong key fails here, before serving, rather than at
+/// the endpoint's next delivery.
+fn resealed(conn: &Connection, cipher: &SecretsCipher) -> StoreResult<Vec<Resealed>> {
+    type Row = (String, String, String, Option<String>, Option<String>);
+    let rows: Vec<Row> = {
+        let mut stmt = conn
+            .prepare("SELECT id, account_id, secret, retiring_secret, headers FROM endpoints")
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .map_err(backend)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(backend)?
+    };
+    let mut changes = Vec::new();
+    for (id, account, secret, retiring, headers) in rows {
+        let (account, id) = (
+            AccountId::from_trusted(account),
+            EndpointId::from_trusted(id),
+        );
+        let corrupt = |e: crate::secrets::SecretsError| {
+            StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+        };
+        let secrets = cipher
+            .reseal((&secret, retiring.as_deref()), &account, &id)
+            .map_err(corrupt)?;
+        let headers = headers
+            .map(|h| cipher.reseal_headers(&h, &account, &id))
+            .transpose()
+            .map_err(corrupt)?
+            .flatten();
+        if secrets.is_some() || headers.is_some() {
+            changes.push(Resealed {
+                account,
+                id,
+                secrets,
+                headers,
+            });
+        }
+    }
+    Ok(changes)
+}
+
 #[cfg(test)]
 mod tests;
 mod unfanned;
@@ -208,55 +263,41 @@ impl SqliteStore {
     /// encryption) or sealed under a key other than the current one, in one transaction;
     /// returns how many endpoints changed. A secret that does not open (under a key the
     /// cipher does not have, altered, or moved from another endpoint) is an error naming
-    /// the endpoint and the reason, and nothing changes.
+    /// the endpoint and the reason, and nothing changes. They are read first, without the
+    /// write lock: usually none needs sealing again, and `serve` then starts while another
+    /// process (a backup, the `sqlite3` shell) holds the lock.
     pub async fn reseal_secrets(&self) -> StoreResult<usize> {
+        let cipher = self.secrets.clone();
+        let needed = self
+            .read(move |conn| Ok(resealed(conn, &cipher)?.len()))
+            .await?;
+        if needed == 0 {
+            return Ok(0);
+        }
         let cipher = self.secrets.clone();
         self.run(move |conn| {
             let tx = JobSavepoint::begin(conn).map_err(backend)?;
-            type Row = (String, String, String, Option<String>, Option<String>);
-            let rows: Vec<Row> = {
-                let mut stmt = tx
-                    .prepare("SELECT id, account_id, secret, retiring_secret, headers FROM endpoints")
-                    .map_err(backend)?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
-                    .map_err(backend)?;
-                rows.collect::<rusqlite::Result<_>>().map_err(backend)?
-            };
-            let mut changed = 0;
-            for (id, account, secret, retiring, headers) in rows {
-                let (account, id) = (AccountId::from_trusted(account), EndpointId::from_trusted(id));
-                // Every value is opened, re-sealed or not: a start with the wrong key fails
-                // here, before serving, rather than at the endpoint's next delivery.
-                let corrupt = |e: crate::secrets::SecretsError| {
-                    StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
-                };
-                let resealed = cipher
-                    .reseal((&secret, retiring.as_deref()), &account, &id)
-                    .map_err(corrupt)?;
-                let headers = headers
-                    .map(|h| cipher.reseal_headers(&h, &account, &id))
-                    .transpose()
-                    .map_err(corrupt)?
-                    .flatten();
-                if let Some((secret, retiring)) = &resealed {
+            // Again under the lock: what was read may have changed since.
+            let changes = resealed(&tx, &cipher)?;
+            for change in &changes {
+                let (account, id) = (change.account.as_str(), change.id.as_str());
+                if let Some((secret, retiring)) = &change.secrets {
                     tx.execute(
                         "UPDATE endpoints SET secret = ?3, retiring_secret = ?4 WHERE id = ?1 AND account_id = ?2",
-                        params![id.as_str(), account.as_str(), secret, retiring],
+                        params![id, account, secret, retiring],
                     )
                     .map_err(backend)?;
                 }
-                if let Some(headers) = &headers {
+                if let Some(headers) = &change.headers {
                     tx.execute(
                         "UPDATE endpoints SET headers = ?3 WHERE id = ?1 AND account_id = ?2",
-                        params![id.as_str(), account.as_str(), headers],
+                        params![id, account, headers],
                     )
                     .map_err(backend)?;
                 }
-                changed += usize::from(resealed.is_some() || headers.is_some());
             }
             tx.commit().map_err(backend)?;
-            Ok(changed)
+            Ok(changes.len())
         })
         .await
     }

@@ -2097,6 +2097,31 @@ async fn a_file_of_this_version_opens_while_another_process_holds_the_write_lock
     assert!(opened.is_ok(), "{:?} after {took:?}", opened.err());
 }
 
+/// `serve` checks every endpoint secret at its start, and writes only if one needs sealing
+/// again: with nothing to reseal it starts while another process holds the write lock, as
+/// opening the file does, instead of failing after the busy wait.
+#[tokio::test]
+async fn secrets_with_nothing_to_reseal_are_checked_while_another_process_holds_the_write_lock() {
+    let dir = scratch_dir("reseal-locked");
+    let path = dir.join("locked.db");
+    let store = open_file(&path).unwrap();
+    crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    assert_eq!(
+        store.reseal_secrets().await.unwrap(),
+        0,
+        "sealed when created"
+    );
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = std::time::Instant::now();
+    let checked = store.reseal_secrets().await;
+    let took = started.elapsed();
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(checked.ok(), Some(0), "after {took:?}");
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn a_file_of_a_newer_schema_version_is_refused_before_any_change() {
     let dir = scratch_dir("newer-schema");
