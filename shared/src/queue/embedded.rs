@@ -234,7 +234,9 @@ impl Lanes {
             self.refill_wanted = true;
         }
         while let Some(Reverse((at, _))) = self.token_timers.peek() {
-            if *at > now_ms {
+            // One further ahead than a bucket ever waits was set before the clock stepped
+            // back: it goes now, and the bucket (rewound too) says whether a token is there.
+            if *at > now_ms && *at <= now_ms.saturating_add(BUCKET_REFILL_MS) {
                 break;
             }
             if let Some(Reverse((_, endpoint))) = self.token_timers.pop() {
@@ -1024,6 +1026,35 @@ mod tests {
         assert!(
             taken_at.windows(2).skip(1).all(|w| w[1] - w[0] >= 450),
             "{taken_at:?}"
+        );
+    }
+
+    /// A clock stepped back (NTP) leaves a lane waiting for a token at a time of the old
+    /// clock: it is taken again within a bucket's refill, not an hour later.
+    #[test]
+    fn a_clock_stepped_back_does_not_hold_a_rate_limited_lane_for_the_step() {
+        let queue = EmbeddedQueue::new();
+        let items = (0..4)
+            .map(|i| PendingRef {
+                rate_limit_per_second: Some(2),
+                ..item(&format!("d{i}"), "e", "a", 0, 100)
+            })
+            .collect();
+        queue.add(items);
+        let hour = 3_600_000;
+        let burst = drain(&queue, hour);
+        assert_eq!(burst.len(), 2, "the burst");
+        for lease in &burst {
+            queue.complete(lease, from_millis(hour));
+        }
+        assert!(queue.try_take(from_millis(hour)).is_none(), "no token left");
+        // The clock goes back an hour.
+        let taken = (1_000..=2_000)
+            .step_by(50)
+            .find_map(|now| queue.try_take(from_millis(now)).map(|_| now));
+        assert!(
+            taken.is_some(),
+            "still waiting for the old clock's token time"
         );
     }
 
