@@ -40,61 +40,6 @@ mod replay;
 mod retention;
 mod rows;
 mod schema;
-
-/// An endpoint whose secrets or headers [`SqliteStore::reseal_secrets`] seals again, with
-/// them sealed.
-struct Resealed {
-    account: AccountId,
-    id: EndpointId,
-    secrets: Option<(String, Option<String>)>,
-    headers: Option<String>,
-}
-
-/// Every endpoint whose secrets or headers need sealing again. Every value is opened,
-/// re-sealed or not: a start with the wrong key fails here, before serving, rather than at
-/// the endpoint's next delivery.
-fn resealed(conn: &Connection, cipher: &SecretsCipher) -> StoreResult<Vec<Resealed>> {
-    type Row = (String, String, String, Option<String>, Option<String>);
-    let rows: Vec<Row> = {
-        let mut stmt = conn
-            .prepare("SELECT id, account_id, secret, retiring_secret, headers FROM endpoints")
-            .map_err(backend)?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .map_err(backend)?;
-        rows.collect::<rusqlite::Result<_>>().map_err(backend)?
-    };
-    let mut changes = Vec::new();
-    for (id, account, secret, retiring, headers) in rows {
-        let (account, id) = (
-            AccountId::from_trusted(account),
-            EndpointId::from_trusted(id),
-        );
-        let corrupt = |e: crate::secrets::SecretsError| {
-            StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
-        };
-        let secrets = cipher
-            .reseal((&secret, retiring.as_deref()), &account, &id)
-            .map_err(corrupt)?;
-        let headers = headers
-            .map(|h| cipher.reseal_headers(&h, &account, &id))
-            .transpose()
-            .map_err(corrupt)?
-            .flatten();
-        if secrets.is_some() || headers.is_some() {
-            changes.push(Resealed {
-                account,
-                id,
-                secrets,
-                headers,
-            });
-        }
-    }
-    Ok(changes)
-}
-
 #[cfg(test)]
 mod tests;
 mod unfanned;
@@ -540,3 +485,57 @@ impl SqliteStore {
 }
 
 super::delegate_store!(SqliteStore);
+
+/// An endpoint whose secrets or headers [`SqliteStore::reseal_secrets`] seals again, with
+/// them sealed.
+struct Resealed {
+    account: AccountId,
+    id: EndpointId,
+    secrets: Option<(String, Option<String>)>,
+    headers: Option<String>,
+}
+
+/// Every endpoint whose secrets or headers need sealing again. Every value is opened,
+/// re-sealed or not: a start with the wrong key fails here, before serving, rather than at
+/// the endpoint's next delivery.
+fn resealed(conn: &Connection, cipher: &SecretsCipher) -> StoreResult<Vec<Resealed>> {
+    type Row = (String, String, String, Option<String>, Option<String>);
+    let rows: Vec<Row> = {
+        let mut stmt = conn
+            .prepare("SELECT id, account_id, secret, retiring_secret, headers FROM endpoints")
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .map_err(backend)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(backend)?
+    };
+    let mut changes = Vec::new();
+    for (id, account, secret, retiring, headers) in rows {
+        let (account, id) = (
+            AccountId::from_trusted(account),
+            EndpointId::from_trusted(id),
+        );
+        let corrupt = |e: crate::secrets::SecretsError| {
+            StoreError::Corrupt(format!("endpoint {id} of account {account}: {e}"))
+        };
+        let secrets = cipher
+            .reseal((&secret, retiring.as_deref()), &account, &id)
+            .map_err(corrupt)?;
+        let headers = headers
+            .map(|h| cipher.reseal_headers(&h, &account, &id))
+            .transpose()
+            .map_err(corrupt)?
+            .flatten();
+        if secrets.is_some() || headers.is_some() {
+            changes.push(Resealed {
+                account,
+                id,
+                secrets,
+                headers,
+            });
+        }
+    }
+    Ok(changes)
+}
