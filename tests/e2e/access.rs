@@ -222,12 +222,12 @@ fn expected(kind: Kind, scope: Option<&str>, under_account: bool) -> Result<(), 
 /// Every documented route with every kind of credential: a denied request gets exactly the
 /// documented status and an error body, never data; an allowed one reaches its handler.
 /// Returns (routes, kinds) checked.
-async fn access_matrix(server: &Server) -> (usize, usize) {
-    use Kind::*;
+/// Accounts alpha and gamma, gamma with an endpoint (to a closed port), an event and its
+/// delivery: their ids.
+async fn alpha_and_gammas_delivery(server: &Server) -> (String, String, String) {
     for account in ["alpha", "gamma"] {
         server.create_account(account).await;
     }
-    // Gamma owns real objects, so a 404 cannot come from them being absent.
     let (endpoint, _) = server
         .create_endpoint("gamma", "http://127.0.0.1:9/hook", json!({}))
         .await;
@@ -239,6 +239,13 @@ async fn access_matrix(server: &Server) -> (usize, usize) {
         .as_str()
         .expect("delivery")
         .to_owned();
+    (endpoint, event_id, delivery)
+}
+
+async fn access_matrix(server: &Server) -> (usize, usize) {
+    use Kind::*;
+    // Gamma owns real objects, so a 404 cannot come from them being absent.
+    let (endpoint, event_id, delivery) = alpha_and_gammas_delivery(server).await;
     let (_, victim) = key(server, &["deliveries:read"], None, None).await;
     let revoked = mint(server, "gamma", 600).await;
     let revoked_token = revoked["token"].as_str().expect("token").to_owned();
@@ -951,20 +958,7 @@ fn placeholders(template: &str) -> Vec<&str> {
 /// delivery is answered 404 and changes nothing of gamma's. (The matrix above puts another
 /// account in the path, which the account check refuses before any id is looked up.)
 async fn foreign_ids_under_own_account(server: &Server) -> usize {
-    for account in ["alpha", "gamma"] {
-        server.create_account(account).await;
-    }
-    let (endpoint, _) = server
-        .create_endpoint("gamma", "http://127.0.0.1:9/hook", json!({}))
-        .await;
-    let event = server
-        .publish("gamma", "invoice.paid", json!({"n": 1}))
-        .await;
-    let event_id = event["id"].as_str().expect("event id").to_owned();
-    let delivery = event["deliveries"][0]["id"]
-        .as_str()
-        .expect("delivery")
-        .to_owned();
+    let (endpoint, event_id, delivery) = alpha_and_gammas_delivery(server).await;
     let ids = [
         ("account", "alpha"),
         ("endpoint", endpoint.as_str()),
