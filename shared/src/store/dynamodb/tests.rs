@@ -1856,19 +1856,7 @@ async fn a_stale_disabling_marker_does_not_stop_the_failing_clock() {
     let store = emulator_store().await;
     let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_again"]).await;
     half_disabled(&store, "ep_again", None).await;
-    let read = store
-        .get_endpoint(&ep.account_id, &ep.id)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut enabled = read.clone();
-    enabled.status = EndpointStatus::Active;
-    enabled.disabled_reason = None;
-    enabled.touch(t0());
-    store
-        .update_endpoint(&enabled, &read.version())
-        .await
-        .unwrap();
+    enable_again(&store, &ep.account_id, &ep.id, t0()).await;
     let (_, d) = publish_one(&store, &ep, "evt_after").await;
     let failed_at = crate::clock::add(t0(), std::time::Duration::from_secs(10));
     let retry = Decision::RetryAt(crate::clock::add(t0(), std::time::Duration::from_secs(60)));
@@ -2356,22 +2344,26 @@ async fn disable_stopped_part_way(store: &DynamoStore, delivery: &Delivery) {
     assert!(abandon_fails.disable_endpoint(&request).await.is_ok());
 }
 
-/// The owner enables the delivery's endpoint (`ep_a`) again at `second`: no clock left.
-async fn enable_again(store: &DynamoStore, delivery: &Delivery, second: i64) {
+/// The owner enables the endpoint again at `at`.
+async fn enable_again(
+    store: &DynamoStore,
+    account: &AccountId,
+    endpoint: &EndpointId,
+    at: Timestamp,
+) {
     let read = store
-        .get_endpoint(&delivery.account_id, &delivery.endpoint_id)
+        .get_endpoint(account, endpoint)
         .await
         .unwrap()
         .unwrap();
     let mut enabled = read.clone();
     enabled.status = EndpointStatus::Active;
     enabled.disabled_reason = None;
-    enabled.touch(crate::fixtures::at(second));
+    enabled.touch(at);
     store
         .update_endpoint(&enabled, &read.version())
         .await
         .unwrap();
-    assert_eq!(failing_shard_of(store, "acme", "ep_a").await, None);
 }
 
 /// An owner's disable of an endpoint that was not failing, stopped part way (its abandon
@@ -2415,7 +2407,8 @@ async fn an_owners_disable_of_a_healthy_endpoint_that_stopped_part_way_is_finish
         Some(FAILING_SHARD)
     );
     // Enabled again: no clock left, for the index or the sender.
-    enable_again(&store, &delivery, 20).await;
+    enable_again(&store, &account, &delivery.endpoint_id, at(20)).await;
+    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
     let item = store
         .get(&store.tables().endpoints, account_key("acme", "ep_a"))
         .await
@@ -2456,7 +2449,8 @@ async fn a_disable_undone_since_is_not_finished_from_a_lagging_index() {
         .await
         .unwrap()
         .unwrap();
-    enable_again(&store, &delivery, 20).await;
+    enable_again(&store, &account, &delivery.endpoint_id, at(20)).await;
+    assert_eq!(failing_shard_of(&store, "acme", "ep_a").await, None);
 
     lag.showing(vec![as_indexed]);
     store.failing_endpoints(at(30)).await.unwrap();
