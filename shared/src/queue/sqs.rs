@@ -490,7 +490,8 @@ pub(crate) mod tests {
         );
     }
 
-    /// Counts the requests of a client between their sending and their answer.
+    /// Counts a client's requests (once each, however often the SDK tries them again: a
+    /// slow host's emulator can outlast the read timeout) and its tries in flight.
     #[derive(Debug, Default)]
     struct InFlight {
         now: std::sync::atomic::AtomicUsize,
@@ -506,22 +507,33 @@ pub(crate) mod tests {
             "CountInFlight"
         }
 
-        fn read_before_transmit(
+        fn read_before_execution(
+            &self,
+            _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+            _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+        ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+            self.0
+                .requests
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+
+        // A try's start and end are paired, whether it is answered, times out or fails.
+        fn read_before_attempt(
             &self,
             _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
             _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
             _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
         ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
             use std::sync::atomic::Ordering::SeqCst;
-            self.0.requests.fetch_add(1, SeqCst);
             let now = self.0.now.fetch_add(1, SeqCst) + 1;
             self.0.most.fetch_max(now, SeqCst);
             Ok(())
         }
 
-        fn read_after_transmit(
+        fn read_after_attempt(
             &self,
-            _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextRef<'_>,
+            _context: &aws_smithy_runtime_api::client::interceptors::context::FinalizerInterceptorContextRef<'_>,
             _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
             _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
         ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
