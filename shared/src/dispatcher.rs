@@ -276,7 +276,9 @@ async fn run_workers(
             )
             .await;
             give_back_slot();
-            queue.complete(&lease, app.clock.now());
+            if !matches!(result, Err(AttemptError::Unrecorded { .. })) {
+                queue.complete(&lease, app.clock.now());
+            }
             match result {
                 Ok(result) => {
                     if let Some(next) = result.follow_up() {
@@ -289,9 +291,7 @@ async fn run_workers(
                     // Sent, not recorded: sending it again is a duplicate, so not before its
                     // schedule (and Retry-After) would have sent the next one.
                     tracing::error!(delivery.id = %lease.delivery_id, %error, %resend_at, "attempt sent but not recorded; not sent again before resend_at");
-                    let mut again = lease;
-                    again.due = resend_at;
-                    queue.add(vec![again]);
+                    queue.complete_holding(&lease, resend_at, app.clock.now());
                 }
                 Err(AttemptError::Unsent(fault)) => {
                     // Not sent, nothing recorded (the attempt logged why): back to the queue
@@ -346,6 +346,7 @@ mod tests {
         domain::{Delivery, DeliveryStatus},
         fixtures,
         http::{OutboundRequest, OutboundResponse, Transport},
+        queue::embedded::{QueueStats, WindowLimits},
         store::{PendingRef, Store},
     };
 
@@ -427,6 +428,7 @@ mod tests {
 
     struct Running {
         app: App,
+        queue: Arc<EmbeddedQueue>,
         store: Arc<SqliteStore>,
         receiver: Arc<LockingReceiver>,
         release: mpsc::Sender<()>,
@@ -471,12 +473,23 @@ mod tests {
     /// The dispatcher over a SQLite file, with one delivery queued to a [`LockingReceiver`]
     /// and `others` stored, not queued.
     async fn dispatching_to_a_locking_receiver(name: &str, others: usize) -> Running {
+        dispatching_with(name, others, WindowLimits::default(), RecordRetry::PATIENT).await
+    }
+
+    /// [`dispatching_to_a_locking_receiver`] with the queue's window and the record's retry
+    /// given.
+    async fn dispatching_with(
+        name: &str,
+        others: usize,
+        window: WindowLimits,
+        record_retry: RecordRetry,
+    ) -> Running {
         let (store, database) = fixtures::sqlite_file_store(&format!("dispatch-{name}"));
         let dir = database.parent().unwrap().to_path_buf();
         let (receiver, release) = LockingReceiver::new(&database);
         let receiver = Arc::new(receiver);
         let clock = Arc::new(RunningClock::new());
-        let queue = Arc::new(EmbeddedQueue::new());
+        let queue = Arc::new(EmbeddedQueue::with_limits(window));
         let app = App {
             queue: queue.clone(),
             transport: receiver.clone(),
@@ -490,6 +503,7 @@ mod tests {
             health_interval: hour,
             purge_interval: hour,
             notify_interval: hour,
+            record_retry,
             ..DispatcherConfig::default()
         };
         start(app.clone(), queue.clone(), store.clone(), config, stopped)
@@ -517,6 +531,7 @@ mod tests {
         queue.add(vec![PendingRef::new(&delivery, &endpoint, now)]);
         Running {
             app,
+            queue,
             store,
             receiver,
             release,
@@ -572,6 +587,86 @@ mod tests {
             (stored.status, stored.attempts),
             (DeliveryStatus::Delivered, 1)
         );
+        let _ = running.stop.send(true);
+        std::fs::remove_dir_all(&running.dir).unwrap();
+    }
+
+    /// A webhook sent whose record failed is not sent again before its resend time (its
+    /// schedule's next delay, 30 s at least), though an outage's backlog overflows the
+    /// in-memory waiting list meanwhile and the resync reads its row, still due, back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sent_unrecorded_webhook_waits_for_its_resend_time_through_a_full_window() {
+        let window = WindowLimits {
+            waiting: 2,
+            due: 2,
+            refill: 2,
+            lane_floor: 1,
+        };
+        let running = dispatching_with("unrecorded", 3, window, RecordRetry::ONCE).await;
+        let stats = || running.queue.stats();
+        let held = QueueStats {
+            waiting: 1,
+            due: 0,
+            in_flight: 0,
+        };
+        // Sent, then its record meets the lock past the busy timeout (5 s) and is given up.
+        assert!(
+            within(Duration::from_secs(15), async || running.receiver.posts()
+                > 0
+                && stats() == held)
+            .await,
+            "not held: {:?} after {} sends",
+            stats(),
+            running.receiver.posts()
+        );
+        running.release.send(()).unwrap();
+        // The backlog, due already, overflows the waiting list; then the periodic resync.
+        let refs = running
+            .others
+            .iter()
+            .map(|(delivery, endpoint)| {
+                PendingRef::new(delivery, endpoint, delivery.next_try_at.unwrap())
+            })
+            .collect();
+        running.app.queue.enqueue(refs).await.unwrap();
+        running.queue.resync();
+        let others_delivered = within(Duration::from_secs(20), async || {
+            let mut delivered = 0;
+            for (delivery, _) in &running.others {
+                let stored = running
+                    .store
+                    .get_delivery(&delivery.account_id, &delivery.id)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                delivered += usize::from(stored.status == DeliveryStatus::Delivered);
+            }
+            delivered == running.others.len()
+        })
+        .await;
+        assert!(
+            others_delivered,
+            "the backlog was not delivered: {:?}, {} sends",
+            stats(),
+            running.receiver.posts()
+        );
+        // Time for a send that should not come.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            running.receiver.posts(),
+            1 + running.others.len(),
+            "the unrecorded webhook was sent again before its time"
+        );
+        assert_eq!(running.stored().await.attempts, 0);
+        running.clock.skip(Duration::from_secs(40));
+        // The workers sleep in real time until the next due one: the skip wakes none.
+        running.queue.add(Vec::new());
+        let resent = within(Duration::from_secs(10), async || {
+            running.stored().await.status == DeliveryStatus::Delivered
+        })
+        .await;
+        assert!(resent, "not sent at its resend time: {:?}", stats());
+        assert_eq!(running.receiver.posts(), 2 + running.others.len());
         let _ = running.stop.send(true);
         std::fs::remove_dir_all(&running.dir).unwrap();
     }

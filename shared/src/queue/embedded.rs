@@ -121,6 +121,11 @@ impl Default for WindowLimits {
     }
 }
 
+/// Sent and unrecorded deliveries held apart until their resend time. While the store
+/// refuses records, the dispatcher sends one probe at a time and each takes its record's
+/// retries (2 minutes), so this is reached only after days of that.
+const HELD_MAX: usize = 10_000;
+
 /// Buckets of endpoints with no lane kept before any is looked at to be dropped.
 const SPARE_BUCKETS: usize = 1024;
 
@@ -136,6 +141,10 @@ struct Lanes {
     known: HashSet<DeliveryId>,
     /// Not yet due, in due order.
     waiting: BTreeMap<DueKey, PendingRef>,
+    /// Sent but not recorded, keyed by when they may be sent again. The store's row still
+    /// reads as due, so they stay known (every read of the store skips them), and apart
+    /// from `waiting`, whose bound drops its latest entries to be read again.
+    unrecorded: BTreeMap<DueKey, PendingRef>,
     /// `None`: every pending delivery not yet due is in `waiting`. `Some(k)`: those before
     /// `k` are; from `k` on, some may be in the store only.
     horizon: Option<DueKey>,
@@ -211,6 +220,18 @@ impl Lanes {
         }
     }
 
+    /// After [`Lanes::complete`], under the same lock: no read of the store comes between.
+    fn hold(&mut self, item: PendingRef) {
+        self.known.insert(item.delivery_id.clone());
+        self.unrecorded.insert(due_key(&item), item);
+        if self.unrecorded.len() > HELD_MAX {
+            // Forgotten, it is read from the store as due: sent again early, never lost.
+            if let Some((_, dropped)) = self.unrecorded.pop_last() {
+                self.known.remove(&dropped.delivery_id);
+            }
+        }
+    }
+
     fn lower_horizon(&mut self, key: DueKey) {
         let lower = |current: &mut Option<DueKey>| {
             if current.as_ref().is_none_or(|c| key < *c) {
@@ -223,6 +244,13 @@ impl Lanes {
     }
 
     fn promote_due(&mut self, now_ms: i64) {
+        while let Some(entry) = self.unrecorded.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let item = entry.remove();
+            self.make_due(item, now_ms);
+        }
         while let Some(entry) = self.waiting.first_entry() {
             if entry.key().0 > now_ms {
                 break;
@@ -493,12 +521,15 @@ impl Lanes {
     }
 
     fn next_wake_ms(&self) -> Option<i64> {
-        let timer = self.waiting.first_key_value().map(|((due, _), _)| *due);
-        let token = self.token_timers.peek().map(|Reverse((at, _))| *at);
-        match (timer, token) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let first = |list: &BTreeMap<DueKey, PendingRef>| list.first_key_value().map(|(k, _)| k.0);
+        [
+            first(&self.waiting),
+            first(&self.unrecorded),
+            self.token_timers.peek().map(|Reverse((at, _))| *at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 
@@ -718,9 +749,21 @@ impl EmbeddedQueue {
         self.wake.notify_one();
     }
 
+    /// Returns the lease of a webhook sent whose attempt could not be recorded: its row still
+    /// reads as due in the store, and sending it again before `resend_at` is a duplicate.
+    pub fn complete_holding(&self, lease: &Lease, resend_at: Timestamp, now: Timestamp) {
+        let (now_ms, mut again) = (to_millis(now), lease.clone());
+        again.due = resend_at;
+        self.with_lanes(|lanes| {
+            lanes.complete(lease, now_ms);
+            lanes.hold(again);
+        });
+        self.wake.notify_one();
+    }
+
     pub fn stats(&self) -> QueueStats {
         self.with_lanes(|lanes| QueueStats {
-            waiting: lanes.waiting.len(),
+            waiting: lanes.waiting.len() + lanes.unrecorded.len(),
             due: lanes.due_total,
             in_flight: lanes.in_flight_total,
         })
@@ -1175,6 +1218,37 @@ mod tests {
             next <= (400, DeliveryId::from_trusted("d4".into())),
             "{next:?}"
         );
+    }
+
+    /// A webhook sent and not recorded is not sent again before its resend time, however
+    /// full the waiting list grows meanwhile and however often the store's row (still due)
+    /// is read back: by the resync, or between the lease's end and its hold.
+    #[test]
+    fn a_sent_unrecorded_delivery_is_held_until_its_resend_time_through_a_full_window() {
+        let queue = tiny_window();
+        let row = item("sent", "e", "a", 0, 4);
+        queue.add(vec![row.clone()]);
+        let lease = queue.try_take(from_millis(0)).expect("due");
+        queue.complete_holding(&lease, from_millis(10_000), from_millis(0));
+        // An outage's backlog fills the waiting list with work due before the resend time.
+        queue.add(vec![
+            item("w1", "e1", "a", 5_000, 4),
+            item("w2", "e2", "a", 6_000, 4),
+            item("w3", "e3", "a", 7_000, 4),
+        ]);
+        // The resync reads the row as the store has it: due at 0.
+        queue.add(vec![row.clone()]);
+        let taken: Vec<_> = drain(&queue, 1_000)
+            .into_iter()
+            .map(|l| l.delivery_id.to_string())
+            .collect();
+        assert!(taken.is_empty(), "sent again before its time: {taken:?}");
+        assert!(queue.is_known(&row.delivery_id));
+        let taken: Vec<_> = drain(&queue, 10_000)
+            .into_iter()
+            .map(|l| l.delivery_id.to_string())
+            .collect();
+        assert!(taken.contains(&"sent".to_owned()), "{taken:?}");
     }
 
     #[test]

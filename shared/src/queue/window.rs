@@ -80,9 +80,11 @@ pub async fn refill(
         }
     }
     if let Some(from) = queue.next_page_from(now) {
+        // Two rows at least: a page starts at the last one's key, and one row that is known
+        // already (leased, or held after a send it could not record) would be read for ever.
         let page = u32::try_from((queue.limits().waiting / 2).min(MAX_PAGE))
             .unwrap_or(u32::MAX)
-            .max(1);
+            .max(2);
         let rows = source.pending_from(&from, page).await?;
         let end = (rows.len() >= page as usize)
             .then(|| {
