@@ -81,6 +81,8 @@ pub struct SqsQueue {
     clock: std::sync::Arc<dyn Clock>,
     /// Delays above this go to the Scheduler (when there is one).
     max_delay_ms: i64,
+    /// How long each try of a send waits for SQS's answer.
+    answer_wait: aws_smithy_types::timeout::TimeoutConfig,
 }
 
 impl SqsQueue {
@@ -98,7 +100,18 @@ impl SqsQueue {
             scheduler,
             clock,
             max_delay_ms: MAX_SQS_DELAY_SECONDS * 1000,
+            answer_wait: answer_wait(),
         }
+    }
+
+    /// Tries that wait 20 s for an answer: the emulator, sharing two cores with the whole
+    /// suite, can take longer than SQS's 1.5 s, and a test not about that would fail.
+    #[cfg(test)]
+    pub(crate) fn with_patient_tries(mut self) -> Self {
+        self.answer_wait = aws_smithy_types::timeout::TimeoutConfig::builder()
+            .read_timeout(std::time::Duration::from_secs(20))
+            .build();
+        self
     }
 
     /// Sends delays longer than `max_delay` (at most SQS's 900 s) through the Scheduler:
@@ -145,7 +158,9 @@ impl SqsQueue {
         // on the client: the same client's long polls (the local runner's receive) wait longer.
         let out = request
             .customize()
-            .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(answer_wait()))
+            .config_override(
+                aws_sdk_sqs::config::Builder::default().timeout_config(self.answer_wait.clone()),
+            )
             .send()
             .await
             .map_err(|e| QueueError(error_text(&e)))?;
@@ -330,7 +345,8 @@ pub(crate) mod tests {
                 arn,
                 Some(target),
                 Arc::new(SystemClock),
-            ),
+            )
+            .with_patient_tries(),
             sqs,
             queue_url,
             scheduler,
