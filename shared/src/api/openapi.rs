@@ -85,14 +85,14 @@ pub const STORE_FAULT_STALE: std::time::Duration = std::time::Duration::from_sec
 #[utoipa::path(get, path = "/health", tag = "meta", security(()),
     responses(
         (status = 200, description = "The server is up", body = Health),
-        (status = 503, description = "The store has refused every write for more than 10 s (a full disk, an I/O error, another process holding the database's write lock): attempts are sent but not recorded; `store` says since when and why", body = Health),
+        (status = 503, description = "The store has refused every write for more than 10 s (a full disk, an I/O error, another process holding the database's write lock): publishes are answered 503 and attempts are sent but not recorded; `store` says since when and why", body = Health),
     ))]
 pub async fn health(
     axum::extract::State(state): axum::extract::State<super::ApiState>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    // Only where something notes the store's writes (the embedded dispatcher's records);
-    // elsewhere, the AWS shape's API among them, there is never a fault to report.
+    // Only where something notes the store's writes (publishes, and the embedded
+    // dispatcher's records and fan-out); the AWS shape's API notes its publishes.
     // A fault no write has met for a while is not reported: nothing may have tried since
     // (the dispatcher idle, the delivery gone), and only a write clears it.
     let now = state.app.clock.now();
@@ -462,5 +462,42 @@ mod tests {
         assert_eq!(health_at(&app).await, 503, "past the grace");
         clock.advance(Duration::from_secs(60));
         assert_eq!(health_at(&app).await, 200, "a minute without a write");
+    }
+
+    /// A publish the store refuses (another process holds the database's write lock past
+    /// the busy timeout) is reported by `/health` as a refused attempt record is; one that
+    /// goes through, a batch too, clears it.
+    #[tokio::test]
+    async fn a_publish_the_store_refuses_is_reported_until_one_goes_through() {
+        use crate::service::publish::{publish, publish_batch, NewEvent};
+        let (store, database) = fixtures::sqlite_file_store("health-publish");
+        let clock = Arc::new(ManualClock::new(fixtures::t0()));
+        let app = fixtures::app_on(store.clone(), clock.clone());
+        fixtures::account_with_endpoints(&*store, "acme", ["ep_a"]).await;
+        let account = crate::domain::AccountId::from_trusted("acme".into());
+        let new = |id: &str| NewEvent {
+            id: Some(id.into()),
+            event_type: "invoice.paid".into(),
+            data: serde_json::json!({}),
+        };
+        let lock = rusqlite::Connection::open(&database).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let refused = publish(&app, &account, new("evt_1")).await;
+        assert!(
+            matches!(refused, Err(crate::service::ServiceError::Store(_))),
+            "{refused:?}"
+        );
+        clock.advance(Duration::from_secs(12));
+        assert_eq!(
+            health_at(&app).await,
+            503,
+            "publishes refused past the grace"
+        );
+        lock.execute_batch("COMMIT").unwrap();
+        publish_batch(&app, &account, vec![new("evt_1"), new("evt_2")])
+            .await
+            .unwrap();
+        assert_eq!(health_at(&app).await, 200, "a batch went through");
+        std::fs::remove_dir_all(database.parent().unwrap()).unwrap();
     }
 }

@@ -59,9 +59,14 @@ pub async fn run(app: App, store: Arc<SqliteStore>, mut shutdown: watch::Receive
             };
             let (app, store, mine) = (app.clone(), Arc::clone(&store), account.clone());
             let task = turns.spawn(async move {
+                let began = app.clock.now();
                 let more = match turn(&app, &store, &account).await {
                     Ok(more) => more,
                     Err(error) => {
+                        // A full disk or a lock held elsewhere shows in `/health`.
+                        if let ServiceError::Store(failure) = &error {
+                            crate::service::note_write_failure(&app, began, failure);
+                        }
                         tracing::error!(account.id = %account, %error, "fan-out failed; the account's events wait for its next turn");
                         // Its next turn comes after a pause, not at once.
                         tokio::time::sleep(AFTER_A_FAILURE).await;
@@ -238,6 +243,39 @@ mod tests {
             .unwrap()
             .events
             .len()
+    }
+
+    /// A fan-out the store refuses (another process holds the write lock past the busy
+    /// timeout) is a store fault `/health` reports, as a refused attempt record is.
+    #[tokio::test]
+    async fn a_fan_out_the_store_refuses_is_a_store_fault() {
+        let (store, database) = crate::fixtures::sqlite_file_store("fan-out-refused");
+        account_with_endpoints(store.as_ref(), "acme", ["ep_1"]).await;
+        let app = app(&store);
+        crate::service::publish::publish(
+            &app,
+            &crate::domain::AccountId::parse("acme").unwrap(),
+            crate::service::publish::NewEvent {
+                id: Some("evt_1".into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({}),
+            },
+        )
+        .await
+        .unwrap();
+        assert!(crate::telemetry::store_fault(&app.store).is_none());
+        let lock = rusqlite::Connection::open(&database).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (_stop, running) = start(&store);
+        eventually("the refused fan-out is a store fault", || {
+            let app = app.clone();
+            async move { crate::telemetry::store_fault(&app.store).is_some() }
+        })
+        .await;
+        running.abort();
+        lock.execute_batch("COMMIT").unwrap();
+        assert_eq!(unfanned(&store).await, 1, "still listed for its next turn");
+        std::fs::remove_dir_all(database.parent().unwrap()).unwrap();
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use crate::{
         AttemptRecord, DeliveryWork, PendingRef, RecordOutcome, StoreError, StoreResult,
         Unattempted, UnattemptedMove,
     },
-    telemetry, App,
+    App,
 };
 
 /// A ticket that arrives this much before its delivery's time is early, not due.
@@ -421,10 +421,7 @@ fn millis(duration: Duration) -> u64 {
 /// `result`, of a write to the app's store that began at `began`, noted for `/health` and
 /// the metrics.
 fn noted<T>(app: &App, began: Timestamp, result: StoreResult<T>) -> StoreResult<T> {
-    match &result {
-        Ok(_) => telemetry::store_write_succeeded(&app.store),
-        Err(error) => telemetry::store_write_failed(&app.store, (began, app.clock.now()), error),
-    }
+    super::note_write(app, began, &result);
     result
 }
 
@@ -806,7 +803,8 @@ mod tests {
             resend_at >= crate::clock::add(fixtures::t0(), Duration::from_secs(3600)),
             "{resend_at}"
         );
-        let fault = telemetry::store_fault(&app.store).expect("the fault is kept for /health");
+        let fault =
+            crate::telemetry::store_fault(&app.store).expect("the fault is kept for /health");
         assert_eq!(fault.since, fixtures::t0());
         assert_eq!(receiver.posts.load(std::sync::atomic::Ordering::SeqCst), 1);
         lock.execute_batch("COMMIT").unwrap();
@@ -837,11 +835,13 @@ mod tests {
         };
         // The first write fails at the busy timeout; the 60 s pause follows.
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while telemetry::store_fault(&app.store).is_none() && std::time::Instant::now() < until {
+        while crate::telemetry::store_fault(&app.store).is_none()
+            && std::time::Instant::now() < until
+        {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(
-            telemetry::store_fault(&app.store).is_some(),
+            crate::telemetry::store_fault(&app.store).is_some(),
             "the record never failed"
         );
         stop.send(true).unwrap();

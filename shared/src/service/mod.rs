@@ -73,3 +73,29 @@ impl From<StoreError> for ServiceError {
 }
 
 pub type ServiceResult<T> = Result<T, ServiceError>;
+
+/// Notes `result`, of a write to the app's store that began at `began`, for `/health`, the
+/// metrics and the dispatcher's probing sends: a failure of the storage itself (busy, full,
+/// an I/O error) marks the store failing, and a write that goes through clears it. A refusal
+/// of what was asked (a conflict, a limit) is neither.
+pub(crate) fn note_write<T>(
+    app: &crate::App,
+    began: crate::clock::Timestamp,
+    result: &Result<T, StoreError>,
+) {
+    match result {
+        Ok(_) => crate::telemetry::store_write_succeeded(&app.store),
+        Err(error) => note_write_failure(app, began, error),
+    }
+}
+
+/// [`note_write`] of a failed write.
+pub(crate) fn note_write_failure(
+    app: &crate::App,
+    began: crate::clock::Timestamp,
+    error: &StoreError,
+) {
+    if matches!(error, StoreError::Locked(_) | StoreError::Backend(_)) {
+        crate::telemetry::store_write_failed(&app.store, (began, app.clock.now()), error);
+    }
+}

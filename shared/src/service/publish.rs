@@ -194,7 +194,10 @@ pub(super) async fn write_with_deliveries(
 ) -> ServiceResult<Published> {
     let now = event.created_at;
     let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) = chosen.into_iter().unzip();
-    match app.store.publish(&event, &deliveries).await? {
+    let began = app.clock.now();
+    let written = app.store.publish(&event, &deliveries).await;
+    super::note_write(app, began, &written);
+    match written? {
         PublishOutcome::AlreadyExists { event } => {
             let stored = first_deliveries(app, &event).await?;
             Ok(Published::again(event, stored, |_| None))
@@ -220,7 +223,10 @@ async fn through_stream(
     event: Event,
     endpoints: &[Endpoint],
 ) -> ServiceResult<Published> {
-    match app.store.put_event(&event).await? {
+    let began = app.clock.now();
+    let written = app.store.put_event(&event).await;
+    super::note_write(app, began, &written);
+    match written? {
         PutEventOutcome::Created => {
             crate::telemetry::event_published();
             let deliveries = planned_deliveries(&event, endpoints);
@@ -342,7 +348,10 @@ pub async fn publish_batch_limited(
             (event.clone(), deliveries)
         })
         .collect();
-    let outcomes = match app.store.publish_batch(&items).await {
+    let began = app.clock.now();
+    let written = app.store.publish_batch(&items).await;
+    super::note_write(app, began, &written);
+    let outcomes = match written {
         Ok(outcomes) => outcomes,
         // An item under the id of another event: nothing of the batch was written, and it is
         // refused naming that item, as an invalid one is.
