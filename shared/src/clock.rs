@@ -97,3 +97,55 @@ pub fn add(at: Timestamp, by: std::time::Duration) -> Timestamp {
         .and_then(|d| at.checked_add_signed(d))
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
+
+/// The time for work that must never come early, such as removing what is past retention.
+/// It follows the wall clock, but moves forward at most twice as fast as the machine's
+/// monotonic clock: a wall clock stepped forward (a wrong NTP answer, a virtual machine
+/// restored from a snapshot) is caught up over as long again as the step, not at once. A
+/// step back is followed at once.
+#[derive(Debug, Default)]
+pub struct Unhurried {
+    last: Option<(Timestamp, std::time::Instant)>,
+}
+
+impl Unhurried {
+    /// The time at the monotonic instant `at`, the wall clock reading `wall`.
+    pub fn now(&mut self, wall: Timestamp, at: std::time::Instant) -> Timestamp {
+        let now = match self.last {
+            Some((then, since)) => wall.min(add(
+                then,
+                at.saturating_duration_since(since).saturating_mul(2),
+            )),
+            None => wall,
+        };
+        self.last = Some((now, at));
+        now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_wall_clock_stepped_forward_is_caught_up_at_twice_the_elapsed_time() {
+        let (t0, start) = (from_millis(1_700_000_000_000), Instant::now());
+        let later = |s: u64| add(t0, Duration::from_secs(s));
+        let after = |s: u64| start + Duration::from_secs(s);
+        let mut clock = Unhurried::default();
+        assert_eq!(clock.now(t0, start), t0, "the first reading is the wall's");
+        assert_eq!(clock.now(later(60), after(60)), later(60), "in step");
+        // Stepped a day ahead a minute later: two minutes of it now, two more a minute on.
+        assert_eq!(clock.now(later(86_520), after(120)), later(180));
+        assert_eq!(clock.now(later(86_580), after(180)), later(300));
+        // Stepped back: followed at once.
+        assert_eq!(clock.now(later(200), after(240)), later(200));
+        assert_eq!(
+            clock.now(later(260), after(300)),
+            later(260),
+            "in step again"
+        );
+    }
+}

@@ -127,6 +127,8 @@ pub async fn start(
     let retention = app.config.retention;
     let pace = PurgePace::every(config.purge_interval);
     let stop = shutdown.clone();
+    // A wall clock stepped forward would cut retention short by the step.
+    let purge_clock = Arc::new(std::sync::Mutex::new(crate::clock::Unhurried::default()));
     handles.push(every(
         config.purge_interval,
         shutdown.clone(),
@@ -134,8 +136,14 @@ pub async fn start(
         move |app| {
             let store = Arc::clone(&store);
             let stop = stop.clone();
+            let now = match purge_clock.lock() {
+                Ok(mut clock) => clock.now(app.clock.now(), std::time::Instant::now()),
+                Err(poisoned) => poisoned
+                    .into_inner()
+                    .now(app.clock.now(), std::time::Instant::now()),
+            };
             async move {
-                let cutoff = crate::clock::sub(app.clock.now(), retention);
+                let cutoff = crate::clock::sub(now, retention);
                 let started = std::time::Instant::now();
                 let purged = store.purge_before(cutoff, pace, &stop).await?;
                 if purged != Purged::default() {
