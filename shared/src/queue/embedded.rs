@@ -145,6 +145,9 @@ struct Lanes {
     /// reads as due, so they stay known (every read of the store skips them), and apart
     /// from `waiting`, whose bound drops its latest entries to be read again.
     unrecorded: BTreeMap<DueKey, PendingRef>,
+    /// How many of `unrecorded` each endpoint has: a spilled lane's read returns their rows
+    /// first (still due in the store), so it reads as many more.
+    unrecorded_of: HashMap<EndpointId, usize>,
     /// `None`: every pending delivery not yet due is in `waiting`. `Some(k)`: those before
     /// `k` are; from `k` on, some may be in the store only.
     horizon: Option<DueKey>,
@@ -223,11 +226,25 @@ impl Lanes {
     /// After [`Lanes::complete`], under the same lock: no read of the store comes between.
     fn hold(&mut self, item: PendingRef) {
         self.known.insert(item.delivery_id.clone());
+        *self
+            .unrecorded_of
+            .entry(item.endpoint_id.clone())
+            .or_default() += 1;
         self.unrecorded.insert(due_key(&item), item);
         if self.unrecorded.len() > HELD_MAX {
             // Forgotten, it is read from the store as due: sent again early, never lost.
             if let Some((_, dropped)) = self.unrecorded.pop_last() {
                 self.known.remove(&dropped.delivery_id);
+                self.unheld(&dropped.endpoint_id);
+            }
+        }
+    }
+
+    fn unheld(&mut self, endpoint: &EndpointId) {
+        if let Some(count) = self.unrecorded_of.get_mut(endpoint) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.unrecorded_of.remove(endpoint);
             }
         }
     }
@@ -249,6 +266,7 @@ impl Lanes {
                 break;
             }
             let item = entry.remove();
+            self.unheld(&item.endpoint_id);
             self.make_due(item, now_ms);
         }
         while let Some(entry) = self.waiting.first_entry() {
@@ -615,7 +633,8 @@ impl EmbeddedQueue {
                     let held = lanes
                         .endpoints
                         .get(&endpoint)
-                        .map_or(0, |l| l.due.len() + l.in_flight as usize);
+                        .map_or(0, |l| l.due.len() + l.in_flight as usize)
+                        + lanes.unrecorded_of.get(&endpoint).copied().unwrap_or(0);
                     // A full window holds each lane to its floor: read no more than fits.
                     let room = if lanes.due_total < lanes.limits.due {
                         lanes.limits.refill
@@ -755,8 +774,13 @@ impl EmbeddedQueue {
         let (now_ms, mut again) = (to_millis(now), lease.clone());
         again.due = resend_at;
         self.with_lanes(|lanes| {
+            // A replay queued meanwhile (another writer ended the row, then a person asked
+            // for it again) made it pending anew: it goes as the replay asked.
+            let replayed = lanes.after_lease.contains_key(&lease.delivery_id);
             lanes.complete(lease, now_ms);
-            lanes.hold(again);
+            if !replayed {
+                lanes.hold(again);
+            }
         });
         self.wake.notify_one();
     }
@@ -1249,6 +1273,49 @@ mod tests {
             .map(|l| l.delivery_id.to_string())
             .collect();
         assert!(taken.contains(&"sent".to_owned()), "{taken:?}");
+    }
+
+    /// A spilled lane's read from the store returns its held rows first (still due there):
+    /// it asks for as many more, or a lane with many held would read nothing new.
+    #[test]
+    fn a_spilled_lane_reads_past_its_held_rows() {
+        let queue = EmbeddedQueue::with_limits(WindowLimits {
+            waiting: 10,
+            ..tiny_window().limits()
+        });
+        queue.add(vec![item("h1", "e", "a", 0, 4), item("h2", "e", "a", 0, 4)]);
+        for lease in drain(&queue, 0) {
+            queue.complete_holding(&lease, from_millis(10_000), from_millis(0));
+        }
+        // The third spills: the window holds two due.
+        queue.add(vec![
+            item("d1", "e", "a", 0, 4),
+            item("d2", "e", "a", 0, 4),
+            item("d3", "e", "a", 0, 4),
+        ]);
+        assert_eq!(drain(&queue, 0).len(), 2);
+        let wanted = queue.spilled_to_refill(8);
+        let room = tiny_window().limits().refill;
+        assert_eq!(
+            wanted,
+            [(EndpointId::from_trusted("e".into()), (room + 2 + 2) as u32)],
+            "room, the two in flight and the two held"
+        );
+    }
+
+    /// A replay queued while the lease was out, then the lease's record given up: the
+    /// delivery is queued once, as the replay asked, not held beside it.
+    #[test]
+    fn a_replay_queued_during_an_unrecorded_attempt_is_queued_once() {
+        let queue = EmbeddedQueue::new();
+        queue.add(vec![item("d", "e", "a", 0, 4)]);
+        let lease = queue.try_take(from_millis(0)).expect("due");
+        queue.add_replayed(vec![item("d", "e", "a", 5, 4)]);
+        queue.complete_holding(&lease, from_millis(10_000), from_millis(5));
+        let again = drain(&queue, 5);
+        assert_eq!(again.len(), 1, "the replay goes now");
+        queue.complete(&again[0], from_millis(6));
+        assert!(drain(&queue, 10_000).is_empty(), "and once");
     }
 
     #[test]
