@@ -737,8 +737,9 @@ mod tests {
         let sent = Instant::now();
         let mut skipped = false;
         let mut answers = Vec::new();
-        // The record fails at the busy timeout (5 s); then 11 s go by on the app's clock.
-        let degraded = within(Duration::from_secs(10), async || {
+        // The record fails at the busy timeout (5 s); then 11 s go by on the app's clock, and
+        // its next write fails 5 s later: failures spread over more than the 10 s grace.
+        let degraded = within(Duration::from_secs(20), async || {
             if !skipped && sent.elapsed() > Duration::from_secs(5) {
                 running.clock.skip(Duration::from_secs(11));
                 skipped = true;

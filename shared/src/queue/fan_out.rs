@@ -113,7 +113,11 @@ async fn turn(app: &App, store: &SqliteStore, account: &AccountId) -> Result<boo
     }
     match outcome.error {
         Some(error) => Err(error),
-        None => Ok(events.len() == limit),
+        None => {
+            // Its deliveries are written: a fault a refused turn noted is over.
+            crate::telemetry::store_write_succeeded(&app.store);
+            Ok(events.len() == limit)
+        }
     }
 }
 
@@ -246,7 +250,8 @@ mod tests {
     }
 
     /// A fan-out the store refuses (another process holds the write lock past the busy
-    /// timeout) is a store fault `/health` reports, as a refused attempt record is.
+    /// timeout) is a store fault `/health` reports, as a refused attempt record is; the
+    /// turn that goes through after clears it.
     #[tokio::test]
     async fn a_fan_out_the_store_refuses_is_a_store_fault() {
         let (store, database) = crate::fixtures::sqlite_file_store("fan-out-refused");
@@ -272,9 +277,16 @@ mod tests {
             async move { crate::telemetry::store_fault(&app.store).is_some() }
         })
         .await;
-        running.abort();
-        lock.execute_batch("COMMIT").unwrap();
         assert_eq!(unfanned(&store).await, 1, "still listed for its next turn");
+        lock.execute_batch("COMMIT").unwrap();
+        eventually("the next turn fans it out and clears the fault", || {
+            let (app, store) = (app.clone(), Arc::clone(&store));
+            async move {
+                unfanned(&store).await == 0 && crate::telemetry::store_fault(&app.store).is_none()
+            }
+        })
+        .await;
+        running.abort();
         std::fs::remove_dir_all(database.parent().unwrap()).unwrap();
     }
 
