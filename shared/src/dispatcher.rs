@@ -457,6 +457,22 @@ mod tests {
                 .unwrap()
         }
 
+        /// Whether every one of `others` is delivered.
+        async fn others_delivered(&self) -> bool {
+            for (delivery, _) in &self.others {
+                let stored = self
+                    .store
+                    .get_delivery(&delivery.account_id, &delivery.id)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                if stored.status != DeliveryStatus::Delivered {
+                    return false;
+                }
+            }
+            true
+        }
+
         /// `GET /health` of the API over this app.
         async fn health(&self) -> (u16, serde_json::Value) {
             let router = crate::api::router(crate::api::ApiState::new(
@@ -639,17 +655,7 @@ mod tests {
         running.app.queue.enqueue(refs).await.unwrap();
         running.queue.resync();
         let others_delivered = within(Duration::from_secs(20), async || {
-            let mut delivered = 0;
-            for (delivery, _) in &running.others {
-                let stored = running
-                    .store
-                    .get_delivery(&delivery.account_id, &delivery.id)
-                    .await
-                    .unwrap()
-                    .unwrap();
-                delivered += usize::from(stored.status == DeliveryStatus::Delivered);
-            }
-            delivered == running.others.len()
+            running.others_delivered().await
         })
         .await;
         assert!(
@@ -702,17 +708,7 @@ mod tests {
         let during = running.receiver.posts();
         running.release.send(()).unwrap();
         let all = within(Duration::from_secs(30), async || {
-            let mut delivered = 0;
-            for (delivery, _) in &running.others {
-                let stored = running
-                    .store
-                    .get_delivery(&delivery.account_id, &delivery.id)
-                    .await
-                    .unwrap()
-                    .unwrap();
-                delivered += usize::from(stored.status == DeliveryStatus::Delivered);
-            }
-            delivered == running.others.len()
+            running.others_delivered().await
         })
         .await;
         assert!(during <= 2, "{during} webhooks sent while records failed");
