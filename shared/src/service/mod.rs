@@ -67,7 +67,6 @@ impl From<StoreError> for ServiceError {
             }
             StoreError::NotFound(what) => Self::NotFound(what),
             StoreError::EventConflict(conflict) => Self::EventConflict(conflict),
-            StoreError::Unfinished(message) => Self::Conflict(message),
             other => Self::Store(other),
         }
     }

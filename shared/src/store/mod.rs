@@ -30,10 +30,6 @@ pub enum StoreError {
     Changed(&'static str),
     #[error("{0}")]
     Locked(String),
-    /// The change waits on earlier work still being finished (a deleted endpoint's pending
-    /// deliveries being abandoned): the same request goes through later.
-    #[error("{0}")]
-    Unfinished(String),
     #[error("storage failure: {0}")]
     Backend(String),
     #[error("stored data is corrupt: {0}")]

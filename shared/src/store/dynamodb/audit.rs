@@ -82,9 +82,6 @@ enum Refused {
     /// An endpoint no longer at the version a change was made from: `Changed`, or
     /// `NotFound` when it is gone (the condition does not say which).
     EndpointMoved(AccountId, EndpointId),
-    /// A new endpoint's id is held: by an endpoint, or by one deleted whose delete is not
-    /// finished yet (the condition does not say which).
-    EndpointIdHeld(AccountId, EndpointId),
 }
 
 /// The endpoint's attributes that only some endpoints have (see `endpoint_item`).
@@ -151,31 +148,6 @@ impl DynamoStore {
                 Some(_) => Err(StoreError::Changed("endpoint")),
                 None => Err(StoreError::NotFound("endpoint")),
             },
-            Refused::EndpointIdHeld(account, id) => {
-                let item = self
-                    .client
-                    .get_item()
-                    .table_name(&self.tables.endpoints)
-                    .set_key(Some(account_key(account.as_str(), id.as_str())))
-                    .consistent_read(true)
-                    .projection_expression("#deleted, failing_shard")
-                    .expression_attribute_names("#deleted", DELETED_AT)
-                    .send()
-                    .await
-                    .map_err(sdk)?;
-                let unfinished = item
-                    .item()
-                    .is_some_and(|i| i.contains_key(DELETED_AT) && i.contains_key("failing_shard"));
-                Err(match unfinished {
-                    true => StoreError::Unfinished(format!(
-                        "endpoint `{id}` was deleted and its pending deliveries are still being abandoned; its id can be taken again once that is done, within minutes"
-                    )),
-                    false => StoreError::Conflict {
-                        entity: "endpoint",
-                        id: id.to_string(),
-                    },
-                })
-            }
         }
     }
 }
@@ -267,7 +239,7 @@ impl DynamoStore {
                          OR (attribute_exists(#deleted) AND attribute_not_exists(failing_shard))",
                     )
                     .name("#deleted", DELETED_AT),
-                Refused::EndpointIdHeld(endpoint.account_id.clone(), endpoint.id.clone()),
+                conflict("endpoint", endpoint.id.as_str()),
             ),
             // Only over the version read (see `EndpointVersion`).
             AuditedChange::UpdateEndpoint { endpoint, read } => {
