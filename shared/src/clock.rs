@@ -102,7 +102,11 @@ pub fn add(at: Timestamp, by: std::time::Duration) -> Timestamp {
 /// It follows the wall clock, but moves forward at most twice as fast as the machine's
 /// monotonic clock: a wall clock stepped forward (a wrong NTP answer, a virtual machine
 /// restored from a snapshot) is caught up over as long again as the step, not at once. A
-/// step back is followed at once.
+/// step back is followed at once, and so is one more than [`UNHURRIED_MOST_BEHIND`] ahead:
+/// that is a clock being set right (a machine that booted with no real-time clock), and
+/// lagging it would hold the work back for as long.
+pub const UNHURRIED_MOST_BEHIND: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 #[derive(Debug, Default)]
 pub struct Unhurried {
     last: Option<(Timestamp, std::time::Instant)>,
@@ -112,10 +116,13 @@ impl Unhurried {
     /// The time at the monotonic instant `at`, the wall clock reading `wall`.
     pub fn now(&mut self, wall: Timestamp, at: std::time::Instant) -> Timestamp {
         let now = match self.last {
-            Some((then, since)) => wall.min(add(
-                then,
-                at.saturating_duration_since(since).saturating_mul(2),
-            )),
+            Some((then, since)) => {
+                let paced = add(then, at.saturating_duration_since(since).saturating_mul(2));
+                match paced < sub(wall, UNHURRIED_MOST_BEHIND) {
+                    true => wall,
+                    false => wall.min(paced),
+                }
+            }
             None => wall,
         };
         self.last = Some((now, at));
@@ -147,5 +154,7 @@ mod tests {
             later(260),
             "in step again"
         );
+        // Set right by more than a day (it booted at 1970, say): followed at once.
+        assert_eq!(clock.now(later(3 * 86_400), after(360)), later(3 * 86_400));
     }
 }

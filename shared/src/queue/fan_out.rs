@@ -114,8 +114,12 @@ async fn turn(app: &App, store: &SqliteStore, account: &AccountId) -> Result<boo
     match outcome.error {
         Some(error) => Err(error),
         None => {
-            // Its deliveries are written: a fault a refused turn noted is over.
-            crate::telemetry::store_write_succeeded(&app.store);
+            // Deliveries written: a fault a refused turn noted is over. (A turn that wrote
+            // none, its events matching no endpoint, proves nothing: its one write, the
+            // mark, may have failed and been left to the sweeper.)
+            if outcome.created > 0 {
+                crate::telemetry::store_write_succeeded(&app.store);
+            }
             Ok(events.len() == limit)
         }
     }
@@ -288,6 +292,36 @@ mod tests {
         .await;
         running.abort();
         std::fs::remove_dir_all(database.parent().unwrap()).unwrap();
+    }
+
+    /// A turn that wrote no delivery (its event matches no endpoint; its one write, the
+    /// mark, may fail unreported) does not clear a store fault.
+    #[tokio::test]
+    async fn a_turn_that_wrote_no_delivery_leaves_a_store_fault() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        account_with_endpoints(store.as_ref(), "acme", [] as [&str; 0]).await;
+        let app = app(&store);
+        crate::service::publish::publish(
+            &app,
+            &crate::domain::AccountId::parse("acme").unwrap(),
+            crate::service::publish::NewEvent {
+                id: Some("evt_1".into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({}),
+            },
+        )
+        .await
+        .unwrap();
+        // After the publish's own write, which clears it.
+        crate::telemetry::store_write_failed(&app.store, (t0(), t0()), &"disk full");
+        let task = start(&store);
+        eventually("the event is off the list", || {
+            let store = Arc::clone(&store);
+            async move { unfanned(&store).await == 0 }
+        })
+        .await;
+        stop(task).await;
+        assert!(crate::telemetry::store_fault(&app.store).is_some());
     }
 
     #[tokio::test]
