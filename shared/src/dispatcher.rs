@@ -35,6 +35,10 @@ use crate::{
 const UNSENT_RETRY_MIN: Duration = Duration::from_secs(2);
 const UNSENT_RETRY_MAX: Duration = Duration::from_secs(8);
 
+/// How often the database's lock file is checked: one removed (by an operator cleaning up)
+/// is taken again before a second `serve` can start on the same file.
+const LOCK_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
     /// Global worker slots: requests in flight across all endpoints.
@@ -122,6 +126,16 @@ pub async fn start(
         move |_| {
             queue.resync();
             async { Ok(()) }
+        },
+    ));
+    let held = Arc::clone(&store);
+    handles.push(every(
+        LOCK_CHECK_INTERVAL,
+        shutdown.clone(),
+        app.clone(),
+        move |_| {
+            let result = held.keep_lock().map_err(Into::into);
+            async move { result }
         },
     ));
     let retention = app.config.retention;

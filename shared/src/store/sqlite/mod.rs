@@ -85,7 +85,7 @@ pub struct SqliteStore {
     /// attempt never queues behind one.
     scans: mpsc::Sender<Job>,
     // Held for the life of the store: a second `serve` on the same file is refused.
-    _lock: Option<Arc<File>>,
+    lock: Option<Arc<HeldLock>>,
     fresh: Arc<fresh::FreshWork>,
     /// Accounts whose events have been stored without their deliveries since the fan-out
     /// last looked.
@@ -99,11 +99,17 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Keeps the file's lock held: takes it again if its lock file was removed, and fails
+    /// if another process took a new one meanwhile. `serve` checks every second.
+    pub fn keep_lock(&self) -> StoreResult<()> {
+        self.lock.as_ref().map_or(Ok(()), |lock| lock.keep())
+    }
+
     /// Opens (creating if needed) the database file, refusing if another process has it
     /// open. Endpoint secrets are sealed with `secrets`.
     pub fn open(path: impl AsRef<Path>, secrets: SecretsCipher) -> StoreResult<Self> {
         let path = path.as_ref();
-        let lock = acquire_lock(path)?;
+        let lock = HeldLock::new(path, acquire_lock(path)?);
         let open = || {
             Connection::open(path)
                 .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))
@@ -259,7 +265,7 @@ impl SqliteStore {
     /// thread's queue) and where to signal commits.
     fn init(
         conn: Connection,
-        lock: Option<File>,
+        lock: Option<HeldLock>,
         secrets: SecretsCipher,
         helpers: impl FnOnce(&Connection, &mpsc::Sender<Job>) -> StoreResult<Helpers>,
     ) -> StoreResult<Self> {
@@ -304,7 +310,7 @@ impl SqliteStore {
             reads,
             sends,
             scans,
-            _lock: lock.map(Arc::new),
+            lock: lock.map(Arc::new),
             fresh: Arc::default(),
             unfanned: Arc::default(),
             list_examine_budget: super::LIST_EXAMINE_BUDGET,

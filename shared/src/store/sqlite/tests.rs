@@ -2081,6 +2081,34 @@ fn a_failed_migration_changes_nothing_and_stamps_no_version() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A removed lock file (an operator cleaning up) is taken again at the next check, and a
+/// second store opened after it is refused; one opened before the check holds the new file,
+/// and the check says two processes use the database.
+#[tokio::test]
+async fn a_removed_lock_file_is_taken_again_before_a_second_store_opens() {
+    let dir = scratch_dir("lock-removed");
+    let path = dir.join("hooklane.db");
+    let lock = dir.join("hooklane.db.lock");
+    let first = open_file(&path).unwrap();
+    std::fs::remove_file(&lock).unwrap();
+    first.keep_lock().unwrap();
+    let second = open_file(&path);
+    assert!(
+        matches!(second, Err(StoreError::Locked(_))),
+        "a second store opened: {:?}",
+        second.err()
+    );
+    std::fs::remove_file(&lock).unwrap();
+    let second = open_file(&path).unwrap();
+    let refused = first.keep_lock();
+    assert!(
+        matches!(&refused, Err(StoreError::Locked(why)) if why.contains("two processes")),
+        "{refused:?}"
+    );
+    drop((first, second));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A file of this version is opened without the write lock: `serve` starts while another
 /// process holds it (a backup, the `sqlite3` shell), rather than fail after the busy wait.
 #[tokio::test]

@@ -483,6 +483,55 @@ pub(super) fn acquire_lock(db: &Path) -> StoreResult<File> {
     }
 }
 
+/// The lock file held for the life of a store, and the database it guards.
+#[derive(Debug)]
+pub(super) struct HeldLock {
+    db: PathBuf,
+    file: std::sync::Mutex<File>,
+}
+
+impl HeldLock {
+    pub(super) fn new(db: &Path, file: File) -> Self {
+        Self {
+            db: db.to_owned(),
+            file: std::sync::Mutex::new(file),
+        }
+    }
+
+    /// Takes the lock again if its file was removed or replaced (an operator cleaning up):
+    /// a second process started later finds it held. One that started in between holds the
+    /// new file: that is an error naming both.
+    pub(super) fn keep(&self) -> StoreResult<()> {
+        use std::os::unix::fs::MetadataExt;
+        let mut file = match self.file.lock() {
+            Ok(file) => file,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let path = lock_path(&self.db);
+        let held = file.metadata().map_err(|e| {
+            StoreError::Backend(format!("cannot read lock file {}: {e}", path.display()))
+        })?;
+        if let Ok(now) = std::fs::metadata(&path) {
+            if (now.dev(), now.ino()) == (held.dev(), held.ino()) {
+                return Ok(());
+            }
+        }
+        match acquire_lock(&self.db) {
+            Ok(again) => {
+                *file = again;
+                tracing::warn!(lock = %path.display(), "the lock file was removed or replaced; it is held again");
+                Ok(())
+            }
+            Err(StoreError::Locked(_)) => Err(StoreError::Locked(format!(
+                "the lock file {} was removed and another process now holds a new one: two processes use {}; stop one",
+                path.display(),
+                self.db.display()
+            ))),
+            Err(other) => Err(other),
+        }
+    }
+}
+
 impl std::ops::Deref for JobSavepoint<'_> {
     type Target = Connection;
 
