@@ -1070,16 +1070,20 @@ mod tests {
         assert!(queue.try_take(from_millis(10)).is_some());
     }
 
-    #[test]
-    fn rate_limit_spaces_requests() {
-        let queue = EmbeddedQueue::new();
-        let items = (0..10)
+    /// `count` deliveries due at 0 to one endpoint limited to 2 requests a second.
+    fn limited_to_two_a_second(count: usize) -> Vec<PendingRef> {
+        (0..count)
             .map(|i| PendingRef {
                 rate_limit_per_second: Some(2),
                 ..item(&format!("d{i}"), "e", "a", 0, 100)
             })
-            .collect();
-        queue.add(items);
+            .collect()
+    }
+
+    #[test]
+    fn rate_limit_spaces_requests() {
+        let queue = EmbeddedQueue::new();
+        queue.add(limited_to_two_a_second(10));
         let mut taken_at = Vec::new();
         for now in (0..=3000).step_by(50) {
             while let Some(lease) = queue.try_take(from_millis(now)) {
@@ -1101,13 +1105,7 @@ mod tests {
     #[test]
     fn a_clock_stepped_back_does_not_hold_a_rate_limited_lane_for_the_step() {
         let queue = EmbeddedQueue::new();
-        let items = (0..4)
-            .map(|i| PendingRef {
-                rate_limit_per_second: Some(2),
-                ..item(&format!("d{i}"), "e", "a", 0, 100)
-            })
-            .collect();
-        queue.add(items);
+        queue.add(limited_to_two_a_second(4));
         let hour = 3_600_000;
         let burst = drain(&queue, hour);
         assert_eq!(burst.len(), 2, "the burst");

@@ -253,6 +253,21 @@ mod tests {
             .len()
     }
 
+    /// Publishes an empty `invoice.paid` event of id `id` to the account `acme`.
+    async fn publish_to_acme(app: &App, id: &str) {
+        crate::service::publish::publish(
+            app,
+            &crate::domain::AccountId::parse("acme").unwrap(),
+            crate::service::publish::NewEvent {
+                id: Some(id.into()),
+                event_type: "invoice.paid".into(),
+                data: serde_json::json!({}),
+            },
+        )
+        .await
+        .unwrap();
+    }
+
     /// A fan-out the store refuses (another process holds the write lock past the busy
     /// timeout) is a store fault `/health` reports, as a refused attempt record is; the
     /// turn that goes through after clears it.
@@ -261,17 +276,7 @@ mod tests {
         let (store, database) = crate::fixtures::sqlite_file_store("fan-out-refused");
         account_with_endpoints(store.as_ref(), "acme", ["ep_1"]).await;
         let app = app(&store);
-        crate::service::publish::publish(
-            &app,
-            &crate::domain::AccountId::parse("acme").unwrap(),
-            crate::service::publish::NewEvent {
-                id: Some("evt_1".into()),
-                event_type: "invoice.paid".into(),
-                data: serde_json::json!({}),
-            },
-        )
-        .await
-        .unwrap();
+        publish_to_acme(&app, "evt_1").await;
         assert!(crate::telemetry::store_fault(&app.store).is_none());
         let lock = rusqlite::Connection::open(&database).unwrap();
         lock.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -301,17 +306,7 @@ mod tests {
         let store = Arc::new(SqliteStore::in_memory().unwrap());
         account_with_endpoints(store.as_ref(), "acme", [] as [&str; 0]).await;
         let app = app(&store);
-        crate::service::publish::publish(
-            &app,
-            &crate::domain::AccountId::parse("acme").unwrap(),
-            crate::service::publish::NewEvent {
-                id: Some("evt_1".into()),
-                event_type: "invoice.paid".into(),
-                data: serde_json::json!({}),
-            },
-        )
-        .await
-        .unwrap();
+        publish_to_acme(&app, "evt_1").await;
         // After the publish's own write, which clears it.
         crate::telemetry::store_write_failed(&app.store, (t0(), t0()), &"disk full");
         let task = start(&store);
