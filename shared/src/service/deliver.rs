@@ -4,7 +4,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::{health, ServiceError, ServiceResult};
+use super::{health, noted_write, ServiceError, ServiceResult};
 use crate::{
     clock::Timestamp,
     domain::{
@@ -360,8 +360,7 @@ async fn record_retrying(
     let mut pause = retry.first_pause;
     let mut failures: u32 = 0;
     loop {
-        let began = app.clock.now();
-        let error = match noted(app, began, app.store.record_attempt(record).await) {
+        let error = match noted_write(app, app.store.record_attempt(record)).await {
             Ok(outcome) => {
                 if failures > 0 {
                     tracing::info!(
@@ -418,13 +417,6 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `result`, of a write to the app's store that began at `began`, noted for `/health` and
-/// the metrics.
-fn noted<T>(app: &App, began: Timestamp, result: StoreResult<T>) -> StoreResult<T> {
-    super::note_write(app, began, &result);
-    result
-}
-
 /// When a webhook sent at `sent` and left unrecorded may be sent again: not before the retry
 /// its answer decided (the schedule, stretched by a Retry-After), or, had it ended the
 /// delivery, the schedule's delay after this attempt (its last, once spent); and not within
@@ -473,7 +465,7 @@ async fn abandoned(
     };
     let now = app.clock.now();
     let change = UnattemptedMove::of(delivery, Unattempted::Abandon(reason.into()), now);
-    if !noted(app, now, app.store.move_unattempted(&change).await)? {
+    if !noted_write(app, app.store.move_unattempted(&change)).await? {
         return Ok(AttemptResult::Stale);
     }
     tracing::warn!(delivery.id = %delivery.id, endpoint.id = %delivery.endpoint_id, reason, "pending delivery of an inactive endpoint abandoned");
@@ -511,8 +503,7 @@ async fn ended_unsent(
 ) -> ServiceResult<AttemptResult> {
     let delivery = &work.delivery;
     let change = UnattemptedMove::of(delivery, Unattempted::Fail(reason.to_owned()), now);
-    let began = app.clock.now();
-    if !noted(app, began, app.store.move_unattempted(&change).await)? {
+    if !noted_write(app, app.store.move_unattempted(&change)).await? {
         return Ok(AttemptResult::Stale);
     }
     tracing::warn!(delivery.id = %delivery.id, event.id = %delivery.event_id, reason, "event not sendable; delivery failed");

@@ -74,15 +74,22 @@ impl From<StoreError> for ServiceError {
 
 pub type ServiceResult<T> = Result<T, ServiceError>;
 
-/// Notes `result`, of a write to the app's store that began at `began`, for `/health`, the
-/// metrics and the dispatcher's probing sends: a failure of the storage itself (busy, full,
-/// an I/O error) marks the store failing, and a write that goes through clears it. A refusal
-/// of what was asked (a conflict, a limit) is neither.
-pub(crate) fn note_write<T>(
+/// Runs `write`, a write to the app's store, and notes its result for `/health`, the metrics
+/// and the dispatcher's probing sends: a failure of the storage itself (busy, full, an I/O
+/// error) marks the store failing, and a write that goes through clears it. A refusal of
+/// what was asked (a conflict, a limit) is neither.
+pub(crate) async fn noted_write<T>(
     app: &crate::App,
-    began: crate::clock::Timestamp,
-    result: &Result<T, StoreError>,
-) {
+    write: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let began = app.clock.now();
+    let result = write.await;
+    note_write(app, began, &result);
+    result
+}
+
+/// [`noted_write`]'s note of `result`, of a write that began at `began`.
+fn note_write<T>(app: &crate::App, began: crate::clock::Timestamp, result: &Result<T, StoreError>) {
     match result {
         Ok(_) => crate::telemetry::store_write_succeeded(&app.store),
         Err(error) => note_write_failure(app, began, error),

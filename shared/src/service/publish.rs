@@ -194,9 +194,7 @@ pub(super) async fn write_with_deliveries(
 ) -> ServiceResult<Published> {
     let now = event.created_at;
     let (receivers, deliveries): (Vec<&Endpoint>, Vec<Delivery>) = chosen.into_iter().unzip();
-    let began = app.clock.now();
-    let written = app.store.publish(&event, &deliveries).await;
-    super::note_write(app, began, &written);
+    let written = super::noted_write(app, app.store.publish(&event, &deliveries)).await;
     match written? {
         PublishOutcome::AlreadyExists { event } => {
             let stored = first_deliveries(app, &event).await?;
@@ -223,9 +221,7 @@ async fn through_stream(
     event: Event,
     endpoints: &[Endpoint],
 ) -> ServiceResult<Published> {
-    let began = app.clock.now();
-    let written = app.store.put_event(&event).await;
-    super::note_write(app, began, &written);
+    let written = super::noted_write(app, app.store.put_event(&event)).await;
     match written? {
         PutEventOutcome::Created => {
             crate::telemetry::event_published();
@@ -348,9 +344,7 @@ pub async fn publish_batch_limited(
             (event.clone(), deliveries)
         })
         .collect();
-    let began = app.clock.now();
-    let written = app.store.publish_batch(&items).await;
-    super::note_write(app, began, &written);
+    let written = super::noted_write(app, app.store.publish_batch(&items)).await;
     let outcomes = match written {
         Ok(outcomes) => outcomes,
         // An item under the id of another event: nothing of the batch was written, and it is
