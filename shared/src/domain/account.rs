@@ -65,9 +65,12 @@ pub struct Account {
 
 pub const MAX_NAME_LEN: usize = 200;
 
+/// A name as given, at most [`MAX_NAME_LEN`] characters (the API document's `maxLength`,
+/// which counts characters, and counts the spaces around it: a longer one is refused
+/// before they are trimmed), and not blank.
 pub fn parse_name(raw: &str) -> Result<String, InvalidField> {
     let name = raw.trim();
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
+    if name.is_empty() || raw.chars().count() > MAX_NAME_LEN {
         return Err(InvalidField::new(
             "name",
             format!("must be 1 to {MAX_NAME_LEN} characters"),
@@ -79,6 +82,18 @@ pub fn parse_name(raw: &str) -> Result<String, InvalidField> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The limit is the document's `maxLength`: characters of the name as sent. A name of 200
+    /// after a newline was trimmed to 200 and accepted, and one of 200 two-byte letters was
+    /// refused.
+    #[test]
+    fn a_name_is_at_most_200_characters_as_sent() {
+        let trimmed = parse_name(&format!("\n{}", "*".repeat(200)));
+        assert_eq!(trimmed.expect_err("201 characters").field, "name");
+        assert_eq!(parse_name(&"é".repeat(200)).unwrap().chars().count(), 200);
+        assert_eq!(parse_name("  Acme Corp ").unwrap(), "Acme Corp");
+        assert!(parse_name(" \t ").is_err(), "blank");
+    }
 
     #[test]
     fn email_shapes() {

@@ -289,9 +289,12 @@ pub fn parse_rate_limit(raw: Option<u32>) -> Result<Option<u32>, InvalidField> {
     }
 }
 
+/// At most [`MAX_DESCRIPTION_LEN`] characters as sent, spaces around it included (the API
+/// document's `maxLength`), then trimmed.
 pub fn parse_description(raw: Option<&str>) -> Result<String, InvalidField> {
-    let description = raw.unwrap_or("").trim();
-    if description.len() > MAX_DESCRIPTION_LEN {
+    let raw = raw.unwrap_or("");
+    let description = raw.trim();
+    if raw.chars().count() > MAX_DESCRIPTION_LEN {
         return Err(InvalidField::new(
             "description",
             format!("at most {MAX_DESCRIPTION_LEN} characters"),
@@ -306,6 +309,23 @@ mod tests {
 
     fn ty(s: &str) -> EventType {
         EventType::parse(s).unwrap()
+    }
+
+    /// The limit is the document's `maxLength`, in characters as sent: 1,000 after a
+    /// newline was accepted once trimmed, and 1,000 two-byte letters were refused.
+    #[test]
+    fn a_description_is_at_most_1000_characters_as_sent() {
+        let long = format!("\n{}", "x".repeat(MAX_DESCRIPTION_LEN));
+        assert_eq!(
+            parse_description(Some(&long))
+                .expect_err("1,001 characters")
+                .field,
+            "description"
+        );
+        let letters = "é".repeat(MAX_DESCRIPTION_LEN);
+        assert_eq!(parse_description(Some(&letters)).unwrap(), letters);
+        assert_eq!(parse_description(Some(" ops ")).unwrap(), "ops");
+        assert_eq!(parse_description(None).unwrap(), "");
     }
 
     #[test]
