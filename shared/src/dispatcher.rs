@@ -150,12 +150,10 @@ pub async fn start(
         move |app| {
             let store = Arc::clone(&store);
             let stop = stop.clone();
-            let now = match purge_clock.lock() {
-                Ok(mut clock) => clock.now(app.clock.now(), std::time::Instant::now()),
-                Err(poisoned) => poisoned
-                    .into_inner()
-                    .now(app.clock.now(), std::time::Instant::now()),
-            };
+            let now = purge_clock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .now(app.clock.now(), std::time::Instant::now());
             async move {
                 let cutoff = crate::clock::sub(now, retention);
                 let started = std::time::Instant::now();

@@ -1191,6 +1191,14 @@ mod tests {
         })
     }
 
+    /// [`tiny_window`] with room for 10 waiting: a lane spills on its due, not its waiting.
+    fn tiny_due_window() -> EmbeddedQueue {
+        EmbeddedQueue::with_limits(WindowLimits {
+            waiting: 10,
+            ..tiny_window().limits()
+        })
+    }
+
     #[test]
     fn a_delivery_pushed_out_of_the_waiting_list_is_read_again() {
         let queue = tiny_window();
@@ -1277,10 +1285,7 @@ mod tests {
     /// it asks for as many more, or a lane with many held would read nothing new.
     #[test]
     fn a_spilled_lane_reads_past_its_held_rows() {
-        let queue = EmbeddedQueue::with_limits(WindowLimits {
-            waiting: 10,
-            ..tiny_window().limits()
-        });
+        let queue = tiny_due_window();
         queue.add(vec![item("h1", "e", "a", 0, 4), item("h2", "e", "a", 0, 4)]);
         for lease in drain(&queue, 0) {
             queue.complete_holding(&lease, from_millis(10_000), from_millis(0));
@@ -1318,10 +1323,7 @@ mod tests {
 
     #[test]
     fn a_full_lane_spills_and_asks_for_its_work_back_when_low() {
-        let queue = EmbeddedQueue::with_limits(WindowLimits {
-            waiting: 10,
-            ..tiny_window().limits()
-        });
+        let queue = tiny_due_window();
         queue.add(vec![item("d1", "e", "a", 0, 1), item("d2", "e", "a", 0, 1)]);
         queue.add(vec![item("d3", "e", "a", 0, 1)]);
         let first = queue.try_take(from_millis(0)).expect("d1");

@@ -503,10 +503,10 @@ impl HeldLock {
     /// new file: that is an error naming both.
     pub(super) fn keep(&self) -> StoreResult<()> {
         use std::os::unix::fs::MetadataExt;
-        let mut file = match self.file.lock() {
-            Ok(file) => file,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let path = lock_path(&self.db);
         let held = file.metadata().map_err(|e| {
             StoreError::Backend(format!("cannot read lock file {}: {e}", path.display()))
