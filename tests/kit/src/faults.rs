@@ -1,7 +1,8 @@
 //! SDK interceptors that make DynamoDB behave as the emulator never does, for tests: one
 //! table's batch reads failing while a switch is on, as a throttled or unreachable table's
 //! would; and a global secondary index that still shows items the table no longer has, as
-//! a real index may for about a second (every read of a GSI is eventually consistent).
+//! a real index may for about a second (every read of a GSI is eventually consistent);
+//! and a count of the puts a caller sends to one table, with when it sent each try.
 
 use std::{
     collections::HashMap,
@@ -14,6 +15,7 @@ use std::{
 use aws_sdk_dynamodb::{
     operation::{
         batch_get_item::BatchGetItemInput,
+        put_item::PutItemInput,
         query::{QueryInput, QueryOutput},
     },
     types::AttributeValue,
@@ -22,7 +24,10 @@ use aws_smithy_runtime_api::{
     box_error::BoxError,
     client::{
         interceptors::{
-            context::{BeforeSerializationInterceptorContextRef, FinalizerInterceptorContextMut},
+            context::{
+                BeforeSerializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
+                FinalizerInterceptorContextMut,
+            },
             Intercept,
         },
         runtime_components::RuntimeComponents,
@@ -148,6 +153,79 @@ impl Intercept for LaggingIndex {
                 query.count = i32::try_from(items.len()).unwrap_or(i32::MAX);
                 query.items = Some(items);
             }
+        }
+        Ok(())
+    }
+}
+
+/// Notes when each try of a `PutItem` to `table` is sent, the SDK's own tries of one call
+/// included: what a caller still sends past its deadline, counted rather than timed, as a
+/// loaded emulator answers each try late.
+#[derive(Debug, Clone)]
+pub struct PutTries {
+    table: String,
+    sent: Arc<Mutex<Vec<tokio::time::Instant>>>,
+}
+
+/// Marks a request as a put to the watched table, from before it is sent to its answer.
+#[derive(Debug, Clone)]
+struct PutToTable;
+
+impl Storable for PutToTable {
+    type Storer = StoreReplace<Self>;
+}
+
+impl PutTries {
+    pub fn of(table: &str) -> Self {
+        Self {
+            table: table.to_owned(),
+            sent: Arc::default(),
+        }
+    }
+
+    /// How many tries were sent at or after `moment`.
+    pub fn sent_from(&self, moment: tokio::time::Instant) -> usize {
+        let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        sent.iter().filter(|&&at| at >= moment).count()
+    }
+
+    /// When the first try was sent.
+    pub fn first(&self) -> Option<tokio::time::Instant> {
+        let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        sent.first().copied()
+    }
+
+    pub fn sent(&self) -> usize {
+        self.sent.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Intercept for PutTries {
+    fn name(&self) -> &'static str {
+        "HooklanePutTries"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let put = context.input().downcast_ref::<PutItemInput>();
+        if put.and_then(PutItemInput::table_name) == Some(self.table.as_str()) {
+            cfg.interceptor_state().store_put(PutToTable);
+        }
+        Ok(())
+    }
+
+    fn read_before_attempt(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg.load::<PutToTable>().is_some() {
+            let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+            sent.push(tokio::time::Instant::now());
         }
         Ok(())
     }
