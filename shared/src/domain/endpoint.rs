@@ -22,7 +22,8 @@ pub struct EndpointUrl(Url);
 impl EndpointUrl {
     pub fn parse(raw: &str) -> Result<Self, InvalidField> {
         let field = "url";
-        if raw.len() > MAX_URL_LEN {
+        // Characters as sent, as the API document's `maxLength` counts them.
+        if raw.chars().count() > MAX_URL_LEN {
             return Err(InvalidField::new(
                 field,
                 format!("longer than {MAX_URL_LEN} characters"),
@@ -326,6 +327,24 @@ mod tests {
         assert_eq!(parse_description(Some(&letters)).unwrap(), letters);
         assert_eq!(parse_description(Some(" ops ")).unwrap(), "ops");
         assert_eq!(parse_description(None).unwrap(), "");
+    }
+
+    /// The limit is the document's `maxLength`, in characters as sent: a URL of 2,048,
+    /// most of them two-byte letters, was refused as 4,076 bytes.
+    #[test]
+    fn a_url_is_at_most_2048_characters_as_sent() {
+        let start = "https://example.com/";
+        let letters = format!("{start}{}", "é".repeat(MAX_URL_LEN - start.len()));
+        assert_eq!(letters.chars().count(), MAX_URL_LEN);
+        let url = EndpointUrl::parse(&letters).unwrap();
+        assert!(
+            url.as_str().starts_with("https://example.com/%C3%A9"),
+            "{url:?}"
+        );
+        let over = format!("{letters}x");
+        let error = EndpointUrl::parse(&over).expect_err("2,049 characters");
+        assert_eq!(error.field, "url");
+        assert_eq!(error.message, "longer than 2048 characters");
     }
 
     #[test]
