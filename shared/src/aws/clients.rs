@@ -337,4 +337,79 @@ pub(crate) mod tests {
             "{error:?}"
         );
     }
+
+    /// The address and `ClientRequestToken` of each try of a `TransactWriteItems`, read from
+    /// the request the SDK sends.
+    #[derive(Debug, Clone, Default)]
+    struct TransactTokens(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+    impl aws_smithy_runtime_api::client::interceptors::Intercept for TransactTokens {
+        fn name(&self) -> &'static str {
+            "TransactTokens"
+        }
+
+        fn read_before_transmit(
+            &self,
+            context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+            _: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+            _: &mut aws_smithy_types::config_bag::ConfigBag,
+        ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+            let body: serde_json::Value =
+                serde_json::from_slice(context.request().body().bytes().unwrap_or_default())?;
+            let token = body["ClientRequestToken"].as_str().unwrap_or_default();
+            let to = context.request().uri().to_owned();
+            self.0.lock().unwrap().push((to, token.to_owned()));
+            Ok(())
+        }
+    }
+
+    /// DynamoDB applies a `TransactWriteItems` once per `ClientRequestToken` for ten
+    /// minutes: a try sent again after a read timeout, while the first one still runs or
+    /// after it was applied, is answered as that one was, not applied twice nor refused on
+    /// its own conditions (an event's `attribute_not_exists`). That holds only if every try
+    /// of one call carries the same token and each call its own. No call of the store sets
+    /// one, so it is the SDK's to fill in; the emulator ignores tokens, so the tries are read
+    /// here as they are sent.
+    #[tokio::test]
+    async fn the_tries_of_one_transaction_share_its_idempotency_token() {
+        use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+        let tokens = TransactTokens::default();
+        let watched = super::SharedInterceptor::new(tokens.clone());
+        let call = |address| {
+            let tokens = &watched;
+            async move {
+                let client = super::dynamodb(&sdk_at(address).await, Some(tokens));
+                let put = Put::builder()
+                    .table_name("events")
+                    .item(
+                        "id",
+                        aws_sdk_dynamodb::types::AttributeValue::S("evt_1".into()),
+                    )
+                    .condition_expression("attribute_not_exists(id)")
+                    .build()
+                    .unwrap();
+                client
+                    .transact_write_items()
+                    .transact_items(TransactWriteItem::builder().put(put).build())
+                    .send()
+                    .await
+            }
+        };
+        let ((first, first_requests), (second, second_requests)) =
+            (never_answering_peer(), never_answering_peer());
+        // Two calls side by side, each tried three times.
+        tokio::join!(
+            given_up_after_three_tries(&first_requests, call(first)),
+            given_up_after_three_tries(&second_requests, call(second)),
+        );
+        let seen = tokens.0.lock().unwrap().clone();
+        assert_eq!(seen.len(), 6, "{seen:?}");
+        assert!(seen.iter().all(|(_, token)| !token.is_empty()), "{seen:?}");
+        let mut pairs = seen.clone();
+        pairs.sort();
+        pairs.dedup();
+        // Each peer saw one token three times, and the two tokens differ.
+        assert_eq!(pairs.len(), 2, "one token per call: {seen:?}");
+        assert_ne!(pairs[0].1, pairs[1].1, "{seen:?}");
+    }
 }
