@@ -98,6 +98,17 @@ async fn bench_quick_runs_every_workload() {
     for row in ["purge_s", "p50_ms", "p99_ms", "database_mb_after"] {
         assert!(purge[row].is_number(), "{row} in {purge}");
     }
+    // The deliveries beside a purge, split between the backlog's purge and the later ones.
+    let parts: Vec<u64> = purge["deliveries_during_backlog_later_purges"]
+        .as_array()
+        .map(|parts| parts.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    assert_eq!(parts.len(), 2, "{purge}");
+    assert_eq!(
+        Some(parts.iter().sum::<u64>()),
+        purge["deliveries_during_purge"].as_u64(),
+        "{purge}"
+    );
 }
 
 /// Runs `hooklane bench` with these arguments; its exit status, stdout and stderr.
