@@ -589,6 +589,38 @@ async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
     assert_eq!(receiver.arrivals().len(), ENDPOINTS);
 }
 
+/// A stack named `start…`, whose `table` the emulator throttles, connected with a count of
+/// the puts sent to that table.
+async fn throttled_stack_counting_puts(
+    start: &str,
+    table: fn(&hooklane::store::dynamodb::TableNames) -> &String,
+) -> (
+    hooklane::aws::settings::AwsSettings,
+    hooklane::aws::shape::AwsShape,
+    hooklane_testkit::faults::PutTries,
+) {
+    let (settings, _) = hooklane_testkit::testing::emulated_shape_named(
+        start,
+        hooklane::config::CoreConfig::default(),
+    )
+    .await;
+    let table = table(&settings.tables);
+    hooklane_testkit::testing::assert_emulator_throttles(table).await;
+    let tries = hooklane_testkit::faults::PutTries::of(table);
+    let watched = hooklane::aws::clients::SharedInterceptor::new(tries.clone());
+    let shape = hooklane::aws::shape::connect_with(&settings, Some(&watched))
+        .await
+        .unwrap();
+    (settings, shape, tries)
+}
+
+/// How many times the SDK tries one request.
+async fn sdk_tries() -> usize {
+    let sdk = hooklane::aws::load_sdk_config().await;
+    let retry = sdk.retry_config().expect("a retry configuration");
+    usize::try_from(retry.max_attempts()).unwrap()
+}
+
 /// A table that takes no writes for longer than a caller can wait: the emulator refuses
 /// every write to a `saturated…` stack's attempts table, where an attempt's detail goes
 /// unless it is a first try's small enough to keep on the delivery itself. The sender's
@@ -600,21 +632,10 @@ async fn attempts_recorded_in_a_throttled_delivery_log_are_each_sent_once() {
 /// as in the jammed fan-out below.
 #[tokio::test]
 async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_the_records_wait() {
-    use hooklane::aws::clients::SharedInterceptor;
     use hooklane::store::RECORD_THROTTLE_WAIT;
     use hooklane_testkit::farm::{Behavior, Farm};
-    use hooklane_testkit::faults::PutTries;
-    let (settings, _) = hooklane_testkit::testing::emulated_shape_named(
-        "saturated",
-        hooklane::config::CoreConfig::default(),
-    )
-    .await;
-    hooklane_testkit::testing::assert_emulator_throttles(&settings.tables.attempts).await;
-    let tries = PutTries::of(&settings.tables.attempts);
-    let watched = SharedInterceptor::new(tries.clone());
-    let shape = hooklane::aws::shape::connect_with(&settings, Some(&watched))
-        .await
-        .unwrap();
+    let (settings, shape, tries) =
+        throttled_stack_counting_puts("saturated", |t| &t.attempts).await;
     let farm = Farm::start().await.unwrap();
     farm.configure("ep_1", Behavior::ok().with_body(vec![b'x'; 4096]));
     let store = shape.app.store.as_ref();
@@ -654,13 +675,8 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
         "saturated attempts table: answered in {took:?}, {} put tries, {past} past the wait: {handled:?}",
         tries.sent()
     );
-    let sdk_tries = hooklane::aws::load_sdk_config()
-        .await
-        .retry_config()
-        .expect("a retry configuration")
-        .max_attempts();
     assert!(
-        past <= usize::try_from(sdk_tries).unwrap(),
+        past <= sdk_tries().await,
         "{past} put tries past the record's wait of {RECORD_THROTTLE_WAIT:?}, more than one call's"
     );
     // Recorded, as its delivery was: only the attempt's detail is missing from the log,
@@ -696,26 +712,9 @@ async fn an_attempt_whose_detail_a_saturated_table_refuses_is_answered_within_th
 /// put's call under way, at most the SDK's tries of it, and no new round.
 #[tokio::test]
 async fn a_fan_out_whose_delivery_log_takes_no_writes_reports_its_event_by_the_deadline() {
-    use hooklane::aws::clients::SharedInterceptor;
-    use hooklane_testkit::faults::PutTries;
-    let (settings, _) = hooklane_testkit::testing::emulated_shape_named(
-        "jammed",
-        hooklane::config::CoreConfig::default(),
-    )
-    .await;
-    hooklane_testkit::testing::assert_emulator_throttles(&settings.tables.deliveries).await;
-    let tries = PutTries::of(&settings.tables.deliveries);
-    let watched = SharedInterceptor::new(tries.clone());
-    let shape = hooklane::aws::shape::connect_with(&settings, Some(&watched))
-        .await
-        .unwrap();
+    let (_, shape, tries) = throttled_stack_counting_puts("jammed", |t| &t.deliveries).await;
     fixtures::account_with_endpoints(shape.app.store.as_ref(), "acme", ENDPOINTS).await;
     let (batch, _) = outbox_batch(&shape, &["evt_jammed"], 1100).await;
-    let sdk_tries = hooklane::aws::load_sdk_config()
-        .await
-        .retry_config()
-        .expect("a retry configuration")
-        .max_attempts();
     let wait = Duration::from_secs(1);
     let began = std::time::Instant::now();
     let deadline = tokio::time::Instant::now() + wait;
@@ -732,7 +731,7 @@ async fn a_fan_out_whose_delivery_log_takes_no_writes_reports_its_event_by_the_d
         .map(|f| f.item_identifier.clone())
         .collect();
     assert_eq!(failed, [batch.records[0].change.sequence_number.clone()]);
-    let most = ENDPOINTS.len() * usize::try_from(sdk_tries).unwrap();
+    let most = ENDPOINTS.len() * sdk_tries().await;
     assert!(
         past <= most,
         "{past} put tries past the deadline, more than the {most} of one call per delivery"
