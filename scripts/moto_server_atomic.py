@@ -31,9 +31,25 @@ longer than a caller waits: the attempts table of a stack whose name begins with
 (`saturated…-attempts`), and the delivery log of one whose name begins with `jammed`
 (`jammed…-delivery-log`). Other tables, and other stacks, are never throttled.
 
+DynamoDB applies a TransactWriteItems once per `ClientRequestToken` for ten minutes after it
+completed: a try sent again with the same token (the SDK's, after a read timeout) is answered
+as the first was, not applied again, so a `attribute_not_exists` of its own does not refuse
+it; the same token with other parameters is refused (IdempotentParameterMismatchException).
+moto ignores the token. Here a transaction that went through is remembered by its token for
+that window (a cancelled one wrote nothing and is judged again). Not modelled: DynamoDB's
+TransactionInProgressException for a try that arrives while the first still runs (the SDK
+tries that again as it does a throttled request; here requests run one at a time, so a try
+meets its token either unseen or completed).
+
+On a stack whose name begins with `late`, the answer to the first try of each PutItem or
+TransactWriteItems is held back `LATE_ANSWER_SECONDS` after the write is applied, longer than
+the SDK waits for it, as an answer lost on the way would be; the SDK's next try of the same
+request is answered at once.
+
 Usage: python moto_server_atomic.py [moto_server options]
 """
 
+import json
 import re
 import sys
 import threading
@@ -53,7 +69,11 @@ _call_action = DynamoHandler.call_action
 
 def _one_at_a_time(self):
     with _DYNAMODB:
-        return _call_action(self)
+        answer = _call_action(self)
+    # Outside the lock: the emulator goes on serving others while this answer is late.
+    if getattr(self, "_late_answer", False):
+        time.sleep(LATE_ANSWER_SECONDS)
+    return answer
 
 
 DynamoHandler.call_action = _one_at_a_time
@@ -177,6 +197,66 @@ def _query_refusing_a_start_key_outside(self):
 
 DynamoHandler.query = _query_refusing_a_start_key_outside
 
+IDEMPOTENCY_WINDOW_SECONDS = 600
+LATE_ANSWER_SECONDS = 2.0
+_completed = {}  # token -> (when it completed, its request without the token, its answer)
+_transact_items_handler = DynamoHandler.transact_write_items
+
+
+class IdempotentParameterMismatch(DynamodbException):
+    error_type = ERROR_TYPE_PREFIX + "IdempotentParameterMismatchException"
+
+    def __init__(self):
+        super().__init__(
+            self.error_type,
+            message="The request uses the same client token as a previous, but non-identical "
+            "request. Do not reuse a client token with different requests, unless the requests "
+            "are identical.",
+        )
+
+
+def _transact_once_per_token(self):
+    """Called under the DynamoDB lock."""
+    token = self.body.get("ClientRequestToken")
+    if not token:
+        return _transact_items_handler(self)
+    request = {name: value for name, value in self.body.items() if name != "ClientRequestToken"}
+    now = time.monotonic()
+    expired = [t for t, (at, _, _) in _completed.items() if now - at >= IDEMPOTENCY_WINDOW_SECONDS]
+    for old in expired:
+        del _completed[old]
+    if token in _completed:
+        _, first, answer = _completed[token]
+        if first != request:
+            raise IdempotentParameterMismatch()
+        return answer
+    answer = _transact_items_handler(self)
+    _completed[token] = (now, request, answer)
+    return answer
+
+
+_answered_late = set()
+
+
+def _late_first_answer(write, tables_of):
+    """Holds back the answer to a `late…` table's write the first time its request is seen."""
+
+    def late(self):
+        if any(table.startswith("late") for table in tables_of(self.body)):
+            request = json.dumps(self.body, sort_keys=True, default=str)
+            if request not in _answered_late:
+                _answered_late.add(request)
+                self._late_answer = True
+        return write(self)
+
+    return late
+
+
+DynamoHandler.transact_write_items = _late_first_answer(
+    _transact_once_per_token,
+    lambda body: [next(iter(item.values())).get("TableName") or "" for item in body["TransactItems"]],
+)
+
 THROTTLED_WRITES_PER_SECOND = 20
 _THROTTLED_TABLE = re.compile(r"^throttled.*-delivery-log$")
 _SATURATED_TABLE = re.compile(r"^(saturated.*-attempts|jammed.*-delivery-log)$")
@@ -220,6 +300,9 @@ def _capacity_checked(write):
 
 for _write in ("put_item", "update_item", "delete_item"):
     setattr(DynamoHandler, _write, _capacity_checked(getattr(DynamoHandler, _write)))
+DynamoHandler.put_item = _late_first_answer(
+    DynamoHandler.put_item, lambda body: [body.get("TableName") or ""]
+)
 
 if __name__ == "__main__":
     server.main(sys.argv[1:])

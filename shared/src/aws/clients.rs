@@ -338,10 +338,19 @@ pub(crate) mod tests {
         );
     }
 
-    /// The address and `ClientRequestToken` of each try of a `TransactWriteItems`, read from
-    /// the request the SDK sends.
+    /// The address and `ClientRequestToken` of each try of a request (empty but for a
+    /// `TransactWriteItems`), read from the request the SDK sends.
     #[derive(Debug, Clone, Default)]
-    struct TransactTokens(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+    pub(crate) struct TransactTokens(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+    impl TransactTokens {
+        /// The token of each try of a `TransactWriteItems`, in the order they were sent.
+        pub(crate) fn of_transactions(&self) -> Vec<String> {
+            let seen = self.0.lock().unwrap();
+            let tokens = seen.iter().map(|(_, token)| token);
+            tokens.filter(|token| !token.is_empty()).cloned().collect()
+        }
+    }
 
     impl aws_smithy_runtime_api::client::interceptors::Intercept for TransactTokens {
         fn name(&self) -> &'static str {

@@ -53,15 +53,17 @@ fn def_of(item: &Item) -> StoreResult<EventTypeDef> {
 
 impl DynamoStore {
     pub(super) async fn create_event_type(&self, def: &EventTypeDef) -> StoreResult<()> {
+        let item = with_put_token(item_of(def));
         let result = self
             .client
             .put_item()
             .table_name(&self.tables.control)
-            .set_item(Some(item_of(def)))
+            .set_item(Some(item.clone()))
             .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(own_item_on_refusal())
             .send()
             .await;
-        match written(result)? {
+        match put_written(result, &item)? {
             Some(_) => Ok(()),
             None => Err(StoreError::Conflict {
                 entity: "event type",

@@ -65,6 +65,54 @@ where
     }
 }
 
+/// `item` with a token of its own in [`PUT_TOKEN`], for [`put_written`] to tell the put's
+/// own item from one another call wrote with the same attributes (a second create of the
+/// same account is a conflict).
+pub(super) fn with_put_token(mut item: Item) -> Item {
+    item.insert(
+        PUT_TOKEN.to_owned(),
+        s(uuid::Uuid::new_v4().simple().to_string()),
+    );
+    item
+}
+
+/// The attribute of [`with_put_token`]; no reader looks at it.
+const PUT_TOKEN: &str = "put_token";
+
+/// A conditional put's answer: `Some` once `sent` is written. A try whose answer has not
+/// begun after the read timeout is sent again by the SDK, and DynamoDB applies a `PutItem`
+/// once per try (a transaction's token makes its tries one; a put has none): when the
+/// first was applied, the next finds its own item and fails its condition. Sent with
+/// [`own_item_on_refusal`], the refusal carries the item that failed it; that item is the
+/// put's own when it is `sent`, [`with_put_token`]'s token included.
+pub(super) fn put_written<R: std::fmt::Debug>(
+    result: Result<
+        aws_sdk_dynamodb::operation::put_item::PutItemOutput,
+        SdkError<aws_sdk_dynamodb::operation::put_item::PutItemError, R>,
+    >,
+    sent: &Item,
+) -> StoreResult<Option<()>> {
+    use aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException;
+    let own = match &result {
+        Err(SdkError::ServiceError(refused)) => matches!(
+            refused.err(),
+            ConditionalCheckFailedException(failed) if failed.item() == Some(sent)
+        ),
+        _ => false,
+    };
+    if own {
+        return Ok(Some(()));
+    }
+    Ok(written(result)?.map(|_| ()))
+}
+
+/// What a conditional put sent through [`put_written`] asks for: the item that failed its
+/// condition (no more capacity used than without it).
+pub(super) fn own_item_on_refusal() -> aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure
+{
+    aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld
+}
+
 /// The output of a conditional write, or `None` when its condition did not hold.
 pub(super) fn written<T, E, R>(result: Result<T, SdkError<E, R>>) -> StoreResult<Option<T>>
 where

@@ -3150,3 +3150,75 @@ async fn an_attempt_is_recorded_when_its_endpoints_failing_clock_cannot_be_writt
         }
     );
 }
+
+/// The SDK sends a write again when the answer to its try has not begun after the read
+/// timeout, though the try may have been applied. The first answer to each `PutItem` and
+/// `TransactWriteItems` of a `late…` stack comes after that (`scripts/moto_server_atomic.py`),
+/// so each is sent again: an account (one conditional put) and an endpoint (a transaction,
+/// with the account's count) are each created once, not refused as a conflict with
+/// themselves on the second try. DynamoDB answers a transaction's try as the first was, by
+/// the `ClientRequestToken` they share; a put, which has none, finds its own item and is
+/// taken as written. The emulator refuses the token again with other items, as DynamoDB does.
+#[tokio::test]
+async fn a_write_whose_answer_came_too_late_is_tried_again_and_applied_once() {
+    use aws_sdk_dynamodb::{error::ProvideErrorMetadata, types::Put, types::TransactWriteItem};
+    crate::testing::require_emulator();
+    let tables = TableNames::with_prefix(&format!("late{}", uuid::Uuid::new_v4().simple()));
+    let tokens = crate::aws::clients::tests::TransactTokens::default();
+    let puts = crate::faults::PutTries::of(&tables.accounts);
+    let sdk = crate::aws::load_sdk_config().await;
+    let client = crate::aws::clients::dynamodb(
+        &sdk,
+        Some(&crate::aws::clients::SharedInterceptor::new(tokens.clone())),
+    );
+    let client = client
+        .config()
+        .to_builder()
+        .interceptor(puts.clone())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(client);
+    let store = crate::testing::emulator_store_on(client.clone(), &tables).await;
+
+    let [endpoint] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    assert!(
+        puts.sent() >= 2,
+        "the account's late put was not sent again: {}",
+        puts.sent()
+    );
+    let tries = tokens.of_transactions();
+    let mut distinct = tries.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 1, "{tries:?}");
+    assert!(
+        tries.len() >= 2,
+        "the late transaction was not sent again: {tries:?}"
+    );
+    let account = AccountId::from_trusted("acme".into());
+    assert!(store.get_account(&account).await.unwrap().is_some());
+    let stored = store.get_endpoint(&account, &endpoint.id).await.unwrap();
+    assert_eq!(stored.map(|e| e.url), Some(endpoint.url));
+
+    let put = |id: &str| {
+        let item = Put::builder()
+            .table_name(&tables.control)
+            .item("pk", AttributeValue::S(format!("token-probe-{id}")))
+            .build()
+            .unwrap();
+        TransactWriteItem::builder().put(item).build()
+    };
+    let token = uuid::Uuid::new_v4().to_string();
+    let send = |id: &str| {
+        client
+            .transact_write_items()
+            .client_request_token(&token)
+            .transact_items(put(id))
+            .send()
+    };
+    send("a").await.unwrap();
+    let other = send("b").await.unwrap_err();
+    assert_eq!(
+        other.code(),
+        Some("IdempotentParameterMismatchException"),
+        "{other:?}"
+    );
+}
