@@ -3156,7 +3156,7 @@ async fn an_attempt_is_recorded_when_its_endpoints_failing_clock_cannot_be_writt
 /// `TransactWriteItems` of a `late…` stack comes after that (`scripts/moto_server_atomic.py`),
 /// so each is sent again: an account (one conditional put) and an endpoint (a transaction,
 /// with the account's count) are each created once, not refused as a conflict with
-/// themselves on the second try. DynamoDB answers a transaction's try as the first was, by
+/// themselves on the second try; a run's lock is taken, and a replay recorded. DynamoDB answers a transaction's try as the first was, by
 /// the `ClientRequestToken` they share; a put, which has none, finds its own item and is
 /// taken as written. The emulator refuses the token again with other items, as DynamoDB does.
 #[tokio::test]
@@ -3197,6 +3197,19 @@ async fn a_write_whose_answer_came_too_late_is_tried_again_and_applied_once() {
     assert!(store.get_account(&account).await.unwrap().is_some());
     let stored = store.get_endpoint(&account, &endpoint.id).await.unwrap();
     assert_eq!(stored.map(|e| e.url), Some(endpoint.url));
+    // A run's lock and a replay that matched nothing: puts of the same kind.
+    let (now, until) = (crate::fixtures::at(1), crate::fixtures::at(60));
+    assert!(store.take_run("sweep", now, until).await.unwrap().is_some());
+    let scope = crate::domain::ReplayScope::Endpoint(endpoint.id.clone());
+    let filter = crate::domain::ReplayFilter::single();
+    let replay = crate::fixtures::replay(&account, scope, filter, 2);
+    let request = crate::store::ReplayRequest { replay, limit: 10 };
+    let outcome = store.replay(&request).await.unwrap();
+    assert!(outcome.queued.is_empty());
+    assert!(matches!(
+        store.replay(&request).await,
+        Err(StoreError::Conflict { .. })
+    ));
 
     let put = |id: &str| {
         let item = Put::builder()
