@@ -41,8 +41,8 @@ TransactionInProgressException for a try that arrives while the first still runs
 tries that again as it does a throttled request; here requests run one at a time, so a try
 meets its token either unseen or completed).
 
-On a stack whose name begins with `late`, the answer to the first try of each PutItem or
-TransactWriteItems is held back `LATE_ANSWER_SECONDS` after the write is applied, longer than
+On a stack whose name begins with `late`, the answer to the first try of each PutItem,
+UpdateItem or TransactWriteItems is held back `LATE_ANSWER_SECONDS` after the write is applied, longer than
 the SDK waits for it, as an answer lost on the way would be; the SDK's next try of the same
 request is answered at once.
 
@@ -300,9 +300,12 @@ def _capacity_checked(write):
 
 for _write in ("put_item", "update_item", "delete_item"):
     setattr(DynamoHandler, _write, _capacity_checked(getattr(DynamoHandler, _write)))
-DynamoHandler.put_item = _late_first_answer(
-    DynamoHandler.put_item, lambda body: [body.get("TableName") or ""]
-)
+for _write in ("put_item", "update_item"):
+    setattr(
+        DynamoHandler,
+        _write,
+        _late_first_answer(getattr(DynamoHandler, _write), lambda body: [body.get("TableName") or ""]),
+    )
 
 if __name__ == "__main__":
     server.main(sys.argv[1:])

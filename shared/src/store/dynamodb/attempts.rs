@@ -1,5 +1,7 @@
 //! Work and attempts: loading a delivery to send, recording its attempt, due work.
 
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+
 use super::items::*;
 use super::*;
 
@@ -104,6 +106,8 @@ impl DynamoStore {
             "client_errors = :client_errors",
             "updated_at = :now",
             "next_trigger = :scheduled",
+            // This call's own: see `own` below.
+            "record_token = :token",
         ];
         let mut removes = Vec::new();
         let mut values = Item::from([
@@ -114,6 +118,10 @@ impl DynamoStore {
             (":pending".into(), s("pending")),
             (":expected".into(), n(r.expected_attempts)),
             (":scheduled".into(), s(Trigger::Scheduled.as_str())),
+            (
+                ":token".into(),
+                s(uuid::Uuid::new_v4().simple().to_string()),
+            ),
         ]);
         match next_try_at {
             Some(at) => {
@@ -172,20 +180,34 @@ impl DynamoStore {
             .update_expression(expression)
             .condition_expression("#status = :pending AND attempts = :expected")
             .expression_attribute_names("#status", "status")
-            .set_expression_attribute_values(Some(values))
+            .set_expression_attribute_values(Some(values.clone()))
             // The endpoint's key needs the account, which the delivery knows.
-            .return_values(ReturnValue::AllNew);
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(own_item_on_refusal());
         // Both writes share one wait: a throttled table costs the sender's batch at most
         // that, and the refusal comes back inside the function's timeout.
         let until = Some(tokio::time::Instant::now() + crate::store::RECORD_THROTTLE_WAIT);
         let updated = sent_through_throttling(until, || update.clone().send()).await;
-        // Not written: not pending at the expected count, or no such delivery.
-        let Some(out) = written(updated)? else {
-            return Ok(RecordOutcome::Stale);
+        // A try sent again after a late answer finds the delivery as its first try left it,
+        // with this call's token: recorded by this call, not by another sender.
+        let own = |item: &Item| item.get("record_token") == values.get(":token");
+        let attributes = match updated {
+            Ok(out) => out.attributes,
+            Err(error) => match error.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(refused))
+                    if refused.item().is_some_and(own) =>
+                {
+                    refused.item().cloned()
+                }
+                // Not written: not pending at the expected count, or no such delivery.
+                _ => {
+                    written(Err::<(), _>(error))?;
+                    return Ok(RecordOutcome::Stale);
+                }
+            },
         };
         self.hour_tally.add(&r.endpoint_id, r.hour_count());
-        let account = out
-            .attributes
+        let account = attributes
             .as_ref()
             .map(|item| get_s(item, "account_id"))
             .transpose()?

@@ -3151,6 +3151,43 @@ async fn an_attempt_is_recorded_when_its_endpoints_failing_clock_cannot_be_writt
     );
 }
 
+/// A sender's record of an attempt is a conditional update of the delivery: pending, at the
+/// attempt count it read. Sent again after its late answer, it finds the delivery moved on
+/// by its own first try, with its call's token: recorded (the endpoint's failing clock
+/// started), not taken for another sender's record. A second call of the same record is.
+#[tokio::test]
+async fn an_attempt_record_answered_late_is_taken_as_recorded() {
+    use crate::fixtures::{attempt_record, t0};
+    crate::testing::require_emulator();
+    // A `late…` stack: the emulator holds back its first answer to each write past the SDK's
+    // read timeout (`scripts/moto_server_atomic.py`).
+    let tables = TableNames::with_prefix(&format!("late{}", uuid::Uuid::new_v4().simple()));
+    let client = crate::aws::clients::dynamodb(&crate::aws::load_sdk_config().await, None);
+    let store = crate::testing::emulator_store_on(client, &tables).await;
+    let (_, delivery) = one_delivery(&store).await;
+    let failed_at = crate::clock::add(t0(), std::time::Duration::from_secs(1));
+    let retry_at = crate::clock::add(t0(), std::time::Duration::from_secs(60));
+    let record = attempt_record(&delivery, 1, Decision::RetryAt(retry_at), false, failed_at);
+    assert_eq!(
+        store.record_attempt(&record).await.unwrap(),
+        RecordOutcome::Recorded {
+            endpoint_failing_since: Some(failed_at)
+        }
+    );
+    assert_eq!(
+        store.record_attempt(&record).await.unwrap(),
+        RecordOutcome::Stale
+    );
+    let stored = store
+        .get_delivery(&delivery.account_id, &delivery.id)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.map(|d| (d.attempts, d.next_try_at)),
+        Some((1, Some(retry_at)))
+    );
+}
+
 /// The SDK sends a write again when the answer to its try has not begun after the read
 /// timeout, though the try may have been applied. The first answer to each `PutItem` and
 /// `TransactWriteItems` of a `late…` stack comes after that (`scripts/moto_server_atomic.py`),
