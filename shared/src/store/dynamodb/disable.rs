@@ -129,46 +129,85 @@ impl DynamoStore {
         }
         let mut seen = std::collections::HashSet::new();
         keys.retain(|item| seen.insert(opt_s(item, "id")));
-        // One conditional write per delivery (no transaction, so no 100-item limit), a few
-        // at a time; each one only moves a delivery that is still pending, so running this
-        // again after a failure part-way finishes the rest and changes nothing else.
-        let wanted = keys.len();
-        let outcomes: Vec<StoreResult<bool>> = futures_util::stream::iter(keys)
-            .take_while(|_| std::future::ready(std::time::Instant::now() < deadline))
-            .map(|item| async move {
-                let result = self
-                    .client
-                    .update_item()
-                    .table_name(&self.tables.deliveries)
-                    .set_key(Some(stored_delivery_key(&item)?))
-                    .update_expression(
-                        "SET #status = :abandoned, last_error = :reason, updated_at = :now, \
-                         expires_at = :expires REMOVE next_try_at, pending_shard, due_key",
-                    )
-                    .expression_attribute_values(":expires", self.log_expiry(now))
-                    .condition_expression("#status = :pending")
-                    .expression_attribute_names("#status", "status")
-                    .expression_attribute_values(":abandoned", s("abandoned"))
-                    .expression_attribute_values(":pending", s("pending"))
-                    .expression_attribute_values(":reason", s(reason))
-                    .expression_attribute_values(":now", n(to_millis(now)))
-                    .send()
-                    .await;
-                written(result).map(|out| out.is_some())
-            })
-            .buffer_unordered(WRITE_CONCURRENCY)
-            .collect()
-            .await;
+        // In transactions of up to 99 deliveries, each with a check that the endpoint is
+        // still disabled (a deleted one's tombstone is too): an enable meanwhile stops the
+        // abandon, which would otherwise go on for the rest of its budget abandoning what the
+        // owner enabled the endpoint again for. A delivery moves only if still pending: one
+        // that is not is left out and the rest written again, so running this again after a
+        // failure part-way finishes the rest and changes nothing else. One transaction at a
+        // time: two holding the same endpoint check would conflict.
+        let still_disabled = aws_sdk_dynamodb::types::ConditionCheck::builder()
+            .table_name(&self.tables.endpoints)
+            .set_key(Some(account_key(account.as_str(), endpoint.as_str())))
+            .condition_expression("#status = :disabled")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":disabled", s("disabled"))
+            .build()
+            .map_err(build_error)?;
         let mut abandoned = Abandoned {
             count: 0,
-            complete: read_all && outcomes.len() == wanted,
+            complete: read_all,
         };
-        for outcome in outcomes {
-            if outcome? {
-                abandoned.count += 1;
+        for chunk in keys.chunks(MAX_TRANSACTION_ITEMS - 1) {
+            if std::time::Instant::now() >= deadline {
+                abandoned.complete = false;
+                break;
+            }
+            let mut remaining: Vec<&Item> = chunk.iter().collect();
+            while !remaining.is_empty() {
+                let check = TransactWriteItem::builder().condition_check(still_disabled.clone());
+                let mut items = vec![check.build()];
+                for item in &remaining {
+                    items.push(self.abandon_update(item, reason, now)?);
+                }
+                match self.transact(items).await {
+                    Ok(()) => {
+                        abandoned.count += remaining.len() as u64;
+                        break;
+                    }
+                    // Enabled again (or another endpoint made under a deleted one's id).
+                    Err(TransactionFailure::Conditions(failed)) if failed.contains(&0) => {
+                        return Ok(abandoned);
+                    }
+                    // No longer pending (delivered meanwhile): left as they are.
+                    Err(TransactionFailure::Conditions(failed)) => {
+                        let mut position = 0;
+                        remaining.retain(|_| {
+                            position += 1;
+                            !failed.contains(&position)
+                        });
+                    }
+                    Err(failure) => return Err(failure.into_store_error()),
+                }
             }
         }
         Ok(abandoned)
+    }
+
+    /// The write that abandons a delivery of the log (`item`, as read) if it is still pending.
+    fn abandon_update(
+        &self,
+        item: &Item,
+        reason: &str,
+        now: Timestamp,
+    ) -> StoreResult<TransactWriteItem> {
+        let update = Update::builder()
+            .table_name(&self.tables.deliveries)
+            .set_key(Some(stored_delivery_key(item)?))
+            .update_expression(
+                "SET #status = :abandoned, last_error = :reason, updated_at = :now, \
+                 expires_at = :expires REMOVE next_try_at, pending_shard, due_key",
+            )
+            .expression_attribute_values(":expires", self.log_expiry(now))
+            .condition_expression("#status = :pending")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":abandoned", s("abandoned"))
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":reason", s(reason))
+            .expression_attribute_values(":now", n(to_millis(now)))
+            .build()
+            .map_err(build_error)?;
+        Ok(TransactWriteItem::builder().update(update).build())
     }
 
     /// Abandons a disabled endpoint's pending deliveries, then moves the endpoint back from

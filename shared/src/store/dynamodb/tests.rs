@@ -1156,6 +1156,66 @@ fn refusing_after<T: std::fmt::Debug + Send + Sync + 'static>(
     }
 }
 
+/// Refuses every abandon of an endpoint's pending work: the transactions that check the
+/// endpoint is still disabled (`ConditionCheck`).
+#[derive(Debug)]
+struct RefusedAbandons;
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for RefusedAbandons {
+    fn name(&self) -> &'static str {
+        "RefusedAbandons"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+        _: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput;
+        let Some(input) = context.input().downcast_ref::<TransactWriteItemsInput>() else {
+            return Ok(());
+        };
+        if input
+            .transact_items()
+            .iter()
+            .any(|item| item.condition_check().is_some())
+        {
+            return Err("an abandon refused by the test".into());
+        }
+        Ok(())
+    }
+}
+
+/// The store on the same tables through a client that refuses every abandon.
+fn refusing_abandons(store: &DynamoStore) -> DynamoStore {
+    let config = store
+        .client()
+        .config()
+        .to_builder()
+        .interceptor(RefusedAbandons)
+        .build();
+    DynamoStore {
+        client: aws_sdk_dynamodb::Client::from_conf(config),
+        ..store.clone()
+    }
+}
+
+/// Marks the endpoint disabled and nothing else, as the disable's own transaction leaves it
+/// for its abandon.
+async fn mark_disabled(store: &DynamoStore, account: &AccountId, endpoint: &EndpointId) {
+    store
+        .client()
+        .update_item()
+        .table_name(&store.tables().endpoints)
+        .set_key(Some(account_key(account.as_str(), endpoint.as_str())))
+        .update_expression("SET #status = :disabled")
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":disabled", s("disabled"))
+        .send()
+        .await
+        .unwrap();
+}
+
 fn refusing_transactions_after(store: &DynamoStore, allowed: usize) -> DynamoStore {
     refusing_after::<aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput>(
         store, allowed,
@@ -2170,6 +2230,7 @@ async fn abandoning_an_endpoints_work_stops_at_its_deadline_and_says_so() {
     use crate::fixtures::status_of;
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
+    mark_disabled(&store, &account, &delivery.endpoint_id).await;
     let now = crate::fixtures::at(5);
     let out_of_time = store
         .abandon_pending_within(
@@ -2222,8 +2283,7 @@ async fn a_delete_that_stopped_part_way_is_finished_by_the_health_check() {
     use crate::fixtures::{at, status_of};
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
-    let abandon_fails =
-        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
+    let abandon_fails = refusing_abandons(&store);
     let deletion = EndpointDeletion {
         account_id: account.clone(),
         endpoint_id: delivery.endpoint_id.clone(),
@@ -2292,8 +2352,7 @@ async fn an_id_whose_delete_is_unfinished_is_not_taken_again_until_it_is() {
     use crate::fixtures::{at, status_of};
     let store = emulator_store().await;
     let (account, delivery) = one_delivery(&store).await;
-    let abandon_fails =
-        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(&store, 0);
+    let abandon_fails = refusing_abandons(&store);
     let deletion = EndpointDeletion {
         account_id: account.clone(),
         endpoint_id: delivery.endpoint_id.clone(),
@@ -2330,8 +2389,7 @@ async fn an_id_whose_delete_is_unfinished_is_not_taken_again_until_it_is() {
 /// The owner's disable of the delivery's endpoint at 5 s, its abandon refused: the endpoint
 /// is disabled, and its marker left for the health check to finish.
 async fn disable_stopped_part_way(store: &DynamoStore, delivery: &Delivery) {
-    let abandon_fails =
-        refusing_after::<aws_sdk_dynamodb::operation::update_item::UpdateItemInput>(store, 0);
+    let abandon_fails = refusing_abandons(store);
     let request = DisableRequest {
         account_id: delivery.account_id.clone(),
         endpoint_id: delivery.endpoint_id.clone(),
@@ -3271,4 +3329,42 @@ async fn a_write_whose_answer_came_too_late_is_tried_again_and_applied_once() {
         Some("IdempotentParameterMismatchException"),
         "{other:?}"
     );
+}
+
+/// A disable abandons its endpoint's pending deliveries for up to `ABANDON_BUDGET` after the
+/// endpoint is disabled, and the owner may enable it again meanwhile. Each abandon write is
+/// checked against the endpoint, in its transaction: once it is enabled again, what is still
+/// pending stays pending, for the endpoint to get. (Here the abandon's writes come after the
+/// enable: the endpoint was never disabled.)
+#[tokio::test]
+async fn an_abandon_stops_once_its_endpoint_is_enabled_again() {
+    let store = emulator_store().await;
+    let account = AccountId::from_trusted("acme".into());
+    let [ep] = crate::fixtures::account_with_endpoints(&store, "acme", ["ep_a"]).await;
+    let mut deliveries = Vec::new();
+    for second in 1..=3 {
+        deliveries.extend(
+            crate::fixtures::publish(&store, &account, second, "invoice.paid", &[&ep]).await,
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let abandoned = store
+        .abandon_pending_within(
+            &account,
+            &ep.id,
+            "endpoint disabled",
+            crate::fixtures::at(9),
+            (deadline, false),
+        )
+        .await
+        .unwrap();
+    assert_eq!(abandoned.count, 0, "{abandoned:?}");
+    for delivery in &deliveries {
+        let stored = store
+            .get_delivery(&account, &delivery.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status, DeliveryStatus::Pending, "{}", delivery.id);
+    }
 }
