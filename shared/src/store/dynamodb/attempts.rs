@@ -110,6 +110,7 @@ impl DynamoStore {
             "record_token = :token",
         ];
         let mut removes = Vec::new();
+        let token = s(uuid::Uuid::new_v4().simple().to_string());
         let mut values = Item::from([
             (":status".into(), s(status.as_str())),
             (":attempts".into(), n(r.attempt.number)),
@@ -118,10 +119,7 @@ impl DynamoStore {
             (":pending".into(), s("pending")),
             (":expected".into(), n(r.expected_attempts)),
             (":scheduled".into(), s(Trigger::Scheduled.as_str())),
-            (
-                ":token".into(),
-                s(uuid::Uuid::new_v4().simple().to_string()),
-            ),
+            (":token".into(), token.clone()),
         ]);
         match next_try_at {
             Some(at) => {
@@ -180,7 +178,7 @@ impl DynamoStore {
             .update_expression(expression)
             .condition_expression("#status = :pending AND attempts = :expected")
             .expression_attribute_names("#status", "status")
-            .set_expression_attribute_values(Some(values.clone()))
+            .set_expression_attribute_values(Some(values))
             // The endpoint's key needs the account, which the delivery knows.
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(own_item_on_refusal());
@@ -190,7 +188,7 @@ impl DynamoStore {
         let updated = sent_through_throttling(until, || update.clone().send()).await;
         // A try sent again after a late answer finds the delivery as its first try left it,
         // with this call's token: recorded by this call, not by another sender.
-        let own = |item: &Item| item.get("record_token") == values.get(":token");
+        let own = |item: &Item| item.get("record_token") == Some(&token);
         let attributes = match updated {
             Ok(out) => out.attributes,
             Err(error) => match error.as_service_error() {

@@ -53,17 +53,12 @@ fn def_of(item: &Item) -> StoreResult<EventTypeDef> {
 
 impl DynamoStore {
     pub(super) async fn create_event_type(&self, def: &EventTypeDef) -> StoreResult<()> {
-        let item = with_put_token(item_of(def));
-        let result = self
+        let put = self
             .client
             .put_item()
             .table_name(&self.tables.control)
-            .set_item(Some(item.clone()))
-            .condition_expression("attribute_not_exists(pk)")
-            .return_values_on_condition_check_failure(own_item_on_refusal())
-            .send()
-            .await;
-        match put_written(result, &item)? {
+            .condition_expression("attribute_not_exists(pk)");
+        match put_once(put, with_put_token(item_of(def))).await? {
             Some(_) => Ok(()),
             None => Err(StoreError::Conflict {
                 entity: "event type",

@@ -82,9 +82,9 @@ const PUT_TOKEN: &str = "put_token";
 /// A conditional put's answer: `Some` once `sent` is written. A try whose answer has not
 /// begun after the read timeout is sent again by the SDK, and DynamoDB applies a `PutItem`
 /// once per try (a transaction's token makes its tries one; a put has none): when the
-/// first was applied, the next finds its own item and fails its condition. Sent with
-/// [`own_item_on_refusal`], the refusal carries the item that failed it; that item is the
-/// put's own when it is `sent`, [`with_put_token`]'s token included.
+/// first was applied, the next finds its own item and fails its condition. Sent by
+/// [`put_once`], the refusal carries the item that failed it; that item is the put's own
+/// when it is `sent`, [`with_put_token`]'s token included.
 pub(super) fn put_written<R: std::fmt::Debug>(
     result: Result<
         aws_sdk_dynamodb::operation::put_item::PutItemOutput,
@@ -106,11 +106,25 @@ pub(super) fn put_written<R: std::fmt::Debug>(
     Ok(written(result)?.map(|_| ()))
 }
 
-/// What a conditional put sent through [`put_written`] asks for: the item that failed its
+/// What a conditional write judged by its own item asks for: the item that failed its
 /// condition (no more capacity used than without it).
 pub(super) fn own_item_on_refusal() -> aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure
 {
     aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld
+}
+
+/// Sends `put` (its table and condition) with `item`, asking for the item that refuses it:
+/// [`put_written`]'s answer.
+pub(super) async fn put_once(
+    put: aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder,
+    item: Item,
+) -> StoreResult<Option<()>> {
+    let result = put
+        .set_item(Some(item.clone()))
+        .return_values_on_condition_check_failure(own_item_on_refusal())
+        .send()
+        .await;
+    put_written(result, &item)
 }
 
 /// The output of a conditional write, or `None` when its condition did not hold.

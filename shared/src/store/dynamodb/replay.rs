@@ -162,17 +162,13 @@ impl DynamoStore {
         replay.count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
         if !audit_written {
             // Nothing matched: the request is still on record.
-            let item = with_put_token(replay_item(&replay, sort));
             let put = self
                 .client
                 .put_item()
                 .table_name(&self.tables.attempts)
-                .set_item(Some(item.clone()))
-                .condition_expression(NO_RECORD_YET)
-                .return_values_on_condition_check_failure(own_item_on_refusal())
-                .send()
-                .await;
-            if put_written(put, &item)?.is_none() {
+                .condition_expression(NO_RECORD_YET);
+            let item = with_put_token(replay_item(&replay, sort));
+            if put_once(put, item).await?.is_none() {
                 return Err(replay_taken(&replay));
             }
         }

@@ -33,17 +33,13 @@ impl DynamoStore {
         item.insert("held_until".into(), n(to_millis(until)));
         // The holder is the call's own token: a try sent again after a late answer finds
         // the lock its first try took, and has it.
-        let result = self
+        let put = self
             .client
             .put_item()
             .table_name(&self.tables.control)
-            .set_item(Some(item.clone()))
             .condition_expression("attribute_not_exists(pk) OR held_until <= :now")
-            .expression_attribute_values(":now", n(to_millis(now)))
-            .return_values_on_condition_check_failure(own_item_on_refusal())
-            .send()
-            .await;
-        Ok(put_written(result, &item)?.map(|_| lock))
+            .expression_attribute_values(":now", n(to_millis(now)));
+        Ok(put_once(put, item).await?.map(|_| lock))
     }
 
     /// Gives the lock back, if this run still holds it (a run past its `until` may have lost

@@ -67,27 +67,20 @@ impl Write {
     /// Sends it alone: `None` when its condition did not hold.
     pub(super) async fn send(self, client: &Client) -> StoreResult<Option<()>> {
         let (table, kind, expressions) = self.into_parts();
-        let conditional = expressions.condition.is_some();
         let sent = match kind {
             WriteKind::Put(item) => {
-                let item = if conditional {
-                    with_put_token(item)
+                let put = client.put_item().table_name(table);
+                if expressions.condition.is_some() {
+                    put_once(put.set_expressions(expressions), with_put_token(item)).await?
                 } else {
-                    item
-                };
-                put_written(
-                    client
-                        .put_item()
-                        .table_name(table)
-                        .set_item(Some(item.clone()))
-                        .set_expressions(expressions)
-                        .set_return_values_on_condition_check_failure(
-                            conditional.then(own_item_on_refusal),
-                        )
-                        .send()
-                        .await,
-                    &item,
-                )?
+                    written(
+                        put.set_item(Some(item))
+                            .set_expressions(expressions)
+                            .send()
+                            .await,
+                    )?
+                    .map(|_| ())
+                }
             }
             WriteKind::Update { key, expression } => written(
                 client
