@@ -1144,11 +1144,19 @@ fn refusing_after<T: std::fmt::Debug + Send + Sync + 'static>(
         std::sync::atomic::AtomicUsize::new(allowed),
         std::marker::PhantomData,
     );
+    intercepted(store, refused)
+}
+
+/// The store on the same tables through a client with `interceptor` too.
+fn intercepted(
+    store: &DynamoStore,
+    interceptor: impl aws_smithy_runtime_api::client::interceptors::Intercept + 'static,
+) -> DynamoStore {
     let config = store
         .client()
         .config()
         .to_builder()
-        .interceptor(refused)
+        .interceptor(interceptor)
         .build();
     DynamoStore {
         client: aws_sdk_dynamodb::Client::from_conf(config),
@@ -1188,16 +1196,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for RefusedAbandons
 
 /// The store on the same tables through a client that refuses every abandon.
 fn refusing_abandons(store: &DynamoStore) -> DynamoStore {
-    let config = store
-        .client()
-        .config()
-        .to_builder()
-        .interceptor(RefusedAbandons)
-        .build();
-    DynamoStore {
-        client: aws_sdk_dynamodb::Client::from_conf(config),
-        ..store.clone()
-    }
+    intercepted(store, RefusedAbandons)
 }
 
 /// Marks the endpoint disabled and nothing else, as the disable's own transaction leaves it
