@@ -433,15 +433,13 @@ impl DynamoStore {
     }
 
     pub(super) async fn put_event(&self, event: &Event) -> StoreResult<PutEventOutcome> {
-        let result = self
+        // A try answered late and sent again finds its own event: created, not a repeat.
+        let put = self
             .client
             .put_item()
             .table_name(&self.tables.events)
-            .set_item(Some(self.event_item(event, false)))
-            .condition_expression("attribute_not_exists(id)")
-            .send()
-            .await;
-        match written(result)? {
+            .condition_expression("attribute_not_exists(id)");
+        match put_once(put, with_put_token(self.event_item(event, false))).await? {
             Some(_) => Ok(PutEventOutcome::Created),
             None => {
                 let stored = self

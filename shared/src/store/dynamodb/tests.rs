@@ -3291,7 +3291,17 @@ async fn a_write_whose_answer_came_too_late_is_tried_again_and_applied_once() {
     assert!(store.get_account(&account).await.unwrap().is_some());
     let stored = store.get_endpoint(&account, &endpoint.id).await.unwrap();
     assert_eq!(stored.map(|e| e.url), Some(endpoint.url));
-    // A run's lock and a replay that matched nothing: puts of the same kind.
+    // An event published through the stream, a run's lock and a replay that matched
+    // nothing: puts of the same kind.
+    let event = crate::fixtures::event("acme", "evt_late", crate::fixtures::t0());
+    assert_eq!(
+        store.put_event(&event).await.unwrap(),
+        PutEventOutcome::Created
+    );
+    assert!(matches!(
+        store.put_event(&event).await.unwrap(),
+        PutEventOutcome::AlreadyExists(_)
+    ));
     let (now, until) = (crate::fixtures::at(1), crate::fixtures::at(60));
     assert!(store.take_run("sweep", now, until).await.unwrap().is_some());
     let scope = crate::domain::ReplayScope::Endpoint(endpoint.id.clone());
