@@ -42,9 +42,9 @@ tries that again as it does a throttled request; here requests run one at a time
 meets its token either unseen or completed).
 
 On a stack whose name begins with `late`, the answer to the first try of each PutItem,
-UpdateItem or TransactWriteItems is held back `LATE_ANSWER_SECONDS` after the write is applied, longer than
-the SDK waits for it, as an answer lost on the way would be; the SDK's next try of the same
-request is answered at once.
+UpdateItem or TransactWriteItems is held back `LATE_ANSWER_SECONDS` after the write is
+applied, longer than the SDK waits for it, as an answer lost on the way would be; the SDK's
+next try of the same request is answered at once.
 
 Usage: python moto_server_atomic.py [moto_server options]
 """
@@ -222,9 +222,12 @@ def _transact_once_per_token(self):
         return _transact_items_handler(self)
     request = {name: value for name, value in self.body.items() if name != "ClientRequestToken"}
     now = time.monotonic()
-    expired = [t for t, (at, _, _) in _completed.items() if now - at >= IDEMPOTENCY_WINDOW_SECONDS]
-    for old in expired:
-        del _completed[old]
+    # Tokens are kept in the order they completed: the expired ones are at the front.
+    while _completed:
+        oldest = next(iter(_completed))
+        if now - _completed[oldest][0] < IDEMPOTENCY_WINDOW_SECONDS:
+            break
+        del _completed[oldest]
     if token in _completed:
         _, first, answer = _completed[token]
         if first != request:
